@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Configures and builds fusedattn into build/ (after scripts/setup.sh). Used by demo.sh and test.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+if [ ! -f build/CMakeCache.txt ]; then
+  cmake -S . -B build "${generator[@]}" -DCMAKE_BUILD_TYPE=Release
+fi
+cmake --build build -j "$(nproc)"
