@@ -1,0 +1,60 @@
+// fusedattn/layout.h — layout names users know (bshd, sbhd, bs3hd, ...) turned into strides.
+//
+// Layout names exist only at the edge: the core sees TensorDesc strides. A packed layout puts
+// several tensors in one buffer; `LayoutTensors` then says where each starts in that buffer.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fusedattn/tensor.h"
+
+namespace fusedattn {
+
+/// Memory layouts of Q, K and V (and O, which follows Q's format, unpacked, with d_v).
+/// Letters name the memory order from slowest to fastest: b batch, s sequence, h heads, d head dim;
+/// "3" packs Q, K and V in one buffer, "2" packs K and V.
+enum class Layout {
+  bshd, sbhd, bhsd,                                // separate Q, K, V
+  bs3hd, bsh3d, sb3hd, sbh3d,                      // Q, K and V packed together
+  bshd_bs2hd, bshd_bsh2d, sbhd_sb2hd, sbhd_sbh2d,  // Q separate, K and V packed
+};
+
+/// Every layout, in declaration order.
+const std::vector<Layout>& all_layouts();
+const char* to_string(Layout layout) noexcept;
+/// Throws InvalidArgument naming `field` and listing the known names.
+Layout parse_layout(const std::string& text, const std::string& field);
+
+/// Problem sizes that, with a layout, fix every stride.
+struct ProblemShape {
+  DType dtype = DType::bf16;
+  std::int64_t batch = 1;
+  std::int64_t seq_q = 1, seq_kv = 1;
+  std::int64_t heads_q = 1, heads_kv = 1;
+  std::int64_t head_dim_qk = 64, head_dim_v = 64;
+};
+
+/// Descriptors of Q, K, V and O in one layout, and each tensor's first element as an element
+/// offset into its buffer (non-zero only for K and V in packed layouts).
+struct LayoutTensors {
+  TensorDesc q, k, v, o;
+  std::int64_t q_offset = 0, k_offset = 0, v_offset = 0;
+  /// Elements each buffer needs: Q's (the QKV buffer when packed), K's (the KV buffer), V's, O's.
+  std::int64_t q_buffer = 0, k_buffer = 0, v_buffer = 0, o_buffer = 0;
+};
+
+/// True when Q, K and V share one buffer / K and V share one buffer.
+bool packs_qkv(Layout layout) noexcept;
+bool packs_kv(Layout layout) noexcept;
+
+/// Descriptors for `shape` in `layout`. Packed layouts need the sizes they pack to agree
+/// (QKV: s_q == s_kv, h_q == h_kv, d_qk == d_v; KV: d_qk == d_v); otherwise InvalidArgument.
+LayoutTensors make_layout(Layout layout, const ProblemShape& shape);
+
+/// Checks that `desc` has exactly the strides `layout` gives its dims for `tensor` ("q", "k",
+/// "v" or "o"); throws InvalidArgument naming the tensor's strides otherwise.
+void check_layout_strides(Layout layout, const std::string& tensor, const TensorDesc& desc);
+
+}  // namespace fusedattn

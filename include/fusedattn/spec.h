@@ -1,0 +1,71 @@
+// fusedattn/spec.h — AttentionSpec: what one attention call computes, independent of any framework.
+//
+// The spec is the cache key's heart and the unit of every error message: it prints as a one-line
+// string that `fusedattn run "<spec>"` accepts back. Equality, hashing, printing and parsing all
+// come from one field list (visit_fields in spec.cpp), so they cannot disagree.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "fusedattn/tensor.h"
+
+namespace fusedattn {
+
+/// Where the causal diagonal starts: row 0 sees key 0 (top-left), or the last row sees the last
+/// key (bottom-right, the usual choice for decoding with a KV cache when s_q < s_kv).
+enum class Alignment : std::uint8_t { top_left, bottom_right };
+
+const char* to_string(Alignment alignment) noexcept;
+
+/// What to compute. The attention scale is deliberately absent: it is a runtime value, so one
+/// compiled plan serves every scale.
+struct AttentionSpec {
+  TensorDesc q, k, v;  ///< inputs; q is [b, h_q, s_q, d_qk], k [b, h_kv, s_kv, d_qk], v [b, h_kv, s_kv, d_v]
+  TensorDesc o;        ///< output [b, h_q, s_q, d_v]; its gradient dO shares this descriptor
+  bool causal = false;                        ///< key j is hidden from query i when j is past the diagonal
+  Alignment alignment = Alignment::top_left;  ///< where the diagonal starts (matters only when causal)
+  bool stats = true;  ///< also write the softmax statistics (log-sum-exp, float32 [b, h_q, s_q, 1]),
+                      ///< which the backward pass needs; inference may turn them off
+
+  std::int64_t batch() const noexcept { return q.batch(); }
+  std::int64_t heads_q() const noexcept { return q.heads(); }
+  std::int64_t heads_kv() const noexcept { return k.heads(); }
+  std::int64_t seq_q() const noexcept { return q.seq(); }
+  std::int64_t seq_kv() const noexcept { return k.seq(); }
+  std::int64_t head_dim_qk() const noexcept { return q.head_dim(); }
+  std::int64_t head_dim_v() const noexcept { return v.head_dim(); }
+
+  /// Multiply-add work of the forward pass, in floating-point operations, by the usual convention
+  /// (4·b·h·s_q·s_kv·d, with d the mean of d_qk and d_v; halved when causal). Backward is 2.5x this.
+  double forward_flops() const noexcept;
+
+  friend bool operator==(const AttentionSpec& a, const AttentionSpec& b) noexcept;
+  friend bool operator!=(const AttentionSpec& a, const AttentionSpec& b) noexcept { return !(a == b); }
+};
+
+/// The one-line form. When all four tensors are exactly what a named layout gives, it is written
+/// as "layout=NAME b=.. s_q=.. ..." (short, readable); otherwise each tensor is written in full.
+std::string to_string(const AttentionSpec& spec);
+
+/// Parses the one-line form (either variant). Throws InvalidArgument naming the field on any
+/// unknown key, malformed value or missing size. Does not validate; call validate() for that.
+AttentionSpec parse_spec(const std::string& text);
+
+/// Hash over every field of the spec (the same list that drives equality).
+std::size_t hash_value(const AttentionSpec& spec) noexcept;
+
+/// Rejects bad input before any GPU work: InvalidArgument naming the field, the value seen and
+/// the requirement. Checks shapes that must agree (batch, heads, dims, dtypes), GQA divisibility,
+/// head dims (positive multiples of 8), positive sizes, unit innermost strides and outputs that
+/// would overlap themselves.
+void validate(const AttentionSpec& spec);
+
+}  // namespace fusedattn
+
+template <>
+struct std::hash<fusedattn::AttentionSpec> {
+  std::size_t operator()(const fusedattn::AttentionSpec& spec) const noexcept { return fusedattn::hash_value(spec); }
+};

@@ -1,0 +1,398 @@
+// AttentionSpec: one field list drives equality, hashing, the one-line string and its parser; plus validation.
+#include "fusedattn/spec.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "fusedattn/errors.h"
+#include "fusedattn/layout.h"
+#include "spec/text.h"
+
+namespace fusedattn {
+namespace {
+
+// THE field list. operator==, hash_value, to_string and parse_spec all walk it, so adding a field
+// here makes it compared, hashed, printed and parsed at once. `f(name, field...)` is called once
+// per field with that field of every spec passed in (one spec to print, two to compare).
+template <class F, class... Specs>
+void visit_fields(F&& f, Specs&... specs) {
+  f("q", specs.q...);
+  f("k", specs.k...);
+  f("v", specs.v...);
+  f("o", specs.o...);
+  f("causal", specs.causal...);
+  f("align", specs.alignment...);
+  f("stats", specs.stats...);
+}
+
+template <class T>
+constexpr bool kIsTensor = std::is_same_v<std::decay_t<T>, TensorDesc>;
+
+// --- one codec per field type -------------------------------------------------------------------
+
+std::string format_value(const TensorDesc& desc) { return to_string(desc); }
+std::string format_value(bool flag) { return flag ? "1" : "0"; }
+std::string format_value(Alignment alignment) { return to_string(alignment); }
+
+void parse_value(const std::string& text, const std::string& key, TensorDesc& out) {
+  out = parse_tensor_desc(text, key);
+}
+void parse_value(const std::string& text, const std::string& key, bool& out) {
+  if (text == "1" || text == "true") {
+    out = true;
+  } else if (text == "0" || text == "false") {
+    out = false;
+  } else {
+    throw InvalidArgument(key, text, "0 or 1");
+  }
+}
+void parse_value(const std::string& text, const std::string& key, Alignment& out) {
+  if (text == "top_left") {
+    out = Alignment::top_left;
+  } else if (text == "bottom_right") {
+    out = Alignment::bottom_right;
+  } else {
+    throw InvalidArgument(key, text, "top_left or bottom_right");
+  }
+}
+
+std::size_t hash_of(const TensorDesc& desc) noexcept {
+  std::size_t seed = static_cast<std::size_t>(desc.dtype);
+  for (std::int64_t dim : desc.dims) detail::hash_combine(seed, std::hash<std::int64_t>{}(dim));
+  for (std::int64_t stride : desc.strides) detail::hash_combine(seed, std::hash<std::int64_t>{}(stride));
+  return seed;
+}
+std::size_t hash_of(bool flag) noexcept { return flag ? 1 : 0; }
+std::size_t hash_of(Alignment alignment) noexcept { return static_cast<std::size_t>(alignment); }
+
+// --- the short form: a layout name and sizes stand in for the four tensors ------------------------
+
+struct SizeKey {
+  const char* key;
+  std::int64_t ProblemShape::*member;
+};
+constexpr SizeKey kSizeKeys[] = {
+    {"b", &ProblemShape::batch},          {"s_q", &ProblemShape::seq_q},    {"s_kv", &ProblemShape::seq_kv},
+    {"h_q", &ProblemShape::heads_q},      {"h_kv", &ProblemShape::heads_kv}, {"d_qk", &ProblemShape::head_dim_qk},
+    {"d_v", &ProblemShape::head_dim_v},
+};
+
+// CLI conveniences: one key for a pair of sizes that are usually equal. Parsed only, never printed.
+// A specific key wins over its shorthand in any order, so "h=32 h_kv=8" reads as GQA.
+struct Shorthand {
+  const char* key;
+  const char* first;
+  const char* second;
+};
+constexpr Shorthand kShorthands[] = {{"s", "s_q", "s_kv"}, {"h", "h_q", "h_kv"}, {"d", "d_qk", "d_v"}};
+
+bool is_size_key(const std::string& key) {
+  return std::any_of(std::begin(kSizeKeys), std::end(kSizeKeys), [&](const SizeKey& size) { return key == size.key; });
+}
+
+bool is_shorthand(const std::string& key) {
+  return std::any_of(std::begin(kShorthands), std::end(kShorthands), [&](const Shorthand& s) { return key == s.key; });
+}
+
+std::string known_keys() {
+  std::string out = "known keys:";
+  AttentionSpec unused;
+  visit_fields([&](const char* name, auto&) { out += std::string(" ") + name; }, unused);
+  out += " layout dtype";
+  for (const SizeKey& size : kSizeKeys) out += std::string(" ") + size.key;
+  out += ", shorthands s h d, and the bare word causal";
+  return out;
+}
+
+ProblemShape shape_of(const AttentionSpec& spec) {
+  ProblemShape shape;
+  shape.dtype = spec.q.dtype;
+  shape.batch = spec.batch();
+  shape.seq_q = spec.seq_q();
+  shape.seq_kv = spec.seq_kv();
+  shape.heads_q = spec.heads_q();
+  shape.heads_kv = spec.heads_kv();
+  shape.head_dim_qk = spec.head_dim_qk();
+  shape.head_dim_v = spec.head_dim_v();
+  return shape;
+}
+
+bool fits_packing(Layout layout, const ProblemShape& shape) {
+  if (packs_qkv(layout)) {
+    return shape.seq_q == shape.seq_kv && shape.heads_q == shape.heads_kv && shape.head_dim_qk == shape.head_dim_v;
+  }
+  return !packs_kv(layout) || shape.head_dim_qk == shape.head_dim_v;
+}
+
+// The first layout whose tensors are exactly the spec's, if any. The packing test up front keeps
+// printing free of exceptions for the common GQA / s_q != s_kv specs.
+std::optional<Layout> matching_layout(const AttentionSpec& spec) {
+  ProblemShape shape = shape_of(spec);
+  for (const SizeKey& size : kSizeKeys) {
+    if (shape.*size.member <= 0) return std::nullopt;
+  }
+  for (Layout layout : all_layouts()) {
+    if (!fits_packing(layout, shape)) continue;
+    LayoutTensors tensors = make_layout(layout, shape);
+    if (tensors.q == spec.q && tensors.k == spec.k && tensors.v == spec.v && tensors.o == spec.o) return layout;
+  }
+  return std::nullopt;
+}
+
+std::string short_form(Layout layout, const ProblemShape& shape) {
+  std::string out = std::string("layout=") + to_string(layout) + " dtype=" + to_string(shape.dtype);
+  for (const SizeKey& size : kSizeKeys) out += std::string(" ") + size.key + "=" + std::to_string(shape.*size.member);
+  return out;
+}
+
+// --- parsing ---------------------------------------------------------------------------------------
+
+struct Token {
+  std::string key;
+  std::string value;
+};
+
+std::vector<Token> tokenize(const std::string& text) {
+  std::vector<Token> tokens;
+  std::istringstream words(text);
+  std::string word;
+  while (words >> word) {
+    std::size_t equals = word.find('=');
+    if (equals != std::string::npos) {
+      tokens.push_back({word.substr(0, equals), word.substr(equals + 1)});
+    } else if (word == "causal") {
+      tokens.push_back({"causal", "1"});
+    } else {
+      throw InvalidArgument(word, "", "a key=value token; " + known_keys());
+    }
+  }
+  return tokens;
+}
+
+// Every key may be given once: a second value is more likely a slip than an intended override.
+class GivenKeys {
+ public:
+  void claim(const Token& token) {
+    auto [it, fresh] = given_.emplace(token.key, token);
+    if (fresh) return;
+    throw InvalidArgument(token.key, token.value,
+                          "given once at most (already given as " + it->second.key + "=" + it->second.value + ")");
+  }
+  const Token* find(const std::string& key) const {
+    auto it = given_.find(key);
+    return it == given_.end() ? nullptr : &it->second;
+  }
+  /// The token that sets size `key`: the key itself, else the shorthand covering it.
+  const Token* find_size(const std::string& key) const {
+    if (const Token* token = find(key)) return token;
+    for (const Shorthand& shorthand : kShorthands) {
+      if (key == shorthand.first || key == shorthand.second) return find(shorthand.key);
+    }
+    return nullptr;
+  }
+
+ private:
+  std::map<std::string, Token> given_;
+};
+
+std::int64_t parse_size(const Token& token) {
+  auto value = detail::parse_int64(token.value);
+  if (!value) throw InvalidArgument(token.key, token.value, "an integer");
+  return *value;
+}
+
+AttentionSpec build_full_form(AttentionSpec spec, const GivenKeys& given, const std::vector<Token>& short_tokens) {
+  if (!short_tokens.empty()) {
+    const Token& mixed = short_tokens.front();
+    throw InvalidArgument(mixed.key, mixed.value,
+                          "a layout-form key, which cannot be mixed with full tensor descriptors (q=, k=, v=, o=): "
+                          "use one form or the other");
+  }
+  for (const char* name : {"q", "k", "v", "o"}) {
+    if (!given.find(name)) throw InvalidArgument(name, "(missing)", "the tensor form needs all of q, k, v and o");
+  }
+  return spec;
+}
+
+// Layout and dtype default to bshd and bf16 so that "b=2 s=1024 h=16 d=128 causal" works on the
+// command line; printing always writes both, so logged strings never depend on the defaults.
+AttentionSpec build_short_form(AttentionSpec spec, const GivenKeys& given) {
+  Layout layout = Layout::bshd;
+  if (const Token* token = given.find("layout")) layout = parse_layout(token->value, token->key);
+  ProblemShape shape;
+  shape.dtype = DType::bf16;
+  if (const Token* token = given.find("dtype")) shape.dtype = parse_dtype(token->value, token->key);
+  for (const SizeKey& size : kSizeKeys) {
+    const Token* token = given.find_size(size.key);
+    if (!token) {
+      throw InvalidArgument(size.key, "(missing)",
+                            "the layout form needs b, s_q, s_kv, h_q, h_kv, d_qk and d_v (or the shorthands s, h, d)");
+    }
+    shape.*size.member = parse_size(*token);
+  }
+  LayoutTensors tensors = make_layout(layout, shape);
+  spec.q = tensors.q;
+  spec.k = tensors.k;
+  spec.v = tensors.v;
+  spec.o = tensors.o;
+  return spec;
+}
+
+// --- validation helpers ----------------------------------------------------------------------------
+
+struct NamedTensor {
+  std::string name;
+  const TensorDesc* desc;
+};
+
+std::vector<NamedTensor> tensors_of(const AttentionSpec& spec) {
+  return {{"q", &spec.q}, {"k", &spec.k}, {"v", &spec.v}, {"o", &spec.o}};
+}
+
+void require_equal(const char* field, std::int64_t seen, const std::string& what, std::int64_t wanted) {
+  if (seen != wanted) throw InvalidArgument(field, std::to_string(seen), what + " (" + std::to_string(wanted) + ")");
+}
+
+void require_multiple_of_8(const char* field, std::int64_t head_dim) {
+  if (head_dim % 8 != 0) {
+    throw InvalidArgument(field, std::to_string(head_dim),
+                          "a multiple of 8 (cuDNN reads rows of 16-byte vectors of f16/bf16)");
+  }
+}
+
+// An output must not alias itself: two (b, h, s, d) positions sharing an address would race.
+// A simple sufficient test, exact for every named layout and for padded or permuted outputs: sort
+// the axes by stride; each stride must reach past the whole block spanned by the faster axes, i.e.
+// be at least the previous stride times the previous axis's size. Size-1 axes never step, so they
+// are left out (their stride is arbitrary and would otherwise break ties wrongly).
+void require_no_self_overlap(const std::string& name, const TensorDesc& desc) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> axes;  // (stride, dim)
+  for (std::size_t i = 0; i < desc.dims.size(); ++i) {
+    if (desc.dims[i] > 1) axes.emplace_back(desc.strides[i], desc.dims[i]);
+  }
+  std::sort(axes.begin(), axes.end());
+  for (std::size_t i = 1; i < axes.size(); ++i) {
+    if (axes[i].first < axes[i - 1].first * axes[i - 1].second) {
+      throw InvalidArgument(name + ".strides", detail::format_list(desc.strides),
+                            "strides that give every element its own address (sorted by stride, each stride at least "
+                            "the previous stride times its dim): an output must not overlap itself");
+    }
+  }
+}
+
+}  // namespace
+
+const char* to_string(Alignment alignment) noexcept {
+  switch (alignment) {
+    case Alignment::top_left: return "top_left";
+    case Alignment::bottom_right: return "bottom_right";
+  }
+  return "unknown";
+}
+
+// 2 matmuls (Q·K^T with d_qk, P·V with d_v) of 2 flops per multiply-add: 2·b·h·s_q·s_kv·(d_qk + d_v),
+// which is 4·b·h·s_q·s_kv·d for d the mean head dim. Causal halving is the usual approximation (it
+// ignores the diagonal, and with bottom-right alignment and s_q != s_kv the true fraction differs).
+double AttentionSpec::forward_flops() const noexcept {
+  double flops = 4.0 * static_cast<double>(batch()) * static_cast<double>(heads_q()) * static_cast<double>(seq_q()) *
+                 static_cast<double>(seq_kv()) * static_cast<double>(head_dim_qk() + head_dim_v()) / 2.0;
+  return causal ? flops / 2.0 : flops;
+}
+
+bool operator==(const AttentionSpec& a, const AttentionSpec& b) noexcept {
+  bool equal = true;
+  visit_fields([&](const char*, const auto& x, const auto& y) { equal = equal && x == y; }, a, b);
+  return equal;
+}
+
+std::size_t hash_value(const AttentionSpec& spec) noexcept {
+  std::size_t seed = 0;
+  visit_fields([&](const char*, const auto& field) { detail::hash_combine(seed, hash_of(field)); }, spec);
+  return seed;
+}
+
+std::string to_string(const AttentionSpec& spec) {
+  std::optional<Layout> layout = matching_layout(spec);
+  std::string out = layout ? short_form(*layout, shape_of(spec)) : std::string();
+  visit_fields(
+      [&](const char* name, const auto& field) {
+        if (layout && kIsTensor<decltype(field)>) return;  // already said by the layout form
+        if (!out.empty()) out += ' ';
+        out += std::string(name) + "=" + format_value(field);
+      },
+      spec);
+  return out;
+}
+
+AttentionSpec parse_spec(const std::string& text) {
+  AttentionSpec spec;
+  GivenKeys given;
+  bool any_tensor = false;
+  std::vector<Token> short_tokens;  // layout-form keys, in order, to name the first one if mixed
+  for (const Token& token : tokenize(text)) {
+    bool is_field = false;
+    visit_fields(
+        [&](const char* name, auto& field) {
+          if (token.key != name) return;
+          is_field = true;
+          given.claim(token);
+          parse_value(token.value, token.key, field);
+          if (kIsTensor<decltype(field)>) any_tensor = true;
+        },
+        spec);
+    if (is_field) continue;
+    bool layout_key = token.key == "layout" || token.key == "dtype" || is_size_key(token.key) || is_shorthand(token.key);
+    if (!layout_key) throw InvalidArgument(token.key, token.value, "a known key; " + known_keys());
+    given.claim(token);
+    short_tokens.push_back(token);
+  }
+  return any_tensor ? build_full_form(spec, given, short_tokens) : build_short_form(spec, given);
+}
+
+void validate(const AttentionSpec& spec) {
+  const std::vector<NamedTensor> tensors = tensors_of(spec);
+  for (const NamedTensor& t : tensors) {
+    for (std::int64_t dim : t.desc->dims) {
+      if (dim <= 0) throw InvalidArgument(t.name + ".dims", detail::format_list(t.desc->dims), "every dim positive");
+    }
+  }
+  for (const NamedTensor& t : tensors) {
+    if (t.desc->dtype != spec.q.dtype) {
+      throw InvalidArgument(t.name + ".dtype", to_string(t.desc->dtype),
+                            std::string("the dtype of q (") + to_string(spec.q.dtype) + "): q, k, v and o share one");
+    }
+  }
+  for (const NamedTensor& t : tensors) require_equal("b", t.desc->batch(), t.name + "'s batch equal to q's", spec.batch());
+
+  require_equal("h_kv", spec.v.heads(), "v's heads equal to k's", spec.k.heads());
+  if (spec.heads_q() % spec.heads_kv() != 0) {
+    throw InvalidArgument("h_q", std::to_string(spec.heads_q()),
+                          "a multiple of h_kv = " + std::to_string(spec.heads_kv()) + " (GQA/MQA)");
+  }
+  require_equal("s_kv", spec.v.seq(), "v's sequence length equal to k's", spec.k.seq());
+  require_equal("d_qk", spec.k.head_dim(), "k's head dim equal to q's", spec.q.head_dim());
+  const std::array<std::int64_t, 4> o_dims{spec.batch(), spec.heads_q(), spec.seq_q(), spec.head_dim_v()};
+  if (spec.o.dims != o_dims) {
+    throw InvalidArgument("o.dims", detail::format_list(spec.o.dims), "[b, h_q, s_q, d_v] = " + detail::format_list(o_dims));
+  }
+  require_multiple_of_8("d_qk", spec.head_dim_qk());
+  require_multiple_of_8("d_v", spec.head_dim_v());
+
+  for (const NamedTensor& t : tensors) {
+    const std::string strides = detail::format_list(t.desc->strides);
+    for (std::int64_t stride : t.desc->strides) {
+      if (stride <= 0) throw InvalidArgument(t.name + ".strides", strides, "every stride positive");
+    }
+    if (t.desc->strides[kDim] != 1) {
+      throw InvalidArgument(t.name + ".strides", strides, "a head-dim (innermost) stride of 1");
+    }
+  }
+  require_no_self_overlap("o", spec.o);
+}
+
+}  // namespace fusedattn
