@@ -1,0 +1,193 @@
+// The pure support policy for cuDNN 9 fused flash attention (f16/bf16): every rule, every reason.
+//
+// Each rule is a small function that appends the reasons it finds; check_support_policy runs them
+// all, so a caller sees every limit at once rather than fixing them one by one. Versions are
+// cuDNN's encoding (9.10.2 -> 91002; cuDNN 8 used major*1000: 8.9.7 -> 8907).
+#include "fusedattn/support.h"
+
+#include <cstdint>
+#include <utility>
+
+namespace fusedattn {
+namespace {
+
+using Reasons = std::vector<Reason>;
+
+int cudnn_major(int version) noexcept { return version >= 10000 ? version / 10000 : version / 1000; }
+
+std::string cudnn_text(int version) {
+  int major = cudnn_major(version);
+  int rest = version >= 10000 ? version % 10000 : version % 1000;
+  return std::to_string(major) + "." + std::to_string(rest / 100) + "." + std::to_string(rest % 100);
+}
+
+std::string sm_text(const DeviceCaps& caps) {
+  return "SM " + std::to_string(caps.sm_major) + "." + std::to_string(caps.sm_minor);
+}
+
+// The two head dims, named as the spec string names them, so a reason points at the key to change.
+std::pair<const char*, std::int64_t> head_dims(const AttentionSpec& spec, int which) {
+  return which == 0 ? std::make_pair("d_qk", spec.head_dim_qk()) : std::make_pair("d_v", spec.head_dim_v());
+}
+
+constexpr const char* kHopper = "a Hopper (SM 9.0) GPU";
+
+// cuDNN's fused flash-attention kernels start at Ampere: they rely on SM 8.0's asynchronous copies
+// and bf16 tensor cores, so SM 7.5 (Turing) and older are out whatever the cuDNN version.
+void device_rule(const DeviceCaps& caps, Reasons& out) {
+  if (caps.sm() >= 80) return;
+  out.push_back({"device", sm_text(caps), "compute capability 8.0 or newer (cuDNN fused flash attention)",
+                 "an Ampere (SM 8.0) or newer GPU"});
+}
+
+// The graph layer is compiled against cuDNN 9 headers; a loaded library of another major version
+// (8.9.7 is 8907, a different ABI and graph API) cannot serve it.
+void cudnn_version_rule(const Versions& versions, Reasons& out) {
+  bool same_major = cudnn_major(versions.cudnn_runtime) == cudnn_major(versions.cudnn_compiled);
+  if (same_major && versions.cudnn_runtime >= 90000) return;
+  out.push_back({"cudnn", cudnn_text(versions.cudnn_runtime) + " at run time, headers " + cudnn_text(versions.cudnn_compiled),
+                 "cuDNN 9.x at run time matching the 9.x headers", "a cuDNN 9 runtime (9.0 or newer) matching the headers"});
+}
+
+// 9.10.0 (91000) and 9.10.1 (91001) shipped a broken SDPA backward; 9.10.2 (91002) fixed it.
+void broken_backward_rule(Pass pass, const Versions& versions, Reasons& out) {
+  if (pass != Pass::backward) return;
+  if (versions.cudnn_runtime != 91000 && versions.cudnn_runtime != 91001) return;
+  out.push_back({"cudnn", cudnn_text(versions.cudnn_runtime),
+                 "a cuDNN without the known broken SDPA backward of 9.10.0 and 9.10.1", "cuDNN 9.10.2"});
+}
+
+// Forward: 256 is the widest head dim of the SM 8.x-12.x forward kernels in cuDNN 9; on SM 8.x the
+// kernels wider than 128 arrived with 9.10 (91000), so 9.9 and older stop at 128 there.
+void forward_head_dim_rule(const AttentionSpec& spec, const DeviceCaps& caps, const Versions& versions, Reasons& out) {
+  for (int which = 0; which < 2; ++which) {
+    auto [field, dim] = head_dims(spec, which);
+    if (dim > 256) {
+      out.push_back({field, std::to_string(dim),
+                     "at most 256 in the forward pass (head dims above 256 need SM 10.x with a newer cuDNN)", ""});
+    } else if (caps.sm_major == 8 && versions.cudnn_runtime < 91000 && dim > 128) {
+      out.push_back({field, std::to_string(dim), "at most 128 in the forward pass on SM 8.x before cuDNN 9.10",
+                     "cuDNN 9.10"});
+    }
+  }
+}
+
+// What lifts a backward head-dim limit on a GPU that is not Hopper: Hopper's kernels go to 256;
+// on SM 10.x cuDNN 9.11 added 192/128 and 9.23 added 256/256.
+std::string backward_lifted_by(const AttentionSpec& spec, const DeviceCaps& caps, std::int64_t dim) {
+  if (dim > 256) return "";
+  if (caps.sm_major == 10 && spec.head_dim_qk() == 192 && spec.head_dim_v() == 128) return "cuDNN 9.11 (or a Hopper GPU)";
+  if (caps.sm_major == 10 && spec.head_dim_qk() == 256 && spec.head_dim_v() == 256) return "cuDNN 9.23 (or a Hopper GPU)";
+  return kHopper;
+}
+
+void backward_at_most(const AttentionSpec& spec, const DeviceCaps& caps, std::int64_t limit, const std::string& requirement,
+                      Reasons& out) {
+  for (int which = 0; which < 2; ++which) {
+    auto [field, dim] = head_dims(spec, which);
+    if (dim > limit) out.push_back({field, std::to_string(dim), requirement, backward_lifted_by(spec, caps, dim)});
+  }
+}
+
+// SM 10.x from cuDNN 9.11 (91100): 128 and below, plus two wide pairs: d_qk = 192 with d_v = 128
+// (the MLA shape), and from 9.23 (92300) d_qk = d_v = 256.
+void sm100_backward_head_dim_rule(const AttentionSpec& spec, const DeviceCaps& caps, const Versions& versions,
+                                  Reasons& out) {
+  std::int64_t qk = spec.head_dim_qk(), v = spec.head_dim_v();
+  if (qk == 192) {
+    if (v != 128) {
+      out.push_back({"d_v", std::to_string(v), "128 when d_qk = 192 in the backward pass on SM 10.x",
+                     v <= 256 ? kHopper : ""});
+    }
+    return;
+  }
+  if (qk == 256 && v == 256) {
+    if (versions.cudnn_runtime < 92300) {
+      out.push_back({"d_qk", "256", "d_qk = d_v = 256 in the backward pass on SM 10.x needs cuDNN 9.23 or newer",
+                     "cuDNN 9.23 (or a Hopper GPU)"});
+    }
+    return;
+  }
+  backward_at_most(spec, caps, 128,
+                   "at most 128 in the backward pass on SM 10.x (besides d_qk = 192 with d_v = 128, and d_qk = d_v = "
+                   "256 from cuDNN 9.23)",
+                   out);
+}
+
+// Backward: Hopper's kernels go to 256; SM 10.x has its own list; every other GPU (SM 8.x, 12.x,
+// and SM 10.x before 9.11) stops at 128.
+void backward_head_dim_rule(const AttentionSpec& spec, const DeviceCaps& caps, const Versions& versions, Reasons& out) {
+  if (caps.sm_major == 9) {
+    backward_at_most(spec, caps, 256, "at most 256 in the backward pass on SM 9.x", out);
+  } else if (caps.sm_major == 10 && versions.cudnn_runtime >= 91100) {
+    sm100_backward_head_dim_rule(spec, caps, versions, out);
+  } else {
+    backward_at_most(spec, caps, 128, "at most 128 in the backward pass on " + sm_text(caps), out);
+  }
+}
+
+// Bottom-right diagonals arrived in cuDNN 9.6 (90600); on Hopper their backward was fixed in 9.10
+// (91000). With s_q > s_kv the diagonal ends at the last key, so the first s_q - s_kv query rows
+// see no key at all: their softmax is 0/0, and no version can make that meaningful.
+void bottom_right_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions,
+                       Reasons& out) {
+  if (!spec.causal || spec.alignment != Alignment::bottom_right) return;
+  const std::string value = to_string(spec.alignment);
+  if (versions.cudnn_runtime < 90600) {
+    out.push_back({"align", value, "cuDNN 9.6 or newer for a bottom-right causal mask", "cuDNN 9.6"});
+  }
+  if (pass == Pass::backward && caps.sm_major == 9 && versions.cudnn_runtime < 91000) {
+    out.push_back({"align", value, "cuDNN 9.10 or newer for the bottom-right causal backward pass on SM 9.x", "cuDNN 9.10"});
+  }
+  if (spec.seq_q() > spec.seq_kv()) {
+    std::int64_t blind = spec.seq_q() - spec.seq_kv();
+    out.push_back({"align", value,
+                   "s_q <= s_kv for a bottom-right causal mask: with s_q = " + std::to_string(spec.seq_q()) +
+                       " and s_kv = " + std::to_string(spec.seq_kv()) + " the first " + std::to_string(blind) +
+                       " query rows see no key at all (use top_left, or s_q <= s_kv)",
+                   ""});
+  }
+}
+
+}  // namespace
+
+const char* to_string(Pass pass) noexcept {
+  switch (pass) {
+    case Pass::forward: return "forward";
+    case Pass::backward: return "backward";
+  }
+  return "unknown";
+}
+
+std::string Reason::to_string() const {
+  std::string out = field + " = " + value + ": needs " + requirement;
+  if (!lifted_by.empty()) out += " (lifted by " + lifted_by + ")";
+  return out;
+}
+
+std::string Support::to_string() const {
+  if (ok()) return "supported";
+  std::string out;
+  for (const Reason& reason : reasons) {
+    if (!out.empty()) out += '\n';
+    out += reason.to_string();
+  }
+  return out;
+}
+
+Support check_support_policy(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions) {
+  Support support;
+  Reasons& out = support.reasons;
+  device_rule(caps, out);
+  cudnn_version_rule(versions, out);
+  broken_backward_rule(pass, versions, out);
+  if (pass == Pass::forward) {
+    forward_head_dim_rule(spec, caps, versions, out);
+  } else {
+    backward_head_dim_rule(spec, caps, versions, out);
+  }
+  bottom_right_rule(spec, pass, caps, versions, out);
+  return support;
+}
+
+}  // namespace fusedattn
