@@ -1,0 +1,77 @@
+// fusedattn/reference.h — attention references that do not use cuDNN, to check it against.
+//
+// Two references compute the same function: a CPU one in float64 for small shapes, and a simple
+// float32 GPU one (plain CUDA kernels, no tensor cores) for shapes too large for the CPU. Both
+// work on contiguous [b, h, s, d] arrays; gather/scatter helpers convert from any spec layout.
+//
+// Rows that see no key at all (bottom-right causal with s_q > s_kv) are defined as O = 0 with
+// log-sum-exp = -infinity, and contribute no gradient.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "fusedattn/spec.h"
+
+namespace fusedattn {
+
+/// Sizes and options of a reference computation.
+struct ReferenceProblem {
+  std::int64_t batch = 1, heads_q = 1, heads_kv = 1, seq_q = 1, seq_kv = 1, head_dim_qk = 64, head_dim_v = 64;
+  bool causal = false;
+  Alignment alignment = Alignment::top_left;
+  double scale = 0.125;
+};
+
+ReferenceProblem reference_problem(const AttentionSpec& spec, double scale);
+
+/// True when query row i may see key column j under the problem's mask.
+bool reference_visible(const ReferenceProblem& p, std::int64_t i, std::int64_t j) noexcept;
+
+// --- CPU, float64 ---------------------------------------------------------------------------
+
+/// o: [b, h_q, s_q, d_v]; lse: [b, h_q, s_q] (natural log-sum-exp of the scaled scores).
+void reference_forward_cpu(const ReferenceProblem& p, const double* q, const double* k, const double* v,
+                           double* o, double* lse);
+
+/// Gradients of sum(O * dO) with respect to Q, K and V, recomputing the forward itself.
+/// d_k and d_v sum over the query heads that share each key/value head (GQA/MQA).
+void reference_backward_cpu(const ReferenceProblem& p, const double* q, const double* k, const double* v,
+                            const double* d_o, double* d_q, double* d_k, double* d_v);
+
+// --- GPU, float32 (device pointers, enqueued on `stream`) -----------------------------------
+
+void reference_forward_gpu(const ReferenceProblem& p, const float* q, const float* k, const float* v, float* o,
+                           float* lse, cudaStream_t stream);
+/// Needs the forward's o and lse (from reference_forward_gpu).
+void reference_backward_gpu(const ReferenceProblem& p, const float* q, const float* k, const float* v,
+                            const float* o, const float* lse, const float* d_o, float* d_q, float* d_k, float* d_v,
+                            cudaStream_t stream);
+
+/// Copies a device tensor of any layout and dtype into a contiguous float32 [b, h, s, d] buffer.
+void gather_to_float_gpu(const TensorDesc& desc, const void* src, float* dst, cudaStream_t stream);
+/// Writes a contiguous float32 [b, h, s, d] device buffer into a tensor of `desc`'s layout and dtype.
+void scatter_from_float_gpu(const TensorDesc& desc, const float* src, void* dst, cudaStream_t stream);
+
+// --- Host helpers ---------------------------------------------------------------------------
+
+/// Converts one 16-bit value of `dtype` to float and back (round to nearest even).
+float half_bits_to_float(std::uint16_t bits, DType dtype) noexcept;
+std::uint16_t float_to_half_bits(float value, DType dtype) noexcept;
+
+/// Host copies between a strided 16-bit buffer (`desc`, base at element 0) and contiguous doubles.
+std::vector<double> gather_to_double(const TensorDesc& desc, const std::uint16_t* src);
+void scatter_from_double(const TensorDesc& desc, const double* src, std::uint16_t* dst);
+
+/// ||out - ref|| / ||ref|| over n values; +infinity if any value of out is NaN or infinite where
+/// ref is finite, so NaN never passes a tolerance. Returns ||out|| when ||ref|| is 0.
+template <class A, class B>
+double relative_error(const A* out, const B* ref, std::int64_t n);
+
+extern template double relative_error<double, double>(const double*, const double*, std::int64_t);
+extern template double relative_error<float, float>(const float*, const float*, std::int64_t);
+extern template double relative_error<float, double>(const float*, const double*, std::int64_t);
+
+}  // namespace fusedattn

@@ -1,0 +1,547 @@
+// CPU tier: the float64 reference against closed forms and finite differences, and the host helpers.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "fusedattn/errors.h"
+#include "fusedattn/reference.h"
+
+namespace fusedattn {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Fresh inputs on every run; the seed is printed with any failure so it can be replayed.
+struct Rng {
+  unsigned seed = std::random_device{}();
+  std::mt19937 engine{seed};
+  std::string trace() const { return "random seed " + std::to_string(seed); }
+  std::vector<double> normal(std::int64_t n) {
+    std::normal_distribution<double> dist(0.0, 1.0);
+    std::vector<double> out(static_cast<std::size_t>(n));
+    for (double& x : out) x = dist(engine);
+    return out;
+  }
+};
+
+ReferenceProblem make_problem(std::int64_t heads_q, std::int64_t heads_kv, std::int64_t seq_q, std::int64_t seq_kv,
+                              std::int64_t d_qk, std::int64_t d_v, bool causal = false,
+                              Alignment alignment = Alignment::top_left) {
+  ReferenceProblem p;
+  p.batch = 1;
+  p.heads_q = heads_q;
+  p.heads_kv = heads_kv;
+  p.seq_q = seq_q;
+  p.seq_kv = seq_kv;
+  p.head_dim_qk = d_qk;
+  p.head_dim_v = d_v;
+  p.causal = causal;
+  p.alignment = alignment;
+  p.scale = 1.0 / std::sqrt(static_cast<double>(d_qk));
+  return p;
+}
+
+std::string describe(const ReferenceProblem& p) {
+  return "b=" + std::to_string(p.batch) + " h_q=" + std::to_string(p.heads_q) + " h_kv=" + std::to_string(p.heads_kv) +
+         " s_q=" + std::to_string(p.seq_q) + " s_kv=" + std::to_string(p.seq_kv) +
+         " d_qk=" + std::to_string(p.head_dim_qk) + " d_v=" + std::to_string(p.head_dim_v) +
+         (p.causal ? (p.alignment == Alignment::top_left ? " causal top_left" : " causal bottom_right") : "");
+}
+
+std::int64_t q_size(const ReferenceProblem& p) { return p.batch * p.heads_q * p.seq_q * p.head_dim_qk; }
+std::int64_t k_size(const ReferenceProblem& p) { return p.batch * p.heads_kv * p.seq_kv * p.head_dim_qk; }
+std::int64_t v_size(const ReferenceProblem& p) { return p.batch * p.heads_kv * p.seq_kv * p.head_dim_v; }
+std::int64_t o_size(const ReferenceProblem& p) { return p.batch * p.heads_q * p.seq_q * p.head_dim_v; }
+std::int64_t lse_size(const ReferenceProblem& p) { return p.batch * p.heads_q * p.seq_q; }
+
+// Keys visible to row i, written independently of reference_visible: causal masks leave a prefix.
+std::int64_t visible_count(const ReferenceProblem& p, std::int64_t i) {
+  if (!p.causal) return p.seq_kv;
+  const std::int64_t shift = p.alignment == Alignment::bottom_right ? p.seq_kv - p.seq_q : 0;
+  return std::clamp<std::int64_t>(i + 1 + shift, 0, p.seq_kv);
+}
+
+struct Forward {
+  std::vector<double> o, lse;
+};
+
+Forward run_forward(const ReferenceProblem& p, const std::vector<double>& q, const std::vector<double>& k,
+                    const std::vector<double>& v) {
+  Forward f{std::vector<double>(static_cast<std::size_t>(o_size(p))),
+            std::vector<double>(static_cast<std::size_t>(lse_size(p)))};
+  reference_forward_cpu(p, q.data(), k.data(), v.data(), f.o.data(), f.lse.data());
+  return f;
+}
+
+// The three mask settings, each on a shape where s_q < s_kv and one where s_q > s_kv.
+std::vector<ReferenceProblem> mask_problems() {
+  std::vector<ReferenceProblem> out;
+  for (auto [s_q, s_kv] : {std::pair<int, int>{4, 6}, std::pair<int, int>{6, 4}}) {
+    out.push_back(make_problem(2, 1, s_q, s_kv, 8, 16));
+    out.push_back(make_problem(2, 1, s_q, s_kv, 8, 16, true, Alignment::top_left));
+    out.push_back(make_problem(2, 1, s_q, s_kv, 8, 16, true, Alignment::bottom_right));
+  }
+  return out;
+}
+
+// --- problem and mask ---------------------------------------------------------------------------
+
+TEST(ReferenceProblem, CopiesEverySizeAndOptionFromTheSpec) {
+  AttentionSpec spec;
+  spec.q.dims = {2, 8, 100, 192};
+  spec.k.dims = {2, 2, 120, 192};
+  spec.v.dims = {2, 2, 120, 128};
+  spec.o.dims = {2, 8, 100, 128};
+  spec.causal = true;
+  spec.alignment = Alignment::bottom_right;
+  const ReferenceProblem p = reference_problem(spec, 0.3);
+  EXPECT_EQ(p.batch, 2);
+  EXPECT_EQ(p.heads_q, 8);
+  EXPECT_EQ(p.heads_kv, 2);
+  EXPECT_EQ(p.seq_q, 100);
+  EXPECT_EQ(p.seq_kv, 120);
+  EXPECT_EQ(p.head_dim_qk, 192);
+  EXPECT_EQ(p.head_dim_v, 128);
+  EXPECT_TRUE(p.causal);
+  EXPECT_EQ(p.alignment, Alignment::bottom_right);
+  EXPECT_EQ(p.scale, 0.3);
+}
+
+std::vector<std::int64_t> row_counts(const ReferenceProblem& p) {
+  std::vector<std::int64_t> counts;
+  for (std::int64_t i = 0; i < p.seq_q; ++i) {
+    std::int64_t n = 0;
+    for (std::int64_t j = 0; j < p.seq_kv; ++j) n += reference_visible(p, i, j) ? 1 : 0;
+    counts.push_back(n);
+  }
+  return counts;
+}
+
+TEST(ReferenceMask, VisibleKeysPerRow) {
+  using V = std::vector<std::int64_t>;
+  EXPECT_EQ(row_counts(make_problem(1, 1, 3, 5, 8, 8)), (V{5, 5, 5}));
+  EXPECT_EQ(row_counts(make_problem(1, 1, 3, 5, 8, 8, true, Alignment::top_left)), (V{1, 2, 3}));
+  EXPECT_EQ(row_counts(make_problem(1, 1, 3, 5, 8, 8, true, Alignment::bottom_right)), (V{3, 4, 5}));
+  EXPECT_EQ(row_counts(make_problem(1, 1, 5, 3, 8, 8, true, Alignment::top_left)), (V{1, 2, 3, 3, 3}));
+  EXPECT_EQ(row_counts(make_problem(1, 1, 5, 3, 8, 8, true, Alignment::bottom_right)), (V{0, 0, 1, 2, 3}));
+  // Square: both alignments are the same lower triangle.
+  EXPECT_EQ(row_counts(make_problem(1, 1, 4, 4, 8, 8, true, Alignment::top_left)), (V{1, 2, 3, 4}));
+  EXPECT_EQ(row_counts(make_problem(1, 1, 4, 4, 8, 8, true, Alignment::bottom_right)), (V{1, 2, 3, 4}));
+}
+
+TEST(ReferenceMask, VisibleSetIsAPrefixOfTheKeys) {
+  for (const ReferenceProblem& p : mask_problems()) {
+    SCOPED_TRACE(describe(p));
+    for (std::int64_t i = 0; i < p.seq_q; ++i) {
+      for (std::int64_t j = 0; j < p.seq_kv; ++j) {
+        EXPECT_EQ(reference_visible(p, i, j), j < visible_count(p, i)) << "i=" << i << " j=" << j;
+      }
+    }
+  }
+}
+
+TEST(ReferenceCpu, RejectsHeadsThatDoNotGroup) {
+  ReferenceProblem p = make_problem(3, 2, 2, 2, 8, 8);
+  std::vector<double> buf(1024);
+  try {
+    reference_forward_cpu(p, buf.data(), buf.data(), buf.data(), buf.data(), buf.data());
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.field(), "heads_q");
+    EXPECT_EQ(e.value(), "3");
+  }
+}
+
+// --- forward against closed forms ------------------------------------------------------------
+
+// With every key equal, every visible score is the same, so softmax is uniform over the visible
+// keys: o is their mean, lse = score + log(count). Rows that see nothing give o = 0, lse = -inf.
+TEST(ReferenceCpu, EqualKeysAverageTheVisibleValues) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (const ReferenceProblem& p : mask_problems()) {
+    SCOPED_TRACE(describe(p));
+    const std::vector<double> q = rng.normal(q_size(p)), v = rng.normal(v_size(p)), key = rng.normal(p.head_dim_qk);
+    std::vector<double> k;
+    for (std::int64_t j = 0; j < p.seq_kv; ++j) k.insert(k.end(), key.begin(), key.end());
+    const Forward f = run_forward(p, q, k, v);
+    for (std::int64_t h = 0; h < p.heads_q; ++h) {
+      for (std::int64_t i = 0; i < p.seq_q; ++i) {
+        const std::int64_t row = h * p.seq_q + i, count = visible_count(p, i);
+        double score = 0.0;
+        for (std::int64_t d = 0; d < p.head_dim_qk; ++d) score += q[row * p.head_dim_qk + d] * key[d];
+        score *= p.scale;
+        if (count == 0) {
+          EXPECT_EQ(f.lse[row], -kInf) << "row " << i;
+        } else {
+          EXPECT_NEAR(f.lse[row], score + std::log(static_cast<double>(count)), 1e-12) << "row " << i;
+        }
+        for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
+          double mean = 0.0;
+          for (std::int64_t j = 0; j < count; ++j) mean += v[j * p.head_dim_v + d];  // one kv head
+          mean = count == 0 ? 0.0 : mean / static_cast<double>(count);
+          EXPECT_NEAR(f.o[row * p.head_dim_v + d], mean, 1e-12) << "row " << i << " dim " << d;
+        }
+      }
+    }
+  }
+}
+
+// A zero query scores 0 against every key: lse = log(#visible), o = mean of visible values.
+TEST(ReferenceCpu, ZeroQueryGivesLogOfVisibleCount) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (const ReferenceProblem& p : mask_problems()) {
+    SCOPED_TRACE(describe(p));
+    const std::vector<double> q(static_cast<std::size_t>(q_size(p)), 0.0);
+    const Forward f = run_forward(p, q, rng.normal(k_size(p)), rng.normal(v_size(p)));
+    for (std::int64_t h = 0; h < p.heads_q; ++h) {
+      for (std::int64_t i = 0; i < p.seq_q; ++i) {
+        const std::int64_t count = visible_count(p, i);
+        const double expected = count == 0 ? -kInf : std::log(static_cast<double>(count));
+        EXPECT_DOUBLE_EQ(f.lse[h * p.seq_q + i], expected) << "head " << h << " row " << i;
+      }
+    }
+  }
+}
+
+// When exactly one key is visible its probability is exactly 1, so o is exactly that value row.
+TEST(ReferenceCpu, SingleVisibleKeyCopiesItsValueRow) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  struct Case {
+    ReferenceProblem p;
+    std::int64_t row;  // the row that sees only key 0
+  };
+  const std::vector<Case> cases = {
+      {make_problem(1, 1, 3, 1, 8, 16), 0},
+      {make_problem(1, 1, 3, 1, 8, 16), 2},
+      {make_problem(1, 1, 4, 6, 8, 16, true, Alignment::top_left), 0},
+      {make_problem(1, 1, 5, 3, 8, 16, true, Alignment::bottom_right), 2},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(describe(c.p) + " row " + std::to_string(c.row));
+    const std::vector<double> q = rng.normal(q_size(c.p)), k = rng.normal(k_size(c.p)), v = rng.normal(v_size(c.p));
+    const Forward f = run_forward(c.p, q, k, v);
+    for (std::int64_t d = 0; d < c.p.head_dim_v; ++d) EXPECT_EQ(f.o[c.row * c.p.head_dim_v + d], v[d]) << "dim " << d;
+    double score = 0.0;
+    for (std::int64_t d = 0; d < c.p.head_dim_qk; ++d) score += q[c.row * c.p.head_dim_qk + d] * k[d];
+    EXPECT_NEAR(f.lse[c.row], c.p.scale * score, 1e-12);
+  }
+}
+
+// Softmax must not overflow when scores are huge: the row maximum is subtracted first.
+TEST(ReferenceCpu, LargeScoresStayFinite) {
+  ReferenceProblem p = make_problem(1, 1, 1, 2, 8, 8);
+  p.scale = 1.0;
+  std::vector<double> q(8, 0.0), k(16, 0.0), v(16, 0.0);
+  q[0] = 1000.0;
+  k[0] = 1.0;        // key 0 scores 1000
+  k[8] = 1.0 - 1e-3;  // key 1 scores 999
+  v[0] = 1.0;
+  v[8] = -1.0;
+  const Forward f = run_forward(p, q, k, v);
+  const double p0 = 1.0 / (1.0 + std::exp(-1.0));
+  EXPECT_NEAR(f.o[0], p0 - (1.0 - p0), 1e-12);
+  EXPECT_NEAR(f.lse[0], 1000.0 + std::log(1.0 + std::exp(-1.0)), 1e-9);
+}
+
+// K/V heads repeated for each query head of a group (MHA) must give exactly the GQA answer.
+std::vector<double> repeat_heads(const std::vector<double>& kv, std::int64_t heads_kv, std::int64_t group,
+                                 std::int64_t head_elems) {
+  std::vector<double> out;
+  for (std::int64_t h = 0; h < heads_kv; ++h) {
+    for (std::int64_t g = 0; g < group; ++g) {
+      out.insert(out.end(), kv.begin() + h * head_elems, kv.begin() + (h + 1) * head_elems);
+    }
+  }
+  return out;
+}
+
+TEST(ReferenceCpu, GroupedQueryEqualsRepeatedHeads) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (std::int64_t heads_kv : {1, 2}) {  // MQA and GQA
+    const ReferenceProblem gqa = make_problem(4, heads_kv, 5, 7, 16, 8, true, Alignment::bottom_right);
+    ReferenceProblem mha = gqa;
+    mha.heads_kv = 4;
+    SCOPED_TRACE(describe(gqa));
+    const std::int64_t group = 4 / heads_kv;
+    const std::vector<double> q = rng.normal(q_size(gqa)), k = rng.normal(k_size(gqa)), v = rng.normal(v_size(gqa));
+    const std::vector<double> k_rep = repeat_heads(k, heads_kv, group, gqa.seq_kv * gqa.head_dim_qk);
+    const std::vector<double> v_rep = repeat_heads(v, heads_kv, group, gqa.seq_kv * gqa.head_dim_v);
+    const Forward a = run_forward(gqa, q, k, v), b = run_forward(mha, q, k_rep, v_rep);
+    EXPECT_EQ(a.o, b.o);
+    EXPECT_EQ(a.lse, b.lse);
+
+    // Backward: dQ is the same; dK/dV of a shared head are the sums over the repeated copies.
+    const std::vector<double> d_o = rng.normal(o_size(gqa));
+    std::vector<double> dq_a(q.size()), dk_a(k.size()), dv_a(v.size());
+    std::vector<double> dq_b(q.size()), dk_b(k_rep.size()), dv_b(v_rep.size());
+    reference_backward_cpu(gqa, q.data(), k.data(), v.data(), d_o.data(), dq_a.data(), dk_a.data(), dv_a.data());
+    reference_backward_cpu(mha, q.data(), k_rep.data(), v_rep.data(), d_o.data(), dq_b.data(), dk_b.data(),
+                           dv_b.data());
+    EXPECT_EQ(dq_a, dq_b);
+    const auto fold = [&](const std::vector<double>& repeated, std::int64_t head_elems) {
+      std::vector<double> out(static_cast<std::size_t>(heads_kv * head_elems), 0.0);
+      for (std::int64_t h = 0; h < 4; ++h) {
+        for (std::int64_t x = 0; x < head_elems; ++x) out[(h / group) * head_elems + x] += repeated[h * head_elems + x];
+      }
+      return out;
+    };
+    EXPECT_LT(relative_error(dk_a.data(), fold(dk_b, gqa.seq_kv * gqa.head_dim_qk).data(), k_size(gqa)), 1e-14);
+    EXPECT_LT(relative_error(dv_a.data(), fold(dv_b, gqa.seq_kv * gqa.head_dim_v).data(), v_size(gqa)), 1e-14);
+  }
+}
+
+// --- backward against finite differences --------------------------------------------------------
+
+// L = sum(O ∘ dO), whose gradients reference_backward_cpu computes.
+double loss(const ReferenceProblem& p, const std::vector<double>& q, const std::vector<double>& k,
+            const std::vector<double>& v, const std::vector<double>& d_o) {
+  const Forward f = run_forward(p, q, k, v);
+  double sum = 0.0;
+  for (std::size_t x = 0; x < f.o.size(); ++x) sum += f.o[x] * d_o[x];
+  return sum;
+}
+
+// Central differences of L with respect to every element of `x` (one of q, k, v).
+std::vector<double> numeric_gradient(std::vector<double>& x, const std::function<double()>& eval) {
+  const double eps = 1e-6;
+  std::vector<double> grad(x.size());
+  for (std::size_t n = 0; n < x.size(); ++n) {
+    const double saved = x[n];
+    x[n] = saved + eps;
+    const double up = eval();
+    x[n] = saved - eps;
+    const double down = eval();
+    x[n] = saved;
+    grad[n] = (up - down) / (2 * eps);
+  }
+  return grad;
+}
+
+std::vector<ReferenceProblem> backward_problems() {
+  std::vector<ReferenceProblem> out;
+  for (auto [s_q, s_kv] : {std::pair<int, int>{3, 5}, std::pair<int, int>{5, 3}}) {
+    out.push_back(make_problem(4, 2, s_q, s_kv, 16, 8));
+    out.push_back(make_problem(4, 2, s_q, s_kv, 16, 8, true, Alignment::top_left));
+    out.push_back(make_problem(4, 2, s_q, s_kv, 16, 8, true, Alignment::bottom_right));
+  }
+  ReferenceProblem mqa_batched = make_problem(2, 1, 4, 4, 8, 16, true, Alignment::top_left);
+  mqa_batched.batch = 2;
+  mqa_batched.scale = 0.7;  // not 1/sqrt(d): the scale must really be applied
+  out.push_back(mqa_batched);
+  return out;
+}
+
+TEST(ReferenceBackward, MatchesFiniteDifferences) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (const ReferenceProblem& p : backward_problems()) {
+    SCOPED_TRACE(describe(p));
+    std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
+    const std::vector<double> d_o = rng.normal(o_size(p));
+    std::vector<double> d_q(q.size()), d_k(k.size()), d_v(v.size());
+    reference_backward_cpu(p, q.data(), k.data(), v.data(), d_o.data(), d_q.data(), d_k.data(), d_v.data());
+    const auto eval = [&] { return loss(p, q, k, v, d_o); };
+    const std::vector<double> num_q = numeric_gradient(q, eval);
+    const std::vector<double> num_k = numeric_gradient(k, eval);
+    const std::vector<double> num_v = numeric_gradient(v, eval);
+    EXPECT_LT(relative_error(d_q.data(), num_q.data(), q_size(p)), 1e-6) << "dQ";
+    EXPECT_LT(relative_error(d_k.data(), num_k.data(), k_size(p)), 1e-6) << "dK";
+    EXPECT_LT(relative_error(d_v.data(), num_v.data(), v_size(p)), 1e-6) << "dV";
+  }
+}
+
+// Bottom-right with s_q > s_kv: the first s_q - s_kv rows see nothing and get exactly zero dQ. So
+// does a row that sees a single key: its softmax is the constant 1, whatever the scores.
+TEST(ReferenceBackward, FullyMaskedRowsGetZeroGradient) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const ReferenceProblem p = make_problem(2, 1, 6, 3, 8, 8, true, Alignment::bottom_right);
+  const std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
+  const std::vector<double> d_o = rng.normal(o_size(p));
+  std::vector<double> d_q(q.size(), 42.0), d_k(k.size(), 42.0), d_v(v.size(), 42.0);  // must be overwritten
+  reference_backward_cpu(p, q.data(), k.data(), v.data(), d_o.data(), d_q.data(), d_k.data(), d_v.data());
+  for (std::int64_t h = 0; h < p.heads_q; ++h) {
+    for (std::int64_t i = 0; i < p.seq_q; ++i) {
+      double norm = 0.0;
+      for (std::int64_t d = 0; d < p.head_dim_qk; ++d) norm += std::abs(d_q[(h * p.seq_q + i) * p.head_dim_qk + d]);
+      if (visible_count(p, i) <= 1) {
+        EXPECT_EQ(norm, 0.0) << "head " << h << " row " << i;
+      } else {
+        EXPECT_GT(norm, 0.0) << "head " << h << " row " << i;
+      }
+    }
+  }
+  const Forward f = run_forward(p, q, k, v);
+  EXPECT_EQ(f.lse[0], -kInf);
+  EXPECT_EQ(f.o[0], 0.0);
+  // dV of the last key comes only from the last row (the only one that sees it), through both heads.
+  for (std::int64_t d = 0; d < p.head_dim_v; ++d) EXPECT_NE(d_v[2 * p.head_dim_v + d], 42.0);
+}
+
+// --- 16-bit conversion -------------------------------------------------------------------------
+
+float from_bits(std::uint16_t bits, DType dtype) { return half_bits_to_float(bits, dtype); }
+std::uint16_t to_bits(float value, DType dtype) { return float_to_half_bits(value, dtype); }
+
+TEST(ReferenceConvert, HalfKnownValues) {
+  const DType h = DType::f16;
+  EXPECT_EQ(from_bits(0x3c00, h), 1.0f);
+  EXPECT_EQ(from_bits(0xc000, h), -2.0f);
+  EXPECT_EQ(from_bits(0x7bff, h), 65504.0f);
+  EXPECT_EQ(from_bits(0x0400, h), std::ldexp(1.0f, -14));       // smallest normal
+  EXPECT_EQ(from_bits(0x0001, h), std::ldexp(1.0f, -24));       // smallest subnormal
+  EXPECT_EQ(from_bits(0x03ff, h), std::ldexp(1023.0f, -24));    // largest subnormal
+  EXPECT_EQ(from_bits(0x8001, h), -std::ldexp(1.0f, -24));
+  EXPECT_EQ(from_bits(0x7c00, h), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(from_bits(0xfc00, h), -std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(from_bits(0x7e00, h)));
+  EXPECT_TRUE(std::isnan(from_bits(0x7c01, h)));  // signalling NaN is still NaN
+  EXPECT_TRUE(std::signbit(from_bits(0x8000, h)));
+  EXPECT_EQ(to_bits(-0.0f, h), 0x8000);
+  EXPECT_EQ(to_bits(1.0f, h), 0x3c00);
+  EXPECT_EQ(to_bits(std::ldexp(1.0f, -24), h), 0x0001);
+  EXPECT_EQ(to_bits(1e5f, h), 0x7c00);                                  // overflow
+  EXPECT_EQ(to_bits(-std::numeric_limits<float>::infinity(), h), 0xfc00);
+  EXPECT_EQ(to_bits(std::numeric_limits<float>::denorm_min(), h), 0x0000);  // underflow
+}
+
+// Every 16-bit pattern survives a trip through float; NaNs stay NaN with their sign.
+void expect_all_patterns_round_trip(DType dtype) {
+  for (std::uint32_t bits = 0; bits <= 0xffffu; ++bits) {
+    const float value = from_bits(static_cast<std::uint16_t>(bits), dtype);
+    const std::uint16_t back = to_bits(value, dtype);
+    if (std::isnan(value)) {
+      ASSERT_TRUE(std::isnan(from_bits(back, dtype))) << std::hex << bits;
+      ASSERT_EQ(back & 0x8000u, bits & 0x8000u) << std::hex << bits;
+    } else {
+      ASSERT_EQ(back, bits) << std::hex << bits;
+    }
+  }
+}
+
+TEST(ReferenceConvert, HalfRoundTripsEveryPattern) { expect_all_patterns_round_trip(DType::f16); }
+TEST(ReferenceConvert, Bf16RoundTripsEveryPattern) { expect_all_patterns_round_trip(DType::bf16); }
+
+TEST(ReferenceConvert, HalfRoundsToNearestEven) {
+  const DType h = DType::f16;
+  const auto two_pow = [](int e) { return std::ldexp(1.0f, e); };
+  EXPECT_EQ(to_bits(1.0f + two_pow(-11), h), 0x3c00);                    // tie, down to even
+  EXPECT_EQ(to_bits(1.0f + 3 * two_pow(-11), h), 0x3c02);                // tie, up to even
+  EXPECT_EQ(to_bits(1.0f + two_pow(-11) + two_pow(-20), h), 0x3c01);     // just above the tie
+  EXPECT_EQ(to_bits(1.0f + two_pow(-11) - two_pow(-20), h), 0x3c00);     // just below the tie
+  EXPECT_EQ(to_bits(2.0f - two_pow(-12), h), 0x4000);                    // tie carries into the exponent
+  EXPECT_EQ(to_bits(65519.0f, h), 0x7bff);
+  EXPECT_EQ(to_bits(65520.0f, h), 0x7c00);                               // tie above the max: inf
+  // Subnormal results, in units of 2^-24.
+  EXPECT_EQ(to_bits(two_pow(-25), h), 0x0000);                           // tie, down to zero
+  EXPECT_EQ(to_bits(two_pow(-25) * (1.0f + two_pow(-10)), h), 0x0001);
+  EXPECT_EQ(to_bits(3 * two_pow(-25), h), 0x0002);                       // 1.5 units: up to even
+  EXPECT_EQ(to_bits(5 * two_pow(-25), h), 0x0002);                       // 2.5 units: down to even
+  EXPECT_EQ(to_bits(2047 * two_pow(-25), h), 0x0400);                    // 1023.5 units: the smallest normal
+  EXPECT_EQ(to_bits(-3 * two_pow(-25), h), 0x8002);
+}
+
+TEST(ReferenceConvert, Bf16RoundsToNearestEvenAndKeepsNaN) {
+  const DType b = DType::bf16;
+  const auto two_pow = [](int e) { return std::ldexp(1.0f, e); };
+  EXPECT_EQ(to_bits(1.0f, b), 0x3f80);
+  EXPECT_EQ(from_bits(0x3f80, b), 1.0f);
+  EXPECT_EQ(to_bits(1.0f + two_pow(-8), b), 0x3f80);                     // tie, down to even
+  EXPECT_EQ(to_bits(1.0f + 3 * two_pow(-8), b), 0x3f82);                 // tie, up to even
+  EXPECT_EQ(to_bits(1.0f + two_pow(-8) + two_pow(-20), b), 0x3f81);
+  EXPECT_EQ(to_bits(std::numeric_limits<float>::max(), b), 0x7f80);      // rounds up to inf
+  EXPECT_EQ(to_bits(-std::numeric_limits<float>::infinity(), b), 0xff80);
+  EXPECT_EQ(to_bits(std::numeric_limits<float>::denorm_min(), b), 0x0000);
+  // A NaN whose payload sits only in the low 16 bits would truncate to inf; it must stay NaN.
+  std::uint32_t low_payload_nan = 0x7f800001u;
+  float nan;
+  std::memcpy(&nan, &low_payload_nan, sizeof nan);
+  ASSERT_TRUE(std::isnan(nan));
+  EXPECT_TRUE(std::isnan(from_bits(to_bits(nan, b), b)));
+  EXPECT_TRUE(std::isnan(from_bits(to_bits(std::numeric_limits<float>::quiet_NaN(), DType::f16), DType::f16)));
+  EXPECT_TRUE(std::isnan(from_bits(to_bits(nan, DType::f16), DType::f16)));
+}
+
+// --- relative error ------------------------------------------------------------------------------
+
+TEST(ReferenceError, IsTheRatioOfNorms) {
+  const std::vector<double> ref = {3.0, 4.0}, out = {3.0, 5.0};
+  EXPECT_DOUBLE_EQ(relative_error(out.data(), ref.data(), 2), 0.2);
+  EXPECT_EQ(relative_error(ref.data(), ref.data(), 2), 0.0);
+  const std::vector<float> out_f = {3.0f, 5.0f}, ref_f = {3.0f, 4.0f};
+  EXPECT_DOUBLE_EQ(relative_error(out_f.data(), ref_f.data(), 2), 0.2);
+  EXPECT_DOUBLE_EQ(relative_error(out_f.data(), ref.data(), 2), 0.2);
+}
+
+TEST(ReferenceError, ZeroReferenceGivesTheNormOfOut) {
+  const std::vector<double> ref = {0.0, 0.0}, out = {3.0, 4.0};
+  EXPECT_DOUBLE_EQ(relative_error(out.data(), ref.data(), 2), 5.0);
+}
+
+TEST(ReferenceError, NaNOrInfNeverPasses) {
+  const std::vector<float> ref = {1.0f, 2.0f, 3.0f};
+  std::vector<float> out = ref;
+  out[1] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(relative_error(out.data(), ref.data(), 3), kInf);
+  out[1] = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(relative_error(out.data(), ref.data(), 3), kInf);
+  const std::vector<double> ref_d = {1.0, 2.0, 3.0};
+  out[1] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(relative_error(out.data(), ref_d.data(), 3), kInf);
+}
+
+// The -inf log-sum-exp of a fully masked row must be matched exactly, and is then left out.
+TEST(ReferenceError, NonFiniteReferenceMustMatchExactly) {
+  const std::vector<double> ref = {-kInf, 3.0, 4.0};
+  const std::vector<double> same = {-kInf, 3.0, 5.0};
+  EXPECT_DOUBLE_EQ(relative_error(same.data(), ref.data(), 3), 0.2);
+  const std::vector<double> finite = {-1e30, 3.0, 4.0};
+  EXPECT_EQ(relative_error(finite.data(), ref.data(), 3), kInf);
+  const std::vector<double> nan = {std::numeric_limits<double>::quiet_NaN(), 3.0, 4.0};
+  EXPECT_EQ(relative_error(nan.data(), ref.data(), 3), kInf);
+}
+
+// --- strided gather / scatter --------------------------------------------------------------------
+
+TEST(ReferenceGather, StridedRoundTripLeavesPaddingAlone) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (DType dtype : {DType::f16, DType::bf16}) {
+    SCOPED_TRACE(dtype == DType::f16 ? "f16" : "bf16");
+    // [b=2, h=3, s=4, d=8] stored as b, s, h, d with each head row padded to 16 elements.
+    TensorDesc desc;
+    desc.dtype = dtype;
+    desc.dims = {2, 3, 4, 8};
+    desc.strides = {4 * 3 * 16, 16, 3 * 16, 1};
+    const std::int64_t extent = 2 * 4 * 3 * 16;
+    const std::uint16_t poison = 0xabcd;
+    std::vector<std::uint16_t> buffer(static_cast<std::size_t>(extent), poison);
+    // Multiples of 1/8 in [-16, 16) are exact in both formats, so the trip must be lossless.
+    std::uniform_int_distribution<int> dist(-128, 127);
+    std::vector<double> values(static_cast<std::size_t>(desc.elements()));
+    for (double& x : values) x = dist(rng.engine) / 8.0;
+    scatter_from_double(desc, values.data(), buffer.data());
+    EXPECT_EQ(gather_to_double(desc, buffer.data()), values);
+    // Element (b=1, h=2, s=3, d=5) sits where the strides say.
+    const std::int64_t logical = ((1 * 3 + 2) * 4 + 3) * 8 + 5, physical = 1 * 192 + 2 * 16 + 3 * 48 + 5;
+    EXPECT_EQ(half_bits_to_float(buffer[physical], dtype), values[logical]);
+    std::int64_t untouched = 0;
+    for (std::uint16_t x : buffer) untouched += x == poison ? 1 : 0;
+    EXPECT_EQ(untouched, extent - desc.elements());
+  }
+}
+
+}  // namespace
+}  // namespace fusedattn

@@ -1,0 +1,265 @@
+// GPU tier: the float32 GPU reference against the float64 CPU reference, and the GPU gather/scatter.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include "fusedattn/errors.h"
+#include "fusedattn/reference.h"
+#include "gpu_skip.h"
+
+namespace fusedattn {
+namespace {
+
+#define REF_CUDA_OK(call)                                                      \
+  do {                                                                         \
+    const cudaError_t ref_status = (call);                                     \
+    ASSERT_EQ(ref_status, cudaSuccess) << #call << ": " << cudaGetErrorString(ref_status); \
+  } while (0)
+
+// A device allocation freed on scope exit, poisoned with NaN (all bits set) so that anything a
+// kernel forgets to write shows up in the comparison.
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+    if (cudaMalloc(&ptr_, bytes) != cudaSuccess) ptr_ = nullptr;
+    if (ptr_ != nullptr) cudaMemset(ptr_, 0xff, bytes);
+  }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  float* f() const { return static_cast<float*>(ptr_); }
+  void* get() const { return ptr_; }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_;
+};
+
+std::size_t bytes_of(const std::vector<float>& v) { return v.size() * sizeof(float); }
+
+struct Case {
+  std::int64_t batch, heads_q, heads_kv, seq_q, seq_kv, d_qk, d_v;
+  bool causal;
+  Alignment alignment;
+};
+
+ReferenceProblem to_problem(const Case& c) {
+  ReferenceProblem p;
+  p.batch = c.batch;
+  p.heads_q = c.heads_q;
+  p.heads_kv = c.heads_kv;
+  p.seq_q = c.seq_q;
+  p.seq_kv = c.seq_kv;
+  p.head_dim_qk = c.d_qk;
+  p.head_dim_v = c.d_v;
+  p.causal = c.causal;
+  p.alignment = c.alignment;
+  p.scale = 1.0 / std::sqrt(static_cast<double>(c.d_qk));
+  return p;
+}
+
+std::string describe(const ReferenceProblem& p) {
+  return "b=" + std::to_string(p.batch) + " h_q=" + std::to_string(p.heads_q) + " h_kv=" + std::to_string(p.heads_kv) +
+         " s_q=" + std::to_string(p.seq_q) + " s_kv=" + std::to_string(p.seq_kv) +
+         " d_qk=" + std::to_string(p.head_dim_qk) + " d_v=" + std::to_string(p.head_dim_v) +
+         (p.causal ? (p.alignment == Alignment::top_left ? " causal top_left" : " causal bottom_right") : "");
+}
+
+// Small shapes covering GQA/MQA, d_qk != d_v, both causal alignments (including rows that see no
+// key), s_q != s_kv, lengths that are not multiples of anything, and the head-dim maximum.
+std::vector<Case> cases() {
+  const auto TL = Alignment::top_left, BR = Alignment::bottom_right;
+  return {
+      {2, 4, 2, 17, 33, 64, 64, false, TL},
+      {1, 4, 2, 17, 40, 192, 128, true, TL},
+      {1, 4, 2, 40, 17, 192, 128, true, BR},  // the first 23 rows see nothing
+      {2, 4, 1, 17, 65, 32, 64, true, BR},    // MQA
+      {1, 2, 2, 1, 1, 8, 8, false, TL},
+      {1, 2, 1, 1, 100, 128, 128, true, BR},  // decoding: one query row against a cache
+      {1, 1, 1, 37, 37, 256, 256, true, TL},
+      {1, 2, 2, 5, 3, 16, 8, true, TL},
+  };
+}
+
+struct Inputs {
+  std::vector<float> q, k, v, d_o;
+};
+
+Inputs random_inputs(const ReferenceProblem& p, std::mt19937& rng) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  const auto fill = [&](std::int64_t n) {
+    std::vector<float> out(static_cast<std::size_t>(n));
+    for (float& x : out) x = dist(rng);
+    return out;
+  };
+  return {fill(p.batch * p.heads_q * p.seq_q * p.head_dim_qk), fill(p.batch * p.heads_kv * p.seq_kv * p.head_dim_qk),
+          fill(p.batch * p.heads_kv * p.seq_kv * p.head_dim_v), fill(p.batch * p.heads_q * p.seq_q * p.head_dim_v)};
+}
+
+std::vector<double> widen(const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); }
+
+struct Results {
+  std::vector<float> o, lse, d_q, d_k, d_v;
+};
+
+// Runs the GPU forward and backward; outputs start out as NaN.
+void run_gpu(const ReferenceProblem& p, const Inputs& in, Results& out) {
+  out.o.assign(in.d_o.size(), 0.0f);
+  out.lse.assign(static_cast<std::size_t>(p.batch * p.heads_q * p.seq_q), 0.0f);
+  out.d_q.assign(in.q.size(), 0.0f);
+  out.d_k.assign(in.k.size(), 0.0f);
+  out.d_v.assign(in.v.size(), 0.0f);
+  DeviceBuffer q(bytes_of(in.q)), k(bytes_of(in.k)), v(bytes_of(in.v)), d_o(bytes_of(in.d_o));
+  DeviceBuffer o(bytes_of(out.o)), lse(bytes_of(out.lse)), d_q(bytes_of(out.d_q)), d_k(bytes_of(out.d_k)),
+      d_v(bytes_of(out.d_v));
+  for (const DeviceBuffer* b : {&q, &k, &v, &d_o, &o, &lse, &d_q, &d_k, &d_v}) ASSERT_NE(b->get(), nullptr);
+  REF_CUDA_OK(cudaMemcpy(q.get(), in.q.data(), q.bytes(), cudaMemcpyHostToDevice));
+  REF_CUDA_OK(cudaMemcpy(k.get(), in.k.data(), k.bytes(), cudaMemcpyHostToDevice));
+  REF_CUDA_OK(cudaMemcpy(v.get(), in.v.data(), v.bytes(), cudaMemcpyHostToDevice));
+  REF_CUDA_OK(cudaMemcpy(d_o.get(), in.d_o.data(), d_o.bytes(), cudaMemcpyHostToDevice));
+  cudaStream_t stream = nullptr;
+  REF_CUDA_OK(cudaStreamCreate(&stream));
+  reference_forward_gpu(p, q.f(), k.f(), v.f(), o.f(), lse.f(), stream);
+  reference_backward_gpu(p, q.f(), k.f(), v.f(), o.f(), lse.f(), d_o.f(), d_q.f(), d_k.f(), d_v.f(), stream);
+  const cudaError_t synced = cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
+  REF_CUDA_OK(synced);
+  REF_CUDA_OK(cudaMemcpy(out.o.data(), o.get(), o.bytes(), cudaMemcpyDeviceToHost));
+  REF_CUDA_OK(cudaMemcpy(out.lse.data(), lse.get(), lse.bytes(), cudaMemcpyDeviceToHost));
+  REF_CUDA_OK(cudaMemcpy(out.d_q.data(), d_q.get(), d_q.bytes(), cudaMemcpyDeviceToHost));
+  REF_CUDA_OK(cudaMemcpy(out.d_k.data(), d_k.get(), d_k.bytes(), cudaMemcpyDeviceToHost));
+  REF_CUDA_OK(cudaMemcpy(out.d_v.data(), d_v.get(), d_v.bytes(), cudaMemcpyDeviceToHost));
+}
+
+TEST(ReferenceGpu, MatchesCpuForwardAndBackward) {
+  FUSEDATTN_REQUIRE_GPU();
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("random seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  for (const Case& c : cases()) {
+    const ReferenceProblem p = to_problem(c);
+    SCOPED_TRACE(describe(p));
+    const Inputs in = random_inputs(p, rng);
+    Results gpu;
+    run_gpu(p, in, gpu);
+    if (HasFatalFailure()) return;
+
+    // The CPU sees exactly the float inputs the GPU saw.
+    const std::vector<double> q = widen(in.q), k = widen(in.k), v = widen(in.v), d_o = widen(in.d_o);
+    std::vector<double> o(gpu.o.size()), lse(gpu.lse.size()), d_q(q.size()), d_k(k.size()), d_v(v.size());
+    reference_forward_cpu(p, q.data(), k.data(), v.data(), o.data(), lse.data());
+    reference_backward_cpu(p, q.data(), k.data(), v.data(), d_o.data(), d_q.data(), d_k.data(), d_v.data());
+
+    const auto n = [](const std::vector<double>& x) { return static_cast<std::int64_t>(x.size()); };
+    EXPECT_LT(relative_error(gpu.o.data(), o.data(), n(o)), 1e-5) << "O";
+    EXPECT_LT(relative_error(gpu.lse.data(), lse.data(), n(lse)), 1e-5) << "lse";
+    EXPECT_LT(relative_error(gpu.d_q.data(), d_q.data(), n(d_q)), 1e-5) << "dQ";
+    EXPECT_LT(relative_error(gpu.d_k.data(), d_k.data(), n(d_k)), 1e-5) << "dK";
+    EXPECT_LT(relative_error(gpu.d_v.data(), d_v.data(), n(d_v)), 1e-5) << "dV";
+  }
+}
+
+// Rows that see no key: O exactly 0 and lse exactly -inf (not NaN, not a large negative number).
+TEST(ReferenceGpu, FullyMaskedRowsAreZeroWithMinusInfLse) {
+  FUSEDATTN_REQUIRE_GPU();
+  std::mt19937 rng(std::random_device{}());
+  const ReferenceProblem p = to_problem({1, 2, 1, 6, 2, 8, 8, true, Alignment::bottom_right});
+  const Inputs in = random_inputs(p, rng);
+  Results gpu;
+  run_gpu(p, in, gpu);
+  if (HasFatalFailure()) return;
+  for (std::int64_t h = 0; h < p.heads_q; ++h) {
+    for (std::int64_t i = 0; i < p.seq_q - p.seq_kv; ++i) {
+      const std::int64_t row = h * p.seq_q + i;
+      EXPECT_EQ(gpu.lse[row], -std::numeric_limits<float>::infinity()) << "head " << h << " row " << i;
+      for (std::int64_t d = 0; d < p.head_dim_v; ++d) EXPECT_EQ(gpu.o[row * p.head_dim_v + d], 0.0f);
+      for (std::int64_t d = 0; d < p.head_dim_qk; ++d) EXPECT_EQ(gpu.d_q[row * p.head_dim_qk + d], 0.0f);
+    }
+  }
+}
+
+TEST(ReferenceGpu, RejectsHeadDimAboveTheLimit) {
+  FUSEDATTN_REQUIRE_GPU();
+  ReferenceProblem p = to_problem({1, 1, 1, 4, 4, 264, 64, false, Alignment::top_left});
+  try {
+    reference_forward_gpu(p, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.field(), "head_dim_qk");
+    EXPECT_EQ(e.value(), "264");
+  }
+}
+
+// Scatter into the K slice of a packed [b, s, 3, h, d] QKV buffer and gather it back: the 16-bit
+// values must be exactly what the host conversion gives (both round to nearest even), and the Q
+// and V slices around it must stay untouched.
+void check_packed_round_trip(DType dtype) {
+  const std::int64_t b = 2, h = 3, s = 5, d = 16;
+  TensorDesc desc;
+  desc.dtype = dtype;
+  desc.dims = {b, h, s, d};
+  desc.strides = {s * 3 * h * d, d, 3 * h * d, 1};
+  const std::int64_t total = b * s * 3 * h * d, k_base = h * d, n = desc.elements();
+
+  std::mt19937 rng(std::random_device{}());
+  std::normal_distribution<float> dist(0.0f, 100.0f);
+  std::vector<float> values(static_cast<std::size_t>(n));
+  for (float& x : values) x = dist(rng);
+  // Values where rounding is delicate: ties, overflow, subnormals, signed zero, infinity.
+  const float specials[] = {1.0f + std::ldexp(1.0f, -11), 1.0f + std::ldexp(1.0f, -8), 65520.0f, 1e-7f,
+                            3 * std::ldexp(1.0f, -25), -0.0f, std::numeric_limits<float>::infinity(), 1e30f};
+  for (std::size_t x = 0; x < sizeof specials / sizeof specials[0]; ++x) values[x * 7] = specials[x];
+
+  const std::uint16_t poison = 0x7777;
+  std::vector<std::uint16_t> host(static_cast<std::size_t>(total), poison);
+  DeviceBuffer packed(host.size() * sizeof(std::uint16_t)), dense(bytes_of(values)), back(bytes_of(values));
+  ASSERT_NE(packed.get(), nullptr);
+  ASSERT_NE(dense.get(), nullptr);
+  ASSERT_NE(back.get(), nullptr);
+  REF_CUDA_OK(cudaMemcpy(packed.get(), host.data(), packed.bytes(), cudaMemcpyHostToDevice));
+  REF_CUDA_OK(cudaMemcpy(dense.get(), values.data(), dense.bytes(), cudaMemcpyHostToDevice));
+  std::uint16_t* k_slice = static_cast<std::uint16_t*>(packed.get()) + k_base;
+  scatter_from_float_gpu(desc, dense.f(), k_slice, nullptr);
+  gather_to_float_gpu(desc, k_slice, back.f(), nullptr);
+  REF_CUDA_OK(cudaDeviceSynchronize());
+  std::vector<float> gathered(values.size());
+  REF_CUDA_OK(cudaMemcpy(host.data(), packed.get(), packed.bytes(), cudaMemcpyDeviceToHost));
+  REF_CUDA_OK(cudaMemcpy(gathered.data(), back.get(), back.bytes(), cudaMemcpyDeviceToHost));
+
+  std::vector<bool> written(host.size(), false);
+  for (std::int64_t x = 0; x < n; ++x) {
+    const std::int64_t bi = x / (h * s * d), hi = x / (s * d) % h, si = x / d % s, di = x % d;
+    const std::int64_t at = k_base + bi * desc.strides[0] + hi * desc.strides[1] + si * desc.strides[2] + di;
+    written[at] = true;
+    const std::uint16_t expected = float_to_half_bits(values[x], dtype);
+    ASSERT_EQ(host[at], expected) << "element " << x << " value " << values[x];
+    const float widened = half_bits_to_float(expected, dtype);
+    ASSERT_EQ(std::memcmp(&gathered[x], &widened, sizeof(float)), 0) << "element " << x;  // -0.0 too
+  }
+  for (std::size_t at = 0; at < host.size(); ++at) {
+    if (!written[at]) {
+      ASSERT_EQ(host[at], poison) << "offset " << at << " outside the K slice was written";
+    }
+  }
+}
+
+TEST(ReferenceGpu, GatherScatterRoundTripBf16) {
+  FUSEDATTN_REQUIRE_GPU();
+  check_packed_round_trip(DType::bf16);
+}
+
+TEST(ReferenceGpu, GatherScatterRoundTripF16) {
+  FUSEDATTN_REQUIRE_GPU();
+  check_packed_round_trip(DType::f16);
+}
+
+}  // namespace
+}  // namespace fusedattn
