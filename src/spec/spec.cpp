@@ -245,17 +245,21 @@ AttentionSpec build_short_form(AttentionSpec spec, const GivenKeys& given) {
 
 // --- validation helpers ----------------------------------------------------------------------------
 
+// validate() runs on every one-call forward/backward, so on success it must not allocate:
+// names are plain pointers and messages are built only when a check fails.
 struct NamedTensor {
-  std::string name;
+  const char* name;
   const TensorDesc* desc;
 };
 
-std::vector<NamedTensor> tensors_of(const AttentionSpec& spec) {
-  return {{"q", &spec.q}, {"k", &spec.k}, {"v", &spec.v}, {"o", &spec.o}};
+std::array<NamedTensor, 4> tensors_of(const AttentionSpec& spec) {
+  return {{{"q", &spec.q}, {"k", &spec.k}, {"v", &spec.v}, {"o", &spec.o}}};
 }
 
-void require_equal(const char* field, std::int64_t seen, const std::string& what, std::int64_t wanted) {
-  if (seen != wanted) throw InvalidArgument(field, std::to_string(seen), what + " (" + std::to_string(wanted) + ")");
+void require_equal(const char* field, std::int64_t seen, const char* tensor, const char* what, std::int64_t wanted) {
+  if (seen != wanted) {
+    throw InvalidArgument(field, std::to_string(seen), std::string(tensor) + what + " (" + std::to_string(wanted) + ")");
+  }
 }
 
 void require_multiple_of_8(const char* field, std::int64_t head_dim) {
@@ -270,15 +274,16 @@ void require_multiple_of_8(const char* field, std::int64_t head_dim) {
 // the axes by stride; each stride must reach past the whole block spanned by the faster axes, i.e.
 // be at least the previous stride times the previous axis's size. Size-1 axes never step, so they
 // are left out (their stride is arbitrary and would otherwise break ties wrongly).
-void require_no_self_overlap(const std::string& name, const TensorDesc& desc) {
-  std::vector<std::pair<std::int64_t, std::int64_t>> axes;  // (stride, dim)
+void require_no_self_overlap(const char* name, const TensorDesc& desc) {
+  std::array<std::pair<std::int64_t, std::int64_t>, 4> axes;  // (stride, dim)
+  std::size_t count = 0;
   for (std::size_t i = 0; i < desc.dims.size(); ++i) {
-    if (desc.dims[i] > 1) axes.emplace_back(desc.strides[i], desc.dims[i]);
+    if (desc.dims[i] > 1) axes[count++] = {desc.strides[i], desc.dims[i]};
   }
-  std::sort(axes.begin(), axes.end());
-  for (std::size_t i = 1; i < axes.size(); ++i) {
+  std::sort(axes.begin(), axes.begin() + count);
+  for (std::size_t i = 1; i < count; ++i) {
     if (axes[i].first < axes[i - 1].first * axes[i - 1].second) {
-      throw InvalidArgument(name + ".strides", detail::format_list(desc.strides),
+      throw InvalidArgument(std::string(name) + ".strides", detail::format_list(desc.strides),
                             "strides that give every element its own address (sorted by stride, each stride at least "
                             "the previous stride times its dim): an output must not overlap itself");
     }
@@ -355,27 +360,27 @@ AttentionSpec parse_spec(const std::string& text) {
 }
 
 void validate(const AttentionSpec& spec) {
-  const std::vector<NamedTensor> tensors = tensors_of(spec);
+  const std::array<NamedTensor, 4> tensors = tensors_of(spec);
   for (const NamedTensor& t : tensors) {
     for (std::int64_t dim : t.desc->dims) {
-      if (dim <= 0) throw InvalidArgument(t.name + ".dims", detail::format_list(t.desc->dims), "every dim positive");
+      if (dim <= 0) throw InvalidArgument(std::string(t.name) + ".dims", detail::format_list(t.desc->dims), "every dim positive");
     }
   }
   for (const NamedTensor& t : tensors) {
     if (t.desc->dtype != spec.q.dtype) {
-      throw InvalidArgument(t.name + ".dtype", to_string(t.desc->dtype),
+      throw InvalidArgument(std::string(t.name) + ".dtype", to_string(t.desc->dtype),
                             std::string("the dtype of q (") + to_string(spec.q.dtype) + "): q, k, v and o share one");
     }
   }
-  for (const NamedTensor& t : tensors) require_equal("b", t.desc->batch(), t.name + "'s batch equal to q's", spec.batch());
+  for (const NamedTensor& t : tensors) require_equal("b", t.desc->batch(), t.name, "'s batch equal to q's", spec.batch());
 
-  require_equal("h_kv", spec.v.heads(), "v's heads equal to k's", spec.k.heads());
+  require_equal("h_kv", spec.v.heads(), "v", "'s heads equal to k's", spec.k.heads());
   if (spec.heads_q() % spec.heads_kv() != 0) {
     throw InvalidArgument("h_q", std::to_string(spec.heads_q()),
                           "a multiple of h_kv = " + std::to_string(spec.heads_kv()) + " (GQA/MQA)");
   }
-  require_equal("s_kv", spec.v.seq(), "v's sequence length equal to k's", spec.k.seq());
-  require_equal("d_qk", spec.k.head_dim(), "k's head dim equal to q's", spec.q.head_dim());
+  require_equal("s_kv", spec.v.seq(), "v", "'s sequence length equal to k's", spec.k.seq());
+  require_equal("d_qk", spec.k.head_dim(), "k", "'s head dim equal to q's", spec.q.head_dim());
   const std::array<std::int64_t, 4> o_dims{spec.batch(), spec.heads_q(), spec.seq_q(), spec.head_dim_v()};
   if (spec.o.dims != o_dims) {
     throw InvalidArgument("o.dims", detail::format_list(spec.o.dims), "[b, h_q, s_q, d_v] = " + detail::format_list(o_dims));
@@ -384,13 +389,13 @@ void validate(const AttentionSpec& spec) {
   require_multiple_of_8("d_v", spec.head_dim_v());
 
   for (const NamedTensor& t : tensors) {
-    const std::string strides = detail::format_list(t.desc->strides);
+    auto fail = [&](const char* requirement) {
+      throw InvalidArgument(std::string(t.name) + ".strides", detail::format_list(t.desc->strides), requirement);
+    };
     for (std::int64_t stride : t.desc->strides) {
-      if (stride <= 0) throw InvalidArgument(t.name + ".strides", strides, "every stride positive");
+      if (stride <= 0) fail("every stride positive");
     }
-    if (t.desc->strides[kDim] != 1) {
-      throw InvalidArgument(t.name + ".strides", strides, "a head-dim (innermost) stride of 1");
-    }
+    if (t.desc->strides[kDim] != 1) fail("a head-dim (innermost) stride of 1");
   }
   require_no_self_overlap("o", spec.o);
 }

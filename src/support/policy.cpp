@@ -175,6 +175,14 @@ std::string Support::to_string() const {
   return out;
 }
 
+// cuDNN 9.19's backward validation refuses the degenerate single-query, single-key problem
+// (seen on the H200: "s_q = s_kv = 1 is not supported"); its gradient is zero anyway, since a
+// softmax over one key is constant. Any other length pair is accepted.
+void single_element_backward_rule(const AttentionSpec& spec, Pass pass, Reasons& out) {
+  if (pass != Pass::backward || spec.seq_q() != 1 || spec.seq_kv() != 1) return;
+  out.push_back({"s_q", "1 (and s_kv = 1)", "s_q > 1 or s_kv > 1 for the backward pass", ""});
+}
+
 Support check_support_policy(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions) {
   Support support;
   Reasons& out = support.reasons;
@@ -187,6 +195,7 @@ Support check_support_policy(const AttentionSpec& spec, Pass pass, const DeviceC
     backward_head_dim_rule(spec, caps, versions, out);
   }
   bottom_right_rule(spec, pass, caps, versions, out);
+  single_element_backward_rule(spec, pass, out);
   return support;
 }
 

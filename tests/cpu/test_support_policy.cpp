@@ -236,5 +236,13 @@ TEST(SupportText, PassNames) {
   EXPECT_STREQ(to_string(Pass::backward), "backward");
 }
 
+TEST(SupportSequence, SingleQuerySingleKeyBackwardIsRefused) {
+  Support backward = check_support_policy(spec_of(64, 64, 1, 1), Pass::backward, kSm90, kCudnn9_19);
+  expect_only(backward, "s_q", "1 (and s_kv = 1)", "");
+  EXPECT_TRUE(check_support_policy(spec_of(64, 64, 1, 1), Pass::forward, kSm90, kCudnn9_19).ok());
+  EXPECT_TRUE(check_support_policy(spec_of(64, 64, 1, 17), Pass::backward, kSm90, kCudnn9_19).ok());
+  EXPECT_TRUE(check_support_policy(spec_of(64, 64, 17, 1), Pass::backward, kSm90, kCudnn9_19).ok());
+}
+
 }  // namespace
 }  // namespace fusedattn
