@@ -1,0 +1,117 @@
+// fusedattn/attention.h — the C++ API: ask whether a spec is supported, get its cached plan, run it.
+//
+//   fusedattn::AttentionSpec spec = fusedattn::parse_spec("layout=bshd b=2 s_q=1024 ...");
+//   auto plan = fusedattn::get_plan(spec, fusedattn::Pass::forward);   // built once, then cached
+//   plan->run(fusedattn::ForwardTensors{q, k, v, o, stats}, scale, stream, {workspace, bytes});
+//
+// A cached run allocates nothing and never synchronizes, so it can be captured in a CUDA graph.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include <cuda_runtime_api.h>
+
+#include "fusedattn/spec.h"
+#include "fusedattn/support.h"
+
+namespace fusedattn {
+
+/// Device pointers of a forward call. Each points at the tensor's first element (for packed
+/// layouts, K and V point inside the shared buffer: see LayoutTensors offsets). All must be
+/// 16-byte aligned. `stats` (float32 [b, h_q, s_q, 1], contiguous) is required when spec.stats.
+struct ForwardTensors {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  float* stats = nullptr;
+};
+
+/// Device pointers of a backward call. Gradients share their inputs' descriptors (so a packed
+/// QKV input gets a packed dQKV gradient); d_o shares O's.
+struct BackwardTensors {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* o = nullptr;
+  const void* d_o = nullptr;
+  const float* stats = nullptr;
+  void* d_q = nullptr;
+  void* d_k = nullptr;
+  void* d_v = nullptr;
+};
+
+/// Hands out scratch memory; adapters implement it with their framework's allocator. Memory is
+/// released right after the work is enqueued, so the allocator must be stream-ordered.
+class WorkspaceAllocator {
+ public:
+  virtual ~WorkspaceAllocator() = default;
+  virtual void* allocate(std::size_t bytes, cudaStream_t stream) = 0;
+  virtual void release(void* pointer, std::size_t bytes, cudaStream_t stream) = 0;
+};
+
+/// Scratch memory for one call: a caller's buffer of `bytes` (used when large enough), else the
+/// allocator. A plan whose workspace_bytes() is 0 needs neither.
+struct Workspace {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  WorkspaceAllocator* allocator = nullptr;
+};
+
+namespace graph {
+class CompiledGraph;
+}
+struct PlanAccess;
+
+/// A compiled cuDNN plan for one spec, pass and device. Immutable and shareable across threads.
+class Plan {
+ public:
+  Plan(AttentionSpec spec, Pass pass, int device, std::shared_ptr<const graph::CompiledGraph> graph);
+  ~Plan();
+  const AttentionSpec& spec() const noexcept { return spec_; }
+  Pass pass() const noexcept { return pass_; }
+  int device() const noexcept { return device_; }
+  std::size_t workspace_bytes() const noexcept { return workspace_bytes_; }
+
+  /// Enqueues the forward pass on `stream`. Throws InvalidArgument for a null or misaligned
+  /// pointer, a missing workspace, or a plan of the other pass; CudnnError if cuDNN fails.
+  void run(const ForwardTensors& tensors, float scale, cudaStream_t stream, const Workspace& workspace = {}) const;
+  /// Enqueues the backward pass (dQ, dK, dV) on `stream`; same errors as the forward.
+  void run(const BackwardTensors& tensors, float scale, cudaStream_t stream, const Workspace& workspace = {}) const;
+
+ private:
+  void execute(void* const* by_uid, cudaStream_t stream, const Workspace& workspace) const;
+  friend struct PlanAccess;  // the benchmark's cuDNN-only baseline (src/exec/raw_call.cpp)
+
+  AttentionSpec spec_;
+  Pass pass_;
+  int device_;
+  std::size_t workspace_bytes_;
+  std::shared_ptr<const graph::CompiledGraph> graph_;
+};
+
+/// 1 / sqrt(d_qk), the scale of standard attention.
+float default_scale(const AttentionSpec& spec) noexcept;
+
+/// What the current device can do, and the library versions (compiled and loaded).
+DeviceCaps current_device_caps();
+Versions current_versions();
+
+/// Full support answer on the current device: validation (throws InvalidArgument), the pure
+/// policy, then cuDNN's own check, which builds the plan and caches it together with the answer,
+/// so a later get_plan() for the same key is a hit and asking twice costs nothing. Asking about
+/// the backward pass works without ever having built or run a forward.
+Support check_support(const AttentionSpec& spec, Pass pass);
+
+/// The cached plan for `spec` and `pass` on the current device, built on first use.
+/// Throws InvalidArgument, NotSupported (every reason), CudnnError, CudaError or SetupError.
+std::shared_ptr<const Plan> get_plan(const AttentionSpec& spec, Pass pass);
+
+/// One-call forms: look up (or build) the plan, then run it.
+void forward(const AttentionSpec& spec, const ForwardTensors& tensors, float scale, cudaStream_t stream,
+             const Workspace& workspace = {});
+void backward(const AttentionSpec& spec, const BackwardTensors& tensors, float scale, cudaStream_t stream,
+              const Workspace& workspace = {});
+
+}  // namespace fusedattn

@@ -1,0 +1,25 @@
+// Internal: the current device, its capabilities, per-thread cuDNN handles, library versions.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include "fusedattn/support.h"
+
+namespace fusedattn::detail {
+
+/// cudaGetDevice, checked.
+int current_device();
+
+/// Capabilities of `device`, queried once per device and then served from memory.
+const DeviceCaps& device_caps(int device);
+
+/// Versions of cuDNN (compiled and loaded) and of the frontend; queried once.
+const Versions& versions();
+
+/// This thread's cuDNN handle for `device`, bound to `stream`. cuDNN handles must not be used
+/// by two threads at once, so each thread gets its own, created on first use; the stream is
+/// only re-set when it changes, which keeps the steady state free of cuDNN calls.
+cudnnHandle_t handle_for(int device, cudaStream_t stream);
+
+}  // namespace fusedattn::detail

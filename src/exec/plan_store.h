@@ -1,0 +1,21 @@
+// Internal: the process-wide plan cache and the entry it holds for each key.
+#pragma once
+
+#include <memory>
+
+#include "fusedattn/attention.h"
+#include "fusedattn/plan_cache.h"
+
+namespace fusedattn::detail {
+
+/// What the cache keeps per key: the support answer and, when supported, the compiled plan.
+struct CacheEntry {
+  Support support;
+  std::shared_ptr<const Plan> plan;
+};
+
+/// The entry for `spec` and `pass` on the current device, built on the first request.
+/// Validates the spec first (InvalidArgument) and checks cuDNN's versions (SetupError).
+std::shared_ptr<const CacheEntry> find_or_build(const AttentionSpec& spec, Pass pass);
+
+}  // namespace fusedattn::detail

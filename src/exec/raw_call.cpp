@@ -1,0 +1,47 @@
+// RawForwardCall: cuDNN's execute with everything else done up front (benchmark baseline).
+#include "exec/raw_call.h"
+
+#include <vector>
+
+#include "exec/device.h"
+#include "graph/sdpa_graph.h"
+
+namespace fusedattn {
+
+// Plan keeps its graph private; the benchmark baseline is the one place that reaches past it.
+struct PlanAccess {
+  static const graph::CompiledGraph& graph(const Plan& plan) { return *plan.graph_; }
+};
+
+namespace detail {
+
+struct RawForwardCall::State {
+  std::shared_ptr<const Plan> plan;
+  float scale;
+  std::vector<void*> pointers;
+  cudnnHandle_t handle;
+  void* workspace;
+};
+
+RawForwardCall::RawForwardCall(std::shared_ptr<const Plan> plan, const ForwardTensors& t, float scale,
+                               cudaStream_t stream, void* workspace)
+    : state_(new State{std::move(plan), scale, {}, nullptr, workspace}) {
+  void* by_uid[graph::kUidEnd] = {};
+  by_uid[graph::kUidQ] = const_cast<void*>(t.q);
+  by_uid[graph::kUidK] = const_cast<void*>(t.k);
+  by_uid[graph::kUidV] = const_cast<void*>(t.v);
+  by_uid[graph::kUidO] = t.o;
+  by_uid[graph::kUidStats] = t.stats;
+  by_uid[graph::kUidScale] = &state_->scale;
+  for (std::int64_t uid : PlanAccess::graph(*state_->plan).uids()) state_->pointers.push_back(by_uid[uid]);
+  state_->handle = handle_for(state_->plan->device(), stream);
+}
+
+RawForwardCall::~RawForwardCall() = default;
+
+void RawForwardCall::execute() const {
+  PlanAccess::graph(*state_->plan).execute(state_->handle, state_->pointers.data(), state_->workspace);
+}
+
+}  // namespace detail
+}  // namespace fusedattn

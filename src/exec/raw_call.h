@@ -1,0 +1,28 @@
+// Internal: cuDNN's execute call with nothing of fusedattn around it, for the benchmark that
+// reports what the library adds on top of cuDNN's own host cost. Not part of the public API.
+#pragma once
+
+#include <memory>
+
+#include <cuda_runtime_api.h>
+
+#include "fusedattn/attention.h"
+
+namespace fusedattn::detail {
+
+/// A forward call with every pointer, the handle and the stream prepared up front.
+class RawForwardCall {
+ public:
+  /// Validates once, resolves the handle for `stream` and lays out the pointer array.
+  RawForwardCall(std::shared_ptr<const Plan> plan, const ForwardTensors& tensors, float scale, cudaStream_t stream,
+                 void* workspace);
+  ~RawForwardCall();
+  /// Only the frontend's execute: no validation, lookup, or handle/stream work.
+  void execute() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace fusedattn::detail

@@ -1,0 +1,212 @@
+// The graph layer: AttentionSpec -> cuDNN SDPA graph, compiled. The only file that includes
+// cudnn_frontend.h, so the heavy headers compile once.
+#include "graph/sdpa_graph.h"
+
+#include <string>
+#include <utility>
+
+#include <cudnn_frontend.h>
+
+#include "fusedattn/errors.h"
+
+namespace fe = cudnn_frontend;
+
+namespace fusedattn::graph {
+namespace {
+
+using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+fe::DataType_t frontend_type(DType dtype) {
+  return dtype == DType::f16 ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16;
+}
+
+std::vector<std::int64_t> to_vector(const std::array<std::int64_t, 4>& values) {
+  return {values.begin(), values.end()};
+}
+
+fe::graph::Tensor_attributes describe(const char* name, Uid uid, const TensorDesc& desc) {
+  return fe::graph::Tensor_attributes()
+      .set_name(name)
+      .set_uid(uid)
+      .set_dim(to_vector(desc.dims))
+      .set_stride(to_vector(desc.strides))
+      .set_data_type(frontend_type(desc.dtype));
+}
+
+void mark_output(const TensorPtr& tensor, const char* name, Uid uid, const TensorDesc& desc) {
+  tensor->set_output(true)
+      .set_name(name)
+      .set_uid(uid)
+      .set_dim(to_vector(desc.dims))
+      .set_stride(to_vector(desc.strides))
+      .set_data_type(frontend_type(desc.dtype));
+}
+
+// Softmax statistics: float32 [b, h_q, s_q, 1], contiguous.
+fe::graph::Tensor_attributes stats_tensor(const AttentionSpec& spec) {
+  std::int64_t h = spec.heads_q(), s = spec.seq_q();
+  return fe::graph::Tensor_attributes()
+      .set_name("stats")
+      .set_uid(kUidStats)
+      .set_dim({spec.batch(), h, s, 1})
+      .set_stride({h * s, s, 1, 1})
+      .set_data_type(fe::DataType_t::FLOAT);
+}
+
+// The scale is passed by value at execute time, so it is not part of the compiled plan.
+TensorPtr scale_tensor(fe::graph::Graph& graph) {
+  return graph.tensor(fe::graph::Tensor_attributes()
+                          .set_name("attn_scale")
+                          .set_uid(kUidScale)
+                          .set_dim({1, 1, 1, 1})
+                          .set_stride({1, 1, 1, 1})
+                          .set_is_pass_by_value(true)
+                          .set_data_type(fe::DataType_t::FLOAT));
+}
+
+template <class Attributes>
+void apply_mask(Attributes& attributes, const AttentionSpec& spec) {
+  if (!spec.causal) return;
+  if (spec.alignment == Alignment::bottom_right) {
+    attributes.set_causal_mask_bottom_right(true);
+  } else {
+    attributes.set_causal_mask(true);
+  }
+}
+
+std::shared_ptr<fe::graph::Graph> new_graph(const AttentionSpec& spec) {
+  auto graph = std::make_shared<fe::graph::Graph>();
+  graph->set_io_data_type(frontend_type(spec.q.dtype))
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  return graph;
+}
+
+std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionSpec& spec, fe::AttentionImplementation_t implementation,
+                                                std::vector<std::int64_t>& uids) {
+  auto graph = new_graph(spec);
+  auto q = graph->tensor(describe("q", kUidQ, spec.q));
+  auto k = graph->tensor(describe("k", kUidK, spec.k));
+  auto v = graph->tensor(describe("v", kUidV, spec.v));
+  auto attributes = fe::graph::SDPA_attributes()
+                        .set_name("fusedattn_forward")
+                        .set_generate_stats(spec.stats)
+                        .set_attn_scale(scale_tensor(*graph))
+                        .set_implementation(implementation);
+  apply_mask(attributes, spec);
+  auto [o, stats] = graph->sdpa(q, k, v, attributes);
+  mark_output(o, "o", kUidO, spec.o);
+  uids = {kUidQ, kUidK, kUidV, kUidO};
+  if (spec.stats) {
+    stats->set_output(true);
+    auto described = stats_tensor(spec);
+    stats->set_name("stats").set_uid(kUidStats).set_dim(described.get_dim()).set_stride(described.get_stride())
+        .set_data_type(fe::DataType_t::FLOAT);
+    uids.push_back(kUidStats);
+  }
+  uids.push_back(kUidScale);
+  return graph;
+}
+
+std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionSpec& spec, std::vector<std::int64_t>& uids) {
+  auto graph = new_graph(spec);
+  auto q = graph->tensor(describe("q", kUidQ, spec.q));
+  auto k = graph->tensor(describe("k", kUidK, spec.k));
+  auto v = graph->tensor(describe("v", kUidV, spec.v));
+  auto o = graph->tensor(describe("o", kUidO, spec.o));
+  auto d_o = graph->tensor(describe("d_o", kUidDO, spec.o));
+  auto stats = graph->tensor(stats_tensor(spec));
+  auto attributes = fe::graph::SDPA_backward_attributes().set_name("fusedattn_backward").set_attn_scale(scale_tensor(*graph));
+  apply_mask(attributes, spec);
+  auto [d_q, d_k, d_v] = graph->sdpa_backward(q, k, v, o, d_o, stats, attributes);
+  // Gradients take their inputs' descriptors, so a packed input gets a packed gradient.
+  mark_output(d_q, "d_q", kUidDQ, spec.q);
+  mark_output(d_k, "d_k", kUidDK, spec.k);
+  mark_output(d_v, "d_v", kUidDV, spec.v);
+  uids = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidDO, kUidDQ, kUidDK, kUidDV};
+  return graph;
+}
+
+class FrontendGraph final : public CompiledGraph {
+ public:
+  FrontendGraph(std::shared_ptr<fe::graph::Graph> graph, std::vector<std::int64_t> uids, std::size_t workspace,
+                const char* implementation)
+      : graph_(std::move(graph)), uids_(std::move(uids)), workspace_(workspace), implementation_(implementation) {}
+
+  std::size_t workspace_bytes() const noexcept override { return workspace_; }
+  const std::vector<std::int64_t>& uids() const noexcept override { return uids_; }
+  const char* implementation() const noexcept override { return implementation_; }
+
+  void execute(cudnnHandle_t handle, void** sorted_pointers, void* workspace) const override {
+    auto status = graph_->execute(handle, sorted_pointers, static_cast<int>(uids_.size()), workspace);
+    if (status.is_bad()) throw CudnnError("cuDNN execute failed: " + status.get_message());
+  }
+
+ private:
+  std::shared_ptr<fe::graph::Graph> graph_;
+  std::vector<std::int64_t> uids_;
+  std::size_t workspace_;
+  const char* implementation_;
+};
+
+// Runs the build stages in order; the first failure becomes a reason naming the stage.
+struct Attempt {
+  std::shared_ptr<fe::graph::Graph> graph;
+  std::vector<Reason> rejections;
+};
+
+bool stage_ok(fe::error_t status, const char* stage, const char* implementation, std::vector<Reason>& rejections) {
+  if (status.is_good()) return true;
+  rejections.push_back(Reason{"cudnn", std::string(stage) + " (" + implementation + " implementation)",
+                              "a configuration cuDNN accepts; cuDNN says: " + status.get_message(), ""});
+  return false;
+}
+
+Attempt compile(std::shared_ptr<fe::graph::Graph> graph, cudnnHandle_t handle, const char* implementation) {
+  Attempt attempt;
+  auto& r = attempt.rejections;
+  bool ok = stage_ok(graph->validate(), "validate", implementation, r) &&
+            stage_ok(graph->build_operation_graph(handle), "build_operation_graph", implementation, r) &&
+            stage_ok(graph->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans", implementation, r) &&
+            stage_ok(graph->check_support(handle), "check_support", implementation, r) &&
+            stage_ok(graph->build_plans(handle), "build_plans", implementation, r);
+  if (ok) attempt.graph = std::move(graph);
+  return attempt;
+}
+
+BuildOutcome finish(Attempt attempt, std::vector<std::int64_t> uids, const char* implementation) {
+  BuildOutcome outcome;
+  std::int64_t workspace = 0;
+  auto status = attempt.graph->get_workspace_size(workspace);
+  if (status.is_bad()) throw CudnnError("cuDNN get_workspace_size failed: " + status.get_message());
+  outcome.graph = std::make_shared<FrontendGraph>(std::move(attempt.graph), std::move(uids),
+                                                  static_cast<std::size_t>(workspace), implementation);
+  return outcome;
+}
+
+}  // namespace
+
+BuildOutcome build_graph(const AttentionSpec& spec, Pass pass, cudnnHandle_t handle) {
+  std::vector<std::int64_t> uids;
+  if (pass == Pass::backward) {
+    Attempt attempt = compile(backward_graph(spec, uids), handle, "auto");
+    if (!attempt.graph) return BuildOutcome{nullptr, std::move(attempt.rejections)};
+    return finish(std::move(attempt), std::move(uids), "auto");
+  }
+  // The frontend's automatic choice can pick an implementation the backend then refuses;
+  // the composite one covers more configurations, so it is tried before saying no.
+  Attempt automatic = compile(forward_graph(spec, fe::AttentionImplementation_t::AUTO, uids), handle, "auto");
+  if (automatic.graph) return finish(std::move(automatic), std::move(uids), "auto");
+  Attempt composite = compile(forward_graph(spec, fe::AttentionImplementation_t::COMPOSITE, uids), handle, "composite");
+  if (composite.graph) return finish(std::move(composite), std::move(uids), "composite");
+  BuildOutcome refused;
+  refused.rejections = std::move(automatic.rejections);
+  for (auto& reason : composite.rejections) {
+    if (reason.requirement != refused.rejections.front().requirement) refused.rejections.push_back(std::move(reason));
+  }
+  return refused;
+}
+
+int frontend_version() noexcept { return CUDNN_FRONTEND_VERSION; }
+
+}  // namespace fusedattn::graph

@@ -1,0 +1,52 @@
+// Graph layer interface: builds and runs cuDNN SDPA graphs without exposing the frontend headers.
+//
+// Only sdpa_graph.cpp includes cudnn_frontend.h; everything above sees this small interface.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <cudnn.h>
+
+#include "fusedattn/spec.h"
+#include "fusedattn/support.h"
+
+namespace fusedattn::graph {
+
+/// Fixed tensor UIDs shared by every graph. Execution takes pointers in ascending UID order of
+/// the tensors a graph uses, so these numbers also fix the pointer order.
+enum Uid : std::int64_t {
+  kUidQ = 1, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidDO, kUidDQ, kUidDK, kUidDV,
+  kUidEnd  // one past the last
+};
+
+/// A built and compiled graph, ready to execute on any thread.
+class CompiledGraph {
+ public:
+  virtual ~CompiledGraph() = default;
+  virtual std::size_t workspace_bytes() const noexcept = 0;
+  /// UIDs the graph reads or writes, ascending: the order execute() takes pointers in.
+  virtual const std::vector<std::int64_t>& uids() const noexcept = 0;
+  /// Enqueues the graph on the handle's stream. Throws CudnnError with cuDNN's message.
+  virtual void execute(cudnnHandle_t handle, void** sorted_pointers, void* workspace) const = 0;
+  /// Which frontend implementation was built ("auto" or "composite"), for logs and reports.
+  virtual const char* implementation() const noexcept = 0;
+};
+
+/// The graph, or cuDNN's reasons for refusing the configuration (never both).
+struct BuildOutcome {
+  std::shared_ptr<const CompiledGraph> graph;
+  std::vector<Reason> rejections;
+};
+
+/// Builds the forward or backward SDPA graph of `spec` on `handle`'s device: operation graph,
+/// heuristics, support check and plan compilation, so that success means it will execute.
+/// cuDNN refusals come back as reasons; only a handle or device failure throws.
+BuildOutcome build_graph(const AttentionSpec& spec, Pass pass, cudnnHandle_t handle);
+
+/// CUDNN_FRONTEND_VERSION of the headers this layer was compiled with (1.32.0 -> 13200).
+int frontend_version() noexcept;
+
+}  // namespace fusedattn::graph
