@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# tests/cli/test_cli.sh — the `fusedattn` CLI's exit codes and messages, runnable without a GPU.
+# Usage: FUSEDATTN_CLI=/path/to/fusedattn bash tests/cli/test_cli.sh
+set -u
+
+CLI="${FUSEDATTN_CLI:?set FUSEDATTN_CLI to the fusedattn binary}"
+passed=0
+failed=0
+
+# A GPU changes what some commands do (they run instead of explaining why not); nvidia-smi is the
+# one probe that does not depend on the binary under test.
+has_gpu=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  has_gpu=1
+fi
+
+# expect NAME RC_REGEX OUTPUT_REGEX -- ARGS...: runs the CLI, checks its exit code against
+# RC_REGEX (e.g. '^2$' or '^(0|1)$') and that stdout+stderr match OUTPUT_REGEX (grep -E, -i).
+expect() {
+  local name="$1" rc_pattern="$2" out_pattern="$3"
+  shift 4
+  local out rc
+  out="$("$CLI" "$@" 2>&1)"
+  rc=$?
+  local problem=""
+  [[ "$rc" =~ $rc_pattern ]] || problem="exit code $rc, wanted $rc_pattern"
+  if [[ -z "$problem" && -n "$out_pattern" ]] && ! grep -Eqi -- "$out_pattern" <<<"$out"; then
+    problem="output does not match /$out_pattern/"
+  fi
+  if [[ -z "$problem" ]]; then
+    passed=$((passed + 1))
+    echo "ok   $name"
+  else
+    failed=$((failed + 1))
+    echo "FAIL $name: $problem"
+    echo "     command: $CLI $*"
+    sed 's/^/     | /' <<<"$out" | head -20
+  fi
+}
+
+VALID="layout=bshd b=2 s=128 h=8 d=64"
+
+# Usage errors: exit 2 with a usage line.
+expect "no arguments"            '^2$' 'usage'                  --
+expect "unknown command"         '^2$' 'usage'                  -- frobnicate
+expect "support without spec"    '^2$' 'usage'                  -- support
+expect "run without spec"        '^2$' 'usage'                  -- run
+expect "bench without spec"      '^2$' 'usage'                  -- bench
+expect "unknown option"          '^2$' 'unknown option --bogus' -- support "$VALID" --bogus
+expect "bad --pass value"        '^2$' 'pass'                   -- support "$VALID" --pass sideways
+expect "bad --seed value"        '^2$' 'seed'                   -- run "$VALID" --seed abc
+expect "two specs"               '^2$' 'usage'                  -- support "$VALID" "$VALID"
+expect "--help"                  '^0$' 'usage: fusedattn'       -- --help
+
+# Malformed or invalid specs: exit 2, "invalid_argument:" naming the field.
+expect "heads not divisible"     '^2$' 'invalid_argument.*h_q'  -- support "layout=bshd b=2 s=128 h_q=12 h_kv=8 d=64"
+expect "unknown key"             '^2$' 'invalid_argument.*frobnicate' -- support "$VALID frobnicate=3"
+expect "head dim not mult. of 8" '^2$' 'invalid_argument.*d_qk' -- support "layout=bshd b=2 s=128 h=8 d=60"
+expect "unknown layout"          '^2$' 'invalid_argument.*layout' -- support "layout=bogus b=2 s=128 h=8 d=64"
+expect "run validates first"     '^2$' 'invalid_argument.*h_q'  -- run "layout=bshd b=2 s=128 h_q=12 h_kv=8 d=64"
+
+# Support answers: the policy path without a GPU, the full check with one.
+if [[ "$has_gpu" == 1 ]]; then
+  expect "support valid spec"    '^0$' 'forward: supported'     -- support "$VALID"
+else
+  expect "support valid spec"    '^0$' 'no GPU: showing the policy for SM 9\.0 only' -- support "$VALID"
+  expect "support says verdict"  '^0$' 'backward: supported'    -- support "$VALID"
+fi
+expect "support one pass"        '^(0|1)$' 'forward: '          -- support "$VALID" --pass forward
+expect "d=512 not supported"     '^1$' 'not supported'          -- support "layout=bshd b=1 s=128 h=8 d=512"
+expect "d=512 reason names 256"  '^1$' '256'                    -- support "layout=bshd b=1 s=128 h=8 d=512"
+expect "verdict carries spec"    '^(0|1)$' 'spec="layout='      -- support "$VALID"
+
+# Commands that need a GPU say plainly when there is none.
+expect "info"                    '^0$' ''                       -- info
+if [[ "$has_gpu" == 1 ]]; then
+  expect "demo"                  '^0$' 'demo: PASS'             -- demo
+else
+  expect "run without GPU"       '^4$' 'no GPU'                 -- run "$VALID"
+  expect "bench without GPU"     '^4$' 'no GPU'                 -- bench "$VALID"
+  expect "demo without GPU"      '^0$' 'no GPU found'           -- demo
+  expect "demo self-checks pass" '^0$' 'finite differences.*PASS' -- demo
+fi
+
+echo "$passed passed, $failed failed"
+[[ "$failed" == 0 ]]

@@ -1,0 +1,406 @@
+// GPU tier: every FP16/BF16 forward and backward configuration of the core against a reference
+// that does not use cuDNN, plus the execution contracts (cache hits, CUDA graphs, errors).
+// Without a GPU each test skips and says why.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "../../src/exec/raw_call.h"
+#include "../../tools/check.h"
+#include "fusedattn/attention.h"
+#include "fusedattn/build_info.h"
+#include "fusedattn/errors.h"
+#include "fusedattn/layout.h"
+#include "fusedattn/plan_cache.h"
+#include "fusedattn/reference.h"
+#include "gpu_skip.h"
+
+// Counts every host allocation made through operator new while armed, to prove that a cached
+// call allocates nothing. Replacing the global operator covers the library too: it is linked
+// dynamically and its calls bind to this definition.
+namespace {
+std::atomic<bool> g_count_allocations{false};
+std::atomic<long> g_allocations{0};
+}  // namespace
+
+void* operator new(std::size_t bytes) {
+  if (g_count_allocations.load(std::memory_order_relaxed)) g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(bytes ? bytes : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace fusedattn {
+namespace {
+
+using check::AttentionBuffers;
+using check::CheckOptions;
+using check::CheckResult;
+
+// ---- numerics over the feature surface ------------------------------------------------------
+
+struct Case {
+  std::string name;
+  std::string spec;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.spec; }
+
+std::vector<Case> numeric_cases() {
+  std::vector<Case> cases;
+  auto add = [&](const std::string& name, const std::string& spec) { cases.push_back({name, spec}); };
+  const char* dtypes[] = {"bf16", "f16"};
+  // Every layout, both dtypes, at a length that is not a multiple of 64; GQA where the
+  // layout lets K/V have their own head count.
+  for (const char* dt : dtypes) {
+    for (Layout layout : all_layouts()) {
+      std::string name = to_string(layout);
+      std::string heads = packs_qkv(layout) ? "h=4" : "h_q=8 h_kv=2";
+      std::string seqs = packs_qkv(layout) ? "s=1000" : "s_q=1000 s_kv=777";
+      add(std::string("layout_") + name + "_" + dt,
+          std::string("layout=") + name + " dtype=" + dt + " b=2 " + seqs + " " + heads + " d=64 causal=0");
+    }
+  }
+  // Masks against sequence lengths that are not multiples of 64 or 128, s_q != s_kv.
+  struct Seq { int q, kv; };
+  const Seq seqs[] = {{1, 1}, {1, 17}, {17, 1000}, {1000, 17}, {1000, 1000}, {4097, 1000}, {1000, 4097}};
+  for (const char* dt : dtypes) {
+    for (const Seq& s : seqs) {
+      std::string sizes = "s_q=" + std::to_string(s.q) + " s_kv=" + std::to_string(s.kv);
+      std::string base = std::string("layout=bshd dtype=") + dt + " b=2 " + sizes + " h=4 d=128";
+      std::string tag = std::to_string(s.q) + "x" + std::to_string(s.kv) + "_" + dt;
+      add("nomask_" + tag, base + " causal=0");
+      add("causal_" + tag, base + " causal=1 align=top_left");
+      add("causal_br_" + tag, base + " causal=1 align=bottom_right");
+    }
+  }
+  // MHA, GQA, MQA against each head dimension, including d_qk != d_v.
+  struct Heads { const char* name; const char* text; };
+  const Heads heads[] = {{"mha", "h=8"}, {"gqa", "h_q=8 h_kv=2"}, {"mqa", "h_q=8 h_kv=1"}};
+  struct Dims { const char* name; const char* text; };
+  const Dims dims[] = {{"d64", "d=64"}, {"d128", "d=128"}, {"d256", "d=256"}, {"d192_128", "d_qk=192 d_v=128"}};
+  for (const char* dt : dtypes) {
+    for (const Heads& h : heads) {
+      for (const Dims& d : dims) {
+        add(std::string(h.name) + "_" + d.name + "_" + dt,
+            std::string("layout=bshd dtype=") + dt + " b=2 s_q=333 s_kv=1000 " + h.text + " " + d.text +
+                " causal=1 align=bottom_right");
+      }
+    }
+  }
+  // One large problem, checked against the float32 GPU reference.
+  add("large_bf16", "layout=bshd dtype=bf16 b=1 s_q=4097 s_kv=4097 h_q=8 h_kv=2 d=128 causal=1");
+  return cases;
+}
+
+class Numerics : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Numerics, MatchesReference) {
+  FUSEDATTN_REQUIRE_GPU();
+  AttentionSpec spec = parse_spec(GetParam().spec);
+  Support forward_support = check_support(spec, Pass::forward);
+  if (!forward_support.ok()) GTEST_SKIP() << "forward not supported: " << forward_support.to_string();
+  Support backward_support = check_support(spec, Pass::backward);
+  CheckOptions options;
+  options.backward = backward_support.ok();
+  CheckResult result = check::check_against_reference(spec, options);
+  std::printf("  %s\n", result.to_string().c_str());
+  EXPECT_TRUE(result.passed) << result.to_string();
+  if (!backward_support.ok()) GTEST_SKIP() << "forward passed; backward not supported: " << backward_support.to_string();
+}
+
+INSTANTIATE_TEST_SUITE_P(Gpu, Numerics, ::testing::ValuesIn(numeric_cases()),
+                         [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// ---- execution contracts -------------------------------------------------------------------
+
+const char* kSmallSpec = "layout=bshd dtype=bf16 b=2 s_q=200 s_kv=300 h_q=8 h_kv=2 d=64 causal=1 align=bottom_right";
+
+std::vector<std::uint8_t> copy_to_host(const void* device, std::size_t bytes) {
+  std::vector<std::uint8_t> host(bytes);
+  check::check_cuda(cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  return host;
+}
+
+std::size_t bytes_of(const TensorDesc& desc) { return static_cast<std::size_t>(desc.extent()) * size_of(desc.dtype); }
+
+std::vector<float> as_floats(const std::vector<std::uint8_t>& bytes, DType dtype) {
+  std::vector<float> out(bytes.size() / 2);
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    std::uint16_t bits;
+    std::memcpy(&bits, bytes.data() + 2 * i, 2);
+    out[i] = half_bits_to_float(bits, dtype);
+  }
+  return out;
+}
+
+long count_allocations(const std::function<void()>& work) {
+  g_allocations = 0;
+  g_count_allocations = true;
+  work();
+  g_count_allocations = false;
+  return g_allocations.load();
+}
+
+TEST(Execution, CacheHitAllocatesNothingAndNeverRebuilds) {
+  FUSEDATTN_REQUIRE_GPU();
+  AttentionSpec spec = parse_spec(kSmallSpec);
+  AttentionBuffers buffers(spec, /*with_backward=*/true);
+  buffers.fill_inputs(0x5eed);
+  auto forward_plan = get_plan(spec, Pass::forward);
+  auto backward_plan = get_plan(spec, Pass::backward);
+  check::DeviceBuffer workspace(std::max<std::size_t>(
+      1, std::max(forward_plan->workspace_bytes(), backward_plan->workspace_bytes())));
+  Workspace ws{workspace.get(), workspace.bytes(), nullptr};
+  float scale = default_scale(spec);
+  ForwardTensors ft = buffers.forward_tensors();
+  BackwardTensors bt = buffers.backward_tensors();
+  detail::RawForwardCall raw(forward_plan, ft, scale, nullptr, workspace.get());
+  forward(spec, ft, scale, nullptr, ws);  // warm: handle creation, lazy frontend state
+  backward(spec, bt, scale, nullptr, ws);
+  raw.execute();
+  check::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+
+  CacheStats before = plan_cache_stats();
+  std::size_t free_before = 0, free_after = 0, total = 0;
+  check::check_cuda(cudaMemGetInfo(&free_before, &total), "cudaMemGetInfo");
+  constexpr int kCalls = 100;
+  // Each layer separately, so a failure says where the allocation is.
+  long lookups = count_allocations([&] {
+    for (int i = 0; i < kCalls; ++i) get_plan(spec, Pass::forward);
+  });
+  long cudnn_only = count_allocations([&] {
+    for (int i = 0; i < kCalls; ++i) raw.execute();
+  });
+  long plan_runs = count_allocations([&] {
+    for (int i = 0; i < kCalls; ++i) forward_plan->run(ft, scale, nullptr, ws);
+  });
+  long one_call = count_allocations([&] {
+    for (int i = 0; i < kCalls; ++i) {
+      forward(spec, ft, scale, nullptr, ws);
+      backward(spec, bt, scale, nullptr, ws);
+    }
+  });
+  check::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  check::check_cuda(cudaMemGetInfo(&free_after, &total), "cudaMemGetInfo");
+  CacheStats after = plan_cache_stats();
+  std::printf("  host allocations per %d calls: lookup %ld, cuDNN execute alone %ld, plan run %ld, "
+              "one-call forward+backward %ld\n", kCalls, lookups, cudnn_only, plan_runs, one_call);
+
+  EXPECT_EQ(lookups, 0) << "cache lookup allocated";
+  EXPECT_EQ(cudnn_only, 0) << "cuDNN's own execute allocated";
+  EXPECT_EQ(plan_runs, 0) << "Plan::run allocated";
+  EXPECT_EQ(one_call, 0) << "one-call forward/backward allocated";
+  EXPECT_EQ(free_before, free_after) << "device memory changed during cached calls";
+  EXPECT_EQ(after.builds, before.builds);
+  EXPECT_EQ(after.misses, before.misses);
+  EXPECT_EQ(after.hits - before.hits, static_cast<std::uint64_t>(3 * kCalls));
+}
+
+TEST(Execution, SupportAnswerIsCachedWithThePlan) {
+  FUSEDATTN_REQUIRE_GPU();
+  // A shape no other test uses, so the first query really builds.
+  AttentionSpec spec = parse_spec("layout=sbhd dtype=f16 b=1 s_q=123 s_kv=457 h=2 d=72 causal=1");
+  CacheStats s0 = plan_cache_stats();
+  // Backward can be asked about before any forward was built or run (inference callers).
+  Support backward_answer = check_support(spec, Pass::backward);
+  CacheStats s1 = plan_cache_stats();
+  Support again = check_support(spec, Pass::backward);
+  auto plan = backward_answer.ok() ? get_plan(spec, Pass::backward) : nullptr;
+  CacheStats s2 = plan_cache_stats();
+  EXPECT_EQ(s1.misses - s0.misses, 1u);
+  EXPECT_EQ(s2.misses, s1.misses) << "second query or get_plan rebuilt";
+  EXPECT_EQ(again.ok(), backward_answer.ok());
+  EXPECT_EQ(s2.builds, s1.builds);
+}
+
+TEST(Execution, NotSupportedCarriesEveryReasonAndIsCached) {
+  FUSEDATTN_REQUIRE_GPU();
+  // Head dim 512 is past what SM 9.0 runs; bottom-right with s_q > s_kv leaves rows with no key.
+  AttentionSpec spec = parse_spec("layout=bshd dtype=bf16 b=1 s_q=64 s_kv=32 h=2 d=512 causal=1 align=bottom_right");
+  Support answer = check_support(spec, Pass::forward);
+  ASSERT_FALSE(answer.ok());
+  EXPECT_GE(answer.reasons.size(), 2u) << answer.to_string();
+  CacheStats before = plan_cache_stats();
+  try {
+    get_plan(spec, Pass::forward);
+    FAIL() << "expected NotSupported";
+  } catch (const NotSupported& error) {
+    EXPECT_NE(std::string(error.what()).find(to_string(spec)), std::string::npos) << error.what();
+  }
+  EXPECT_EQ(plan_cache_stats().misses, before.misses);
+}
+
+TEST(Execution, CudaGraphCaptureAndReplay) {
+  FUSEDATTN_REQUIRE_GPU();
+  AttentionSpec spec = parse_spec(kSmallSpec);
+  AttentionBuffers buffers(spec, true);
+  auto forward_plan = get_plan(spec, Pass::forward);
+  auto backward_plan = get_plan(spec, Pass::backward);
+  check::DeviceBuffer workspace(std::max<std::size_t>(
+      1, std::max(forward_plan->workspace_bytes(), backward_plan->workspace_bytes())));
+  Workspace ws{workspace.get(), workspace.bytes(), nullptr};
+  float scale = default_scale(spec);
+  cudaStream_t stream;
+  check::check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+
+  // Capture with seed-1 inputs in place; the graph must read whatever the buffers hold at replay.
+  buffers.fill_inputs(1);
+  forward(spec, buffers.forward_tensors(), scale, stream, ws);  // first use of this stream's handle
+  check::check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  cudaGraph_t graph;
+  check::check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+  forward(spec, buffers.forward_tensors(), scale, stream, ws);
+  backward(spec, buffers.backward_tensors(), scale, stream, ws);
+  check::check_cuda(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+  cudaGraphExec_t exec;
+  check::check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+
+  // Eager results on seed-2 inputs.
+  buffers.fill_inputs(2);
+  buffers.poison_outputs();
+  forward(spec, buffers.forward_tensors(), scale, stream, ws);
+  backward(spec, buffers.backward_tensors(), scale, stream, ws);
+  check::check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  ForwardTensors ft = buffers.forward_tensors();
+  BackwardTensors bt = buffers.backward_tensors();
+  auto eager_o = copy_to_host(ft.o, bytes_of(spec.o));
+  auto eager_dq = as_floats(copy_to_host(bt.d_q, bytes_of(spec.q)), spec.q.dtype);
+  auto eager_dk = as_floats(copy_to_host(bt.d_k, bytes_of(spec.k)), spec.k.dtype);
+
+  // Replays on the same seed-2 inputs, outputs poisoned first.
+  for (int replay = 0; replay < 3; ++replay) {
+    buffers.poison_outputs();
+    check::check_cuda(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+    check::check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    EXPECT_EQ(copy_to_host(ft.o, bytes_of(spec.o)), eager_o) << "forward replay differs from eager, replay " << replay;
+    auto dq = as_floats(copy_to_host(bt.d_q, bytes_of(spec.q)), spec.q.dtype);
+    auto dk = as_floats(copy_to_host(bt.d_k, bytes_of(spec.k)), spec.k.dtype);
+    // The backward may accumulate in a different order from run to run, so it is compared to
+    // the eager run within the dtype's tolerance rather than bit for bit.
+    EXPECT_LE(relative_error(dq.data(), eager_dq.data(), static_cast<std::int64_t>(dq.size())),
+              check::tolerance_for(spec.q.dtype));
+    EXPECT_LE(relative_error(dk.data(), eager_dk.data(), static_cast<std::int64_t>(dk.size())),
+              check::tolerance_for(spec.k.dtype));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+class CountingAllocator : public WorkspaceAllocator {
+ public:
+  void* allocate(std::size_t bytes, cudaStream_t stream) override {
+    ++allocations;
+    void* p = nullptr;
+    check::check_cuda(cudaMallocAsync(&p, bytes, stream), "cudaMallocAsync");
+    return p;
+  }
+  void release(void* p, std::size_t, cudaStream_t stream) override {
+    ++releases;
+    check::check_cuda(cudaFreeAsync(p, stream), "cudaFreeAsync");
+  }
+  int allocations = 0, releases = 0;
+};
+
+TEST(Execution, WorkspaceComesFromTheCallerOrTheAllocator) {
+  FUSEDATTN_REQUIRE_GPU();
+  AttentionSpec spec = parse_spec(kSmallSpec);
+  AttentionBuffers buffers(spec, true);
+  buffers.fill_inputs(3);
+  auto plan = get_plan(spec, Pass::backward);
+  float scale = default_scale(spec);
+  CountingAllocator forward_allocator;
+  forward(spec, buffers.forward_tensors(), scale, nullptr, Workspace{nullptr, 0, &forward_allocator});
+  if (plan->workspace_bytes() == 0) GTEST_SKIP() << "this backward plan needs no workspace";
+  CountingAllocator allocator;
+  plan->run(buffers.backward_tensors(), scale, nullptr, Workspace{nullptr, 0, &allocator});
+  EXPECT_EQ(allocator.allocations, 1);
+  EXPECT_EQ(allocator.releases, 1);
+  check::DeviceBuffer own(plan->workspace_bytes());
+  plan->run(buffers.backward_tensors(), scale, nullptr, Workspace{own.get(), own.bytes(), &allocator});
+  EXPECT_EQ(allocator.allocations, 1) << "the caller's buffer was large enough";
+  try {
+    plan->run(buffers.backward_tensors(), scale, nullptr, Workspace{own.get(), own.bytes() - 1, nullptr});
+    FAIL() << "expected InvalidArgument for a short workspace";
+  } catch (const InvalidArgument& error) {
+    EXPECT_EQ(error.field(), "workspace");
+  }
+  check::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+TEST(Execution, BadPointersAreRejectedBeforeAnyWork) {
+  FUSEDATTN_REQUIRE_GPU();
+  AttentionSpec spec = parse_spec(kSmallSpec);
+  AttentionBuffers buffers(spec, false);
+  ForwardTensors t = buffers.forward_tensors();
+  float scale = default_scale(spec);
+  ForwardTensors null_q = t;
+  null_q.q = nullptr;
+  try {
+    forward(spec, null_q, scale, nullptr);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& error) {
+    EXPECT_EQ(error.field(), "tensors.q");
+    EXPECT_EQ(error.value(), "null");
+  }
+  ForwardTensors misaligned = t;
+  misaligned.v = static_cast<const char*>(t.v) + 2;
+  try {
+    forward(spec, misaligned, scale, nullptr);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& error) {
+    EXPECT_EQ(error.field(), "tensors.v");
+  }
+  ForwardTensors no_stats = t;
+  no_stats.stats = nullptr;
+  try {
+    forward(spec, no_stats, scale, nullptr);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& error) {
+    EXPECT_EQ(error.field(), "tensors.stats");
+  }
+  auto backward_plan = get_plan(spec, Pass::backward);
+  try {
+    backward_plan->run(t, scale, nullptr);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& error) {
+    EXPECT_EQ(error.field(), "plan");
+  }
+}
+
+TEST(Execution, DebugLogReportsMissBuildAndHit) {
+  FUSEDATTN_REQUIRE_GPU();
+  std::vector<std::string> lines;
+  set_log_sink([&](const std::string& line) { lines.push_back(line); });
+  set_logging(true);
+  AttentionSpec spec = parse_spec("layout=bhsd dtype=bf16 b=1 s_q=99 s_kv=99 h=2 d=40 causal=0");
+  check_support(spec, Pass::forward);
+  check_support(spec, Pass::forward);
+  set_logging(false);
+  set_log_sink(nullptr);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0].rfind("fusedattn: miss forward", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[1].rfind("fusedattn: build ", 0), 0u) << lines[1];
+  EXPECT_NE(lines[1].find(" ms forward"), std::string::npos) << lines[1];
+  EXPECT_EQ(lines[2].rfind("fusedattn: hit forward", 0), 0u) << lines[2];
+  EXPECT_NE(lines[2].find(to_string(spec)), std::string::npos) << lines[2];
+}
+
+}  // namespace
+}  // namespace fusedattn
+
+int main(int argc, char** argv) {
+  std::printf("%s\n", fusedattn::build_info().to_string().c_str());
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,521 @@
+// tools/check.cpp — one implementation of "run a spec on the GPU and compare with the reference".
+#include "check.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "fusedattn/errors.h"
+#include "fusedattn/layout.h"
+#include "fusedattn/reference.h"
+
+namespace fusedattn::check {
+
+// --- CUDA helpers -----------------------------------------------------------------------------
+
+void check_cuda(cudaError_t status, const char* call) {
+  if (status == cudaSuccess) return;
+  // Reset the (non-sticky) last-error state so that a later cudaGetLastError does not report it again.
+  cudaGetLastError();
+  throw CudaError(std::string(call) + " failed: " + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
+}
+
+DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+  if (bytes == 0) return;
+  check_cuda(cudaMalloc(&data_, bytes), ("cudaMalloc(" + std::to_string(bytes) + " bytes)").c_str());
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (data_ != nullptr) cudaFree(data_);  // a failing free in a destructor has nowhere to go
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept : data_(other.data_), bytes_(other.bytes_) {
+  other.data_ = nullptr;
+  other.bytes_ = 0;
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) cudaFree(data_);
+    data_ = other.data_;
+    bytes_ = other.bytes_;
+    other.data_ = nullptr;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+namespace {
+
+// A CUDA event that destroys itself.
+class Event {
+ public:
+  Event() { check_cuda(cudaEventCreate(&event_), "cudaEventCreate"); }
+  ~Event() { cudaEventDestroy(event_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const noexcept { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// Holds the stream on the host for a while, so that the calls enqueued behind it pile up and then
+// run back to back: events then measure GPU time even where launching is slower than running.
+void CUDART_CB hold_stream(void* milliseconds) {
+  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(*static_cast<const double*>(milliseconds)));
+}
+
+}  // namespace
+
+double median_kernel_ms(const std::function<void()>& call, int warmup, int iters, cudaStream_t stream) {
+  if (iters < 1) iters = 1;
+  for (int i = 0; i < warmup; ++i) call();
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize(after warm-up)");
+  std::vector<std::unique_ptr<Event>> start, stop;
+  for (int i = 0; i < iters; ++i) {
+    start.emplace_back(new Event);
+    stop.emplace_back(new Event);
+  }
+  static double hold_ms = 20.0;  // far longer than enqueueing a few dozen calls takes
+  check_cuda(cudaLaunchHostFunc(stream, hold_stream, &hold_ms), "cudaLaunchHostFunc(hold_stream)");
+  for (int i = 0; i < iters; ++i) {
+    check_cuda(cudaEventRecord(start[i]->get(), stream), "cudaEventRecord(start)");
+    call();
+    check_cuda(cudaEventRecord(stop[i]->get(), stream), "cudaEventRecord(stop)");
+  }
+  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize(after timed calls)");
+  std::vector<double> ms(static_cast<std::size_t>(iters));
+  for (int i = 0; i < iters; ++i) {
+    float elapsed = 0.0f;
+    check_cuda(cudaEventElapsedTime(&elapsed, start[i]->get(), stop[i]->get()), "cudaEventElapsedTime");
+    ms[static_cast<std::size_t>(i)] = elapsed;
+  }
+  std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
+  return ms[static_cast<std::size_t>(iters / 2)];
+}
+
+namespace {
+
+std::string with_spec(const std::string& what, const AttentionSpec& spec) {
+  return what + " [spec: " + to_string(spec) + "]";
+}
+
+// Host buffer of 16-bit values plus its device twin; a tensor lives at `offset` elements inside.
+struct Buffer16 {
+  std::vector<std::uint16_t> host;
+  DeviceBuffer device;
+  std::int64_t elements = 0;
+};
+
+// Where one tensor lives: which buffer, and its first element's offset in it.
+struct Placement {
+  Buffer16* buffer = nullptr;
+  std::int64_t offset = 0;
+  void* device() const { return static_cast<std::uint16_t*>(buffer->device.get()) + offset; }
+  const std::uint16_t* host() const { return buffer->host.data() + offset; }
+};
+
+ProblemShape shape_of(const AttentionSpec& spec) {
+  ProblemShape shape;
+  shape.dtype = spec.q.dtype;
+  shape.batch = spec.batch();
+  shape.seq_q = spec.seq_q();
+  shape.seq_kv = spec.seq_kv();
+  shape.heads_q = spec.heads_q();
+  shape.heads_kv = spec.heads_kv();
+  shape.head_dim_qk = spec.head_dim_qk();
+  shape.head_dim_v = spec.head_dim_v();
+  return shape;
+}
+
+// The named layout whose descriptors are exactly the spec's, if any. Packed layouts reject shapes
+// they cannot pack (InvalidArgument); that only means "not this layout".
+bool find_layout(const AttentionSpec& spec, Layout* layout, LayoutTensors* tensors) {
+  const ProblemShape shape = shape_of(spec);
+  for (Layout candidate : all_layouts()) {
+    LayoutTensors made;
+    try {
+      made = make_layout(candidate, shape);
+    } catch (const InvalidArgument&) {
+      continue;
+    }
+    if (made.q == spec.q && made.k == spec.k && made.v == spec.v && made.o == spec.o) {
+      *layout = candidate;
+      *tensors = made;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::int64_t stats_elements(const AttentionSpec& spec) { return spec.batch() * spec.heads_q() * spec.seq_q(); }
+
+}  // namespace
+
+// --- AttentionBuffers -------------------------------------------------------------------------
+
+struct AttentionBuffers::State {
+  AttentionSpec spec;
+  bool with_backward = false;
+  std::string layout_name;
+  DType dtype = DType::bf16;
+  // Inputs: up to three buffers (QKV packed uses one, KV packed two). Outputs mirror the inputs'
+  // packing for the gradients; O and dO are always separate.
+  Buffer16 in[3], grad[3], o, d_o;
+  DeviceBuffer stats;
+  Placement q, k, v, dq, dk, dv;
+
+  void allocate16(Buffer16& buffer, std::int64_t elements) {
+    buffer.elements = elements;
+    buffer.device = DeviceBuffer(static_cast<std::size_t>(elements) * size_of(dtype));
+  }
+};
+
+AttentionBuffers::AttentionBuffers(const AttentionSpec& spec, bool with_backward) : state_(new State) {
+  State& s = *state_;
+  s.spec = spec;
+  s.with_backward = with_backward;
+  s.dtype = spec.q.dtype;
+
+  Layout layout{};
+  LayoutTensors lt;
+  const bool named = find_layout(spec, &layout, &lt);
+  // Each tensor's buffer slot (0..2) and offset. Buffer sizes cover every tensor placed in them,
+  // whatever the layout reports, so a disagreement there cannot make us write out of bounds.
+  int slot_q = 0, slot_k = 1, slot_v = 2;
+  std::int64_t off_q = 0, off_k = 0, off_v = 0;
+  if (named) {
+    s.layout_name = to_string(layout);
+    off_q = lt.q_offset;
+    off_k = lt.k_offset;
+    off_v = lt.v_offset;
+    if (packs_qkv(layout)) {
+      slot_k = slot_v = 0;
+    } else if (packs_kv(layout)) {
+      slot_v = 1;
+    }
+  }
+  std::int64_t size[3] = {0, 0, 0};
+  auto need = [&](int slot, std::int64_t offset, const TensorDesc& desc) {
+    size[slot] = std::max(size[slot], offset + desc.extent());
+  };
+  need(slot_q, off_q, spec.q);
+  need(slot_k, off_k, spec.k);
+  need(slot_v, off_v, spec.v);
+  if (named) {
+    size[slot_q] = std::max(size[slot_q], lt.q_buffer);
+    size[slot_k] = std::max(size[slot_k], lt.k_buffer);
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (size[i] == 0) continue;
+    s.allocate16(s.in[i], size[i]);
+    if (with_backward) s.allocate16(s.grad[i], size[i]);
+  }
+  s.q = {&s.in[slot_q], off_q};
+  s.k = {&s.in[slot_k], off_k};
+  s.v = {&s.in[slot_v], off_v};
+  s.dq = {&s.grad[slot_q], off_q};
+  s.dk = {&s.grad[slot_k], off_k};
+  s.dv = {&s.grad[slot_v], off_v};
+
+  s.allocate16(s.o, spec.o.extent());
+  if (with_backward) s.allocate16(s.d_o, spec.o.extent());
+  if (spec.stats || with_backward) {
+    s.stats = DeviceBuffer(static_cast<std::size_t>(stats_elements(spec)) * sizeof(float));
+  }
+}
+
+AttentionBuffers::~AttentionBuffers() = default;
+
+void AttentionBuffers::fill_inputs(std::uint64_t seed) {
+  State& s = *state_;
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  auto fill = [&](Buffer16& buffer) {
+    if (buffer.elements == 0) return;
+    buffer.host.resize(static_cast<std::size_t>(buffer.elements));
+    for (auto& value : buffer.host) value = float_to_half_bits(uniform(rng), s.dtype);
+    check_cuda(cudaMemcpy(buffer.device.get(), buffer.host.data(), buffer.device.bytes(), cudaMemcpyHostToDevice),
+               "cudaMemcpy(input, host to device)");
+  };
+  for (Buffer16& buffer : s.in) fill(buffer);
+  fill(s.d_o);
+}
+
+void AttentionBuffers::poison_outputs() {
+  State& s = *state_;
+  auto poison = [](const DeviceBuffer& buffer) {
+    if (buffer.bytes() == 0) return;
+    check_cuda(cudaMemset(buffer.get(), 0xFF, buffer.bytes()), "cudaMemset(output poison 0xFF)");
+  };
+  poison(s.o.device);
+  poison(s.stats);
+  for (const Buffer16& buffer : s.grad) poison(buffer.device);
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize(after poisoning outputs)");
+}
+
+ForwardTensors AttentionBuffers::forward_tensors() const {
+  const State& s = *state_;
+  ForwardTensors t;
+  t.q = s.q.device();
+  t.k = s.k.device();
+  t.v = s.v.device();
+  t.o = s.o.device.get();
+  t.stats = s.stats.as<float>();
+  return t;
+}
+
+BackwardTensors AttentionBuffers::backward_tensors() const {
+  const State& s = *state_;
+  BackwardTensors t;
+  t.q = s.q.device();
+  t.k = s.k.device();
+  t.v = s.v.device();
+  t.o = s.o.device.get();
+  t.d_o = s.d_o.device.get();
+  t.stats = s.stats.as<float>();
+  if (s.with_backward) {
+    t.d_q = s.dq.device();
+    t.d_k = s.dk.device();
+    t.d_v = s.dv.device();
+  }
+  return t;
+}
+
+const std::string& AttentionBuffers::layout_name() const noexcept { return state_->layout_name; }
+
+const std::uint16_t* AttentionBuffers::host_input(const std::string& which) const {
+  const State& s = *state_;
+  if (which == "q") return s.q.host();
+  if (which == "k") return s.k.host();
+  if (which == "v") return s.v.host();
+  if (which == "do") return s.d_o.host.data();
+  throw InvalidArgument("host_input", which, "one of q, k, v, do");
+}
+
+// --- Results ----------------------------------------------------------------------------------
+
+double tolerance_for(DType dtype) {
+  // Relative L2 error reachable by a correct kernel that rounds its outputs to 16 bits (8 and 11
+  // significant bits): bf16 1e-2, f16 2e-3 (DESIGN.md §8).
+  return dtype == DType::f16 ? 2e-3 : 1e-2;
+}
+
+std::string CheckResult::to_string() const {
+  auto err = [](const char* name, double value) {
+    if (std::isnan(value)) return std::string();
+    char text[48];
+    std::snprintf(text, sizeof text, " %s=%.3e", name, value);
+    return std::string(text);
+  };
+  std::ostringstream line;
+  char tol[32];
+  std::snprintf(tol, sizeof tol, "%.0e", tolerance);
+  line << (passed ? "PASS" : "FAIL") << " \"" << spec << "\" ref=" << reference << " seed=" << seed
+       << err("o", err_o) << err("stats", err_stats) << err("dq", err_dq) << err("dk", err_dk)
+       << err("dv", err_dv) << " tol=" << tol << (backward ? "" : " (forward only)");
+  return line.str();
+}
+
+namespace {
+
+// Everything one check needs, computed once.
+struct Problem {
+  AttentionSpec spec;  // as run: stats on when the backward is checked
+  CheckOptions options;
+  double scale = 0.0;
+  ReferenceProblem ref;
+};
+
+// The reference's outputs, in contiguous [b, h, s, d] order, in whichever precision it ran.
+template <class T>
+struct Outputs {
+  std::vector<T> o, lse, dq, dk, dv;
+};
+
+std::vector<float> download_floats(const float* device, std::int64_t n, const char* what) {
+  std::vector<float> host(static_cast<std::size_t>(n));
+  check_cuda(cudaMemcpy(host.data(), device, host.size() * sizeof(float), cudaMemcpyDeviceToHost), what);
+  return host;
+}
+
+// A fusedattn output tensor as contiguous float32: exact for 16-bit values, and NaN stays NaN.
+std::vector<float> gather_output(const TensorDesc& desc, const void* device) {
+  DeviceBuffer contiguous(static_cast<std::size_t>(desc.elements()) * sizeof(float));
+  gather_to_float_gpu(desc, device, contiguous.as<float>(), nullptr);
+  check_cuda(cudaGetLastError(), "gather_to_float_gpu");
+  return download_floats(contiguous.as<float>(), desc.elements(), "cudaMemcpy(gathered output, device to host)");
+}
+
+// Runs through the one-call API a user calls (plan lookup included), with a workspace of the
+// size the cached plan asks for.
+Outputs<float> run_fusedattn(const Problem& p, AttentionBuffers& buffers) {
+  const float scale = static_cast<float>(p.scale);
+  {
+    DeviceBuffer workspace(get_plan(p.spec, Pass::forward)->workspace_bytes());
+    forward(p.spec, buffers.forward_tensors(), scale, nullptr, Workspace{workspace.get(), workspace.bytes()});
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize(after fusedattn forward)");
+  }
+  if (p.options.backward) {
+    DeviceBuffer workspace(get_plan(p.spec, Pass::backward)->workspace_bytes());
+    backward(p.spec, buffers.backward_tensors(), scale, nullptr, Workspace{workspace.get(), workspace.bytes()});
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize(after fusedattn backward)");
+  }
+  Outputs<float> out;
+  const ForwardTensors f = buffers.forward_tensors();
+  out.o = gather_output(p.spec.o, f.o);
+  if (p.spec.stats) out.lse = download_floats(f.stats, stats_elements(p.spec), "cudaMemcpy(stats, device to host)");
+  if (p.options.backward) {
+    const BackwardTensors b = buffers.backward_tensors();
+    out.dq = gather_output(p.spec.q, b.d_q);
+    out.dk = gather_output(p.spec.k, b.d_k);
+    out.dv = gather_output(p.spec.v, b.d_v);
+  }
+  return out;
+}
+
+Outputs<double> reference_cpu(const Problem& p, const AttentionBuffers& buffers) {
+  const auto q = gather_to_double(p.spec.q, buffers.host_input("q"));
+  const auto k = gather_to_double(p.spec.k, buffers.host_input("k"));
+  const auto v = gather_to_double(p.spec.v, buffers.host_input("v"));
+  Outputs<double> ref;
+  ref.o.resize(static_cast<std::size_t>(p.spec.o.elements()));
+  ref.lse.resize(static_cast<std::size_t>(stats_elements(p.spec)));
+  reference_forward_cpu(p.ref, q.data(), k.data(), v.data(), ref.o.data(), ref.lse.data());
+  if (p.options.backward) {
+    const auto d_o = gather_to_double(p.spec.o, buffers.host_input("do"));
+    ref.dq.resize(q.size());
+    ref.dk.resize(k.size());
+    ref.dv.resize(v.size());
+    reference_backward_cpu(p.ref, q.data(), k.data(), v.data(), d_o.data(), ref.dq.data(), ref.dk.data(),
+                           ref.dv.data());
+  }
+  return ref;
+}
+
+Outputs<float> reference_gpu(const Problem& p, const AttentionBuffers& buffers) {
+  const AttentionSpec& spec = p.spec;
+  auto floats = [](const TensorDesc& desc) {
+    return DeviceBuffer(static_cast<std::size_t>(desc.elements()) * sizeof(float));
+  };
+  const ForwardTensors in = buffers.forward_tensors();
+  DeviceBuffer q = floats(spec.q), k = floats(spec.k), v = floats(spec.v), o = floats(spec.o);
+  DeviceBuffer lse(static_cast<std::size_t>(stats_elements(spec)) * sizeof(float));
+  gather_to_float_gpu(spec.q, in.q, q.as<float>(), nullptr);
+  gather_to_float_gpu(spec.k, in.k, k.as<float>(), nullptr);
+  gather_to_float_gpu(spec.v, in.v, v.as<float>(), nullptr);
+  reference_forward_gpu(p.ref, q.as<float>(), k.as<float>(), v.as<float>(), o.as<float>(), lse.as<float>(), nullptr);
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize(after reference_forward_gpu)");
+  Outputs<float> ref;
+  ref.o = download_floats(o.as<float>(), spec.o.elements(), "cudaMemcpy(reference O)");
+  ref.lse = download_floats(lse.as<float>(), stats_elements(spec), "cudaMemcpy(reference lse)");
+  if (p.options.backward) {
+    DeviceBuffer d_o = floats(spec.o), dq = floats(spec.q), dk = floats(spec.k), dv = floats(spec.v);
+    gather_to_float_gpu(spec.o, buffers.backward_tensors().d_o, d_o.as<float>(), nullptr);
+    reference_backward_gpu(p.ref, q.as<float>(), k.as<float>(), v.as<float>(), o.as<float>(), lse.as<float>(),
+                           d_o.as<float>(), dq.as<float>(), dk.as<float>(), dv.as<float>(), nullptr);
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize(after reference_backward_gpu)");
+    ref.dq = download_floats(dq.as<float>(), spec.q.elements(), "cudaMemcpy(reference dQ)");
+    ref.dk = download_floats(dk.as<float>(), spec.k.elements(), "cudaMemcpy(reference dK)");
+    ref.dv = download_floats(dv.as<float>(), spec.v.elements(), "cudaMemcpy(reference dV)");
+  }
+  return ref;
+}
+
+template <class R>
+double error_of(const std::vector<float>& out, const std::vector<R>& ref) {
+  if (out.size() != ref.size()) return std::numeric_limits<double>::infinity();
+  return relative_error<float, R>(out.data(), ref.data(), static_cast<std::int64_t>(out.size()));
+}
+
+// Rows that see no key have lse = -inf in the reference; what a kernel writes there is not
+// defined by the math, so only rows with a finite reference are compared. A non-finite value
+// where the reference is finite still counts (relative_error makes it infinite).
+template <class R>
+double stats_error(const std::vector<float>& out, const std::vector<R>& ref) {
+  if (out.size() != ref.size()) return std::numeric_limits<double>::infinity();
+  std::vector<float> kept_out;
+  std::vector<R> kept_ref;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(static_cast<double>(ref[i]))) continue;
+    kept_out.push_back(out[i]);
+    kept_ref.push_back(ref[i]);
+  }
+  if (kept_ref.empty()) return 0.0;
+  return error_of(kept_out, kept_ref);
+}
+
+template <class R>
+void compare(const Problem& p, const Outputs<float>& out, const Outputs<R>& ref, CheckResult* result) {
+  result->err_o = error_of(out.o, ref.o);
+  if (p.spec.stats) result->err_stats = stats_error(out.lse, ref.lse);
+  if (p.options.backward) {
+    result->err_dq = error_of(out.dq, ref.dq);
+    result->err_dk = error_of(out.dk, ref.dk);
+    result->err_dv = error_of(out.dv, ref.dv);
+  }
+}
+
+std::uint64_t fresh_seed() {
+  std::random_device device;
+  std::uint64_t seed = (static_cast<std::uint64_t>(device()) << 32) ^ device();
+  return seed == 0 ? 1 : seed;  // 0 means "draw one", so never report it as the seed used
+}
+
+// CPU float64 up to ~3e8 multiply-adds per forward (a second or two with the backward);
+// beyond that the float32 GPU reference.
+bool use_cpu_reference(const AttentionSpec& spec) {
+  const double work = static_cast<double>(spec.batch()) * spec.heads_q() * spec.seq_q() * spec.seq_kv() *
+                      static_cast<double>(spec.head_dim_qk() + spec.head_dim_v());
+  return work <= 3e8;
+}
+
+}  // namespace
+
+CheckResult check_against_reference(const AttentionSpec& spec, const CheckOptions& options) {
+  validate(spec);
+  Problem p;
+  p.spec = spec;
+  if (options.backward) p.spec.stats = true;  // the backward consumes the forward's statistics
+  p.options = options;
+  if (p.options.seed == 0) p.options.seed = fresh_seed();
+  p.scale = std::isnan(options.scale) ? static_cast<double>(default_scale(spec)) : options.scale;
+  p.ref = reference_problem(p.spec, p.scale);
+
+  CheckResult result;
+  result.spec = to_string(p.spec);
+  result.seed = p.options.seed;
+  result.backward = options.backward;
+  result.tolerance = tolerance_for(spec.q.dtype);
+  result.reference = use_cpu_reference(spec) ? "cpu-f64" : "gpu-f32";
+
+  try {
+    AttentionBuffers buffers(p.spec, options.backward);
+    buffers.fill_inputs(p.options.seed);
+    buffers.poison_outputs();
+    const Outputs<float> out = run_fusedattn(p, buffers);
+    if (result.reference == "cpu-f64") {
+      compare(p, out, reference_cpu(p, buffers), &result);
+    } else {
+      compare(p, out, reference_gpu(p, buffers), &result);
+    }
+  } catch (const CudaError& error) {
+    throw CudaError(with_spec(error.what(), p.spec));
+  }
+
+  // An error that was computed must be <= tolerance; NaN compares false, so it never passes.
+  auto ok = [&](double err, bool computed) { return !computed || err <= result.tolerance; };
+  result.passed = ok(result.err_o, true) && ok(result.err_stats, p.spec.stats) &&
+                  ok(result.err_dq, options.backward) && ok(result.err_dk, options.backward) &&
+                  ok(result.err_dv, options.backward);
+  return result;
+}
+
+}  // namespace fusedattn::check
