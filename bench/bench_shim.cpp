@@ -1,0 +1,241 @@
+// bench/bench_shim.cpp — C ABI for bench/run_bench.py: times fusedattn on tensors PyTorch owns,
+// so fusedattn and PyTorch run in one process, on the same data, on the same stream.
+//
+// Every function returns 0 on success; otherwise 2 (invalid argument), 3 (not supported),
+// 5 (CUDA, cuDNN or setup error) or 1 (anything else), with "<kind>: <message>" in `err`.
+// A `stream` of NULL is the legacy default stream; pass torch.cuda.current_stream().cuda_stream.
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "../tools/check.h"
+#include "exec/raw_call.h"
+#include "fusedattn/attention.h"
+#include "fusedattn/build_info.h"
+#include "fusedattn/errors.h"
+#include "fusedattn/layout.h"
+#include "fusedattn/plan_cache.h"
+
+namespace fa = fusedattn;
+
+namespace {
+
+void write_error(char* err, int errlen, const std::string& message) {
+  if (err == nullptr || errlen <= 0) return;
+  std::snprintf(err, static_cast<std::size_t>(errlen), "%s", message.c_str());
+}
+
+// Runs `body`, turning every exception into a return code and a message: nothing may unwind
+// through the C ABI into Python.
+template <class Body>
+int guarded(char* err, int errlen, Body&& body) {
+  try {
+    body();
+    write_error(err, errlen, "");
+    return 0;
+  } catch (const fa::Error& error) {
+    write_error(err, errlen, std::string(fa::to_string(error.kind())) + ": " + error.what());
+    switch (error.kind()) {
+      case fa::ErrorKind::invalid_argument: return 2;
+      case fa::ErrorKind::not_supported: return 3;
+      default: return 5;
+    }
+  } catch (const std::exception& error) {
+    write_error(err, errlen, std::string("error: ") + error.what());
+    return 1;
+  }
+}
+
+// The spec as the caller sent it, with stats on exactly when a stats pointer was passed: the
+// forward-only timing compares against PyTorch inference, which writes no statistics either.
+fa::AttentionSpec spec_for(const char* text, bool stats) {
+  fa::AttentionSpec spec = fa::parse_spec(text == nullptr ? "" : text);
+  spec.stats = stats;
+  fa::validate(spec);
+  return spec;
+}
+
+float scale_for(const fa::AttentionSpec& spec, float scale) { return std::isnan(scale) ? fa::default_scale(spec) : scale; }
+
+// One workspace per plan, allocated on first use and kept, so no timed call allocates. The map
+// holds the plan too: a plan dropped from the cache (fa_bench_plan_build clears it) must not free
+// its address for a new plan that would then inherit a workspace of the wrong size.
+fa::Workspace workspace_for(const std::shared_ptr<const fa::Plan>& plan) {
+  struct Entry {
+    std::shared_ptr<const fa::Plan> plan;
+    fa::check::DeviceBuffer buffer;
+  };
+  static std::mutex mutex;
+  static std::map<const fa::Plan*, Entry> entries;
+  std::lock_guard<std::mutex> lock(mutex);
+  Entry& entry = entries[plan.get()];
+  if (!entry.plan) entry = Entry{plan, fa::check::DeviceBuffer(plan->workspace_bytes())};
+  return fa::Workspace{entry.buffer.get(), entry.buffer.bytes()};
+}
+
+struct ForwardCall {
+  fa::AttentionSpec spec;
+  std::shared_ptr<const fa::Plan> plan;
+  fa::ForwardTensors tensors;
+  fa::Workspace workspace;
+  float scale = 0.0f;
+  cudaStream_t stream = nullptr;
+};
+
+ForwardCall prepare_forward(const char* spec_text, const void* q, const void* k, const void* v, void* o, float* stats,
+                            float scale, void* stream) {
+  ForwardCall call;
+  call.spec = spec_for(spec_text, stats != nullptr);
+  call.plan = fa::get_plan(call.spec, fa::Pass::forward);
+  call.tensors = fa::ForwardTensors{q, k, v, o, stats};
+  call.workspace = workspace_for(call.plan);
+  call.scale = scale_for(call.spec, scale);
+  call.stream = static_cast<cudaStream_t>(stream);
+  return call;
+}
+
+double host_us_per_call(int calls, cudaStream_t stream, const std::function<void()>& enqueue) {
+  fa::check::check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize(before host loop)");
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < calls; ++i) enqueue();
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+  fa::check::check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize(after host loop)");
+  return us / calls;
+}
+
+}  // namespace
+
+extern "C" {
+
+/// Canonical spec string for a problem in a named layout (so Python need not know the grammar).
+int fa_make_spec(const char* layout, const char* dtype, long long b, long long s_q, long long s_kv, long long h_q,
+                 long long h_kv, long long d_qk, long long d_v, int causal, int bottom_right, char* out, int outlen,
+                 char* err, int errlen) {
+  return guarded(err, errlen, [&] {
+    fa::ProblemShape shape;
+    shape.dtype = fa::parse_dtype(dtype, "dtype");
+    shape.batch = b;
+    shape.seq_q = s_q;
+    shape.seq_kv = s_kv;
+    shape.heads_q = h_q;
+    shape.heads_kv = h_kv;
+    shape.head_dim_qk = d_qk;
+    shape.head_dim_v = d_v;
+    const fa::LayoutTensors t = fa::make_layout(fa::parse_layout(layout, "layout"), shape);
+    fa::AttentionSpec spec;
+    spec.q = t.q;
+    spec.k = t.k;
+    spec.v = t.v;
+    spec.o = t.o;
+    spec.causal = causal != 0;
+    spec.alignment = bottom_right != 0 ? fa::Alignment::bottom_right : fa::Alignment::top_left;
+    spec.stats = true;
+    fa::validate(spec);
+    const std::string text = fa::to_string(spec);
+    if (static_cast<int>(text.size()) >= outlen) throw fa::InvalidArgument("outlen", std::to_string(outlen), "too small for the spec string");
+    std::memcpy(out, text.c_str(), text.size() + 1);
+  });
+}
+
+/// Median kernel time of one forward call (stats written when `stats` is not NULL).
+int fa_bench_forward(const char* spec, const void* q, const void* k, const void* v, void* o, float* stats, float scale,
+                     void* stream, int warmup, int iters, double* kernel_ms_median, char* err, int errlen) {
+  return guarded(err, errlen, [&] {
+    const ForwardCall c = prepare_forward(spec, q, k, v, o, stats, scale, stream);
+    *kernel_ms_median = fa::check::median_kernel_ms(
+        [&] { fa::forward(c.spec, c.tensors, c.scale, c.stream, c.workspace); }, warmup, iters, c.stream);
+  });
+}
+
+/// Median kernel time of a forward (with stats) followed by its backward, timed as one pair.
+int fa_bench_forward_backward(const char* spec, const void* q, const void* k, const void* v, void* o, float* stats,
+                              const void* d_o, void* d_q, void* d_k, void* d_v, float scale, void* stream, int warmup,
+                              int iters, double* kernel_ms_median, char* err, int errlen) {
+  return guarded(err, errlen, [&] {
+    if (stats == nullptr) throw fa::InvalidArgument("stats", "NULL", "forward+backward needs a stats buffer");
+    const ForwardCall c = prepare_forward(spec, q, k, v, o, stats, scale, stream);
+    const fa::Workspace bwd_ws = workspace_for(fa::get_plan(c.spec, fa::Pass::backward));
+    const fa::BackwardTensors bwd{q, k, v, o, d_o, stats, d_q, d_k, d_v};
+    *kernel_ms_median = fa::check::median_kernel_ms(
+        [&] {
+          fa::forward(c.spec, c.tensors, c.scale, c.stream, c.workspace);
+          fa::backward(c.spec, bwd, c.scale, c.stream, bwd_ws);
+        },
+        warmup, iters, c.stream);
+  });
+}
+
+/// Host time to enqueue one forward, three ways: the one-call API (cache lookup included), a held
+/// plan's run(), and cuDNN's execute alone. Only enqueueing is timed (synchronized before and
+/// after the loop); keep the shape tiny or the launch queue fills and this becomes kernel time.
+int fa_bench_host_overhead(const char* spec, const void* q, const void* k, const void* v, void* o, float* stats,
+                           float scale, void* stream, int calls, double* us_per_call_api,
+                           double* us_per_call_plan_run, double* us_per_call_cudnn_only, char* err, int errlen) {
+  return guarded(err, errlen, [&] {
+    if (calls < 1) throw fa::InvalidArgument("calls", std::to_string(calls), "at least 1");
+    const ForwardCall c = prepare_forward(spec, q, k, v, o, stats, scale, stream);
+    fa::forward(c.spec, c.tensors, c.scale, c.stream, c.workspace);  // warm every path once
+    *us_per_call_api = host_us_per_call(calls, c.stream, [&] {
+      fa::forward(c.spec, c.tensors, c.scale, c.stream, c.workspace);
+    });
+    *us_per_call_plan_run = host_us_per_call(calls, c.stream, [&] {
+      c.plan->run(c.tensors, c.scale, c.stream, c.workspace);
+    });
+    const fa::detail::RawForwardCall raw(c.plan, c.tensors, c.scale, c.stream, c.workspace.data);
+    raw.execute();
+    *us_per_call_cudnn_only = host_us_per_call(calls, c.stream, [&] { raw.execute(); });
+  });
+}
+
+/// Enqueues `calls` forward calls and returns without synchronizing. The caller times them on the
+/// GPU behind a spin kernel (torch.cuda._sleep), so the queue is full and events see kernel time
+/// even at shapes where launching is slower than running.
+int fa_bench_enqueue_forward(const char* spec, const void* q, const void* k, const void* v, void* o, float* stats,
+                             float scale, void* stream, int calls, char* err, int errlen) {
+  return guarded(err, errlen, [&] {
+    const ForwardCall c = prepare_forward(spec, q, k, v, o, stats, scale, stream);
+    for (int i = 0; i < calls; ++i) fa::forward(c.spec, c.tensors, c.scale, c.stream, c.workspace);
+  });
+}
+
+/// Host time of building the forward and backward plans from a cold cache (clears the cache).
+int fa_bench_plan_build(const char* spec, double* forward_ms, double* backward_ms, char* err, int errlen) {
+  return guarded(err, errlen, [&] {
+    const fa::AttentionSpec s = spec_for(spec, /*stats=*/true);
+    fa::clear_plan_cache();
+    auto start = std::chrono::steady_clock::now();
+    fa::get_plan(s, fa::Pass::forward);
+    *forward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    start = std::chrono::steady_clock::now();
+    fa::get_plan(s, fa::Pass::backward);
+    *backward_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  });
+}
+
+/// Counters of the process-wide plan cache.
+int fa_bench_cache_stats(unsigned long long* builds, double* build_ms, unsigned long long* hits,
+                         unsigned long long* misses, unsigned long long* evictions) {
+  fa::CacheStats stats;
+  const int rc = guarded(nullptr, 0, [&] { stats = fa::plan_cache_stats(); });
+  *builds = stats.builds;
+  *build_ms = stats.build_ms;
+  *hits = stats.hits;
+  *misses = stats.misses;
+  *evictions = stats.evictions;
+  return rc;
+}
+
+/// fusedattn's build info, multi-line; the string lives until the process ends.
+const char* fa_build_info() {
+  static const std::string text = fa::build_info().to_string();
+  return text.c_str();
+}
+
+}  // extern "C"

@@ -1,0 +1,425 @@
+#!/usr/bin/env python3
+"""bench/run_bench.py — fusedattn against PyTorch SDPA (cuDNN and flash backends) in one process,
+on the same tensors, timed the same way; writes JSON, a markdown table and a bar chart.
+
+    python bench/run_bench.py --lib build/libfusedattn_bench.so --out bench/results [--shapes 2,8192,16,128,causal]
+"""
+import argparse
+import contextlib
+import ctypes
+import datetime
+import json
+import math
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+TARGET = 0.98  # fusedattn / PyTorch-cuDNN throughput: the same cuDNN kernels run (DESIGN.md §9)
+BACKENDS = {"torch_cudnn": SDPBackend.CUDNN_ATTENTION, "torch_flash": SDPBackend.FLASH_ATTENTION}
+IMPLS = ["fusedattn", *BACKENDS]
+
+
+@dataclass(frozen=True)
+class Shape:
+    b: int
+    s: int
+    h_q: int
+    h_kv: int
+    d: int
+    causal: bool
+
+    @property
+    def key(self):  # what --shapes takes; ANCHORS.md's row name
+        heads = f"{self.h_q}" if self.h_q == self.h_kv else f"{self.h_q}/{self.h_kv}"
+        return f"{self.b},{self.s},{heads},{self.d}" + (",causal" if self.causal else "")
+
+    def fwd_flops(self):  # ANCHORS.md: 4·b·h·s_q·s_kv·d, halved when causal
+        return 4.0 * self.b * self.h_q * self.s * self.s * self.d / (2 if self.causal else 1)
+
+
+SHAPES = [Shape(2, 8192, 16, 16, 128, False), Shape(2, 8192, 16, 16, 128, True),
+          Shape(8, 2048, 32, 32, 128, True), Shape(1, 32768, 32, 8, 128, True),
+          Shape(4, 4096, 16, 16, 64, False)]
+TINY = Shape(1, 128, 8, 8, 64, True)  # ANCHORS.md's host-overhead shape
+
+
+def ptr(tensor):
+    return None if tensor is None else ctypes.c_void_p(tensor.data_ptr())
+
+
+def stream():
+    return ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+
+class Shim:
+    """ctypes view of bench/bench_shim.cpp; a failing call raises RuntimeError with fusedattn's message."""
+
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        P, I, F32, LL, S = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_longlong, ctypes.c_char_p
+        D, U = ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_ulonglong)
+        fwd = [S, P, P, P, P, P, F32, P]  # spec, q, k, v, o, stats, scale, stream
+        for name, args in {"fa_make_spec": [S, S] + [LL] * 7 + [I, I, S, I, S, I],
+                           "fa_bench_forward": fwd + [I, I, D, S, I],
+                           "fa_bench_forward_backward": [S] + [P] * 9 + [F32, P, I, I, D, S, I],
+                           "fa_bench_host_overhead": fwd + [I, D, D, D, S, I],
+                           "fa_bench_enqueue_forward": fwd + [I, S, I],
+                           "fa_bench_plan_build": [S, D, D, S, I],
+                           "fa_bench_cache_stats": [U, D, U, U, U]}.items():
+            getattr(self.lib, name).argtypes, getattr(self.lib, name).restype = args, I
+        self.lib.fa_build_info.restype = S
+
+    def _call(self, name, *args):
+        err = ctypes.create_string_buffer(8192)
+        if getattr(self.lib, name)(*args, err, len(err)) != 0:
+            raise RuntimeError(err.value.decode(errors="replace"))
+
+    def build_info(self):
+        return self.lib.fa_build_info().decode()
+
+    def make_spec(self, s, dtype="bf16", layout="bshd"):
+        out = ctypes.create_string_buffer(4096)
+        self._call("fa_make_spec", layout.encode(), dtype.encode(), s.b, s.s, s.s, s.h_q, s.h_kv, s.d, s.d,
+                   int(s.causal), 0, out, len(out))
+        return out.value.decode()
+
+    def forward_ms(self, spec, t, warmup, iters):  # inference: no statistics, like torch.no_grad()
+        ms = ctypes.c_double()
+        self._call("fa_bench_forward", spec.encode(), *t.fwd_ptrs(False), math.nan, stream(), warmup, iters,
+                   ctypes.byref(ms))
+        return ms.value
+
+    def forward_backward_ms(self, spec, t, warmup, iters):
+        ms = ctypes.c_double()
+        self._call("fa_bench_forward_backward", spec.encode(), *t.fwd_ptrs(True), ptr(t.do), ptr(t.dq), ptr(t.dk),
+                   ptr(t.dv), math.nan, stream(), warmup, iters, ctypes.byref(ms))
+        return ms.value
+
+    def host_overhead(self, spec, t, calls):
+        out = [ctypes.c_double() for _ in range(3)]
+        self._call("fa_bench_host_overhead", spec.encode(), *t.fwd_ptrs(False), math.nan, stream(), calls,
+                   *map(ctypes.byref, out))
+        return [x.value for x in out]
+
+    def enqueue_forward(self, spec, t, calls):
+        self._call("fa_bench_enqueue_forward", spec.encode(), *t.fwd_ptrs(False), math.nan, stream(), calls)
+
+    def plan_build_ms(self, spec):
+        fwd, bwd = ctypes.c_double(), ctypes.c_double()
+        self._call("fa_bench_plan_build", spec.encode(), ctypes.byref(fwd), ctypes.byref(bwd))
+        return {"plan_build_fwd_ms": fwd.value, "plan_build_bwd_ms": bwd.value}
+
+    def cache_stats(self):
+        counts, build_ms = [ctypes.c_ulonglong() for _ in range(4)], ctypes.c_double()
+        self.lib.fa_bench_cache_stats(ctypes.byref(counts[0]), ctypes.byref(build_ms), *map(ctypes.byref, counts[1:]))
+        return dict(zip(("builds", "hits", "misses", "evictions"), (c.value for c in counts)), build_ms=build_ms.value)
+
+
+class Tensors:
+    """One shape's data in bshd ([b, s, h, d] contiguous), shared by fusedattn and PyTorch."""
+
+    def __init__(self, shape):
+        def uniform(h):  # fresh values in [-1, 1], like the C++ checks
+            return (torch.rand(shape.b, shape.s, h, shape.d, device="cuda") * 2 - 1).to(torch.bfloat16)
+        self.shape = shape
+        self.q, self.k, self.v, self.do = uniform(shape.h_q), uniform(shape.h_kv), uniform(shape.h_kv), uniform(shape.h_q)
+        self.o, self.dq, self.dk, self.dv = (torch.empty_like(x) for x in (self.q, self.q, self.k, self.v))
+        self.stats = torch.empty(shape.b, shape.h_q, shape.s, 1, device="cuda", dtype=torch.float32)
+
+    def fwd_ptrs(self, stats):
+        return ptr(self.q), ptr(self.k), ptr(self.v), ptr(self.o), ptr(self.stats) if stats else None
+
+
+class TorchSdpa:
+    """F.scaled_dot_product_attention on the same tensors, through [b, h, s, d] views."""
+
+    def __init__(self, t, backend):
+        self.t, self.backend, self.note, self.repeat_kv = t, backend, "", False
+        self.gqa = t.shape.h_q != t.shape.h_kv
+        self.leaves = [x.detach().requires_grad_() for x in (t.q, t.k, t.v)]
+
+    def sdpa(self, q, k, v):
+        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
+        if self.repeat_kv:  # a backend that refused enable_gqa gets repeated heads (same FLOPs)
+            k, v = (x.repeat_interleave(self.t.shape.h_q // self.t.shape.h_kv, dim=1) for x in (k, v))
+        gqa = {"enable_gqa": True} if self.gqa and not self.repeat_kv else {}
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.t.shape.causal, **gqa)
+
+    def context(self, grad):
+        stack = contextlib.ExitStack()
+        stack.enter_context(sdpa_kernel(self.backend))
+        stack.enter_context(contextlib.nullcontext() if grad else torch.no_grad())
+        return stack
+
+    def forward(self):  # inference: no log-sum-exp
+        with self.context(grad=False):
+            return self.sdpa(self.t.q, self.t.k, self.t.v)
+
+    def forward_backward(self):
+        for leaf in self.leaves:
+            leaf.grad = None
+        with self.context(grad=True):
+            out = self.sdpa(*self.leaves)
+        out.backward(self.t.do.transpose(1, 2))
+
+    def probe(self):
+        """Runs once; on refusal of enable_gqa switches to repeated K/V heads and notes it."""
+        try:
+            self.forward()
+        except RuntimeError:
+            if not self.gqa:
+                raise
+            self.repeat_kv, self.note = True, "K/V heads repeated (backend refused enable_gqa)"
+            self.forward()
+
+
+def cuda_median_ms(fn, warmup, iters):
+    """Median of event pairs enqueued back to back behind a spin kernel, one sync at the end: the
+    calls then run back to back and each pair is GPU time (the shim holds its stream the same way)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(50_000_000)  # ~25 ms at H200 clocks
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+    for start, end in events:
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def short(error):
+    return f"{type(error).__name__}: {error}".splitlines()[0]
+
+
+def make_timers(shim, spec, t, errors, notes):
+    """(forward, forward+backward) timers per implementation, each called with (warmup, iters)."""
+    fns = {"fusedattn": (lambda w, n: shim.forward_ms(spec, t, w, n),
+                         lambda w, n: shim.forward_backward_ms(spec, t, w, n))}
+    for name, backend in BACKENDS.items():
+        sdpa = TorchSdpa(t, backend)
+        try:
+            sdpa.probe()
+        except Exception as error:  # one backend failing must not hide the others
+            errors[(name, 0)] = errors[(name, 1)] = short(error)
+            continue
+        notes[name] = sdpa.note
+        fns[name] = (lambda w, n, s=sdpa: cuda_median_ms(s.forward, w, n),
+                     lambda w, n, s=sdpa: cuda_median_ms(s.forward_backward, w, n))
+    return fns
+
+
+def bench_shape(shim, shape, args):
+    """Rows for forward and forward+backward. Implementations take turns round by round, so clock
+    and thermal drift hit them alike; each value is the median over rounds."""
+    spec, t = shim.make_spec(shape), Tensors(shape)
+    samples, errors, notes = {}, {}, {}
+    fns = make_timers(shim, spec, t, errors, notes)
+    for _ in range(args.rounds):
+        for name, pair in fns.items():
+            for p, fn in enumerate(pair):
+                if (name, p) not in errors:
+                    try:
+                        samples.setdefault((name, p), []).append(fn(args.warmup, args.iters))
+                    except Exception as error:
+                        errors[(name, p)] = short(error)
+    cli = Path(args.lib).parent / "fusedattn"
+    rows = []
+    for p, pass_name in enumerate(("fwd", "fwd+bwd")):
+        flops = shape.fwd_flops() * (3.5 if p else 1.0)
+        row = {"shape": shape.key, "pass": pass_name, "spec": spec,
+               "command": f"python bench/run_bench.py --lib {args.lib} --shapes {shape.key}",
+               "fusedattn_command": f'{cli} bench "{spec}" --iters {args.iters}'}
+        for name in IMPLS:
+            ms = statistics.median(samples[(name, p)]) if samples.get((name, p)) else None
+            row[f"{name}_ms"], row[f"{name}_tflops"] = ms, (flops / (ms * 1e-3) / 1e12 if ms else None)
+            if (name, p) in errors:
+                row[f"{name}_error"] = errors[(name, p)]
+            if notes.get(name):
+                row[f"{name}_note"] = notes[name]
+        ours, theirs = row["fusedattn_tflops"], row["torch_cudnn_tflops"]
+        row["ratio_vs_cudnn"] = ours / theirs if ours and theirs else None
+        row["meets_target"] = bool(row["ratio_vs_cudnn"] and row["ratio_vs_cudnn"] >= TARGET)
+        rows.append(row)
+    rows[0].update(shim.plan_build_ms(spec))  # rebuilt from a cleared cache, after the timings
+    return rows
+
+
+def relative_error(a, b):
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def sanity(shim, shape):
+    """fusedattn's O and gradients against PyTorch's cuDNN backend and a float32 math reference."""
+    spec, t = shim.make_spec(shape), Tensors(shape)
+    shim.forward_backward_ms(spec, t, 0, 1)
+    ours = {"O": t.o, "dQ": t.dq, "dK": t.dk, "dV": t.dv}
+    out = {"shape": shape.key, "spec": spec}
+    for name, backend, dtype in (("torch_cudnn", SDPBackend.CUDNN_ATTENTION, torch.bfloat16),
+                                 ("math_f32", SDPBackend.MATH, torch.float32)):
+        try:
+            leaves = [x.detach().to(dtype).requires_grad_() for x in (t.q, t.k, t.v)]
+            with sdpa_kernel(backend):
+                o = F.scaled_dot_product_attention(*(x.transpose(1, 2) for x in leaves), is_causal=shape.causal,
+                                                   enable_gqa=shape.h_q != shape.h_kv)
+            o.backward(t.do.to(dtype).transpose(1, 2))
+            theirs = {"O": o.transpose(1, 2), "dQ": leaves[0].grad, "dK": leaves[1].grad, "dV": leaves[2].grad}
+            out[f"vs_{name}"] = {key: relative_error(ours[key], theirs[key]) for key in ours}
+        except Exception as error:
+            out[f"vs_{name}"] = short(error)
+    return out
+
+
+def gpu_us_per_call(enqueue, calls=200):
+    """GPU time per call with the queue filled behind a spin kernel, so launch cost is hidden."""
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(50_000_000)  # ~25 ms of spinning: far longer than enqueueing `calls`
+    start.record()
+    enqueue(calls)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3 / calls
+
+
+def host_overhead(shim, calls, lib):
+    """Host time to enqueue one forward at the tiny shape: three C++ levels and PyTorch's own."""
+    spec, t = shim.make_spec(TINY), Tensors(TINY)
+    shim.forward_ms(spec, t, 5, 20)  # builds the plan
+    api, plan_run, cudnn_only = shim.host_overhead(spec, t, calls)
+    result = {"shape": TINY.key, "spec": spec, "calls": calls, "fusedattn_api_us": api,
+              "fusedattn_plan_run_us": plan_run, "cudnn_execute_only_us": cudnn_only,
+              "fusedattn_gpu_us": gpu_us_per_call(lambda n: shim.enqueue_forward(spec, t, n)),
+              "command": f"python bench/run_bench.py --lib {lib} --shapes none"}
+    for name, backend in BACKENDS.items():
+        sdpa = TorchSdpa(t, backend)
+        with sdpa.context(grad=False):  # entered once: the loop times only the call, as a user runs it
+            for _ in range(50):
+                sdpa.sdpa(t.q, t.k, t.v)
+            torch.cuda.synchronize()
+            begin = time.perf_counter()
+            for _ in range(calls):
+                sdpa.sdpa(t.q, t.k, t.v)
+            result[f"{name}_host_us"] = (time.perf_counter() - begin) * 1e6 / calls
+            torch.cuda.synchronize()
+            result[f"{name}_gpu_us"] = gpu_us_per_call(lambda n, s=sdpa: [s.sdpa(t.q, t.k, t.v) for _ in range(n)])
+    # Once the launch queue is full, enqueue time converges on GPU time: then it is not host cost.
+    result["throttled"] = 0.85 <= api / result["fusedattn_gpu_us"] <= 1.15
+    return result
+
+
+def fmt(x, form="{:.1f}"):
+    return form.format(x) if isinstance(x, (int, float)) and not math.isnan(x) else "–"
+
+
+def markdown(rows, host, check):
+    lines = [f"| shape (b, s, h_q[/h_kv], d) | pass | fusedattn | PyTorch cuDNN | PyTorch flash | fusedattn / cuDNN "
+             f"(target ≥ {TARGET}) |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        mark = " ✓" if r["meets_target"] else " ✗"
+        lines.append(f"| {r['shape']} | {r['pass']} | " + " | ".join(fmt(r[f"{n}_tflops"]) for n in IMPLS) +
+                     f" | {fmt(r['ratio_vs_cudnn'], '{:.3f}')}{mark} |")
+    lines.append("\nTFLOP/s, BF16, bshd; median over interleaved rounds of medians of event-timed calls.")
+    if host:
+        lines += [f"\n| host µs per forward call, {host['shape']} | µs |", "|---|---|"]
+        for label, key in (("fusedattn::forward (cache lookup included)", "fusedattn_api_us"),
+                           ("Plan::run (plan held)", "fusedattn_plan_run_us"),
+                           ("cuDNN execute alone", "cudnn_execute_only_us"),
+                           ("PyTorch SDPA, cuDNN backend", "torch_cudnn_host_us"),
+                           ("PyTorch SDPA, flash backend", "torch_flash_host_us"),
+                           ("GPU time per call (fusedattn)", "fusedattn_gpu_us")):
+            lines.append(f"| {label} | {fmt(host.get(key), '{:.2f}')} |")
+        if host["throttled"]:
+            lines.append("\nEnqueue time is within 15% of GPU time: the launch queue may have throttled the loop.")
+    if check:
+        def errs(x):
+            return ", ".join(f"{k} {v:.1e}" for k, v in x.items()) if isinstance(x, dict) else str(x)
+        lines.append(f"\nSanity at {check['shape']}, relative L2 error of fusedattn: vs PyTorch cuDNN "
+                     f"{errs(check.get('vs_torch_cudnn'))}; vs float32 math {errs(check.get('vs_math_f32'))}")
+    return "\n".join(lines)
+
+
+def chart(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(max(8, 1.4 * len(rows)), 5))
+    width = 0.8 / len(IMPLS)
+    for i, name in enumerate(IMPLS):
+        ax.bar([x + i * width for x in range(len(rows))], [r[f"{name}_tflops"] or 0 for r in rows], width, label=name)
+    ax.set_xticks([x + width for x in range(len(rows))], [f"{r['shape']}\n{r['pass']}" for r in rows], fontsize=7)
+    ax.set_ylabel("TFLOP/s (BF16)")
+    ax.set_title("fusedattn vs PyTorch SDPA: same tensors, one process")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def guarded(what, failures, fn, *args):
+    try:
+        return fn(*args)
+    except Exception as error:  # report it and carry on with the rest
+        traceback.print_exc()
+        failures.append({"what": what, "error": f"{type(error).__name__}: {error}"})
+        return None
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("lib_path", nargs="?", metavar="LIB", help="path to libfusedattn_bench.so (or --lib)")
+    parser.add_argument("--lib", help="path to libfusedattn_bench.so")
+    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--name", help="results file stem (default: date and GPU)")
+    parser.add_argument("--shapes", nargs="*", help="keys such as 2,8192,16,128,causal ('none': host section only)")
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--host-calls", type=int, default=2000)
+    args = parser.parse_args()
+    args.lib = args.lib or args.lib_path
+    if not args.lib:
+        parser.error("give the path to libfusedattn_bench.so")
+
+    shim = Shim(args.lib)
+    info = shim.build_info()
+    print(f"{info}\nPyTorch {torch.__version__}, its cuDNN {torch.backends.cudnn.version()}\n", flush=True)
+    shapes = [s for s in SHAPES if args.shapes is None or s.key in args.shapes]
+    failures, rows = [], []
+    for shape in shapes:
+        print(f"shape {shape.key} ...", flush=True)
+        rows += guarded(f"shape {shape.key}", failures, bench_shape, shim, shape, args) or []
+    check_shape = next((s for s in shapes if s.key == "4,4096,16,64"), shapes[0] if shapes else TINY)
+    check = guarded("sanity", failures, sanity, shim, check_shape)
+    host = guarded("host overhead", failures, host_overhead, shim, args.host_calls, args.lib)
+
+    gpu = torch.cuda.get_device_name()
+    name = args.name or f"{datetime.datetime.now():%Y%m%d-%H%M}_{gpu.replace(' ', '_')}"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if rows:
+        guarded("chart", failures, chart, rows, out / f"{name}.png")
+    table = markdown(rows, host, check)
+    record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "build_info": info, "gpu": gpu,
+              "torch": torch.__version__, "torch_cudnn": torch.backends.cudnn.version(), "argv": sys.argv,
+              "target_ratio": TARGET, "rows": rows, "host_overhead": host, "sanity": check,
+              "plan_cache": shim.cache_stats(), "failures": failures}
+    (out / f"{name}.json").write_text(json.dumps(record, indent=2))
+    (out / f"{name}.md").write_text(table + "\n")
+    print(f"\nwrote {out / name}.json, .md, .png")
+    for failure in failures:
+        print(f"FAILED {failure['what']}: {failure['error']}")
+    print("\n" + table)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds fusedattn on the GPU machine and runs every GPU check and benchmark in one go, writing
+# the results file (DESIGN.md §8) and the benchmark outputs into $OUT (default: ./gpu-out).
+#
+#   bash scripts/gpu_run.sh            # everything
+#   SKIP_BENCH=1 bash scripts/gpu_run.sh
+#
+# Exit status: non-zero when the build fails, any GPU test fails, or no GPU test ran.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/gpu_log.txt") 2>&1
+export PYTHONUNBUFFERED=1
+status=0
+
+echo "== machine"
+date -u +"%Y-%m-%dT%H:%M:%SZ"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+git rev-parse --short HEAD 2>/dev/null || true
+
+echo "== build"
+bash scripts/setup.sh
+build=build-gpu
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/cmake.txt" 2>&1 \
+  || { cat "$OUT/cmake.txt"; exit 1; }
+grep "fusedattn:" "$OUT/cmake.txt"
+ninja -C "$build" -j"$(nproc)" >/dev/null || { ninja -C "$build" -j1 2>&1 | tail -50; exit 1; }
+"$build/fusedattn" info || status=1
+
+echo "== GPU tests"
+"$build/tests/fusedattn_gpu_tests" --gtest_output="xml:$OUT/gpu_tests.xml" 2>&1 | grep -v "^\[       OK \]" || true
+echo "== CPU tests and CLI (on the GPU machine too)"
+(cd "$build" && ctest -L cpu --output-on-failure 2>&1 | tail -5)
+echo "== demo"
+"$build/fusedattn" demo || status=1
+
+if [ -z "${SKIP_BENCH:-}" ]; then
+  echo "== benchmark"
+  python3 bench/run_bench.py --lib "$build/libfusedattn_bench.so" --out "$OUT" || status=1
+fi
+
+echo "== results"
+python3 scripts/gpu_results.py --xml "$OUT/gpu_tests.xml" --info-bin "$build/fusedattn" --out "$OUT/gpu_results.md" \
+  || status=1
+exit $status
