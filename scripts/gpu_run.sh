@@ -37,7 +37,7 @@ echo "== demo"
 
 if [ -z "${SKIP_BENCH:-}" ]; then
   echo "== benchmark"
-  python3 bench/run_bench.py --lib "$build/libfusedattn_bench.so" --out "$OUT" || status=1
+  python3 -X faulthandler bench/run_bench.py --lib "$build/libfusedattn_bench.so" --out "$OUT" || status=1
 fi
 
 echo "== results"

@@ -174,36 +174,35 @@ TEST(Execution, CacheHitAllocatesNothingAndNeverRebuilds) {
   std::size_t free_before = 0, free_after = 0, total = 0;
   check::check_cuda(cudaMemGetInfo(&free_before, &total), "cudaMemGetInfo");
   constexpr int kCalls = 100;
-  // Each layer separately, so a failure says where the allocation is.
-  long lookups = count_allocations([&] {
-    for (int i = 0; i < kCalls; ++i) get_plan(spec, Pass::forward);
+  // Each layer separately, so a failure says where an allocation comes from.
+  auto repeat = [&](auto&& call) { return count_allocations([&] { for (int i = 0; i < kCalls; ++i) call(); }); };
+  long lookups = repeat([&] {
+    get_plan(spec, Pass::forward);
+    get_plan(spec, Pass::backward);
   });
-  long cudnn_only = count_allocations([&] {
-    for (int i = 0; i < kCalls; ++i) raw.execute();
-  });
-  long plan_runs = count_allocations([&] {
-    for (int i = 0; i < kCalls; ++i) forward_plan->run(ft, scale, nullptr, ws);
-  });
-  long one_call = count_allocations([&] {
-    for (int i = 0; i < kCalls; ++i) {
-      forward(spec, ft, scale, nullptr, ws);
-      backward(spec, bt, scale, nullptr, ws);
-    }
-  });
+  long cudnn_forward = repeat([&] { raw.execute(); });
+  long plan_forward = repeat([&] { forward_plan->run(ft, scale, nullptr, ws); });
+  long call_forward = repeat([&] { forward(spec, ft, scale, nullptr, ws); });
+  long plan_backward = repeat([&] { backward_plan->run(bt, scale, nullptr, ws); });
+  long call_backward = repeat([&] { backward(spec, bt, scale, nullptr, ws); });
   check::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   check::check_cuda(cudaMemGetInfo(&free_after, &total), "cudaMemGetInfo");
   CacheStats after = plan_cache_stats();
-  std::printf("  host allocations per %d calls: lookup %ld, cuDNN execute alone %ld, plan run %ld, "
-              "one-call forward+backward %ld\n", kCalls, lookups, cudnn_only, plan_runs, one_call);
+  std::printf("  host allocations per %d calls: lookups %ld; forward: cuDNN execute alone %ld, Plan::run %ld, "
+              "forward() %ld; backward: Plan::run %ld, backward() %ld\n",
+              kCalls, lookups, cudnn_forward, plan_forward, call_forward, plan_backward, call_backward);
 
+  // cuDNN's own execute creates and finalizes a variant-pack descriptor on every call, which
+  // allocates inside libcudnn (9 per forward on cuDNN 9.19). fusedattn must add nothing to that:
+  // lookups allocate nothing, and each layer above cuDNN's execute allocates exactly what it does.
   EXPECT_EQ(lookups, 0) << "cache lookup allocated";
-  EXPECT_EQ(cudnn_only, 0) << "cuDNN's own execute allocated";
-  EXPECT_EQ(plan_runs, 0) << "Plan::run allocated";
-  EXPECT_EQ(one_call, 0) << "one-call forward/backward allocated";
+  EXPECT_EQ(plan_forward, cudnn_forward) << "Plan::run allocated beyond cuDNN's execute";
+  EXPECT_EQ(call_forward, plan_forward) << "forward() allocated beyond Plan::run";
+  EXPECT_EQ(call_backward, plan_backward) << "backward() allocated beyond Plan::run";
   EXPECT_EQ(free_before, free_after) << "device memory changed during cached calls";
   EXPECT_EQ(after.builds, before.builds);
   EXPECT_EQ(after.misses, before.misses);
-  EXPECT_EQ(after.hits - before.hits, static_cast<std::uint64_t>(3 * kCalls));
+  EXPECT_EQ(after.hits - before.hits, static_cast<std::uint64_t>(4 * kCalls));
 }
 
 TEST(Execution, SupportAnswerIsCachedWithThePlan) {
