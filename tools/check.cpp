@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
-#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -315,13 +314,11 @@ std::string CheckResult::to_string() const {
     std::snprintf(text, sizeof text, " %s=%.3e", name, value);
     return std::string(text);
   };
-  std::ostringstream line;
   char tol[32];
   std::snprintf(tol, sizeof tol, "%.0e", tolerance);
-  line << (passed ? "PASS" : "FAIL") << " \"" << spec << "\" ref=" << reference << " seed=" << seed
-       << err("o", err_o) << err("stats", err_stats) << err("dq", err_dq) << err("dk", err_dk)
-       << err("dv", err_dv) << " tol=" << tol << (backward ? "" : " (forward only)");
-  return line.str();
+  return std::string(passed ? "PASS" : "FAIL") + " \"" + spec + "\" ref=" + reference + " seed=" + std::to_string(seed) +
+         err("o", err_o) + err("stats", err_stats) + err("dq", err_dq) + err("dk", err_dk) + err("dv", err_dv) +
+         " tol=" + tol + (backward ? "" : " (forward only)");
 }
 
 namespace {

@@ -1,7 +1,7 @@
 // build_info(): versions compiled in and loaded, and the GPU, for the first line of every log.
 #include "fusedattn/build_info.h"
 
-#include <sstream>
+#include <string>
 
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
@@ -16,10 +16,10 @@
 namespace fusedattn {
 namespace {
 
+// Plain std::to_string, not iostreams: the library is loaded into framework processes where it
+// should touch as little of the C++ runtime's shared state (locales, facets) as it can.
 std::string dotted(int v, int major_unit) {  // 91900 -> "9.19.0", 13200 -> "1.32.0"
-  std::ostringstream out;
-  out << v / major_unit << "." << (v % major_unit) / 100 << "." << v % 100;
-  return out.str();
+  return std::to_string(v / major_unit) + "." + std::to_string((v % major_unit) / 100) + "." + std::to_string(v % 100);
 }
 
 }  // namespace
@@ -50,18 +50,13 @@ BuildInfo build_info() {
 }
 
 std::string BuildInfo::to_string() const {
-  std::ostringstream out;
-  out << "fusedattn " << version << "\n"
-      << "cuDNN compiled " << dotted(cudnn_compiled, 10000) << ", loaded " << dotted(cudnn_runtime, 10000)
-      << "; cuDNN frontend " << dotted(frontend, 10000) << "\n"
-      << "CUDA runtime " << cuda_runtime / 1000 << "." << (cuda_runtime % 1000) / 10 << ", driver "
-      << cuda_driver / 1000 << "." << (cuda_driver % 1000) / 10 << "\n";
-  if (device_count == 0) {
-    out << "GPU: none (" << gpu_unavailable_reason << ")";
-  } else {
-    out << "GPU: " << device_name << " (SM " << sm / 10 << "." << sm % 10 << "), " << device_count << " visible";
-  }
-  return out.str();
+  auto cuda = [](int v) { return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); };
+  std::string out = "fusedattn " + version + "\n" + "cuDNN compiled " + dotted(cudnn_compiled, 10000) + ", loaded " +
+                    dotted(cudnn_runtime, 10000) + "; cuDNN frontend " + dotted(frontend, 10000) + "\n" +
+                    "CUDA runtime " + cuda(cuda_runtime) + ", driver " + cuda(cuda_driver) + "\n";
+  if (device_count == 0) return out + "GPU: none (" + gpu_unavailable_reason + ")";
+  return out + "GPU: " + device_name + " (SM " + std::to_string(sm / 10) + "." + std::to_string(sm % 10) + "), " +
+         std::to_string(device_count) + " visible";
 }
 
 void require_matching_cudnn() {

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -159,9 +158,9 @@ struct Token {
 
 std::vector<Token> tokenize(const std::string& text) {
   std::vector<Token> tokens;
-  std::istringstream words(text);
-  std::string word;
-  while (words >> word) {
+  for (std::size_t end = 0, start; (start = text.find_first_not_of(" \t\n", end)) != std::string::npos;) {
+    end = text.find_first_of(" \t\n", start);
+    const std::string word = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
     std::size_t equals = word.find('=');
     if (equals != std::string::npos) {
       tokens.push_back({word.substr(0, equals), word.substr(equals + 1)});
