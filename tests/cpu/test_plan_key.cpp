@@ -84,6 +84,20 @@ TEST(PlanKey, BackwardIgnoresStats) {
   EXPECT_NE(make_plan_key(with, Pass::forward, 0, caps, v), make_plan_key(without, Pass::forward, 0, caps, v));
 }
 
+TEST(PlanKey, AlignmentMattersOnlyWhenCausal) {
+  const DeviceCaps caps{9, 0};
+  const Versions v = versions(91900, 13200);
+  AttentionSpec top_left = spec_of(kSpec);
+  top_left.causal = false;
+  AttentionSpec bottom_right = top_left;
+  bottom_right.alignment = Alignment::bottom_right;
+  for (Pass pass : {Pass::forward, Pass::backward}) {
+    EXPECT_EQ(make_plan_key(top_left, pass, 0, caps, v), make_plan_key(bottom_right, pass, 0, caps, v));
+  }
+  top_left.causal = bottom_right.causal = true;
+  EXPECT_NE(make_plan_key(top_left, Pass::forward, 0, caps, v), make_plan_key(bottom_right, Pass::forward, 0, caps, v));
+}
+
 TEST(PlanKey, PrintsPassDeviceVersionsThenSpec) {
   EXPECT_EQ(to_string(base_key()), std::string("forward device=0 sm=90 cudnn=91900 fe=13200 ") + kSpec);
   EXPECT_EQ(to_string(base_key(Pass::backward)).rfind("backward device=0 sm=90 cudnn=91900 fe=13200 layout=bshd", 0), 0u);
