@@ -4,6 +4,7 @@
 // Every function returns 0 on success; otherwise 2 (invalid argument), 3 (not supported),
 // 5 (CUDA, cuDNN or setup error) or 1 (anything else), with "<kind>: <message>" in `err`.
 // A `stream` of NULL is the legacy default stream; pass torch.cuda.current_stream().cuda_stream.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "../tools/check.h"
 #include "exec/raw_call.h"
@@ -181,16 +183,25 @@ int fa_bench_host_overhead(const char* spec, const void* q, const void* k, const
   return guarded(err, errlen, [&] {
     if (calls < 1) throw fa::InvalidArgument("calls", std::to_string(calls), "at least 1");
     const ForwardCall c = prepare_forward(spec, q, k, v, o, stats, scale, stream);
-    fa::forward(c.spec, c.tensors, c.scale, c.stream, c.workspace);  // warm every path once
-    *us_per_call_api = host_us_per_call(calls, c.stream, [&] {
-      fa::forward(c.spec, c.tensors, c.scale, c.stream, c.workspace);
-    });
-    *us_per_call_plan_run = host_us_per_call(calls, c.stream, [&] {
-      c.plan->run(c.tensors, c.scale, c.stream, c.workspace);
-    });
     const fa::detail::RawForwardCall raw(c.plan, c.tensors, c.scale, c.stream, c.workspace.data);
-    raw.execute();
-    *us_per_call_cudnn_only = host_us_per_call(calls, c.stream, [&] { raw.execute(); });
+    const std::function<void()> loops[3] = {
+        [&] { fa::forward(c.spec, c.tensors, c.scale, c.stream, c.workspace); },
+        [&] { c.plan->run(c.tensors, c.scale, c.stream, c.workspace); },
+        [&] { raw.execute(); },
+    };
+    for (const auto& loop : loops) loop();  // warm every path once
+    // The three loops take turns for several rounds and each reports its median, so that the
+    // order they run in and drift of the machine affect none of them more than the others.
+    constexpr int kRounds = 7;
+    std::vector<double> samples[3];
+    for (int round = 0; round < kRounds; ++round) {
+      for (int i = 0; i < 3; ++i) samples[i].push_back(host_us_per_call(calls, c.stream, loops[i]));
+    }
+    double* outputs[3] = {us_per_call_api, us_per_call_plan_run, us_per_call_cudnn_only};
+    for (int i = 0; i < 3; ++i) {
+      std::sort(samples[i].begin(), samples[i].end());
+      *outputs[i] = samples[i][kRounds / 2];
+    }
   });
 }
 
