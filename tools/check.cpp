@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -121,39 +122,6 @@ struct Placement {
   const std::uint16_t* host() const { return buffer->host.data() + offset; }
 };
 
-ProblemShape shape_of(const AttentionSpec& spec) {
-  ProblemShape shape;
-  shape.dtype = spec.q.dtype;
-  shape.batch = spec.batch();
-  shape.seq_q = spec.seq_q();
-  shape.seq_kv = spec.seq_kv();
-  shape.heads_q = spec.heads_q();
-  shape.heads_kv = spec.heads_kv();
-  shape.head_dim_qk = spec.head_dim_qk();
-  shape.head_dim_v = spec.head_dim_v();
-  return shape;
-}
-
-// The named layout whose descriptors are exactly the spec's, if any. Packed layouts reject shapes
-// they cannot pack (InvalidArgument); that only means "not this layout".
-bool find_layout(const AttentionSpec& spec, Layout* layout, LayoutTensors* tensors) {
-  const ProblemShape shape = shape_of(spec);
-  for (Layout candidate : all_layouts()) {
-    LayoutTensors made;
-    try {
-      made = make_layout(candidate, shape);
-    } catch (const InvalidArgument&) {
-      continue;
-    }
-    if (made.q == spec.q && made.k == spec.k && made.v == spec.v && made.o == spec.o) {
-      *layout = candidate;
-      *tensors = made;
-      return true;
-    }
-  }
-  return false;
-}
-
 std::int64_t stats_elements(const AttentionSpec& spec) { return spec.batch() * spec.heads_q() * spec.seq_q(); }
 
 }  // namespace
@@ -183,9 +151,10 @@ AttentionBuffers::AttentionBuffers(const AttentionSpec& spec, bool with_backward
   s.with_backward = with_backward;
   s.dtype = spec.q.dtype;
 
-  Layout layout{};
-  LayoutTensors lt;
-  const bool named = find_layout(spec, &layout, &lt);
+  const std::optional<Layout> named_as = named_layout(spec);
+  const bool named = named_as.has_value();
+  const Layout layout = named_as.value_or(Layout::bshd);
+  const LayoutTensors lt = named ? make_layout(layout, problem_shape(spec)) : LayoutTensors{};
   // Each tensor's buffer slot (0..2) and offset. Buffer sizes cover every tensor placed in them,
   // whatever the layout reports, so a disagreement there cannot make us write out of bounds.
   int slot_q = 0, slot_k = 1, slot_v = 2;

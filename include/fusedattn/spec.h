@@ -8,8 +8,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
+#include "fusedattn/layout.h"
 #include "fusedattn/tensor.h"
 
 namespace fusedattn {
@@ -53,6 +55,12 @@ std::string to_string(const AttentionSpec& spec);
 /// Parses the one-line form (either variant). Throws InvalidArgument naming the field on any
 /// unknown key, malformed value or missing size. Does not validate; call validate() for that.
 AttentionSpec parse_spec(const std::string& text);
+
+/// The sizes of `spec` (batch, lengths, heads, head dims, dtype of q).
+ProblemShape problem_shape(const AttentionSpec& spec);
+
+/// The first named layout whose four descriptors are exactly the spec's, if there is one.
+std::optional<Layout> named_layout(const AttentionSpec& spec);
 
 /// Hash over every field of the spec (the same list that drives equality).
 std::size_t hash_value(const AttentionSpec& spec) noexcept;

@@ -108,7 +108,16 @@ std::string known_keys() {
   return out;
 }
 
-ProblemShape shape_of(const AttentionSpec& spec) {
+bool fits_packing(Layout layout, const ProblemShape& shape) {
+  if (packs_qkv(layout)) {
+    return shape.seq_q == shape.seq_kv && shape.heads_q == shape.heads_kv && shape.head_dim_qk == shape.head_dim_v;
+  }
+  return !packs_kv(layout) || shape.head_dim_qk == shape.head_dim_v;
+}
+
+}  // namespace
+
+ProblemShape problem_shape(const AttentionSpec& spec) {
   ProblemShape shape;
   shape.dtype = spec.q.dtype;
   shape.batch = spec.batch();
@@ -121,17 +130,9 @@ ProblemShape shape_of(const AttentionSpec& spec) {
   return shape;
 }
 
-bool fits_packing(Layout layout, const ProblemShape& shape) {
-  if (packs_qkv(layout)) {
-    return shape.seq_q == shape.seq_kv && shape.heads_q == shape.heads_kv && shape.head_dim_qk == shape.head_dim_v;
-  }
-  return !packs_kv(layout) || shape.head_dim_qk == shape.head_dim_v;
-}
-
-// The first layout whose tensors are exactly the spec's, if any. The packing test up front keeps
-// printing free of exceptions for the common GQA / s_q != s_kv specs.
-std::optional<Layout> matching_layout(const AttentionSpec& spec) {
-  ProblemShape shape = shape_of(spec);
+// The packing test up front keeps printing free of exceptions for the common GQA / s_q != s_kv specs.
+std::optional<Layout> named_layout(const AttentionSpec& spec) {
+  ProblemShape shape = problem_shape(spec);
   for (const SizeKey& size : kSizeKeys) {
     if (shape.*size.member <= 0) return std::nullopt;
   }
@@ -142,6 +143,8 @@ std::optional<Layout> matching_layout(const AttentionSpec& spec) {
   }
   return std::nullopt;
 }
+
+namespace {
 
 std::string short_form(Layout layout, const ProblemShape& shape) {
   std::string out = std::string("layout=") + to_string(layout) + " dtype=" + to_string(shape.dtype);
@@ -321,8 +324,8 @@ std::size_t hash_value(const AttentionSpec& spec) noexcept {
 }
 
 std::string to_string(const AttentionSpec& spec) {
-  std::optional<Layout> layout = matching_layout(spec);
-  std::string out = layout ? short_form(*layout, shape_of(spec)) : std::string();
+  std::optional<Layout> layout = named_layout(spec);
+  std::string out = layout ? short_form(*layout, problem_shape(spec)) : std::string();
   visit_fields(
       [&](const char* name, const auto& field) {
         if (layout && kIsTensor<decltype(field)>) return;  // already said by the layout form

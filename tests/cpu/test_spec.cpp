@@ -111,6 +111,20 @@ TEST(SpecString, OddStridesUseTheFullForm) {
   expect_round_trip(spec);
 }
 
+TEST(SpecLayout, NamedLayoutFindsExactMatchesOnly) {
+  for (Layout layout : all_layouts()) {
+    ProblemShape shape = shape_of(3, 40, 40, 6, 6, 64, 64);
+    EXPECT_EQ(named_layout(spec_of(layout, shape)), layout) << to_string(layout);
+  }
+  AttentionSpec padded = spec_of(Layout::bshd, shape_of(2, 100, 100, 4, 4, 64, 64));
+  padded.k.strides = {100 * 4 * 80, 80, 4 * 80, 1};
+  EXPECT_EQ(named_layout(padded), std::nullopt);
+  ProblemShape shape = problem_shape(padded);
+  EXPECT_EQ(shape.batch, 2);
+  EXPECT_EQ(shape.seq_kv, 100);
+  EXPECT_EQ(shape.head_dim_v, 64);
+}
+
 TEST(SpecString, InvalidSpecsStillRoundTrip) {
   AttentionSpec empty;  // all-zero tensors: printing must not throw, and parses back
   expect_round_trip(empty);
