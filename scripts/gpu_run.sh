@@ -35,6 +35,12 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   (cd "$build" && ctest -L cpu --output-on-failure 2>&1 | tail -5)
   echo "== demo"
   "$build/fusedattn" demo || status=1
+  echo "== CLI on the GPU"
+  "$build/fusedattn" run "layout=sbhd_sb2hd dtype=f16 b=3 s_q=999 s_kv=1501 h_q=8 h_kv=2 d=128 causal align=bottom_right" \
+    || status=1
+  "$build/fusedattn" support "layout=bshd b=1 s_q=64 s_kv=32 h=2 d=512 causal align=bottom_right" --pass both
+  [ $? -eq 1 ] || status=1  # must be refused, with every reason
+  "$build/fusedattn" bench "layout=bshd b=2 s=4096 h=16 d=128 causal" --iters 20 || status=1
 fi
 
 if [ -z "${SKIP_BENCH:-}" ]; then
