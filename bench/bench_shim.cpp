@@ -146,34 +146,6 @@ int fa_make_spec(const char* layout, const char* dtype, long long b, long long s
   });
 }
 
-/// Median kernel time of one forward call (stats written when `stats` is not NULL).
-int fa_bench_forward(const char* spec, const void* q, const void* k, const void* v, void* o, float* stats, float scale,
-                     void* stream, int warmup, int iters, double* kernel_ms_median, char* err, int errlen) {
-  return guarded(err, errlen, [&] {
-    const ForwardCall c = prepare_forward(spec, q, k, v, o, stats, scale, stream);
-    *kernel_ms_median = fa::check::median_kernel_ms(
-        [&] { fa::forward(c.spec, c.tensors, c.scale, c.stream, c.workspace); }, warmup, iters, c.stream);
-  });
-}
-
-/// Median kernel time of a forward (with stats) followed by its backward, timed as one pair.
-int fa_bench_forward_backward(const char* spec, const void* q, const void* k, const void* v, void* o, float* stats,
-                              const void* d_o, void* d_q, void* d_k, void* d_v, float scale, void* stream, int warmup,
-                              int iters, double* kernel_ms_median, char* err, int errlen) {
-  return guarded(err, errlen, [&] {
-    if (stats == nullptr) throw fa::InvalidArgument("stats", "NULL", "forward+backward needs a stats buffer");
-    const ForwardCall c = prepare_forward(spec, q, k, v, o, stats, scale, stream);
-    const fa::Workspace bwd_ws = workspace_for(fa::get_plan(c.spec, fa::Pass::backward));
-    const fa::BackwardTensors bwd{q, k, v, o, d_o, stats, d_q, d_k, d_v};
-    *kernel_ms_median = fa::check::median_kernel_ms(
-        [&] {
-          fa::forward(c.spec, c.tensors, c.scale, c.stream, c.workspace);
-          fa::backward(c.spec, bwd, c.scale, c.stream, bwd_ws);
-        },
-        warmup, iters, c.stream);
-  });
-}
-
 /// Host time to enqueue one forward, three ways: the one-call API (cache lookup included), a held
 /// plan's run(), and cuDNN's execute alone. Only enqueueing is timed (synchronized before and
 /// after the loop); keep the shape tiny or the launch queue fills and this becomes kernel time.
@@ -205,14 +177,30 @@ int fa_bench_host_overhead(const char* spec, const void* q, const void* k, const
   });
 }
 
-/// Enqueues `calls` forward calls and returns without synchronizing. The caller times them on the
-/// GPU behind a spin kernel (torch.cuda._sleep), so the queue is full and events see kernel time
-/// even at shapes where launching is slower than running.
+/// Enqueues `calls` forward calls (stats written when `stats` is not NULL) and returns without
+/// synchronizing. Python times them with the same CUDA-event harness it uses for PyTorch, behind
+/// a spin kernel, so both libraries are measured by one method on a busy, clocked-up GPU.
 int fa_bench_enqueue_forward(const char* spec, const void* q, const void* k, const void* v, void* o, float* stats,
                              float scale, void* stream, int calls, char* err, int errlen) {
   return guarded(err, errlen, [&] {
     const ForwardCall c = prepare_forward(spec, q, k, v, o, stats, scale, stream);
     for (int i = 0; i < calls; ++i) fa::forward(c.spec, c.tensors, c.scale, c.stream, c.workspace);
+  });
+}
+
+/// Enqueues `calls` forward (with stats) + backward pairs and returns without synchronizing.
+int fa_bench_enqueue_forward_backward(const char* spec, const void* q, const void* k, const void* v, void* o,
+                                      float* stats, const void* d_o, void* d_q, void* d_k, void* d_v, float scale,
+                                      void* stream, int calls, char* err, int errlen) {
+  return guarded(err, errlen, [&] {
+    if (stats == nullptr) throw fa::InvalidArgument("stats", "NULL", "forward+backward needs a stats buffer");
+    const ForwardCall c = prepare_forward(spec, q, k, v, o, stats, scale, stream);
+    const fa::Workspace bwd_ws = workspace_for(fa::get_plan(c.spec, fa::Pass::backward));
+    const fa::BackwardTensors bwd{q, k, v, o, d_o, stats, d_q, d_k, d_v};
+    for (int i = 0; i < calls; ++i) {
+      fa::forward(c.spec, c.tensors, c.scale, c.stream, c.workspace);
+      fa::backward(c.spec, bwd, c.scale, c.stream, bwd_ws);
+    }
   });
 }
 
