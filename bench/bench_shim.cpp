@@ -136,7 +136,7 @@ int fa_make_spec(const char* layout, const char* dtype, long long b, long long s
     spec.k = t.k;
     spec.v = t.v;
     spec.o = t.o;
-    spec.causal = causal != 0;
+    spec.window = causal != 0 ? fa::kCausal : fa::Window{};
     spec.alignment = bottom_right != 0 ? fa::Alignment::bottom_right : fa::Alignment::top_left;
     spec.stats = true;
     fa::validate(spec);

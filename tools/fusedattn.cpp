@@ -120,7 +120,7 @@ fa::AttentionSpec spec_from_layout(fa::Layout layout, const fa::ProblemShape& sh
   spec.k = t.k;
   spec.v = t.v;
   spec.o = t.o;
-  spec.causal = causal;
+  spec.window = causal ? fa::kCausal : fa::Window{};
   spec.alignment = alignment;
   spec.stats = true;
   return spec;

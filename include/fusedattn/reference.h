@@ -4,7 +4,7 @@
 // float32 GPU one (plain CUDA kernels, no tensor cores) for shapes too large for the CPU. Both
 // work on contiguous [b, h, s, d] arrays; gather/scatter helpers convert from any spec layout.
 //
-// Rows that see no key at all (bottom-right causal with s_q > s_kv) are defined as O = 0 with
+// Rows that see no key at all (say, bottom-right causal with s_q > s_kv) are defined as O = 0 with
 // log-sum-exp = -infinity, and contribute no gradient.
 #pragma once
 
@@ -20,7 +20,7 @@ namespace fusedattn {
 /// Sizes and options of a reference computation.
 struct ReferenceProblem {
   std::int64_t batch = 1, heads_q = 1, heads_kv = 1, seq_q = 1, seq_kv = 1, head_dim_qk = 64, head_dim_v = 64;
-  bool causal = false;
+  Window window;  ///< which keys each query sees (see spec.h)
   Alignment alignment = Alignment::top_left;
   double scale = 0.125;
 };

@@ -22,13 +22,30 @@ enum class Alignment : std::uint8_t { top_left, bottom_right };
 
 const char* to_string(Alignment alignment) noexcept;
 
+/// Which keys each query sees, around its diagonal position p (p = i top-left, p = i + s_kv - s_q
+/// bottom-right): key j is visible when p - left < j <= p + right. A bound of -1 is no bound on
+/// that side. {-1, -1} is no mask, {-1, 0} causal, {W, 0} a causal sliding window of W keys
+/// (the diagonal included), {W, R} a band that also looks R keys ahead.
+struct Window {
+  std::int64_t left = -1;
+  std::int64_t right = -1;
+
+  bool bounded() const noexcept { return left >= 0 || right >= 0; }
+  bool causal() const noexcept { return left < 0 && right == 0; }
+  friend bool operator==(const Window& a, const Window& b) noexcept { return a.left == b.left && a.right == b.right; }
+  friend bool operator!=(const Window& a, const Window& b) noexcept { return !(a == b); }
+};
+
+/// The causal window {-1, 0}.
+constexpr Window kCausal{-1, 0};
+
 /// What to compute. The attention scale is deliberately absent: it is a runtime value, so one
 /// compiled plan serves every scale.
 struct AttentionSpec {
   TensorDesc q, k, v;  ///< inputs; q is [b, h_q, s_q, d_qk], k [b, h_kv, s_kv, d_qk], v [b, h_kv, s_kv, d_v]
   TensorDesc o;        ///< output [b, h_q, s_q, d_v]; its gradient dO shares this descriptor
-  bool causal = false;                        ///< key j is hidden from query i when j is past the diagonal
-  Alignment alignment = Alignment::top_left;  ///< where the diagonal starts (matters only when causal)
+  Window window;                              ///< which keys each query sees (default: all)
+  Alignment alignment = Alignment::top_left;  ///< where the diagonal starts (matters only with a bound)
   bool stats = true;  ///< also write the softmax statistics (log-sum-exp, float32 [b, h_q, s_q, 1]),
                       ///< which the backward pass needs; inference may turn them off
 
@@ -40,8 +57,9 @@ struct AttentionSpec {
   std::int64_t head_dim_qk() const noexcept { return q.head_dim(); }
   std::int64_t head_dim_v() const noexcept { return v.head_dim(); }
 
-  /// Multiply-add work of the forward pass, in floating-point operations, by the usual convention
-  /// (4·b·h·s_q·s_kv·d, with d the mean of d_qk and d_v; halved when causal). Backward is 2.5x this.
+  /// Multiply-add work of the forward pass, in floating-point operations, by the usual convention:
+  /// 4·b·h·(visible pairs)·d, with d the mean of d_qk and d_v, where a causal mask counts as half of
+  /// s_q·s_kv (as the benchmarks everyone quotes do) and another window counts its pairs exactly.
   double forward_flops() const noexcept;
 
   friend bool operator==(const AttentionSpec& a, const AttentionSpec& b) noexcept;

@@ -64,14 +64,14 @@ TensorPtr scale_tensor(fe::graph::Graph& graph) {
                           .set_data_type(fe::DataType_t::FLOAT));
 }
 
+// The window becomes cuDNN's diagonal band: the same "p - left < j <= p + right" (spec.h).
 template <class Attributes>
-void apply_mask(Attributes& attributes, const AttentionSpec& spec) {
-  if (!spec.causal) return;
-  if (spec.alignment == Alignment::bottom_right) {
-    attributes.set_causal_mask_bottom_right(true);
-  } else {
-    attributes.set_causal_mask(true);
-  }
+void apply_window(Attributes& attributes, const AttentionSpec& spec) {
+  if (!spec.window.bounded()) return;
+  attributes.set_diagonal_alignment(spec.alignment == Alignment::bottom_right ? fe::DiagonalAlignment_t::BOTTOM_RIGHT
+                                                                             : fe::DiagonalAlignment_t::TOP_LEFT);
+  if (spec.window.left >= 0) attributes.set_diagonal_band_left_bound(static_cast<int>(spec.window.left));
+  if (spec.window.right >= 0) attributes.set_diagonal_band_right_bound(static_cast<int>(spec.window.right));
 }
 
 std::shared_ptr<fe::graph::Graph> new_graph(const AttentionSpec& spec) {
@@ -93,7 +93,7 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionSpec& spec, fe::A
                         .set_generate_stats(spec.stats)
                         .set_attn_scale(scale_tensor(*graph))
                         .set_implementation(implementation);
-  apply_mask(attributes, spec);
+  apply_window(attributes, spec);
   auto [o, stats] = graph->sdpa(q, k, v, attributes);
   mark_output(o, "o", kUidO, spec.o);
   uids = {kUidQ, kUidK, kUidV, kUidO};
@@ -117,7 +117,7 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionSpec& spec, std:
   auto d_o = graph->tensor(describe("d_o", kUidDO, spec.o));
   auto stats = graph->tensor(stats_tensor(spec));
   auto attributes = fe::graph::SDPA_backward_attributes().set_name("fusedattn_backward").set_attn_scale(scale_tensor(*graph));
-  apply_mask(attributes, spec);
+  apply_window(attributes, spec);
   auto [d_q, d_k, d_v] = graph->sdpa_backward(q, k, v, o, d_o, stats, attributes);
   // Gradients take their inputs' descriptors, so a packed input gets a packed gradient.
   mark_output(d_q, "d_q", kUidDQ, spec.q);

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "fusedattn/reference.h"
-#include "mask_rule.h"
+#include "spec/window_rule.h"
 #include "problem_check.h"
 
 namespace fusedattn {
@@ -20,14 +20,15 @@ ReferenceProblem reference_problem(const AttentionSpec& spec, double scale) {
   p.seq_kv = spec.seq_kv();
   p.head_dim_qk = spec.head_dim_qk();
   p.head_dim_v = spec.head_dim_v();
-  p.causal = spec.causal;
+  p.window = spec.window;
   p.alignment = spec.alignment;
   p.scale = scale;
   return p;
 }
 
 bool reference_visible(const ReferenceProblem& p, std::int64_t i, std::int64_t j) noexcept {
-  return detail::mask_visible(p.causal, p.alignment == Alignment::bottom_right, p.seq_q, p.seq_kv, i, j);
+  return detail::visible_keys(p.window.left, p.window.right, p.alignment == Alignment::bottom_right, p.seq_q, p.seq_kv, i)
+      .contains(j);
 }
 
 namespace {

@@ -15,7 +15,7 @@
 
 #include "fusedattn/errors.h"
 #include "fusedattn/reference.h"
-#include "mask_rule.h"
+#include "spec/window_rule.h"
 #include "problem_check.h"
 
 namespace fusedattn {
@@ -58,12 +58,13 @@ void check_gpu_problem(const ReferenceProblem& p) {
 struct Shape {
   std::int64_t batch, heads_q, heads_kv, seq_q, seq_kv;
   int d_qk, d_v;
-  bool causal, bottom_right;
+  std::int64_t window_left, window_right;
+  bool bottom_right;
   float scale;
 
   __device__ std::int64_t group() const { return heads_q / heads_kv; }
   __device__ bool visible(std::int64_t i, std::int64_t j) const {
-    return detail::mask_visible(causal, bottom_right, seq_q, seq_kv, i, j);
+    return detail::visible_keys(window_left, window_right, bottom_right, seq_q, seq_kv, i).contains(j);
   }
   // Starts of row i of query head hq (in Q/dQ: d_qk wide; in O/dO: d_v wide; in lse: 1 wide).
   __device__ std::int64_t q_row(std::int64_t b, std::int64_t hq, std::int64_t i) const {
@@ -86,7 +87,7 @@ struct Shape {
 
 Shape make_shape(const ReferenceProblem& p) {
   return Shape{p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_kv, static_cast<int>(p.head_dim_qk),
-               static_cast<int>(p.head_dim_v), p.causal, p.alignment == Alignment::bottom_right,
+               static_cast<int>(p.head_dim_v), p.window.left, p.window.right, p.alignment == Alignment::bottom_right,
                static_cast<float>(p.scale)};
 }
 

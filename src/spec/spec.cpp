@@ -11,6 +11,7 @@
 #include "fusedattn/errors.h"
 #include "fusedattn/layout.h"
 #include "spec/text.h"
+#include "spec/window_rule.h"
 
 namespace fusedattn {
 namespace {
@@ -24,7 +25,7 @@ void visit_fields(F&& f, Specs&... specs) {
   f("k", specs.k...);
   f("v", specs.v...);
   f("o", specs.o...);
-  f("causal", specs.causal...);
+  f("window", specs.window...);
   f("align", specs.alignment...);
   f("stats", specs.stats...);
 }
@@ -37,6 +38,7 @@ constexpr bool kIsTensor = std::is_same_v<std::decay_t<T>, TensorDesc>;
 std::string format_value(const TensorDesc& desc) { return to_string(desc); }
 std::string format_value(bool flag) { return flag ? "1" : "0"; }
 std::string format_value(Alignment alignment) { return to_string(alignment); }
+std::string format_value(const Window& window) { return std::to_string(window.left) + "," + std::to_string(window.right); }
 
 void parse_value(const std::string& text, const std::string& key, TensorDesc& out) {
   out = parse_tensor_desc(text, key);
@@ -50,6 +52,16 @@ void parse_value(const std::string& text, const std::string& key, bool& out) {
     throw InvalidArgument(key, text, "0 or 1");
   }
 }
+// "LEFT,RIGHT", each -1 (unbounded) or a count; validate() checks the ranges.
+void parse_value(const std::string& text, const std::string& key, Window& out) {
+  const std::size_t comma = text.find(',');
+  const std::optional<std::int64_t> left = detail::parse_int64(std::string_view(text).substr(0, comma));
+  const std::optional<std::int64_t> right =
+      comma == std::string::npos ? std::nullopt : detail::parse_int64(std::string_view(text).substr(comma + 1));
+  if (!left || !right) throw InvalidArgument(key, text, "LEFT,RIGHT: two integers, -1 for no bound (causal is -1,0)");
+  out = Window{*left, *right};
+}
+
 void parse_value(const std::string& text, const std::string& key, Alignment& out) {
   if (text == "top_left") {
     out = Alignment::top_left;
@@ -68,6 +80,11 @@ std::size_t hash_of(const TensorDesc& desc) noexcept {
 }
 std::size_t hash_of(bool flag) noexcept { return flag ? 1 : 0; }
 std::size_t hash_of(Alignment alignment) noexcept { return static_cast<std::size_t>(alignment); }
+std::size_t hash_of(const Window& window) noexcept {
+  std::size_t seed = std::hash<std::int64_t>{}(window.left);
+  detail::hash_combine(seed, std::hash<std::int64_t>{}(window.right));
+  return seed;
+}
 
 // --- the short form: a layout name and sizes stand in for the four tensors ------------------------
 
@@ -104,7 +121,7 @@ std::string known_keys() {
   visit_fields([&](const char* name, auto&) { out += std::string(" ") + name; }, unused);
   out += " layout dtype";
   for (const SizeKey& size : kSizeKeys) out += std::string(" ") + size.key;
-  out += ", shorthands s h d, and the bare word causal";
+  out += ", shorthands s h d, causal=0|1 (window -1,-1 or -1,0) and the bare word causal";
   return out;
 }
 
@@ -179,8 +196,9 @@ std::vector<Token> tokenize(const std::string& text) {
 // Every key may be given once: a second value is more likely a slip than an intended override.
 class GivenKeys {
  public:
-  void claim(const Token& token) {
-    auto [it, fresh] = given_.emplace(token.key, token);
+  /// Records `token` as the one that sets `slot` (its own key unless it is an alias).
+  void claim(const Token& token, const std::string& slot) {
+    auto [it, fresh] = given_.emplace(slot, token);
     if (fresh) return;
     throw InvalidArgument(token.key, token.value,
                           "given once at most (already given as " + it->second.key + "=" + it->second.value + ")");
@@ -306,9 +324,19 @@ const char* to_string(Alignment alignment) noexcept {
 // which is 4·b·h·s_q·s_kv·d for d the mean head dim. Causal halving is the usual approximation (it
 // ignores the diagonal, and with bottom-right alignment and s_q != s_kv the true fraction differs).
 double AttentionSpec::forward_flops() const noexcept {
-  double flops = 4.0 * static_cast<double>(batch()) * static_cast<double>(heads_q()) * static_cast<double>(seq_q()) *
-                 static_cast<double>(seq_kv()) * static_cast<double>(head_dim_qk() + head_dim_v()) / 2.0;
-  return causal ? flops / 2.0 : flops;
+  double pairs = static_cast<double>(seq_q()) * static_cast<double>(seq_kv());
+  if (window.causal()) {
+    pairs /= 2.0;
+  } else if (window.bounded()) {
+    pairs = 0.0;
+    for (std::int64_t i = 0; i < seq_q(); ++i) {
+      pairs += static_cast<double>(
+          detail::visible_keys(window.left, window.right, alignment == Alignment::bottom_right, seq_q(), seq_kv(), i)
+              .size());
+    }
+  }
+  return 4.0 * static_cast<double>(batch()) * static_cast<double>(heads_q()) * pairs *
+         static_cast<double>(head_dim_qk() + head_dim_v()) / 2.0;
 }
 
 bool operator==(const AttentionSpec& a, const AttentionSpec& b) noexcept {
@@ -342,12 +370,19 @@ AttentionSpec parse_spec(const std::string& text) {
   bool any_tensor = false;
   std::vector<Token> short_tokens;  // layout-form keys, in order, to name the first one if mixed
   for (const Token& token : tokenize(text)) {
+    // "causal=1" is the common window, kept as the friendlier way to write it; it sets the window.
+    if (token.key == "causal") {
+      if (token.value != "0" && token.value != "1") throw InvalidArgument("causal", token.value, "0 or 1");
+      given.claim(token, "window");
+      spec.window = token.value == "1" ? kCausal : Window{};
+      continue;
+    }
     bool is_field = false;
     visit_fields(
         [&](const char* name, auto& field) {
           if (token.key != name) return;
           is_field = true;
-          given.claim(token);
+          given.claim(token, token.key);
           parse_value(token.value, token.key, field);
           if (kIsTensor<decltype(field)>) any_tensor = true;
         },
@@ -355,7 +390,7 @@ AttentionSpec parse_spec(const std::string& text) {
     if (is_field) continue;
     bool layout_key = token.key == "layout" || token.key == "dtype" || is_size_key(token.key) || is_shorthand(token.key);
     if (!layout_key) throw InvalidArgument(token.key, token.value, "a known key; " + known_keys());
-    given.claim(token);
+    given.claim(token, token.key);
     short_tokens.push_back(token);
   }
   return any_tensor ? build_full_form(spec, given, short_tokens) : build_short_form(spec, given);
@@ -400,6 +435,13 @@ void validate(const AttentionSpec& spec) {
     if (t.desc->strides[kDim] != 1) fail("a head-dim (innermost) stride of 1");
   }
   require_no_self_overlap("o", spec.o);
+  // A left bound of 0 would hide every key, including the diagonal's own.
+  if (spec.window.left < -1 || spec.window.left == 0) {
+    throw InvalidArgument("window", format_value(spec.window), "a left bound of -1 (none) or at least 1 key");
+  }
+  if (spec.window.right < -1) {
+    throw InvalidArgument("window", format_value(spec.window), "a right bound of -1 (none) or at least 0");
+  }
 }
 
 }  // namespace fusedattn

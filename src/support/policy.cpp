@@ -127,11 +127,11 @@ void backward_head_dim_rule(const AttentionSpec& spec, const DeviceCaps& caps, c
 }
 
 // Bottom-right diagonals arrived in cuDNN 9.6 (90600); on Hopper their backward was fixed in 9.10
-// (91000). With s_q > s_kv the diagonal ends at the last key, so the first s_q - s_kv query rows
-// see no key at all: their softmax is 0/0, and no version can make that meaningful.
+// (91000). With a right bound and s_q > s_kv + right, the diagonal ends at the last key before the
+// first rows reach any: those rows' softmax is 0/0, and no version can make that meaningful.
 void bottom_right_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions,
                        Reasons& out) {
-  if (!spec.causal || spec.alignment != Alignment::bottom_right) return;
+  if (spec.window.right < 0 || spec.alignment != Alignment::bottom_right) return;
   const std::string value = to_string(spec.alignment);
   if (versions.cudnn_runtime < 90600) {
     out.push_back({"align", value, "cuDNN 9.6 or newer for a bottom-right causal mask", "cuDNN 9.6"});
@@ -139,13 +139,39 @@ void bottom_right_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& c
   if (pass == Pass::backward && caps.sm_major == 9 && versions.cudnn_runtime < 91000) {
     out.push_back({"align", value, "cuDNN 9.10 or newer for the bottom-right causal backward pass on SM 9.x", "cuDNN 9.10"});
   }
-  if (spec.seq_q() > spec.seq_kv()) {
-    std::int64_t blind = spec.seq_q() - spec.seq_kv();
+  const std::int64_t blind = spec.seq_q() - spec.seq_kv() - spec.window.right;
+  if (blind > 0) {
     out.push_back({"align", value,
-                   "s_q <= s_kv for a bottom-right causal mask: with s_q = " + std::to_string(spec.seq_q()) +
+                   "s_q <= s_kv + right bound for a bottom-right mask: with s_q = " + std::to_string(spec.seq_q()) +
                        " and s_kv = " + std::to_string(spec.seq_kv()) + " the first " + std::to_string(blind) +
                        " query rows see no key at all (use top_left, or s_q <= s_kv)",
                    ""});
+  }
+}
+
+// Sliding windows (a left bound). cuDNN's kernels take them only where every query's window lies
+// inside the keys (s_q <= s_kv); before 9.10.2 (91002) only together with a right bound; before
+// 9.6 with a bottom-right diagonal only for s_q == s_kv; and on Hopper up to 9.9 not with a
+// bottom-right diagonal at s_q == s_kv, the case 9.10 fixed.
+void window_rule(const AttentionSpec& spec, const DeviceCaps& caps, const Versions& versions, Reasons& out) {
+  if (spec.window.left < 0) return;
+  const std::string value = std::to_string(spec.window.left) + "," + std::to_string(spec.window.right);
+  const bool bottom_right = spec.alignment == Alignment::bottom_right;
+  if (spec.seq_q() > spec.seq_kv()) {
+    out.push_back({"window", value,
+                   "s_q <= s_kv for a sliding window (left bound): s_q = " + std::to_string(spec.seq_q()) +
+                       ", s_kv = " + std::to_string(spec.seq_kv()),
+                   ""});
+  }
+  if (spec.window.right < 0 && versions.cudnn_runtime < 91002) {
+    out.push_back({"window", value, "a right bound with the left bound before cuDNN 9.10.2", "cuDNN 9.10.2"});
+  }
+  if (bottom_right && spec.seq_q() != spec.seq_kv() && versions.cudnn_runtime < 90600) {
+    out.push_back({"window", value, "s_q == s_kv for a bottom-right sliding window before cuDNN 9.6", "cuDNN 9.6"});
+  }
+  if (bottom_right && spec.seq_q() == spec.seq_kv() && caps.sm_major == 9 && versions.cudnn_runtime < 91000) {
+    out.push_back({"window", value, "cuDNN 9.10 or newer for a bottom-right sliding window at s_q == s_kv on SM 9.x",
+                   "cuDNN 9.10"});
   }
 }
 
@@ -195,6 +221,7 @@ Support check_support_policy(const AttentionSpec& spec, Pass pass, const DeviceC
     backward_head_dim_rule(spec, caps, versions, out);
   }
   bottom_right_rule(spec, pass, caps, versions, out);
+  window_rule(spec, caps, versions, out);
   single_element_backward_rule(spec, pass, out);
   return support;
 }

@@ -15,7 +15,7 @@ namespace {
 
 AttentionSpec spec_of(const std::string& text) { return parse_spec(text); }
 
-const char* const kSpec = "layout=bshd dtype=bf16 b=2 s_q=128 s_kv=128 h_q=8 h_kv=8 d_qk=64 d_v=64 causal=1 align=top_left stats=1";
+const char* const kSpec = "layout=bshd dtype=bf16 b=2 s_q=128 s_kv=128 h_q=8 h_kv=8 d_qk=64 d_v=64 window=-1,0 align=top_left stats=1";
 
 Versions versions(int runtime, int frontend) {
   Versions v;
@@ -88,13 +88,13 @@ TEST(PlanKey, AlignmentMattersOnlyWhenCausal) {
   const DeviceCaps caps{9, 0};
   const Versions v = versions(91900, 13200);
   AttentionSpec top_left = spec_of(kSpec);
-  top_left.causal = false;
+  top_left.window = Window{};
   AttentionSpec bottom_right = top_left;
   bottom_right.alignment = Alignment::bottom_right;
   for (Pass pass : {Pass::forward, Pass::backward}) {
     EXPECT_EQ(make_plan_key(top_left, pass, 0, caps, v), make_plan_key(bottom_right, pass, 0, caps, v));
   }
-  top_left.causal = bottom_right.causal = true;
+  top_left.window = bottom_right.window = kCausal;
   EXPECT_NE(make_plan_key(top_left, Pass::forward, 0, caps, v), make_plan_key(bottom_right, Pass::forward, 0, caps, v));
 }
 

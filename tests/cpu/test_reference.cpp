@@ -33,7 +33,7 @@ struct Rng {
 };
 
 ReferenceProblem make_problem(std::int64_t heads_q, std::int64_t heads_kv, std::int64_t seq_q, std::int64_t seq_kv,
-                              std::int64_t d_qk, std::int64_t d_v, bool causal = false,
+                              std::int64_t d_qk, std::int64_t d_v, Window window = {},
                               Alignment alignment = Alignment::top_left) {
   ReferenceProblem p;
   p.batch = 1;
@@ -43,7 +43,7 @@ ReferenceProblem make_problem(std::int64_t heads_q, std::int64_t heads_kv, std::
   p.seq_kv = seq_kv;
   p.head_dim_qk = d_qk;
   p.head_dim_v = d_v;
-  p.causal = causal;
+  p.window = window;
   p.alignment = alignment;
   p.scale = 1.0 / std::sqrt(static_cast<double>(d_qk));
   return p;
@@ -53,7 +53,8 @@ std::string describe(const ReferenceProblem& p) {
   return "b=" + std::to_string(p.batch) + " h_q=" + std::to_string(p.heads_q) + " h_kv=" + std::to_string(p.heads_kv) +
          " s_q=" + std::to_string(p.seq_q) + " s_kv=" + std::to_string(p.seq_kv) +
          " d_qk=" + std::to_string(p.head_dim_qk) + " d_v=" + std::to_string(p.head_dim_v) +
-         (p.causal ? (p.alignment == Alignment::top_left ? " causal top_left" : " causal bottom_right") : "");
+         " window=" + std::to_string(p.window.left) + "," + std::to_string(p.window.right) +
+         (p.alignment == Alignment::top_left ? " top_left" : " bottom_right");
 }
 
 std::int64_t q_size(const ReferenceProblem& p) { return p.batch * p.heads_q * p.seq_q * p.head_dim_qk; }
@@ -62,11 +63,19 @@ std::int64_t v_size(const ReferenceProblem& p) { return p.batch * p.heads_kv * p
 std::int64_t o_size(const ReferenceProblem& p) { return p.batch * p.heads_q * p.seq_q * p.head_dim_v; }
 std::int64_t lse_size(const ReferenceProblem& p) { return p.batch * p.heads_q * p.seq_q; }
 
-// Keys visible to row i, written independently of reference_visible: causal masks leave a prefix.
+// Whether row i sees key j, written independently of reference_visible: the key is tested against
+// the band around the row's diagonal position.
+bool sees(const ReferenceProblem& p, std::int64_t i, std::int64_t j) {
+  const std::int64_t diagonal = p.alignment == Alignment::bottom_right ? i + p.seq_kv - p.seq_q : i;
+  const bool left_ok = p.window.left < 0 || j > diagonal - p.window.left;
+  const bool right_ok = p.window.right < 0 || j <= diagonal + p.window.right;
+  return left_ok && right_ok;
+}
+
 std::int64_t visible_count(const ReferenceProblem& p, std::int64_t i) {
-  if (!p.causal) return p.seq_kv;
-  const std::int64_t shift = p.alignment == Alignment::bottom_right ? p.seq_kv - p.seq_q : 0;
-  return std::clamp<std::int64_t>(i + 1 + shift, 0, p.seq_kv);
+  std::int64_t count = 0;
+  for (std::int64_t j = 0; j < p.seq_kv; ++j) count += sees(p, i, j);
+  return count;
 }
 
 struct Forward {
@@ -86,8 +95,11 @@ std::vector<ReferenceProblem> mask_problems() {
   std::vector<ReferenceProblem> out;
   for (auto [s_q, s_kv] : {std::pair<int, int>{4, 6}, std::pair<int, int>{6, 4}}) {
     out.push_back(make_problem(2, 1, s_q, s_kv, 8, 16));
-    out.push_back(make_problem(2, 1, s_q, s_kv, 8, 16, true, Alignment::top_left));
-    out.push_back(make_problem(2, 1, s_q, s_kv, 8, 16, true, Alignment::bottom_right));
+    out.push_back(make_problem(2, 1, s_q, s_kv, 8, 16, kCausal, Alignment::top_left));
+    out.push_back(make_problem(2, 1, s_q, s_kv, 8, 16, kCausal, Alignment::bottom_right));
+    out.push_back(make_problem(2, 1, s_q, s_kv, 8, 16, Window{2, 0}, Alignment::top_left));
+    out.push_back(make_problem(2, 1, s_q, s_kv, 8, 16, Window{3, 1}, Alignment::bottom_right));
+    out.push_back(make_problem(2, 1, s_q, s_kv, 8, 16, Window{2, -1}, Alignment::top_left));
   }
   return out;
 }
@@ -100,7 +112,7 @@ TEST(ReferenceProblem, CopiesEverySizeAndOptionFromTheSpec) {
   spec.k.dims = {2, 2, 120, 192};
   spec.v.dims = {2, 2, 120, 128};
   spec.o.dims = {2, 8, 100, 128};
-  spec.causal = true;
+  spec.window = Window{64, 3};
   spec.alignment = Alignment::bottom_right;
   const ReferenceProblem p = reference_problem(spec, 0.3);
   EXPECT_EQ(p.batch, 2);
@@ -110,7 +122,7 @@ TEST(ReferenceProblem, CopiesEverySizeAndOptionFromTheSpec) {
   EXPECT_EQ(p.seq_kv, 120);
   EXPECT_EQ(p.head_dim_qk, 192);
   EXPECT_EQ(p.head_dim_v, 128);
-  EXPECT_TRUE(p.causal);
+  EXPECT_EQ(p.window, (Window{64, 3}));
   EXPECT_EQ(p.alignment, Alignment::bottom_right);
   EXPECT_EQ(p.scale, 0.3);
 }
@@ -128,21 +140,27 @@ std::vector<std::int64_t> row_counts(const ReferenceProblem& p) {
 TEST(ReferenceMask, VisibleKeysPerRow) {
   using V = std::vector<std::int64_t>;
   EXPECT_EQ(row_counts(make_problem(1, 1, 3, 5, 8, 8)), (V{5, 5, 5}));
-  EXPECT_EQ(row_counts(make_problem(1, 1, 3, 5, 8, 8, true, Alignment::top_left)), (V{1, 2, 3}));
-  EXPECT_EQ(row_counts(make_problem(1, 1, 3, 5, 8, 8, true, Alignment::bottom_right)), (V{3, 4, 5}));
-  EXPECT_EQ(row_counts(make_problem(1, 1, 5, 3, 8, 8, true, Alignment::top_left)), (V{1, 2, 3, 3, 3}));
-  EXPECT_EQ(row_counts(make_problem(1, 1, 5, 3, 8, 8, true, Alignment::bottom_right)), (V{0, 0, 1, 2, 3}));
+  EXPECT_EQ(row_counts(make_problem(1, 1, 3, 5, 8, 8, kCausal, Alignment::top_left)), (V{1, 2, 3}));
+  EXPECT_EQ(row_counts(make_problem(1, 1, 3, 5, 8, 8, kCausal, Alignment::bottom_right)), (V{3, 4, 5}));
+  EXPECT_EQ(row_counts(make_problem(1, 1, 5, 3, 8, 8, kCausal, Alignment::top_left)), (V{1, 2, 3, 3, 3}));
+  EXPECT_EQ(row_counts(make_problem(1, 1, 5, 3, 8, 8, kCausal, Alignment::bottom_right)), (V{0, 0, 1, 2, 3}));
   // Square: both alignments are the same lower triangle.
-  EXPECT_EQ(row_counts(make_problem(1, 1, 4, 4, 8, 8, true, Alignment::top_left)), (V{1, 2, 3, 4}));
-  EXPECT_EQ(row_counts(make_problem(1, 1, 4, 4, 8, 8, true, Alignment::bottom_right)), (V{1, 2, 3, 4}));
+  EXPECT_EQ(row_counts(make_problem(1, 1, 4, 4, 8, 8, kCausal, Alignment::top_left)), (V{1, 2, 3, 4}));
+  EXPECT_EQ(row_counts(make_problem(1, 1, 4, 4, 8, 8, kCausal, Alignment::bottom_right)), (V{1, 2, 3, 4}));
+  // Sliding windows: `left` keys up to the diagonal, plus `right` keys past it.
+  EXPECT_EQ(row_counts(make_problem(1, 1, 4, 6, 8, 8, Window{2, 0}, Alignment::top_left)), (V{1, 2, 2, 2}));
+  EXPECT_EQ(row_counts(make_problem(1, 1, 4, 6, 8, 8, Window{2, 0}, Alignment::bottom_right)), (V{2, 2, 2, 2}));
+  EXPECT_EQ(row_counts(make_problem(1, 1, 4, 6, 8, 8, Window{2, 1}, Alignment::top_left)), (V{2, 3, 3, 3}));
+  EXPECT_EQ(row_counts(make_problem(1, 1, 4, 6, 8, 8, Window{-1, 1}, Alignment::bottom_right)), (V{4, 5, 6, 6}));
+  EXPECT_EQ(row_counts(make_problem(1, 1, 4, 6, 8, 8, Window{3, -1}, Alignment::top_left)), (V{6, 6, 6, 5}));
 }
 
-TEST(ReferenceMask, VisibleSetIsAPrefixOfTheKeys) {
+TEST(ReferenceMask, VisibleSetIsTheBandAroundTheDiagonal) {
   for (const ReferenceProblem& p : mask_problems()) {
     SCOPED_TRACE(describe(p));
     for (std::int64_t i = 0; i < p.seq_q; ++i) {
       for (std::int64_t j = 0; j < p.seq_kv; ++j) {
-        EXPECT_EQ(reference_visible(p, i, j), j < visible_count(p, i)) << "i=" << i << " j=" << j;
+        EXPECT_EQ(reference_visible(p, i, j), sees(p, i, j)) << "i=" << i << " j=" << j;
       }
     }
   }
@@ -186,7 +204,9 @@ TEST(ReferenceCpu, EqualKeysAverageTheVisibleValues) {
         }
         for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
           double mean = 0.0;
-          for (std::int64_t j = 0; j < count; ++j) mean += v[j * p.head_dim_v + d];  // one kv head
+          for (std::int64_t j = 0; j < p.seq_kv; ++j) {
+            if (sees(p, i, j)) mean += v[j * p.head_dim_v + d];  // one kv head
+          }
           mean = count == 0 ? 0.0 : mean / static_cast<double>(count);
           EXPECT_NEAR(f.o[row * p.head_dim_v + d], mean, 1e-12) << "row " << i << " dim " << d;
         }
@@ -224,8 +244,8 @@ TEST(ReferenceCpu, SingleVisibleKeyCopiesItsValueRow) {
   const std::vector<Case> cases = {
       {make_problem(1, 1, 3, 1, 8, 16), 0},
       {make_problem(1, 1, 3, 1, 8, 16), 2},
-      {make_problem(1, 1, 4, 6, 8, 16, true, Alignment::top_left), 0},
-      {make_problem(1, 1, 5, 3, 8, 16, true, Alignment::bottom_right), 2},
+      {make_problem(1, 1, 4, 6, 8, 16, kCausal, Alignment::top_left), 0},
+      {make_problem(1, 1, 5, 3, 8, 16, kCausal, Alignment::bottom_right), 2},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(describe(c.p) + " row " + std::to_string(c.row));
@@ -270,7 +290,7 @@ TEST(ReferenceCpu, GroupedQueryEqualsRepeatedHeads) {
   Rng rng;
   SCOPED_TRACE(rng.trace());
   for (std::int64_t heads_kv : {1, 2}) {  // MQA and GQA
-    const ReferenceProblem gqa = make_problem(4, heads_kv, 5, 7, 16, 8, true, Alignment::bottom_right);
+    const ReferenceProblem gqa = make_problem(4, heads_kv, 5, 7, 16, 8, kCausal, Alignment::bottom_right);
     ReferenceProblem mha = gqa;
     mha.heads_kv = 4;
     SCOPED_TRACE(describe(gqa));
@@ -333,10 +353,10 @@ std::vector<ReferenceProblem> backward_problems() {
   std::vector<ReferenceProblem> out;
   for (auto [s_q, s_kv] : {std::pair<int, int>{3, 5}, std::pair<int, int>{5, 3}}) {
     out.push_back(make_problem(4, 2, s_q, s_kv, 16, 8));
-    out.push_back(make_problem(4, 2, s_q, s_kv, 16, 8, true, Alignment::top_left));
-    out.push_back(make_problem(4, 2, s_q, s_kv, 16, 8, true, Alignment::bottom_right));
+    out.push_back(make_problem(4, 2, s_q, s_kv, 16, 8, kCausal, Alignment::top_left));
+    out.push_back(make_problem(4, 2, s_q, s_kv, 16, 8, kCausal, Alignment::bottom_right));
   }
-  ReferenceProblem mqa_batched = make_problem(2, 1, 4, 4, 8, 16, true, Alignment::top_left);
+  ReferenceProblem mqa_batched = make_problem(2, 1, 4, 4, 8, 16, kCausal, Alignment::top_left);
   mqa_batched.batch = 2;
   mqa_batched.scale = 0.7;  // not 1/sqrt(d): the scale must really be applied
   out.push_back(mqa_batched);
@@ -367,7 +387,7 @@ TEST(ReferenceBackward, MatchesFiniteDifferences) {
 TEST(ReferenceBackward, FullyMaskedRowsGetZeroGradient) {
   Rng rng;
   SCOPED_TRACE(rng.trace());
-  const ReferenceProblem p = make_problem(2, 1, 6, 3, 8, 8, true, Alignment::bottom_right);
+  const ReferenceProblem p = make_problem(2, 1, 6, 3, 8, 8, kCausal, Alignment::bottom_right);
   const std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
   const std::vector<double> d_o = rng.normal(o_size(p));
   std::vector<double> d_q(q.size(), 42.0), d_k(k.size(), 42.0), d_v(v.size(), 42.0);  // must be overwritten

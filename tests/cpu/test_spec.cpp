@@ -58,11 +58,13 @@ const char* const kBase = "layout=bshd dtype=bf16 b=2 s_q=1000 s_kv=1000 h_q=16 
 
 TEST(SpecString, PrintsTheDocumentedShortForm) {
   AttentionSpec spec = spec_of(Layout::bshd, shape_of(2, 1000, 1000, 16, 16, 128, 128));
-  EXPECT_EQ(to_string(spec), std::string(kBase) + " causal=0 align=top_left stats=1");
-  spec.causal = true;
+  EXPECT_EQ(to_string(spec), std::string(kBase) + " window=-1,-1 align=top_left stats=1");
+  spec.window = kCausal;
   spec.alignment = Alignment::bottom_right;
   spec.stats = false;
-  EXPECT_EQ(to_string(spec), std::string(kBase) + " causal=1 align=bottom_right stats=0");
+  EXPECT_EQ(to_string(spec), std::string(kBase) + " window=-1,0 align=bottom_right stats=0");
+  spec.window = Window{256, 16};
+  EXPECT_EQ(to_string(spec), std::string(kBase) + " window=256,16 align=bottom_right stats=0");
 }
 
 TEST(SpecString, EveryLayoutRoundTripsInShortForm) {
@@ -79,11 +81,11 @@ TEST(SpecString, EveryLayoutRoundTripsInShortForm) {
 
 TEST(SpecString, EveryOptionComboRoundTrips) {
   for (Layout layout : all_layouts()) {
-    for (bool causal : {false, true}) {
+    for (Window window : {Window{}, kCausal, Window{16, 0}, Window{16, 4}, Window{-1, 8}, Window{32, -1}}) {
       for (Alignment alignment : {Alignment::top_left, Alignment::bottom_right}) {
         for (bool stats : {false, true}) {
           AttentionSpec spec = spec_of(layout, shape_of(1, 64, 64, 4, 4, 64, 64));
-          spec.causal = causal;
+          spec.window = window;
           spec.alignment = alignment;
           spec.stats = stats;
           expect_round_trip(spec);
@@ -103,10 +105,10 @@ TEST(SpecString, OddStridesUseTheFullForm) {
   AttentionSpec spec = spec_of(Layout::bshd, shape_of(2, 100, 100, 4, 4, 64, 64));
   spec.k.strides = {100 * 4 * 80, 80, 4 * 80, 1};  // K rows padded to 80 elements
   spec.o.dtype = DType::f16;
-  spec.causal = true;
+  spec.window = kCausal;
   const std::string text = to_string(spec);
   EXPECT_EQ(text.rfind("q=bf16[2,4,100,64]/[25600,64,256,1] k=bf16[2,4,100,64]/[32000,80,320,1] ", 0), 0u) << text;
-  EXPECT_NE(text.find(" o=f16[2,4,100,64]/[25600,64,256,1] causal=1 align=top_left stats=1"), std::string::npos)
+  EXPECT_NE(text.find(" o=f16[2,4,100,64]/[25600,64,256,1] window=-1,0 align=top_left stats=1"), std::string::npos)
       << text;
   expect_round_trip(spec);
 }
@@ -141,7 +143,8 @@ TEST(SpecString, ShorthandsMatchTheLongForm) {
   AttentionSpec long_form = parse_spec("layout=sbhd dtype=f16 b=1 s_q=256 s_kv=256 h_q=8 h_kv=8 d_qk=64 d_v=64 causal=1");
   EXPECT_EQ(parse_spec("layout=sbhd dtype=f16 b=1 s=256 h=8 d=64 causal"), long_form);
   EXPECT_EQ(parse_spec("d=64 causal=1 h=8 s=256 b=1 dtype=half layout=sbhd"), long_form);  // any order
-  EXPECT_TRUE(long_form.causal);
+  EXPECT_EQ(long_form.window, kCausal);
+  EXPECT_EQ(parse_spec("layout=sbhd dtype=f16 b=1 s=256 h=8 d=64 window=-1,0"), long_form);
   EXPECT_EQ(long_form.seq_kv(), 256);
   EXPECT_EQ(long_form.head_dim_v(), 64);
 }
@@ -164,7 +167,7 @@ TEST(SpecString, LayoutAndDtypeDefaultToBshdBf16) {
   EXPECT_EQ(spec, spec_of(Layout::bshd, shape_of(2, 128, 128, 4, 4, 64, 64)));
   EXPECT_EQ(spec.q.dtype, DType::bf16);
   EXPECT_TRUE(spec.stats);
-  EXPECT_FALSE(spec.causal);
+  EXPECT_EQ(spec.window, Window{});
 }
 
 TEST(SpecString, ExtraWhitespaceIsFine) {
@@ -175,7 +178,7 @@ TEST(SpecErrors, UnknownKeyListsTheKnownOnes) {
   InvalidArgument e = parse_error(std::string(kBase) + " dropout=0.1");
   EXPECT_EQ(e.field(), "dropout");
   EXPECT_EQ(e.value(), "0.1");
-  for (const char* key : {"layout", "s_kv", "d_v", "causal", "align", "stats", "q"}) {
+  for (const char* key : {"layout", "s_kv", "d_v", "causal", "window", "align", "stats", "q"}) {
     EXPECT_NE(e.requirement().find(key), std::string::npos) << key;
   }
   EXPECT_EQ(parse_error(std::string(kBase) + " flash").field(), "flash");
@@ -187,7 +190,8 @@ TEST(SpecErrors, BadValuesNameTheirKey) {
   };
   const std::vector<Case> cases = {
       {"causal=2", "causal", "2"},         {"align=diagonal", "align", "diagonal"}, {"stats=yes", "stats", "yes"},
-      {"causal=", "causal", ""},
+      {"causal=", "causal", ""},           {"window=5", "window", "5"},             {"window=a,0", "window", "a,0"},
+      {"window=1,", "window", "1,"},
   };
   for (const Case& c : cases) {
     InvalidArgument e = parse_error(std::string(kBase) + " " + c.extra);
@@ -239,6 +243,8 @@ TEST(SpecErrors, DuplicatesAreRejected) {
       {"b=2 s=8 s=8 h=1 d=8", "s"},
       {"b=2 s=8 s_q=8 s_q=4 h=1 d=8", "s_q"},
       {"b=2 s=8 h=1 d=8 causal causal=1", "causal"},
+      {"b=2 s=8 h=1 d=8 window=4,0 causal", "causal"},
+      {"b=2 s=8 h=1 d=8 causal=1 window=4,0", "window"},
       {"b=2 s=8 h=1 d=8 stats=1 stats=0", "stats"},
       {"layout=bshd layout=sbhd b=2 s=8 h=1 d=8", "layout"},
   };
@@ -276,10 +282,11 @@ TEST(SpecIdentity, EverySingleFieldChangeIsSeen) {
                              [m, i](AttentionSpec& s) { (s.*m).strides[i] += 1; });
     }
   }
-  mutations.emplace_back("causal", [](AttentionSpec& s) { s.causal = true; });
+  mutations.emplace_back("window.left", [](AttentionSpec& s) { s.window.left = 64; });
+  mutations.emplace_back("window.right", [](AttentionSpec& s) { s.window.right = 0; });
   mutations.emplace_back("alignment", [](AttentionSpec& s) { s.alignment = Alignment::bottom_right; });
   mutations.emplace_back("stats", [](AttentionSpec& s) { s.stats = false; });
-  ASSERT_EQ(mutations.size(), 4u * 9u + 3u);
+  ASSERT_EQ(mutations.size(), 4u * 9u + 4u);
 
   for (const auto& [name, mutate] : mutations) {
     AttentionSpec changed = base;
@@ -300,8 +307,12 @@ TEST(SpecFlops, UsualConvention) {
   AttentionSpec spec = spec_of(Layout::bshd, shape_of(2, 1024, 2048, 16, 4, 128, 64));
   const double full = 4.0 * 2 * 16 * 1024 * 2048 * (128 + 64) / 2;
   EXPECT_DOUBLE_EQ(spec.forward_flops(), full);
-  spec.causal = true;
+  spec.window = kCausal;
   EXPECT_DOUBLE_EQ(spec.forward_flops(), full / 2);
+  // A window counts its visible pairs exactly: here every query row sees 100 keys.
+  spec.window = Window{100, 0};
+  spec.alignment = Alignment::bottom_right;
+  EXPECT_DOUBLE_EQ(spec.forward_flops(), 4.0 * 2 * 16 * 1024 * 100 * (128 + 64) / 2);
 }
 
 TEST(SpecAlignment, Names) {

@@ -42,7 +42,7 @@ AttentionSpec spec_of(std::int64_t d_qk, std::int64_t d_v, std::int64_t s_q = 25
 }
 
 AttentionSpec bottom_right(AttentionSpec spec) {
-  spec.causal = true;
+  spec.window = kCausal;
   spec.alignment = Alignment::bottom_right;
   return spec;
 }
@@ -242,6 +242,47 @@ TEST(SupportSequence, SingleQuerySingleKeyBackwardIsRefused) {
   EXPECT_TRUE(check_support_policy(spec_of(64, 64, 1, 1), Pass::forward, kSm90, kCudnn9_19).ok());
   EXPECT_TRUE(check_support_policy(spec_of(64, 64, 1, 17), Pass::backward, kSm90, kCudnn9_19).ok());
   EXPECT_TRUE(check_support_policy(spec_of(64, 64, 17, 1), Pass::backward, kSm90, kCudnn9_19).ok());
+}
+
+TEST(SupportWindow, SlidingWindowsNeedNoMoreQueriesThanKeys) {
+  AttentionSpec spec = spec_of(128, 128, 300, 200);
+  spec.window = Window{64, 0};
+  Support support = check_support_policy(spec, Pass::forward, kSm90, kCudnn9_19);
+  expect_only(support, "window", "64,0", "");
+  spec = spec_of(128, 128, 200, 300);
+  spec.window = Window{64, 0};
+  for (Alignment alignment : {Alignment::top_left, Alignment::bottom_right}) {
+    spec.alignment = alignment;
+    EXPECT_TRUE(check_support_policy(spec, Pass::forward, kSm90, kCudnn9_19).ok());
+    EXPECT_TRUE(check_support_policy(spec, Pass::backward, kSm90, kCudnn9_19).ok());
+  }
+}
+
+TEST(SupportWindow, OlderCudnnNeedsARightBoundWithTheLeft) {
+  AttentionSpec spec = spec_of(128, 128, 256, 256);
+  spec.window = Window{64, -1};
+  expect_only(check_support_policy(spec, Pass::forward, kSm90, cudnn(91001)), "window", "64,-1", "cuDNN 9.10.2");
+  EXPECT_TRUE(check_support_policy(spec, Pass::forward, kSm90, cudnn(91002)).ok());
+}
+
+TEST(SupportWindow, BottomRightAtEqualLengthsOnHopperNeedsCudnn9_10) {
+  AttentionSpec spec = spec_of(128, 128, 256, 256);
+  spec.window = Window{64, 0};
+  spec.alignment = Alignment::bottom_right;
+  Support old = check_support_policy(spec, Pass::forward, kSm90, kCudnn9_9);
+  ASSERT_FALSE(old.ok());
+  EXPECT_NE(old.to_string().find("cuDNN 9.10"), std::string::npos) << old.to_string();
+  EXPECT_TRUE(check_support_policy(spec, Pass::forward, kSm90, kCudnn9_19).ok());
+}
+
+TEST(SupportWindow, RightBoundWidensWhatBottomRightRowsSee) {
+  // Bottom-right with 4 more queries than keys: a right bound of 4 gives every row a key.
+  AttentionSpec spec = spec_of(128, 128, 104, 100);
+  spec.alignment = Alignment::bottom_right;
+  spec.window = Window{-1, 3};
+  EXPECT_FALSE(check_support_policy(spec, Pass::forward, kSm90, kCudnn9_19).ok());
+  spec.window = Window{-1, 4};
+  EXPECT_TRUE(check_support_policy(spec, Pass::forward, kSm90, kCudnn9_19).ok());
 }
 
 }  // namespace

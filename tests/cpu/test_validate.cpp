@@ -170,5 +170,19 @@ TEST(ValidateStrides, InputsMayOverlap) {
   EXPECT_NO_THROW(validate(spec));
 }
 
+TEST(ValidateWindow, BoundsMustBeNoneOrMeaningful) {
+  AttentionSpec spec = good_spec();
+  for (Window ok : {Window{}, kCausal, Window{1, 0}, Window{128, 7}, Window{-1, 3}, Window{5, -1}}) {
+    spec.window = ok;
+    EXPECT_NO_THROW(validate(spec)) << to_string(spec);
+  }
+  spec.window = Window{0, 0};  // a zero-key window hides the diagonal itself
+  expect_invalid(spec, "window", "0,0", "at least 1 key");
+  spec.window = Window{-2, 0};
+  expect_invalid(spec, "window", "-2,0", "left bound");
+  spec.window = Window{4, -3};
+  expect_invalid(spec, "window", "4,-3", "right bound");
+}
+
 }  // namespace
 }  // namespace fusedattn

@@ -47,7 +47,7 @@ std::size_t bytes_of(const std::vector<float>& v) { return v.size() * sizeof(flo
 
 struct Case {
   std::int64_t batch, heads_q, heads_kv, seq_q, seq_kv, d_qk, d_v;
-  bool causal;
+  Window window;
   Alignment alignment;
 };
 
@@ -60,7 +60,7 @@ ReferenceProblem to_problem(const Case& c) {
   p.seq_kv = c.seq_kv;
   p.head_dim_qk = c.d_qk;
   p.head_dim_v = c.d_v;
-  p.causal = c.causal;
+  p.window = c.window;
   p.alignment = c.alignment;
   p.scale = 1.0 / std::sqrt(static_cast<double>(c.d_qk));
   return p;
@@ -70,22 +70,26 @@ std::string describe(const ReferenceProblem& p) {
   return "b=" + std::to_string(p.batch) + " h_q=" + std::to_string(p.heads_q) + " h_kv=" + std::to_string(p.heads_kv) +
          " s_q=" + std::to_string(p.seq_q) + " s_kv=" + std::to_string(p.seq_kv) +
          " d_qk=" + std::to_string(p.head_dim_qk) + " d_v=" + std::to_string(p.head_dim_v) +
-         (p.causal ? (p.alignment == Alignment::top_left ? " causal top_left" : " causal bottom_right") : "");
+         " window=" + std::to_string(p.window.left) + "," + std::to_string(p.window.right) +
+         (p.alignment == Alignment::top_left ? " top_left" : " bottom_right");
 }
 
 // Small shapes covering GQA/MQA, d_qk != d_v, both causal alignments (including rows that see no
 // key), s_q != s_kv, lengths that are not multiples of anything, and the head-dim maximum.
 std::vector<Case> cases() {
   const auto TL = Alignment::top_left, BR = Alignment::bottom_right;
+  const Window none{}, causal = kCausal;
   return {
-      {2, 4, 2, 17, 33, 64, 64, false, TL},
-      {1, 4, 2, 17, 40, 192, 128, true, TL},
-      {1, 4, 2, 40, 17, 192, 128, true, BR},  // the first 23 rows see nothing
-      {2, 4, 1, 17, 65, 32, 64, true, BR},    // MQA
-      {1, 2, 2, 1, 1, 8, 8, false, TL},
-      {1, 2, 1, 1, 100, 128, 128, true, BR},  // decoding: one query row against a cache
-      {1, 1, 1, 37, 37, 256, 256, true, TL},
-      {1, 2, 2, 5, 3, 16, 8, true, TL},
+      {2, 4, 2, 17, 33, 64, 64, none, TL},
+      {1, 4, 2, 17, 40, 192, 128, causal, TL},
+      {1, 4, 2, 40, 17, 192, 128, causal, BR},  // the first 23 rows see nothing
+      {2, 4, 1, 17, 65, 32, 64, causal, BR},    // MQA
+      {1, 2, 2, 1, 1, 8, 8, none, TL},
+      {1, 2, 1, 1, 100, 128, 128, causal, BR},  // decoding: one query row against a cache
+      {1, 1, 1, 37, 37, 256, 256, causal, TL},
+      {1, 2, 2, 5, 3, 16, 8, causal, TL},
+      {1, 4, 2, 33, 70, 64, 64, Window{9, 0}, BR},  // sliding windows
+      {1, 2, 2, 50, 50, 64, 32, Window{7, 3}, TL},
   };
 }
 
@@ -171,7 +175,7 @@ TEST(ReferenceGpu, MatchesCpuForwardAndBackward) {
 TEST(ReferenceGpu, FullyMaskedRowsAreZeroWithMinusInfLse) {
   FUSEDATTN_REQUIRE_GPU();
   std::mt19937 rng(std::random_device{}());
-  const ReferenceProblem p = to_problem({1, 2, 1, 6, 2, 8, 8, true, Alignment::bottom_right});
+  const ReferenceProblem p = to_problem({1, 2, 1, 6, 2, 8, 8, kCausal, Alignment::bottom_right});
   const Inputs in = random_inputs(p, rng);
   Results gpu;
   run_gpu(p, in, gpu);
@@ -188,7 +192,7 @@ TEST(ReferenceGpu, FullyMaskedRowsAreZeroWithMinusInfLse) {
 
 TEST(ReferenceGpu, RejectsHeadDimAboveTheLimit) {
   FUSEDATTN_REQUIRE_GPU();
-  ReferenceProblem p = to_problem({1, 1, 1, 4, 4, 264, 64, false, Alignment::top_left});
+  ReferenceProblem p = to_problem({1, 1, 1, 4, 4, 264, 64, Window{}, Alignment::top_left});
   try {
     reference_forward_gpu(p, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
     FAIL() << "expected InvalidArgument";
