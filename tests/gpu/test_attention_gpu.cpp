@@ -97,6 +97,20 @@ std::vector<Case> numeric_cases() {
       }
     }
   }
+  // Sliding windows and bands, both alignments, GQA, s_q != s_kv; and bottom-right at s_q == s_kv.
+  struct Win { const char* name; const char* text; };
+  const Win windows[] = {{"swa128", "window=128,0"}, {"band64_16", "window=64,16"},
+                         {"ahead32", "window=-1,32"}, {"left200", "window=200,-1"}};
+  for (const char* dt : dtypes) {
+    for (const Win& w : windows) {
+      for (const char* align : {"top_left", "bottom_right"}) {
+        add(std::string(w.name) + "_" + align + "_" + dt,
+            std::string("layout=bshd dtype=") + dt + " b=2 s_q=777 s_kv=1000 h_q=8 h_kv=2 d=128 " + w.text +
+                " align=" + align);
+      }
+    }
+  }
+  add("swa128_bottom_right_square_bf16", "layout=sbhd dtype=bf16 b=2 s=1000 h=4 d=64 window=128,0 align=bottom_right");
   // One large problem, checked against the float32 GPU reference.
   add("large_bf16", "layout=bshd dtype=bf16 b=1 s_q=4097 s_kv=4097 h_q=8 h_kv=2 d=128 causal=1");
   return cases;
