@@ -6,6 +6,13 @@
 //
 // Rows that see no key at all (say, bottom-right causal with s_q > s_kv) are defined as O = 0 with
 // log-sum-exp = -infinity, and contribute no gradient.
+//
+// Padding: each batch entry b may use only its first seq_len_q[b] query rows and seq_len_kv[b] keys.
+// Query rows i >= seq_len_q[b] are padding: O = 0, lse = -infinity and dQ = 0 there. Keys
+// j >= seq_len_kv[b] are never visible, so dK = dV = 0 there. The window (spec.h) uses the entry's
+// actual lengths: bottom-right puts the diagonal at p = i + seq_len_kv[b] - seq_len_q[b], so that an
+// entry computes exactly what it would alone, unpadded. A row that then sees no key (a zero-length
+// KV, or the window) is O = 0, lse = -infinity, as above.
 #pragma once
 
 #include <cstdint>
@@ -23,12 +30,17 @@ struct ReferenceProblem {
   Window window;  ///< which keys each query sees (see spec.h)
   Alignment alignment = Alignment::top_left;
   double scale = 0.125;
+  /// Actual lengths per batch entry (padding), each in [0, seq_q] / [0, seq_kv]; empty means every
+  /// entry uses the full seq_q / seq_kv. Both empty or both of size batch.
+  std::vector<std::int64_t> seq_len_q, seq_len_kv;
 };
 
+/// The spec's sizes and mask, without padding: lengths are runtime data, which callers set.
 ReferenceProblem reference_problem(const AttentionSpec& spec, double scale);
 
-/// True when query row i may see key column j under the problem's mask.
-bool reference_visible(const ReferenceProblem& p, std::int64_t i, std::int64_t j) noexcept;
+/// True when query row i of batch entry b may see key column j under the problem's mask and that
+/// entry's lengths (false for padding rows and keys). b must be below p.batch.
+bool reference_visible(const ReferenceProblem& p, std::int64_t b, std::int64_t i, std::int64_t j) noexcept;
 
 // --- CPU, float64 ---------------------------------------------------------------------------
 

@@ -5,6 +5,8 @@
 // 32 lanes of a warp split the head dimension, so a dot product is one warp shuffle reduction and
 // the block synchronizes only once, to merge its warps at the end. Each block re-reads K and V
 // from L2, which is what makes this slow at long sequences; it is meant to be obviously right.
+// Padding lengths travel as a small device array; padding rows and keys are still written (as
+// zeros, lse -inf), because callers poison their outputs and compare every element.
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -36,9 +38,35 @@ void check_launch(const char* kernel) {
   }
 }
 
-void check_call(cudaError_t status, const char* call) {
-  if (status != cudaSuccess) throw CudaError(std::string(call) + " failed: " + cudaGetErrorString(status));
+void check_call(cudaError_t status, const std::string& call) {
+  if (status != cudaSuccess) throw CudaError(call + " failed: " + cudaGetErrorString(status));
 }
+
+// Stream-ordered device scratch, so that nothing here synchronizes the device. release() frees it
+// and reports a failure; the destructor frees only what an exception left behind, silently, since
+// an error is already on its way out.
+class StreamScratch {
+ public:
+  StreamScratch(std::size_t bytes, cudaStream_t stream, const char* what) : stream_(stream), what_(what) {
+    if (bytes > 0) check_call(cudaMallocAsync(&ptr_, bytes, stream), "cudaMallocAsync(" + what_ + ")");
+  }
+  ~StreamScratch() {
+    if (ptr_ != nullptr) (void)cudaFreeAsync(ptr_, stream_);
+  }
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  void* get() const { return ptr_; }
+  void release() {
+    void* ptr = ptr_;
+    ptr_ = nullptr;
+    if (ptr != nullptr) check_call(cudaFreeAsync(ptr, stream_), "cudaFreeAsync(" + what_ + ")");
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  cudaStream_t stream_;
+  std::string what_;
+};
 
 void check_gpu_problem(const ReferenceProblem& p) {
   detail::check_reference_problem(p);
@@ -54,17 +82,25 @@ void check_gpu_problem(const ReferenceProblem& p) {
   }
 }
 
-/// The problem as kernels see it: plain values, passed by value.
+/// The problem as kernels see it: plain values, passed by value, and the lengths per batch entry
+/// as device arrays (null when there is no padding: every entry is full length).
 struct Shape {
   std::int64_t batch, heads_q, heads_kv, seq_q, seq_kv;
   int d_qk, d_v;
   std::int64_t window_left, window_right;
   bool bottom_right;
   float scale;
+  const std::int64_t* len_q;
+  const std::int64_t* len_kv;
 
   __device__ std::int64_t group() const { return heads_q / heads_kv; }
-  __device__ bool visible(std::int64_t i, std::int64_t j) const {
-    return detail::visible_keys(window_left, window_right, bottom_right, seq_q, seq_kv, i).contains(j);
+  // The keys row i of batch entry b sees: the window over the entry's actual lengths, so that the
+  // entry behaves as it would alone and unpadded; none at all for a padding row.
+  __device__ detail::KeyRange keys(std::int64_t b, std::int64_t i) const {
+    const std::int64_t entry_q = len_q == nullptr ? seq_q : len_q[b];
+    const std::int64_t entry_kv = len_kv == nullptr ? seq_kv : len_kv[b];
+    if (i >= entry_q) return detail::KeyRange{0, -1};
+    return detail::visible_keys(window_left, window_right, bottom_right, entry_q, entry_kv, i);
   }
   // Starts of row i of query head hq (in Q/dQ: d_qk wide; in O/dO: d_v wide; in lse: 1 wide).
   __device__ std::int64_t q_row(std::int64_t b, std::int64_t hq, std::int64_t i) const {
@@ -85,10 +121,31 @@ struct Shape {
   }
 };
 
-Shape make_shape(const ReferenceProblem& p) {
+// `lengths`: the device copy of seq_len_q followed by seq_len_kv, or null without padding.
+Shape make_shape(const ReferenceProblem& p, const std::int64_t* lengths) {
   return Shape{p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_kv, static_cast<int>(p.head_dim_qk),
                static_cast<int>(p.head_dim_v), p.window.left, p.window.right, p.alignment == Alignment::bottom_right,
-               static_cast<float>(p.scale)};
+               static_cast<float>(p.scale), lengths, lengths == nullptr ? nullptr : lengths + p.batch};
+}
+
+// Scratch for the device copy of the lengths: seq_len_q then seq_len_kv (none without padding).
+std::size_t length_bytes(const ReferenceProblem& p) {
+  return (p.seq_len_q.size() + p.seq_len_kv.size()) * sizeof(std::int64_t);
+}
+
+// Enqueues the copy of the lengths into `scratch`. The vectors are pageable host memory, from
+// which cudaMemcpyAsync returns only once it has read them (staged for the DMA), so the caller may
+// destroy them as soon as the reference call returns, although the copy itself is stream-ordered.
+// Returns the device lengths for make_shape.
+const std::int64_t* upload_lengths(const ReferenceProblem& p, const StreamScratch& scratch, cudaStream_t stream) {
+  auto* lengths = static_cast<std::int64_t*>(scratch.get());
+  if (lengths == nullptr) return nullptr;
+  const std::size_t bytes = static_cast<std::size_t>(p.batch) * sizeof(std::int64_t);
+  check_call(cudaMemcpyAsync(lengths, p.seq_len_q.data(), bytes, cudaMemcpyHostToDevice, stream),
+             "cudaMemcpyAsync(reference seq_len_q)");
+  check_call(cudaMemcpyAsync(lengths + p.batch, p.seq_len_kv.data(), bytes, cudaMemcpyHostToDevice, stream),
+             "cudaMemcpyAsync(reference seq_len_kv)");
+  return lengths;
 }
 
 // Lane `lane` owns head-dim elements lane, lane + 32, lane + 64, ... of every row it touches.
@@ -146,8 +203,8 @@ __global__ void __launch_bounds__(kThreads) reference_forward_kernel(Shape s, co
   float q_mine[kPerLane], acc[kPerLane] = {};
   load_row(q + s.q_row(b, hq, i), s.d_qk, lane, q_mine);
   float m = -INFINITY, l = 0.0f;
-  for (std::int64_t j = warp; j < s.seq_kv; j += kWarps) {
-    if (!s.visible(i, j)) continue;  // uniform across the warp
+  const detail::KeyRange keys = s.keys(b, i);  // empty for padding rows: they take the no-key path
+  for (std::int64_t j = keys.first + warp; j <= keys.last; j += kWarps) {
     const float score = s.scale * warp_dot(q_mine, k + s.k_row(b, hk, j), s.d_qk, lane);
     const float m_new = fmaxf(m, score);
     const float rescale = expf(m - m_new);  // 0 on the first visible key, when m is -inf
@@ -168,7 +225,7 @@ __global__ void __launch_bounds__(kThreads) reference_forward_kernel(Shape s, co
   float row_max = -INFINITY;
   for (int w = 0; w < kWarps; ++w) row_max = fmaxf(row_max, warp_max[w]);
   float* o_row = o + s.o_row(b, hq, i);
-  if (row_max == -INFINITY) {  // the row sees no key at all: O = 0, lse = -inf by definition
+  if (row_max == -INFINITY) {  // no key seen (or a padding row): O = 0, lse = -inf by definition
     for (int d = threadIdx.x; d < s.d_v; d += kThreads) o_row[d] = 0.0f;
     if (threadIdx.x == 0) lse[s.stat_row(b, hq, i)] = -INFINITY;
     return;
@@ -215,8 +272,10 @@ __global__ void __launch_bounds__(kThreads) reference_dq_kernel(Shape s, const f
   load_row(q + s.q_row(b, hq, i), s.d_qk, lane, q_mine);
   load_row(d_o + s.o_row(b, hq, i), s.d_v, lane, do_mine);
   const float row_lse = lse[s.stat_row(b, hq, i)], row_d = d_row[s.stat_row(b, hq, i)];
-  for (std::int64_t j = warp; j < s.seq_kv; j += kWarps) {
-    if (!s.visible(i, j)) continue;  // also guards exp(score - lse) on rows whose lse is -inf
+  // Only visible keys: this also guards exp(score - lse) on rows whose lse is -inf, and leaves the
+  // padding rows' dQ at exactly 0.
+  const detail::KeyRange keys = s.keys(b, i);
+  for (std::int64_t j = keys.first + warp; j <= keys.last; j += kWarps) {
     const float* k_row = k + s.k_row(b, hk, j);
     const float p = expf(s.scale * warp_dot(q_mine, k_row, s.d_qk, lane) - row_lse);
     const float d_s = p * (warp_dot(do_mine, v + s.v_row(b, hk, j), s.d_v, lane) - row_d);
@@ -233,7 +292,8 @@ __global__ void __launch_bounds__(kThreads) reference_dq_kernel(Shape s, const f
 }
 
 // Block (b, hk, j): dV_j = sum P_ij dO_i and dK_j = scale * sum dS_ij q_i, over every row i of
-// every query head that shares kv head hk (GQA/MQA). Warps split the (head, row) pairs.
+// every query head that shares kv head hk (GQA/MQA). Warps split the (head, row) pairs. A padding
+// key is visible to no row, so its dK/dV rows are written as exactly 0.
 __global__ void __launch_bounds__(kThreads) reference_dkdv_kernel(Shape s, const float* q, const float* k,
                                                                   const float* v, const float* lse,
                                                                   const float* d_row, const float* d_o,
@@ -249,7 +309,7 @@ __global__ void __launch_bounds__(kThreads) reference_dkdv_kernel(Shape s, const
   const std::int64_t group = s.group(), pairs = group * s.seq_q;
   for (std::int64_t pair = warp; pair < pairs; pair += kWarps) {
     const std::int64_t hq = hk * group + pair / s.seq_q, i = pair % s.seq_q;
-    if (!s.visible(i, j)) continue;
+    if (!s.keys(b, i).contains(j)) continue;
     const float* q_row = q + s.q_row(b, hq, i);
     const float* do_row = d_o + s.o_row(b, hq, i);
     const std::int64_t stat = s.stat_row(b, hq, i);
@@ -337,41 +397,37 @@ unsigned int grid_stride_blocks(std::int64_t n, int threads) {
 void reference_forward_gpu(const ReferenceProblem& p, const float* q, const float* k, const float* v, float* o,
                            float* lse, cudaStream_t stream) {
   check_gpu_problem(p);
-  const Shape s = make_shape(p);
+  StreamScratch lengths(length_bytes(p), stream, "reference lengths");
+  const Shape s = make_shape(p, upload_lengths(p, lengths, stream));
   const std::int64_t rows = p.batch * p.heads_q * p.seq_q;
   reference_forward_kernel<<<static_cast<unsigned int>(rows), kThreads, 0, stream>>>(s, q, k, v, o, lse);
   check_launch("reference_forward_kernel");
+  lengths.release();
 }
 
 void reference_backward_gpu(const ReferenceProblem& p, const float* q, const float* k, const float* v,
                             const float* o, const float* lse, const float* d_o, float* d_q, float* d_k, float* d_v,
                             cudaStream_t stream) {
   check_gpu_problem(p);
-  const Shape s = make_shape(p);
   const std::int64_t q_rows = p.batch * p.heads_q * p.seq_q;
   const std::int64_t kv_rows = p.batch * p.heads_kv * p.seq_kv;
+  StreamScratch lengths(length_bytes(p), stream, "reference lengths");
+  const Shape s = make_shape(p, upload_lengths(p, lengths, stream));
+  StreamScratch d_scratch(static_cast<std::size_t>(q_rows) * sizeof(float), stream, "reference D");
+  float* d_row = static_cast<float*>(d_scratch.get());
 
-  // Stream-ordered scratch for D, so that nothing here synchronizes.
-  float* d_row = nullptr;
-  check_call(cudaMallocAsync(reinterpret_cast<void**>(&d_row), static_cast<std::size_t>(q_rows) * sizeof(float),
-                             stream),
-             "cudaMallocAsync(reference D)");
-  try {
-    const int warps_per_block = kGatherThreads / kWarpSize;
-    reference_row_dot_kernel<<<grid_stride_blocks(q_rows, warps_per_block), kGatherThreads, 0, stream>>>(
-        q_rows, s.d_v, o, d_o, d_row);
-    check_launch("reference_row_dot_kernel");
-    reference_dq_kernel<<<static_cast<unsigned int>(q_rows), kThreads, 0, stream>>>(s, q, k, v, lse, d_row, d_o,
-                                                                                      d_q);
-    check_launch("reference_dq_kernel");
-    reference_dkdv_kernel<<<static_cast<unsigned int>(kv_rows), kThreads, 0, stream>>>(s, q, k, v, lse, d_row, d_o,
-                                                                                        d_k, d_v);
-    check_launch("reference_dkdv_kernel");
-  } catch (...) {
-    (void)cudaFreeAsync(d_row, stream);  // already failing: report the launch error, not this one
-    throw;
-  }
-  check_call(cudaFreeAsync(d_row, stream), "cudaFreeAsync(reference D)");
+  // D = rowsum(dO ∘ O) needs no lengths: the kernels after it read D only on rows that see a key.
+  const int warps_per_block = kGatherThreads / kWarpSize;
+  reference_row_dot_kernel<<<grid_stride_blocks(q_rows, warps_per_block), kGatherThreads, 0, stream>>>(
+      q_rows, s.d_v, o, d_o, d_row);
+  check_launch("reference_row_dot_kernel");
+  reference_dq_kernel<<<static_cast<unsigned int>(q_rows), kThreads, 0, stream>>>(s, q, k, v, lse, d_row, d_o, d_q);
+  check_launch("reference_dq_kernel");
+  reference_dkdv_kernel<<<static_cast<unsigned int>(kv_rows), kThreads, 0, stream>>>(s, q, k, v, lse, d_row, d_o,
+                                                                                      d_k, d_v);
+  check_launch("reference_dkdv_kernel");
+  d_scratch.release();
+  lengths.release();
 }
 
 void gather_to_float_gpu(const TensorDesc& desc, const void* src, float* dst, cudaStream_t stream) {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "fusedattn/errors.h"
 #include "fusedattn/reference.h"
@@ -13,7 +14,31 @@ inline void require_positive(const char* field, std::int64_t value) {
   if (value < 1) throw InvalidArgument(field, std::to_string(value), "must be at least 1");
 }
 
-/// Sizes must be positive and the query heads must split evenly into groups over the kv heads.
+/// Padding lengths: `lengths` must be empty when `other` is (no padding), else hold one value in
+/// [0, max] per batch entry, since the kernels index them by entry and read rows below them.
+inline void check_lengths(const char* field, const std::vector<std::int64_t>& lengths, const char* other_field,
+                          const std::vector<std::int64_t>& other, std::int64_t batch, const char* max_field,
+                          std::int64_t max) {
+  if (lengths.empty() && other.empty()) return;
+  const std::string size = "size " + std::to_string(lengths.size());
+  if (lengths.empty()) {
+    throw InvalidArgument(field, size,
+                          std::string("must be set when ") + other_field + " is (one length per batch entry)");
+  }
+  if (static_cast<std::int64_t>(lengths.size()) != batch) {
+    throw InvalidArgument(field, size, "must have one length per batch entry (batch = " + std::to_string(batch) + ")");
+  }
+  for (std::size_t b = 0; b < lengths.size(); ++b) {
+    if (lengths[b] < 0 || lengths[b] > max) {
+      throw InvalidArgument(field, std::to_string(lengths[b]),
+                            "entry " + std::to_string(b) + " must be in [0, " + max_field + " = " +
+                                std::to_string(max) + "]");
+    }
+  }
+}
+
+/// Sizes must be positive, the query heads must split evenly into groups over the kv heads, and
+/// padding lengths, if any, must fit the padded sizes.
 inline void check_reference_problem(const ReferenceProblem& p) {
   require_positive("batch", p.batch);
   require_positive("heads_q", p.heads_q);
@@ -26,6 +51,8 @@ inline void check_reference_problem(const ReferenceProblem& p) {
     throw InvalidArgument("heads_q", std::to_string(p.heads_q),
                           "must be a multiple of heads_kv (" + std::to_string(p.heads_kv) + ")");
   }
+  check_lengths("seq_len_q", p.seq_len_q, "seq_len_kv", p.seq_len_kv, p.batch, "seq_q", p.seq_q);
+  check_lengths("seq_len_kv", p.seq_len_kv, "seq_len_q", p.seq_len_q, p.batch, "seq_kv", p.seq_kv);
 }
 
 }  // namespace fusedattn::detail

@@ -1,4 +1,4 @@
-// CPU tier: the float64 reference against closed forms and finite differences, and the host helpers.
+// CPU tier: the float64 reference against closed forms, finite differences and itself unpadded, and the host helpers.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -131,7 +131,7 @@ std::vector<std::int64_t> row_counts(const ReferenceProblem& p) {
   std::vector<std::int64_t> counts;
   for (std::int64_t i = 0; i < p.seq_q; ++i) {
     std::int64_t n = 0;
-    for (std::int64_t j = 0; j < p.seq_kv; ++j) n += reference_visible(p, i, j) ? 1 : 0;
+    for (std::int64_t j = 0; j < p.seq_kv; ++j) n += reference_visible(p, 0, i, j) ? 1 : 0;
     counts.push_back(n);
   }
   return counts;
@@ -160,10 +160,36 @@ TEST(ReferenceMask, VisibleSetIsTheBandAroundTheDiagonal) {
     SCOPED_TRACE(describe(p));
     for (std::int64_t i = 0; i < p.seq_q; ++i) {
       for (std::int64_t j = 0; j < p.seq_kv; ++j) {
-        EXPECT_EQ(reference_visible(p, i, j), sees(p, i, j)) << "i=" << i << " j=" << j;
+        EXPECT_EQ(reference_visible(p, 0, i, j), sees(p, i, j)) << "i=" << i << " j=" << j;
       }
     }
   }
+}
+
+// Per-entry lengths: padding rows see nothing, padding keys are never seen, and bottom-right aligns
+// the diagonal to the entry's own lengths (p = i + len_kv - len_q), not to the padded sizes.
+TEST(ReferenceMask, PaddedEntriesUseTheirOwnLengths) {
+  using V = std::vector<std::int64_t>;
+  const auto counts = [](ReferenceProblem p, std::int64_t b) {
+    p.batch = 3;
+    p.seq_len_q = {3, 5, 0};
+    p.seq_len_kv = {4, 6, 6};
+    V out;
+    for (std::int64_t i = 0; i < p.seq_q; ++i) {
+      std::int64_t n = 0;
+      for (std::int64_t j = 0; j < p.seq_kv; ++j) n += reference_visible(p, b, i, j) ? 1 : 0;
+      out.push_back(n);
+    }
+    return out;
+  };
+  const ReferenceProblem none = make_problem(1, 1, 5, 6, 8, 8);
+  const ReferenceProblem causal_br = make_problem(1, 1, 5, 6, 8, 8, kCausal, Alignment::bottom_right);
+  const ReferenceProblem causal_tl = make_problem(1, 1, 5, 6, 8, 8, kCausal, Alignment::top_left);
+  EXPECT_EQ(counts(none, 0), (V{4, 4, 4, 0, 0}));
+  EXPECT_EQ(counts(causal_br, 0), (V{2, 3, 4, 0, 0}));
+  EXPECT_EQ(counts(causal_tl, 0), (V{1, 2, 3, 0, 0}));
+  EXPECT_EQ(counts(causal_br, 1), (V{2, 3, 4, 5, 6}));
+  EXPECT_EQ(counts(causal_br, 2), (V{0, 0, 0, 0, 0}));
 }
 
 TEST(ReferenceCpu, RejectsHeadsThatDoNotGroup) {
@@ -408,6 +434,193 @@ TEST(ReferenceBackward, FullyMaskedRowsGetZeroGradient) {
   EXPECT_EQ(f.o[0], 0.0);
   // dV of the last key comes only from the last row (the only one that sees it), through both heads.
   for (std::int64_t d = 0; d < p.head_dim_v; ++d) EXPECT_NE(d_v[2 * p.head_dim_v + d], 42.0);
+}
+
+// --- padding -------------------------------------------------------------------------------------
+
+// The padded problems: GQA, rows of each entry both shorter and longer than its keys, zero-length
+// query and key entries, under each window kind.
+std::vector<ReferenceProblem> padded_problems() {
+  const std::vector<std::pair<Window, Alignment>> windows = {
+      {Window{}, Alignment::top_left},           {kCausal, Alignment::top_left},
+      {kCausal, Alignment::bottom_right},        {Window{2, 0}, Alignment::bottom_right},
+      {Window{3, 1}, Alignment::top_left},
+  };
+  std::vector<ReferenceProblem> out;
+  for (const auto& [window, alignment] : windows) {
+    ReferenceProblem p = make_problem(4, 2, 6, 8, 8, 16, window, alignment);
+    p.batch = 5;
+    p.seq_len_q = {5, 0, 3, 6, 2};
+    p.seq_len_kv = {7, 4, 0, 3, 8};
+    out.push_back(p);
+  }
+  return out;
+}
+
+// Rows [0, len) of every head of entry b of a contiguous [batch, heads, seq, dim] array, as a
+// [1, heads, len, dim] array.
+std::vector<double> cut_entry(const std::vector<double>& x, std::int64_t b, std::int64_t heads, std::int64_t seq,
+                              std::int64_t len, std::int64_t dim) {
+  std::vector<double> out;
+  for (std::int64_t h = 0; h < heads; ++h) {
+    const auto first = x.begin() + ((b * heads + h) * seq) * dim;
+    out.insert(out.end(), first, first + len * dim);
+  }
+  return out;
+}
+
+// Entry b of a padded [batch, heads, seq, dim] result: rows below len equal `alone` (the entry run
+// by itself, [1, heads, len, dim]) exactly; the padding rows equal `pad` exactly. An empty `alone`
+// means the entry has nothing to compute, so every row is `pad`.
+void expect_entry(const std::vector<double>& padded, const std::vector<double>& alone, std::int64_t b,
+                  std::int64_t heads, std::int64_t seq, std::int64_t len, std::int64_t dim, double pad,
+                  const char* what) {
+  for (std::int64_t h = 0; h < heads; ++h) {
+    for (std::int64_t r = 0; r < seq; ++r) {
+      for (std::int64_t d = 0; d < dim; ++d) {
+        const double got = padded[static_cast<std::size_t>(((b * heads + h) * seq + r) * dim + d)];
+        const bool inside = r < len && !alone.empty();
+        const double expected = inside ? alone[static_cast<std::size_t>((h * len + r) * dim + d)] : pad;
+        ASSERT_EQ(got, expected) << what << " entry " << b << " head " << h << " row " << r << " dim " << d;
+      }
+    }
+  }
+}
+
+struct Gradients {
+  std::vector<double> d_q, d_k, d_v;
+};
+
+// Backward into outputs poisoned with NaN, so that anything left unwritten fails the comparison.
+Gradients run_backward(const ReferenceProblem& p, const std::vector<double>& q, const std::vector<double>& k,
+                       const std::vector<double>& v, const std::vector<double>& d_o) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Gradients g{std::vector<double>(q.size(), nan), std::vector<double>(k.size(), nan),
+              std::vector<double>(v.size(), nan)};
+  reference_backward_cpu(p, q.data(), k.data(), v.data(), d_o.data(), g.d_q.data(), g.d_k.data(), g.d_v.data());
+  return g;
+}
+
+// Lengths equal to the padded sizes are no padding at all: the results must be bit for bit the same.
+TEST(ReferencePadding, FullLengthsEqualNoPadding) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (ReferenceProblem p : mask_problems()) {
+    p.batch = 2;
+    SCOPED_TRACE(describe(p));
+    ReferenceProblem full = p;
+    full.seq_len_q = {p.seq_q, p.seq_q};
+    full.seq_len_kv = {p.seq_kv, p.seq_kv};
+    const std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
+    const std::vector<double> d_o = rng.normal(o_size(p));
+    const Forward a = run_forward(p, q, k, v), b = run_forward(full, q, k, v);
+    EXPECT_EQ(a.o, b.o);
+    EXPECT_EQ(a.lse, b.lse);
+    const Gradients ga = run_backward(p, q, k, v, d_o), gb = run_backward(full, q, k, v, d_o);
+    EXPECT_EQ(ga.d_q, gb.d_q);
+    EXPECT_EQ(ga.d_k, gb.d_k);
+    EXPECT_EQ(ga.d_v, gb.d_v);
+  }
+}
+
+// Each entry of a padded batch computes exactly what it would alone, unpadded, at its own lengths
+// (whatever the padding holds); padding rows are O = 0, lse = -inf, dQ = 0, and padding keys get
+// dK = dV = 0. An entry with a zero length computes nothing: all of it reads as padding.
+TEST(ReferencePadding, EachEntryEqualsItselfAloneAndPaddingIsZero) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (const ReferenceProblem& p : padded_problems()) {
+    SCOPED_TRACE(describe(p));
+    const std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
+    const std::vector<double> d_o = rng.normal(o_size(p));
+    const Forward f = run_forward(p, q, k, v);
+    const Gradients g = run_backward(p, q, k, v, d_o);
+    for (std::int64_t b = 0; b < p.batch; ++b) {
+      const std::int64_t len_q = p.seq_len_q[b], len_kv = p.seq_len_kv[b];
+      SCOPED_TRACE("entry " + std::to_string(b) + ": len_q=" + std::to_string(len_q) +
+                   " len_kv=" + std::to_string(len_kv));
+      Forward f_alone;
+      Gradients g_alone;
+      if (len_q > 0 && len_kv > 0) {
+        ReferenceProblem alone = p;
+        alone.batch = 1;
+        alone.seq_q = len_q;
+        alone.seq_kv = len_kv;
+        alone.seq_len_q.clear();
+        alone.seq_len_kv.clear();
+        const std::vector<double> q_a = cut_entry(q, b, p.heads_q, p.seq_q, len_q, p.head_dim_qk);
+        const std::vector<double> k_a = cut_entry(k, b, p.heads_kv, p.seq_kv, len_kv, p.head_dim_qk);
+        const std::vector<double> v_a = cut_entry(v, b, p.heads_kv, p.seq_kv, len_kv, p.head_dim_v);
+        const std::vector<double> do_a = cut_entry(d_o, b, p.heads_q, p.seq_q, len_q, p.head_dim_v);
+        f_alone = run_forward(alone, q_a, k_a, v_a);
+        g_alone = run_backward(alone, q_a, k_a, v_a, do_a);
+      }
+      expect_entry(f.o, f_alone.o, b, p.heads_q, p.seq_q, len_q, p.head_dim_v, 0.0, "O");
+      expect_entry(f.lse, f_alone.lse, b, p.heads_q, p.seq_q, len_q, 1, -kInf, "lse");
+      expect_entry(g.d_q, g_alone.d_q, b, p.heads_q, p.seq_q, len_q, p.head_dim_qk, 0.0, "dQ");
+      expect_entry(g.d_k, g_alone.d_k, b, p.heads_kv, p.seq_kv, len_kv, p.head_dim_qk, 0.0, "dK");
+      expect_entry(g.d_v, g_alone.d_v, b, p.heads_kv, p.seq_kv, len_kv, p.head_dim_v, 0.0, "dV");
+    }
+  }
+}
+
+TEST(ReferencePadding, BackwardMatchesFiniteDifferences) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  ReferenceProblem p = make_problem(4, 2, 5, 6, 8, 8, Window{2, 1}, Alignment::bottom_right);
+  p.batch = 3;
+  p.seq_len_q = {4, 0, 5};
+  p.seq_len_kv = {6, 3, 2};
+  SCOPED_TRACE(describe(p));
+  std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
+  const std::vector<double> d_o = rng.normal(o_size(p));
+  const Gradients g = run_backward(p, q, k, v, d_o);
+  const auto eval = [&] { return loss(p, q, k, v, d_o); };
+  const std::vector<double> num_q = numeric_gradient(q, eval);
+  const std::vector<double> num_k = numeric_gradient(k, eval);
+  const std::vector<double> num_v = numeric_gradient(v, eval);
+  EXPECT_LT(relative_error(g.d_q.data(), num_q.data(), q_size(p)), 1e-6) << "dQ";
+  EXPECT_LT(relative_error(g.d_k.data(), num_k.data(), k_size(p)), 1e-6) << "dK";
+  EXPECT_LT(relative_error(g.d_v.data(), num_v.data(), v_size(p)), 1e-6) << "dV";
+}
+
+// Bad lengths throw before anything is read, naming the field, the value and the requirement.
+TEST(ReferencePadding, RejectsBadLengths) {
+  struct Case {
+    std::vector<std::int64_t> len_q, len_kv;
+    std::string field, value;
+  };
+  const std::vector<Case> cases = {
+      {{3}, {4, 4}, "seq_len_q", "size 1"},          // batch is 2
+      {{3, 3}, {}, "seq_len_kv", "size 0"},          // one set, the other not
+      {{}, {4, 4}, "seq_len_q", "size 0"},
+      {{3, 6}, {4, 4}, "seq_len_q", "6"},            // above seq_q = 5
+      {{3, 3}, {-1, 4}, "seq_len_kv", "-1"},
+      {{3, 3}, {4, 8}, "seq_len_kv", "8"},           // above seq_kv = 7
+  };
+  std::vector<double> buf(4096);
+  for (const Case& c : cases) {
+    ReferenceProblem p = make_problem(2, 1, 5, 7, 8, 8);
+    p.batch = 2;
+    p.seq_len_q = c.len_q;
+    p.seq_len_kv = c.len_kv;
+    SCOPED_TRACE(c.field + " = " + c.value);
+    for (bool forward : {true, false}) {
+      try {
+        if (forward) {
+          reference_forward_cpu(p, buf.data(), buf.data(), buf.data(), buf.data(), buf.data());
+        } else {
+          reference_backward_cpu(p, buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), buf.data(),
+                                 buf.data());
+        }
+        ADD_FAILURE() << "expected InvalidArgument";
+      } catch (const InvalidArgument& e) {
+        EXPECT_EQ(e.field(), c.field);
+        EXPECT_EQ(e.value(), c.value);
+        EXPECT_FALSE(e.requirement().empty());
+      }
+    }
+  }
 }
 
 // --- 16-bit conversion -------------------------------------------------------------------------

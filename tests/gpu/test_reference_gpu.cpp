@@ -143,6 +143,31 @@ void run_gpu(const ReferenceProblem& p, const Inputs& in, Results& out) {
   REF_CUDA_OK(cudaMemcpy(out.d_v.data(), d_v.get(), d_v.bytes(), cudaMemcpyDeviceToHost));
 }
 
+struct CpuResults {
+  std::vector<double> o, lse, d_q, d_k, d_v;
+};
+
+// The CPU reference on exactly the float inputs the GPU saw.
+CpuResults run_cpu(const ReferenceProblem& p, const Inputs& in) {
+  const std::vector<double> q = widen(in.q), k = widen(in.k), v = widen(in.v), d_o = widen(in.d_o);
+  CpuResults out{std::vector<double>(in.d_o.size()),
+                 std::vector<double>(static_cast<std::size_t>(p.batch * p.heads_q * p.seq_q)),
+                 std::vector<double>(q.size()), std::vector<double>(k.size()), std::vector<double>(v.size())};
+  reference_forward_cpu(p, q.data(), k.data(), v.data(), out.o.data(), out.lse.data());
+  reference_backward_cpu(p, q.data(), k.data(), v.data(), d_o.data(), out.d_q.data(), out.d_k.data(),
+                         out.d_v.data());
+  return out;
+}
+
+void expect_close(const Results& gpu, const CpuResults& cpu) {
+  const auto n = [](const std::vector<double>& x) { return static_cast<std::int64_t>(x.size()); };
+  EXPECT_LT(relative_error(gpu.o.data(), cpu.o.data(), n(cpu.o)), 1e-5) << "O";
+  EXPECT_LT(relative_error(gpu.lse.data(), cpu.lse.data(), n(cpu.lse)), 1e-5) << "lse";
+  EXPECT_LT(relative_error(gpu.d_q.data(), cpu.d_q.data(), n(cpu.d_q)), 1e-5) << "dQ";
+  EXPECT_LT(relative_error(gpu.d_k.data(), cpu.d_k.data(), n(cpu.d_k)), 1e-5) << "dK";
+  EXPECT_LT(relative_error(gpu.d_v.data(), cpu.d_v.data(), n(cpu.d_v)), 1e-5) << "dV";
+}
+
 TEST(ReferenceGpu, MatchesCpuForwardAndBackward) {
   FUSEDATTN_REQUIRE_GPU();
   const unsigned seed = std::random_device{}();
@@ -155,19 +180,76 @@ TEST(ReferenceGpu, MatchesCpuForwardAndBackward) {
     Results gpu;
     run_gpu(p, in, gpu);
     if (HasFatalFailure()) return;
+    expect_close(gpu, run_cpu(p, in));
+  }
+}
 
-    // The CPU sees exactly the float inputs the GPU saw.
-    const std::vector<double> q = widen(in.q), k = widen(in.k), v = widen(in.v), d_o = widen(in.d_o);
-    std::vector<double> o(gpu.o.size()), lse(gpu.lse.size()), d_q(q.size()), d_k(k.size()), d_v(v.size());
-    reference_forward_cpu(p, q.data(), k.data(), v.data(), o.data(), lse.data());
-    reference_backward_cpu(p, q.data(), k.data(), v.data(), d_o.data(), d_q.data(), d_k.data(), d_v.data());
+// Padded problems: entries shorter than the padded sizes, entries of length zero on either side,
+// and entries whose rows outnumber their keys (so bottom-right must use the entry's own lengths).
+std::vector<ReferenceProblem> padded_problems() {
+  const auto TL = Alignment::top_left, BR = Alignment::bottom_right;
+  std::vector<ReferenceProblem> out;
+  for (const Case& c : {Case{4, 4, 2, 17, 33, 64, 64, Window{}, TL}, Case{4, 4, 2, 17, 33, 64, 64, kCausal, BR},
+                        Case{4, 4, 1, 17, 33, 128, 64, kCausal, TL}, Case{4, 4, 2, 17, 33, 64, 64, Window{9, 0}, BR},
+                        Case{4, 2, 2, 17, 33, 32, 64, Window{7, 3}, TL}}) {
+    ReferenceProblem p = to_problem(c);
+    p.seq_len_q = {17, 0, 9, 12};
+    p.seq_len_kv = {33, 20, 0, 5};
+    out.push_back(p);
+  }
+  return out;
+}
 
-    const auto n = [](const std::vector<double>& x) { return static_cast<std::int64_t>(x.size()); };
-    EXPECT_LT(relative_error(gpu.o.data(), o.data(), n(o)), 1e-5) << "O";
-    EXPECT_LT(relative_error(gpu.lse.data(), lse.data(), n(lse)), 1e-5) << "lse";
-    EXPECT_LT(relative_error(gpu.d_q.data(), d_q.data(), n(d_q)), 1e-5) << "dQ";
-    EXPECT_LT(relative_error(gpu.d_k.data(), d_k.data(), n(d_k)), 1e-5) << "dK";
-    EXPECT_LT(relative_error(gpu.d_v.data(), d_v.data(), n(d_v)), 1e-5) << "dV";
+// Every row r >= lens[b] of every head of every entry b of a [batch, heads, seq, dim] array is
+// exactly `pad`: padding must be written (the GPU outputs start out as NaN), not left alone.
+template <class T>
+void expect_padding(const std::vector<T>& x, std::int64_t heads, std::int64_t seq,
+                    const std::vector<std::int64_t>& lens, std::int64_t dim, T pad, const char* what) {
+  for (std::size_t b = 0; b < lens.size(); ++b) {
+    for (std::int64_t h = 0; h < heads; ++h) {
+      for (std::int64_t r = lens[b]; r < seq; ++r) {
+        for (std::int64_t d = 0; d < dim; ++d) {
+          const T got = x[static_cast<std::size_t>(((static_cast<std::int64_t>(b) * heads + h) * seq + r) * dim + d)];
+          ASSERT_EQ(got, pad) << what << " entry " << b << " head " << h << " row " << r << " dim " << d;
+        }
+      }
+    }
+  }
+}
+
+// Padding rows: O = 0, lse = -inf and dQ = 0 on both references; padding keys: dK = dV = 0.
+template <class T>
+void expect_all_padding(const ReferenceProblem& p, const std::vector<T>& o, const std::vector<T>& lse,
+                        const std::vector<T>& d_q, const std::vector<T>& d_k, const std::vector<T>& d_v) {
+  const T zero = 0, minus_inf = -std::numeric_limits<T>::infinity();
+  expect_padding(o, p.heads_q, p.seq_q, p.seq_len_q, p.head_dim_v, zero, "O");
+  expect_padding(lse, p.heads_q, p.seq_q, p.seq_len_q, 1, minus_inf, "lse");
+  expect_padding(d_q, p.heads_q, p.seq_q, p.seq_len_q, p.head_dim_qk, zero, "dQ");
+  expect_padding(d_k, p.heads_kv, p.seq_kv, p.seq_len_kv, p.head_dim_qk, zero, "dK");
+  expect_padding(d_v, p.heads_kv, p.seq_kv, p.seq_len_kv, p.head_dim_v, zero, "dV");
+}
+
+TEST(ReferenceGpu, PaddedMatchesCpuAndZeroesThePadding) {
+  FUSEDATTN_REQUIRE_GPU();
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("random seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  for (const ReferenceProblem& p : padded_problems()) {
+    SCOPED_TRACE(describe(p));
+    const Inputs in = random_inputs(p, rng);
+    Results gpu;
+    run_gpu(p, in, gpu);
+    if (HasFatalFailure()) return;
+    const CpuResults cpu = run_cpu(p, in);
+    expect_close(gpu, cpu);
+    {
+      SCOPED_TRACE("GPU");
+      expect_all_padding(p, gpu.o, gpu.lse, gpu.d_q, gpu.d_k, gpu.d_v);
+    }
+    {
+      SCOPED_TRACE("CPU");
+      expect_all_padding(p, cpu.o, cpu.lse, cpu.d_q, cpu.d_k, cpu.d_v);
+    }
   }
 }
 
