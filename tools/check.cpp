@@ -124,6 +124,35 @@ struct Placement {
 
 std::int64_t stats_elements(const AttentionSpec& spec) { return spec.batch() * spec.heads_q() * spec.seq_q(); }
 
+struct Lengths {
+  std::vector<std::int32_t> q, kv;
+};
+
+// Random per-entry lengths for a padded spec: entry 0 uses the full lengths where the mask allows
+// it, the others are uniform. Bottom-right diagonals and sliding windows need every query of an
+// entry to reach a key (seq_len_q <= seq_len_kv + right, and <= seq_len_kv with a left bound), so
+// those cases draw the KV length at least that large.
+Lengths draw_lengths(const AttentionSpec& spec, std::mt19937_64& rng) {
+  const std::int64_t right = spec.window.right;
+  const bool bottom_right = spec.alignment == Alignment::bottom_right && right >= 0;
+  const bool windowed = spec.window.left >= 0;
+  Lengths out;
+  for (std::int64_t b = 0; b < spec.batch(); ++b) {
+    std::int64_t q_max = spec.seq_q();
+    if (bottom_right) q_max = std::min(q_max, spec.seq_kv() + right);
+    if (windowed) q_max = std::min(q_max, spec.seq_kv());
+    const std::int64_t q = b == 0 ? q_max : std::uniform_int_distribution<std::int64_t>(1, q_max)(rng);
+    std::int64_t kv_min = 1;
+    if (bottom_right) kv_min = std::max<std::int64_t>(kv_min, q - right);
+    if (windowed) kv_min = std::max(kv_min, q);
+    const std::int64_t kv =
+        b == 0 ? spec.seq_kv() : std::uniform_int_distribution<std::int64_t>(kv_min, spec.seq_kv())(rng);
+    out.q.push_back(static_cast<std::int32_t>(q));
+    out.kv.push_back(static_cast<std::int32_t>(kv));
+  }
+  return out;
+}
+
 }  // namespace
 
 // --- AttentionBuffers -------------------------------------------------------------------------
@@ -138,6 +167,8 @@ struct AttentionBuffers::State {
   Buffer16 in[3], grad[3], o, d_o;
   DeviceBuffer stats;
   Placement q, k, v, dq, dk, dv;
+  std::vector<std::int32_t> seq_len_q, seq_len_kv;  // host copies of the device lengths
+  DeviceBuffer seq_len_q_device, seq_len_kv_device;
 
   void allocate16(Buffer16& buffer, std::int64_t elements) {
     buffer.elements = elements;
@@ -215,7 +246,32 @@ void AttentionBuffers::fill_inputs(std::uint64_t seed) {
   };
   for (Buffer16& buffer : s.in) fill(buffer);
   fill(s.d_o);
+  if (s.spec.padding) {
+    const Lengths lengths = draw_lengths(s.spec, rng);
+    set_lengths(lengths.q, lengths.kv);
+  }
 }
+
+void AttentionBuffers::set_lengths(const std::vector<std::int32_t>& seq_len_q, const std::vector<std::int32_t>& seq_len_kv) {
+  State& s = *state_;
+  const auto batch = static_cast<std::size_t>(s.spec.batch());
+  if (seq_len_q.size() != batch || seq_len_kv.size() != batch) {
+    throw InvalidArgument("lengths", std::to_string(seq_len_q.size()) + " and " + std::to_string(seq_len_kv.size()),
+                          "one per batch entry (" + std::to_string(batch) + ")");
+  }
+  s.seq_len_q = seq_len_q;
+  s.seq_len_kv = seq_len_kv;
+  auto upload = [&](const std::vector<std::int32_t>& host, DeviceBuffer& device) {
+    if (device.bytes() == 0) device = DeviceBuffer(batch * sizeof(std::int32_t));
+    check_cuda(cudaMemcpy(device.get(), host.data(), batch * sizeof(std::int32_t), cudaMemcpyHostToDevice),
+               "cudaMemcpy(lengths, host to device)");
+  };
+  upload(s.seq_len_q, s.seq_len_q_device);
+  upload(s.seq_len_kv, s.seq_len_kv_device);
+}
+
+const std::vector<std::int32_t>& AttentionBuffers::seq_len_q() const noexcept { return state_->seq_len_q; }
+const std::vector<std::int32_t>& AttentionBuffers::seq_len_kv() const noexcept { return state_->seq_len_kv; }
 
 void AttentionBuffers::poison_outputs() {
   State& s = *state_;
@@ -237,6 +293,8 @@ ForwardTensors AttentionBuffers::forward_tensors() const {
   t.v = s.v.device();
   t.o = s.o.device.get();
   t.stats = s.stats.as<float>();
+  t.seq_len_q = s.seq_len_q_device.as<std::int32_t>();
+  t.seq_len_kv = s.seq_len_kv_device.as<std::int32_t>();
   return t;
 }
 
@@ -249,6 +307,8 @@ BackwardTensors AttentionBuffers::backward_tensors() const {
   t.o = s.o.device.get();
   t.d_o = s.d_o.device.get();
   t.stats = s.stats.as<float>();
+  t.seq_len_q = s.seq_len_q_device.as<std::int32_t>();
+  t.seq_len_kv = s.seq_len_kv_device.as<std::int32_t>();
   if (s.with_backward) {
     t.d_q = s.dq.device();
     t.d_k = s.dk.device();
@@ -465,6 +525,8 @@ CheckResult check_against_reference(const AttentionSpec& spec, const CheckOption
   try {
     AttentionBuffers buffers(p.spec, options.backward);
     buffers.fill_inputs(p.options.seed);
+    p.ref.seq_len_q.assign(buffers.seq_len_q().begin(), buffers.seq_len_q().end());
+    p.ref.seq_len_kv.assign(buffers.seq_len_kv().begin(), buffers.seq_len_kv().end());
     buffers.poison_outputs();
     const Outputs<float> out = run_fusedattn(p, buffers);
     if (result.reference == "cpu-f64") {

@@ -11,6 +11,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "fusedattn/attention.h"
 
@@ -61,8 +62,14 @@ class AttentionBuffers {
   AttentionBuffers& operator=(const AttentionBuffers&) = delete;
 
   /// Writes uniform random values in [-1, 1] into Q, K, V (whole buffers, packing gaps included)
-  /// and dO, generated on the host with std::mt19937_64(seed). Synchronous.
+  /// and dO, generated on the host with std::mt19937_64(seed). With spec.padding it also draws
+  /// each entry's lengths (see draw_lengths) from the same generator. Synchronous.
   void fill_inputs(std::uint64_t seed);
+  /// Sets each entry's lengths (spec.padding) and copies them to the device. Synchronous.
+  void set_lengths(const std::vector<std::int32_t>& seq_len_q, const std::vector<std::int32_t>& seq_len_kv);
+  /// The lengths in use (empty without padding).
+  const std::vector<std::int32_t>& seq_len_q() const noexcept;
+  const std::vector<std::int32_t>& seq_len_kv() const noexcept;
   /// Sets every byte of O, stats and the gradient buffers to 0xFF, which is NaN in bf16, f16 and
   /// float32, so any element a kernel forgets to write shows up as an error.
   void poison_outputs();

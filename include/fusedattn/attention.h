@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include <cuda_runtime_api.h>
@@ -19,17 +20,23 @@ namespace fusedattn {
 
 /// Device pointers of a forward call. Each points at the tensor's first element (for packed
 /// layouts, K and V point inside the shared buffer: see LayoutTensors offsets). All must be
-/// 16-byte aligned. `stats` (float32 [b, h_q, s_q, 1], contiguous) is required when spec.stats.
+/// 16-byte aligned. `stats` (float32 [b, h_q, s_q, 1], contiguous) is required when spec.stats;
+/// its rows past a padded sequence's length are unspecified. `seq_len_q` and `seq_len_kv`
+/// (int32 [b], on the device) are required when spec.padding: entry b uses its first
+/// seq_len_q[b] queries and seq_len_kv[b] keys, and O is zero in the rows past seq_len_q[b].
 struct ForwardTensors {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
   void* o = nullptr;
   float* stats = nullptr;
+  const std::int32_t* seq_len_q = nullptr;
+  const std::int32_t* seq_len_kv = nullptr;
 };
 
 /// Device pointers of a backward call. Gradients share their inputs' descriptors (so a packed
-/// QKV input gets a packed dQKV gradient); d_o shares O's.
+/// QKV input gets a packed dQKV gradient); d_o shares O's. With padding, dQ is zero in the rows
+/// past seq_len_q[b] and dK, dV in the rows past seq_len_kv[b].
 struct BackwardTensors {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -40,6 +47,8 @@ struct BackwardTensors {
   void* d_q = nullptr;
   void* d_k = nullptr;
   void* d_v = nullptr;
+  const std::int32_t* seq_len_q = nullptr;
+  const std::int32_t* seq_len_kv = nullptr;
 };
 
 /// Hands out scratch memory; adapters implement it with their framework's allocator. Memory is
@@ -82,6 +91,7 @@ class Plan {
 
  private:
   void execute(void* const* by_uid, cudaStream_t stream, const Workspace& workspace) const;
+  void require_lengths(const std::int32_t* seq_len_q, const std::int32_t* seq_len_kv) const;
   friend struct PlanAccess;  // the benchmark's cuDNN-only baseline (src/exec/raw_call.cpp)
 
   AttentionSpec spec_;

@@ -46,6 +46,9 @@ struct AttentionSpec {
   TensorDesc o;        ///< output [b, h_q, s_q, d_v]; its gradient dO shares this descriptor
   Window window;                              ///< which keys each query sees (default: all)
   Alignment alignment = Alignment::top_left;  ///< where the diagonal starts (matters only with a bound)
+  bool padding = false;  ///< per-batch lengths come at run time (seq_len_q, seq_len_kv in the tensor
+                         ///< sets); rows and keys past them are padding, and O, dQ, dK, dV are zero there
+  bool deterministic = false;  ///< backward: bitwise-reproducible dQ, dK, dV (no atomic accumulation)
   bool stats = true;  ///< also write the softmax statistics (log-sum-exp, float32 [b, h_q, s_q, 1]),
                       ///< which the backward pass needs; inference may turn them off
 

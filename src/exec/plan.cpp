@@ -6,6 +6,7 @@
 
 #include "exec/cuda_check.h"
 #include "exec/device.h"
+#include "exec/padding_fill.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/errors.h"
 #include "graph/sdpa_graph.h"
@@ -78,6 +79,7 @@ void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const 
   require_pointer("tensors.v", t.v);
   require_pointer("tensors.o", t.o);
   if (spec_.stats) require_pointer("tensors.stats", t.stats);
+  require_lengths(t.seq_len_q, t.seq_len_kv);
   void* by_uid[graph::kUidEnd] = {};
   by_uid[graph::kUidQ] = const_cast<void*>(t.q);
   by_uid[graph::kUidK] = const_cast<void*>(t.k);
@@ -85,7 +87,10 @@ void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const 
   by_uid[graph::kUidO] = t.o;
   by_uid[graph::kUidStats] = t.stats;
   by_uid[graph::kUidScale] = &scale;
+  by_uid[graph::kUidSeqLenQ] = const_cast<std::int32_t*>(t.seq_len_q);
+  by_uid[graph::kUidSeqLenKV] = const_cast<std::int32_t*>(t.seq_len_kv);
   execute(by_uid, stream, workspace);
+  if (spec_.padding) detail::zero_rows_past_lengths(spec_.o, t.o, t.seq_len_q, stream);
 }
 
 void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace) const {
@@ -99,6 +104,7 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
   require_pointer("tensors.d_q", t.d_q);
   require_pointer("tensors.d_k", t.d_k);
   require_pointer("tensors.d_v", t.d_v);
+  require_lengths(t.seq_len_q, t.seq_len_kv);
   void* by_uid[graph::kUidEnd] = {};
   by_uid[graph::kUidQ] = const_cast<void*>(t.q);
   by_uid[graph::kUidK] = const_cast<void*>(t.k);
@@ -110,7 +116,20 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
   by_uid[graph::kUidDK] = t.d_k;
   by_uid[graph::kUidDV] = t.d_v;
   by_uid[graph::kUidScale] = &scale;
+  by_uid[graph::kUidSeqLenQ] = const_cast<std::int32_t*>(t.seq_len_q);
+  by_uid[graph::kUidSeqLenKV] = const_cast<std::int32_t*>(t.seq_len_kv);
   execute(by_uid, stream, workspace);
+  if (spec_.padding) {
+    detail::zero_rows_past_lengths(spec_.q, t.d_q, t.seq_len_q, stream);
+    detail::zero_rows_past_lengths(spec_.k, t.d_k, t.seq_len_kv, stream);
+    detail::zero_rows_past_lengths(spec_.v, t.d_v, t.seq_len_kv, stream);
+  }
+}
+
+void Plan::require_lengths(const std::int32_t* seq_len_q, const std::int32_t* seq_len_kv) const {
+  if (!spec_.padding) return;
+  require_pointer("tensors.seq_len_q", seq_len_q);
+  require_pointer("tensors.seq_len_kv", seq_len_kv);
 }
 
 void Plan::execute(void* const* by_uid, cudaStream_t stream, const Workspace& workspace) const {

@@ -33,6 +33,8 @@ RawForwardCall::RawForwardCall(std::shared_ptr<const Plan> plan, const ForwardTe
   by_uid[graph::kUidO] = t.o;
   by_uid[graph::kUidStats] = t.stats;
   by_uid[graph::kUidScale] = &state_->scale;
+  by_uid[graph::kUidSeqLenQ] = const_cast<std::int32_t*>(t.seq_len_q);
+  by_uid[graph::kUidSeqLenKV] = const_cast<std::int32_t*>(t.seq_len_kv);
   for (std::int64_t uid : PlanAccess::graph(*state_->plan).uids()) state_->pointers.push_back(by_uid[uid]);
   state_->handle = handle_for(state_->plan->device(), stream);
 }

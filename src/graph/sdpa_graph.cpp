@@ -64,6 +64,33 @@ TensorPtr scale_tensor(fe::graph::Graph& graph) {
                           .set_data_type(fe::DataType_t::FLOAT));
 }
 
+// Runtime lengths: int32 [b, 1, 1, 1], one per batch entry.
+TensorPtr length_tensor(fe::graph::Graph& graph, const AttentionSpec& spec, const char* name, Uid uid) {
+  return graph.tensor(fe::graph::Tensor_attributes()
+                          .set_name(name)
+                          .set_uid(uid)
+                          .set_dim({spec.batch(), 1, 1, 1})
+                          .set_stride({1, 1, 1, 1})
+                          .set_data_type(fe::DataType_t::INT32));
+}
+
+// Padding: cuDNN masks keys past seq_len_kv[b] and ignores queries past seq_len_q[b], and a
+// bottom-right diagonal follows each entry's actual lengths.
+template <class Attributes>
+void apply_padding(fe::graph::Graph& graph, Attributes& attributes, const AttentionSpec& spec) {
+  if (!spec.padding) return;
+  attributes.set_padding_mask(true)
+      .set_seq_len_q(length_tensor(graph, spec, "seq_len_q", kUidSeqLenQ))
+      .set_seq_len_kv(length_tensor(graph, spec, "seq_len_kv", kUidSeqLenKV));
+}
+
+// The lengths' UIDs are the largest, so they go last in the ascending pointer order.
+void add_length_uids(const AttentionSpec& spec, std::vector<std::int64_t>& uids) {
+  if (!spec.padding) return;
+  uids.push_back(kUidSeqLenQ);
+  uids.push_back(kUidSeqLenKV);
+}
+
 // The window becomes cuDNN's diagonal band: the same "p - left < j <= p + right" (spec.h).
 template <class Attributes>
 void apply_window(Attributes& attributes, const AttentionSpec& spec) {
@@ -94,6 +121,7 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionSpec& spec, fe::A
                         .set_attn_scale(scale_tensor(*graph))
                         .set_implementation(implementation);
   apply_window(attributes, spec);
+  apply_padding(*graph, attributes, spec);
   auto [o, stats] = graph->sdpa(q, k, v, attributes);
   mark_output(o, "o", kUidO, spec.o);
   uids = {kUidQ, kUidK, kUidV, kUidO};
@@ -105,6 +133,7 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionSpec& spec, fe::A
     uids.push_back(kUidStats);
   }
   uids.push_back(kUidScale);
+  add_length_uids(spec, uids);
   return graph;
 }
 
@@ -116,14 +145,19 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionSpec& spec, std:
   auto o = graph->tensor(describe("o", kUidO, spec.o));
   auto d_o = graph->tensor(describe("d_o", kUidDO, spec.o));
   auto stats = graph->tensor(stats_tensor(spec));
-  auto attributes = fe::graph::SDPA_backward_attributes().set_name("fusedattn_backward").set_attn_scale(scale_tensor(*graph));
+  auto attributes = fe::graph::SDPA_backward_attributes()
+                        .set_name("fusedattn_backward")
+                        .set_attn_scale(scale_tensor(*graph))
+                        .set_deterministic_algorithm(spec.deterministic);
   apply_window(attributes, spec);
+  apply_padding(*graph, attributes, spec);
+  uids = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidDO, kUidDQ, kUidDK, kUidDV};
+  add_length_uids(spec, uids);
   auto [d_q, d_k, d_v] = graph->sdpa_backward(q, k, v, o, d_o, stats, attributes);
   // Gradients take their inputs' descriptors, so a packed input gets a packed gradient.
   mark_output(d_q, "d_q", kUidDQ, spec.q);
   mark_output(d_k, "d_k", kUidDK, spec.k);
   mark_output(d_v, "d_v", kUidDV, spec.v);
-  uids = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidDO, kUidDQ, kUidDK, kUidDV};
   return graph;
 }
 

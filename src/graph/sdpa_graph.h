@@ -18,7 +18,7 @@ namespace fusedattn::graph {
 /// Fixed tensor UIDs shared by every graph. Execution takes pointers in ascending UID order of
 /// the tensors a graph uses, so these numbers also fix the pointer order.
 enum Uid : std::int64_t {
-  kUidQ = 1, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidDO, kUidDQ, kUidDK, kUidDV,
+  kUidQ = 1, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidDO, kUidDQ, kUidDK, kUidDV, kUidSeqLenQ, kUidSeqLenKV,
   kUidEnd  // one past the last
 };
 

@@ -27,6 +27,8 @@ void visit_fields(F&& f, Specs&... specs) {
   f("o", specs.o...);
   f("window", specs.window...);
   f("align", specs.alignment...);
+  f("padding", specs.padding...);
+  f("deterministic", specs.deterministic...);
   f("stats", specs.stats...);
 }
 

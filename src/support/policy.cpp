@@ -139,8 +139,10 @@ void bottom_right_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& c
   if (pass == Pass::backward && caps.sm_major == 9 && versions.cudnn_runtime < 91000) {
     out.push_back({"align", value, "cuDNN 9.10 or newer for the bottom-right causal backward pass on SM 9.x", "cuDNN 9.10"});
   }
+  // With padding the lengths that matter arrive at run time; each entry then needs
+  // seq_len_q[b] <= seq_len_kv[b] + right (README), which no spec-level rule can see.
   const std::int64_t blind = spec.seq_q() - spec.seq_kv() - spec.window.right;
-  if (blind > 0) {
+  if (blind > 0 && !spec.padding) {
     out.push_back({"align", value,
                    "s_q <= s_kv + right bound for a bottom-right mask: with s_q = " + std::to_string(spec.seq_q()) +
                        " and s_kv = " + std::to_string(spec.seq_kv()) + " the first " + std::to_string(blind) +
@@ -157,7 +159,7 @@ void window_rule(const AttentionSpec& spec, const DeviceCaps& caps, const Versio
   if (spec.window.left < 0) return;
   const std::string value = std::to_string(spec.window.left) + "," + std::to_string(spec.window.right);
   const bool bottom_right = spec.alignment == Alignment::bottom_right;
-  if (spec.seq_q() > spec.seq_kv()) {
+  if (spec.seq_q() > spec.seq_kv() && !spec.padding) {  // cuDNN checks only unpadded shapes
     out.push_back({"window", value,
                    "s_q <= s_kv for a sliding window (left bound): s_q = " + std::to_string(spec.seq_q()) +
                        ", s_kv = " + std::to_string(spec.seq_kv()),
@@ -209,6 +211,16 @@ void single_element_backward_rule(const AttentionSpec& spec, Pass pass, Reasons&
   out.push_back({"s_q", "1 (and s_kv = 1)", "s_q > 1 or s_kv > 1 for the backward pass", ""});
 }
 
+// The deterministic backward reached Blackwell (SM 10.x) in cuDNN 9.18 (91800).
+void deterministic_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions,
+                        Reasons& out) {
+  if (pass != Pass::backward || !spec.deterministic) return;
+  if (caps.sm_major == 10 && versions.cudnn_runtime < 91800) {
+    out.push_back({"deterministic", "1", "cuDNN 9.18 or newer for a deterministic backward on " + sm_text(caps),
+                   "cuDNN 9.18"});
+  }
+}
+
 Support check_support_policy(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions) {
   Support support;
   Reasons& out = support.reasons;
@@ -223,6 +235,7 @@ Support check_support_policy(const AttentionSpec& spec, Pass pass, const DeviceC
   bottom_right_rule(spec, pass, caps, versions, out);
   window_rule(spec, caps, versions, out);
   single_element_backward_rule(spec, pass, out);
+  deterministic_rule(spec, pass, caps, versions, out);
   return support;
 }
 

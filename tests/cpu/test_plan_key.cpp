@@ -15,7 +15,7 @@ namespace {
 
 AttentionSpec spec_of(const std::string& text) { return parse_spec(text); }
 
-const char* const kSpec = "layout=bshd dtype=bf16 b=2 s_q=128 s_kv=128 h_q=8 h_kv=8 d_qk=64 d_v=64 window=-1,0 align=top_left stats=1";
+const char* const kSpec = "layout=bshd dtype=bf16 b=2 s_q=128 s_kv=128 h_q=8 h_kv=8 d_qk=64 d_v=64 window=-1,0 align=top_left padding=0 deterministic=0 stats=1";
 
 Versions versions(int runtime, int frontend) {
   Versions v;
@@ -82,6 +82,16 @@ TEST(PlanKey, BackwardIgnoresStats) {
   EXPECT_TRUE(back_without.spec.stats);
   // Forward writes the statistics or not: different graphs, different entries.
   EXPECT_NE(make_plan_key(with, Pass::forward, 0, caps, v), make_plan_key(without, Pass::forward, 0, caps, v));
+}
+
+TEST(PlanKey, DeterminismSplitsOnlyBackwardEntries) {
+  const DeviceCaps caps{9, 0};
+  const Versions v = versions(91900, 13200);
+  AttentionSpec fast = spec_of(kSpec);
+  AttentionSpec reproducible = fast;
+  reproducible.deterministic = true;
+  EXPECT_EQ(make_plan_key(fast, Pass::forward, 0, caps, v), make_plan_key(reproducible, Pass::forward, 0, caps, v));
+  EXPECT_NE(make_plan_key(fast, Pass::backward, 0, caps, v), make_plan_key(reproducible, Pass::backward, 0, caps, v));
 }
 
 TEST(PlanKey, AlignmentMattersOnlyWhenCausal) {

@@ -58,13 +58,13 @@ const char* const kBase = "layout=bshd dtype=bf16 b=2 s_q=1000 s_kv=1000 h_q=16 
 
 TEST(SpecString, PrintsTheDocumentedShortForm) {
   AttentionSpec spec = spec_of(Layout::bshd, shape_of(2, 1000, 1000, 16, 16, 128, 128));
-  EXPECT_EQ(to_string(spec), std::string(kBase) + " window=-1,-1 align=top_left stats=1");
+  EXPECT_EQ(to_string(spec), std::string(kBase) + " window=-1,-1 align=top_left padding=0 deterministic=0 stats=1");
   spec.window = kCausal;
   spec.alignment = Alignment::bottom_right;
   spec.stats = false;
-  EXPECT_EQ(to_string(spec), std::string(kBase) + " window=-1,0 align=bottom_right stats=0");
+  EXPECT_EQ(to_string(spec), std::string(kBase) + " window=-1,0 align=bottom_right padding=0 deterministic=0 stats=0");
   spec.window = Window{256, 16};
-  EXPECT_EQ(to_string(spec), std::string(kBase) + " window=256,16 align=bottom_right stats=0");
+  EXPECT_EQ(to_string(spec), std::string(kBase) + " window=256,16 align=bottom_right padding=0 deterministic=0 stats=0");
 }
 
 TEST(SpecString, EveryLayoutRoundTripsInShortForm) {
@@ -83,11 +83,13 @@ TEST(SpecString, EveryOptionComboRoundTrips) {
   for (Layout layout : all_layouts()) {
     for (Window window : {Window{}, kCausal, Window{16, 0}, Window{16, 4}, Window{-1, 8}, Window{32, -1}}) {
       for (Alignment alignment : {Alignment::top_left, Alignment::bottom_right}) {
-        for (bool stats : {false, true}) {
+        for (bool flag : {false, true}) {
           AttentionSpec spec = spec_of(layout, shape_of(1, 64, 64, 4, 4, 64, 64));
           spec.window = window;
           spec.alignment = alignment;
-          spec.stats = stats;
+          spec.stats = flag;
+          spec.padding = !flag;
+          spec.deterministic = flag;
           expect_round_trip(spec);
         }
       }
@@ -108,7 +110,7 @@ TEST(SpecString, OddStridesUseTheFullForm) {
   spec.window = kCausal;
   const std::string text = to_string(spec);
   EXPECT_EQ(text.rfind("q=bf16[2,4,100,64]/[25600,64,256,1] k=bf16[2,4,100,64]/[32000,80,320,1] ", 0), 0u) << text;
-  EXPECT_NE(text.find(" o=f16[2,4,100,64]/[25600,64,256,1] window=-1,0 align=top_left stats=1"), std::string::npos)
+  EXPECT_NE(text.find(" o=f16[2,4,100,64]/[25600,64,256,1] window=-1,0 align=top_left padding=0 deterministic=0 stats=1"), std::string::npos)
       << text;
   expect_round_trip(spec);
 }
@@ -285,8 +287,10 @@ TEST(SpecIdentity, EverySingleFieldChangeIsSeen) {
   mutations.emplace_back("window.left", [](AttentionSpec& s) { s.window.left = 64; });
   mutations.emplace_back("window.right", [](AttentionSpec& s) { s.window.right = 0; });
   mutations.emplace_back("alignment", [](AttentionSpec& s) { s.alignment = Alignment::bottom_right; });
+  mutations.emplace_back("padding", [](AttentionSpec& s) { s.padding = true; });
+  mutations.emplace_back("deterministic", [](AttentionSpec& s) { s.deterministic = true; });
   mutations.emplace_back("stats", [](AttentionSpec& s) { s.stats = false; });
-  ASSERT_EQ(mutations.size(), 4u * 9u + 4u);
+  ASSERT_EQ(mutations.size(), 4u * 9u + 6u);
 
   for (const auto& [name, mutate] : mutations) {
     AttentionSpec changed = base;

@@ -285,5 +285,24 @@ TEST(SupportWindow, RightBoundWidensWhatBottomRightRowsSee) {
   EXPECT_TRUE(check_support_policy(spec, Pass::forward, kSm90, kCudnn9_19).ok());
 }
 
+TEST(SupportPadding, RuntimeLengthsLiftTheShapeRulesCudnnAppliesToUnpaddedShapes) {
+  AttentionSpec spec = bottom_right(spec_of(128, 128, 300, 200));
+  spec.window = Window{64, 0};
+  EXPECT_FALSE(check_support_policy(spec, Pass::forward, kSm90, kCudnn9_19).ok());
+  spec.padding = true;  // the entries' actual lengths decide, at run time
+  EXPECT_TRUE(check_support_policy(spec, Pass::forward, kSm90, kCudnn9_19).ok());
+  EXPECT_TRUE(check_support_policy(spec, Pass::backward, kSm90, kCudnn9_19).ok());
+}
+
+TEST(SupportDeterministic, BlackwellNeedsCudnn9_18) {
+  AttentionSpec spec = spec_of(128, 128);
+  spec.deterministic = true;
+  const DeviceCaps blackwell{10, 0};
+  expect_only(check_support_policy(spec, Pass::backward, blackwell, cudnn(91700)), "deterministic", "1", "cuDNN 9.18");
+  EXPECT_TRUE(check_support_policy(spec, Pass::backward, blackwell, kCudnn9_19).ok());
+  EXPECT_TRUE(check_support_policy(spec, Pass::forward, blackwell, cudnn(91700)).ok());
+  EXPECT_TRUE(check_support_policy(spec, Pass::backward, kSm90, kCudnn9_19).ok());
+}
+
 }  // namespace
 }  // namespace fusedattn

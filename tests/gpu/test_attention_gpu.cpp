@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cctype>
 #include <cstring>
 #include <functional>
 #include <new>
@@ -111,6 +112,21 @@ std::vector<Case> numeric_cases() {
     }
   }
   add("swa128_bottom_right_square_bf16", "layout=sbhd dtype=bf16 b=2 s=1000 h=4 d=64 window=128,0 align=bottom_right");
+  // Padding: runtime lengths per entry (drawn by the check runner), with each mask kind.
+  for (const char* dt : dtypes) {
+    for (const char* mask : {"window=-1,-1", "window=-1,0 align=top_left", "window=-1,0 align=bottom_right",
+                             "window=128,0 align=bottom_right"}) {
+      std::string name = std::string(mask);
+      for (char& c : name) {
+        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+      }
+      add("padding_" + name + "_" + dt, std::string("layout=bshd dtype=") + dt +
+                                            " b=3 s_q=777 s_kv=1000 h_q=8 h_kv=2 d=128 padding=1 " + mask);
+    }
+  }
+  add("padding_sbhd_more_queries_bf16", "layout=sbhd dtype=bf16 b=4 s_q=300 s_kv=97 h=4 d=64 padding=1 causal");
+  add("padding_bs3hd_f16", "layout=bs3hd dtype=f16 b=2 s=513 h=4 d=64 padding=1 causal");
+  add("deterministic_bf16", "layout=bshd dtype=bf16 b=2 s_q=500 s_kv=1000 h_q=8 h_kv=2 d=128 causal deterministic=1");
   // One large problem, checked against the float32 GPU reference.
   add("large_bf16", "layout=bshd dtype=bf16 b=1 s_q=4097 s_kv=4097 h_q=8 h_kv=2 d=128 causal=1");
   return cases;
@@ -308,6 +324,39 @@ TEST(Execution, CudaGraphCaptureAndReplay) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+TEST(Execution, DeterministicBackwardIsBitwiseReproducible) {
+  FUSEDATTN_REQUIRE_GPU();
+  AttentionSpec spec = parse_spec(
+      "layout=bshd dtype=bf16 b=2 s_q=1000 s_kv=2048 h_q=16 h_kv=2 d=128 causal align=bottom_right deterministic=1");
+  Support support = check_support(spec, Pass::backward);
+  if (!support.ok()) GTEST_SKIP() << support.to_string();
+  AttentionBuffers buffers(spec, true);
+  buffers.fill_inputs(7);
+  const float scale = default_scale(spec);
+  check::DeviceBuffer workspace(std::max<std::size_t>(1, get_plan(spec, Pass::backward)->workspace_bytes() +
+                                                             get_plan(spec, Pass::forward)->workspace_bytes()));
+  const Workspace ws{workspace.get(), workspace.bytes(), nullptr};
+  forward(spec, buffers.forward_tensors(), scale, nullptr, ws);
+  const BackwardTensors bt = buffers.backward_tensors();
+  std::vector<std::vector<std::uint8_t>> first;
+  for (int run = 0; run < 3; ++run) {
+    buffers.poison_outputs();  // also poisons O and stats: recompute them first
+    forward(spec, buffers.forward_tensors(), scale, nullptr, ws);
+    backward(spec, bt, scale, nullptr, ws);
+    check::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    std::vector<std::vector<std::uint8_t>> grads = {copy_to_host(bt.d_q, bytes_of(spec.q)),
+                                                    copy_to_host(bt.d_k, bytes_of(spec.k)),
+                                                    copy_to_host(bt.d_v, bytes_of(spec.v))};
+    if (run == 0) {
+      first = grads;
+    } else {
+      EXPECT_EQ(grads[0], first[0]) << "dQ differs in run " << run;
+      EXPECT_EQ(grads[1], first[1]) << "dK differs in run " << run;
+      EXPECT_EQ(grads[2], first[2]) << "dV differs in run " << run;
+    }
+  }
 }
 
 class CountingAllocator : public WorkspaceAllocator {
