@@ -3,7 +3,8 @@
 # the results file (DESIGN.md §8) and the benchmark outputs into $OUT (default: ./gpu-out).
 #
 #   bash scripts/gpu_run.sh            # everything
-#   SKIP_BENCH=1 bash scripts/gpu_run.sh
+#   SKIP_BENCH=1 bash scripts/gpu_run.sh       # no benchmark
+#   GPU_TESTS_ONLY=1 bash scripts/gpu_run.sh   # the GPU tier and the results file only
 #
 # Exit status: non-zero when the build fails, any GPU test fails, or no GPU test ran.
 set -uo pipefail
@@ -31,6 +32,9 @@ ninja -C "$build" -j"$(nproc)" >/dev/null || { ninja -C "$build" -j1 2>&1 | tail
 if [ -z "${SKIP_TESTS:-}" ]; then
   echo "== GPU tests"
   "$build/tests/fusedattn_gpu_tests" --gtest_output="xml:$OUT/gpu_tests.xml" 2>&1 | grep -v "^\[       OK \]" || true
+  if [ -n "${GPU_TESTS_ONLY:-}" ]; then SKIP_BENCH=1; fi
+fi
+if [ -z "${SKIP_TESTS:-}" ] && [ -z "${GPU_TESTS_ONLY:-}" ]; then
   echo "== CPU tests and CLI (on the GPU machine too)"
   (cd "$build" && ctest -L cpu --output-on-failure 2>&1 | tail -5)
   echo "== demo"
