@@ -130,12 +130,7 @@ int fa_make_spec(const char* layout, const char* dtype, long long b, long long s
     shape.heads_kv = h_kv;
     shape.head_dim_qk = d_qk;
     shape.head_dim_v = d_v;
-    const fa::LayoutTensors t = fa::make_layout(fa::parse_layout(layout, "layout"), shape);
-    fa::AttentionSpec spec;
-    spec.q = t.q;
-    spec.k = t.k;
-    spec.v = t.v;
-    spec.o = t.o;
+    fa::AttentionSpec spec = fa::spec_for_layout(fa::parse_layout(layout, "layout"), shape);
     spec.window = causal != 0 ? fa::kCausal : fa::Window{};
     spec.alignment = bottom_right != 0 ? fa::Alignment::bottom_right : fa::Alignment::top_left;
     spec.stats = true;

@@ -112,17 +112,10 @@ std::string gpu_unavailable() {
 
 std::string quoted(const fa::AttentionSpec& spec) { return "\"" + fa::to_string(spec) + "\""; }
 
-fa::AttentionSpec spec_from_layout(fa::Layout layout, const fa::ProblemShape& shape, bool causal,
-                                   fa::Alignment alignment) {
-  fa::LayoutTensors t = fa::make_layout(layout, shape);
-  fa::AttentionSpec spec;
-  spec.q = t.q;
-  spec.k = t.k;
-  spec.v = t.v;
-  spec.o = t.o;
-  spec.window = causal ? fa::kCausal : fa::Window{};
+fa::AttentionSpec causal_spec(const fa::ProblemShape& shape, fa::Alignment alignment) {
+  fa::AttentionSpec spec = fa::spec_for_layout(fa::Layout::bshd, shape);
+  spec.window = fa::kCausal;
   spec.alignment = alignment;
-  spec.stats = true;
   return spec;
 }
 
@@ -327,7 +320,7 @@ int demo_gpu() {
   standard.seq_q = standard.seq_kv = 2048;
   standard.heads_q = standard.heads_kv = 16;
   standard.head_dim_qk = standard.head_dim_v = 128;
-  const fa::AttentionSpec first = spec_from_layout(fa::Layout::bshd, standard, true, fa::Alignment::top_left);
+  const fa::AttentionSpec first = causal_spec(standard, fa::Alignment::top_left);
   bool ok = demo_check("1. standard problem (bf16, bshd, causal), forward + backward:", first);
   const BenchResult timing = run_bench(first, 10);
   std::printf("  forward %.3f ms = %.0f TFLOP/s, forward+backward %.3f ms = %.0f TFLOP/s  spec=%s\n\n",
@@ -338,7 +331,7 @@ int demo_gpu() {
   odd.seq_q = 1000;
   odd.seq_kv = 1500;
   odd.heads_kv = 4;
-  const fa::AttentionSpec second = spec_from_layout(fa::Layout::bshd, odd, true, fa::Alignment::bottom_right);
+  const fa::AttentionSpec second = causal_spec(odd, fa::Alignment::bottom_right);
   ok = demo_check("2. odd sizes (s_q=1000, s_kv=1500, GQA 16/4, causal bottom-right), forward + backward:", second) && ok;
   std::cout << (ok ? "demo: PASS" : "demo: FAIL") << "\n";
   return ok ? kOk : kFailed;
@@ -459,7 +452,7 @@ int demo_cpu(const std::string& reason) {
   shape.heads_kv = 2;
   shape.head_dim_qk = 32;
   shape.head_dim_v = 24;
-  const fa::AttentionSpec spec = spec_from_layout(fa::Layout::bshd, shape, true, fa::Alignment::bottom_right);
+  const fa::AttentionSpec spec = causal_spec(shape, fa::Alignment::bottom_right);
   const fa::ReferenceProblem p = fa::reference_problem(spec, fa::default_scale(spec));
   std::mt19937_64 rng(2024);
   CpuTensors t;

@@ -77,6 +77,10 @@ std::string to_string(const AttentionSpec& spec);
 /// unknown key, malformed value or missing size. Does not validate; call validate() for that.
 AttentionSpec parse_spec(const std::string& text);
 
+/// A spec whose four tensors are `layout`'s for `shape` (other fields at their defaults).
+/// Throws InvalidArgument where the layout cannot pack the shape (see make_layout).
+AttentionSpec spec_for_layout(Layout layout, const ProblemShape& shape);
+
 /// The sizes of `spec` (batch, lengths, heads, head dims, dtype of q).
 ProblemShape problem_shape(const AttentionSpec& spec);
 

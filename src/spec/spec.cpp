@@ -136,6 +136,16 @@ bool fits_packing(Layout layout, const ProblemShape& shape) {
 
 }  // namespace
 
+AttentionSpec spec_for_layout(Layout layout, const ProblemShape& shape) {
+  const LayoutTensors tensors = make_layout(layout, shape);
+  AttentionSpec spec;
+  spec.q = tensors.q;
+  spec.k = tensors.k;
+  spec.v = tensors.v;
+  spec.o = tensors.o;
+  return spec;
+}
+
 ProblemShape problem_shape(const AttentionSpec& spec) {
   ProblemShape shape;
   shape.dtype = spec.q.dtype;

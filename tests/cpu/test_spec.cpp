@@ -27,13 +27,7 @@ ProblemShape shape_of(std::int64_t b, std::int64_t s_q, std::int64_t s_kv, std::
 }
 
 AttentionSpec spec_of(Layout layout, const ProblemShape& shape) {
-  LayoutTensors t = make_layout(layout, shape);
-  AttentionSpec spec;
-  spec.q = t.q;
-  spec.k = t.k;
-  spec.v = t.v;
-  spec.o = t.o;
-  return spec;
+  return spec_for_layout(layout, shape);
 }
 
 void expect_round_trip(const AttentionSpec& spec) {

@@ -32,13 +32,7 @@ AttentionSpec spec_of(std::int64_t d_qk, std::int64_t d_v, std::int64_t s_q = 25
   shape.heads_kv = 8;
   shape.head_dim_qk = d_qk;
   shape.head_dim_v = d_v;
-  LayoutTensors t = make_layout(Layout::bshd, shape);
-  AttentionSpec spec;
-  spec.q = t.q;
-  spec.k = t.k;
-  spec.v = t.v;
-  spec.o = t.o;
-  return spec;
+  return spec_for_layout(Layout::bshd, shape);
 }
 
 AttentionSpec bottom_right(AttentionSpec spec) {

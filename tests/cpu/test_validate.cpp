@@ -25,13 +25,7 @@ AttentionSpec good_spec(Layout layout = Layout::bshd) {
     shape.seq_kv = shape.seq_q;
     shape.heads_kv = shape.heads_q;
   }
-  LayoutTensors t = make_layout(layout, shape);
-  AttentionSpec spec;
-  spec.q = t.q;
-  spec.k = t.k;
-  spec.v = t.v;
-  spec.o = t.o;
-  return spec;
+  return spec_for_layout(layout, shape);
 }
 
 // Asserts that validate() throws InvalidArgument for `field`, with `value` in its value.
