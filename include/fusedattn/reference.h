@@ -15,6 +15,7 @@
 // KV, or the window) is O = 0, lse = -infinity, as above.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -33,7 +34,31 @@ struct ReferenceProblem {
   /// Actual lengths per batch entry (padding), each in [0, seq_q] / [0, seq_kv]; empty means every
   /// entry uses the full seq_q / seq_kv. Both empty or both of size batch.
   std::vector<std::int64_t> seq_len_q, seq_len_kv;
+  Bias bias = Bias::none;              ///< a bias is added to the scaled scores (values in ReferenceExtras)
+  bool alibi = false;                  ///< adds alibi_slopes(h_q)[h] * (j - i) to the scaled scores
+  Softmax softmax = Softmax::vanilla;  ///< off_by_one / sink add e^0 / e^sink[h] to the denominator
 };
+
+/// Optional inputs and outputs of a reference call, contiguous, in the call's precision. What the
+/// problem asks for must be there: `bias` ([b|1, h_q|1, s_q|1, s_kv], see bias_dims) when
+/// p.bias != none, `sink` ([h_q]) when p.softmax == sink. Outputs are written when not null:
+/// `max_logit` [b, h_q, s_q] (forward; the largest visible logit of each row, -inf for rows that
+/// see nothing or are padding), `d_bias` (backward, in the bias's shape, summed over the
+/// broadcast dims), `d_sink` [h_q] (backward).
+template <class T>
+struct ReferenceExtras {
+  const T* bias = nullptr;
+  const T* sink = nullptr;
+  T* max_logit = nullptr;
+  T* d_bias = nullptr;
+  T* d_sink = nullptr;
+};
+
+/// bias_dims(...), declared in spec.h, gives the bias's shape for a problem's sizes.
+
+/// The standard ALiBi slopes for `heads` heads (powers 2^(-8k/n), interleaved for head counts that
+/// are not powers of two), as cuDNN computes them.
+std::vector<double> alibi_slopes(std::int64_t heads);
 
 /// The spec's sizes and mask, without padding: lengths are runtime data, which callers set.
 ReferenceProblem reference_problem(const AttentionSpec& spec, double scale);
@@ -46,21 +71,22 @@ bool reference_visible(const ReferenceProblem& p, std::int64_t b, std::int64_t i
 
 /// o: [b, h_q, s_q, d_v]; lse: [b, h_q, s_q] (natural log-sum-exp of the scaled scores).
 void reference_forward_cpu(const ReferenceProblem& p, const double* q, const double* k, const double* v,
-                           double* o, double* lse);
+                           double* o, double* lse, const ReferenceExtras<double>& extras = {});
 
 /// Gradients of sum(O * dO) with respect to Q, K and V, recomputing the forward itself.
 /// d_k and d_v sum over the query heads that share each key/value head (GQA/MQA).
 void reference_backward_cpu(const ReferenceProblem& p, const double* q, const double* k, const double* v,
-                            const double* d_o, double* d_q, double* d_k, double* d_v);
+                            const double* d_o, double* d_q, double* d_k, double* d_v,
+                            const ReferenceExtras<double>& extras = {});
 
 // --- GPU, float32 (device pointers, enqueued on `stream`) -----------------------------------
 
 void reference_forward_gpu(const ReferenceProblem& p, const float* q, const float* k, const float* v, float* o,
-                           float* lse, cudaStream_t stream);
+                           float* lse, cudaStream_t stream, const ReferenceExtras<float>& extras = {});
 /// Needs the forward's o and lse (from reference_forward_gpu).
 void reference_backward_gpu(const ReferenceProblem& p, const float* q, const float* k, const float* v,
                             const float* o, const float* lse, const float* d_o, float* d_q, float* d_k, float* d_v,
-                            cudaStream_t stream);
+                            cudaStream_t stream, const ReferenceExtras<float>& extras = {});
 
 /// Copies a device tensor of any layout and dtype into a contiguous float32 [b, h, s, d] buffer.
 void gather_to_float_gpu(const TensorDesc& desc, const void* src, float* dst, cudaStream_t stream);

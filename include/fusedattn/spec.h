@@ -5,6 +5,7 @@
 // come from one field list (visit_fields in spec.cpp), so they cannot disagree.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -39,6 +40,27 @@ struct Window {
 /// The causal window {-1, 0}.
 constexpr Window kCausal{-1, 0};
 
+/// Which dims of the post-scale bias [b, h, s_q, s_kv] are real (the others broadcast, size 1).
+/// The bias tensor is contiguous in its own shape and has q's dtype; it is added to the scaled
+/// scores before the mask and the softmax.
+enum class Bias : std::uint8_t { none, bhss, b1ss, one_hss, one_1ss, one_11s };
+const char* to_string(Bias bias) noexcept;  ///< "none", "bhss", "b1ss", "1hss", "11ss", "111s"
+
+/// Dims of the bias tensor of `bias` kind for these sizes: [b or 1, h or 1, s_q or 1, s_kv]
+/// (all zero for Bias::none).
+std::array<std::int64_t, 4> bias_dims(Bias bias, std::int64_t batch, std::int64_t heads, std::int64_t seq_q,
+                                      std::int64_t seq_kv) noexcept;
+
+/// The softmax's denominator: vanilla sum_j e^s_ij; off_by_one adds e^0 (a zero logit that takes
+/// probability mass); sink adds e^sink_h, a learnable per-head logit (float32 [h], with a gradient).
+enum class Softmax : std::uint8_t { vanilla, off_by_one, sink };
+const char* to_string(Softmax softmax) noexcept;
+
+/// The largest logit (scaled score after bias and mask) per query row, or reduced to one value per
+/// head over the batch and every valid row.
+enum class MaxLogit : std::uint8_t { none, row, head };
+const char* to_string(MaxLogit max_logit) noexcept;
+
 /// What to compute. The attention scale is deliberately absent: it is a runtime value, so one
 /// compiled plan serves every scale.
 struct AttentionSpec {
@@ -46,6 +68,11 @@ struct AttentionSpec {
   TensorDesc o;        ///< output [b, h_q, s_q, d_v]; its gradient dO shares this descriptor
   Window window;                              ///< which keys each query sees (default: all)
   Alignment alignment = Alignment::top_left;  ///< where the diagonal starts (matters only with a bound)
+  Bias bias = Bias::none;       ///< a post-scale bias tensor and which of its dims broadcast
+  bool bias_grad = false;       ///< backward also writes dBias (in the bias's own shape)
+  bool alibi = false;           ///< add ALiBi with the standard per-head slopes (needs a causal window)
+  Softmax softmax = Softmax::vanilla;
+  MaxLogit max_logit = MaxLogit::none;
   bool padding = false;  ///< per-batch lengths come at run time (seq_len_q, seq_len_kv in the tensor
                          ///< sets); rows and keys past them are padding, and O, dQ, dK, dV are zero there
   bool deterministic = false;  ///< backward: bitwise-reproducible dQ, dK, dV (no atomic accumulation)
@@ -80,6 +107,9 @@ AttentionSpec parse_spec(const std::string& text);
 /// A spec whose four tensors are `layout`'s for `shape` (other fields at their defaults).
 /// Throws InvalidArgument where the layout cannot pack the shape (see make_layout).
 AttentionSpec spec_for_layout(Layout layout, const ProblemShape& shape);
+
+/// The bias tensor of `spec` (q's dtype, contiguous in its broadcast shape); dBias shares it.
+TensorDesc bias_desc(const AttentionSpec& spec);
 
 /// The sizes of `spec` (batch, lengths, heads, head dims, dtype of q).
 ProblemShape problem_shape(const AttentionSpec& spec);

@@ -8,6 +8,7 @@
 #include "fusedattn/reference.h"
 #include "spec/window_rule.h"
 #include "problem_check.h"
+#include "score_terms.h"
 
 namespace fusedattn {
 
@@ -22,16 +23,29 @@ ReferenceProblem reference_problem(const AttentionSpec& spec, double scale) {
   p.head_dim_v = spec.head_dim_v();
   p.window = spec.window;
   p.alignment = spec.alignment;
+  p.bias = spec.bias;
+  p.alibi = spec.alibi;
+  p.softmax = spec.softmax;
   p.scale = scale;
   return p;
 }
 
+std::vector<double> alibi_slopes(std::int64_t heads) {
+  std::vector<double> slopes;
+  for (std::int64_t h = 0; h < heads; ++h) slopes.push_back(detail::alibi_slope(h, heads));
+  return slopes;
+}
+
 namespace {
+
+std::int64_t entry_len_q(const ReferenceProblem& p, std::int64_t b) {
+  return p.seq_len_q.empty() ? p.seq_q : p.seq_len_q[b];
+}
 
 // The keys row i of batch entry b sees: the window over the entry's actual lengths, so that the
 // entry behaves as it would alone and unpadded; none at all for a padding row.
 detail::KeyRange row_keys(const ReferenceProblem& p, std::int64_t b, std::int64_t i) {
-  const std::int64_t len_q = p.seq_len_q.empty() ? p.seq_q : p.seq_len_q[b];
+  const std::int64_t len_q = entry_len_q(p, b);
   const std::int64_t len_kv = p.seq_len_kv.empty() ? p.seq_kv : p.seq_len_kv[b];
   if (i >= len_q) return {0, -1};
   return detail::visible_keys(p.window.left, p.window.right, p.alignment == Alignment::bottom_right, len_q, len_kv,
@@ -54,25 +68,63 @@ void axpy(double alpha, const double* x, double* y, std::int64_t n) {
   for (std::int64_t x_i = 0; x_i < n; ++x_i) y[x_i] += alpha * x[x_i];
 }
 
-// Softmax probabilities of one query row against every key of one head (0 outside `keys`, the
-// keys it sees); returns the row's log-sum-exp, or -infinity when it sees no key (then every
-// probability is 0). Subtracting the row maximum keeps exp() from overflowing however large the
-// scores are.
-double softmax_row(const ReferenceProblem& p, const double* q_row, const double* k_head, detail::KeyRange keys,
-                   std::vector<double>& probs) {
-  std::fill(probs.begin(), probs.end(), 0.0);
-  if (keys.empty()) return -std::numeric_limits<double>::infinity();
-  for (std::int64_t j = keys.first; j <= keys.last; ++j) {
-    probs[j] = p.scale * dot(q_row, k_head + j * p.head_dim_qk, p.head_dim_qk);
+// What a call adds to the plain scaled scores: bias and ALiBi on each logit, and the extra term
+// (e^0 or e^sink_h) of the softmax's denominator.
+struct ScoreTerms {
+  const ReferenceProblem& p;
+  const ReferenceExtras<double>& extras;
+  detail::BiasIndex bias_at;
+  std::vector<double> slopes;
+
+  ScoreTerms(const ReferenceProblem& problem, const ReferenceExtras<double>& e)
+      : p(problem), extras(e), bias_at(detail::bias_index(problem)) {
+    if (p.alibi) slopes = alibi_slopes(p.heads_q);
   }
-  const double max = *std::max_element(probs.begin() + keys.first, probs.begin() + keys.last + 1);
+  // bias[b', h', i', j] + slope_h * (j - i)
+  double added(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
+    double sum = 0.0;
+    if (p.bias != Bias::none) sum += extras.bias[bias_at.at(b, h, i, j)];
+    if (p.alibi) sum += slopes[h] * static_cast<double>(j - i);
+    return sum;
+  }
+  bool has_extra() const { return p.softmax != Softmax::vanilla; }
+  double extra_logit(std::int64_t h) const { return p.softmax == Softmax::sink ? extras.sink[h] : 0.0; }
+};
+
+struct RowStats {
+  double lse;        // log of the full denominator (the extra term included); -inf when it is empty
+  double max_logit;  // the largest visible logit; -inf when the row sees no key
+};
+
+// Softmax probabilities of query row i (of entry b, head h) against every key of one head (0
+// outside `keys`, the keys it sees). A row that sees no key has every probability 0; its lse is
+// the extra logit when the softmax has one, -inf otherwise (and always for a padding row).
+// Subtracting the row maximum keeps exp() from overflowing however large the scores are.
+RowStats softmax_row(const ScoreTerms& terms, std::int64_t b, std::int64_t h, std::int64_t i, const double* q_row,
+                     const double* k_head, detail::KeyRange keys, std::vector<double>& probs) {
+  const ReferenceProblem& p = terms.p;
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  RowStats stats{-inf, -inf};
+  std::fill(probs.begin(), probs.end(), 0.0);
+  if (i >= entry_len_q(p, b)) return stats;  // padding
+  for (std::int64_t j = keys.first; j <= keys.last; ++j) {
+    probs[j] = p.scale * dot(q_row, k_head + j * p.head_dim_qk, p.head_dim_qk) + terms.added(b, h, i, j);
+  }
+  if (!keys.empty()) stats.max_logit = *std::max_element(probs.begin() + keys.first, probs.begin() + keys.last + 1);
+  const double max = terms.has_extra() ? std::max(stats.max_logit, terms.extra_logit(h)) : stats.max_logit;
+  if (max == -inf) {  // nothing in the denominator
+    std::fill(probs.begin(), probs.end(), 0.0);
+    return stats;
+  }
   double sum = 0.0;
   for (std::int64_t j = keys.first; j <= keys.last; ++j) {
     probs[j] = std::exp(probs[j] - max);
     sum += probs[j];
   }
+  if (terms.has_extra()) sum += std::exp(terms.extra_logit(h) - max);
   for (std::int64_t j = keys.first; j <= keys.last; ++j) probs[j] /= sum;
-  return max + std::log(sum);
+  stats.lse = max + std::log(sum);
+  return stats;
 }
 
 // o_row = sum_j probs[j] * v_j
@@ -91,8 +143,10 @@ bool reference_visible(const ReferenceProblem& p, std::int64_t b, std::int64_t i
 }
 
 void reference_forward_cpu(const ReferenceProblem& p, const double* q, const double* k, const double* v,
-                           double* o, double* lse) {
+                           double* o, double* lse, const ReferenceExtras<double>& extras) {
   detail::check_reference_problem(p);
+  detail::check_reference_extras(p, extras);
+  const ScoreTerms terms(p, extras);
   const std::int64_t group = p.heads_q / p.heads_kv;
   std::vector<double> probs(static_cast<std::size_t>(p.seq_kv));
   for (std::int64_t b = 0; b < p.batch; ++b) {
@@ -102,9 +156,11 @@ void reference_forward_cpu(const ReferenceProblem& p, const double* q, const dou
       const double* k_head = k + head_offset(b, hk, p.heads_kv, p.seq_kv, p.head_dim_qk);
       const double* v_head = v + head_offset(b, hk, p.heads_kv, p.seq_kv, p.head_dim_v);
       double* o_head = o + head_offset(b, hq, p.heads_q, p.seq_q, p.head_dim_v);
-      double* lse_head = lse + head_offset(b, hq, p.heads_q, p.seq_q, 1);
+      const std::int64_t stat_head = head_offset(b, hq, p.heads_q, p.seq_q, 1);
       for (std::int64_t i = 0; i < p.seq_q; ++i) {
-        lse_head[i] = softmax_row(p, q_head + i * p.head_dim_qk, k_head, row_keys(p, b, i), probs);
+        const RowStats stats = softmax_row(terms, b, hq, i, q_head + i * p.head_dim_qk, k_head, row_keys(p, b, i), probs);
+        lse[stat_head + i] = stats.lse;
+        if (extras.max_logit != nullptr) extras.max_logit[stat_head + i] = stats.max_logit;
         weighted_values(p, probs, v_head, o_head + i * p.head_dim_v);
       }
     }
@@ -112,13 +168,20 @@ void reference_forward_cpu(const ReferenceProblem& p, const double* q, const dou
 }
 
 void reference_backward_cpu(const ReferenceProblem& p, const double* q, const double* k, const double* v,
-                            const double* d_o, double* d_q, double* d_k, double* d_v) {
+                            const double* d_o, double* d_q, double* d_k, double* d_v,
+                            const ReferenceExtras<double>& extras) {
   detail::check_reference_problem(p);
+  detail::check_reference_extras(p, extras);
+  const ScoreTerms terms(p, extras);
   const std::int64_t group = p.heads_q / p.heads_kv;
+  double* d_bias = p.bias != Bias::none ? extras.d_bias : nullptr;
+  double* d_sink = p.softmax == Softmax::sink ? extras.d_sink : nullptr;
   // Zeroed first: padding rows and keys, like rows that see nothing, get no contribution at all.
   std::fill(d_q, d_q + p.batch * p.heads_q * p.seq_q * p.head_dim_qk, 0.0);
   std::fill(d_k, d_k + p.batch * p.heads_kv * p.seq_kv * p.head_dim_qk, 0.0);
   std::fill(d_v, d_v + p.batch * p.heads_kv * p.seq_kv * p.head_dim_v, 0.0);
+  if (d_bias != nullptr) std::fill(d_bias, d_bias + detail::bias_elements(p), 0.0);
+  if (d_sink != nullptr) std::fill(d_sink, d_sink + p.heads_q, 0.0);
   std::vector<double> probs(static_cast<std::size_t>(p.seq_kv));
   std::vector<double> o_row(static_cast<std::size_t>(p.head_dim_v));
   for (std::int64_t b = 0; b < p.batch; ++b) {
@@ -133,7 +196,8 @@ void reference_backward_cpu(const ReferenceProblem& p, const double* q, const do
         const double* do_row = d_o + o_off + i * p.head_dim_v;
         double* dq_row = d_q + q_off + i * p.head_dim_qk;
         const detail::KeyRange keys = row_keys(p, b, i);
-        softmax_row(p, q_row, k + k_off, keys, probs);
+        const RowStats stats = softmax_row(terms, b, hq, i, q_row, k + k_off, keys, probs);
+        if (stats.lse == -std::numeric_limits<double>::infinity()) continue;  // P = 0: no contribution
         weighted_values(p, probs, v + v_off, o_row.data());
         // D_i = rowsum(dO ∘ O): the softmax Jacobian's correction term for this row.
         const double d_row = dot(do_row, o_row.data(), p.head_dim_v);
@@ -145,7 +209,10 @@ void reference_backward_cpu(const ReferenceProblem& p, const double* q, const do
           axpy(p.scale * d_s, k_row, dq_row, p.head_dim_qk);
           axpy(p.scale * d_s, q_row, d_k + k_off + j * p.head_dim_qk, p.head_dim_qk);
           axpy(probs[j], do_row, d_v + v_off + j * p.head_dim_v, p.head_dim_v);
+          if (d_bias != nullptr) d_bias[terms.bias_at.at(b, hq, i, j)] += d_s;  // summed over broadcast dims
         }
+        // The sink's probability is P_sink = e^(sink_h - lse_i), and dO_i . dO_i/dsink_h = -P_sink D_i.
+        if (d_sink != nullptr) d_sink[hq] -= std::exp(extras.sink[hq] - stats.lse) * d_row;
       }
     }
   }

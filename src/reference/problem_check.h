@@ -55,4 +55,16 @@ inline void check_reference_problem(const ReferenceProblem& p) {
   check_lengths("seq_len_kv", p.seq_len_kv, "seq_len_q", p.seq_len_q, p.batch, "seq_kv", p.seq_kv);
 }
 
+/// The extra inputs the problem asks for must be there: the bias values when p.bias != none, the
+/// per-head sink logits when p.softmax == sink. (Outputs are optional: null means not wanted.)
+template <class T>
+inline void check_reference_extras(const ReferenceProblem& p, const ReferenceExtras<T>& extras) {
+  if (p.bias != Bias::none && extras.bias == nullptr) {
+    throw InvalidArgument("extras.bias", "null", std::string("must be set when bias = ") + to_string(p.bias));
+  }
+  if (p.softmax == Softmax::sink && extras.sink == nullptr) {
+    throw InvalidArgument("extras.sink", "null", "must be set when softmax = sink (one logit per query head)");
+  }
+}
+
 }  // namespace fusedattn::detail

@@ -27,6 +27,11 @@ void visit_fields(F&& f, Specs&... specs) {
   f("o", specs.o...);
   f("window", specs.window...);
   f("align", specs.alignment...);
+  f("bias", specs.bias...);
+  f("bias_grad", specs.bias_grad...);
+  f("alibi", specs.alibi...);
+  f("softmax", specs.softmax...);
+  f("max_logit", specs.max_logit...);
   f("padding", specs.padding...);
   f("deterministic", specs.deterministic...);
   f("stats", specs.stats...);
@@ -35,11 +40,42 @@ void visit_fields(F&& f, Specs&... specs) {
 template <class T>
 constexpr bool kIsTensor = std::is_same_v<std::decay_t<T>, TensorDesc>;
 
+// --- names of the enum fields: one table each serves to_string, printing and parsing ------------
+
+template <class E>
+struct Named {
+  E value;
+  const char* name;
+};
+constexpr Named<Alignment> kAlignmentNames[] = {{Alignment::top_left, "top_left"},
+                                                {Alignment::bottom_right, "bottom_right"}};
+constexpr Named<Bias> kBiasNames[] = {{Bias::none, "none"},       {Bias::bhss, "bhss"},       {Bias::b1ss, "b1ss"},
+                                      {Bias::one_hss, "1hss"},    {Bias::one_1ss, "11ss"},    {Bias::one_11s, "111s"}};
+constexpr Named<Softmax> kSoftmaxNames[] = {
+    {Softmax::vanilla, "vanilla"}, {Softmax::off_by_one, "off_by_one"}, {Softmax::sink, "sink"}};
+constexpr Named<MaxLogit> kMaxLogitNames[] = {{MaxLogit::none, "none"}, {MaxLogit::row, "row"}, {MaxLogit::head, "head"}};
+
+constexpr const auto& names_of(Alignment) { return kAlignmentNames; }
+constexpr const auto& names_of(Bias) { return kBiasNames; }
+constexpr const auto& names_of(Softmax) { return kSoftmaxNames; }
+constexpr const auto& names_of(MaxLogit) { return kMaxLogitNames; }
+
+template <class E>
+const char* name_of(E value) noexcept {
+  for (const auto& entry : names_of(value)) {
+    if (entry.value == value) return entry.name;
+  }
+  return "unknown";
+}
+
 // --- one codec per field type -------------------------------------------------------------------
 
 std::string format_value(const TensorDesc& desc) { return to_string(desc); }
 std::string format_value(bool flag) { return flag ? "1" : "0"; }
-std::string format_value(Alignment alignment) { return to_string(alignment); }
+template <class E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
+std::string format_value(E value) {
+  return name_of(value);
+}
 std::string format_value(const Window& window) { return std::to_string(window.left) + "," + std::to_string(window.right); }
 
 void parse_value(const std::string& text, const std::string& key, TensorDesc& out) {
@@ -64,14 +100,17 @@ void parse_value(const std::string& text, const std::string& key, Window& out) {
   out = Window{*left, *right};
 }
 
-void parse_value(const std::string& text, const std::string& key, Alignment& out) {
-  if (text == "top_left") {
-    out = Alignment::top_left;
-  } else if (text == "bottom_right") {
-    out = Alignment::bottom_right;
-  } else {
-    throw InvalidArgument(key, text, "top_left or bottom_right");
+template <class E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
+void parse_value(const std::string& text, const std::string& key, E& out) {
+  std::string known;
+  for (const auto& entry : names_of(out)) {
+    if (text == entry.name) {
+      out = entry.value;
+      return;
+    }
+    known += std::string(known.empty() ? "one of " : ", ") + entry.name;
   }
+  throw InvalidArgument(key, text, known);
 }
 
 std::size_t hash_of(const TensorDesc& desc) noexcept {
@@ -81,7 +120,10 @@ std::size_t hash_of(const TensorDesc& desc) noexcept {
   return seed;
 }
 std::size_t hash_of(bool flag) noexcept { return flag ? 1 : 0; }
-std::size_t hash_of(Alignment alignment) noexcept { return static_cast<std::size_t>(alignment); }
+template <class E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
+std::size_t hash_of(E value) noexcept {
+  return static_cast<std::size_t>(value);
+}
 std::size_t hash_of(const Window& window) noexcept {
   std::size_t seed = std::hash<std::int64_t>{}(window.left);
   detail::hash_combine(seed, std::hash<std::int64_t>{}(window.right));
@@ -135,6 +177,27 @@ bool fits_packing(Layout layout, const ProblemShape& shape) {
 }
 
 }  // namespace
+
+std::array<std::int64_t, 4> bias_dims(Bias bias, std::int64_t batch, std::int64_t heads, std::int64_t seq_q,
+                                      std::int64_t seq_kv) noexcept {
+  switch (bias) {
+    case Bias::none: return {0, 0, 0, 0};
+    case Bias::bhss: return {batch, heads, seq_q, seq_kv};
+    case Bias::b1ss: return {batch, 1, seq_q, seq_kv};
+    case Bias::one_hss: return {1, heads, seq_q, seq_kv};
+    case Bias::one_1ss: return {1, 1, seq_q, seq_kv};
+    case Bias::one_11s: return {1, 1, 1, seq_kv};
+  }
+  return {0, 0, 0, 0};
+}
+
+TensorDesc bias_desc(const AttentionSpec& spec) {
+  TensorDesc desc;
+  desc.dtype = spec.q.dtype;
+  desc.dims = bias_dims(spec.bias, spec.batch(), spec.heads_q(), spec.seq_q(), spec.seq_kv());
+  desc.strides = contiguous_bhsd_strides(desc.dims);
+  return desc;
+}
 
 AttentionSpec spec_for_layout(Layout layout, const ProblemShape& shape) {
   const LayoutTensors tensors = make_layout(layout, shape);
@@ -324,13 +387,10 @@ void require_no_self_overlap(const char* name, const TensorDesc& desc) {
 
 }  // namespace
 
-const char* to_string(Alignment alignment) noexcept {
-  switch (alignment) {
-    case Alignment::top_left: return "top_left";
-    case Alignment::bottom_right: return "bottom_right";
-  }
-  return "unknown";
-}
+const char* to_string(Alignment alignment) noexcept { return name_of(alignment); }
+const char* to_string(Bias bias) noexcept { return name_of(bias); }
+const char* to_string(Softmax softmax) noexcept { return name_of(softmax); }
+const char* to_string(MaxLogit max_logit) noexcept { return name_of(max_logit); }
 
 // 2 matmuls (Q·K^T with d_qk, P·V with d_v) of 2 flops per multiply-add: 2·b·h·s_q·s_kv·(d_qk + d_v),
 // which is 4·b·h·s_q·s_kv·d for d the mean head dim. Causal halving is the usual approximation (it
@@ -363,16 +423,23 @@ std::size_t hash_value(const AttentionSpec& spec) noexcept {
   return seed;
 }
 
+// Options at their default values are left out: the parser starts from the same defaults, so the
+// string stays an exact repro while saying only what differs from plain attention.
 std::string to_string(const AttentionSpec& spec) {
   std::optional<Layout> layout = named_layout(spec);
   std::string out = layout ? short_form(*layout, problem_shape(spec)) : std::string();
+  const AttentionSpec defaults;
   visit_fields(
-      [&](const char* name, const auto& field) {
-        if (layout && kIsTensor<decltype(field)>) return;  // already said by the layout form
+      [&](const char* name, const auto& field, const auto& default_value) {
+        if (kIsTensor<decltype(field)>) {
+          if (layout) return;  // already said by the layout form
+        } else if (field == default_value) {
+          return;
+        }
         if (!out.empty()) out += ' ';
         out += std::string(name) + "=" + format_value(field);
       },
-      spec);
+      spec, defaults);
   return out;
 }
 
@@ -453,6 +520,9 @@ void validate(const AttentionSpec& spec) {
   }
   if (spec.window.right < -1) {
     throw InvalidArgument("window", format_value(spec.window), "a right bound of -1 (none) or at least 0");
+  }
+  if (spec.bias_grad && spec.bias == Bias::none) {
+    throw InvalidArgument("bias_grad", "1", "a bias (bias=bhss, b1ss, 1hss, 11ss or 111s) to take the gradient of");
   }
 }
 

@@ -211,6 +211,32 @@ void single_element_backward_rule(const AttentionSpec& spec, Pass pass, Reasons&
   out.push_back({"s_q", "1 (and s_kv = 1)", "s_q > 1 or s_kv > 1 for the backward pass", ""});
 }
 
+// Scores changed by a bias or ALiBi: cuDNN's bottom-right diagonals take neither (every version);
+// ALiBi is defined only under a causal top-left diagonal (its slope term is j - i); before 9.10.2
+// a sliding window takes no bias; dBias arrived for padded and odd-length problems in 9.5.
+void score_terms_rule(const AttentionSpec& spec, Pass pass, const Versions& versions, Reasons& out) {
+  const bool bottom_right = spec.window.right >= 0 && spec.alignment == Alignment::bottom_right;
+  if (spec.bias != Bias::none && bottom_right) {
+    out.push_back({"bias", to_string(spec.bias), "no bottom-right diagonal with a bias (cuDNN's kernels take none)", ""});
+  }
+  if (spec.alibi && (!spec.window.causal() || spec.alignment != Alignment::top_left)) {
+    out.push_back({"alibi", "1", "a causal top-left window (window=-1,0 align=top_left) with ALiBi", ""});
+  }
+  if (spec.bias != Bias::none && spec.window.left >= 0 && versions.cudnn_runtime < 91002) {
+    out.push_back({"bias", to_string(spec.bias), "no sliding window with a bias before cuDNN 9.10.2", "cuDNN 9.10.2"});
+  }
+  if (pass == Pass::backward && spec.bias_grad && versions.cudnn_runtime < 90500 &&
+      (spec.padding || spec.seq_q() % 64 != 0 || spec.seq_kv() % 64 != 0)) {
+    out.push_back({"bias_grad", "1", "unpadded s_q and s_kv multiples of 64 for dBias before cuDNN 9.5", "cuDNN 9.5"});
+  }
+}
+
+// Sinks (off_by_one is a sink of logit 0) arrived in cuDNN 9.13 (91300).
+void softmax_rule(const AttentionSpec& spec, const Versions& versions, Reasons& out) {
+  if (spec.softmax == Softmax::vanilla || versions.cudnn_runtime >= 91300) return;
+  out.push_back({"softmax", to_string(spec.softmax), "cuDNN 9.13 or newer for a softmax with a sink", "cuDNN 9.13"});
+}
+
 // The deterministic backward reached Blackwell (SM 10.x) in cuDNN 9.18 (91800).
 void deterministic_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions,
                         Reasons& out) {
@@ -218,6 +244,9 @@ void deterministic_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& 
   if (caps.sm_major == 10 && versions.cudnn_runtime < 91800) {
     out.push_back({"deterministic", "1", "cuDNN 9.18 or newer for a deterministic backward on " + sm_text(caps),
                    "cuDNN 9.18"});
+  }
+  if (caps.sm_major == 10 && (spec.bias_grad || spec.alibi)) {
+    out.push_back({"deterministic", "1", "no dBias or ALiBi with a deterministic backward on " + sm_text(caps), ""});
   }
 }
 
@@ -236,6 +265,8 @@ Support check_support_policy(const AttentionSpec& spec, Pass pass, const DeviceC
   window_rule(spec, caps, versions, out);
   single_element_backward_rule(spec, pass, out);
   deterministic_rule(spec, pass, caps, versions, out);
+  score_terms_rule(spec, pass, versions, out);
+  softmax_rule(spec, versions, out);
   return support;
 }
 

@@ -15,7 +15,7 @@ namespace {
 
 AttentionSpec spec_of(const std::string& text) { return parse_spec(text); }
 
-const char* const kSpec = "layout=bshd dtype=bf16 b=2 s_q=128 s_kv=128 h_q=8 h_kv=8 d_qk=64 d_v=64 window=-1,0 align=top_left padding=0 deterministic=0 stats=1";
+const char* const kSpec = "layout=bshd dtype=bf16 b=2 s_q=128 s_kv=128 h_q=8 h_kv=8 d_qk=64 d_v=64 window=-1,0";
 
 Versions versions(int runtime, int frontend) {
   Versions v;

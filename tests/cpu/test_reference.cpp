@@ -1,5 +1,6 @@
 // CPU tier: the float64 reference against closed forms, finite differences and itself unpadded, and the host helpers.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -7,6 +8,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -114,6 +116,9 @@ TEST(ReferenceProblem, CopiesEverySizeAndOptionFromTheSpec) {
   spec.o.dims = {2, 8, 100, 128};
   spec.window = Window{64, 3};
   spec.alignment = Alignment::bottom_right;
+  spec.bias = Bias::b1ss;
+  spec.alibi = true;
+  spec.softmax = Softmax::sink;
   const ReferenceProblem p = reference_problem(spec, 0.3);
   EXPECT_EQ(p.batch, 2);
   EXPECT_EQ(p.heads_q, 8);
@@ -123,6 +128,9 @@ TEST(ReferenceProblem, CopiesEverySizeAndOptionFromTheSpec) {
   EXPECT_EQ(p.head_dim_qk, 192);
   EXPECT_EQ(p.head_dim_v, 128);
   EXPECT_EQ(p.window, (Window{64, 3}));
+  EXPECT_EQ(p.bias, Bias::b1ss);
+  EXPECT_TRUE(p.alibi);
+  EXPECT_EQ(p.softmax, Softmax::sink);
   EXPECT_EQ(p.alignment, Alignment::bottom_right);
   EXPECT_EQ(p.scale, 0.3);
 }
@@ -618,6 +626,629 @@ TEST(ReferencePadding, RejectsBadLengths) {
         EXPECT_EQ(e.field(), c.field);
         EXPECT_EQ(e.value(), c.value);
         EXPECT_FALSE(e.requirement().empty());
+      }
+    }
+  }
+}
+
+// --- bias, ALiBi, softmax variants, max logit --------------------------------------------------
+
+std::string describe_extras(const ReferenceProblem& p) {
+  return describe(p) + " bias=" + to_string(p.bias) + (p.alibi ? " alibi" : "") + " softmax=" + to_string(p.softmax) +
+         (p.seq_len_q.empty() ? "" : " padded");
+}
+
+std::int64_t bias_size(const ReferenceProblem& p) {
+  const std::array<std::int64_t, 4> dims = bias_dims(p.bias, p.batch, p.heads_q, p.seq_q, p.seq_kv);
+  return dims[0] * dims[1] * dims[2] * dims[3];
+}
+
+// The extra inputs of a call (empty: not given).
+struct ExtraInputs {
+  std::vector<double> bias, sink;
+};
+
+ExtraInputs random_extras(const ReferenceProblem& p, Rng& rng) {
+  ExtraInputs in;
+  if (p.bias != Bias::none) in.bias = rng.normal(bias_size(p));
+  if (p.softmax == Softmax::sink) in.sink = rng.normal(p.heads_q);
+  return in;
+}
+
+ReferenceExtras<double> extras_of(const ExtraInputs& in) {
+  ReferenceExtras<double> e;
+  e.bias = in.bias.empty() ? nullptr : in.bias.data();
+  e.sink = in.sink.empty() ? nullptr : in.sink.data();
+  return e;
+}
+
+struct FullForward {
+  std::vector<double> o, lse, max_logit;
+};
+
+// Forward with every optional output, poisoned with NaN first so that nothing is left unwritten.
+FullForward run_forward_full(const ReferenceProblem& p, const std::vector<double>& q, const std::vector<double>& k,
+                             const std::vector<double>& v, const ExtraInputs& in) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  FullForward f{std::vector<double>(static_cast<std::size_t>(o_size(p)), nan),
+                std::vector<double>(static_cast<std::size_t>(lse_size(p)), nan),
+                std::vector<double>(static_cast<std::size_t>(lse_size(p)), nan)};
+  ReferenceExtras<double> e = extras_of(in);
+  e.max_logit = f.max_logit.data();
+  reference_forward_cpu(p, q.data(), k.data(), v.data(), f.o.data(), f.lse.data(), e);
+  return f;
+}
+
+struct FullGradients {
+  std::vector<double> d_q, d_k, d_v, d_bias, d_sink;  // d_bias, d_sink empty when there is none
+};
+
+FullGradients run_backward_full(const ReferenceProblem& p, const std::vector<double>& q, const std::vector<double>& k,
+                                const std::vector<double>& v, const std::vector<double>& d_o, const ExtraInputs& in) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  FullGradients g{std::vector<double>(q.size(), nan), std::vector<double>(k.size(), nan),
+                  std::vector<double>(v.size(), nan), std::vector<double>(in.bias.size(), nan),
+                  std::vector<double>(in.sink.size(), nan)};
+  ReferenceExtras<double> e = extras_of(in);
+  e.d_bias = g.d_bias.empty() ? nullptr : g.d_bias.data();
+  e.d_sink = g.d_sink.empty() ? nullptr : g.d_sink.data();
+  reference_backward_cpu(p, q.data(), k.data(), v.data(), d_o.data(), g.d_q.data(), g.d_k.data(), g.d_v.data(), e);
+  return g;
+}
+
+double loss_full(const ReferenceProblem& p, const std::vector<double>& q, const std::vector<double>& k,
+                 const std::vector<double>& v, const std::vector<double>& d_o, const ExtraInputs& in) {
+  const FullForward f = run_forward_full(p, q, k, v, in);
+  double sum = 0.0;
+  for (std::size_t x = 0; x < f.o.size(); ++x) sum += f.o[x] * d_o[x];
+  return sum;
+}
+
+// Every gradient of the call (dQ, dK, dV, and dBias / dSink where the problem has them) against
+// central differences of L = sum(O ∘ dO).
+void expect_gradients_match_finite_differences(const ReferenceProblem& p, Rng& rng) {
+  std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
+  const std::vector<double> d_o = rng.normal(o_size(p));
+  ExtraInputs in = random_extras(p, rng);
+  const FullGradients g = run_backward_full(p, q, k, v, d_o, in);
+  const auto eval = [&] { return loss_full(p, q, k, v, d_o, in); };
+  const auto n = [](const std::vector<double>& x) { return static_cast<std::int64_t>(x.size()); };
+  EXPECT_LT(relative_error(g.d_q.data(), numeric_gradient(q, eval).data(), n(q)), 1e-6) << "dQ";
+  EXPECT_LT(relative_error(g.d_k.data(), numeric_gradient(k, eval).data(), n(k)), 1e-6) << "dK";
+  EXPECT_LT(relative_error(g.d_v.data(), numeric_gradient(v, eval).data(), n(v)), 1e-6) << "dV";
+  if (!in.bias.empty()) {
+    EXPECT_LT(relative_error(g.d_bias.data(), numeric_gradient(in.bias, eval).data(), n(in.bias)), 1e-6) << "dBias";
+  }
+  if (!in.sink.empty()) {
+    const std::vector<double> num_sink = numeric_gradient(in.sink, eval);
+    EXPECT_LT(relative_error(g.d_sink.data(), num_sink.data(), n(in.sink)), 1e-6) << "dSink";
+    double norm = 0.0;
+    for (double x : num_sink) norm += std::abs(x);
+    EXPECT_GT(norm, 1e-3) << "the sink must matter in this test";
+  }
+}
+
+const Bias kBiasShapes[] = {Bias::bhss, Bias::b1ss, Bias::one_hss, Bias::one_1ss, Bias::one_11s};
+
+TEST(ReferenceBias, DimsOfEachShape) {
+  using D = std::array<std::int64_t, 4>;
+  EXPECT_EQ(bias_dims(Bias::bhss, 2, 3, 4, 5), (D{2, 3, 4, 5}));
+  EXPECT_EQ(bias_dims(Bias::b1ss, 2, 3, 4, 5), (D{2, 1, 4, 5}));
+  EXPECT_EQ(bias_dims(Bias::one_hss, 2, 3, 4, 5), (D{1, 3, 4, 5}));
+  EXPECT_EQ(bias_dims(Bias::one_1ss, 2, 3, 4, 5), (D{1, 1, 4, 5}));
+  EXPECT_EQ(bias_dims(Bias::one_11s, 2, 3, 4, 5), (D{1, 1, 1, 5}));
+}
+
+// Softmax is invariant to a shift of the whole row: a bias constant along j changes O and the
+// gradients only by rounding, moves lse by the constant, and gets dBias summing to 0 along each
+// row (sum_j dS_ij = D_i - D_i sum_j P_ij = 0).
+TEST(ReferenceBias, ConstantPerRowChangesNothingButLse) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (Bias shape : {Bias::bhss, Bias::b1ss, Bias::one_hss, Bias::one_1ss}) {
+    ReferenceProblem plain = make_problem(4, 2, 5, 7, 8, 16, kCausal, Alignment::bottom_right);
+    plain.batch = 2;
+    ReferenceProblem p = plain;
+    p.bias = shape;
+    SCOPED_TRACE(describe_extras(p));
+    const std::array<std::int64_t, 4> dims = bias_dims(shape, p.batch, p.heads_q, p.seq_q, p.seq_kv);
+    ExtraInputs in;
+    const std::vector<double> row_bias = rng.normal(dims[0] * dims[1] * dims[2]);
+    for (double c : row_bias) in.bias.insert(in.bias.end(), static_cast<std::size_t>(p.seq_kv), 3.0 * c);
+    const std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
+    const std::vector<double> d_o = rng.normal(o_size(p));
+    const FullForward biased = run_forward_full(p, q, k, v, in), ref = run_forward_full(plain, q, k, v, {});
+    EXPECT_LT(relative_error(biased.o.data(), ref.o.data(), o_size(p)), 1e-14);
+    for (std::int64_t b = 0; b < p.batch; ++b) {
+      for (std::int64_t h = 0; h < p.heads_q; ++h) {
+        for (std::int64_t i = 0; i < p.seq_q; ++i) {
+          const std::int64_t row = (b * p.heads_q + h) * p.seq_q + i;
+          const std::int64_t at = ((dims[0] == 1 ? 0 : b) * dims[1] + (dims[1] == 1 ? 0 : h)) * dims[2] + i;
+          const double c = 3.0 * row_bias[static_cast<std::size_t>(at)];
+          EXPECT_NEAR(biased.lse[row], ref.lse[row] + c, 1e-12) << "row " << row;
+          EXPECT_NEAR(biased.max_logit[row], ref.max_logit[row] + c, 1e-12) << "row " << row;
+        }
+      }
+    }
+    const FullGradients gb = run_backward_full(p, q, k, v, d_o, in), gr = run_backward_full(plain, q, k, v, d_o, {});
+    EXPECT_LT(relative_error(gb.d_q.data(), gr.d_q.data(), q_size(p)), 1e-12);
+    EXPECT_LT(relative_error(gb.d_k.data(), gr.d_k.data(), k_size(p)), 1e-12);
+    EXPECT_LT(relative_error(gb.d_v.data(), gr.d_v.data(), v_size(p)), 1e-12);
+    for (std::int64_t r = 0; r < dims[0] * dims[1] * dims[2]; ++r) {
+      double sum = 0.0, norm = 0.0;
+      for (std::int64_t j = 0; j < p.seq_kv; ++j) {
+        sum += gb.d_bias[static_cast<std::size_t>(r * p.seq_kv + j)];
+        norm += std::abs(gb.d_bias[static_cast<std::size_t>(r * p.seq_kv + j)]);
+      }
+      EXPECT_NEAR(sum, 0.0, 1e-12 * (1.0 + norm)) << "bias row " << r;
+    }
+  }
+}
+
+// A bias of -1e9 on a key makes e^(s - max) exactly 0 in float64: the key is hidden exactly as the
+// mask hides it, so O, lse and every gradient equal the masked problem's, and dBias is 0 there.
+TEST(ReferenceBias, HugeNegativeBiasHidesAKeyLikeTheMask) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (Alignment alignment : {Alignment::top_left, Alignment::bottom_right}) {
+    ReferenceProblem masked = make_problem(4, 2, 5, 7, 8, 16, Window{3, 0}, alignment);
+    ReferenceProblem p = make_problem(4, 2, 5, 7, 8, 16);
+    p.bias = Bias::one_1ss;
+    SCOPED_TRACE(describe(masked));
+    ExtraInputs in;
+    for (std::int64_t i = 0; i < p.seq_q; ++i) {
+      for (std::int64_t j = 0; j < p.seq_kv; ++j) in.bias.push_back(reference_visible(masked, 0, i, j) ? 0.0 : -1e9);
+    }
+    const std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
+    const std::vector<double> d_o = rng.normal(o_size(p));
+    const FullForward a = run_forward_full(p, q, k, v, in), b = run_forward_full(masked, q, k, v, {});
+    EXPECT_EQ(a.o, b.o);
+    EXPECT_EQ(a.lse, b.lse);
+    EXPECT_EQ(a.max_logit, b.max_logit);
+    const FullGradients ga = run_backward_full(p, q, k, v, d_o, in), gb = run_backward_full(masked, q, k, v, d_o, {});
+    EXPECT_LT(relative_error(ga.d_q.data(), gb.d_q.data(), q_size(p)), 1e-14);
+    EXPECT_LT(relative_error(ga.d_k.data(), gb.d_k.data(), k_size(p)), 1e-14);
+    EXPECT_LT(relative_error(ga.d_v.data(), gb.d_v.data(), v_size(p)), 1e-14);
+    for (std::size_t x = 0; x < in.bias.size(); ++x) {
+      if (in.bias[x] != 0.0) EXPECT_EQ(ga.d_bias[x], 0.0) << "element " << x;
+    }
+  }
+}
+
+// dBias of each broadcast shape against central differences: float64, small, GQA, s_q != s_kv
+// both ways, causal both alignments (with rows that see nothing), and a batch of two.
+TEST(ReferenceBias, GradientOfEachShapeMatchesFiniteDifferences) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (Bias shape : kBiasShapes) {
+    for (auto [s_q, s_kv, alignment] : {std::tuple<int, int, Alignment>{3, 5, Alignment::top_left},
+                                        std::tuple<int, int, Alignment>{5, 3, Alignment::bottom_right}}) {
+      ReferenceProblem p = make_problem(4, 2, s_q, s_kv, 8, 8, kCausal, alignment);
+      p.batch = 2;
+      p.bias = shape;
+      SCOPED_TRACE(describe_extras(p));
+      expect_gradients_match_finite_differences(p, rng);
+    }
+  }
+}
+
+// The bias's values land where bias_dims says: compare against a bhss bias with the broadcast
+// dims written out.
+TEST(ReferenceBias, BroadcastEqualsTheExpandedBias) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (Bias shape : kBiasShapes) {
+    ReferenceProblem p = make_problem(4, 2, 3, 5, 8, 8, kCausal, Alignment::top_left);
+    p.batch = 2;
+    p.bias = shape;
+    ReferenceProblem full = p;
+    full.bias = Bias::bhss;
+    SCOPED_TRACE(describe_extras(p));
+    const ExtraInputs in = random_extras(p, rng);
+    const std::array<std::int64_t, 4> dims = bias_dims(shape, p.batch, p.heads_q, p.seq_q, p.seq_kv);
+    ExtraInputs expanded;
+    for (std::int64_t b = 0; b < p.batch; ++b) {
+      for (std::int64_t h = 0; h < p.heads_q; ++h) {
+        for (std::int64_t i = 0; i < p.seq_q; ++i) {
+          for (std::int64_t j = 0; j < p.seq_kv; ++j) {
+            const std::int64_t at = (((dims[0] == 1 ? 0 : b) * dims[1] + (dims[1] == 1 ? 0 : h)) * dims[2] +
+                                     (dims[2] == 1 ? 0 : i)) * dims[3] + j;
+            expanded.bias.push_back(in.bias[static_cast<std::size_t>(at)]);
+          }
+        }
+      }
+    }
+    const std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
+    const std::vector<double> d_o = rng.normal(o_size(p));
+    const FullForward a = run_forward_full(p, q, k, v, in), b = run_forward_full(full, q, k, v, expanded);
+    EXPECT_EQ(a.o, b.o);
+    EXPECT_EQ(a.lse, b.lse);
+    // dBias of the broadcast shape is the full dBias summed over the broadcast dims.
+    const FullGradients ga = run_backward_full(p, q, k, v, d_o, in), gb = run_backward_full(full, q, k, v, d_o, expanded);
+    EXPECT_EQ(ga.d_q, gb.d_q);
+    std::vector<double> folded(in.bias.size(), 0.0);
+    for (std::int64_t x = 0; x < static_cast<std::int64_t>(gb.d_bias.size()); ++x) {
+      const std::int64_t j = x % p.seq_kv, i = x / p.seq_kv % p.seq_q, h = x / (p.seq_kv * p.seq_q) % p.heads_q,
+                         b = x / (p.seq_kv * p.seq_q * p.heads_q);
+      const std::int64_t at = (((dims[0] == 1 ? 0 : b) * dims[1] + (dims[1] == 1 ? 0 : h)) * dims[2] +
+                               (dims[2] == 1 ? 0 : i)) * dims[3] + j;
+      folded[static_cast<std::size_t>(at)] += gb.d_bias[static_cast<std::size_t>(x)];
+    }
+    EXPECT_LT(relative_error(ga.d_bias.data(), folded.data(), static_cast<std::int64_t>(folded.size())), 1e-14);
+  }
+}
+
+TEST(ReferenceBias, RejectsAMissingBias) {
+  ReferenceProblem p = make_problem(2, 1, 2, 2, 8, 8);
+  p.bias = Bias::one_hss;
+  std::vector<double> buf(1024);
+  for (bool forward : {true, false}) {
+    try {
+      if (forward) {
+        reference_forward_cpu(p, buf.data(), buf.data(), buf.data(), buf.data(), buf.data());
+      } else {
+        reference_backward_cpu(p, buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), buf.data());
+      }
+      ADD_FAILURE() << "expected InvalidArgument";
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(e.field(), "extras.bias");
+      EXPECT_NE(e.requirement().find("1hss"), std::string::npos) << e.requirement();
+    }
+  }
+}
+
+// cuDNN's slopes: 2^(-8k/n) for the n = 2^floor(log2 h) first heads, then 2^(-4(2m+1)/n).
+TEST(ReferenceAlibi, SlopesOfPowerOfTwoHeadCounts) {
+  EXPECT_EQ(alibi_slopes(1), (std::vector<double>{0.00390625}));
+  EXPECT_EQ(alibi_slopes(2), (std::vector<double>{0.0625, 0.00390625}));
+  EXPECT_EQ(alibi_slopes(8), (std::vector<double>{0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125,
+                                                  0.00390625}));
+  const std::vector<double> sixteen = alibi_slopes(16);
+  ASSERT_EQ(sixteen.size(), 16u);
+  for (int h = 0; h < 16; ++h) EXPECT_DOUBLE_EQ(sixteen[h], std::pow(2.0, -0.5 * (h + 1))) << "head " << h;
+}
+
+TEST(ReferenceAlibi, SlopesOfTwelveHeads) {
+  // n = 8: 2^-1 .. 2^-8, then 2^-0.5, 2^-1.5, 2^-2.5, 2^-3.5 (cuDNN: (i+1)*0.5 for i = 0, 2, 4, 6, times -8/n).
+  const std::vector<double> expected = {0.5,
+                                        0.25,
+                                        0.125,
+                                        0.0625,
+                                        0.03125,
+                                        0.015625,
+                                        0.0078125,
+                                        0.00390625,
+                                        0.70710678118654752,
+                                        0.35355339059327376,
+                                        0.17677669529663688,
+                                        0.088388347648318440};
+  const std::vector<double> got = alibi_slopes(12);
+  ASSERT_EQ(got.size(), expected.size());
+  for (std::size_t h = 0; h < expected.size(); ++h) EXPECT_DOUBLE_EQ(got[h], expected[h]) << "head " << h;
+  // Three heads: n = 2 gives 2^-4, 2^-8, then 2^-2.
+  EXPECT_EQ(alibi_slopes(3), (std::vector<double>{0.0625, 0.00390625, 0.25}));
+}
+
+// ALiBi is the 1hss bias slope_h * (j - i), with raw indices (no bottom-right shift).
+TEST(ReferenceAlibi, EqualsTheBiasItStandsFor) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (Alignment alignment : {Alignment::top_left, Alignment::bottom_right}) {
+    ReferenceProblem p = make_problem(6, 2, 4, 7, 8, 8, kCausal, alignment);
+    p.batch = 2;
+    p.alibi = true;
+    ReferenceProblem as_bias = p;
+    as_bias.alibi = false;
+    as_bias.bias = Bias::one_hss;
+    SCOPED_TRACE(describe_extras(p));
+    const std::vector<double> slopes = alibi_slopes(p.heads_q);
+    ExtraInputs in;
+    for (std::int64_t h = 0; h < p.heads_q; ++h) {
+      for (std::int64_t i = 0; i < p.seq_q; ++i) {
+        for (std::int64_t j = 0; j < p.seq_kv; ++j) in.bias.push_back(slopes[h] * static_cast<double>(j - i));
+      }
+    }
+    const std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
+    const std::vector<double> d_o = rng.normal(o_size(p));
+    const FullForward a = run_forward_full(p, q, k, v, {}), b = run_forward_full(as_bias, q, k, v, in);
+    EXPECT_EQ(a.o, b.o);
+    EXPECT_EQ(a.lse, b.lse);
+    EXPECT_EQ(a.max_logit, b.max_logit);
+    const FullGradients ga = run_backward_full(p, q, k, v, d_o, {}), gb = run_backward_full(as_bias, q, k, v, d_o, in);
+    EXPECT_EQ(ga.d_q, gb.d_q);
+    EXPECT_EQ(ga.d_k, gb.d_k);
+    EXPECT_EQ(ga.d_v, gb.d_v);
+  }
+}
+
+// A zero query scores only the ALiBi term: row i (top-left causal) sees keys 0..i with logits
+// -slope * (i - j), so lse = log sum_{t=0..i} e^(-slope t) and the max logit is 0 (the diagonal).
+TEST(ReferenceAlibi, ZeroQueryClosedForm) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  ReferenceProblem p = make_problem(3, 1, 6, 6, 8, 8, kCausal, Alignment::top_left);
+  p.alibi = true;
+  const std::vector<double> q(static_cast<std::size_t>(q_size(p)), 0.0);
+  const FullForward f = run_forward_full(p, q, rng.normal(k_size(p)), rng.normal(v_size(p)), {});
+  const std::vector<double> slopes = alibi_slopes(3);
+  for (std::int64_t h = 0; h < p.heads_q; ++h) {
+    for (std::int64_t i = 0; i < p.seq_q; ++i) {
+      double sum = 0.0;
+      for (std::int64_t t = 0; t <= i; ++t) sum += std::exp(-slopes[h] * static_cast<double>(t));
+      EXPECT_NEAR(f.lse[h * p.seq_q + i], std::log(sum), 1e-14) << "head " << h << " row " << i;
+      EXPECT_EQ(f.max_logit[h * p.seq_q + i], 0.0) << "head " << h << " row " << i;
+    }
+  }
+}
+
+TEST(ReferenceAlibi, GradientsMatchFiniteDifferences) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  ReferenceProblem p = make_problem(6, 3, 5, 4, 8, 8, kCausal, Alignment::bottom_right);
+  p.batch = 2;
+  p.alibi = true;
+  p.bias = Bias::one_11s;
+  SCOPED_TRACE(describe_extras(p));
+  expect_gradients_match_finite_differences(p, rng);
+}
+
+// One visible key of logit x (s_kv = 1): off_by_one gives P = e^x / (e^x + 1), so O = P v and
+// lse = log(e^x + 1). Bottom-right causal with s_q = 3 leaves rows 0 and 1 seeing nothing: their
+// denominator is the extra term alone, O = 0 and lse = 0 (off_by_one) or sink_h (sink).
+TEST(ReferenceSoftmax, OffByOneAndSinkWithOneVisibleKey) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (Softmax softmax : {Softmax::off_by_one, Softmax::sink}) {
+    ReferenceProblem p = make_problem(2, 1, 3, 1, 8, 4, kCausal, Alignment::bottom_right);
+    p.softmax = softmax;
+    SCOPED_TRACE(describe_extras(p));
+    const std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
+    const ExtraInputs in = random_extras(p, rng);
+    const FullForward f = run_forward_full(p, q, k, v, in);
+    for (std::int64_t h = 0; h < p.heads_q; ++h) {
+      const double extra = softmax == Softmax::sink ? in.sink[h] : 0.0;
+      for (std::int64_t i = 0; i < 2; ++i) {
+        const std::int64_t row = h * p.seq_q + i;
+        EXPECT_EQ(f.lse[row], extra) << "head " << h << " row " << i;
+        EXPECT_EQ(f.max_logit[row], -kInf) << "head " << h << " row " << i;
+        for (std::int64_t d = 0; d < p.head_dim_v; ++d) EXPECT_EQ(f.o[row * p.head_dim_v + d], 0.0);
+      }
+      const std::int64_t row = h * p.seq_q + 2;
+      double x = 0.0;
+      for (std::int64_t d = 0; d < p.head_dim_qk; ++d) x += q[row * p.head_dim_qk + d] * k[d];
+      x *= p.scale;
+      const double prob = std::exp(x) / (std::exp(x) + std::exp(extra));
+      EXPECT_NEAR(f.lse[row], std::log(std::exp(x) + std::exp(extra)), 1e-14);
+      EXPECT_NEAR(f.max_logit[row], x, 1e-14);
+      for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
+        EXPECT_NEAR(f.o[row * p.head_dim_v + d], prob * v[d], 1e-14) << "head " << h << " dim " << d;
+      }
+    }
+  }
+}
+
+// A zero query scores 0 on every key: with n visible keys, P = 1 / (n + e^extra) each, so
+// lse = log(n + e^extra) and O = (sum of the visible values) / (n + e^extra).
+TEST(ReferenceSoftmax, ZeroQueryClosedForm) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (Softmax softmax : {Softmax::vanilla, Softmax::off_by_one, Softmax::sink}) {
+    ReferenceProblem p = make_problem(2, 1, 4, 6, 8, 4, Window{3, 0}, Alignment::bottom_right);
+    p.softmax = softmax;
+    SCOPED_TRACE(describe_extras(p));
+    const std::vector<double> q(static_cast<std::size_t>(q_size(p)), 0.0), v = rng.normal(v_size(p));
+    const ExtraInputs in = random_extras(p, rng);
+    const FullForward f = run_forward_full(p, q, rng.normal(k_size(p)), v, in);
+    for (std::int64_t h = 0; h < p.heads_q; ++h) {
+      const double extra_mass =
+          softmax == Softmax::vanilla ? 0.0 : softmax == Softmax::off_by_one ? 1.0 : std::exp(in.sink[h]);
+      for (std::int64_t i = 0; i < p.seq_q; ++i) {
+        const std::int64_t row = h * p.seq_q + i, n = visible_count(p, i);
+        const double denominator = static_cast<double>(n) + extra_mass;
+        EXPECT_NEAR(f.lse[row], std::log(denominator), 1e-14) << "head " << h << " row " << i;
+        for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
+          double sum = 0.0;
+          for (std::int64_t j = 0; j < p.seq_kv; ++j) sum += sees(p, i, j) ? v[j * p.head_dim_v + d] : 0.0;
+          EXPECT_NEAR(f.o[row * p.head_dim_v + d], sum / denominator, 1e-14) << "head " << h << " row " << i;
+        }
+      }
+    }
+  }
+}
+
+// A sink of -inf takes no mass: everything equals the vanilla softmax, and dSink is 0. A sink of 0
+// is the off_by_one softmax exactly.
+TEST(ReferenceSoftmax, SinkOfMinusInfIsVanillaAndSinkOfZeroIsOffByOne) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (const ReferenceProblem& base : backward_problems()) {
+    ReferenceProblem sink = base, off = base;
+    sink.softmax = Softmax::sink;
+    off.softmax = Softmax::off_by_one;
+    SCOPED_TRACE(describe(base));
+    const std::vector<double> q = rng.normal(q_size(base)), k = rng.normal(k_size(base)), v = rng.normal(v_size(base));
+    const std::vector<double> d_o = rng.normal(o_size(base));
+    ExtraInputs minus_inf, zero;
+    minus_inf.sink.assign(static_cast<std::size_t>(base.heads_q), -kInf);
+    zero.sink.assign(static_cast<std::size_t>(base.heads_q), 0.0);
+
+    const FullForward vanilla = run_forward_full(base, q, k, v, {}), a = run_forward_full(sink, q, k, v, minus_inf);
+    EXPECT_EQ(a.o, vanilla.o);
+    EXPECT_EQ(a.lse, vanilla.lse);
+    EXPECT_EQ(a.max_logit, vanilla.max_logit);
+    const FullGradients gv = run_backward_full(base, q, k, v, d_o, {}), ga = run_backward_full(sink, q, k, v, d_o, minus_inf);
+    EXPECT_EQ(ga.d_q, gv.d_q);
+    EXPECT_EQ(ga.d_k, gv.d_k);
+    EXPECT_EQ(ga.d_v, gv.d_v);
+    EXPECT_EQ(ga.d_sink, std::vector<double>(static_cast<std::size_t>(base.heads_q), 0.0));
+
+    const FullForward b = run_forward_full(sink, q, k, v, zero), c = run_forward_full(off, q, k, v, {});
+    EXPECT_EQ(b.o, c.o);
+    EXPECT_EQ(b.lse, c.lse);
+    const FullGradients gb = run_backward_full(sink, q, k, v, d_o, zero), gc = run_backward_full(off, q, k, v, d_o, {});
+    EXPECT_EQ(gb.d_q, gc.d_q);
+    EXPECT_EQ(gb.d_k, gc.d_k);
+    EXPECT_EQ(gb.d_v, gc.d_v);
+  }
+}
+
+// dSink_h = -sum_{b, i} e^(sink_h - lse_i) D_i, and dQ, dK, dV through the larger denominator,
+// against central differences; with GQA, rows that see nothing, and padding.
+TEST(ReferenceSoftmax, GradientsMatchFiniteDifferences) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (Softmax softmax : {Softmax::off_by_one, Softmax::sink}) {
+    for (const ReferenceProblem& base : backward_problems()) {
+      ReferenceProblem p = base;
+      p.softmax = softmax;
+      SCOPED_TRACE(describe_extras(p));
+      expect_gradients_match_finite_differences(p, rng);
+    }
+    ReferenceProblem padded = make_problem(4, 2, 5, 6, 8, 8, kCausal, Alignment::bottom_right);
+    padded.batch = 3;
+    padded.seq_len_q = {4, 0, 5};
+    padded.seq_len_kv = {6, 3, 2};
+    padded.softmax = softmax;
+    SCOPED_TRACE(describe_extras(padded));
+    expect_gradients_match_finite_differences(padded, rng);
+  }
+}
+
+// Everything at once: bias, ALiBi, sink, padding, a sliding window, GQA.
+TEST(ReferenceSoftmax, SinkWithBiasAlibiAndPaddingMatchesFiniteDifferences) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  ReferenceProblem p = make_problem(4, 2, 5, 6, 8, 8, Window{3, 1}, Alignment::bottom_right);
+  p.batch = 3;
+  p.seq_len_q = {4, 0, 5};
+  p.seq_len_kv = {6, 3, 2};
+  p.bias = Bias::b1ss;
+  p.alibi = true;
+  p.softmax = Softmax::sink;
+  SCOPED_TRACE(describe_extras(p));
+  expect_gradients_match_finite_differences(p, rng);
+}
+
+// Padding rows have no denominator at all, not even the extra term: O = 0, lse = -inf, max logit
+// -inf, dQ = 0. A real row of an entry with no keys has only the extra term: O = 0, lse = it.
+TEST(ReferenceSoftmax, PaddingRowsStayEmpty) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (Softmax softmax : {Softmax::off_by_one, Softmax::sink}) {
+    ReferenceProblem p = make_problem(2, 1, 4, 5, 8, 8);
+    p.batch = 2;
+    p.seq_len_q = {2, 3};
+    p.seq_len_kv = {5, 0};
+    p.softmax = softmax;
+    SCOPED_TRACE(describe_extras(p));
+    const std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
+    const ExtraInputs in = random_extras(p, rng);
+    const FullForward f = run_forward_full(p, q, k, v, in);
+    const FullGradients g = run_backward_full(p, q, k, v, rng.normal(o_size(p)), in);
+    for (std::int64_t b = 0; b < p.batch; ++b) {
+      for (std::int64_t h = 0; h < p.heads_q; ++h) {
+        const double extra = softmax == Softmax::sink ? in.sink[h] : 0.0;
+        for (std::int64_t i = 0; i < p.seq_q; ++i) {
+          const std::int64_t row = (b * p.heads_q + h) * p.seq_q + i;
+          SCOPED_TRACE("entry " + std::to_string(b) + " head " + std::to_string(h) + " row " + std::to_string(i));
+          const bool padding = i >= p.seq_len_q[b];
+          if (padding) {
+            EXPECT_EQ(f.lse[row], -kInf);
+          } else if (b == 1) {
+            EXPECT_EQ(f.lse[row], extra);
+          } else {
+            EXPECT_GT(f.lse[row], extra);
+          }
+          if (padding || b == 1) {
+            EXPECT_EQ(f.max_logit[row], -kInf);
+            for (std::int64_t d = 0; d < p.head_dim_v; ++d) EXPECT_EQ(f.o[row * p.head_dim_v + d], 0.0);
+            for (std::int64_t d = 0; d < p.head_dim_qk; ++d) EXPECT_EQ(g.d_q[row * p.head_dim_qk + d], 0.0);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(ReferenceSoftmax, RejectsAMissingSink) {
+  ReferenceProblem p = make_problem(2, 1, 2, 2, 8, 8);
+  p.softmax = Softmax::sink;
+  std::vector<double> buf(1024);
+  for (bool forward : {true, false}) {
+    try {
+      if (forward) {
+        reference_forward_cpu(p, buf.data(), buf.data(), buf.data(), buf.data(), buf.data());
+      } else {
+        reference_backward_cpu(p, buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), buf.data());
+      }
+      ADD_FAILURE() << "expected InvalidArgument";
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(e.field(), "extras.sink");
+    }
+  }
+  // off_by_one needs no input.
+  p.softmax = Softmax::off_by_one;
+  EXPECT_NO_THROW(reference_forward_cpu(p, buf.data(), buf.data(), buf.data(), buf.data(), buf.data()));
+}
+
+// The max logit per row, by brute force over reference_visible: scale q.k + bias + ALiBi over the
+// visible keys, -inf where none (or padding). A large sink does not enter it.
+TEST(ReferenceMaxLogit, MatchesBruteForceWithPadding) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (const ReferenceProblem& base : padded_problems()) {
+    ReferenceProblem p = base;
+    p.bias = Bias::one_hss;
+    p.alibi = true;
+    p.softmax = Softmax::sink;
+    SCOPED_TRACE(describe_extras(p));
+    const std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
+    ExtraInputs in = random_extras(p, rng);
+    for (double& s : in.sink) s += 100.0;
+    const FullForward f = run_forward_full(p, q, k, v, in);
+    const std::vector<double> slopes = alibi_slopes(p.heads_q);
+    const std::int64_t group = p.heads_q / p.heads_kv;
+    for (std::int64_t b = 0; b < p.batch; ++b) {
+      for (std::int64_t h = 0; h < p.heads_q; ++h) {
+        for (std::int64_t i = 0; i < p.seq_q; ++i) {
+          double expected = -kInf;
+          for (std::int64_t j = 0; j < p.seq_kv; ++j) {
+            if (!reference_visible(p, b, i, j)) continue;
+            double s = 0.0;
+            for (std::int64_t d = 0; d < p.head_dim_qk; ++d) {
+              s += q[static_cast<std::size_t>(((b * p.heads_q + h) * p.seq_q + i) * p.head_dim_qk + d)] *
+                   k[static_cast<std::size_t>(((b * p.heads_kv + h / group) * p.seq_kv + j) * p.head_dim_qk + d)];
+            }
+            s = s * p.scale + in.bias[static_cast<std::size_t>((h * p.seq_q + i) * p.seq_kv + j)] +
+                slopes[h] * static_cast<double>(j - i);
+            expected = std::max(expected, s);
+          }
+          const std::int64_t row = (b * p.heads_q + h) * p.seq_q + i;
+          if (expected == -kInf) {
+            EXPECT_EQ(f.max_logit[row], -kInf) << "entry " << b << " head " << h << " row " << i;
+          } else {
+            EXPECT_NEAR(f.max_logit[row], expected, 1e-12) << "entry " << b << " head " << h << " row " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Without any extra the max logit is the largest scaled score; on unmasked rows lse >= it.
+TEST(ReferenceMaxLogit, BoundsTheLse) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (const ReferenceProblem& p : mask_problems()) {
+    SCOPED_TRACE(describe(p));
+    const FullForward f = run_forward_full(p, rng.normal(q_size(p)), rng.normal(k_size(p)), rng.normal(v_size(p)), {});
+    for (std::int64_t r = 0; r < lse_size(p); ++r) {
+      const std::int64_t i = r % p.seq_q, n = visible_count(p, i);
+      if (n == 0) {
+        EXPECT_EQ(f.max_logit[r], -kInf);
+      } else {
+        EXPECT_LE(f.max_logit[r], f.lse[r]);
+        EXPECT_GE(f.max_logit[r] + std::log(static_cast<double>(n)), f.lse[r] - 1e-12);
       }
     }
   }

@@ -298,5 +298,39 @@ TEST(SupportDeterministic, BlackwellNeedsCudnn9_18) {
   EXPECT_TRUE(check_support_policy(spec, Pass::backward, kSm90, kCudnn9_19).ok());
 }
 
+TEST(SupportScoreTerms, BiasAndAlibiNeedATopLeftDiagonal) {
+  AttentionSpec spec = bottom_right(spec_of(128, 128, 200, 300));
+  spec.bias = Bias::one_hss;
+  spec.alibi = true;
+  Support support = check_support_policy(spec, Pass::forward, kSm90, kCudnn9_19);
+  EXPECT_EQ(fields_of(support), (std::vector<std::string>{"bias", "alibi"})) << support.to_string();
+  spec.alignment = Alignment::top_left;
+  EXPECT_TRUE(check_support_policy(spec, Pass::forward, kSm90, kCudnn9_19).ok());
+  spec.window = Window{};  // ALiBi's j - i term is defined under a causal diagonal only
+  expect_only(check_support_policy(spec, Pass::forward, kSm90, kCudnn9_19), "alibi", "1", "");
+}
+
+TEST(SupportScoreTerms, OldCudnnLimitsWindowsAndBiasGradients) {
+  AttentionSpec spec = spec_of(128, 128, 200, 300);
+  spec.bias = Bias::bhss;
+  spec.window = Window{64, 0};
+  expect_only(check_support_policy(spec, Pass::forward, kSm90, cudnn(91001)), "bias", "bhss", "cuDNN 9.10.2");
+  spec.window = kCausal;
+  spec.bias_grad = true;
+  expect_only(check_support_policy(spec, Pass::backward, kSm90, cudnn(90400)),
+              "bias_grad", "1", "cuDNN 9.5");
+  EXPECT_TRUE(check_support_policy(spec, Pass::backward, kSm90, kCudnn9_19).ok());
+}
+
+TEST(SupportSoftmax, SinksNeedCudnn9_13) {
+  for (Softmax softmax : {Softmax::off_by_one, Softmax::sink}) {
+    AttentionSpec spec = spec_of(128, 128);
+    spec.softmax = softmax;
+    expect_only(check_support_policy(spec, Pass::forward, kSm90, cudnn(91200)), "softmax", to_string(softmax),
+                "cuDNN 9.13");
+    EXPECT_TRUE(check_support_policy(spec, Pass::backward, kSm90, kCudnn9_19).ok());
+  }
+}
+
 }  // namespace
 }  // namespace fusedattn

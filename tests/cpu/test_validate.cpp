@@ -178,5 +178,13 @@ TEST(ValidateWindow, BoundsMustBeNoneOrMeaningful) {
   expect_invalid(spec, "window", "4,-3", "right bound");
 }
 
+TEST(ValidateBias, AGradientNeedsABias) {
+  AttentionSpec spec = good_spec();
+  spec.bias_grad = true;
+  expect_invalid(spec, "bias_grad", "1", "a bias");
+  spec.bias = Bias::one_hss;
+  EXPECT_NO_THROW(validate(spec));
+}
+
 }  // namespace
 }  // namespace fusedattn
