@@ -124,6 +124,10 @@ struct Placement {
 
 std::int64_t stats_elements(const AttentionSpec& spec) { return spec.batch() * spec.heads_q() * spec.seq_q(); }
 
+std::size_t max_logit_elements(const AttentionSpec& spec) {
+  return static_cast<std::size_t>(spec.max_logit == MaxLogit::head ? spec.heads_q() : stats_elements(spec));
+}
+
 struct Lengths {
   std::vector<std::int32_t> q, kv;
 };
@@ -169,6 +173,9 @@ struct AttentionBuffers::State {
   Placement q, k, v, dq, dk, dv;
   std::vector<std::int32_t> seq_len_q, seq_len_kv;  // host copies of the device lengths
   DeviceBuffer seq_len_q_device, seq_len_kv_device;
+  Buffer16 bias, d_bias;                 // spec.bias / spec.bias_grad
+  std::vector<float> sink;               // Softmax::sink logits, host copy
+  DeviceBuffer sink_device, d_sink, max_logit;
 
   void allocate16(Buffer16& buffer, std::int64_t elements) {
     buffer.elements = elements;
@@ -229,6 +236,15 @@ AttentionBuffers::AttentionBuffers(const AttentionSpec& spec, bool with_backward
   if (spec.stats || with_backward) {
     s.stats = DeviceBuffer(static_cast<std::size_t>(stats_elements(spec)) * sizeof(float));
   }
+  if (spec.bias != Bias::none) {
+    s.allocate16(s.bias, bias_desc(spec).elements());
+    if (with_backward && spec.bias_grad) s.allocate16(s.d_bias, bias_desc(spec).elements());
+  }
+  if (spec.softmax == Softmax::sink) {
+    s.sink_device = DeviceBuffer(static_cast<std::size_t>(spec.heads_q()) * sizeof(float));
+    if (with_backward) s.d_sink = DeviceBuffer(static_cast<std::size_t>(spec.heads_q()) * sizeof(float));
+  }
+  if (spec.max_logit != MaxLogit::none) s.max_logit = DeviceBuffer(max_logit_elements(spec) * sizeof(float));
 }
 
 AttentionBuffers::~AttentionBuffers() = default;
@@ -246,6 +262,13 @@ void AttentionBuffers::fill_inputs(std::uint64_t seed) {
   };
   for (Buffer16& buffer : s.in) fill(buffer);
   fill(s.d_o);
+  fill(s.bias);
+  if (s.spec.softmax == Softmax::sink) {
+    s.sink.resize(static_cast<std::size_t>(s.spec.heads_q()));
+    for (float& x : s.sink) x = uniform(rng);
+    check_cuda(cudaMemcpy(s.sink_device.get(), s.sink.data(), s.sink.size() * sizeof(float), cudaMemcpyHostToDevice),
+               "cudaMemcpy(sink, host to device)");
+  }
   if (s.spec.padding) {
     const Lengths lengths = draw_lengths(s.spec, rng);
     set_lengths(lengths.q, lengths.kv);
@@ -271,6 +294,7 @@ void AttentionBuffers::set_lengths(const std::vector<std::int32_t>& seq_len_q, c
 }
 
 const std::vector<std::int32_t>& AttentionBuffers::seq_len_q() const noexcept { return state_->seq_len_q; }
+const std::vector<float>& AttentionBuffers::sink() const noexcept { return state_->sink; }
 const std::vector<std::int32_t>& AttentionBuffers::seq_len_kv() const noexcept { return state_->seq_len_kv; }
 
 void AttentionBuffers::poison_outputs() {
@@ -281,6 +305,9 @@ void AttentionBuffers::poison_outputs() {
   };
   poison(s.o.device);
   poison(s.stats);
+  poison(s.d_bias.device);
+  poison(s.d_sink);
+  poison(s.max_logit);
   for (const Buffer16& buffer : s.grad) poison(buffer.device);
   check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize(after poisoning outputs)");
 }
@@ -295,6 +322,9 @@ ForwardTensors AttentionBuffers::forward_tensors() const {
   t.stats = s.stats.as<float>();
   t.seq_len_q = s.seq_len_q_device.as<std::int32_t>();
   t.seq_len_kv = s.seq_len_kv_device.as<std::int32_t>();
+  t.bias = s.bias.device.get();
+  t.sink = s.sink_device.as<float>();
+  t.max_logit = s.max_logit.as<float>();
   return t;
 }
 
@@ -309,6 +339,10 @@ BackwardTensors AttentionBuffers::backward_tensors() const {
   t.stats = s.stats.as<float>();
   t.seq_len_q = s.seq_len_q_device.as<std::int32_t>();
   t.seq_len_kv = s.seq_len_kv_device.as<std::int32_t>();
+  t.bias = s.bias.device.get();
+  t.sink = s.sink_device.as<float>();
+  t.d_bias = s.d_bias.device.get();
+  t.d_sink = s.d_sink.as<float>();
   if (s.with_backward) {
     t.d_q = s.dq.device();
     t.d_k = s.dk.device();
@@ -325,7 +359,8 @@ const std::uint16_t* AttentionBuffers::host_input(const std::string& which) cons
   if (which == "k") return s.k.host();
   if (which == "v") return s.v.host();
   if (which == "do") return s.d_o.host.data();
-  throw InvalidArgument("host_input", which, "one of q, k, v, do");
+  if (which == "bias") return s.bias.host.data();
+  throw InvalidArgument("host_input", which, "one of q, k, v, do, bias");
 }
 
 // --- Results ----------------------------------------------------------------------------------
@@ -346,7 +381,8 @@ std::string CheckResult::to_string() const {
   char tol[32];
   std::snprintf(tol, sizeof tol, "%.0e", tolerance);
   return std::string(passed ? "PASS" : "FAIL") + " \"" + spec + "\" ref=" + reference + " seed=" + std::to_string(seed) +
-         err("o", err_o) + err("stats", err_stats) + err("dq", err_dq) + err("dk", err_dk) + err("dv", err_dv) +
+         err("o", err_o) + err("stats", err_stats) + err("max_logit", err_max_logit) + err("dq", err_dq) +
+         err("dk", err_dk) + err("dv", err_dv) + err("dbias", err_dbias) + err("dsink", err_dsink) +
          " tol=" + tol + (backward ? "" : " (forward only)");
 }
 
@@ -364,7 +400,24 @@ struct Problem {
 template <class T>
 struct Outputs {
   std::vector<T> o, lse, dq, dk, dv;
+  std::vector<T> max_logit, dbias, dsink;  // only what the spec asks for
 };
+
+// The per-head max logit from row maxima [b, h, s_q]: padded rows are -inf there, so a plain
+// max over the batch and rows leaves them out.
+template <class T>
+std::vector<T> max_per_head(const std::vector<T>& rows, const AttentionSpec& spec) {
+  std::vector<T> out(static_cast<std::size_t>(spec.heads_q()), -std::numeric_limits<T>::infinity());
+  for (std::int64_t b = 0; b < spec.batch(); ++b) {
+    for (std::int64_t h = 0; h < spec.heads_q(); ++h) {
+      for (std::int64_t i = 0; i < spec.seq_q(); ++i) {
+        const T value = rows[static_cast<std::size_t>((b * spec.heads_q() + h) * spec.seq_q() + i)];
+        out[static_cast<std::size_t>(h)] = std::max(out[static_cast<std::size_t>(h)], value);
+      }
+    }
+  }
+  return out;
+}
 
 std::vector<float> download_floats(const float* device, std::int64_t n, const char* what) {
   std::vector<float> host(static_cast<std::size_t>(n));
@@ -398,11 +451,17 @@ Outputs<float> run_fusedattn(const Problem& p, AttentionBuffers& buffers) {
   const ForwardTensors f = buffers.forward_tensors();
   out.o = gather_output(p.spec.o, f.o);
   if (p.spec.stats) out.lse = download_floats(f.stats, stats_elements(p.spec), "cudaMemcpy(stats, device to host)");
+  if (p.spec.max_logit != MaxLogit::none) {
+    out.max_logit = download_floats(f.max_logit, static_cast<std::int64_t>(max_logit_elements(p.spec)),
+                                    "cudaMemcpy(max logit, device to host)");
+  }
   if (p.options.backward) {
     const BackwardTensors b = buffers.backward_tensors();
     out.dq = gather_output(p.spec.q, b.d_q);
     out.dk = gather_output(p.spec.k, b.d_k);
     out.dv = gather_output(p.spec.v, b.d_v);
+    if (p.spec.bias_grad) out.dbias = gather_output(bias_desc(p.spec), b.d_bias);
+    if (p.spec.softmax == Softmax::sink) out.dsink = download_floats(b.d_sink, p.spec.heads_q(), "cudaMemcpy(dSink)");
   }
   return out;
 }
@@ -414,14 +473,35 @@ Outputs<double> reference_cpu(const Problem& p, const AttentionBuffers& buffers)
   Outputs<double> ref;
   ref.o.resize(static_cast<std::size_t>(p.spec.o.elements()));
   ref.lse.resize(static_cast<std::size_t>(stats_elements(p.spec)));
-  reference_forward_cpu(p.ref, q.data(), k.data(), v.data(), ref.o.data(), ref.lse.data());
+  std::vector<double> bias, sink(buffers.sink().begin(), buffers.sink().end());
+  if (p.spec.bias != Bias::none) bias = gather_to_double(bias_desc(p.spec), buffers.host_input("bias"));
+  ReferenceExtras<double> extras;
+  extras.bias = bias.empty() ? nullptr : bias.data();
+  extras.sink = sink.empty() ? nullptr : sink.data();
+  if (p.spec.max_logit != MaxLogit::none) {
+    ref.max_logit.resize(static_cast<std::size_t>(stats_elements(p.spec)));
+    extras.max_logit = ref.max_logit.data();
+  }
+  reference_forward_cpu(p.ref, q.data(), k.data(), v.data(), ref.o.data(), ref.lse.data(), extras);
+  if (p.spec.max_logit == MaxLogit::head) ref.max_logit = max_per_head(ref.max_logit, p.spec);
   if (p.options.backward) {
     const auto d_o = gather_to_double(p.spec.o, buffers.host_input("do"));
     ref.dq.resize(q.size());
     ref.dk.resize(k.size());
     ref.dv.resize(v.size());
+    ReferenceExtras<double> grads;
+    grads.bias = extras.bias;
+    grads.sink = extras.sink;
+    if (p.spec.bias_grad) {
+      ref.dbias.resize(bias.size());
+      grads.d_bias = ref.dbias.data();
+    }
+    if (p.spec.softmax == Softmax::sink) {
+      ref.dsink.resize(sink.size());
+      grads.d_sink = ref.dsink.data();
+    }
     reference_backward_cpu(p.ref, q.data(), k.data(), v.data(), d_o.data(), ref.dq.data(), ref.dk.data(),
-                           ref.dv.data());
+                           ref.dv.data(), grads);
   }
   return ref;
 }
@@ -437,17 +517,48 @@ Outputs<float> reference_gpu(const Problem& p, const AttentionBuffers& buffers) 
   gather_to_float_gpu(spec.q, in.q, q.as<float>(), nullptr);
   gather_to_float_gpu(spec.k, in.k, k.as<float>(), nullptr);
   gather_to_float_gpu(spec.v, in.v, v.as<float>(), nullptr);
-  reference_forward_gpu(p.ref, q.as<float>(), k.as<float>(), v.as<float>(), o.as<float>(), lse.as<float>(), nullptr);
+  ReferenceExtras<float> extras;
+  DeviceBuffer bias, max_logit;
+  if (spec.bias != Bias::none) {
+    bias = floats(bias_desc(spec));
+    gather_to_float_gpu(bias_desc(spec), in.bias, bias.as<float>(), nullptr);
+    extras.bias = bias.as<float>();
+  }
+  extras.sink = in.sink;  // already float32 on the device
+  if (spec.max_logit != MaxLogit::none) {
+    max_logit = DeviceBuffer(static_cast<std::size_t>(stats_elements(spec)) * sizeof(float));
+    extras.max_logit = max_logit.as<float>();
+  }
+  reference_forward_gpu(p.ref, q.as<float>(), k.as<float>(), v.as<float>(), o.as<float>(), lse.as<float>(), nullptr,
+                        extras);
   check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize(after reference_forward_gpu)");
   Outputs<float> ref;
   ref.o = download_floats(o.as<float>(), spec.o.elements(), "cudaMemcpy(reference O)");
   ref.lse = download_floats(lse.as<float>(), stats_elements(spec), "cudaMemcpy(reference lse)");
+  if (spec.max_logit != MaxLogit::none) {
+    ref.max_logit = download_floats(max_logit.as<float>(), stats_elements(spec), "cudaMemcpy(reference max logit)");
+    if (spec.max_logit == MaxLogit::head) ref.max_logit = max_per_head(ref.max_logit, spec);
+  }
   if (p.options.backward) {
     DeviceBuffer d_o = floats(spec.o), dq = floats(spec.q), dk = floats(spec.k), dv = floats(spec.v);
     gather_to_float_gpu(spec.o, buffers.backward_tensors().d_o, d_o.as<float>(), nullptr);
+    ReferenceExtras<float> grads;
+    grads.bias = extras.bias;
+    grads.sink = extras.sink;
+    DeviceBuffer d_bias, d_sink;
+    if (spec.bias_grad) {
+      d_bias = floats(bias_desc(spec));
+      grads.d_bias = d_bias.as<float>();
+    }
+    if (spec.softmax == Softmax::sink) {
+      d_sink = DeviceBuffer(static_cast<std::size_t>(spec.heads_q()) * sizeof(float));
+      grads.d_sink = d_sink.as<float>();
+    }
     reference_backward_gpu(p.ref, q.as<float>(), k.as<float>(), v.as<float>(), o.as<float>(), lse.as<float>(),
-                           d_o.as<float>(), dq.as<float>(), dk.as<float>(), dv.as<float>(), nullptr);
+                           d_o.as<float>(), dq.as<float>(), dk.as<float>(), dv.as<float>(), nullptr, grads);
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize(after reference_backward_gpu)");
+    if (spec.bias_grad) ref.dbias = download_floats(d_bias.as<float>(), bias_desc(spec).elements(), "cudaMemcpy(dBias)");
+    if (spec.softmax == Softmax::sink) ref.dsink = download_floats(d_sink.as<float>(), spec.heads_q(), "cudaMemcpy(dSink)");
     ref.dq = download_floats(dq.as<float>(), spec.q.elements(), "cudaMemcpy(reference dQ)");
     ref.dk = download_floats(dk.as<float>(), spec.k.elements(), "cudaMemcpy(reference dK)");
     ref.dv = download_floats(dv.as<float>(), spec.v.elements(), "cudaMemcpy(reference dV)");
@@ -482,10 +593,13 @@ template <class R>
 void compare(const Problem& p, const Outputs<float>& out, const Outputs<R>& ref, CheckResult* result) {
   result->err_o = error_of(out.o, ref.o);
   if (p.spec.stats) result->err_stats = stats_error(out.lse, ref.lse);
+  if (p.spec.max_logit != MaxLogit::none) result->err_max_logit = error_of(out.max_logit, ref.max_logit);
   if (p.options.backward) {
     result->err_dq = error_of(out.dq, ref.dq);
     result->err_dk = error_of(out.dk, ref.dk);
     result->err_dv = error_of(out.dv, ref.dv);
+    if (p.spec.bias_grad) result->err_dbias = error_of(out.dbias, ref.dbias);
+    if (p.spec.softmax == Softmax::sink) result->err_dsink = error_of(out.dsink, ref.dsink);
   }
 }
 
@@ -540,9 +654,12 @@ CheckResult check_against_reference(const AttentionSpec& spec, const CheckOption
 
   // An error that was computed must be <= tolerance; NaN compares false, so it never passes.
   auto ok = [&](double err, bool computed) { return !computed || err <= result.tolerance; };
+  const bool sink_grad = options.backward && p.spec.softmax == Softmax::sink;
   result.passed = ok(result.err_o, true) && ok(result.err_stats, p.spec.stats) &&
+                  ok(result.err_max_logit, p.spec.max_logit != MaxLogit::none) &&
                   ok(result.err_dq, options.backward) && ok(result.err_dk, options.backward) &&
-                  ok(result.err_dv, options.backward);
+                  ok(result.err_dv, options.backward) && ok(result.err_dbias, options.backward && p.spec.bias_grad) &&
+                  ok(result.err_dsink, sink_grad);
   return result;
 }
 

@@ -34,6 +34,9 @@ struct CheckResult {
   double err_dq = std::numeric_limits<double>::quiet_NaN();
   double err_dk = std::numeric_limits<double>::quiet_NaN();
   double err_dv = std::numeric_limits<double>::quiet_NaN();
+  double err_dbias = std::numeric_limits<double>::quiet_NaN();
+  double err_dsink = std::numeric_limits<double>::quiet_NaN();
+  double err_max_logit = std::numeric_limits<double>::quiet_NaN();
   double tolerance = 0.0;
   bool backward = false;
   bool passed = false;
@@ -70,6 +73,8 @@ class AttentionBuffers {
   /// The lengths in use (empty without padding).
   const std::vector<std::int32_t>& seq_len_q() const noexcept;
   const std::vector<std::int32_t>& seq_len_kv() const noexcept;
+  /// The sink logits drawn by fill_inputs (Softmax::sink), empty otherwise.
+  const std::vector<float>& sink() const noexcept;
   /// Sets every byte of O, stats and the gradient buffers to 0xFF, which is NaN in bf16, f16 and
   /// float32, so any element a kernel forgets to write shows up as an error.
   void poison_outputs();
@@ -80,7 +85,7 @@ class AttentionBuffers {
   /// The name of the layout whose packing was reproduced, or "" when tensors are separate.
   const std::string& layout_name() const noexcept;
   /// Host copy of an input buffer as generated (for the CPU reference): the tensor's first element
-  /// is at the returned pointer. Valid after fill_inputs(). `which` is "q", "k", "v" or "do".
+  /// is at the returned pointer. Valid after fill_inputs(). `which` is "q", "k", "v", "do" or "bias".
   const std::uint16_t* host_input(const std::string& which) const;
 
  private:

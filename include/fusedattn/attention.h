@@ -32,6 +32,10 @@ struct ForwardTensors {
   float* stats = nullptr;
   const std::int32_t* seq_len_q = nullptr;
   const std::int32_t* seq_len_kv = nullptr;
+  const void* bias = nullptr;   ///< spec.bias != none: q's dtype, laid out as bias_desc(spec)
+  const float* sink = nullptr;  ///< Softmax::sink: the per-head sink logits, float32 [h_q]
+  float* max_logit = nullptr;   ///< MaxLogit::row: float32 [b, h_q, s_q] (-inf past a padded length);
+                                ///< MaxLogit::head: float32 [h_q], over the batch and every valid row
 };
 
 /// Device pointers of a backward call. Gradients share their inputs' descriptors (so a packed
@@ -49,6 +53,10 @@ struct BackwardTensors {
   void* d_v = nullptr;
   const std::int32_t* seq_len_q = nullptr;
   const std::int32_t* seq_len_kv = nullptr;
+  const void* bias = nullptr;   ///< as in ForwardTensors
+  const float* sink = nullptr;  ///< as in ForwardTensors
+  void* d_bias = nullptr;       ///< spec.bias_grad: dBias, laid out as bias_desc(spec)
+  float* d_sink = nullptr;      ///< Softmax::sink: dSink, float32 [h_q]
 };
 
 /// Hands out scratch memory; adapters implement it with their framework's allocator. Memory is
@@ -81,7 +89,7 @@ class Plan {
   const AttentionSpec& spec() const noexcept { return spec_; }
   Pass pass() const noexcept { return pass_; }
   int device() const noexcept { return device_; }
-  std::size_t workspace_bytes() const noexcept { return workspace_bytes_; }
+  std::size_t workspace_bytes() const noexcept { return graph_workspace_bytes_ + scratch_bytes_; }
 
   /// Enqueues the forward pass on `stream`. Throws InvalidArgument for a null or misaligned
   /// pointer, a missing workspace, or a plan of the other pass; CudnnError if cuDNN fails.
@@ -90,15 +98,21 @@ class Plan {
   void run(const BackwardTensors& tensors, float scale, cudaStream_t stream, const Workspace& workspace = {}) const;
 
  private:
-  void execute(void* const* by_uid, cudaStream_t stream, const Workspace& workspace) const;
+  // `workspace` has workspace_bytes(): cuDNN's part first, then ours.
+  void execute(void* const* by_uid, cudaStream_t stream, void* workspace) const;
   void require_lengths(const std::int32_t* seq_len_q, const std::int32_t* seq_len_kv) const;
   friend struct PlanAccess;  // the benchmark's cuDNN-only baseline (src/exec/raw_call.cpp)
+
+  void require_score_terms(const void* bias, const float* sink) const;
+  void require_device() const;
 
   AttentionSpec spec_;
   Pass pass_;
   int device_;
-  std::size_t workspace_bytes_;
+  std::size_t graph_workspace_bytes_;  // what cuDNN asks for
+  std::size_t scratch_bytes_;          // ours after it: row maxima for a per-head max logit
   std::shared_ptr<const graph::CompiledGraph> graph_;
+  std::shared_ptr<float> zero_sink_;   // off_by_one: a sink of logit 0 per head, made at build time
 };
 
 /// 1 / sqrt(d_qk), the scale of standard attention.

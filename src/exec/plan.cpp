@@ -6,6 +6,7 @@
 
 #include "exec/cuda_check.h"
 #include "exec/device.h"
+#include "exec/max_logit.h"
 #include "exec/padding_fill.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/errors.h"
@@ -66,20 +67,49 @@ class CallWorkspace {
 
 }  // namespace
 
+namespace {
+
+constexpr std::size_t kScratchAlignment = 256;
+
+std::size_t round_up(std::size_t bytes) { return (bytes + kScratchAlignment - 1) / kScratchAlignment * kScratchAlignment; }
+
+// A per-head max logit needs cuDNN's row maxima somewhere: after cuDNN's workspace, in ours.
+std::size_t scratch_for(const AttentionSpec& spec, Pass pass) {
+  if (pass != Pass::forward || spec.max_logit != MaxLogit::head) return 0;
+  return static_cast<std::size_t>(spec.batch() * spec.heads_q() * spec.seq_q()) * sizeof(float);
+}
+
+// off_by_one is a sink whose logits are all zero; the plan owns that tensor (made once, at build).
+std::shared_ptr<float> zero_sink(const AttentionSpec& spec) {
+  if (spec.softmax != Softmax::off_by_one) return nullptr;
+  void* zeros = nullptr;
+  const std::size_t bytes = static_cast<std::size_t>(spec.heads_q()) * sizeof(float);
+  detail::check_cuda(cudaMalloc(&zeros, bytes), "cudaMalloc(off_by_one sink)");
+  std::shared_ptr<float> owned(static_cast<float*>(zeros), [](float* p) { cudaFree(p); });
+  detail::check_cuda(cudaMemset(zeros, 0, bytes), "cudaMemset(off_by_one sink)");
+  return owned;
+}
+
+}  // namespace
+
 Plan::Plan(AttentionSpec spec, Pass pass, int device, std::shared_ptr<const graph::CompiledGraph> graph)
-    : spec_(std::move(spec)), pass_(pass), device_(device), workspace_bytes_(graph->workspace_bytes()),
-      graph_(std::move(graph)) {}
+    : spec_(std::move(spec)), pass_(pass), device_(device),
+      graph_workspace_bytes_(scratch_for(spec_, pass) ? round_up(graph->workspace_bytes()) : graph->workspace_bytes()),
+      scratch_bytes_(scratch_for(spec_, pass)), graph_(std::move(graph)), zero_sink_(zero_sink(spec_)) {}
 
 Plan::~Plan() = default;
 
 void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace) const {
   require_pass(pass_, Pass::forward);
+  require_device();
   require_pointer("tensors.q", t.q);
   require_pointer("tensors.k", t.k);
   require_pointer("tensors.v", t.v);
   require_pointer("tensors.o", t.o);
   if (spec_.stats) require_pointer("tensors.stats", t.stats);
   require_lengths(t.seq_len_q, t.seq_len_kv);
+  require_score_terms(t.bias, t.sink);
+  if (spec_.max_logit != MaxLogit::none) require_pointer("tensors.max_logit", t.max_logit);
   void* by_uid[graph::kUidEnd] = {};
   by_uid[graph::kUidQ] = const_cast<void*>(t.q);
   by_uid[graph::kUidK] = const_cast<void*>(t.k);
@@ -89,12 +119,29 @@ void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const 
   by_uid[graph::kUidScale] = &scale;
   by_uid[graph::kUidSeqLenQ] = const_cast<std::int32_t*>(t.seq_len_q);
   by_uid[graph::kUidSeqLenKV] = const_cast<std::int32_t*>(t.seq_len_kv);
-  execute(by_uid, stream, workspace);
+  by_uid[graph::kUidBias] = const_cast<void*>(t.bias);
+  by_uid[graph::kUidSink] = zero_sink_ ? zero_sink_.get() : const_cast<float*>(t.sink);
+  by_uid[graph::kUidMaxLogit] = t.max_logit;
+  CallWorkspace scratch(workspace_bytes(), workspace, stream);
+  float* row_maxima = nullptr;
+  if (spec_.max_logit == MaxLogit::head) {
+    row_maxima = reinterpret_cast<float*>(static_cast<char*>(scratch.data()) + graph_workspace_bytes_);
+    by_uid[graph::kUidMaxLogit] = row_maxima;
+  }
+  execute(by_uid, stream, scratch.data());
+  const std::int32_t* lengths = spec_.padding ? t.seq_len_q : nullptr;
   if (spec_.padding) detail::zero_rows_past_lengths(spec_.o, t.o, t.seq_len_q, stream);
+  if (spec_.max_logit == MaxLogit::row) {
+    detail::clear_padded_row_maxima(t.max_logit, spec_.batch(), spec_.heads_q(), spec_.seq_q(), lengths, stream);
+  } else if (spec_.max_logit == MaxLogit::head) {
+    detail::reduce_row_maxima_per_head(row_maxima, spec_.batch(), spec_.heads_q(), spec_.seq_q(), lengths,
+                                       t.max_logit, stream);
+  }
 }
 
 void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace) const {
   require_pass(pass_, Pass::backward);
+  require_device();
   require_pointer("tensors.q", t.q);
   require_pointer("tensors.k", t.k);
   require_pointer("tensors.v", t.v);
@@ -105,6 +152,9 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
   require_pointer("tensors.d_k", t.d_k);
   require_pointer("tensors.d_v", t.d_v);
   require_lengths(t.seq_len_q, t.seq_len_kv);
+  require_score_terms(t.bias, t.sink);
+  if (spec_.bias_grad) require_pointer("tensors.d_bias", t.d_bias);
+  if (spec_.softmax == Softmax::sink) require_pointer("tensors.d_sink", t.d_sink);
   void* by_uid[graph::kUidEnd] = {};
   by_uid[graph::kUidQ] = const_cast<void*>(t.q);
   by_uid[graph::kUidK] = const_cast<void*>(t.k);
@@ -118,12 +168,22 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
   by_uid[graph::kUidScale] = &scale;
   by_uid[graph::kUidSeqLenQ] = const_cast<std::int32_t*>(t.seq_len_q);
   by_uid[graph::kUidSeqLenKV] = const_cast<std::int32_t*>(t.seq_len_kv);
-  execute(by_uid, stream, workspace);
+  by_uid[graph::kUidBias] = const_cast<void*>(t.bias);
+  by_uid[graph::kUidSink] = zero_sink_ ? zero_sink_.get() : const_cast<float*>(t.sink);
+  by_uid[graph::kUidDBias] = t.d_bias;
+  by_uid[graph::kUidDSink] = t.d_sink;
+  CallWorkspace scratch(workspace_bytes(), workspace, stream);
+  execute(by_uid, stream, scratch.data());
   if (spec_.padding) {
     detail::zero_rows_past_lengths(spec_.q, t.d_q, t.seq_len_q, stream);
     detail::zero_rows_past_lengths(spec_.k, t.d_k, t.seq_len_kv, stream);
     detail::zero_rows_past_lengths(spec_.v, t.d_v, t.seq_len_kv, stream);
   }
+}
+
+void Plan::require_score_terms(const void* bias, const float* sink) const {
+  if (spec_.bias != Bias::none) require_pointer("tensors.bias", bias);
+  if (spec_.softmax == Softmax::sink) require_pointer("tensors.sink", sink);
 }
 
 void Plan::require_lengths(const std::int32_t* seq_len_q, const std::int32_t* seq_len_kv) const {
@@ -132,19 +192,21 @@ void Plan::require_lengths(const std::int32_t* seq_len_q, const std::int32_t* se
   require_pointer("tensors.seq_len_kv", seq_len_kv);
 }
 
-void Plan::execute(void* const* by_uid, cudaStream_t stream, const Workspace& workspace) const {
+void Plan::require_device() const {
   int device = detail::current_device();
   if (device != device_) {
     throw InvalidArgument("device", std::to_string(device),
                           "the device the plan was built for (" + std::to_string(device_) + "); make it current");
   }
+}
+
+void Plan::execute(void* const* by_uid, cudaStream_t stream, void* workspace) const {
   void* sorted[graph::kUidEnd];
   int count = 0;
   for (std::int64_t uid : graph_->uids()) sorted[count++] = by_uid[uid];
-  CallWorkspace scratch(workspace_bytes_, workspace, stream);
   cudnnHandle_t handle = detail::handle_for(device_, stream);
   try {
-    graph_->execute(handle, sorted, scratch.data());
+    graph_->execute(handle, sorted, workspace);
   } catch (const CudnnError& error) {
     throw CudnnError(std::string(error.what()) + " [" + to_string(pass_) + " " + to_string(spec_) + "]");
   }

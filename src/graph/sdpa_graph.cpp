@@ -2,6 +2,7 @@
 // cudnn_frontend.h, so the heavy headers compile once.
 #include "graph/sdpa_graph.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -84,7 +85,32 @@ void apply_padding(fe::graph::Graph& graph, Attributes& attributes, const Attent
       .set_seq_len_kv(length_tensor(graph, spec, "seq_len_kv", kUidSeqLenKV));
 }
 
-// The lengths' UIDs are the largest, so they go last in the ascending pointer order.
+// Per-head float32 [1, h_q, 1, 1] tensors: the sink logits and their gradient.
+fe::graph::Tensor_attributes per_head(const AttentionSpec& spec, const char* name, Uid uid) {
+  return fe::graph::Tensor_attributes()
+      .set_name(name)
+      .set_uid(uid)
+      .set_dim({1, spec.heads_q(), 1, 1})
+      .set_stride({spec.heads_q(), 1, 1, 1})
+      .set_data_type(fe::DataType_t::FLOAT);
+}
+
+// What the scores get on top of scale·QK^T, and the softmax's extra term. off_by_one is a sink
+// whose logits are all zero: the execution layer supplies that zero tensor.
+template <class Attributes>
+void apply_score_terms(fe::graph::Graph& graph, Attributes& attributes, const AttentionSpec& spec,
+                       std::vector<std::int64_t>& uids) {
+  if (spec.bias != Bias::none) {
+    attributes.set_bias(graph.tensor(describe("bias", kUidBias, bias_desc(spec))));
+    uids.push_back(kUidBias);
+  }
+  if (spec.alibi) attributes.set_alibi_mask(true);
+  if (spec.softmax != Softmax::vanilla) {
+    attributes.set_sink_token(graph.tensor(per_head(spec, "sink", kUidSink)));
+    uids.push_back(kUidSink);
+  }
+}
+
 void add_length_uids(const AttentionSpec& spec, std::vector<std::int64_t>& uids) {
   if (!spec.padding) return;
   uids.push_back(kUidSeqLenQ);
@@ -122,9 +148,22 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionSpec& spec, fe::A
                         .set_implementation(implementation);
   apply_window(attributes, spec);
   apply_padding(*graph, attributes, spec);
+  uids = {kUidQ, kUidK, kUidV, kUidO, kUidScale};
+  apply_score_terms(*graph, attributes, spec, uids);
+  if (spec.max_logit != MaxLogit::none) {
+    // Row maxima [b, h_q, s_q, 1]; a per-head request reduces them afterwards (execution layer).
+    auto max_logit = graph->tensor(fe::graph::Tensor_attributes()
+                                       .set_name("max_logit")
+                                       .set_uid(kUidMaxLogit)
+                                       .set_dim({spec.batch(), spec.heads_q(), spec.seq_q(), 1})
+                                       .set_stride({spec.heads_q() * spec.seq_q(), spec.seq_q(), 1, 1})
+                                       .set_data_type(fe::DataType_t::FLOAT));
+    max_logit->set_output(true);
+    attributes.set_logit_max(max_logit);
+    uids.push_back(kUidMaxLogit);
+  }
   auto [o, stats] = graph->sdpa(q, k, v, attributes);
   mark_output(o, "o", kUidO, spec.o);
-  uids = {kUidQ, kUidK, kUidV, kUidO};
   if (spec.stats) {
     stats->set_output(true);
     auto described = stats_tensor(spec);
@@ -132,8 +171,8 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionSpec& spec, fe::A
         .set_data_type(fe::DataType_t::FLOAT);
     uids.push_back(kUidStats);
   }
-  uids.push_back(kUidScale);
   add_length_uids(spec, uids);
+  std::sort(uids.begin(), uids.end());  // execute() takes pointers in ascending UID order
   return graph;
 }
 
@@ -153,6 +192,20 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionSpec& spec, std:
   apply_padding(*graph, attributes, spec);
   uids = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidDO, kUidDQ, kUidDK, kUidDV};
   add_length_uids(spec, uids);
+  apply_score_terms(*graph, attributes, spec, uids);
+  if (spec.bias_grad) {
+    auto d_bias = graph->tensor(describe("d_bias", kUidDBias, bias_desc(spec)));
+    d_bias->set_output(true);
+    attributes.set_dbias(d_bias);
+    uids.push_back(kUidDBias);
+  }
+  if (spec.softmax == Softmax::sink) {
+    auto d_sink = graph->tensor(per_head(spec, "d_sink", kUidDSink));
+    d_sink->set_output(true);
+    attributes.set_dsink_token(d_sink);
+    uids.push_back(kUidDSink);
+  }
+  std::sort(uids.begin(), uids.end());  // execute() takes pointers in ascending UID order
   auto [d_q, d_k, d_v] = graph->sdpa_backward(q, k, v, o, d_o, stats, attributes);
   // Gradients take their inputs' descriptors, so a packed input gets a packed gradient.
   mark_output(d_q, "d_q", kUidDQ, spec.q);

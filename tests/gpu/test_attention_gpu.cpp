@@ -127,6 +127,22 @@ std::vector<Case> numeric_cases() {
   add("padding_sbhd_more_queries_bf16", "layout=sbhd dtype=bf16 b=4 s_q=300 s_kv=97 h=4 d=64 padding=1 causal");
   add("padding_bs3hd_f16", "layout=bs3hd dtype=f16 b=2 s=513 h=4 d=64 padding=1 causal");
   add("deterministic_bf16", "layout=bshd dtype=bf16 b=2 s_q=500 s_kv=1000 h_q=8 h_kv=2 d=128 causal deterministic=1");
+  // Score terms and softmax variants: every bias shape with its gradient, ALiBi, the sinks, and
+  // the max logit per row and per head (with padding, whose rows must not contribute).
+  const std::string gqa = " b=2 s_q=333 s_kv=1000 h_q=8 h_kv=2 d=128";
+  for (const char* shape : {"bhss", "b1ss", "1hss", "11ss", "111s"}) {
+    add(std::string("bias_") + shape + "_grad_bf16",
+        "layout=bshd dtype=bf16" + gqa + " causal bias=" + shape + " bias_grad=1");
+  }
+  add("bias_1hss_f16_nograd", "layout=sbhd dtype=f16" + gqa + " bias=1hss");
+  add("alibi_bf16", "layout=bshd dtype=bf16 b=2 s=1000 h=12 d=64 causal alibi=1");
+  add("alibi_f16", "layout=bshd dtype=f16 b=1 s_q=777 s_kv=777 h_q=8 h_kv=4 d=128 causal alibi=1");
+  add("off_by_one_bf16", "layout=bshd dtype=bf16" + gqa + " softmax=off_by_one");
+  add("off_by_one_causal_f16", "layout=bshd dtype=f16" + gqa + " causal softmax=off_by_one");
+  add("sink_bf16", "layout=bshd dtype=bf16" + gqa + " causal softmax=sink");
+  add("sink_padding_f16", "layout=bshd dtype=f16 b=3 s=700 h=4 d=64 window=-1,-1 softmax=sink padding=1");
+  add("max_logit_row_bf16", "layout=bshd dtype=bf16" + gqa + " causal max_logit=row");
+  add("max_logit_head_padding_bf16", "layout=bshd dtype=bf16 b=3 s_q=500 s_kv=900 h=4 d=64 padding=1 max_logit=head");
   // One large problem, checked against the float32 GPU reference.
   add("large_bf16", "layout=bshd dtype=bf16 b=1 s_q=4097 s_kv=4097 h_q=8 h_kv=2 d=128 causal=1");
   return cases;

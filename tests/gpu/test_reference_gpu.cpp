@@ -1,4 +1,5 @@
 // GPU tier: the float32 GPU reference against the float64 CPU reference, and the GPU gather/scatter.
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -71,7 +72,13 @@ std::string describe(const ReferenceProblem& p) {
          " s_q=" + std::to_string(p.seq_q) + " s_kv=" + std::to_string(p.seq_kv) +
          " d_qk=" + std::to_string(p.head_dim_qk) + " d_v=" + std::to_string(p.head_dim_v) +
          " window=" + std::to_string(p.window.left) + "," + std::to_string(p.window.right) +
-         (p.alignment == Alignment::top_left ? " top_left" : " bottom_right");
+         (p.alignment == Alignment::top_left ? " top_left" : " bottom_right") + " bias=" + to_string(p.bias) +
+         (p.alibi ? " alibi" : "") + " softmax=" + to_string(p.softmax) + (p.seq_len_q.empty() ? "" : " padded");
+}
+
+std::int64_t bias_size(const ReferenceProblem& p) {
+  const std::array<std::int64_t, 4> dims = bias_dims(p.bias, p.batch, p.heads_q, p.seq_q, p.seq_kv);
+  return dims[0] * dims[1] * dims[2] * dims[3];
 }
 
 // Small shapes covering GQA/MQA, d_qk != d_v, both causal alignments (including rows that see no
@@ -95,6 +102,7 @@ std::vector<Case> cases() {
 
 struct Inputs {
   std::vector<float> q, k, v, d_o;
+  std::vector<float> bias, sink;  // empty unless the problem has a bias / a sink softmax
 };
 
 Inputs random_inputs(const ReferenceProblem& p, std::mt19937& rng) {
@@ -105,34 +113,53 @@ Inputs random_inputs(const ReferenceProblem& p, std::mt19937& rng) {
     return out;
   };
   return {fill(p.batch * p.heads_q * p.seq_q * p.head_dim_qk), fill(p.batch * p.heads_kv * p.seq_kv * p.head_dim_qk),
-          fill(p.batch * p.heads_kv * p.seq_kv * p.head_dim_v), fill(p.batch * p.heads_q * p.seq_q * p.head_dim_v)};
+          fill(p.batch * p.heads_kv * p.seq_kv * p.head_dim_v), fill(p.batch * p.heads_q * p.seq_q * p.head_dim_v),
+          fill(bias_size(p)), p.softmax == Softmax::sink ? fill(p.heads_q) : std::vector<float>{}};
 }
 
 std::vector<double> widen(const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); }
 
 struct Results {
   std::vector<float> o, lse, d_q, d_k, d_v;
+  std::vector<float> max_logit, d_bias, d_sink;  // d_bias, d_sink empty unless the problem has them
 };
 
-// Runs the GPU forward and backward; outputs start out as NaN.
+// Runs the GPU forward and backward, asking for every optional output the problem has (the max
+// logit always); outputs start out as NaN.
 void run_gpu(const ReferenceProblem& p, const Inputs& in, Results& out) {
   out.o.assign(in.d_o.size(), 0.0f);
   out.lse.assign(static_cast<std::size_t>(p.batch * p.heads_q * p.seq_q), 0.0f);
   out.d_q.assign(in.q.size(), 0.0f);
   out.d_k.assign(in.k.size(), 0.0f);
   out.d_v.assign(in.v.size(), 0.0f);
+  out.max_logit.assign(out.lse.size(), 0.0f);
+  out.d_bias.assign(in.bias.size(), 0.0f);
+  out.d_sink.assign(in.sink.size(), 0.0f);
   DeviceBuffer q(bytes_of(in.q)), k(bytes_of(in.k)), v(bytes_of(in.v)), d_o(bytes_of(in.d_o));
   DeviceBuffer o(bytes_of(out.o)), lse(bytes_of(out.lse)), d_q(bytes_of(out.d_q)), d_k(bytes_of(out.d_k)),
-      d_v(bytes_of(out.d_v));
-  for (const DeviceBuffer* b : {&q, &k, &v, &d_o, &o, &lse, &d_q, &d_k, &d_v}) ASSERT_NE(b->get(), nullptr);
+      d_v(bytes_of(out.d_v)), max_logit(bytes_of(out.max_logit));
+  // One float more than needed, so that an empty bias or sink still gets an allocation.
+  DeviceBuffer bias(bytes_of(in.bias) + sizeof(float)), sink(bytes_of(in.sink) + sizeof(float)),
+      d_bias(bytes_of(out.d_bias) + sizeof(float)), d_sink(bytes_of(out.d_sink) + sizeof(float));
+  for (const DeviceBuffer* b : {&q, &k, &v, &d_o, &o, &lse, &d_q, &d_k, &d_v, &max_logit, &bias, &sink, &d_bias, &d_sink}) {
+    ASSERT_NE(b->get(), nullptr);
+  }
   REF_CUDA_OK(cudaMemcpy(q.get(), in.q.data(), q.bytes(), cudaMemcpyHostToDevice));
   REF_CUDA_OK(cudaMemcpy(k.get(), in.k.data(), k.bytes(), cudaMemcpyHostToDevice));
   REF_CUDA_OK(cudaMemcpy(v.get(), in.v.data(), v.bytes(), cudaMemcpyHostToDevice));
   REF_CUDA_OK(cudaMemcpy(d_o.get(), in.d_o.data(), d_o.bytes(), cudaMemcpyHostToDevice));
+  REF_CUDA_OK(cudaMemcpy(bias.get(), in.bias.data(), bytes_of(in.bias), cudaMemcpyHostToDevice));
+  REF_CUDA_OK(cudaMemcpy(sink.get(), in.sink.data(), bytes_of(in.sink), cudaMemcpyHostToDevice));
+  ReferenceExtras<float> extras;
+  extras.bias = in.bias.empty() ? nullptr : bias.f();
+  extras.sink = in.sink.empty() ? nullptr : sink.f();
+  extras.max_logit = max_logit.f();
+  extras.d_bias = in.bias.empty() ? nullptr : d_bias.f();
+  extras.d_sink = in.sink.empty() ? nullptr : d_sink.f();
   cudaStream_t stream = nullptr;
   REF_CUDA_OK(cudaStreamCreate(&stream));
-  reference_forward_gpu(p, q.f(), k.f(), v.f(), o.f(), lse.f(), stream);
-  reference_backward_gpu(p, q.f(), k.f(), v.f(), o.f(), lse.f(), d_o.f(), d_q.f(), d_k.f(), d_v.f(), stream);
+  reference_forward_gpu(p, q.f(), k.f(), v.f(), o.f(), lse.f(), stream, extras);
+  reference_backward_gpu(p, q.f(), k.f(), v.f(), o.f(), lse.f(), d_o.f(), d_q.f(), d_k.f(), d_v.f(), stream, extras);
   const cudaError_t synced = cudaStreamSynchronize(stream);
   cudaStreamDestroy(stream);
   REF_CUDA_OK(synced);
@@ -141,21 +168,33 @@ void run_gpu(const ReferenceProblem& p, const Inputs& in, Results& out) {
   REF_CUDA_OK(cudaMemcpy(out.d_q.data(), d_q.get(), d_q.bytes(), cudaMemcpyDeviceToHost));
   REF_CUDA_OK(cudaMemcpy(out.d_k.data(), d_k.get(), d_k.bytes(), cudaMemcpyDeviceToHost));
   REF_CUDA_OK(cudaMemcpy(out.d_v.data(), d_v.get(), d_v.bytes(), cudaMemcpyDeviceToHost));
+  REF_CUDA_OK(cudaMemcpy(out.max_logit.data(), max_logit.get(), max_logit.bytes(), cudaMemcpyDeviceToHost));
+  REF_CUDA_OK(cudaMemcpy(out.d_bias.data(), d_bias.get(), bytes_of(out.d_bias), cudaMemcpyDeviceToHost));
+  REF_CUDA_OK(cudaMemcpy(out.d_sink.data(), d_sink.get(), bytes_of(out.d_sink), cudaMemcpyDeviceToHost));
 }
 
 struct CpuResults {
   std::vector<double> o, lse, d_q, d_k, d_v;
+  std::vector<double> max_logit, d_bias, d_sink;
 };
 
 // The CPU reference on exactly the float inputs the GPU saw.
 CpuResults run_cpu(const ReferenceProblem& p, const Inputs& in) {
   const std::vector<double> q = widen(in.q), k = widen(in.k), v = widen(in.v), d_o = widen(in.d_o);
-  CpuResults out{std::vector<double>(in.d_o.size()),
-                 std::vector<double>(static_cast<std::size_t>(p.batch * p.heads_q * p.seq_q)),
-                 std::vector<double>(q.size()), std::vector<double>(k.size()), std::vector<double>(v.size())};
-  reference_forward_cpu(p, q.data(), k.data(), v.data(), out.o.data(), out.lse.data());
+  const std::vector<double> bias = widen(in.bias), sink = widen(in.sink);
+  const std::size_t rows = static_cast<std::size_t>(p.batch * p.heads_q * p.seq_q);
+  CpuResults out{std::vector<double>(in.d_o.size()), std::vector<double>(rows), std::vector<double>(q.size()),
+                 std::vector<double>(k.size()),      std::vector<double>(v.size()), std::vector<double>(rows),
+                 std::vector<double>(bias.size()),   std::vector<double>(sink.size())};
+  ReferenceExtras<double> extras;
+  extras.bias = bias.empty() ? nullptr : bias.data();
+  extras.sink = sink.empty() ? nullptr : sink.data();
+  extras.max_logit = out.max_logit.data();
+  extras.d_bias = bias.empty() ? nullptr : out.d_bias.data();
+  extras.d_sink = sink.empty() ? nullptr : out.d_sink.data();
+  reference_forward_cpu(p, q.data(), k.data(), v.data(), out.o.data(), out.lse.data(), extras);
   reference_backward_cpu(p, q.data(), k.data(), v.data(), d_o.data(), out.d_q.data(), out.d_k.data(),
-                         out.d_v.data());
+                         out.d_v.data(), extras);
   return out;
 }
 
@@ -166,6 +205,13 @@ void expect_close(const Results& gpu, const CpuResults& cpu) {
   EXPECT_LT(relative_error(gpu.d_q.data(), cpu.d_q.data(), n(cpu.d_q)), 1e-5) << "dQ";
   EXPECT_LT(relative_error(gpu.d_k.data(), cpu.d_k.data(), n(cpu.d_k)), 1e-5) << "dK";
   EXPECT_LT(relative_error(gpu.d_v.data(), cpu.d_v.data(), n(cpu.d_v)), 1e-5) << "dV";
+  EXPECT_LT(relative_error(gpu.max_logit.data(), cpu.max_logit.data(), n(cpu.max_logit)), 1e-5) << "max logit";
+  if (!cpu.d_bias.empty()) {
+    EXPECT_LT(relative_error(gpu.d_bias.data(), cpu.d_bias.data(), n(cpu.d_bias)), 1e-5) << "dBias";
+  }
+  if (!cpu.d_sink.empty()) {
+    EXPECT_LT(relative_error(gpu.d_sink.data(), cpu.d_sink.data(), n(cpu.d_sink)), 1e-5) << "dSink";
+  }
 }
 
 TEST(ReferenceGpu, MatchesCpuForwardAndBackward) {
@@ -281,6 +327,128 @@ TEST(ReferenceGpu, RejectsHeadDimAboveTheLimit) {
   } catch (const InvalidArgument& e) {
     EXPECT_EQ(e.field(), "head_dim_qk");
     EXPECT_EQ(e.value(), "264");
+  }
+}
+
+
+// --- bias, ALiBi, softmax variants, max logit ----------------------------------------------------
+
+// Each case of `problems` with a fresh draw, GPU against CPU on every output (max logit included).
+void expect_gpu_matches_cpu(const std::vector<ReferenceProblem>& problems) {
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("random seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  for (const ReferenceProblem& p : problems) {
+    SCOPED_TRACE(describe(p));
+    const Inputs in = random_inputs(p, rng);
+    Results gpu;
+    run_gpu(p, in, gpu);
+    if (::testing::Test::HasFatalFailure()) return;
+    expect_close(gpu, run_cpu(p, in));
+  }
+}
+
+// Shapes for the extras: GQA, s_q both below and above s_kv, rows that see nothing, a window.
+std::vector<Case> extra_cases() {
+  const auto TL = Alignment::top_left, BR = Alignment::bottom_right;
+  return {
+      {2, 4, 2, 17, 33, 64, 64, Window{}, TL},
+      {2, 4, 2, 40, 17, 128, 64, kCausal, BR},  // the first 23 rows see nothing
+      {1, 4, 1, 33, 70, 64, 32, Window{9, 0}, BR},
+  };
+}
+
+TEST(ReferenceGpu, BiasShapesMatchCpuWithDBias) {
+  FUSEDATTN_REQUIRE_GPU();
+  std::vector<ReferenceProblem> problems;
+  for (Bias bias : {Bias::bhss, Bias::b1ss, Bias::one_hss, Bias::one_1ss, Bias::one_11s}) {
+    for (const Case& c : extra_cases()) {
+      ReferenceProblem p = to_problem(c);
+      p.bias = bias;
+      problems.push_back(p);
+    }
+  }
+  expect_gpu_matches_cpu(problems);
+}
+
+TEST(ReferenceGpu, AlibiMatchesCpu) {
+  FUSEDATTN_REQUIRE_GPU();
+  std::vector<ReferenceProblem> problems;
+  for (const Case& c : {Case{2, 12, 4, 17, 33, 64, 64, kCausal, Alignment::top_left},  // 12 heads: interleaved slopes
+                        Case{1, 8, 2, 33, 70, 64, 64, kCausal, Alignment::bottom_right},
+                        Case{1, 4, 2, 40, 17, 32, 32, kCausal, Alignment::bottom_right}}) {
+    ReferenceProblem p = to_problem(c);
+    p.alibi = true;
+    problems.push_back(p);
+    p.bias = Bias::one_11s;  // both terms at once
+    problems.push_back(p);
+  }
+  expect_gpu_matches_cpu(problems);
+}
+
+TEST(ReferenceGpu, OffByOneAndSinkMatchCpuWithDSink) {
+  FUSEDATTN_REQUIRE_GPU();
+  std::vector<ReferenceProblem> problems;
+  for (Softmax softmax : {Softmax::off_by_one, Softmax::sink}) {
+    for (const Case& c : extra_cases()) {
+      ReferenceProblem p = to_problem(c);
+      p.softmax = softmax;
+      problems.push_back(p);
+    }
+    ReferenceProblem decode = to_problem({1, 2, 1, 1, 100, 128, 128, kCausal, Alignment::bottom_right});
+    decode.softmax = softmax;
+    problems.push_back(decode);
+  }
+  expect_gpu_matches_cpu(problems);
+}
+
+// Every extra at once on padded problems (zero-length entries included): padding rows stay
+// O = 0, lse = -inf, max logit -inf on both references, even with the extra softmax term.
+TEST(ReferenceGpu, PaddedWithEveryExtraMatchesCpu) {
+  FUSEDATTN_REQUIRE_GPU();
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("random seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  const Bias biases[] = {Bias::b1ss, Bias::one_11s, Bias::bhss, Bias::one_hss, Bias::one_1ss};
+  std::size_t n = 0;
+  for (ReferenceProblem p : padded_problems()) {
+    p.bias = biases[n++ % 5];
+    p.alibi = p.window.causal();
+    p.softmax = n % 2 == 0 ? Softmax::off_by_one : Softmax::sink;
+    SCOPED_TRACE(describe(p));
+    const Inputs in = random_inputs(p, rng);
+    Results gpu;
+    run_gpu(p, in, gpu);
+    if (HasFatalFailure()) return;
+    const CpuResults cpu = run_cpu(p, in);
+    expect_close(gpu, cpu);
+    const float minus_inf = -std::numeric_limits<float>::infinity();
+    expect_padding(gpu.lse, p.heads_q, p.seq_q, p.seq_len_q, 1, minus_inf, "GPU lse");
+    expect_padding(gpu.max_logit, p.heads_q, p.seq_q, p.seq_len_q, 1, minus_inf, "GPU max logit");
+    expect_padding(gpu.o, p.heads_q, p.seq_q, p.seq_len_q, p.head_dim_v, 0.0f, "GPU O");
+    expect_padding(gpu.d_q, p.heads_q, p.seq_q, p.seq_len_q, p.head_dim_qk, 0.0f, "GPU dQ");
+    expect_padding(cpu.lse, p.heads_q, p.seq_q, p.seq_len_q, 1, -std::numeric_limits<double>::infinity(), "CPU lse");
+  }
+}
+
+TEST(ReferenceGpu, RejectsMissingExtras) {
+  FUSEDATTN_REQUIRE_GPU();
+  ReferenceProblem p = to_problem({1, 1, 1, 4, 4, 64, 64, Window{}, Alignment::top_left});
+  p.bias = Bias::bhss;
+  try {
+    reference_forward_gpu(p, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    ADD_FAILURE() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.field(), "extras.bias");
+  }
+  p.bias = Bias::none;
+  p.softmax = Softmax::sink;
+  try {
+    reference_backward_gpu(p, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                           nullptr);
+    ADD_FAILURE() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.field(), "extras.sink");
   }
 }
 
