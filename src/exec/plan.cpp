@@ -65,10 +65,6 @@ class CallWorkspace {
   cudaStream_t stream_;
 };
 
-}  // namespace
-
-namespace {
-
 constexpr std::size_t kScratchAlignment = 256;
 
 std::size_t round_up(std::size_t bytes) { return (bytes + kScratchAlignment - 1) / kScratchAlignment * kScratchAlignment; }
