@@ -47,6 +47,9 @@ if [ -z "${SKIP_TESTS:-}" ] && [ -z "${GPU_TESTS_ONLY:-}" ]; then
   "$build/fusedattn" bench "layout=bshd b=2 s=4096 h=16 d=128 causal" --iters 20 || status=1
 fi
 
+echo "== support matrix"
+"$build/fusedattn" support-matrix --out "$OUT/support-matrix.md" || status=1
+
 if [ -z "${SKIP_BENCH:-}" ]; then
   echo "== benchmark"
   python3 -X faulthandler bench/run_bench.py --lib "$build/libfusedattn_bench.so" --out "$OUT" --rounds 5 || status=1

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <random>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "check.h"
+#include "support_matrix.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/build_info.h"
 #include "fusedattn/errors.h"
@@ -28,7 +30,7 @@ enum Exit : int { kOk = 0, kFailed = 1, kUsage = 2, kNotSupported = 3, kNoGpu = 
 
 const char* const kUsageLine =
     "usage: fusedattn {info | support SPEC [--pass forward|backward|both] | run SPEC [--no-backward] [--seed N]"
-    " [--scale X] | bench SPEC [--iters N] | demo | --help}";
+    " [--scale X] | bench SPEC [--iters N] | demo | support-matrix [--out FILE] | --help}";
 
 const char* const kHelp = R"(
   info       build, cuDNN and GPU information
@@ -36,6 +38,8 @@ const char* const kHelp = R"(
   run        run SPEC on the GPU and compare with a reference (exit 0 pass, 1 fail)
   bench      kernel time, TFLOP/s, host time per call and plan build time of SPEC
   demo       a checked forward+backward on a standard problem (CPU reference only without a GPU)
+  support-matrix  check_support over features x masks x head dims x layouts x dtypes, as markdown
+             (to FILE with --out; the pure policy for SM 9.0 without a GPU, and it says so)
 
 SPEC is the one-line string every fusedattn error and log prints, for example
   "layout=bshd b=2 s=1024 h=16 d=128 causal"
@@ -58,7 +62,8 @@ struct CommandLine {
 
 CommandLine parse_command_line(int argc, char** argv) {
   static const std::map<std::string, bool> kTakesValue = {
-      {"--pass", true}, {"--no-backward", false}, {"--seed", true}, {"--scale", true}, {"--iters", true}};
+      {"--pass", true}, {"--no-backward", false}, {"--seed", true}, {"--scale", true}, {"--iters", true},
+      {"--out", true}};
   CommandLine line;
   if (argc < 2) throw UsageError{"missing command"};
   line.command = argv[1];
@@ -474,6 +479,19 @@ int demo_cpu(const std::string& reason) {
   return gqa_ok && fd_ok ? kOk : kFailed;
 }
 
+int cmd_support_matrix(const CommandLine& line) {
+  const std::string report = fa::tools::support_matrix_markdown(gpu_unavailable().empty());
+  if (!line.has("--out")) {
+    std::cout << report;
+    return kOk;
+  }
+  std::ofstream file(line.options.at("--out"));
+  file << report;
+  if (!file) throw UsageError{"cannot write " + line.options.at("--out")};
+  std::cout << "wrote " << line.options.at("--out") << "\n";
+  return kOk;
+}
+
 int cmd_demo() {
   const std::string no_gpu = gpu_unavailable();
   return no_gpu.empty() ? demo_gpu() : demo_cpu(no_gpu);
@@ -487,6 +505,7 @@ int dispatch(const CommandLine& line) {
   if (line.command == "run") return cmd_run(line);
   if (line.command == "bench") return cmd_bench(line);
   if (line.command == "demo") return cmd_demo();
+  if (line.command == "support-matrix") return cmd_support_matrix(line);
   throw UsageError{"unknown command '" + line.command + "'"};
 }
 

@@ -80,7 +80,9 @@ else
   expect "bench without GPU"     '^4$' 'no GPU'                 -- bench "$VALID"
   expect "demo without GPU"      '^0$' 'no GPU found'           -- demo
   expect "demo self-checks pass" '^0$' 'finite differences.*PASS' -- demo
+  expect "support matrix says policy only" '^0$' 'No GPU: these are the pure policy' -- support-matrix
 fi
+expect "support matrix lists every reason" '^0$' 'both: bias = 1hss: needs no bottom-right diagonal' -- support-matrix
 
 echo "$passed passed, $failed failed"
 [[ "$failed" == 0 ]]
