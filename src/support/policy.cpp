@@ -231,10 +231,18 @@ void score_terms_rule(const AttentionSpec& spec, Pass pass, const Versions& vers
   }
 }
 
-// Sinks (off_by_one is a sink of logit 0) arrived in cuDNN 9.13 (91300).
+// Sinks (off_by_one is a sink of logit 0) arrived in cuDNN 9.13 (91300). cuDNN's row maximum is
+// the softmax's own, which takes the sink logit into the max (the frontend's softmax node): with a
+// sink it is no longer the largest score, so fusedattn does not offer the two together.
 void softmax_rule(const AttentionSpec& spec, const Versions& versions, Reasons& out) {
-  if (spec.softmax == Softmax::vanilla || versions.cudnn_runtime >= 91300) return;
-  out.push_back({"softmax", to_string(spec.softmax), "cuDNN 9.13 or newer for a softmax with a sink", "cuDNN 9.13"});
+  if (spec.softmax == Softmax::vanilla) return;
+  if (versions.cudnn_runtime < 91300) {
+    out.push_back({"softmax", to_string(spec.softmax), "cuDNN 9.13 or newer for a softmax with a sink", "cuDNN 9.13"});
+  }
+  if (spec.max_logit != MaxLogit::none) {
+    out.push_back({"max_logit", to_string(spec.max_logit),
+                   "softmax=vanilla: cuDNN's row maximum includes the sink logit, so it is not the max logit", ""});
+  }
 }
 
 // The deterministic backward reached Blackwell (SM 10.x) in cuDNN 9.18 (91800).

@@ -322,6 +322,14 @@ TEST(SupportScoreTerms, OldCudnnLimitsWindowsAndBiasGradients) {
   EXPECT_TRUE(check_support_policy(spec, Pass::backward, kSm90, kCudnn9_19).ok());
 }
 
+TEST(SupportSoftmax, MaxLogitIsOfferedOnlyWithoutASink) {
+  AttentionSpec spec = spec_of(128, 128);
+  spec.max_logit = MaxLogit::row;
+  EXPECT_TRUE(check_support_policy(spec, Pass::forward, kSm90, kCudnn9_19).ok());
+  spec.softmax = Softmax::sink;
+  expect_only(check_support_policy(spec, Pass::forward, kSm90, kCudnn9_19), "max_logit", "row", "");
+}
+
 TEST(SupportSoftmax, SinksNeedCudnn9_13) {
   for (Softmax softmax : {Softmax::off_by_one, Softmax::sink}) {
     AttentionSpec spec = spec_of(128, 128);
