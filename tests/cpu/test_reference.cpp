@@ -9,6 +9,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <optional>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -878,22 +879,31 @@ TEST(ReferenceBias, BroadcastEqualsTheExpandedBias) {
   }
 }
 
+// Runs the forward or the backward without extras on placeholder buffers and returns the
+// InvalidArgument it throws (nullopt, with a test failure, when it throws none).
+std::optional<InvalidArgument> missing_extras_error(const ReferenceProblem& p, bool forward) {
+  std::vector<double> buf(1024);
+  try {
+    if (forward) {
+      reference_forward_cpu(p, buf.data(), buf.data(), buf.data(), buf.data(), buf.data());
+    } else {
+      reference_backward_cpu(p, buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), buf.data());
+    }
+  } catch (const InvalidArgument& e) {
+    return e;
+  }
+  ADD_FAILURE() << "expected InvalidArgument";
+  return std::nullopt;
+}
+
 TEST(ReferenceBias, RejectsAMissingBias) {
   ReferenceProblem p = make_problem(2, 1, 2, 2, 8, 8);
   p.bias = Bias::one_hss;
-  std::vector<double> buf(1024);
   for (bool forward : {true, false}) {
-    try {
-      if (forward) {
-        reference_forward_cpu(p, buf.data(), buf.data(), buf.data(), buf.data(), buf.data());
-      } else {
-        reference_backward_cpu(p, buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), buf.data());
-      }
-      ADD_FAILURE() << "expected InvalidArgument";
-    } catch (const InvalidArgument& e) {
-      EXPECT_EQ(e.field(), "extras.bias");
-      EXPECT_NE(e.requirement().find("1hss"), std::string::npos) << e.requirement();
-    }
+    const std::optional<InvalidArgument> e = missing_extras_error(p, forward);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->field(), "extras.bias");
+    EXPECT_NE(e->requirement().find("1hss"), std::string::npos) << e->requirement();
   }
 }
 
@@ -1173,21 +1183,14 @@ TEST(ReferenceSoftmax, PaddingRowsStayEmpty) {
 TEST(ReferenceSoftmax, RejectsAMissingSink) {
   ReferenceProblem p = make_problem(2, 1, 2, 2, 8, 8);
   p.softmax = Softmax::sink;
-  std::vector<double> buf(1024);
   for (bool forward : {true, false}) {
-    try {
-      if (forward) {
-        reference_forward_cpu(p, buf.data(), buf.data(), buf.data(), buf.data(), buf.data());
-      } else {
-        reference_backward_cpu(p, buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), buf.data(), buf.data());
-      }
-      ADD_FAILURE() << "expected InvalidArgument";
-    } catch (const InvalidArgument& e) {
-      EXPECT_EQ(e.field(), "extras.sink");
-    }
+    const std::optional<InvalidArgument> e = missing_extras_error(p, forward);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->field(), "extras.sink");
   }
   // off_by_one needs no input.
   p.softmax = Softmax::off_by_one;
+  std::vector<double> buf(1024);
   EXPECT_NO_THROW(reference_forward_cpu(p, buf.data(), buf.data(), buf.data(), buf.data(), buf.data()));
 }
 
