@@ -13,6 +13,16 @@
 // actual lengths: bottom-right puts the diagonal at p = i + seq_len_kv[b] - seq_len_q[b], so that an
 // entry computes exactly what it would alone, unpadded. A row that then sees no key (a zero-length
 // KV, or the window) is O = 0, lse = -infinity, as above.
+//
+// Dropout (p = ReferenceProblem::dropout > 0) is not drawn here: the reference takes an explicit keep
+// mask M [b, h_q, s_q, s_kv] (1 = kept, 0 = dropped; say, the one cuDNN dumped) and reproduces exactly
+// that dropout. With P the softmax probabilities (every other feature included),
+//   Pd_ij = P_ij * M_ij / (1 - p),   O_i = sum_j Pd_ij V_j,
+// while lse and the max logit come from P and do not see the dropout. The backward of L = sum(O ∘ dO):
+//   dV_j = sum_i Pd_ij dO_i,   dP_ij = dO_i . V_j,   D_i = dO_i . O_i  (O with dropout),
+//   dS_ij = P_ij (dP_ij M_ij / (1 - p) - D_i),
+// and dQ, dK, dBias from dS as without dropout; dSink_h = -sum_i e^(sink_h - lse_i) D_i, with this D.
+// M is read only where row i sees key j (elsewhere P = 0 and M may hold anything).
 #pragma once
 
 #include <array>
@@ -37,18 +47,22 @@ struct ReferenceProblem {
   Bias bias = Bias::none;              ///< a bias is added to the scaled scores (values in ReferenceExtras)
   bool alibi = false;                  ///< adds alibi_slopes(h_q)[h] * (j - i) to the scaled scores
   Softmax softmax = Softmax::vanilla;  ///< off_by_one / sink add e^0 / e^sink[h] to the denominator
+  double dropout = 0.0;                ///< probability of dropping a probability; 0 = none (mask in extras)
 };
 
 /// Optional inputs and outputs of a reference call, contiguous, in the call's precision. What the
 /// problem asks for must be there: `bias` ([b|1, h_q|1, s_q|1, s_kv], see bias_dims) when
-/// p.bias != none, `sink` ([h_q]) when p.softmax == sink. Outputs are written when not null:
-/// `max_logit` [b, h_q, s_q] (forward; the largest visible logit of each row, -inf for rows that
-/// see nothing or are padding), `d_bias` (backward, in the bias's shape, summed over the
-/// broadcast dims), `d_sink` [h_q] (backward).
+/// p.bias != none, `sink` ([h_q]) when p.softmax == sink, `dropout_mask` ([b, h_q, s_q, s_kv]) when
+/// p.dropout > 0. Outputs are written when not null: `max_logit` [b, h_q, s_q] (forward; the largest
+/// visible logit of each row, -inf for rows that see nothing or are padding), `d_bias` (backward,
+/// in the bias's shape, summed over the broadcast dims), `d_sink` [h_q] (backward).
 template <class T>
 struct ReferenceExtras {
   const T* bias = nullptr;
   const T* sink = nullptr;
+  /// Dropout keep mask [b, h_q, s_q, s_kv], contiguous, each 0 or 1 (1 = kept); required when
+  /// p.dropout > 0, ignored when p.dropout == 0. Read only where a row sees the key.
+  const T* dropout_mask = nullptr;
   T* max_logit = nullptr;
   T* d_bias = nullptr;
   T* d_sink = nullptr;

@@ -73,6 +73,10 @@ struct AttentionSpec {
   bool alibi = false;           ///< add ALiBi with the standard per-head slopes (needs a causal window)
   Softmax softmax = Softmax::vanilla;
   MaxLogit max_logit = MaxLogit::none;
+  double dropout = 0.0;  ///< probability of dropping each attention probability (Philox, seed and offset
+                         ///< read from device memory at run time); 0 = no dropout
+  bool dropout_mask_out = false;  ///< forward also writes the keep mask it drew (float32 [b, h_q, s_q,
+                                  ///< s_kv], 0 or 1), for checking and debugging
   bool padding = false;  ///< per-batch lengths come at run time (seq_len_q, seq_len_kv in the tensor
                          ///< sets); rows and keys past them are padding, and O, dQ, dK, dV are zero there
   bool deterministic = false;  ///< backward: bitwise-reproducible dQ, dK, dV (no atomic accumulation)

@@ -16,8 +16,13 @@ PlanKey make_plan_key(const AttentionSpec& spec, Pass pass, int device, const De
   // The backward graph always reads the statistics the forward wrote; whether a forward call was
   // asked to write them is no input of the backward plan, so it must not split backward entries.
   if (pass == Pass::backward) key.spec.stats = true;
-  // Determinism is a property of the backward algorithm only.
+  // Determinism is a property of the backward algorithm only; the mask dump and the max logit
+  // are forward outputs only.
   if (pass == Pass::forward) key.spec.deterministic = false;
+  if (pass == Pass::backward) {
+    key.spec.dropout_mask_out = false;
+    key.spec.max_logit = MaxLogit::none;
+  }
   // The alignment only places the window's diagonal; without a bound the graphs are identical.
   if (!spec.window.bounded()) key.spec.alignment = Alignment::top_left;
   key.device = device;

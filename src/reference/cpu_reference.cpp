@@ -26,6 +26,7 @@ ReferenceProblem reference_problem(const AttentionSpec& spec, double scale) {
   p.bias = spec.bias;
   p.alibi = spec.alibi;
   p.softmax = spec.softmax;
+  p.dropout = spec.dropout;
   p.scale = scale;
   return p;
 }
@@ -91,6 +92,32 @@ struct ScoreTerms {
   double extra_logit(std::int64_t h) const { return p.softmax == Softmax::sink ? extras.sink[h] : 0.0; }
 };
 
+// Dropout with an explicit keep mask: probability P_ij becomes P_ij * M_ij / (1 - p). Without
+// dropout the factor is 1 and the mask is never read.
+struct Dropout {
+  const double* mask = nullptr;  // [b, h_q, s_q, s_kv]; null without dropout
+  double keep_scale = 1.0;       // 1 / (1 - p)
+  std::int64_t heads_q, seq_q, seq_kv;
+
+  Dropout(const ReferenceProblem& p, const ReferenceExtras<double>& extras)
+      : heads_q(p.heads_q), seq_q(p.seq_q), seq_kv(p.seq_kv) {
+    if (p.dropout > 0.0) {
+      mask = extras.dropout_mask;
+      keep_scale = 1.0 / (1.0 - p.dropout);
+    }
+  }
+  // M_ij / (1 - p) for row i of (b, h); read only for keys the row sees.
+  double factor(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
+    return mask == nullptr ? 1.0 : mask[((b * heads_q + h) * seq_q + i) * seq_kv + j] * keep_scale;
+  }
+  // dropped[j] = probs[j] * factor(j) over the keys the row sees, 0 elsewhere.
+  void apply(std::int64_t b, std::int64_t h, std::int64_t i, detail::KeyRange keys, const std::vector<double>& probs,
+             std::vector<double>& dropped) const {
+    std::fill(dropped.begin(), dropped.end(), 0.0);
+    for (std::int64_t j = keys.first; j <= keys.last; ++j) dropped[j] = probs[j] * factor(b, h, i, j);
+  }
+};
+
 struct RowStats {
   double lse;        // log of the full denominator (the extra term included); -inf when it is empty
   double max_logit;  // the largest visible logit; -inf when the row sees no key
@@ -147,8 +174,9 @@ void reference_forward_cpu(const ReferenceProblem& p, const double* q, const dou
   detail::check_reference_problem(p);
   detail::check_reference_extras(p, extras);
   const ScoreTerms terms(p, extras);
+  const Dropout dropout(p, extras);
   const std::int64_t group = p.heads_q / p.heads_kv;
-  std::vector<double> probs(static_cast<std::size_t>(p.seq_kv));
+  std::vector<double> probs(static_cast<std::size_t>(p.seq_kv)), dropped(probs.size());
   for (std::int64_t b = 0; b < p.batch; ++b) {
     for (std::int64_t hq = 0; hq < p.heads_q; ++hq) {
       const std::int64_t hk = hq / group;
@@ -158,10 +186,12 @@ void reference_forward_cpu(const ReferenceProblem& p, const double* q, const dou
       double* o_head = o + head_offset(b, hq, p.heads_q, p.seq_q, p.head_dim_v);
       const std::int64_t stat_head = head_offset(b, hq, p.heads_q, p.seq_q, 1);
       for (std::int64_t i = 0; i < p.seq_q; ++i) {
-        const RowStats stats = softmax_row(terms, b, hq, i, q_head + i * p.head_dim_qk, k_head, row_keys(p, b, i), probs);
-        lse[stat_head + i] = stats.lse;
+        const detail::KeyRange keys = row_keys(p, b, i);
+        const RowStats stats = softmax_row(terms, b, hq, i, q_head + i * p.head_dim_qk, k_head, keys, probs);
+        lse[stat_head + i] = stats.lse;  // from P: dropout does not enter the statistics
         if (extras.max_logit != nullptr) extras.max_logit[stat_head + i] = stats.max_logit;
-        weighted_values(p, probs, v_head, o_head + i * p.head_dim_v);
+        dropout.apply(b, hq, i, keys, probs, dropped);
+        weighted_values(p, dropped, v_head, o_head + i * p.head_dim_v);
       }
     }
   }
@@ -173,6 +203,7 @@ void reference_backward_cpu(const ReferenceProblem& p, const double* q, const do
   detail::check_reference_problem(p);
   detail::check_reference_extras(p, extras);
   const ScoreTerms terms(p, extras);
+  const Dropout dropout(p, extras);
   const std::int64_t group = p.heads_q / p.heads_kv;
   double* d_bias = p.bias != Bias::none ? extras.d_bias : nullptr;
   double* d_sink = p.softmax == Softmax::sink ? extras.d_sink : nullptr;
@@ -182,7 +213,7 @@ void reference_backward_cpu(const ReferenceProblem& p, const double* q, const do
   std::fill(d_v, d_v + p.batch * p.heads_kv * p.seq_kv * p.head_dim_v, 0.0);
   if (d_bias != nullptr) std::fill(d_bias, d_bias + detail::bias_elements(p), 0.0);
   if (d_sink != nullptr) std::fill(d_sink, d_sink + p.heads_q, 0.0);
-  std::vector<double> probs(static_cast<std::size_t>(p.seq_kv));
+  std::vector<double> probs(static_cast<std::size_t>(p.seq_kv)), dropped(probs.size());
   std::vector<double> o_row(static_cast<std::size_t>(p.head_dim_v));
   for (std::int64_t b = 0; b < p.batch; ++b) {
     for (std::int64_t hq = 0; hq < p.heads_q; ++hq) {
@@ -198,20 +229,23 @@ void reference_backward_cpu(const ReferenceProblem& p, const double* q, const do
         const detail::KeyRange keys = row_keys(p, b, i);
         const RowStats stats = softmax_row(terms, b, hq, i, q_row, k + k_off, keys, probs);
         if (stats.lse == -std::numeric_limits<double>::infinity()) continue;  // P = 0: no contribution
-        weighted_values(p, probs, v + v_off, o_row.data());
-        // D_i = rowsum(dO ∘ O): the softmax Jacobian's correction term for this row.
+        dropout.apply(b, hq, i, keys, probs, dropped);
+        weighted_values(p, dropped, v + v_off, o_row.data());  // O with dropout
+        // D_i = rowsum(dO ∘ O): the softmax Jacobian's correction term for this row (O with dropout,
+        // since D_i = sum_j P_ij dL/dP_ij and dL/dP_ij = dP_ij M_ij / (1 - p)).
         const double d_row = dot(do_row, o_row.data(), p.head_dim_v);
         for (std::int64_t j = keys.first; j <= keys.last; ++j) {  // elsewhere P = 0: no contribution
           const double* k_row = k + k_off + j * p.head_dim_qk;
           const double* v_row = v + v_off + j * p.head_dim_v;
           const double d_p = dot(do_row, v_row, p.head_dim_v);
-          const double d_s = probs[j] * (d_p - d_row);
+          const double d_s = probs[j] * (d_p * dropout.factor(b, hq, i, j) - d_row);
           axpy(p.scale * d_s, k_row, dq_row, p.head_dim_qk);
           axpy(p.scale * d_s, q_row, d_k + k_off + j * p.head_dim_qk, p.head_dim_qk);
-          axpy(probs[j], do_row, d_v + v_off + j * p.head_dim_v, p.head_dim_v);
+          axpy(dropped[j], do_row, d_v + v_off + j * p.head_dim_v, p.head_dim_v);
           if (d_bias != nullptr) d_bias[terms.bias_at.at(b, hq, i, j)] += d_s;  // summed over broadcast dims
         }
-        // The sink's probability is P_sink = e^(sink_h - lse_i), and dO_i . dO_i/dsink_h = -P_sink D_i.
+        // The sink's probability is P_sink = e^(sink_h - lse_i), and dP_ij/dsink_h = -P_ij P_sink, so
+        // dL/dsink_h = -P_sink sum_j P_ij dL/dP_ij = -P_sink D_i (with dropout too: D uses O with it).
         if (d_sink != nullptr) d_sink[hq] -= std::exp(extras.sink[hq] - stats.lse) * d_row;
       }
     }

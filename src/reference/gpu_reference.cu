@@ -86,7 +86,8 @@ void check_gpu_problem(const ReferenceProblem& p) {
 
 /// The problem as kernels see it: plain values, passed by value, and the lengths per batch entry
 /// as device arrays (null when there is no padding: every entry is full length). The bias (null
-/// without one) and the sink logits (null unless softmax == sink) are the caller's device arrays.
+/// without one), the sink logits (null unless softmax == sink) and the dropout keep mask (null
+/// without dropout) are the caller's device arrays.
 struct Shape {
   std::int64_t batch, heads_q, heads_kv, seq_q, seq_kv;
   int d_qk, d_v;
@@ -100,6 +101,8 @@ struct Shape {
   bool alibi;
   bool extra_term;    // off_by_one or sink: the denominator has one more term, e^extra_logit(h)
   const float* sink;  // per query head; null for off_by_one, whose extra logit is 0
+  const float* dropout_mask;  // [b, h_q, s_q, s_kv], 0 or 1; null without dropout
+  float keep_scale;           // 1 / (1 - dropout)
 
   __device__ std::int64_t group() const { return heads_q / heads_kv; }
   __device__ bool padding_row(std::int64_t b, std::int64_t i) const {
@@ -118,6 +121,11 @@ struct Shape {
     return x;
   }
   __device__ float extra_logit(std::int64_t hq) const { return sink != nullptr ? sink[hq] : 0.0f; }
+  // Dropout's factor M_ij / (1 - p) on probability (b, hq, i, j): 1 without dropout. Called only
+  // for keys the row sees.
+  __device__ float drop(std::int64_t b, std::int64_t hq, std::int64_t i, std::int64_t j) const {
+    return dropout_mask == nullptr ? 1.0f : dropout_mask[stat_row(b, hq, i) * seq_kv + j] * keep_scale;
+  }
   // The keys row i of batch entry b sees: the window over the entry's actual lengths, so that the
   // entry behaves as it would alone and unpadded; none at all for a padding row.
   __device__ detail::KeyRange keys(std::int64_t b, std::int64_t i) const {
@@ -151,7 +159,8 @@ Shape make_shape(const ReferenceProblem& p, const std::int64_t* lengths, const R
                static_cast<int>(p.head_dim_v), p.window.left, p.window.right, p.alignment == Alignment::bottom_right,
                static_cast<float>(p.scale), lengths, lengths == nullptr ? nullptr : lengths + p.batch,
                p.bias != Bias::none ? extras.bias : nullptr, detail::bias_index(p), p.alibi,
-               p.softmax != Softmax::vanilla, p.softmax == Softmax::sink ? extras.sink : nullptr};
+               p.softmax != Softmax::vanilla, p.softmax == Softmax::sink ? extras.sink : nullptr,
+               p.dropout > 0.0 ? extras.dropout_mask : nullptr, static_cast<float>(1.0 / (1.0 - p.dropout))};
 }
 
 // Scratch for the device copy of the lengths: seq_len_q then seq_len_kv (none without padding).
@@ -218,7 +227,8 @@ __device__ void stash_row(const float (&acc)[kPerLane], int dim, int lane, float
 // softmax over its share of the keys (running max m, running sum l, unnormalised output acc);
 // the warps' partial results are then merged by rescaling to the common max, together with the
 // softmax's extra term (off_by_one, sink) if it has one. max_logit (null: not wanted) gets the
-// largest visible logit, which is the merged max before the extra term.
+// largest visible logit, which is the merged max before the extra term. Dropout scales only what
+// acc accumulates (each p by M_ij / (1 - p)), not l: lse and the max logit come from P.
 __global__ void __launch_bounds__(kThreads) reference_forward_kernel(Shape s, const float* q, const float* k,
                                                                      const float* v, float* o, float* lse,
                                                                      float* max_logit) {
@@ -243,7 +253,7 @@ __global__ void __launch_bounds__(kThreads) reference_forward_kernel(Shape s, co
     l = l * rescale + p;
 #pragma unroll
     for (int t = 0; t < kPerLane; ++t) acc[t] *= rescale;
-    warp_axpy(p, v + s.v_row(b, hk, j), s.d_v, lane, acc);
+    warp_axpy(p * s.drop(b, hq, i, j), v + s.v_row(b, hk, j), s.d_v, lane, acc);
     m = m_new;
   }
   stash_row(acc, s.d_v, lane, warp_acc[warp]);
@@ -296,8 +306,9 @@ __global__ void reference_row_dot_kernel(std::int64_t rows, int d_v, const float
 
 // Block (b, hq, i): dQ_i = scale * sum_j dS_ij k_j, with P_ij = exp(s_ij - lse_i) (s_ij the logit:
 // scaled score + bias + ALiBi; lse_i includes the softmax's extra term) and dS_ij = P_ij (dO_i.v_j
-// - D_i). Warps split the keys; their partial dQ rows are summed at the end. When d_s is not null
-// (a [b, h_q, s_q, s_kv] array the caller zeroed), dS_ij is stored there for every visible key.
+// * M_ij / (1 - p) - D_i) (the factor is 1 without dropout; D uses O with dropout). Warps split the
+// keys; their partial dQ rows are summed at the end. When d_s is not null (a [b, h_q, s_q, s_kv]
+// array the caller zeroed), dS_ij is stored there for every visible key.
 __global__ void __launch_bounds__(kThreads) reference_dq_kernel(Shape s, const float* q, const float* k,
                                                                 const float* v, const float* lse,
                                                                 const float* d_row, const float* d_o, float* d_q,
@@ -321,7 +332,7 @@ __global__ void __launch_bounds__(kThreads) reference_dq_kernel(Shape s, const f
   for (std::int64_t j = keys.first + warp; j <= keys.last; j += kWarps) {
     const float* k_row = k + s.k_row(b, hk, j);
     const float p = expf(s.logit(s.scale * warp_dot(q_mine, k_row, s.d_qk, lane), slope, b, hq, i, j) - row_lse);
-    const float d_s = p * (warp_dot(do_mine, v + s.v_row(b, hk, j), s.d_v, lane) - row_d);
+    const float d_s = p * (warp_dot(do_mine, v + s.v_row(b, hk, j), s.d_v, lane) * s.drop(b, hq, i, j) - row_d);
     warp_axpy(s.scale * d_s, k_row, s.d_qk, lane, acc);
     if (d_s_row != nullptr && lane == 0) d_s_row[j] = d_s;
   }
@@ -335,9 +346,10 @@ __global__ void __launch_bounds__(kThreads) reference_dq_kernel(Shape s, const f
   }
 }
 
-// Block (b, hk, j): dV_j = sum P_ij dO_i and dK_j = scale * sum dS_ij q_i (P and dS as in the dQ
-// kernel), over every row i of every query head that shares kv head hk (GQA/MQA). Warps split the
-// (head, row) pairs. A padding key is visible to no row, so its dK/dV rows are written as exactly 0.
+// Block (b, hk, j): dV_j = sum Pd_ij dO_i (Pd = P M / (1 - p), P without dropout) and dK_j = scale
+// * sum dS_ij q_i (P and dS as in the dQ kernel), over every row i of every query head that shares
+// kv head hk (GQA/MQA). Warps split the (head, row) pairs. A padding key is visible to no row, so
+// its dK/dV rows are written as exactly 0.
 __global__ void __launch_bounds__(kThreads) reference_dkdv_kernel(Shape s, const float* q, const float* k,
                                                                   const float* v, const float* lse,
                                                                   const float* d_row, const float* d_o,
@@ -359,8 +371,9 @@ __global__ void __launch_bounds__(kThreads) reference_dkdv_kernel(Shape s, const
     const std::int64_t stat = s.stat_row(b, hq, i);
     const float logit = s.logit(s.scale * warp_dot(k_mine, q_row, s.d_qk, lane), s.slope(hq), b, hq, i, j);
     const float p = expf(logit - lse[stat]);
-    const float d_s = p * (warp_dot(v_mine, do_row, s.d_v, lane) - d_row[stat]);
-    warp_axpy(p, do_row, s.d_v, lane, dv_acc);
+    const float drop = s.drop(b, hq, i, j);
+    const float d_s = p * (warp_dot(v_mine, do_row, s.d_v, lane) * drop - d_row[stat]);
+    warp_axpy(p * drop, do_row, s.d_v, lane, dv_acc);
     warp_axpy(s.scale * d_s, q_row, s.d_qk, lane, dk_acc);
   }
   stash_row(dk_acc, s.d_qk, lane, warp_dk[warp]);
@@ -405,7 +418,8 @@ __global__ void reference_dbias_kernel(Shape s, std::int64_t bias_b, std::int64_
 }
 
 // dSink_h = -sum over entries b and rows i of e^(sink_h - lse_i) * D_i: the sink's probability
-// times the row's D (the derivative of sum(O ∘ dO) through the denominator). One block per head;
+// times the row's D (the derivative of sum(O ∘ dO) through the denominator; with dropout too, since
+// D comes from O with dropout). One block per head;
 // each thread sums a fixed stride of rows in double, then a fixed tree: deterministic. Padding
 // rows (and any row whose lse is -inf) contribute nothing.
 __global__ void __launch_bounds__(kThreads) reference_dsink_kernel(Shape s, const float* lse, const float* d_row,

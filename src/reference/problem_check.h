@@ -53,10 +53,14 @@ inline void check_reference_problem(const ReferenceProblem& p) {
   }
   check_lengths("seq_len_q", p.seq_len_q, "seq_len_kv", p.seq_len_kv, p.batch, "seq_q", p.seq_q);
   check_lengths("seq_len_kv", p.seq_len_kv, "seq_len_q", p.seq_len_q, p.batch, "seq_kv", p.seq_kv);
+  if (!(p.dropout >= 0.0 && p.dropout < 1.0)) {  // NaN fails too
+    throw InvalidArgument("dropout", std::to_string(p.dropout), "must be a probability in [0, 1)");
+  }
 }
 
 /// The extra inputs the problem asks for must be there: the bias values when p.bias != none, the
-/// per-head sink logits when p.softmax == sink. (Outputs are optional: null means not wanted.)
+/// per-head sink logits when p.softmax == sink, the keep mask when p.dropout > 0. (Outputs are
+/// optional: null means not wanted.)
 template <class T>
 inline void check_reference_extras(const ReferenceProblem& p, const ReferenceExtras<T>& extras) {
   if (p.bias != Bias::none && extras.bias == nullptr) {
@@ -64,6 +68,10 @@ inline void check_reference_extras(const ReferenceProblem& p, const ReferenceExt
   }
   if (p.softmax == Softmax::sink && extras.sink == nullptr) {
     throw InvalidArgument("extras.sink", "null", "must be set when softmax = sink (one logit per query head)");
+  }
+  if (p.dropout > 0.0 && extras.dropout_mask == nullptr) {
+    throw InvalidArgument("extras.dropout_mask", "null",
+                          "must be set when dropout > 0 (the keep mask [b, h_q, s_q, s_kv], 0 or 1)");
   }
 }
 

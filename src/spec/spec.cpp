@@ -2,6 +2,9 @@
 #include "fusedattn/spec.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <optional>
 #include <type_traits>
@@ -32,6 +35,8 @@ void visit_fields(F&& f, Specs&... specs) {
   f("alibi", specs.alibi...);
   f("softmax", specs.softmax...);
   f("max_logit", specs.max_logit...);
+  f("dropout", specs.dropout...);
+  f("dropout_mask_out", specs.dropout_mask_out...);
   f("padding", specs.padding...);
   f("deterministic", specs.deterministic...);
   f("stats", specs.stats...);
@@ -72,6 +77,15 @@ const char* name_of(E value) noexcept {
 
 std::string format_value(const TensorDesc& desc) { return to_string(desc); }
 std::string format_value(bool flag) { return flag ? "1" : "0"; }
+// Shortest text that reads back as the same double (%.17g always does; shorter is tried first).
+std::string format_value(double value) {
+  char text[32];
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, value);
+    if (std::strtod(text, nullptr) == value) break;
+  }
+  return text;
+}
 template <class E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
 std::string format_value(E value) {
   return name_of(value);
@@ -90,6 +104,13 @@ void parse_value(const std::string& text, const std::string& key, bool& out) {
     throw InvalidArgument(key, text, "0 or 1");
   }
 }
+void parse_value(const std::string& text, const std::string& key, double& out) {
+  char* end = nullptr;
+  const double value = text.empty() ? 0.0 : std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || !std::isfinite(value)) throw InvalidArgument(key, text, "a number");
+  out = value;
+}
+
 // "LEFT,RIGHT", each -1 (unbounded) or a count; validate() checks the ranges.
 void parse_value(const std::string& text, const std::string& key, Window& out) {
   const std::size_t comma = text.find(',');
@@ -120,6 +141,7 @@ std::size_t hash_of(const TensorDesc& desc) noexcept {
   return seed;
 }
 std::size_t hash_of(bool flag) noexcept { return flag ? 1 : 0; }
+std::size_t hash_of(double value) noexcept { return std::hash<double>{}(value); }
 template <class E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
 std::size_t hash_of(E value) noexcept {
   return static_cast<std::size_t>(value);
@@ -520,6 +542,12 @@ void validate(const AttentionSpec& spec) {
   }
   if (spec.window.right < -1) {
     throw InvalidArgument("window", format_value(spec.window), "a right bound of -1 (none) or at least 0");
+  }
+  if (!(spec.dropout >= 0.0 && spec.dropout < 1.0)) {
+    throw InvalidArgument("dropout", format_value(spec.dropout), "a probability in [0, 1)");
+  }
+  if (spec.dropout_mask_out && spec.dropout == 0.0) {
+    throw InvalidArgument("dropout_mask_out", "1", "dropout > 0 (there is no mask without dropout)");
   }
   if (spec.bias_grad && spec.bias == Bias::none) {
     throw InvalidArgument("bias_grad", "1", "a bias (bias=bhss, b1ss, 1hss, 11ss or 111s) to take the gradient of");

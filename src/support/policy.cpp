@@ -6,6 +6,7 @@
 #include "fusedattn/support.h"
 
 #include <cstdint>
+#include <cstdio>
 #include <utility>
 
 namespace fusedattn {
@@ -231,6 +232,24 @@ void score_terms_rule(const AttentionSpec& spec, Pass pass, const Versions& vers
   }
 }
 
+// Dropout: like a bias, cuDNN's bottom-right diagonals do not take it; before 9.10.2 a sliding window
+// does not either; and Blackwell's deterministic backward has no dropout.
+void dropout_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions,
+                  Reasons& out) {
+  if (spec.dropout == 0.0) return;
+  char value[32];
+  std::snprintf(value, sizeof value, "%g", spec.dropout);
+  if (spec.window.right >= 0 && spec.alignment == Alignment::bottom_right) {
+    out.push_back({"dropout", value, "no bottom-right diagonal with dropout (cuDNN's kernels take none)", ""});
+  }
+  if (spec.window.left >= 0 && versions.cudnn_runtime < 91002) {
+    out.push_back({"dropout", value, "no sliding window with dropout before cuDNN 9.10.2", "cuDNN 9.10.2"});
+  }
+  if (pass == Pass::backward && spec.deterministic && caps.sm_major == 10) {
+    out.push_back({"dropout", value, "no dropout with a deterministic backward on " + sm_text(caps), ""});
+  }
+}
+
 // Sinks (off_by_one is a sink of logit 0) arrived in cuDNN 9.13 (91300). cuDNN's row maximum is
 // the softmax's own, which takes the sink logit into the max (the frontend's softmax node): with a
 // sink it is no longer the largest score, so fusedattn does not offer the two together.
@@ -275,6 +294,7 @@ Support check_support_policy(const AttentionSpec& spec, Pass pass, const DeviceC
   deterministic_rule(spec, pass, caps, versions, out);
   score_terms_rule(spec, pass, versions, out);
   softmax_rule(spec, versions, out);
+  dropout_rule(spec, pass, caps, versions, out);
   return support;
 }
 

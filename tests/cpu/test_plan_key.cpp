@@ -94,6 +94,18 @@ TEST(PlanKey, DeterminismSplitsOnlyBackwardEntries) {
   EXPECT_NE(make_plan_key(fast, Pass::backward, 0, caps, v), make_plan_key(reproducible, Pass::backward, 0, caps, v));
 }
 
+TEST(PlanKey, ForwardOnlyOutputsDoNotSplitBackwardEntries) {
+  const DeviceCaps caps{9, 0};
+  const Versions v = versions(91900, 13200);
+  AttentionSpec plain = spec_of(kSpec);
+  plain.dropout = 0.1;
+  AttentionSpec outputs = plain;
+  outputs.dropout_mask_out = true;
+  outputs.max_logit = MaxLogit::row;
+  EXPECT_EQ(make_plan_key(plain, Pass::backward, 0, caps, v), make_plan_key(outputs, Pass::backward, 0, caps, v));
+  EXPECT_NE(make_plan_key(plain, Pass::forward, 0, caps, v), make_plan_key(outputs, Pass::forward, 0, caps, v));
+}
+
 TEST(PlanKey, AlignmentMattersOnlyWhenCausal) {
   const DeviceCaps caps{9, 0};
   const Versions v = versions(91900, 13200);

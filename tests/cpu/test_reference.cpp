@@ -120,6 +120,7 @@ TEST(ReferenceProblem, CopiesEverySizeAndOptionFromTheSpec) {
   spec.bias = Bias::b1ss;
   spec.alibi = true;
   spec.softmax = Softmax::sink;
+  spec.dropout = 0.2;
   const ReferenceProblem p = reference_problem(spec, 0.3);
   EXPECT_EQ(p.batch, 2);
   EXPECT_EQ(p.heads_q, 8);
@@ -132,6 +133,7 @@ TEST(ReferenceProblem, CopiesEverySizeAndOptionFromTheSpec) {
   EXPECT_EQ(p.bias, Bias::b1ss);
   EXPECT_TRUE(p.alibi);
   EXPECT_EQ(p.softmax, Softmax::sink);
+  EXPECT_EQ(p.dropout, 0.2);
   EXPECT_EQ(p.alignment, Alignment::bottom_right);
   EXPECT_EQ(p.scale, 0.3);
 }
@@ -636,7 +638,7 @@ TEST(ReferencePadding, RejectsBadLengths) {
 
 std::string describe_extras(const ReferenceProblem& p) {
   return describe(p) + " bias=" + to_string(p.bias) + (p.alibi ? " alibi" : "") + " softmax=" + to_string(p.softmax) +
-         (p.seq_len_q.empty() ? "" : " padded");
+         (p.seq_len_q.empty() ? "" : " padded") + (p.dropout > 0.0 ? " dropout=" + std::to_string(p.dropout) : "");
 }
 
 std::int64_t bias_size(const ReferenceProblem& p) {
@@ -646,13 +648,32 @@ std::int64_t bias_size(const ReferenceProblem& p) {
 
 // The extra inputs of a call (empty: not given).
 struct ExtraInputs {
-  std::vector<double> bias, sink;
+  std::vector<double> bias, sink, mask;  // mask: the dropout keep mask [b, h_q, s_q, s_kv]
 };
+
+// A dropout keep mask: each visible element kept (1) with probability 1 - p.dropout, else 0. Where
+// a row does not see the key the mask is NaN, which the references must never read.
+std::vector<double> random_mask(const ReferenceProblem& p, Rng& rng) {
+  std::bernoulli_distribution keep(1.0 - p.dropout);
+  std::vector<double> mask;
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    for (std::int64_t h = 0; h < p.heads_q; ++h) {
+      for (std::int64_t i = 0; i < p.seq_q; ++i) {
+        for (std::int64_t j = 0; j < p.seq_kv; ++j) {
+          const bool kept = keep(rng.engine);  // drawn everywhere, so the mask is the same draw
+          mask.push_back(reference_visible(p, b, i, j) ? (kept ? 1.0 : 0.0) : std::nan(""));
+        }
+      }
+    }
+  }
+  return mask;
+}
 
 ExtraInputs random_extras(const ReferenceProblem& p, Rng& rng) {
   ExtraInputs in;
   if (p.bias != Bias::none) in.bias = rng.normal(bias_size(p));
   if (p.softmax == Softmax::sink) in.sink = rng.normal(p.heads_q);
+  if (p.dropout > 0.0) in.mask = random_mask(p, rng);
   return in;
 }
 
@@ -660,6 +681,7 @@ ReferenceExtras<double> extras_of(const ExtraInputs& in) {
   ReferenceExtras<double> e;
   e.bias = in.bias.empty() ? nullptr : in.bias.data();
   e.sink = in.sink.empty() ? nullptr : in.sink.data();
+  e.dropout_mask = in.mask.empty() ? nullptr : in.mask.data();
   return e;
 }
 
@@ -1255,6 +1277,209 @@ TEST(ReferenceMaxLogit, BoundsTheLse) {
       }
     }
   }
+}
+
+// --- dropout with an explicit keep mask ---------------------------------------------------------
+
+// Problems for dropout: GQA, causal both ways (with rows that see nothing), padding, and every
+// score term at once.
+std::vector<ReferenceProblem> dropout_problems(double dropout) {
+  std::vector<ReferenceProblem> out;
+  for (const ReferenceProblem& base : backward_problems()) {
+    ReferenceProblem p = base;
+    p.dropout = dropout;
+    out.push_back(p);
+  }
+  ReferenceProblem padded = make_problem(4, 2, 5, 6, 8, 8, kCausal, Alignment::top_left);
+  padded.batch = 3;
+  padded.seq_len_q = {4, 0, 5};
+  padded.seq_len_kv = {6, 3, 2};
+  padded.bias = Bias::b1ss;
+  padded.dropout = dropout;
+  out.push_back(padded);
+  padded.alibi = true;
+  padded.softmax = Softmax::sink;
+  padded.window = Window{3, 1};
+  padded.alignment = Alignment::bottom_right;
+  padded.bias = Bias::bhss;
+  out.push_back(padded);
+  return out;
+}
+
+// A mask of all ones drops nothing but still rescales: O = O_plain / (1 - p), and since L is then
+// (1 - p)^-1 times the plain L, so is every gradient; lse and the max logit are exactly the plain
+// ones. With p = 1/2 the factor is 2, so all of it holds bit for bit; with p = 1/4 up to rounding.
+// Without dropout a mask, even all zeros, is ignored.
+TEST(ReferenceDropout, AllOnesMaskOnlyRescales) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (double dropout : {0.5, 0.25}) {
+    for (const ReferenceProblem& p : dropout_problems(dropout)) {
+      SCOPED_TRACE(describe_extras(p));
+      ReferenceProblem plain = p;
+      plain.dropout = 0.0;
+      const std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
+      const std::vector<double> d_o = rng.normal(o_size(p));
+      ExtraInputs in = random_extras(p, rng);
+      ExtraInputs plain_in = in;
+      std::fill(in.mask.begin(), in.mask.end(), 1.0);
+      std::fill(plain_in.mask.begin(), plain_in.mask.end(), 0.0);  // ignored: plain has no dropout
+      const double c = 1.0 / (1.0 - dropout);
+      const auto scaled = [c](std::vector<double> x) {
+        for (double& e : x) e *= c;
+        return x;
+      };
+      const FullForward f = run_forward_full(p, q, k, v, in), ref = run_forward_full(plain, q, k, v, plain_in);
+      EXPECT_EQ(f.lse, ref.lse);
+      EXPECT_EQ(f.max_logit, ref.max_logit);
+      const FullGradients g = run_backward_full(p, q, k, v, d_o, in);
+      const FullGradients gr = run_backward_full(plain, q, k, v, d_o, plain_in);
+      const std::vector<std::pair<const char*, std::pair<const std::vector<double>*, const std::vector<double>*>>>
+          pairs = {{"O", {&f.o, &ref.o}},           {"dQ", {&g.d_q, &gr.d_q}},
+                   {"dK", {&g.d_k, &gr.d_k}},       {"dV", {&g.d_v, &gr.d_v}},
+                   {"dBias", {&g.d_bias, &gr.d_bias}}, {"dSink", {&g.d_sink, &gr.d_sink}}};
+      for (const auto& [what, got_ref] : pairs) {
+        const std::vector<double> expected = scaled(*got_ref.second);
+        if (dropout == 0.5) {
+          EXPECT_EQ(*got_ref.first, expected) << what;
+        } else {
+          EXPECT_LT(relative_error(got_ref.first->data(), expected.data(),
+                                   static_cast<std::int64_t>(expected.size())), 1e-14) << what;
+        }
+      }
+    }
+  }
+}
+
+// Dropping key j for every row is exactly a zero value row V_j under a mask of all ones: the same
+// O, lse, dQ, dK, dBias and dSink bit for bit (dropped terms are skipped, zero ones add +0), and
+// the same dV except at j, which no kept probability reaches, so dV_j = 0. GQA: the kv head's
+// column is dropped for every query head of its group.
+TEST(ReferenceDropout, DroppedColumnEqualsAZeroValueRow) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (const ReferenceProblem& p : dropout_problems(0.3)) {
+    SCOPED_TRACE(describe_extras(p));
+    const std::int64_t column = 1, group = p.heads_q / p.heads_kv;
+    for (std::int64_t hk = 0; hk < p.heads_kv; ++hk) {
+      SCOPED_TRACE("kv head " + std::to_string(hk));
+      const std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
+      const std::vector<double> d_o = rng.normal(o_size(p));
+      ExtraInputs dropped = random_extras(p, rng);
+      ExtraInputs ones = dropped;
+      std::fill(ones.mask.begin(), ones.mask.end(), 1.0);
+      std::fill(dropped.mask.begin(), dropped.mask.end(), 1.0);
+      std::vector<double> v_zeroed = v;
+      for (std::int64_t b = 0; b < p.batch; ++b) {
+        for (std::int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+          for (std::int64_t i = 0; i < p.seq_q; ++i) {
+            dropped.mask[static_cast<std::size_t>(((b * p.heads_q + h) * p.seq_q + i) * p.seq_kv + column)] = 0.0;
+          }
+        }
+        for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
+          v_zeroed[static_cast<std::size_t>(((b * p.heads_kv + hk) * p.seq_kv + column) * p.head_dim_v + d)] = 0.0;
+        }
+      }
+      const FullForward a = run_forward_full(p, q, k, v, dropped), z = run_forward_full(p, q, k, v_zeroed, ones);
+      EXPECT_EQ(a.o, z.o);
+      EXPECT_EQ(a.lse, z.lse);
+      EXPECT_EQ(a.max_logit, z.max_logit);
+      const FullGradients ga = run_backward_full(p, q, k, v, d_o, dropped);
+      const FullGradients gz = run_backward_full(p, q, k, v_zeroed, d_o, ones);
+      EXPECT_EQ(ga.d_q, gz.d_q);
+      EXPECT_EQ(ga.d_k, gz.d_k);
+      EXPECT_EQ(ga.d_bias, gz.d_bias);
+      EXPECT_EQ(ga.d_sink, gz.d_sink);
+      for (std::int64_t b = 0; b < p.batch; ++b) {
+        for (std::int64_t h = 0; h < p.heads_kv; ++h) {
+          for (std::int64_t j = 0; j < p.seq_kv; ++j) {
+            for (std::int64_t d = 0; d < p.head_dim_v; ++d) {
+              const std::size_t at = static_cast<std::size_t>(((b * p.heads_kv + h) * p.seq_kv + j) * p.head_dim_v + d);
+              const double expected = h == hk && j == column ? 0.0 : gz.d_v[at];
+              ASSERT_EQ(ga.d_v[at], expected) << "dV entry " << b << " head " << h << " key " << j << " dim " << d;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// A row that sees a single key has P = 1 there: O is V_0 / (1 - p) when the key is kept and exactly
+// 0 when it is dropped, while lse is the key's logit either way. Its dQ is 0 either way: the
+// softmax is the constant 1.
+TEST(ReferenceDropout, SingleVisibleKeyIsKeptOrDropped) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  ReferenceProblem p = make_problem(1, 1, 4, 6, 8, 16, kCausal, Alignment::top_left);  // row 0 sees key 0 only
+  p.dropout = 0.25;
+  const double c = 1.0 / (1.0 - p.dropout);
+  for (double kept : {1.0, 0.0}) {
+    SCOPED_TRACE(kept == 1.0 ? "kept" : "dropped");
+    const std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
+    ExtraInputs in = random_extras(p, rng);
+    in.mask[0] = kept;
+    const FullForward f = run_forward_full(p, q, k, v, in);
+    for (std::int64_t d = 0; d < p.head_dim_v; ++d) EXPECT_EQ(f.o[d], kept * c * v[d]) << "dim " << d;
+    double score = 0.0;
+    for (std::int64_t d = 0; d < p.head_dim_qk; ++d) score += q[d] * k[d];
+    EXPECT_NEAR(f.lse[0], p.scale * score, 1e-12);
+    const FullGradients g = run_backward_full(p, q, k, v, rng.normal(o_size(p)), in);
+    // Kept: dP c - D = c (dO.V_0) - dO.(c V_0), zero up to rounding; dropped: 0 - dO.0, exactly 0.
+    for (std::int64_t d = 0; d < p.head_dim_qk; ++d) EXPECT_NEAR(g.d_q[d], 0.0, kept * 1e-14) << "dim " << d;
+  }
+}
+
+// Every gradient (dQ, dK, dV, dBias, dSink) against central differences of L = sum(O ∘ dO) for a
+// fixed random mask: GQA, MQA, causal both ways, padding, a bias, ALiBi and a sink. The mask is NaN
+// wherever a row does not see the key, so reading it there would fail too.
+TEST(ReferenceDropout, GradientsMatchFiniteDifferences) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (const ReferenceProblem& p : dropout_problems(0.3)) {
+    SCOPED_TRACE(describe_extras(p));
+    expect_gradients_match_finite_differences(p, rng);
+  }
+}
+
+// lse and the max logit do not see the dropout; O does (a random mask changes it).
+TEST(ReferenceDropout, StatisticsIgnoreTheMask) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (const ReferenceProblem& p : dropout_problems(0.3)) {
+    SCOPED_TRACE(describe_extras(p));
+    ReferenceProblem plain = p;
+    plain.dropout = 0.0;
+    const std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
+    const ExtraInputs in = random_extras(p, rng);
+    const FullForward f = run_forward_full(p, q, k, v, in), ref = run_forward_full(plain, q, k, v, in);
+    EXPECT_EQ(f.lse, ref.lse);
+    EXPECT_EQ(f.max_logit, ref.max_logit);
+    EXPECT_NE(f.o, ref.o);
+  }
+}
+
+TEST(ReferenceDropout, RejectsAMissingMaskAndABadProbability) {
+  ReferenceProblem p = make_problem(2, 1, 2, 2, 8, 8);
+  p.dropout = 0.1;
+  for (bool forward : {true, false}) {
+    const std::optional<InvalidArgument> e = missing_extras_error(p, forward);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->field(), "extras.dropout_mask");
+  }
+  for (double bad : {-0.1, 1.0, 1.5, std::nan("")}) {
+    p.dropout = bad;
+    SCOPED_TRACE("dropout " + std::to_string(bad));
+    for (bool forward : {true, false}) {
+      const std::optional<InvalidArgument> e = missing_extras_error(p, forward);
+      ASSERT_TRUE(e.has_value());
+      EXPECT_EQ(e->field(), "dropout");
+    }
+  }
+  // No dropout needs no mask.
+  p.dropout = 0.0;
+  std::vector<double> buf(1024);
+  EXPECT_NO_THROW(reference_forward_cpu(p, buf.data(), buf.data(), buf.data(), buf.data(), buf.data()));
 }
 
 // --- 16-bit conversion -------------------------------------------------------------------------

@@ -178,9 +178,9 @@ TEST(SpecString, ExtraWhitespaceIsFine) {
 }
 
 TEST(SpecErrors, UnknownKeyListsTheKnownOnes) {
-  InvalidArgument e = parse_error(std::string(kBase) + " dropout=0.1");
-  EXPECT_EQ(e.field(), "dropout");
-  EXPECT_EQ(e.value(), "0.1");
+  InvalidArgument e = parse_error(std::string(kBase) + " softcap=30");
+  EXPECT_EQ(e.field(), "softcap");
+  EXPECT_EQ(e.value(), "30");
   for (const char* key : {"layout", "s_kv", "d_v", "causal", "window", "align", "stats", "q"}) {
     EXPECT_NE(e.requirement().find(key), std::string::npos) << key;
   }
@@ -195,7 +195,7 @@ TEST(SpecErrors, BadValuesNameTheirKey) {
       {"causal=2", "causal", "2"},         {"align=diagonal", "align", "diagonal"}, {"stats=yes", "stats", "yes"},
       {"causal=", "causal", ""},           {"window=5", "window", "5"},             {"window=a,0", "window", "a,0"},
       {"window=1,", "window", "1,"},       {"bias=bsss", "bias", "bsss"},           {"softmax=relu", "softmax", "relu"},
-      {"max_logit=all", "max_logit", "all"},
+      {"max_logit=all", "max_logit", "all"},     {"dropout=abc", "dropout", "abc"},     {"dropout=0.1x", "dropout", "0.1x"},
   };
   for (const Case& c : cases) {
     InvalidArgument e = parse_error(std::string(kBase) + " " + c.extra);
@@ -294,10 +294,12 @@ TEST(SpecIdentity, EverySingleFieldChangeIsSeen) {
   mutations.emplace_back("alibi", [](AttentionSpec& s) { s.alibi = true; });
   mutations.emplace_back("softmax", [](AttentionSpec& s) { s.softmax = Softmax::off_by_one; });
   mutations.emplace_back("max_logit", [](AttentionSpec& s) { s.max_logit = MaxLogit::row; });
+  mutations.emplace_back("dropout", [](AttentionSpec& s) { s.dropout = 0.125; });
+  mutations.emplace_back("dropout_mask_out", [](AttentionSpec& s) { s.dropout_mask_out = true; });
   mutations.emplace_back("padding", [](AttentionSpec& s) { s.padding = true; });
   mutations.emplace_back("deterministic", [](AttentionSpec& s) { s.deterministic = true; });
   mutations.emplace_back("stats", [](AttentionSpec& s) { s.stats = false; });
-  ASSERT_EQ(mutations.size(), 4u * 9u + 11u);
+  ASSERT_EQ(mutations.size(), 4u * 9u + 13u);
 
   for (const auto& [name, mutate] : mutations) {
     AttentionSpec changed = base;
@@ -329,6 +331,16 @@ TEST(SpecFlops, UsualConvention) {
 TEST(SpecAlignment, Names) {
   EXPECT_STREQ(to_string(Alignment::top_left), "top_left");
   EXPECT_STREQ(to_string(Alignment::bottom_right), "bottom_right");
+}
+
+TEST(SpecString, DropoutProbabilitiesRoundTripExactly) {
+  AttentionSpec spec = spec_of(Layout::bshd, shape_of(2, 64, 64, 4, 4, 64, 64));
+  for (double p : {0.1, 0.25, 1.0 / 3.0, 0.123456789012345, 1e-7}) {
+    spec.dropout = p;
+    expect_round_trip(spec);
+  }
+  spec.dropout = 0.1;
+  EXPECT_NE(to_string(spec).find(" dropout=0.1"), std::string::npos) << to_string(spec);
 }
 
 }  // namespace

@@ -340,5 +340,15 @@ TEST(SupportSoftmax, SinksNeedCudnn9_13) {
   }
 }
 
+TEST(SupportDropout, NoBottomRightDiagonalAndOlderWindowLimits) {
+  AttentionSpec spec = bottom_right(spec_of(128, 128, 200, 300));
+  spec.dropout = 0.1;
+  expect_only(check_support_policy(spec, Pass::forward, kSm90, kCudnn9_19), "dropout", "0.1", "");
+  spec.alignment = Alignment::top_left;
+  EXPECT_TRUE(check_support_policy(spec, Pass::backward, kSm90, kCudnn9_19).ok());
+  spec.window = Window{64, 0};
+  expect_only(check_support_policy(spec, Pass::forward, kSm90, cudnn(91001)), "dropout", "0.1", "cuDNN 9.10.2");
+}
+
 }  // namespace
 }  // namespace fusedattn

@@ -186,5 +186,18 @@ TEST(ValidateBias, AGradientNeedsABias) {
   EXPECT_NO_THROW(validate(spec));
 }
 
+TEST(ValidateDropout, ProbabilityInRangeAndAMaskOnlyWithDropout) {
+  AttentionSpec spec = good_spec();
+  for (double bad : {-0.1, 1.0, 1.5}) {
+    spec.dropout = bad;
+    expect_invalid(spec, "dropout", "", "[0, 1)");
+  }
+  spec.dropout = 0.0;
+  spec.dropout_mask_out = true;
+  expect_invalid(spec, "dropout_mask_out", "1", "dropout > 0");
+  spec.dropout = 0.5;
+  EXPECT_NO_THROW(validate(spec));
+}
+
 }  // namespace
 }  // namespace fusedattn
