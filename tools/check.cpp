@@ -124,6 +124,10 @@ struct Placement {
 
 std::int64_t stats_elements(const AttentionSpec& spec) { return spec.batch() * spec.heads_q() * spec.seq_q(); }
 
+std::size_t mask_elements(const AttentionSpec& spec) {
+  return static_cast<std::size_t>(spec.batch() * spec.heads_q() * spec.seq_q() * spec.seq_kv());
+}
+
 std::size_t max_logit_elements(const AttentionSpec& spec) {
   return static_cast<std::size_t>(spec.max_logit == MaxLogit::head ? spec.heads_q() : stats_elements(spec));
 }
@@ -174,6 +178,7 @@ struct AttentionBuffers::State {
   std::vector<std::int32_t> seq_len_q, seq_len_kv;  // host copies of the device lengths
   DeviceBuffer seq_len_q_device, seq_len_kv_device;
   Buffer16 bias, d_bias;                 // spec.bias / spec.bias_grad
+  DeviceBuffer dropout_seed, dropout_offset, dropout_mask;
   std::vector<float> sink;               // Softmax::sink logits, host copy
   DeviceBuffer sink_device, d_sink, max_logit;
 
@@ -245,6 +250,11 @@ AttentionBuffers::AttentionBuffers(const AttentionSpec& spec, bool with_backward
     if (with_backward) s.d_sink = DeviceBuffer(static_cast<std::size_t>(spec.heads_q()) * sizeof(float));
   }
   if (spec.max_logit != MaxLogit::none) s.max_logit = DeviceBuffer(max_logit_elements(spec) * sizeof(float));
+  if (spec.dropout > 0.0) {
+    s.dropout_seed = DeviceBuffer(sizeof(std::int64_t));
+    s.dropout_offset = DeviceBuffer(sizeof(std::int64_t));
+  }
+  if (spec.dropout_mask_out) s.dropout_mask = DeviceBuffer(mask_elements(spec) * sizeof(float));
 }
 
 AttentionBuffers::~AttentionBuffers() = default;
@@ -268,6 +278,11 @@ void AttentionBuffers::fill_inputs(std::uint64_t seed) {
     for (float& x : s.sink) x = uniform(rng);
     check_cuda(cudaMemcpy(s.sink_device.get(), s.sink.data(), s.sink.size() * sizeof(float), cudaMemcpyHostToDevice),
                "cudaMemcpy(sink, host to device)");
+  }
+  if (s.spec.dropout > 0.0) {
+    // A fresh seed and offset per check: the same seed then gives the same mask (replay tests).
+    const std::int64_t seed_offset[2] = {static_cast<std::int64_t>(rng() >> 1), static_cast<std::int64_t>(rng() >> 40)};
+    set_dropout_state(seed_offset[0], seed_offset[1]);
   }
   if (s.spec.padding) {
     const Lengths lengths = draw_lengths(s.spec, rng);
@@ -295,6 +310,14 @@ void AttentionBuffers::set_lengths(const std::vector<std::int32_t>& seq_len_q, c
 
 const std::vector<std::int32_t>& AttentionBuffers::seq_len_q() const noexcept { return state_->seq_len_q; }
 const std::vector<float>& AttentionBuffers::sink() const noexcept { return state_->sink; }
+
+void AttentionBuffers::set_dropout_state(std::int64_t seed, std::int64_t offset) {
+  State& s = *state_;
+  if (s.dropout_seed.bytes() == 0) throw InvalidArgument("dropout", "0", "a spec with dropout > 0");
+  check_cuda(cudaMemcpy(s.dropout_seed.get(), &seed, sizeof seed, cudaMemcpyHostToDevice), "cudaMemcpy(dropout seed)");
+  check_cuda(cudaMemcpy(s.dropout_offset.get(), &offset, sizeof offset, cudaMemcpyHostToDevice),
+             "cudaMemcpy(dropout offset)");
+}
 const std::vector<std::int32_t>& AttentionBuffers::seq_len_kv() const noexcept { return state_->seq_len_kv; }
 
 void AttentionBuffers::poison_outputs() {
@@ -308,6 +331,7 @@ void AttentionBuffers::poison_outputs() {
   poison(s.d_bias.device);
   poison(s.d_sink);
   poison(s.max_logit);
+  poison(s.dropout_mask);
   for (const Buffer16& buffer : s.grad) poison(buffer.device);
   check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize(after poisoning outputs)");
 }
@@ -325,6 +349,9 @@ ForwardTensors AttentionBuffers::forward_tensors() const {
   t.bias = s.bias.device.get();
   t.sink = s.sink_device.as<float>();
   t.max_logit = s.max_logit.as<float>();
+  t.dropout_seed = s.dropout_seed.as<std::int64_t>();
+  t.dropout_offset = s.dropout_offset.as<std::int64_t>();
+  t.dropout_mask = s.dropout_mask.as<float>();
   return t;
 }
 
@@ -343,6 +370,8 @@ BackwardTensors AttentionBuffers::backward_tensors() const {
   t.sink = s.sink_device.as<float>();
   t.d_bias = s.d_bias.device.get();
   t.d_sink = s.d_sink.as<float>();
+  t.dropout_seed = s.dropout_seed.as<std::int64_t>();
+  t.dropout_offset = s.dropout_offset.as<std::int64_t>();
   if (s.with_backward) {
     t.d_q = s.dq.device();
     t.d_k = s.dk.device();
@@ -383,7 +412,8 @@ std::string CheckResult::to_string() const {
   return std::string(passed ? "PASS" : "FAIL") + " \"" + spec + "\" ref=" + reference + " seed=" + std::to_string(seed) +
          err("o", err_o) + err("stats", err_stats) + err("max_logit", err_max_logit) + err("dq", err_dq) +
          err("dk", err_dk) + err("dv", err_dv) + err("dbias", err_dbias) + err("dsink", err_dsink) +
-         " tol=" + tol + (backward ? "" : " (forward only)");
+         (std::isnan(keep_rate) ? std::string() : " keep_rate=" + std::to_string(keep_rate)) + " tol=" + tol +
+         (backward ? "" : " (forward only)");
 }
 
 namespace {
@@ -401,6 +431,7 @@ template <class T>
 struct Outputs {
   std::vector<T> o, lse, dq, dk, dv;
   std::vector<T> max_logit, dbias, dsink;  // only what the spec asks for
+  std::vector<T> dropout_mask;             // the keep mask fusedattn's forward drew (dropout)
 };
 
 // The per-head max logit from row maxima [b, h, s_q]: padded rows are -inf there, so a plain
@@ -455,6 +486,10 @@ Outputs<float> run_fusedattn(const Problem& p, AttentionBuffers& buffers) {
     out.max_logit = download_floats(f.max_logit, static_cast<std::int64_t>(max_logit_elements(p.spec)),
                                     "cudaMemcpy(max logit, device to host)");
   }
+  if (p.spec.dropout_mask_out) {
+    out.dropout_mask = download_floats(f.dropout_mask, static_cast<std::int64_t>(mask_elements(p.spec)),
+                                       "cudaMemcpy(dropout mask, device to host)");
+  }
   if (p.options.backward) {
     const BackwardTensors b = buffers.backward_tensors();
     out.dq = gather_output(p.spec.q, b.d_q);
@@ -466,7 +501,7 @@ Outputs<float> run_fusedattn(const Problem& p, AttentionBuffers& buffers) {
   return out;
 }
 
-Outputs<double> reference_cpu(const Problem& p, const AttentionBuffers& buffers) {
+Outputs<double> reference_cpu(const Problem& p, const AttentionBuffers& buffers, const std::vector<float>& mask) {
   const auto q = gather_to_double(p.spec.q, buffers.host_input("q"));
   const auto k = gather_to_double(p.spec.k, buffers.host_input("k"));
   const auto v = gather_to_double(p.spec.v, buffers.host_input("v"));
@@ -478,6 +513,8 @@ Outputs<double> reference_cpu(const Problem& p, const AttentionBuffers& buffers)
   ReferenceExtras<double> extras;
   extras.bias = bias.empty() ? nullptr : bias.data();
   extras.sink = sink.empty() ? nullptr : sink.data();
+  const std::vector<double> keep(mask.begin(), mask.end());
+  extras.dropout_mask = keep.empty() ? nullptr : keep.data();
   if (p.spec.max_logit != MaxLogit::none) {
     ref.max_logit.resize(static_cast<std::size_t>(stats_elements(p.spec)));
     extras.max_logit = ref.max_logit.data();
@@ -492,6 +529,7 @@ Outputs<double> reference_cpu(const Problem& p, const AttentionBuffers& buffers)
     ReferenceExtras<double> grads;
     grads.bias = extras.bias;
     grads.sink = extras.sink;
+    grads.dropout_mask = extras.dropout_mask;
     if (p.spec.bias_grad) {
       ref.dbias.resize(bias.size());
       grads.d_bias = ref.dbias.data();
@@ -507,6 +545,7 @@ Outputs<double> reference_cpu(const Problem& p, const AttentionBuffers& buffers)
 }
 
 Outputs<float> reference_gpu(const Problem& p, const AttentionBuffers& buffers) {
+  // With dropout the keep mask fusedattn drew is still on the device, where the reference reads it.
   const AttentionSpec& spec = p.spec;
   auto floats = [](const TensorDesc& desc) {
     return DeviceBuffer(static_cast<std::size_t>(desc.elements()) * sizeof(float));
@@ -525,6 +564,7 @@ Outputs<float> reference_gpu(const Problem& p, const AttentionBuffers& buffers) 
     extras.bias = bias.as<float>();
   }
   extras.sink = in.sink;  // already float32 on the device
+  extras.dropout_mask = in.dropout_mask;
   if (spec.max_logit != MaxLogit::none) {
     max_logit = DeviceBuffer(static_cast<std::size_t>(stats_elements(spec)) * sizeof(float));
     extras.max_logit = max_logit.as<float>();
@@ -545,6 +585,7 @@ Outputs<float> reference_gpu(const Problem& p, const AttentionBuffers& buffers) 
     ReferenceExtras<float> grads;
     grads.bias = extras.bias;
     grads.sink = extras.sink;
+    grads.dropout_mask = extras.dropout_mask;
     DeviceBuffer d_bias, d_sink;
     if (spec.bias_grad) {
       d_bias = floats(bias_desc(spec));
@@ -603,6 +644,26 @@ void compare(const Problem& p, const Outputs<float>& out, const Outputs<R>& ref,
   }
 }
 
+// The kept fraction over the entries that were drawn for a probability that exists: visible keys
+// of valid rows (elsewhere the mask's value does not matter and is not counted).
+void keep_rate(const Problem& p, const std::vector<float>& mask, CheckResult* result) {
+  const AttentionSpec& s = p.spec;
+  double kept = 0.0, drawn = 0.0;
+  for (std::int64_t b = 0; b < s.batch(); ++b) {
+    for (std::int64_t h = 0; h < s.heads_q(); ++h) {
+      for (std::int64_t i = 0; i < s.seq_q(); ++i) {
+        for (std::int64_t j = 0; j < s.seq_kv(); ++j) {
+          if (!reference_visible(p.ref, b, i, j)) continue;
+          kept += mask[static_cast<std::size_t>(((b * s.heads_q() + h) * s.seq_q() + i) * s.seq_kv() + j)];
+          drawn += 1.0;
+        }
+      }
+    }
+  }
+  result->keep_rate = drawn > 0 ? kept / drawn : std::numeric_limits<double>::quiet_NaN();
+  result->keep_rate_sigma = drawn > 0 ? std::sqrt(s.dropout * (1.0 - s.dropout) / drawn) : 0.0;
+}
+
 std::uint64_t fresh_seed() {
   std::random_device device;
   std::uint64_t seed = (static_cast<std::uint64_t>(device()) << 32) ^ device();
@@ -624,10 +685,14 @@ CheckResult check_against_reference(const AttentionSpec& spec, const CheckOption
   Problem p;
   p.spec = spec;
   if (options.backward) p.spec.stats = true;  // the backward consumes the forward's statistics
+  // With dropout the forward also hands back the mask it drew, so the reference applies exactly
+  // that one; the backward must regenerate the same mask from the same seed and offset.
+  if (spec.dropout > 0.0) p.spec.dropout_mask_out = true;
   p.options = options;
   if (p.options.seed == 0) p.options.seed = fresh_seed();
   p.scale = std::isnan(options.scale) ? static_cast<double>(default_scale(spec)) : options.scale;
   p.ref = reference_problem(p.spec, p.scale);
+  p.ref.dropout = p.spec.dropout;
 
   CheckResult result;
   result.spec = to_string(p.spec);
@@ -643,8 +708,9 @@ CheckResult check_against_reference(const AttentionSpec& spec, const CheckOption
     p.ref.seq_len_kv.assign(buffers.seq_len_kv().begin(), buffers.seq_len_kv().end());
     buffers.poison_outputs();
     const Outputs<float> out = run_fusedattn(p, buffers);
+    if (p.spec.dropout > 0.0) keep_rate(p, out.dropout_mask, &result);
     if (result.reference == "cpu-f64") {
-      compare(p, out, reference_cpu(p, buffers), &result);
+      compare(p, out, reference_cpu(p, buffers, out.dropout_mask), &result);
     } else {
       compare(p, out, reference_gpu(p, buffers), &result);
     }
@@ -655,11 +721,14 @@ CheckResult check_against_reference(const AttentionSpec& spec, const CheckOption
   // An error that was computed must be <= tolerance; NaN compares false, so it never passes.
   auto ok = [&](double err, bool computed) { return !computed || err <= result.tolerance; };
   const bool sink_grad = options.backward && p.spec.softmax == Softmax::sink;
+  // The kept fraction is binomial around 1 - p: within 5 standard deviations, or the RNG is off.
+  const bool keep_rate_ok = p.spec.dropout == 0.0 ||
+                            std::abs(result.keep_rate - (1.0 - p.spec.dropout)) <= 5.0 * result.keep_rate_sigma;
   result.passed = ok(result.err_o, true) && ok(result.err_stats, p.spec.stats) &&
                   ok(result.err_max_logit, p.spec.max_logit != MaxLogit::none) &&
                   ok(result.err_dq, options.backward) && ok(result.err_dk, options.backward) &&
                   ok(result.err_dv, options.backward) && ok(result.err_dbias, options.backward && p.spec.bias_grad) &&
-                  ok(result.err_dsink, sink_grad);
+                  ok(result.err_dsink, sink_grad) && keep_rate_ok;
   return result;
 }
 

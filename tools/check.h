@@ -37,6 +37,8 @@ struct CheckResult {
   double err_dbias = std::numeric_limits<double>::quiet_NaN();
   double err_dsink = std::numeric_limits<double>::quiet_NaN();
   double err_max_logit = std::numeric_limits<double>::quiet_NaN();
+  double keep_rate = std::numeric_limits<double>::quiet_NaN();  ///< dropout: kept fraction of the visible probabilities
+  double keep_rate_sigma = std::numeric_limits<double>::quiet_NaN();  ///< its binomial standard deviation
   double tolerance = 0.0;
   bool backward = false;
   bool passed = false;
@@ -73,6 +75,9 @@ class AttentionBuffers {
   /// The lengths in use (empty without padding).
   const std::vector<std::int32_t>& seq_len_q() const noexcept;
   const std::vector<std::int32_t>& seq_len_kv() const noexcept;
+  /// Writes dropout's seed and offset (int64, device) for the next calls; fill_inputs draws fresh
+  /// ones. Synchronous.
+  void set_dropout_state(std::int64_t seed, std::int64_t offset);
   /// The sink logits drawn by fill_inputs (Softmax::sink), empty otherwise.
   const std::vector<float>& sink() const noexcept;
   /// Sets every byte of O, stats and the gradient buffers to 0xFF, which is NaN in bf16, f16 and

@@ -36,6 +36,9 @@ struct ForwardTensors {
   const float* sink = nullptr;  ///< Softmax::sink: the per-head sink logits, float32 [h_q]
   float* max_logit = nullptr;   ///< MaxLogit::row: float32 [b, h_q, s_q] (-inf past a padded length);
                                 ///< MaxLogit::head: float32 [h_q], over the batch and every valid row
+  const std::int64_t* dropout_seed = nullptr;    ///< dropout > 0: Philox seed, int64 [1], device
+  const std::int64_t* dropout_offset = nullptr;  ///< dropout > 0: Philox offset, int64 [1], device
+  float* dropout_mask = nullptr;  ///< dropout_mask_out: float32 [b, h_q, s_q, s_kv], 1 kept / 0 dropped
 };
 
 /// Device pointers of a backward call. Gradients share their inputs' descriptors (so a packed
@@ -57,7 +60,16 @@ struct BackwardTensors {
   const float* sink = nullptr;  ///< as in ForwardTensors
   void* d_bias = nullptr;       ///< spec.bias_grad: dBias, laid out as bias_desc(spec)
   float* d_sink = nullptr;      ///< Softmax::sink: dSink, float32 [h_q]
+  const std::int64_t* dropout_seed = nullptr;    ///< the forward's seed and offset: the backward
+  const std::int64_t* dropout_offset = nullptr;  ///< regenerates exactly the forward's mask from them
 };
+
+/// Dropout's random stream: the same seed and offset give the same mask, in the forward and in
+/// the backward that uses them. Between two training steps the offset must move past everything
+/// a call draws: advance_dropout_offset() adds dropout_offset_increment(spec) to it on the device,
+/// so when it is captured into a CUDA graph together with the calls, every replay draws anew.
+std::int64_t dropout_offset_increment(const AttentionSpec& spec) noexcept;
+void advance_dropout_offset(const AttentionSpec& spec, std::int64_t* offset, cudaStream_t stream);
 
 /// Hands out scratch memory; adapters implement it with their framework's allocator. Memory is
 /// released right after the work is enqueued, so the allocator must be stream-ordered.
@@ -104,6 +116,7 @@ class Plan {
   friend struct PlanAccess;  // the benchmark's cuDNN-only baseline (src/exec/raw_call.cpp)
 
   void require_score_terms(const void* bias, const float* sink) const;
+  void require_dropout(const std::int64_t* seed, const std::int64_t* offset) const;
   void require_device() const;
 
   AttentionSpec spec_;

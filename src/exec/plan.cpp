@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include "exec/cuda_check.h"
 #include "exec/device.h"
@@ -105,6 +106,8 @@ void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const 
   if (spec_.stats) require_pointer("tensors.stats", t.stats);
   require_lengths(t.seq_len_q, t.seq_len_kv);
   require_score_terms(t.bias, t.sink);
+  require_dropout(t.dropout_seed, t.dropout_offset);
+  if (spec_.dropout_mask_out) require_pointer("tensors.dropout_mask", t.dropout_mask);
   if (spec_.max_logit != MaxLogit::none) require_pointer("tensors.max_logit", t.max_logit);
   void* by_uid[graph::kUidEnd] = {};
   by_uid[graph::kUidQ] = const_cast<void*>(t.q);
@@ -118,6 +121,9 @@ void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const 
   by_uid[graph::kUidBias] = const_cast<void*>(t.bias);
   by_uid[graph::kUidSink] = zero_sink_ ? zero_sink_.get() : const_cast<float*>(t.sink);
   by_uid[graph::kUidMaxLogit] = t.max_logit;
+  by_uid[graph::kUidDropoutSeed] = const_cast<std::int64_t*>(t.dropout_seed);
+  by_uid[graph::kUidDropoutOffset] = const_cast<std::int64_t*>(t.dropout_offset);
+  by_uid[graph::kUidDropoutMask] = t.dropout_mask;
   CallWorkspace scratch(workspace_bytes(), workspace, stream);
   float* row_maxima = nullptr;
   if (spec_.max_logit == MaxLogit::head) {
@@ -149,6 +155,7 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
   require_pointer("tensors.d_v", t.d_v);
   require_lengths(t.seq_len_q, t.seq_len_kv);
   require_score_terms(t.bias, t.sink);
+  require_dropout(t.dropout_seed, t.dropout_offset);
   if (spec_.bias_grad) require_pointer("tensors.d_bias", t.d_bias);
   if (spec_.softmax == Softmax::sink) require_pointer("tensors.d_sink", t.d_sink);
   void* by_uid[graph::kUidEnd] = {};
@@ -168,6 +175,8 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
   by_uid[graph::kUidSink] = zero_sink_ ? zero_sink_.get() : const_cast<float*>(t.sink);
   by_uid[graph::kUidDBias] = t.d_bias;
   by_uid[graph::kUidDSink] = t.d_sink;
+  by_uid[graph::kUidDropoutSeed] = const_cast<std::int64_t*>(t.dropout_seed);
+  by_uid[graph::kUidDropoutOffset] = const_cast<std::int64_t*>(t.dropout_offset);
   CallWorkspace scratch(workspace_bytes(), workspace, stream);
   execute(by_uid, stream, scratch.data());
   if (spec_.padding) {
@@ -180,6 +189,18 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
 void Plan::require_score_terms(const void* bias, const float* sink) const {
   if (spec_.bias != Bias::none) require_pointer("tensors.bias", bias);
   if (spec_.softmax == Softmax::sink) require_pointer("tensors.sink", sink);
+}
+
+void Plan::require_dropout(const std::int64_t* seed, const std::int64_t* offset) const {
+  if (spec_.dropout == 0.0) return;
+  // Scalars: cuDNN reads them as int64, so 8-byte alignment is what they need.
+  for (auto [field, pointer] : {std::pair<const char*, const void*>{"tensors.dropout_seed", seed},
+                                {"tensors.dropout_offset", offset}}) {
+    if (pointer == nullptr) throw InvalidArgument(field, "null", "a device pointer to an int64");
+    if (reinterpret_cast<std::uintptr_t>(pointer) % alignof(std::int64_t) != 0) {
+      throw InvalidArgument(field, "misaligned", "an 8-byte aligned device pointer");
+    }
+  }
 }
 
 void Plan::require_lengths(const std::int32_t* seq_len_q, const std::int32_t* seq_len_kv) const {

@@ -111,6 +111,27 @@ void apply_score_terms(fe::graph::Graph& graph, Attributes& attributes, const At
   }
 }
 
+// Dropout draws from Philox with a seed and an offset read from device memory (int64 [1, 1, 1, 1])
+// at run time, so replays of a captured graph use whatever the caller has advanced them to. The
+// backward regenerates the forward's mask from the same seed and offset.
+template <class Attributes>
+void apply_dropout(fe::graph::Graph& graph, Attributes& attributes, const AttentionSpec& spec,
+                   std::vector<std::int64_t>& uids) {
+  if (spec.dropout == 0.0) return;
+  auto scalar = [&](const char* name, Uid uid) {
+    return graph.tensor(fe::graph::Tensor_attributes()
+                            .set_name(name)
+                            .set_uid(uid)
+                            .set_dim({1, 1, 1, 1})
+                            .set_stride({1, 1, 1, 1})
+                            .set_data_type(fe::DataType_t::INT64));
+  };
+  attributes.set_dropout(static_cast<float>(spec.dropout), scalar("dropout_seed", kUidDropoutSeed),
+                         scalar("dropout_offset", kUidDropoutOffset));
+  uids.push_back(kUidDropoutSeed);
+  uids.push_back(kUidDropoutOffset);
+}
+
 void add_length_uids(const AttentionSpec& spec, std::vector<std::int64_t>& uids) {
   if (!spec.padding) return;
   uids.push_back(kUidSeqLenQ);
@@ -150,6 +171,20 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionSpec& spec, fe::A
   apply_padding(*graph, attributes, spec);
   uids = {kUidQ, kUidK, kUidV, kUidO, kUidScale};
   apply_score_terms(*graph, attributes, spec, uids);
+  apply_dropout(*graph, attributes, spec, uids);
+  if (spec.dropout_mask_out) {
+    // The keep mask cuDNN drew, [b, h_q, s_q, s_kv] (0 or 1), for checks and debugging.
+    const std::int64_t h = spec.heads_q(), sq = spec.seq_q(), skv = spec.seq_kv();
+    auto mask = graph->tensor(fe::graph::Tensor_attributes()
+                                  .set_name("dropout_mask")
+                                  .set_uid(kUidDropoutMask)
+                                  .set_dim({spec.batch(), h, sq, skv})
+                                  .set_stride({h * sq * skv, sq * skv, skv, 1})
+                                  .set_data_type(fe::DataType_t::FLOAT));
+    mask->set_output(true);
+    attributes.set_rng_dump(mask);
+    uids.push_back(kUidDropoutMask);
+  }
   if (spec.max_logit != MaxLogit::none) {
     // Row maxima [b, h_q, s_q, 1]; a per-head request reduces them afterwards (execution layer).
     auto max_logit = graph->tensor(fe::graph::Tensor_attributes()
@@ -193,6 +228,7 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionSpec& spec, std:
   uids = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidDO, kUidDQ, kUidDK, kUidDV};
   add_length_uids(spec, uids);
   apply_score_terms(*graph, attributes, spec, uids);
+  apply_dropout(*graph, attributes, spec, uids);
   if (spec.bias_grad) {
     auto d_bias = graph->tensor(describe("d_bias", kUidDBias, bias_desc(spec)));
     d_bias->set_output(true);

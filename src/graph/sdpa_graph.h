@@ -19,7 +19,7 @@ namespace fusedattn::graph {
 /// the tensors a graph uses, so these numbers also fix the pointer order.
 enum Uid : std::int64_t {
   kUidQ = 1, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidDO, kUidDQ, kUidDK, kUidDV, kUidSeqLenQ, kUidSeqLenKV,
-  kUidBias, kUidDBias, kUidSink, kUidDSink, kUidMaxLogit,
+  kUidBias, kUidDBias, kUidSink, kUidDSink, kUidMaxLogit, kUidDropoutSeed, kUidDropoutOffset, kUidDropoutMask,
   kUidEnd  // one past the last
 };
 

@@ -143,6 +143,11 @@ std::vector<Case> numeric_cases() {
   add("sink_padding_f16", "layout=bshd dtype=f16 b=3 s=700 h=4 d=64 window=-1,-1 softmax=sink padding=1");
   add("max_logit_row_bf16", "layout=bshd dtype=bf16" + gqa + " causal max_logit=row");
   add("max_logit_head_padding_bf16", "layout=bshd dtype=bf16 b=3 s_q=500 s_kv=900 h=4 d=64 padding=1 max_logit=head");
+  // Dropout: the reference applies the mask cuDNN drew (dumped by the forward), and the backward
+  // must regenerate it from the same seed and offset.
+  add("dropout_causal_bf16", "layout=bshd dtype=bf16" + gqa + " causal dropout=0.1");
+  add("dropout_padding_f16", "layout=bshd dtype=f16 b=3 s_q=400 s_kv=700 h=4 d=64 padding=1 dropout=0.25");
+  add("dropout_bias_bf16", "layout=bshd dtype=bf16 b=2 s=512 h=4 d=128 bias=1hss bias_grad=1 dropout=0.2");
   // One large problem, checked against the float32 GPU reference.
   add("large_bf16", "layout=bshd dtype=bf16 b=1 s_q=4097 s_kv=4097 h_q=8 h_kv=2 d=128 causal=1");
   return cases;
@@ -373,6 +378,83 @@ TEST(Execution, DeterministicBackwardIsBitwiseReproducible) {
       EXPECT_EQ(grads[2], first[2]) << "dV differs in run " << run;
     }
   }
+}
+
+std::vector<std::uint8_t> dropout_forward(const AttentionSpec& spec, AttentionBuffers& buffers) {
+  buffers.poison_outputs();
+  check::DeviceBuffer workspace(std::max<std::size_t>(1, get_plan(spec, Pass::forward)->workspace_bytes()));
+  forward(spec, buffers.forward_tensors(), default_scale(spec), nullptr, Workspace{workspace.get(), workspace.bytes()});
+  check::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  return copy_to_host(buffers.forward_tensors().o, bytes_of(spec.o));
+}
+
+TEST(Execution, DropoutReplaysTheSameMaskAndAdvancingTheOffsetDrawsANewOne) {
+  FUSEDATTN_REQUIRE_GPU();
+  AttentionSpec spec = parse_spec("layout=bshd dtype=bf16 b=2 s=300 h=4 d=64 causal dropout=0.3");
+  if (!check_support(spec, Pass::forward).ok()) GTEST_SKIP() << check_support(spec, Pass::forward).to_string();
+  AttentionBuffers buffers(spec, false);
+  buffers.fill_inputs(11);
+  buffers.set_dropout_state(1234, 5678);
+  const auto first = dropout_forward(spec, buffers);
+  EXPECT_EQ(dropout_forward(spec, buffers), first) << "same seed and offset, different output";
+  // The plan that also dumps the mask draws the very same one.
+  AttentionSpec dumping = spec;
+  dumping.dropout_mask_out = true;
+  AttentionBuffers with_mask(dumping, false);
+  with_mask.fill_inputs(11);
+  with_mask.set_dropout_state(1234, 5678);
+  EXPECT_EQ(dropout_forward(dumping, with_mask), first) << "dumping the mask changed the draw";
+  // Advancing the offset on the device gives a fresh mask.
+  advance_dropout_offset(spec, const_cast<std::int64_t*>(buffers.forward_tensors().dropout_offset), nullptr);
+  EXPECT_NE(dropout_forward(spec, buffers), first) << "advanced offset, same output";
+  std::int64_t offset = 0;
+  check::check_cuda(cudaMemcpy(&offset, buffers.forward_tensors().dropout_offset, sizeof offset, cudaMemcpyDeviceToHost),
+                    "cudaMemcpy(offset)");
+  EXPECT_EQ(offset, 5678 + dropout_offset_increment(spec));
+}
+
+TEST(Execution, CudaGraphReplaysAdvanceTheDropoutOffset) {
+  FUSEDATTN_REQUIRE_GPU();
+  AttentionSpec spec = parse_spec("layout=bshd dtype=bf16 b=1 s=256 h=4 d=64 dropout=0.5");
+  if (!check_support(spec, Pass::forward).ok()) GTEST_SKIP() << check_support(spec, Pass::forward).to_string();
+  AttentionBuffers buffers(spec, false);
+  buffers.fill_inputs(12);
+  buffers.set_dropout_state(99, 0);
+  auto plan = get_plan(spec, Pass::forward);
+  check::DeviceBuffer workspace(std::max<std::size_t>(1, plan->workspace_bytes()));
+  const Workspace ws{workspace.get(), workspace.bytes(), nullptr};
+  cudaStream_t stream;
+  check::check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  forward(spec, buffers.forward_tensors(), default_scale(spec), stream, ws);  // this stream's handle
+  check::check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  buffers.set_dropout_state(99, 0);
+  cudaGraph_t graph;
+  check::check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+  forward(spec, buffers.forward_tensors(), default_scale(spec), stream, ws);
+  advance_dropout_offset(spec, const_cast<std::int64_t*>(buffers.forward_tensors().dropout_offset), stream);
+  check::check_cuda(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+  cudaGraphExec_t exec;
+  check::check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  std::vector<std::vector<std::uint8_t>> outputs;
+  for (int replay = 0; replay < 3; ++replay) {
+    check::check_cuda(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
+    check::check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    outputs.push_back(copy_to_host(buffers.forward_tensors().o, bytes_of(spec.o)));
+  }
+  EXPECT_NE(outputs[0], outputs[1]);
+  EXPECT_NE(outputs[1], outputs[2]);
+  std::int64_t offset = 0;
+  check::check_cuda(cudaMemcpy(&offset, buffers.forward_tensors().dropout_offset, sizeof offset, cudaMemcpyDeviceToHost),
+                    "cudaMemcpy(offset)");
+  EXPECT_EQ(offset, 3 * dropout_offset_increment(spec));
+  // Eager replay of the first draw: offset 0 again gives the first replay's output.
+  buffers.set_dropout_state(99, 0);
+  forward(spec, buffers.forward_tensors(), default_scale(spec), stream, ws);
+  check::check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  EXPECT_EQ(copy_to_host(buffers.forward_tensors().o, bytes_of(spec.o)), outputs[0]);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
 }
 
 class CountingAllocator : public WorkspaceAllocator {

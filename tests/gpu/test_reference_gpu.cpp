@@ -73,7 +73,8 @@ std::string describe(const ReferenceProblem& p) {
          " d_qk=" + std::to_string(p.head_dim_qk) + " d_v=" + std::to_string(p.head_dim_v) +
          " window=" + std::to_string(p.window.left) + "," + std::to_string(p.window.right) +
          (p.alignment == Alignment::top_left ? " top_left" : " bottom_right") + " bias=" + to_string(p.bias) +
-         (p.alibi ? " alibi" : "") + " softmax=" + to_string(p.softmax) + (p.seq_len_q.empty() ? "" : " padded");
+         (p.alibi ? " alibi" : "") + " softmax=" + to_string(p.softmax) + (p.seq_len_q.empty() ? "" : " padded") +
+         (p.dropout > 0.0 ? " dropout=" + std::to_string(p.dropout) : "");
 }
 
 std::int64_t bias_size(const ReferenceProblem& p) {
@@ -103,7 +104,28 @@ std::vector<Case> cases() {
 struct Inputs {
   std::vector<float> q, k, v, d_o;
   std::vector<float> bias, sink;  // empty unless the problem has a bias / a sink softmax
+  std::vector<float> mask;        // dropout keep mask [b, h_q, s_q, s_kv]; empty without dropout
 };
+
+// A keep mask with each visible element kept (1) with probability 1 - p.dropout, else 0, and NaN
+// where the row does not see the key, which neither reference may read.
+std::vector<float> random_mask(const ReferenceProblem& p, std::mt19937& rng) {
+  std::bernoulli_distribution keep(1.0 - p.dropout);
+  std::vector<float> mask;
+  mask.reserve(static_cast<std::size_t>(p.batch * p.heads_q * p.seq_q * p.seq_kv));
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    for (std::int64_t h = 0; h < p.heads_q; ++h) {
+      for (std::int64_t i = 0; i < p.seq_q; ++i) {
+        for (std::int64_t j = 0; j < p.seq_kv; ++j) {
+          const bool kept = keep(rng);
+          mask.push_back(reference_visible(p, b, i, j) ? (kept ? 1.0f : 0.0f)
+                                                       : std::numeric_limits<float>::quiet_NaN());
+        }
+      }
+    }
+  }
+  return mask;
+}
 
 Inputs random_inputs(const ReferenceProblem& p, std::mt19937& rng) {
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -114,7 +136,8 @@ Inputs random_inputs(const ReferenceProblem& p, std::mt19937& rng) {
   };
   return {fill(p.batch * p.heads_q * p.seq_q * p.head_dim_qk), fill(p.batch * p.heads_kv * p.seq_kv * p.head_dim_qk),
           fill(p.batch * p.heads_kv * p.seq_kv * p.head_dim_v), fill(p.batch * p.heads_q * p.seq_q * p.head_dim_v),
-          fill(bias_size(p)), p.softmax == Softmax::sink ? fill(p.heads_q) : std::vector<float>{}};
+          fill(bias_size(p)), p.softmax == Softmax::sink ? fill(p.heads_q) : std::vector<float>{},
+          p.dropout > 0.0 ? random_mask(p, rng) : std::vector<float>{}};
 }
 
 std::vector<double> widen(const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); }
@@ -140,8 +163,10 @@ void run_gpu(const ReferenceProblem& p, const Inputs& in, Results& out) {
       d_v(bytes_of(out.d_v)), max_logit(bytes_of(out.max_logit));
   // One float more than needed, so that an empty bias or sink still gets an allocation.
   DeviceBuffer bias(bytes_of(in.bias) + sizeof(float)), sink(bytes_of(in.sink) + sizeof(float)),
-      d_bias(bytes_of(out.d_bias) + sizeof(float)), d_sink(bytes_of(out.d_sink) + sizeof(float));
-  for (const DeviceBuffer* b : {&q, &k, &v, &d_o, &o, &lse, &d_q, &d_k, &d_v, &max_logit, &bias, &sink, &d_bias, &d_sink}) {
+      d_bias(bytes_of(out.d_bias) + sizeof(float)), d_sink(bytes_of(out.d_sink) + sizeof(float)),
+      mask(bytes_of(in.mask) + sizeof(float));
+  for (const DeviceBuffer* b :
+       {&q, &k, &v, &d_o, &o, &lse, &d_q, &d_k, &d_v, &max_logit, &bias, &sink, &d_bias, &d_sink, &mask}) {
     ASSERT_NE(b->get(), nullptr);
   }
   REF_CUDA_OK(cudaMemcpy(q.get(), in.q.data(), q.bytes(), cudaMemcpyHostToDevice));
@@ -150,9 +175,11 @@ void run_gpu(const ReferenceProblem& p, const Inputs& in, Results& out) {
   REF_CUDA_OK(cudaMemcpy(d_o.get(), in.d_o.data(), d_o.bytes(), cudaMemcpyHostToDevice));
   REF_CUDA_OK(cudaMemcpy(bias.get(), in.bias.data(), bytes_of(in.bias), cudaMemcpyHostToDevice));
   REF_CUDA_OK(cudaMemcpy(sink.get(), in.sink.data(), bytes_of(in.sink), cudaMemcpyHostToDevice));
+  REF_CUDA_OK(cudaMemcpy(mask.get(), in.mask.data(), bytes_of(in.mask), cudaMemcpyHostToDevice));
   ReferenceExtras<float> extras;
   extras.bias = in.bias.empty() ? nullptr : bias.f();
   extras.sink = in.sink.empty() ? nullptr : sink.f();
+  extras.dropout_mask = in.mask.empty() ? nullptr : mask.f();
   extras.max_logit = max_logit.f();
   extras.d_bias = in.bias.empty() ? nullptr : d_bias.f();
   extras.d_sink = in.sink.empty() ? nullptr : d_sink.f();
@@ -181,7 +208,7 @@ struct CpuResults {
 // The CPU reference on exactly the float inputs the GPU saw.
 CpuResults run_cpu(const ReferenceProblem& p, const Inputs& in) {
   const std::vector<double> q = widen(in.q), k = widen(in.k), v = widen(in.v), d_o = widen(in.d_o);
-  const std::vector<double> bias = widen(in.bias), sink = widen(in.sink);
+  const std::vector<double> bias = widen(in.bias), sink = widen(in.sink), mask = widen(in.mask);
   const std::size_t rows = static_cast<std::size_t>(p.batch * p.heads_q * p.seq_q);
   CpuResults out{std::vector<double>(in.d_o.size()), std::vector<double>(rows), std::vector<double>(q.size()),
                  std::vector<double>(k.size()),      std::vector<double>(v.size()), std::vector<double>(rows),
@@ -189,6 +216,7 @@ CpuResults run_cpu(const ReferenceProblem& p, const Inputs& in) {
   ReferenceExtras<double> extras;
   extras.bias = bias.empty() ? nullptr : bias.data();
   extras.sink = sink.empty() ? nullptr : sink.data();
+  extras.dropout_mask = mask.empty() ? nullptr : mask.data();
   extras.max_logit = out.max_logit.data();
   extras.d_bias = bias.empty() ? nullptr : out.d_bias.data();
   extras.d_sink = sink.empty() ? nullptr : out.d_sink.data();
@@ -431,6 +459,42 @@ TEST(ReferenceGpu, PaddedWithEveryExtraMatchesCpu) {
   }
 }
 
+// Dropout with a random keep mask (NaN where a row does not see the key, so neither reference may
+// read it there): plain, with each bias path (bhss writes dS straight into dBias, b1ss goes through
+// the scratch), with a sink (dSink) and off_by_one, and on padded problems with every extra.
+TEST(ReferenceGpu, DropoutMatchesCpu) {
+  FUSEDATTN_REQUIRE_GPU();
+  std::vector<ReferenceProblem> problems;
+  for (const Case& c : extra_cases()) {
+    ReferenceProblem p = to_problem(c);
+    p.dropout = 0.3;
+    problems.push_back(p);
+    p.bias = Bias::bhss;
+    problems.push_back(p);
+    p.bias = Bias::b1ss;
+    p.softmax = Softmax::sink;
+    problems.push_back(p);
+    p.bias = Bias::none;
+    p.softmax = Softmax::off_by_one;
+    p.dropout = 0.1;
+    problems.push_back(p);
+  }
+  ReferenceProblem decode = to_problem({1, 2, 1, 1, 100, 128, 128, kCausal, Alignment::bottom_right});
+  decode.dropout = 0.5;
+  decode.softmax = Softmax::sink;
+  problems.push_back(decode);
+  const Bias biases[] = {Bias::one_hss, Bias::bhss, Bias::one_11s, Bias::b1ss, Bias::one_1ss};
+  std::size_t n = 0;
+  for (ReferenceProblem p : padded_problems()) {
+    p.bias = biases[n++ % 5];
+    p.alibi = p.window.causal();
+    p.softmax = n % 2 == 0 ? Softmax::vanilla : Softmax::sink;
+    p.dropout = 0.3;
+    problems.push_back(p);
+  }
+  expect_gpu_matches_cpu(problems);
+}
+
 TEST(ReferenceGpu, RejectsMissingExtras) {
   FUSEDATTN_REQUIRE_GPU();
   ReferenceProblem p = to_problem({1, 1, 1, 4, 4, 64, 64, Window{}, Alignment::top_left});
@@ -449,6 +513,22 @@ TEST(ReferenceGpu, RejectsMissingExtras) {
     ADD_FAILURE() << "expected InvalidArgument";
   } catch (const InvalidArgument& e) {
     EXPECT_EQ(e.field(), "extras.sink");
+  }
+  p.softmax = Softmax::vanilla;
+  p.dropout = 0.2;
+  try {
+    reference_forward_gpu(p, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    ADD_FAILURE() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.field(), "extras.dropout_mask");
+  }
+  p.dropout = 1.0;
+  try {
+    reference_backward_gpu(p, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+                           nullptr);
+    ADD_FAILURE() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.field(), "dropout");
   }
 }
 
