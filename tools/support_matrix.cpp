@@ -32,6 +32,7 @@ const std::vector<Variant>& features() {
       {"softmax sink", [](AttentionSpec& s) { s.softmax = Softmax::sink; }},
       {"max logit per row", [](AttentionSpec& s) { s.max_logit = MaxLogit::row; }},
       {"max logit per head", [](AttentionSpec& s) { s.max_logit = MaxLogit::head; }},
+      {"dropout 0.1", [](AttentionSpec& s) { s.dropout = 0.1; }},
   };
   return list;
 }
