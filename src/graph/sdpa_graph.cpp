@@ -78,11 +78,14 @@ TensorPtr length_tensor(fe::graph::Graph& graph, const AttentionSpec& spec, cons
 // Padding: cuDNN masks keys past seq_len_kv[b] and ignores queries past seq_len_q[b], and a
 // bottom-right diagonal follows each entry's actual lengths.
 template <class Attributes>
-void apply_padding(fe::graph::Graph& graph, Attributes& attributes, const AttentionSpec& spec) {
+void apply_padding(fe::graph::Graph& graph, Attributes& attributes, const AttentionSpec& spec,
+                   std::vector<std::int64_t>& uids) {
   if (!spec.padding) return;
   attributes.set_padding_mask(true)
       .set_seq_len_q(length_tensor(graph, spec, "seq_len_q", kUidSeqLenQ))
       .set_seq_len_kv(length_tensor(graph, spec, "seq_len_kv", kUidSeqLenKV));
+  uids.push_back(kUidSeqLenQ);
+  uids.push_back(kUidSeqLenKV);
 }
 
 // Per-head float32 [1, h_q, 1, 1] tensors: the sink logits and their gradient.
@@ -132,12 +135,6 @@ void apply_dropout(fe::graph::Graph& graph, Attributes& attributes, const Attent
   uids.push_back(kUidDropoutOffset);
 }
 
-void add_length_uids(const AttentionSpec& spec, std::vector<std::int64_t>& uids) {
-  if (!spec.padding) return;
-  uids.push_back(kUidSeqLenQ);
-  uids.push_back(kUidSeqLenKV);
-}
-
 // The window becomes cuDNN's diagonal band: the same "p - left < j <= p + right" (spec.h).
 template <class Attributes>
 void apply_window(Attributes& attributes, const AttentionSpec& spec) {
@@ -168,8 +165,8 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionSpec& spec, fe::A
                         .set_attn_scale(scale_tensor(*graph))
                         .set_implementation(implementation);
   apply_window(attributes, spec);
-  apply_padding(*graph, attributes, spec);
   uids = {kUidQ, kUidK, kUidV, kUidO, kUidScale};
+  apply_padding(*graph, attributes, spec, uids);
   apply_score_terms(*graph, attributes, spec, uids);
   apply_dropout(*graph, attributes, spec, uids);
   if (spec.dropout_mask_out) {
@@ -206,7 +203,6 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionSpec& spec, fe::A
         .set_data_type(fe::DataType_t::FLOAT);
     uids.push_back(kUidStats);
   }
-  add_length_uids(spec, uids);
   std::sort(uids.begin(), uids.end());  // execute() takes pointers in ascending UID order
   return graph;
 }
@@ -224,9 +220,8 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionSpec& spec, std:
                         .set_attn_scale(scale_tensor(*graph))
                         .set_deterministic_algorithm(spec.deterministic);
   apply_window(attributes, spec);
-  apply_padding(*graph, attributes, spec);
   uids = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidDO, kUidDQ, kUidDK, kUidDV};
-  add_length_uids(spec, uids);
+  apply_padding(*graph, attributes, spec, uids);
   apply_score_terms(*graph, attributes, spec, uids);
   apply_dropout(*graph, attributes, spec, uids);
   if (spec.bias_grad) {
