@@ -24,6 +24,13 @@
 #include "fusedattn/reference.h"
 #include "gpu_skip.h"
 
+// Skips the test, with every reason, when this GPU and cuDNN cannot run `spec` in `pass`.
+#define FUSEDATTN_REQUIRE_SUPPORT(spec, pass)                                      \
+  do {                                                                             \
+    const Support answer = check_support(spec, pass);                              \
+    if (!answer.ok()) GTEST_SKIP() << to_string(pass) << ": " << answer.to_string(); \
+  } while (0)
+
 // Counts every host allocation made through operator new while armed, to prove that a cached
 // call allocates nothing. Replacing the global operator covers the library too: it is linked
 // dynamically and its calls bind to this definition.
@@ -351,8 +358,7 @@ TEST(Execution, DeterministicBackwardIsBitwiseReproducible) {
   FUSEDATTN_REQUIRE_GPU();
   AttentionSpec spec = parse_spec(
       "layout=bshd dtype=bf16 b=2 s_q=1000 s_kv=2048 h_q=16 h_kv=2 d=128 causal align=bottom_right deterministic=1");
-  Support support = check_support(spec, Pass::backward);
-  if (!support.ok()) GTEST_SKIP() << support.to_string();
+  FUSEDATTN_REQUIRE_SUPPORT(spec, Pass::backward);
   AttentionBuffers buffers(spec, true);
   buffers.fill_inputs(7);
   const float scale = default_scale(spec);
@@ -380,6 +386,13 @@ TEST(Execution, DeterministicBackwardIsBitwiseReproducible) {
   }
 }
 
+std::int64_t device_offset(const AttentionBuffers& buffers) {
+  std::int64_t offset = 0;
+  check::check_cuda(cudaMemcpy(&offset, buffers.forward_tensors().dropout_offset, sizeof offset, cudaMemcpyDeviceToHost),
+                    "cudaMemcpy(dropout offset)");
+  return offset;
+}
+
 std::vector<std::uint8_t> dropout_forward(const AttentionSpec& spec, AttentionBuffers& buffers) {
   buffers.poison_outputs();
   check::DeviceBuffer workspace(std::max<std::size_t>(1, get_plan(spec, Pass::forward)->workspace_bytes()));
@@ -391,7 +404,7 @@ std::vector<std::uint8_t> dropout_forward(const AttentionSpec& spec, AttentionBu
 TEST(Execution, DropoutReplaysTheSameMaskAndAdvancingTheOffsetDrawsANewOne) {
   FUSEDATTN_REQUIRE_GPU();
   AttentionSpec spec = parse_spec("layout=bshd dtype=bf16 b=2 s=300 h=4 d=64 causal dropout=0.3");
-  if (!check_support(spec, Pass::forward).ok()) GTEST_SKIP() << check_support(spec, Pass::forward).to_string();
+  FUSEDATTN_REQUIRE_SUPPORT(spec, Pass::forward);
   AttentionBuffers buffers(spec, false);
   buffers.fill_inputs(11);
   buffers.set_dropout_state(1234, 5678);
@@ -407,16 +420,13 @@ TEST(Execution, DropoutReplaysTheSameMaskAndAdvancingTheOffsetDrawsANewOne) {
   // Advancing the offset on the device gives a fresh mask.
   advance_dropout_offset(spec, const_cast<std::int64_t*>(buffers.forward_tensors().dropout_offset), nullptr);
   EXPECT_NE(dropout_forward(spec, buffers), first) << "advanced offset, same output";
-  std::int64_t offset = 0;
-  check::check_cuda(cudaMemcpy(&offset, buffers.forward_tensors().dropout_offset, sizeof offset, cudaMemcpyDeviceToHost),
-                    "cudaMemcpy(offset)");
-  EXPECT_EQ(offset, 5678 + dropout_offset_increment(spec));
+  EXPECT_EQ(device_offset(buffers), 5678 + dropout_offset_increment(spec));
 }
 
 TEST(Execution, CudaGraphReplaysAdvanceTheDropoutOffset) {
   FUSEDATTN_REQUIRE_GPU();
   AttentionSpec spec = parse_spec("layout=bshd dtype=bf16 b=1 s=256 h=4 d=64 dropout=0.5");
-  if (!check_support(spec, Pass::forward).ok()) GTEST_SKIP() << check_support(spec, Pass::forward).to_string();
+  FUSEDATTN_REQUIRE_SUPPORT(spec, Pass::forward);
   AttentionBuffers buffers(spec, false);
   buffers.fill_inputs(12);
   buffers.set_dropout_state(99, 0);
@@ -443,10 +453,7 @@ TEST(Execution, CudaGraphReplaysAdvanceTheDropoutOffset) {
   }
   EXPECT_NE(outputs[0], outputs[1]);
   EXPECT_NE(outputs[1], outputs[2]);
-  std::int64_t offset = 0;
-  check::check_cuda(cudaMemcpy(&offset, buffers.forward_tensors().dropout_offset, sizeof offset, cudaMemcpyDeviceToHost),
-                    "cudaMemcpy(offset)");
-  EXPECT_EQ(offset, 3 * dropout_offset_increment(spec));
+  EXPECT_EQ(device_offset(buffers), 3 * dropout_offset_increment(spec));
   // Eager replay of the first draw: offset 0 again gives the first replay's output.
   buffers.set_dropout_state(99, 0);
   forward(spec, buffers.forward_tensors(), default_scale(spec), stream, ws);
