@@ -4,4 +4,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
 cd build
-ctest --output-on-failure -j "$(nproc)"
+log=$(mktemp)
+set +e
+ctest --output-on-failure -j "$(nproc)" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+# One plain closing line, whatever ctest listed last.
+total=$(grep -oE 'tests failed out of [0-9]+' "$log" | grep -oE '[0-9]+$' || echo 0)
+failed=$(grep -oE '[0-9]+ tests failed out of' "$log" | grep -oE '^[0-9]+' || echo 0)
+skipped=$(grep -c '(Skipped)$' "$log" || true)
+echo "ctest: $((total - failed - skipped)) passed, $failed failed, $skipped skipped"
+rm -f "$log"
+exit "$status"
