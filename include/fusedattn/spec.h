@@ -37,6 +37,9 @@ struct Window {
   friend bool operator!=(const Window& a, const Window& b) noexcept { return !(a == b); }
 };
 
+/// "LEFT,RIGHT", as the spec string writes it ("-1,0" for causal).
+std::string to_string(const Window& window);
+
 /// The causal window {-1, 0}.
 constexpr Window kCausal{-1, 0};
 

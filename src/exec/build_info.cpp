@@ -37,7 +37,7 @@ BuildInfo build_info() {
     info.device_count = 0;
     info.gpu_unavailable_reason = status != cudaSuccess ? std::string("cudaGetDeviceCount: ") + cudaGetErrorString(status)
                                                         : "no CUDA device visible";
-    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    cudaGetLastError();  // clear the error cudaGetDeviceCount left, so later calls start clean
     return info;
   }
   int device = 0;

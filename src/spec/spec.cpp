@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <optional>
@@ -77,20 +76,12 @@ const char* name_of(E value) noexcept {
 
 std::string format_value(const TensorDesc& desc) { return to_string(desc); }
 std::string format_value(bool flag) { return flag ? "1" : "0"; }
-// Shortest text that reads back as the same double (%.17g always does; shorter is tried first).
-std::string format_value(double value) {
-  char text[32];
-  for (int digits = 6; digits <= 17; ++digits) {
-    std::snprintf(text, sizeof text, "%.*g", digits, value);
-    if (std::strtod(text, nullptr) == value) break;
-  }
-  return text;
-}
+std::string format_value(double value) { return detail::format_double(value); }
 template <class E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
 std::string format_value(E value) {
   return name_of(value);
 }
-std::string format_value(const Window& window) { return std::to_string(window.left) + "," + std::to_string(window.right); }
+std::string format_value(const Window& window) { return to_string(window); }
 
 void parse_value(const std::string& text, const std::string& key, TensorDesc& out) {
   out = parse_tensor_desc(text, key);
@@ -410,6 +401,7 @@ void require_no_self_overlap(const char* name, const TensorDesc& desc) {
 }  // namespace
 
 const char* to_string(Alignment alignment) noexcept { return name_of(alignment); }
+std::string to_string(const Window& window) { return std::to_string(window.left) + "," + std::to_string(window.right); }
 const char* to_string(Bias bias) noexcept { return name_of(bias); }
 const char* to_string(Softmax softmax) noexcept { return name_of(softmax); }
 const char* to_string(MaxLogit max_logit) noexcept { return name_of(max_logit); }

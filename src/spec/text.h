@@ -3,6 +3,8 @@
 
 #include <array>
 #include <charconv>
+#include <cstdio>
+#include <cstdlib>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -31,6 +33,17 @@ inline std::string format_list(const std::array<std::int64_t, 4>& values) {
     out += std::to_string(values[i]);
   }
   return out + "]";
+}
+
+/// The shortest text that reads back as the same double (%.17g always does; shorter is tried first),
+/// so "0.1" prints as 0.1 and every value round-trips through the spec string.
+inline std::string format_double(double value) {
+  char text[32];
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, value);
+    if (std::strtod(text, nullptr) == value) break;
+  }
+  return text;
 }
 
 /// Boost-style combine with the 64-bit golden ratio, so that field order matters and small

@@ -6,8 +6,9 @@
 #include "fusedattn/support.h"
 
 #include <cstdint>
-#include <cstdio>
 #include <utility>
+
+#include "spec/text.h"
 
 namespace fusedattn {
 namespace {
@@ -158,7 +159,7 @@ void bottom_right_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& c
 // bottom-right diagonal at s_q == s_kv, the case 9.10 fixed.
 void window_rule(const AttentionSpec& spec, const DeviceCaps& caps, const Versions& versions, Reasons& out) {
   if (spec.window.left < 0) return;
-  const std::string value = std::to_string(spec.window.left) + "," + std::to_string(spec.window.right);
+  const std::string value = to_string(spec.window);
   const bool bottom_right = spec.alignment == Alignment::bottom_right;
   if (spec.seq_q() > spec.seq_kv() && !spec.padding) {  // cuDNN checks only unpadded shapes
     out.push_back({"window", value,
@@ -237,8 +238,7 @@ void score_terms_rule(const AttentionSpec& spec, Pass pass, const Versions& vers
 void dropout_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions,
                   Reasons& out) {
   if (spec.dropout == 0.0) return;
-  char value[32];
-  std::snprintf(value, sizeof value, "%g", spec.dropout);
+  const std::string value = detail::format_double(spec.dropout);  // as the spec string writes it
   if (spec.window.right >= 0 && spec.alignment == Alignment::bottom_right) {
     out.push_back({"dropout", value, "no bottom-right diagonal with dropout (cuDNN's kernels take none)", ""});
   }

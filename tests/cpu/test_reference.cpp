@@ -56,7 +56,7 @@ std::string describe(const ReferenceProblem& p) {
   return "b=" + std::to_string(p.batch) + " h_q=" + std::to_string(p.heads_q) + " h_kv=" + std::to_string(p.heads_kv) +
          " s_q=" + std::to_string(p.seq_q) + " s_kv=" + std::to_string(p.seq_kv) +
          " d_qk=" + std::to_string(p.head_dim_qk) + " d_v=" + std::to_string(p.head_dim_v) +
-         " window=" + std::to_string(p.window.left) + "," + std::to_string(p.window.right) +
+         " window=" + to_string(p.window) +
          (p.alignment == Alignment::top_left ? " top_left" : " bottom_right");
 }
 
