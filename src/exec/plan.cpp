@@ -9,6 +9,7 @@
 #include "exec/device.h"
 #include "exec/max_logit.h"
 #include "exec/padding_fill.h"
+#include "exec/uid_pointers.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/errors.h"
 #include "graph/sdpa_graph.h"
@@ -109,21 +110,9 @@ void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const 
   require_dropout(t.dropout_seed, t.dropout_offset);
   if (spec_.dropout_mask_out) require_pointer("tensors.dropout_mask", t.dropout_mask);
   if (spec_.max_logit != MaxLogit::none) require_pointer("tensors.max_logit", t.max_logit);
-  void* by_uid[graph::kUidEnd] = {};
-  by_uid[graph::kUidQ] = const_cast<void*>(t.q);
-  by_uid[graph::kUidK] = const_cast<void*>(t.k);
-  by_uid[graph::kUidV] = const_cast<void*>(t.v);
-  by_uid[graph::kUidO] = t.o;
-  by_uid[graph::kUidStats] = t.stats;
-  by_uid[graph::kUidScale] = &scale;
-  by_uid[graph::kUidSeqLenQ] = const_cast<std::int32_t*>(t.seq_len_q);
-  by_uid[graph::kUidSeqLenKV] = const_cast<std::int32_t*>(t.seq_len_kv);
-  by_uid[graph::kUidBias] = const_cast<void*>(t.bias);
-  by_uid[graph::kUidSink] = zero_sink_ ? zero_sink_.get() : const_cast<float*>(t.sink);
-  by_uid[graph::kUidMaxLogit] = t.max_logit;
-  by_uid[graph::kUidDropoutSeed] = const_cast<std::int64_t*>(t.dropout_seed);
-  by_uid[graph::kUidDropoutOffset] = const_cast<std::int64_t*>(t.dropout_offset);
-  by_uid[graph::kUidDropoutMask] = t.dropout_mask;
+  detail::PointersByUid pointers = detail::forward_pointers(t, &scale);
+  void** by_uid = pointers.at;
+  if (zero_sink_) by_uid[graph::kUidSink] = zero_sink_.get();
   CallWorkspace scratch(workspace_bytes(), workspace, stream);
   float* row_maxima = nullptr;
   if (spec_.max_logit == MaxLogit::head) {
@@ -158,25 +147,9 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
   require_dropout(t.dropout_seed, t.dropout_offset);
   if (spec_.bias_grad) require_pointer("tensors.d_bias", t.d_bias);
   if (spec_.softmax == Softmax::sink) require_pointer("tensors.d_sink", t.d_sink);
-  void* by_uid[graph::kUidEnd] = {};
-  by_uid[graph::kUidQ] = const_cast<void*>(t.q);
-  by_uid[graph::kUidK] = const_cast<void*>(t.k);
-  by_uid[graph::kUidV] = const_cast<void*>(t.v);
-  by_uid[graph::kUidO] = const_cast<void*>(t.o);
-  by_uid[graph::kUidDO] = const_cast<void*>(t.d_o);
-  by_uid[graph::kUidStats] = const_cast<float*>(t.stats);
-  by_uid[graph::kUidDQ] = t.d_q;
-  by_uid[graph::kUidDK] = t.d_k;
-  by_uid[graph::kUidDV] = t.d_v;
-  by_uid[graph::kUidScale] = &scale;
-  by_uid[graph::kUidSeqLenQ] = const_cast<std::int32_t*>(t.seq_len_q);
-  by_uid[graph::kUidSeqLenKV] = const_cast<std::int32_t*>(t.seq_len_kv);
-  by_uid[graph::kUidBias] = const_cast<void*>(t.bias);
-  by_uid[graph::kUidSink] = zero_sink_ ? zero_sink_.get() : const_cast<float*>(t.sink);
-  by_uid[graph::kUidDBias] = t.d_bias;
-  by_uid[graph::kUidDSink] = t.d_sink;
-  by_uid[graph::kUidDropoutSeed] = const_cast<std::int64_t*>(t.dropout_seed);
-  by_uid[graph::kUidDropoutOffset] = const_cast<std::int64_t*>(t.dropout_offset);
+  detail::PointersByUid pointers = detail::backward_pointers(t, &scale);
+  void** by_uid = pointers.at;
+  if (zero_sink_) by_uid[graph::kUidSink] = zero_sink_.get();
   CallWorkspace scratch(workspace_bytes(), workspace, stream);
   execute(by_uid, stream, scratch.data());
   if (spec_.padding) {

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "exec/device.h"
+#include "exec/uid_pointers.h"
 #include "graph/sdpa_graph.h"
 
 namespace fusedattn {
@@ -26,16 +27,8 @@ struct RawForwardCall::State {
 RawForwardCall::RawForwardCall(std::shared_ptr<const Plan> plan, const ForwardTensors& t, float scale,
                                cudaStream_t stream, void* workspace)
     : state_(new State{std::move(plan), scale, {}, nullptr, workspace}) {
-  void* by_uid[graph::kUidEnd] = {};
-  by_uid[graph::kUidQ] = const_cast<void*>(t.q);
-  by_uid[graph::kUidK] = const_cast<void*>(t.k);
-  by_uid[graph::kUidV] = const_cast<void*>(t.v);
-  by_uid[graph::kUidO] = t.o;
-  by_uid[graph::kUidStats] = t.stats;
-  by_uid[graph::kUidScale] = &state_->scale;
-  by_uid[graph::kUidSeqLenQ] = const_cast<std::int32_t*>(t.seq_len_q);
-  by_uid[graph::kUidSeqLenKV] = const_cast<std::int32_t*>(t.seq_len_kv);
-  for (std::int64_t uid : PlanAccess::graph(*state_->plan).uids()) state_->pointers.push_back(by_uid[uid]);
+  const PointersByUid by_uid = forward_pointers(t, &state_->scale);
+  for (std::int64_t uid : PlanAccess::graph(*state_->plan).uids()) state_->pointers.push_back(by_uid.at[uid]);
   state_->handle = handle_for(state_->plan->device(), stream);
 }
 

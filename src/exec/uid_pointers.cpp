@@ -1,0 +1,48 @@
+// Tensor sets to UID-indexed pointers: one mapping for every caller of a graph.
+#include "exec/uid_pointers.h"
+
+namespace fusedattn::detail {
+
+PointersByUid forward_pointers(const ForwardTensors& t, float* scale) {
+  PointersByUid p;
+  p.at[graph::kUidQ] = const_cast<void*>(t.q);
+  p.at[graph::kUidK] = const_cast<void*>(t.k);
+  p.at[graph::kUidV] = const_cast<void*>(t.v);
+  p.at[graph::kUidO] = t.o;
+  p.at[graph::kUidStats] = t.stats;
+  p.at[graph::kUidScale] = scale;
+  p.at[graph::kUidSeqLenQ] = const_cast<std::int32_t*>(t.seq_len_q);
+  p.at[graph::kUidSeqLenKV] = const_cast<std::int32_t*>(t.seq_len_kv);
+  p.at[graph::kUidBias] = const_cast<void*>(t.bias);
+  p.at[graph::kUidSink] = const_cast<float*>(t.sink);
+  p.at[graph::kUidMaxLogit] = t.max_logit;
+  p.at[graph::kUidDropoutSeed] = const_cast<std::int64_t*>(t.dropout_seed);
+  p.at[graph::kUidDropoutOffset] = const_cast<std::int64_t*>(t.dropout_offset);
+  p.at[graph::kUidDropoutMask] = t.dropout_mask;
+  return p;
+}
+
+PointersByUid backward_pointers(const BackwardTensors& t, float* scale) {
+  PointersByUid p;
+  p.at[graph::kUidQ] = const_cast<void*>(t.q);
+  p.at[graph::kUidK] = const_cast<void*>(t.k);
+  p.at[graph::kUidV] = const_cast<void*>(t.v);
+  p.at[graph::kUidO] = const_cast<void*>(t.o);
+  p.at[graph::kUidDO] = const_cast<void*>(t.d_o);
+  p.at[graph::kUidStats] = const_cast<float*>(t.stats);
+  p.at[graph::kUidDQ] = t.d_q;
+  p.at[graph::kUidDK] = t.d_k;
+  p.at[graph::kUidDV] = t.d_v;
+  p.at[graph::kUidScale] = scale;
+  p.at[graph::kUidSeqLenQ] = const_cast<std::int32_t*>(t.seq_len_q);
+  p.at[graph::kUidSeqLenKV] = const_cast<std::int32_t*>(t.seq_len_kv);
+  p.at[graph::kUidBias] = const_cast<void*>(t.bias);
+  p.at[graph::kUidSink] = const_cast<float*>(t.sink);
+  p.at[graph::kUidDBias] = t.d_bias;
+  p.at[graph::kUidDSink] = t.d_sink;
+  p.at[graph::kUidDropoutSeed] = const_cast<std::int64_t*>(t.dropout_seed);
+  p.at[graph::kUidDropoutOffset] = const_cast<std::int64_t*>(t.dropout_offset);
+  return p;
+}
+
+}  // namespace fusedattn::detail
