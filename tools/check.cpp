@@ -168,7 +168,6 @@ Lengths draw_lengths(const AttentionSpec& spec, std::mt19937_64& rng) {
 struct AttentionBuffers::State {
   AttentionSpec spec;
   bool with_backward = false;
-  std::string layout_name;
   DType dtype = DType::bf16;
   // Inputs: up to three buffers (QKV packed uses one, KV packed two). Outputs mirror the inputs'
   // packing for the gradients; O and dO are always separate.
@@ -203,7 +202,6 @@ AttentionBuffers::AttentionBuffers(const AttentionSpec& spec, bool with_backward
   int slot_q = 0, slot_k = 1, slot_v = 2;
   std::int64_t off_q = 0, off_k = 0, off_v = 0;
   if (named) {
-    s.layout_name = to_string(layout);
     off_q = lt.q_offset;
     off_k = lt.k_offset;
     off_v = lt.v_offset;
@@ -380,7 +378,6 @@ BackwardTensors AttentionBuffers::backward_tensors() const {
   return t;
 }
 
-const std::string& AttentionBuffers::layout_name() const noexcept { return state_->layout_name; }
 
 const std::uint16_t* AttentionBuffers::host_input(const std::string& which) const {
   const State& s = *state_;

@@ -87,8 +87,6 @@ class AttentionBuffers {
   ForwardTensors forward_tensors() const;
   BackwardTensors backward_tensors() const;
 
-  /// The name of the layout whose packing was reproduced, or "" when tensors are separate.
-  const std::string& layout_name() const noexcept;
   /// Host copy of an input buffer as generated (for the CPU reference): the tensor's first element
   /// is at the returned pointer. Valid after fill_inputs(). `which` is "q", "k", "v", "do" or "bias".
   const std::uint16_t* host_input(const std::string& which) const;

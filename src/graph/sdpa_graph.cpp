@@ -247,13 +247,11 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionSpec& spec, std:
 
 class FrontendGraph final : public CompiledGraph {
  public:
-  FrontendGraph(std::shared_ptr<fe::graph::Graph> graph, std::vector<std::int64_t> uids, std::size_t workspace,
-                const char* implementation)
-      : graph_(std::move(graph)), uids_(std::move(uids)), workspace_(workspace), implementation_(implementation) {}
+  FrontendGraph(std::shared_ptr<fe::graph::Graph> graph, std::vector<std::int64_t> uids, std::size_t workspace)
+      : graph_(std::move(graph)), uids_(std::move(uids)), workspace_(workspace) {}
 
   std::size_t workspace_bytes() const noexcept override { return workspace_; }
   const std::vector<std::int64_t>& uids() const noexcept override { return uids_; }
-  const char* implementation() const noexcept override { return implementation_; }
 
   void execute(cudnnHandle_t handle, void** sorted_pointers, void* workspace) const override {
     auto status = graph_->execute(handle, sorted_pointers, static_cast<int>(uids_.size()), workspace);
@@ -264,7 +262,6 @@ class FrontendGraph final : public CompiledGraph {
   std::shared_ptr<fe::graph::Graph> graph_;
   std::vector<std::int64_t> uids_;
   std::size_t workspace_;
-  const char* implementation_;
 };
 
 // Runs the build stages in order; the first failure becomes a reason naming the stage.
@@ -292,13 +289,13 @@ Attempt compile(std::shared_ptr<fe::graph::Graph> graph, cudnnHandle_t handle, c
   return attempt;
 }
 
-BuildOutcome finish(Attempt attempt, std::vector<std::int64_t> uids, const char* implementation) {
+BuildOutcome finish(Attempt attempt, std::vector<std::int64_t> uids) {
   BuildOutcome outcome;
   std::int64_t workspace = 0;
   auto status = attempt.graph->get_workspace_size(workspace);
   if (status.is_bad()) throw CudnnError("cuDNN get_workspace_size failed: " + status.get_message());
   outcome.graph = std::make_shared<FrontendGraph>(std::move(attempt.graph), std::move(uids),
-                                                  static_cast<std::size_t>(workspace), implementation);
+                                                  static_cast<std::size_t>(workspace));
   return outcome;
 }
 
@@ -309,14 +306,14 @@ BuildOutcome build_graph(const AttentionSpec& spec, Pass pass, cudnnHandle_t han
   if (pass == Pass::backward) {
     Attempt attempt = compile(backward_graph(spec, uids), handle, "auto");
     if (!attempt.graph) return BuildOutcome{nullptr, std::move(attempt.rejections)};
-    return finish(std::move(attempt), std::move(uids), "auto");
+    return finish(std::move(attempt), std::move(uids));
   }
   // The frontend's automatic choice can pick an implementation the backend then refuses;
   // the composite one covers more configurations, so it is tried before saying no.
   Attempt automatic = compile(forward_graph(spec, fe::AttentionImplementation_t::AUTO, uids), handle, "auto");
-  if (automatic.graph) return finish(std::move(automatic), std::move(uids), "auto");
+  if (automatic.graph) return finish(std::move(automatic), std::move(uids));
   Attempt composite = compile(forward_graph(spec, fe::AttentionImplementation_t::COMPOSITE, uids), handle, "composite");
-  if (composite.graph) return finish(std::move(composite), std::move(uids), "composite");
+  if (composite.graph) return finish(std::move(composite), std::move(uids));
   BuildOutcome refused;
   refused.rejections = std::move(automatic.rejections);
   for (auto& reason : composite.rejections) {

@@ -32,8 +32,6 @@ class CompiledGraph {
   virtual const std::vector<std::int64_t>& uids() const noexcept = 0;
   /// Enqueues the graph on the handle's stream. Throws CudnnError with cuDNN's message.
   virtual void execute(cudnnHandle_t handle, void** sorted_pointers, void* workspace) const = 0;
-  /// Which frontend implementation was built ("auto" or "composite"), for logs and reports.
-  virtual const char* implementation() const noexcept = 0;
 };
 
 /// The graph, or cuDNN's reasons for refusing the configuration (never both).
