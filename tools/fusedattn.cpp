@@ -124,11 +124,7 @@ fa::AttentionSpec causal_spec(const fa::ProblemShape& shape, fa::Alignment align
   return spec;
 }
 
-std::string version_text(int version) {
-  // cuDNN 9 encodes major*10000 + minor*100 + patch.
-  if (version <= 0) return "unknown";
-  return std::to_string(version / 10000) + "." + std::to_string(version / 100 % 100) + "." + std::to_string(version % 100);
-}
+std::string cudnn_version(int version) { return version <= 0 ? "unknown" : fa::version_text(version); }
 
 // --- info -------------------------------------------------------------------------------------
 
@@ -162,7 +158,7 @@ int cmd_support(const CommandLine& line) {
     fa::Versions versions = fa::current_versions();
     // Without a loadable cuDNN the runtime version reads 0; ask the policy about the compiled one.
     if (versions.cudnn_runtime == 0) versions.cudnn_runtime = versions.cudnn_compiled;
-    std::cout << "policy inputs: SM 9.0, cuDNN " << version_text(versions.cudnn_runtime) << "\n";
+    std::cout << "policy inputs: SM 9.0, cuDNN " << cudnn_version(versions.cudnn_runtime) << "\n";
     for (fa::Pass pass : passes) {
       fa::Support policy = fa::check_support_policy(spec, pass, fa::DeviceCaps{9, 0}, versions);
       print_verdict(fa::to_string(pass), policy, spec);
@@ -173,7 +169,7 @@ int cmd_support(const CommandLine& line) {
   const fa::DeviceCaps caps = fa::current_device_caps();
   const fa::Versions versions = fa::current_versions();
   std::cout << "device: SM " << caps.sm_major << "." << caps.sm_minor << ", cuDNN "
-            << version_text(versions.cudnn_runtime) << "\n";
+            << cudnn_version(versions.cudnn_runtime) << "\n";
   for (fa::Pass pass : passes) {
     const std::string name = fa::to_string(pass);
     print_verdict(name + " policy", fa::check_support_policy(spec, pass, caps, versions), spec);

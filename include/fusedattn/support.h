@@ -26,6 +26,10 @@ struct Versions {
   int frontend = 0;        ///< CUDNN_FRONTEND_VERSION of the headers the graph layer was built with
 };
 
+/// "9.19.0" for 91900 (cuDNN 9 and the frontend: major·10000 + minor·100 + patch), "8.9.7" for 8907
+/// (cuDNN 8: major·1000 + minor·100 + patch).
+std::string version_text(int version);
+
 /// One reason a configuration is not supported, as data.
 struct Reason {
   std::string field;        ///< the spec field (or "device", "cudnn") that the rule is about

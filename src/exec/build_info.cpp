@@ -7,6 +7,7 @@
 #include <cudnn.h>
 
 #include "fusedattn/errors.h"
+#include "fusedattn/support.h"
 #include "graph/sdpa_graph.h"
 
 #ifndef FUSEDATTN_VERSION
@@ -14,16 +15,6 @@
 #endif
 
 namespace fusedattn {
-namespace {
-
-// Plain std::to_string, not iostreams: the library is loaded into framework processes where it
-// should touch as little of the C++ runtime's shared state (locales, facets) as it can.
-std::string dotted(int v, int major_unit) {  // 91900 -> "9.19.0", 13200 -> "1.32.0"
-  return std::to_string(v / major_unit) + "." + std::to_string((v % major_unit) / 100) + "." + std::to_string(v % 100);
-}
-
-}  // namespace
-
 BuildInfo build_info() {
   BuildInfo info;
   info.version = FUSEDATTN_VERSION;
@@ -51,8 +42,8 @@ BuildInfo build_info() {
 
 std::string BuildInfo::to_string() const {
   auto cuda = [](int v) { return std::to_string(v / 1000) + "." + std::to_string((v % 1000) / 10); };
-  std::string out = "fusedattn " + version + "\n" + "cuDNN compiled " + dotted(cudnn_compiled, 10000) + ", loaded " +
-                    dotted(cudnn_runtime, 10000) + "; cuDNN frontend " + dotted(frontend, 10000) + "\n" +
+  std::string out = "fusedattn " + version + "\n" + "cuDNN compiled " + version_text(cudnn_compiled) + ", loaded " +
+                    version_text(cudnn_runtime) + "; cuDNN frontend " + version_text(frontend) + "\n" +
                     "CUDA runtime " + cuda(cuda_runtime) + ", driver " + cuda(cuda_driver) + "\n";
   if (device_count == 0) return out + "GPU: none (" + gpu_unavailable_reason + ")";
   return out + "GPU: " + device_name + " (SM " + std::to_string(sm / 10) + "." + std::to_string(sm % 10) + "), " +
@@ -62,8 +53,8 @@ std::string BuildInfo::to_string() const {
 void require_matching_cudnn() {
   int runtime = static_cast<int>(cudnnGetVersion());
   if (runtime / 10000 != CUDNN_VERSION / 10000) {
-    throw SetupError("cuDNN version mismatch: built against " + dotted(CUDNN_VERSION, 10000) + ", loaded " +
-                     dotted(runtime, 10000) + "; put the matching libcudnn.so.9 first on the library path");
+    throw SetupError("cuDNN version mismatch: built against " + version_text(CUDNN_VERSION) + ", loaded " +
+                     version_text(runtime) + "; put the matching libcudnn.so.9 first on the library path");
   }
 }
 

@@ -17,12 +17,6 @@ using Reasons = std::vector<Reason>;
 
 int cudnn_major(int version) noexcept { return version >= 10000 ? version / 10000 : version / 1000; }
 
-std::string cudnn_text(int version) {
-  int major = cudnn_major(version);
-  int rest = version >= 10000 ? version % 10000 : version % 1000;
-  return std::to_string(major) + "." + std::to_string(rest / 100) + "." + std::to_string(rest % 100);
-}
-
 std::string sm_text(const DeviceCaps& caps) {
   return "SM " + std::to_string(caps.sm_major) + "." + std::to_string(caps.sm_minor);
 }
@@ -47,7 +41,7 @@ void device_rule(const DeviceCaps& caps, Reasons& out) {
 void cudnn_version_rule(const Versions& versions, Reasons& out) {
   bool same_major = cudnn_major(versions.cudnn_runtime) == cudnn_major(versions.cudnn_compiled);
   if (same_major && versions.cudnn_runtime >= 90000) return;
-  out.push_back({"cudnn", cudnn_text(versions.cudnn_runtime) + " at run time, headers " + cudnn_text(versions.cudnn_compiled),
+  out.push_back({"cudnn", version_text(versions.cudnn_runtime) + " at run time, headers " + version_text(versions.cudnn_compiled),
                  "cuDNN 9.x at run time matching the 9.x headers", "a cuDNN 9 runtime (9.0 or newer) matching the headers"});
 }
 
@@ -55,7 +49,7 @@ void cudnn_version_rule(const Versions& versions, Reasons& out) {
 void broken_backward_rule(Pass pass, const Versions& versions, Reasons& out) {
   if (pass != Pass::backward) return;
   if (versions.cudnn_runtime != 91000 && versions.cudnn_runtime != 91001) return;
-  out.push_back({"cudnn", cudnn_text(versions.cudnn_runtime),
+  out.push_back({"cudnn", version_text(versions.cudnn_runtime),
                  "a cuDNN without the known broken SDPA backward of 9.10.0 and 9.10.1", "cuDNN 9.10.2"});
 }
 
@@ -180,6 +174,12 @@ void window_rule(const AttentionSpec& spec, const DeviceCaps& caps, const Versio
 }
 
 }  // namespace
+
+std::string version_text(int version) {
+  int major = cudnn_major(version);
+  int rest = version >= 10000 ? version % 10000 : version % 1000;
+  return std::to_string(major) + "." + std::to_string(rest / 100) + "." + std::to_string(rest % 100);
+}
 
 const char* to_string(Pass pass) noexcept {
   switch (pass) {
