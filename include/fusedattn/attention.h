@@ -123,7 +123,7 @@ class Plan {
   Pass pass_;
   int device_;
   std::size_t graph_workspace_bytes_;  // what cuDNN asks for
-  std::size_t scratch_bytes_;          // ours after it: row maxima for a per-head max logit
+  std::size_t scratch_bytes_;          // ours after it (max logit: row maxima, sums of exponentials)
   std::shared_ptr<const graph::CompiledGraph> graph_;
   std::shared_ptr<float> zero_sink_;   // off_by_one: a sink of logit 0 per head, made at build time
 };

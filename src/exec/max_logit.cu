@@ -1,7 +1,9 @@
-// The max-logit output: cuDNN writes each row's maximum; fusedattn defines padded rows (-inf) and
-// reduces per head on request, so padded positions never contribute.
+// The max-logit output: cuDNN writes each row's maximum and sum of exponentials; fusedattn forms
+// the statistics from them, defines padded rows (-inf) and reduces per head on request, so padded
+// positions never contribute.
 #include "exec/max_logit.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -23,11 +25,15 @@ __device__ std::int64_t valid_rows(const std::int32_t* lengths, std::int64_t b, 
   return n < 0 ? 0 : (n > seq ? seq : n);
 }
 
-// One block per (b, h): -inf into rows [length, seq).
-__global__ void clear_padded_kernel(float* rows, std::int64_t heads, std::int64_t seq, const std::int32_t* lengths) {
-  const std::int64_t b = blockIdx.x / heads;
-  float* row = rows + static_cast<std::int64_t>(blockIdx.x) * seq;
-  for (std::int64_t i = valid_rows(lengths, b, seq) + threadIdx.x; i < seq; i += blockDim.x) row[i] = -INFINITY;
+// One thread per row: the statistics from the row's max and sum of exponentials, then -inf as the
+// max of a row past its length.
+__global__ void finish_rows_kernel(float* maxima, float* stats, std::int64_t heads, std::int64_t seq,
+                                   std::int64_t rows, const std::int32_t* lengths) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < rows;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    if (stats != nullptr) stats[i] = maxima[i] + logf(stats[i]);
+    if (lengths != nullptr && i % seq >= valid_rows(lengths, i / (heads * seq), seq)) maxima[i] = -INFINITY;
+  }
 }
 
 // One block per head: a strided max over the head's valid rows, then a shared-memory tree.
@@ -51,11 +57,13 @@ __global__ void reduce_per_head_kernel(const float* rows, std::int64_t batch, st
 
 }  // namespace
 
-void clear_padded_row_maxima(float* rows, std::int64_t batch, std::int64_t heads, std::int64_t seq,
-                             const std::int32_t* lengths, cudaStream_t stream) {
-  if (lengths == nullptr) return;
-  clear_padded_kernel<<<static_cast<unsigned>(batch * heads), kThreads, 0, stream>>>(rows, heads, seq, lengths);
-  check_launch("clear_padded_row_maxima");
+void finish_row_maxima(float* maxima, float* stats, std::int64_t batch, std::int64_t heads, std::int64_t seq,
+                       const std::int32_t* lengths, cudaStream_t stream) {
+  if (stats == nullptr && lengths == nullptr) return;
+  const std::int64_t rows = batch * heads * seq;
+  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((rows + kThreads - 1) / kThreads, 4096));
+  finish_rows_kernel<<<blocks, kThreads, 0, stream>>>(maxima, stats, heads, seq, rows, lengths);
+  check_launch("finish_row_maxima");
 }
 
 void reduce_row_maxima_per_head(const float* rows, std::int64_t batch, std::int64_t heads, std::int64_t seq,

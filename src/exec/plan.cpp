@@ -71,10 +71,15 @@ constexpr std::size_t kScratchAlignment = 256;
 
 std::size_t round_up(std::size_t bytes) { return (bytes + kScratchAlignment - 1) / kScratchAlignment * kScratchAlignment; }
 
-// A per-head max logit needs cuDNN's row maxima somewhere: after cuDNN's workspace, in ours.
+std::size_t row_bytes(const AttentionSpec& spec) {
+  return round_up(static_cast<std::size_t>(spec.batch() * spec.heads_q() * spec.seq_q()) * sizeof(float));
+}
+
+// Ours after cuDNN's workspace, for a forward with a max logit: the row maxima when the caller
+// wants them per head, then the sums of exponentials when there are no statistics to hold them.
 std::size_t scratch_for(const AttentionSpec& spec, Pass pass) {
-  if (pass != Pass::forward || spec.max_logit != MaxLogit::head) return 0;
-  return static_cast<std::size_t>(spec.batch() * spec.heads_q() * spec.seq_q()) * sizeof(float);
+  if (pass != Pass::forward || spec.max_logit == MaxLogit::none) return 0;
+  return (spec.max_logit == MaxLogit::head ? row_bytes(spec) : 0) + (spec.stats ? 0 : row_bytes(spec));
 }
 
 // off_by_one is a sink whose logits are all zero; the plan owns that tensor (made once, at build).
@@ -114,19 +119,22 @@ void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const 
   void** by_uid = pointers.at;
   if (zero_sink_) by_uid[graph::kUidSink] = zero_sink_.get();
   CallWorkspace scratch(workspace_bytes(), workspace, stream);
-  float* row_maxima = nullptr;
+  char* ours = static_cast<char*>(scratch.data()) + graph_workspace_bytes_;
+  float* row_maxima = t.max_logit;
   if (spec_.max_logit == MaxLogit::head) {
-    row_maxima = reinterpret_cast<float*>(static_cast<char*>(scratch.data()) + graph_workspace_bytes_);
-    by_uid[graph::kUidMaxLogit] = row_maxima;
+    row_maxima = reinterpret_cast<float*>(ours);
+    ours += row_bytes(spec_);
   }
+  by_uid[graph::kUidMaxLogit] = row_maxima;
+  if (!spec_.stats) by_uid[graph::kUidSumExp] = ours;
   execute(by_uid, stream, scratch.data());
   const std::int32_t* lengths = spec_.padding ? t.seq_len_q : nullptr;
   if (spec_.padding) detail::zero_rows_past_lengths(spec_.o, t.o, t.seq_len_q, stream);
-  if (spec_.max_logit == MaxLogit::row) {
-    detail::clear_padded_row_maxima(t.max_logit, spec_.batch(), spec_.heads_q(), spec_.seq_q(), lengths, stream);
-  } else if (spec_.max_logit == MaxLogit::head) {
-    detail::reduce_row_maxima_per_head(row_maxima, spec_.batch(), spec_.heads_q(), spec_.seq_q(), lengths,
-                                       t.max_logit, stream);
+  if (spec_.max_logit == MaxLogit::none) return;
+  const std::int64_t b = spec_.batch(), h = spec_.heads_q(), s_q = spec_.seq_q();
+  detail::finish_row_maxima(row_maxima, spec_.stats ? t.stats : nullptr, b, h, s_q, lengths, stream);
+  if (spec_.max_logit == MaxLogit::head) {
+    detail::reduce_row_maxima_per_head(row_maxima, b, h, s_q, lengths, t.max_logit, stream);
   }
 }
 

@@ -16,6 +16,7 @@ PointersByUid forward_pointers(const ForwardTensors& t, float* scale) {
   p.at[graph::kUidBias] = const_cast<void*>(t.bias);
   p.at[graph::kUidSink] = const_cast<float*>(t.sink);
   p.at[graph::kUidMaxLogit] = t.max_logit;
+  p.at[graph::kUidSumExp] = t.stats;  // with a max logit, the sums arrive where the statistics go
   p.at[graph::kUidDropoutSeed] = const_cast<std::int64_t*>(t.dropout_seed);
   p.at[graph::kUidDropoutOffset] = const_cast<std::int64_t*>(t.dropout_offset);
   p.at[graph::kUidDropoutMask] = t.dropout_mask;

@@ -54,6 +54,13 @@ fe::graph::Tensor_attributes stats_tensor(const AttentionSpec& spec) {
       .set_data_type(fe::DataType_t::FLOAT);
 }
 
+// A per-row float32 output [b, h_q, s_q, 1] laid out like the statistics.
+TensorPtr row_tensor(fe::graph::Graph& graph, const AttentionSpec& spec, const char* name, Uid uid) {
+  auto tensor = graph.tensor(stats_tensor(spec).set_name(name).set_uid(uid));
+  tensor->set_output(true);
+  return tensor;
+}
+
 // The scale is passed by value at execute time, so it is not part of the compiled plan.
 TensorPtr scale_tensor(fe::graph::Graph& graph) {
   return graph.tensor(fe::graph::Tensor_attributes()
@@ -99,16 +106,19 @@ fe::graph::Tensor_attributes per_head(const AttentionSpec& spec, const char* nam
 }
 
 // What the scores get on top of scale·QK^T, and the softmax's extra term. off_by_one is a sink
-// whose logits are all zero: the execution layer supplies that zero tensor.
+// whose logits are all zero: the execution layer supplies that zero tensor. The backward needs
+// the sink only for its gradient (the statistics already hold its share), and cuDNN drops an
+// input it does not use from the graph, so the backward of off_by_one takes no sink.
 template <class Attributes>
-void apply_score_terms(fe::graph::Graph& graph, Attributes& attributes, const AttentionSpec& spec,
+void apply_score_terms(fe::graph::Graph& graph, Attributes& attributes, const AttentionSpec& spec, Pass pass,
                        std::vector<std::int64_t>& uids) {
   if (spec.bias != Bias::none) {
     attributes.set_bias(graph.tensor(describe("bias", kUidBias, bias_desc(spec))));
     uids.push_back(kUidBias);
   }
   if (spec.alibi) attributes.set_alibi_mask(true);
-  if (spec.softmax != Softmax::vanilla) {
+  const bool takes_sink = pass == Pass::forward ? spec.softmax != Softmax::vanilla : spec.softmax == Softmax::sink;
+  if (takes_sink) {
     attributes.set_sink_token(graph.tensor(per_head(spec, "sink", kUidSink)));
     uids.push_back(kUidSink);
   }
@@ -167,7 +177,7 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionSpec& spec, fe::A
   apply_window(attributes, spec);
   uids = {kUidQ, kUidK, kUidV, kUidO, kUidScale};
   apply_padding(*graph, attributes, spec, uids);
-  apply_score_terms(*graph, attributes, spec, uids);
+  apply_score_terms(*graph, attributes, spec, Pass::forward, uids);
   apply_dropout(*graph, attributes, spec, uids);
   if (spec.dropout_mask_out) {
     // The keep mask cuDNN drew, [b, h_q, s_q, s_kv] (0 or 1), for checks and debugging.
@@ -182,21 +192,20 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionSpec& spec, fe::A
     attributes.set_rng_dump(mask);
     uids.push_back(kUidDropoutMask);
   }
-  if (spec.max_logit != MaxLogit::none) {
-    // Row maxima [b, h_q, s_q, 1]; a per-head request reduces them afterwards (execution layer).
-    auto max_logit = graph->tensor(fe::graph::Tensor_attributes()
-                                       .set_name("max_logit")
-                                       .set_uid(kUidMaxLogit)
-                                       .set_dim({spec.batch(), spec.heads_q(), spec.seq_q(), 1})
-                                       .set_stride({spec.heads_q() * spec.seq_q(), spec.seq_q(), 1, 1})
-                                       .set_data_type(fe::DataType_t::FLOAT));
-    max_logit->set_output(true);
-    attributes.set_logit_max(max_logit);
+  const bool wants_max = spec.max_logit != MaxLogit::none;
+  if (wants_max) {
+    // cuDNN's softmax gives either the statistics or each row's max and sum of exponentials, not
+    // both; with a max logit it gives the latter and the execution layer forms the statistics
+    // (max + log(sum)) from them.
+    attributes.set_generate_stats(false);
+    attributes.set_logit_max(row_tensor(*graph, spec, "max_logit", kUidMaxLogit));
+    attributes.set_score_sum_exp(row_tensor(*graph, spec, "sum_exp", kUidSumExp));
     uids.push_back(kUidMaxLogit);
+    uids.push_back(kUidSumExp);
   }
   auto [o, stats] = graph->sdpa(q, k, v, attributes);
   mark_output(o, "o", kUidO, spec.o);
-  if (spec.stats) {
+  if (spec.stats && !wants_max) {
     stats->set_output(true);
     auto described = stats_tensor(spec);
     stats->set_name("stats").set_uid(kUidStats).set_dim(described.get_dim()).set_stride(described.get_stride())
@@ -222,7 +231,7 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionSpec& spec, std:
   apply_window(attributes, spec);
   uids = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidDO, kUidDQ, kUidDK, kUidDV};
   apply_padding(*graph, attributes, spec, uids);
-  apply_score_terms(*graph, attributes, spec, uids);
+  apply_score_terms(*graph, attributes, spec, Pass::backward, uids);
   apply_dropout(*graph, attributes, spec, uids);
   if (spec.bias_grad) {
     auto d_bias = graph->tensor(describe("d_bias", kUidDBias, bias_desc(spec)));

@@ -20,6 +20,7 @@ namespace fusedattn::graph {
 enum Uid : std::int64_t {
   kUidQ = 1, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidDO, kUidDQ, kUidDK, kUidDV, kUidSeqLenQ, kUidSeqLenKV,
   kUidBias, kUidDBias, kUidSink, kUidDSink, kUidMaxLogit, kUidDropoutSeed, kUidDropoutOffset, kUidDropoutMask,
+  kUidSumExp,  // with a max logit, cuDNN gives each row's max and sum of exponentials instead of stats
   kUidEnd  // one past the last
 };
 
