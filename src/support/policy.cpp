@@ -215,7 +215,10 @@ void single_element_backward_rule(const AttentionSpec& spec, Pass pass, Reasons&
 
 // Scores changed by a bias or ALiBi: cuDNN's bottom-right diagonals take neither (every version);
 // ALiBi is defined only under a causal top-left diagonal (its slope term is j - i); before 9.10.2
-// a sliding window takes no bias; dBias arrived for padded and odd-length problems in 9.5.
+// a sliding window takes no bias; dBias arrived for padded and odd-length problems in 9.5. A dBias
+// broadcast over the query rows (111s) is a reduction cuDNN's kernels do not do: cuDNN 9.19 accepts
+// the graph, but on the H200 its dBias came back wrong (relative error 1.0) and the run's O with it
+// (GPU run at c0f819e), so fusedattn refuses it. The forward takes a 111s bias.
 void score_terms_rule(const AttentionSpec& spec, Pass pass, const Versions& versions, Reasons& out) {
   const bool bottom_right = spec.window.right >= 0 && spec.alignment == Alignment::bottom_right;
   if (spec.bias != Bias::none && bottom_right) {
@@ -230,6 +233,9 @@ void score_terms_rule(const AttentionSpec& spec, Pass pass, const Versions& vers
   if (pass == Pass::backward && spec.bias_grad && versions.cudnn_runtime < 90500 &&
       (spec.padding || spec.seq_q() % 64 != 0 || spec.seq_kv() % 64 != 0)) {
     out.push_back({"bias_grad", "1", "unpadded s_q and s_kv multiples of 64 for dBias before cuDNN 9.5", "cuDNN 9.5"});
+  }
+  if (pass == Pass::backward && spec.bias_grad && spec.bias == Bias::one_11s) {
+    out.push_back({"bias_grad", "1", "bias=bhss, b1ss, 1hss or 11ss for dBias (cuDNN computes a 111s dBias wrong)", ""});
   }
 }
 

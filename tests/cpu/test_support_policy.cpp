@@ -322,6 +322,20 @@ TEST(SupportScoreTerms, OldCudnnLimitsWindowsAndBiasGradients) {
   EXPECT_TRUE(check_support_policy(spec, Pass::backward, kSm90, kCudnn9_19).ok());
 }
 
+TEST(SupportScoreTerms, BiasGradientNeedsABiasWithQueryRows) {
+  AttentionSpec spec = spec_of(128, 128, 200, 300);
+  spec.bias = Bias::one_11s;
+  EXPECT_TRUE(check_support_policy(spec, Pass::forward, kSm90, kCudnn9_19).ok());
+  EXPECT_TRUE(check_support_policy(spec, Pass::backward, kSm90, kCudnn9_19).ok());  // no dBias asked for
+  spec.bias_grad = true;
+  expect_only(check_support_policy(spec, Pass::backward, kSm90, kCudnn9_19), "bias_grad", "1", "");
+  EXPECT_TRUE(check_support_policy(spec, Pass::forward, kSm90, kCudnn9_19).ok());
+  for (Bias bias : {Bias::bhss, Bias::b1ss, Bias::one_hss, Bias::one_1ss}) {
+    spec.bias = bias;
+    EXPECT_TRUE(check_support_policy(spec, Pass::backward, kSm90, kCudnn9_19).ok()) << to_string(bias);
+  }
+}
+
 TEST(SupportSoftmax, MaxLogitIsOfferedOnlyWithoutASink) {
   AttentionSpec spec = spec_of(128, 128);
   spec.max_logit = MaxLogit::row;
