@@ -23,6 +23,7 @@
 #include "fusedattn/plan_cache.h"
 #include "fusedattn/reference.h"
 #include "gpu_skip.h"
+#include "supported_passes.h"
 
 // Skips the test, with every reason, when this GPU and cuDNN cannot run `spec` in `pass`.
 #define FUSEDATTN_REQUIRE_SUPPORT(spec, pass)                                      \
@@ -51,14 +52,13 @@ namespace fusedattn {
 namespace {
 
 using check::AttentionBuffers;
-using check::CheckOptions;
-using check::CheckResult;
 
 // ---- numerics over the feature surface ------------------------------------------------------
 
 struct Case {
   std::string name;
   std::string spec;
+  bool inference = false;  // forward only, as inference runs it (no statistics unless the spec asks)
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.spec; }
@@ -66,6 +66,7 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.spec; }
 std::vector<Case> numeric_cases() {
   std::vector<Case> cases;
   auto add = [&](const std::string& name, const std::string& spec) { cases.push_back({name, spec}); };
+  auto add_inference = [&](const std::string& name, const std::string& spec) { cases.push_back({name, spec, true}); };
   const char* dtypes[] = {"bf16", "f16"};
   // Every layout, both dtypes, at a length that is not a multiple of 64; GQA where the
   // layout lets K/V have their own head count.
@@ -137,10 +138,11 @@ std::vector<Case> numeric_cases() {
   // Score terms and softmax variants: every bias shape with its gradient, ALiBi, the sinks, and
   // the max logit per row and per head (with padding, whose rows must not contribute).
   const std::string gqa = " b=2 s_q=333 s_kv=1000 h_q=8 h_kv=2 d=128";
-  for (const char* shape : {"bhss", "b1ss", "1hss", "11ss", "111s"}) {
+  for (const char* shape : {"bhss", "b1ss", "1hss", "11ss"}) {
     add(std::string("bias_") + shape + "_grad_bf16",
         "layout=bshd dtype=bf16" + gqa + " causal bias=" + shape + " bias_grad=1");
   }
+  add("bias_111s_bf16_nograd", "layout=bshd dtype=bf16" + gqa + " causal bias=111s");
   add("bias_1hss_f16_nograd", "layout=sbhd dtype=f16" + gqa + " bias=1hss");
   add("alibi_bf16", "layout=bshd dtype=bf16 b=2 s=1000 h=12 d=64 causal alibi=1");
   add("alibi_f16", "layout=bshd dtype=f16 b=1 s_q=777 s_kv=777 h_q=8 h_kv=4 d=128 causal alibi=1");
@@ -150,6 +152,8 @@ std::vector<Case> numeric_cases() {
   add("sink_padding_f16", "layout=bshd dtype=f16 b=3 s=700 h=4 d=64 window=-1,-1 softmax=sink padding=1");
   add("max_logit_row_bf16", "layout=bshd dtype=bf16" + gqa + " causal max_logit=row");
   add("max_logit_head_padding_bf16", "layout=bshd dtype=bf16 b=3 s_q=500 s_kv=900 h=4 d=64 padding=1 max_logit=head");
+  add_inference("max_logit_row_inference_f16", "layout=bshd dtype=f16" + gqa + " stats=0 max_logit=row");
+  add_inference("max_logit_head_inference_bf16", "layout=bshd dtype=bf16" + gqa + " causal stats=0 max_logit=head");
   // Dropout: the reference applies the mask cuDNN drew (dumped by the forward), and the backward
   // must regenerate it from the same seed and offset.
   add("dropout_causal_bf16", "layout=bshd dtype=bf16" + gqa + " causal dropout=0.1");
@@ -164,16 +168,7 @@ class Numerics : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Numerics, MatchesReference) {
   FUSEDATTN_REQUIRE_GPU();
-  AttentionSpec spec = parse_spec(GetParam().spec);
-  Support forward_support = check_support(spec, Pass::forward);
-  if (!forward_support.ok()) GTEST_SKIP() << "forward not supported: " << forward_support.to_string();
-  Support backward_support = check_support(spec, Pass::backward);
-  CheckOptions options;
-  options.backward = backward_support.ok();
-  CheckResult result = check::check_against_reference(spec, options);
-  std::printf("  %s\n", result.to_string().c_str());
-  EXPECT_TRUE(result.passed) << result.to_string();
-  if (!backward_support.ok()) GTEST_SKIP() << "forward passed; backward not supported: " << backward_support.to_string();
+  check_supported_passes(parse_spec(GetParam().spec), GetParam().inference);
 }
 
 INSTANTIATE_TEST_SUITE_P(Gpu, Numerics, ::testing::ValuesIn(numeric_cases()),

@@ -1,0 +1,28 @@
+// GPU tier: check a spec against the reference in every pass this GPU and cuDNN support.
+#pragma once
+
+#include <cstdio>
+
+#include <gtest/gtest.h>
+
+#include "../../tools/check.h"
+#include "fusedattn/attention.h"
+
+namespace fusedattn {
+
+/// Forward (and backward where supported) against the reference, with fresh random inputs. An
+/// unsupported forward skips the test with every reason; an unsupported backward skips it after
+/// the forward passed, saying so. `inference`: the forward alone, as inference runs it.
+inline void check_supported_passes(const AttentionSpec& spec, bool inference = false) {
+  const Support forward = check_support(spec, Pass::forward);
+  if (!forward.ok()) GTEST_SKIP() << "forward not supported: " << forward.to_string();
+  const Support backward = check_support(spec, Pass::backward);
+  check::CheckOptions options;
+  options.backward = !inference && backward.ok();
+  const check::CheckResult result = check::check_against_reference(spec, options);
+  std::printf("  %s\n", result.to_string().c_str());
+  EXPECT_TRUE(result.passed) << result.to_string();
+  if (!inference && !backward.ok()) GTEST_SKIP() << "forward passed; backward not supported: " << backward.to_string();
+}
+
+}  // namespace fusedattn
