@@ -215,10 +215,11 @@ void single_element_backward_rule(const AttentionSpec& spec, Pass pass, Reasons&
 
 // Scores changed by a bias or ALiBi: cuDNN's bottom-right diagonals take neither (every version);
 // ALiBi is defined only under a causal top-left diagonal (its slope term is j - i); before 9.10.2
-// a sliding window takes no bias; dBias arrived for padded and odd-length problems in 9.5. A dBias
-// broadcast over the query rows (111s) is a reduction cuDNN's kernels do not do: cuDNN 9.19 accepts
-// the graph, but on the H200 its dBias came back wrong (relative error 1.0) and the run's O with it
-// (GPU run at c0f819e), so fusedattn refuses it. The forward takes a 111s bias.
+// a sliding window takes no bias; dBias arrived for padded and odd-length problems in 9.5. The
+// backward with a bias broadcast over the query rows (111s) is wrong in cuDNN 9.19: it builds and
+// runs, but on the H200 dQ/dK/dV came back with relative errors 0.47-1.3 and a 111s dBias with
+// 1.0 (GPU runs at c0f819e and dc0faae), so fusedattn refuses that backward. The forward is
+// right (errors ~2e-3); a 1 x 1 x s_q x s_kv (11ss) bias trains correctly.
 void score_terms_rule(const AttentionSpec& spec, Pass pass, const Versions& versions, Reasons& out) {
   const bool bottom_right = spec.window.right >= 0 && spec.alignment == Alignment::bottom_right;
   if (spec.bias != Bias::none && bottom_right) {
@@ -234,8 +235,8 @@ void score_terms_rule(const AttentionSpec& spec, Pass pass, const Versions& vers
       (spec.padding || spec.seq_q() % 64 != 0 || spec.seq_kv() % 64 != 0)) {
     out.push_back({"bias_grad", "1", "unpadded s_q and s_kv multiples of 64 for dBias before cuDNN 9.5", "cuDNN 9.5"});
   }
-  if (pass == Pass::backward && spec.bias_grad && spec.bias == Bias::one_11s) {
-    out.push_back({"bias_grad", "1", "bias=bhss, b1ss, 1hss or 11ss for dBias (cuDNN computes a 111s dBias wrong)", ""});
+  if (pass == Pass::backward && spec.bias == Bias::one_11s) {
+    out.push_back({"bias", "111s", "bhss, b1ss, 1hss or 11ss for the backward (cuDNN's gradients with 111s are wrong)", ""});
   }
 }
 

@@ -142,7 +142,7 @@ std::vector<Case> numeric_cases() {
     add(std::string("bias_") + shape + "_grad_bf16",
         "layout=bshd dtype=bf16" + gqa + " causal bias=" + shape + " bias_grad=1");
   }
-  add("bias_111s_bf16_nograd", "layout=bshd dtype=bf16" + gqa + " causal bias=111s");
+  add("bias_111s_bf16", "layout=bshd dtype=bf16" + gqa + " causal bias=111s");
   add("bias_1hss_f16_nograd", "layout=sbhd dtype=f16" + gqa + " bias=1hss");
   add("alibi_bf16", "layout=bshd dtype=bf16 b=2 s=1000 h=12 d=64 causal alibi=1");
   add("alibi_f16", "layout=bshd dtype=f16 b=1 s_q=777 s_kv=777 h_q=8 h_kv=4 d=128 causal alibi=1");
