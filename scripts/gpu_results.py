@@ -8,6 +8,7 @@ GPU test ran at all (a GPU run that collects nothing must not look green).
 import argparse
 import datetime
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -20,6 +21,12 @@ def run(cmd):
         return f"({error})"
 
 
+def without_location(message):
+    """GoogleTest starts a skip message with 'file:line' and a newline; the reason is the rest."""
+    first, _, rest = message.partition("\n")
+    return rest if rest and re.fullmatch(r"\S+:\d+", first.strip()) else message
+
+
 def collect(xml_path):
     cases = []
     for case in ET.parse(xml_path).getroot().iter("testcase"):
@@ -30,7 +37,7 @@ def collect(xml_path):
             cases.append((name, "failed", failure.get("message", "")))
         elif skipped is not None or case.get("result") == "skipped":
             message = skipped.get("message", "") if skipped is not None else ""
-            cases.append((name, "skipped", message))
+            cases.append((name, "skipped", without_location(message)))
         else:
             cases.append((name, "passed", ""))
     return cases

@@ -214,7 +214,8 @@ void single_element_backward_rule(const AttentionSpec& spec, Pass pass, Reasons&
 }
 
 // Scores changed by a bias or ALiBi: cuDNN's bottom-right diagonals take neither (every version);
-// ALiBi is defined only under a causal top-left diagonal (its slope term is j - i); before 9.10.2
+// cuDNN takes ALiBi only with a right bound of 0 on a top-left diagonal (its slope term is j - i),
+// and fusedattn also leaves out a left bound with it, a pairing no GPU run has checked; before 9.10.2
 // a sliding window takes no bias; dBias arrived for padded and odd-length problems in 9.5. The
 // backward with a bias broadcast over the query rows (111s) is wrong in cuDNN 9.19: it builds and
 // runs, but on the H200 dQ/dK/dV came back with relative errors 0.47-1.3 and a 111s dBias with
