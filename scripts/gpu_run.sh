@@ -6,6 +6,9 @@
 #   SKIP_BENCH=1 bash scripts/gpu_run.sh       # no benchmark
 #   GPU_TESTS_ONLY=1 bash scripts/gpu_run.sh   # the GPU tier and the results file only
 #
+# FUSEDATTN_COMMIT=<sha> names the commit in the results file; pass it as a literal from the
+# checkout that was sent (the device's copy of .git can lag behind the working tree).
+#
 # Exit status: non-zero when the build fails, any GPU test fails, or no GPU test ran.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +21,7 @@ status=0
 echo "== machine"
 date -u +"%Y-%m-%dT%H:%M:%SZ"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-git rev-parse --short HEAD 2>/dev/null || true
+echo "commit: ${FUSEDATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 
 echo "== build"
 bash scripts/setup.sh
