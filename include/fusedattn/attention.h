@@ -18,6 +18,24 @@
 
 namespace fusedattn {
 
+/// Where the sequences of ragged (thd) tensors are, on the device; ignored for dense specs.
+/// cu_seqlens_q (int32 [sequences + 1], starting at 0) counts Q tokens: sequence i has
+/// cu_seqlens_q[i+1] - cu_seqlens_q[i] of them (0 is allowed) and, by default, starts at token
+/// cu_seqlens_q[i], so sequences lie back to back. With cu_seqlens_q_padded it starts at token
+/// cu_seqlens_q_padded[i] instead (each start at or after the previous sequence's end), leaving
+/// gaps; O, dQ (and dK, dV on the KV side) are zero in every gap up to token
+/// cu_seqlens_q_padded[sequences]. K and V likewise, with the _kv arrays; packed QKV layouts
+/// (t3hd, th3d) need the KV arrays equal to Q's. Statistics are ragged too: float32 [T, h_q] by
+/// Q token position (the padded one where given).
+struct RaggedTensors {
+  std::int64_t sequences = 0;  ///< sequences in this call, 1 .. the plan's batch; 0 in the one-call
+                               ///< forms means the spec's batch
+  const std::int32_t* cu_seqlens_q = nullptr;
+  const std::int32_t* cu_seqlens_kv = nullptr;
+  const std::int32_t* cu_seqlens_q_padded = nullptr;   ///< optional: sequence starts with gaps
+  const std::int32_t* cu_seqlens_kv_padded = nullptr;  ///< optional: sequence starts with gaps
+};
+
 /// Device pointers of a forward call. Each points at the tensor's first element (for packed
 /// layouts, K and V point inside the shared buffer: see LayoutTensors offsets). All must be
 /// 16-byte aligned. `stats` (float32 [b, h_q, s_q, 1], contiguous) is required when spec.stats;
@@ -39,6 +57,7 @@ struct ForwardTensors {
   const std::int64_t* dropout_seed = nullptr;    ///< dropout > 0: Philox seed, int64 [1], device
   const std::int64_t* dropout_offset = nullptr;  ///< dropout > 0: Philox offset, int64 [1], device
   float* dropout_mask = nullptr;  ///< dropout_mask_out: float32 [b, h_q, s_q, s_kv], 1 kept / 0 dropped
+  RaggedTensors ragged;           ///< ragged specs: where the sequences are (seq_len_* are then unused)
 };
 
 /// Device pointers of a backward call. Gradients share their inputs' descriptors (so a packed
@@ -62,6 +81,7 @@ struct BackwardTensors {
   float* d_sink = nullptr;      ///< Softmax::sink: dSink, float32 [h_q]
   const std::int64_t* dropout_seed = nullptr;    ///< the forward's seed and offset: the backward
   const std::int64_t* dropout_offset = nullptr;  ///< regenerates exactly the forward's mask from them
+  RaggedTensors ragged;                          ///< as in ForwardTensors (the forward's offsets)
 };
 
 /// Dropout's random stream: the same seed and offset give the same mask, in the forward and in
@@ -118,6 +138,7 @@ class Plan {
   void require_score_terms(const void* bias, const float* sink) const;
   void require_dropout(const std::int64_t* seed, const std::int64_t* offset) const;
   void require_device() const;
+  void require_ragged(const RaggedTensors& ragged) const;
 
   AttentionSpec spec_;
   Pass pass_;

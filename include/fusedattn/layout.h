@@ -14,11 +14,14 @@ namespace fusedattn {
 
 /// Memory layouts of Q, K and V (and O, which follows Q's format, unpacked, with d_v).
 /// Letters name the memory order from slowest to fastest: b batch, s sequence, h heads, d head dim;
-/// "3" packs Q, K and V in one buffer, "2" packs K and V.
+/// "3" packs Q, K and V in one buffer, "2" packs K and V. "t" is the token axis of a ragged
+/// (variable-length) batch: sequences stored one after another, each starting where its
+/// cumulative offset says (attention.h, RaggedTensors), so the batch has no stride of its own.
 enum class Layout {
   bshd, sbhd, bhsd,                                // separate Q, K, V
   bs3hd, bsh3d, sb3hd, sbh3d,                      // Q, K and V packed together
   bshd_bs2hd, bshd_bsh2d, sbhd_sb2hd, sbhd_sbh2d,  // Q separate, K and V packed
+  thd_thd_thd, t3hd, th3d, thd_t2hd, thd_th2d,     // ragged: the same, token after token
 };
 
 /// Every layout, in declaration order.
@@ -37,7 +40,8 @@ struct ProblemShape {
 };
 
 /// Descriptors of Q, K, V and O in one layout, and each tensor's first element as an element
-/// offset into its buffer (non-zero only for K and V in packed layouts).
+/// offset into its buffer (non-zero only for K and V in packed layouts). A ragged buffer's size
+/// is that of b full sequences of s tokens, the most a call of these sizes can hold.
 struct LayoutTensors {
   TensorDesc q, k, v, o;
   std::int64_t q_offset = 0, k_offset = 0, v_offset = 0;
@@ -48,6 +52,10 @@ struct LayoutTensors {
 /// True when Q, K and V share one buffer / K and V share one buffer.
 bool packs_qkv(Layout layout) noexcept;
 bool packs_kv(Layout layout) noexcept;
+/// True when Q (and O) / K and V are ragged: token-major, placed by runtime offsets, with a batch
+/// stride of 0 in their descriptors.
+bool ragged_q(Layout layout) noexcept;
+bool ragged_kv(Layout layout) noexcept;
 
 /// Descriptors for `shape` in `layout`. Packed layouts need the sizes they pack to agree
 /// (QKV: s_q == s_kv, h_q == h_kv, d_qk == d_v; KV: d_qk == d_v); otherwise InvalidArgument.

@@ -93,6 +93,9 @@ struct AttentionSpec {
   std::int64_t seq_kv() const noexcept { return k.seq(); }
   std::int64_t head_dim_qk() const noexcept { return q.head_dim(); }
   std::int64_t head_dim_v() const noexcept { return v.head_dim(); }
+  /// Ragged Q (and O) / K and V: see TensorDesc::ragged(). Ragged specs need padding = true.
+  bool ragged_q() const noexcept { return q.ragged(); }
+  bool ragged_kv() const noexcept { return k.ragged(); }
 
   /// Multiply-add work of the forward pass, in floating-point operations, by the usual convention:
   /// 4·b·h·(visible pairs)·d, with d the mean of d_qk and d_v, where a causal mask counts as half of
@@ -111,7 +114,8 @@ std::string to_string(const AttentionSpec& spec);
 /// unknown key, malformed value or missing size. Does not validate; call validate() for that.
 AttentionSpec parse_spec(const std::string& text);
 
-/// A spec whose four tensors are `layout`'s for `shape` (other fields at their defaults).
+/// A spec whose four tensors are `layout`'s for `shape` (other fields at their defaults, except
+/// that a ragged layout sets padding: its lengths come at run time).
 /// Throws InvalidArgument where the layout cannot pack the shape (see make_layout).
 AttentionSpec spec_for_layout(Layout layout, const ProblemShape& shape);
 

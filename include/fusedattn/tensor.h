@@ -33,6 +33,9 @@ struct TensorDesc {
   std::int64_t seq() const noexcept { return dims[kSeq]; }
   std::int64_t head_dim() const noexcept { return dims[kDim]; }
   std::int64_t elements() const noexcept { return dims[0] * dims[1] * dims[2] * dims[3]; }
+  /// A ragged tensor (thd layouts) has a batch stride of 0: its sequences are placed by offsets
+  /// given at run time, and dims[kSeq] is the longest sequence a call may hold.
+  bool ragged() const noexcept { return strides[kBatch] == 0; }
   /// Number of elements from the first to one past the last addressed element.
   std::int64_t extent() const noexcept;
 

@@ -5,6 +5,7 @@
 #include "fusedattn/errors.h"
 #include "fusedattn/lru_cache.h"
 #include "fusedattn/plan_cache.h"
+#include "fusedattn/ragged.h"
 #include "spec/text.h"
 
 namespace fusedattn {
@@ -12,7 +13,8 @@ namespace fusedattn {
 PlanKey make_plan_key(const AttentionSpec& spec, Pass pass, int device, const DeviceCaps& caps, const Versions& versions) {
   PlanKey key;
   key.pass = pass;
-  key.spec = spec;
+  // Ragged batches: one plan per bucket of batch size and longest sequence (fusedattn/ragged.h).
+  key.spec = bucketed(spec);
   // The backward graph always reads the statistics the forward wrote; whether a forward call was
   // asked to write them is no input of the backward plan, so it must not split backward entries.
   if (pass == Pass::backward) key.spec.stats = true;

@@ -29,14 +29,26 @@ std::shared_ptr<const Plan> get_plan(const AttentionSpec& spec, Pass pass) {
   return entry->plan;
 }
 
+namespace {
+
+// The one-call forms know the call's own batch (the plan's is a bucket): fill it in if unset.
+template <class Tensors>
+Tensors with_sequences(const AttentionSpec& spec, const Tensors& tensors) {
+  Tensors out = tensors;
+  if (out.ragged.sequences == 0) out.ragged.sequences = spec.batch();
+  return out;
+}
+
+}  // namespace
+
 void forward(const AttentionSpec& spec, const ForwardTensors& tensors, float scale, cudaStream_t stream,
              const Workspace& workspace) {
-  get_plan(spec, Pass::forward)->run(tensors, scale, stream, workspace);
+  get_plan(spec, Pass::forward)->run(with_sequences(spec, tensors), scale, stream, workspace);
 }
 
 void backward(const AttentionSpec& spec, const BackwardTensors& tensors, float scale, cudaStream_t stream,
               const Workspace& workspace) {
-  get_plan(spec, Pass::backward)->run(tensors, scale, stream, workspace);
+  get_plan(spec, Pass::backward)->run(with_sequences(spec, tensors), scale, stream, workspace);
 }
 
 }  // namespace fusedattn

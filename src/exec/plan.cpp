@@ -9,6 +9,7 @@
 #include "exec/device.h"
 #include "exec/max_logit.h"
 #include "exec/padding_fill.h"
+#include "exec/ragged_offsets.h"
 #include "exec/uid_pointers.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/errors.h"
@@ -75,11 +76,44 @@ std::size_t row_bytes(const AttentionSpec& spec) {
   return round_up(static_cast<std::size_t>(spec.batch() * spec.heads_q() * spec.seq_q()) * sizeof(float));
 }
 
-// Ours after cuDNN's workspace, for a forward with a max logit: the row maxima when the caller
-// wants them per head, then the sums of exponentials when there are no statistics to hold them.
+bool is_ragged(const AttentionSpec& spec) { return spec.ragged_q() || spec.ragged_kv(); }
+
+std::size_t ragged_bytes(const AttentionSpec& spec) {
+  return is_ragged(spec) ? round_up(detail::RaggedArrays::bytes(spec.batch())) : 0;
+}
+
+// Ours after cuDNN's workspace: a ragged call's lengths and offsets; then, for a forward with a
+// max logit, the row maxima when the caller wants them per head, and the sums of exponentials
+// when there are no statistics to hold them.
 std::size_t scratch_for(const AttentionSpec& spec, Pass pass) {
-  if (pass != Pass::forward || spec.max_logit == MaxLogit::none) return 0;
-  return (spec.max_logit == MaxLogit::head ? row_bytes(spec) : 0) + (spec.stats ? 0 : row_bytes(spec));
+  std::size_t bytes = ragged_bytes(spec);
+  if (pass != Pass::forward || spec.max_logit == MaxLogit::none) return bytes;
+  return bytes + (spec.max_logit == MaxLogit::head ? row_bytes(spec) : 0) + (spec.stats ? 0 : row_bytes(spec));
+}
+
+detail::TokenStrides token_strides(const AttentionSpec& spec) {
+  detail::TokenStrides strides;
+  strides.q = spec.q.strides[kSeq];
+  strides.k = spec.k.strides[kSeq];
+  strides.v = spec.v.strides[kSeq];
+  strides.o = spec.o.strides[kSeq];
+  strides.stats = spec.heads_q();  // ragged statistics: [T, h_q]
+  return strides;
+}
+
+// Prepares a ragged call's arrays in `scratch` and points the graph's UIDs at them.
+detail::RaggedArrays place_ragged(const AttentionSpec& spec, const RaggedTensors& ragged, void* scratch, void** by_uid,
+                                  cudaStream_t stream) {
+  const detail::RaggedArrays arrays = detail::RaggedArrays::in(scratch, spec.batch());
+  detail::prepare_ragged(ragged, spec.batch(), token_strides(spec), arrays, stream);
+  by_uid[graph::kUidSeqLenQ] = arrays.seq_len_q;
+  by_uid[graph::kUidSeqLenKV] = arrays.seq_len_kv;
+  by_uid[graph::kUidOffsetQ] = arrays.offset_q;
+  by_uid[graph::kUidOffsetK] = arrays.offset_k;
+  by_uid[graph::kUidOffsetV] = arrays.offset_v;
+  by_uid[graph::kUidOffsetO] = arrays.offset_o;
+  by_uid[graph::kUidOffsetStats] = arrays.offset_stats;
+  return arrays;
 }
 
 // off_by_one is a sink whose logits are all zero; the plan owns that tensor (made once, at build).
@@ -111,6 +145,7 @@ void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const 
   require_pointer("tensors.o", t.o);
   if (spec_.stats) require_pointer("tensors.stats", t.stats);
   require_lengths(t.seq_len_q, t.seq_len_kv);
+  require_ragged(t.ragged);
   require_score_terms(t.bias, t.sink);
   require_dropout(t.dropout_seed, t.dropout_offset);
   if (spec_.dropout_mask_out) require_pointer("tensors.dropout_mask", t.dropout_mask);
@@ -120,6 +155,9 @@ void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const 
   if (zero_sink_) by_uid[graph::kUidSink] = zero_sink_.get();
   CallWorkspace scratch(workspace_bytes(), workspace, stream);
   char* ours = static_cast<char*>(scratch.data()) + graph_workspace_bytes_;
+  detail::RaggedArrays ragged;
+  if (is_ragged(spec_)) ragged = place_ragged(spec_, t.ragged, ours, by_uid, stream);
+  ours += ragged_bytes(spec_);
   float* row_maxima = t.max_logit;
   if (spec_.max_logit == MaxLogit::head) {
     row_maxima = reinterpret_cast<float*>(ours);
@@ -128,8 +166,9 @@ void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const 
   by_uid[graph::kUidMaxLogit] = row_maxima;
   if (!spec_.stats) by_uid[graph::kUidSumExp] = ours;
   execute(by_uid, stream, scratch.data());
-  const std::int32_t* lengths = spec_.padding ? t.seq_len_q : nullptr;
-  if (spec_.padding) detail::zero_rows_past_lengths(spec_.o, t.o, t.seq_len_q, stream);
+  const std::int32_t* lengths = spec_.padding && !is_ragged(spec_) ? t.seq_len_q : nullptr;
+  if (lengths) detail::zero_rows_past_lengths(spec_.o, t.o, lengths, stream);
+  if (t.ragged.cu_seqlens_q_padded) detail::zero_ragged_gaps(spec_.o, t.o, ragged.offset_o, ragged.seq_len_q, stream);
   if (spec_.max_logit == MaxLogit::none) return;
   const std::int64_t b = spec_.batch(), h = spec_.heads_q(), s_q = spec_.seq_q();
   detail::finish_row_maxima(row_maxima, spec_.stats ? t.stats : nullptr, b, h, s_q, lengths, stream);
@@ -151,6 +190,7 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
   require_pointer("tensors.d_k", t.d_k);
   require_pointer("tensors.d_v", t.d_v);
   require_lengths(t.seq_len_q, t.seq_len_kv);
+  require_ragged(t.ragged);
   require_score_terms(t.bias, t.sink);
   require_dropout(t.dropout_seed, t.dropout_offset);
   if (spec_.bias_grad) require_pointer("tensors.d_bias", t.d_bias);
@@ -159,11 +199,20 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
   void** by_uid = pointers.at;
   if (zero_sink_) by_uid[graph::kUidSink] = zero_sink_.get();
   CallWorkspace scratch(workspace_bytes(), workspace, stream);
+  detail::RaggedArrays ragged;
+  if (is_ragged(spec_)) {
+    ragged = place_ragged(spec_, t.ragged, static_cast<char*>(scratch.data()) + graph_workspace_bytes_, by_uid, stream);
+  }
   execute(by_uid, stream, scratch.data());
-  if (spec_.padding) {
+  if (spec_.padding && !is_ragged(spec_)) {
     detail::zero_rows_past_lengths(spec_.q, t.d_q, t.seq_len_q, stream);
     detail::zero_rows_past_lengths(spec_.k, t.d_k, t.seq_len_kv, stream);
     detail::zero_rows_past_lengths(spec_.v, t.d_v, t.seq_len_kv, stream);
+  }
+  if (t.ragged.cu_seqlens_q_padded) detail::zero_ragged_gaps(spec_.q, t.d_q, ragged.offset_q, ragged.seq_len_q, stream);
+  if (t.ragged.cu_seqlens_kv_padded) {
+    detail::zero_ragged_gaps(spec_.k, t.d_k, ragged.offset_k, ragged.seq_len_kv, stream);
+    detail::zero_ragged_gaps(spec_.v, t.d_v, ragged.offset_v, ragged.seq_len_kv, stream);
   }
 }
 
@@ -184,8 +233,21 @@ void Plan::require_dropout(const std::int64_t* seed, const std::int64_t* offset)
   }
 }
 
+// A ragged plan's batch is a bucket (fusedattn/ragged.h): the call says how many sequences it has.
+void Plan::require_ragged(const RaggedTensors& ragged) const {
+  if (!is_ragged(spec_)) return;
+  if (ragged.sequences < 1 || ragged.sequences > spec_.batch()) {
+    throw InvalidArgument("tensors.ragged.sequences", std::to_string(ragged.sequences),
+                          "1 .. the plan's batch (" + std::to_string(spec_.batch()) + ")");
+  }
+  for (auto [field, pointer] : {std::pair<const char*, const void*>{"tensors.ragged.cu_seqlens_q", ragged.cu_seqlens_q},
+                                {"tensors.ragged.cu_seqlens_kv", ragged.cu_seqlens_kv}}) {
+    if (pointer == nullptr) throw InvalidArgument(field, "null", "a device pointer to int32 [sequences + 1]");
+  }
+}
+
 void Plan::require_lengths(const std::int32_t* seq_len_q, const std::int32_t* seq_len_kv) const {
-  if (!spec_.padding) return;
+  if (!spec_.padding || is_ragged(spec_)) return;
   require_pointer("tensors.seq_len_q", seq_len_q);
   require_pointer("tensors.seq_len_kv", seq_len_kv);
 }

@@ -25,12 +25,20 @@ std::vector<std::int64_t> to_vector(const std::array<std::int64_t, 4>& values) {
   return {values.begin(), values.end()};
 }
 
+// A ragged tensor's sequences sit where its offset tensor says; cuDNN still wants a batch stride
+// that spans one full sequence (and then uses the offsets instead), so it gets that.
+std::vector<std::int64_t> frontend_strides(const TensorDesc& desc) {
+  std::vector<std::int64_t> strides = to_vector(desc.strides);
+  if (desc.ragged()) strides[kBatch] = desc.dims[kSeq] * desc.strides[kSeq];
+  return strides;
+}
+
 fe::graph::Tensor_attributes describe(const char* name, Uid uid, const TensorDesc& desc) {
   return fe::graph::Tensor_attributes()
       .set_name(name)
       .set_uid(uid)
       .set_dim(to_vector(desc.dims))
-      .set_stride(to_vector(desc.strides))
+      .set_stride(frontend_strides(desc))
       .set_data_type(frontend_type(desc.dtype));
 }
 
@@ -39,19 +47,55 @@ void mark_output(const TensorPtr& tensor, const char* name, Uid uid, const Tenso
       .set_name(name)
       .set_uid(uid)
       .set_dim(to_vector(desc.dims))
-      .set_stride(to_vector(desc.strides))
+      .set_stride(frontend_strides(desc))
       .set_data_type(frontend_type(desc.dtype));
 }
 
-// Softmax statistics: float32 [b, h_q, s_q, 1], contiguous.
+// Softmax statistics, float32 [b, h_q, s_q, 1]: contiguous for a dense Q; for a ragged Q, ragged
+// too, token-major ([T, h_q] in memory, placed by the statistics' offsets).
 fe::graph::Tensor_attributes stats_tensor(const AttentionSpec& spec) {
   std::int64_t h = spec.heads_q(), s = spec.seq_q();
+  const std::vector<std::int64_t> strides =
+      spec.ragged_q() ? std::vector<std::int64_t>{h * s, 1, h, 1} : std::vector<std::int64_t>{h * s, s, 1, 1};
   return fe::graph::Tensor_attributes()
       .set_name("stats")
       .set_uid(kUidStats)
       .set_dim({spec.batch(), h, s, 1})
-      .set_stride({h * s, s, 1, 1})
+      .set_stride(strides)
       .set_data_type(fe::DataType_t::FLOAT);
+}
+
+// Ragged offsets: int64 [b + 1] element offsets of each sequence's first token, one tensor per
+// placement (Q, K, V, O and the statistics); dO, dQ, dK and dV reuse their forward tensor's.
+struct RaggedOffsets {
+  TensorPtr q, k, v, o, stats;
+};
+
+RaggedOffsets ragged_offsets(fe::graph::Graph& graph, const AttentionSpec& spec, std::vector<std::int64_t>& uids) {
+  RaggedOffsets out;
+  auto offsets = [&](const char* name, Uid uid) {
+    uids.push_back(uid);
+    return graph.tensor(fe::graph::Tensor_attributes()
+                            .set_name(name)
+                            .set_uid(uid)
+                            .set_dim({spec.batch() + 1, 1, 1, 1})
+                            .set_stride({1, 1, 1, 1})
+                            .set_data_type(fe::DataType_t::INT64));
+  };
+  if (spec.ragged_q()) {
+    out.q = offsets("offset_q", kUidOffsetQ);
+    out.o = offsets("offset_o", kUidOffsetO);
+    out.stats = offsets("offset_stats", kUidOffsetStats);
+  }
+  if (spec.ragged_kv()) {
+    out.k = offsets("offset_k", kUidOffsetK);
+    out.v = offsets("offset_v", kUidOffsetV);
+  }
+  return out;
+}
+
+void place(const TensorPtr& tensor, const TensorPtr& offsets) {
+  if (offsets) tensor->set_ragged_offset(offsets);
 }
 
 // A per-row float32 output [b, h_q, s_q, 1] laid out like the statistics.
@@ -176,6 +220,10 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionSpec& spec, fe::A
                         .set_implementation(implementation);
   apply_window(attributes, spec);
   uids = {kUidQ, kUidK, kUidV, kUidO, kUidScale};
+  const RaggedOffsets offsets = ragged_offsets(*graph, spec, uids);
+  place(q, offsets.q);
+  place(k, offsets.k);
+  place(v, offsets.v);
   apply_padding(*graph, attributes, spec, uids);
   apply_score_terms(*graph, attributes, spec, Pass::forward, uids);
   apply_dropout(*graph, attributes, spec, uids);
@@ -205,11 +253,13 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionSpec& spec, fe::A
   }
   auto [o, stats] = graph->sdpa(q, k, v, attributes);
   mark_output(o, "o", kUidO, spec.o);
+  place(o, offsets.o);
   if (spec.stats && !wants_max) {
     stats->set_output(true);
     auto described = stats_tensor(spec);
     stats->set_name("stats").set_uid(kUidStats).set_dim(described.get_dim()).set_stride(described.get_stride())
         .set_data_type(fe::DataType_t::FLOAT);
+    place(stats, offsets.stats);
     uids.push_back(kUidStats);
   }
   std::sort(uids.begin(), uids.end());  // execute() takes pointers in ascending UID order
@@ -230,6 +280,13 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionSpec& spec, std:
                         .set_deterministic_algorithm(spec.deterministic);
   apply_window(attributes, spec);
   uids = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidDO, kUidDQ, kUidDK, kUidDV};
+  const RaggedOffsets offsets = ragged_offsets(*graph, spec, uids);
+  place(q, offsets.q);
+  place(k, offsets.k);
+  place(v, offsets.v);
+  place(o, offsets.o);
+  place(d_o, offsets.o);
+  place(stats, offsets.stats);
   apply_padding(*graph, attributes, spec, uids);
   apply_score_terms(*graph, attributes, spec, Pass::backward, uids);
   apply_dropout(*graph, attributes, spec, uids);
@@ -251,6 +308,9 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionSpec& spec, std:
   mark_output(d_q, "d_q", kUidDQ, spec.q);
   mark_output(d_k, "d_k", kUidDK, spec.k);
   mark_output(d_v, "d_v", kUidDV, spec.v);
+  place(d_q, offsets.q);
+  place(d_k, offsets.k);
+  place(d_v, offsets.v);
   return graph;
 }
 

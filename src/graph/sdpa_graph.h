@@ -21,6 +21,7 @@ enum Uid : std::int64_t {
   kUidQ = 1, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidDO, kUidDQ, kUidDK, kUidDV, kUidSeqLenQ, kUidSeqLenKV,
   kUidBias, kUidDBias, kUidSink, kUidDSink, kUidMaxLogit, kUidDropoutSeed, kUidDropoutOffset, kUidDropoutMask,
   kUidSumExp,  // with a max logit, cuDNN gives each row's max and sum of exponentials instead of stats
+  kUidOffsetQ, kUidOffsetK, kUidOffsetV, kUidOffsetO, kUidOffsetStats,  // ragged: where each sequence starts
   kUidEnd  // one past the last
 };
 

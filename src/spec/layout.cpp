@@ -33,6 +33,11 @@ constexpr LayoutInfo kLayouts[] = {
     {Layout::bshd_bsh2d, "bshd_bsh2d", "bshd", "bsh2d", "bshd"},
     {Layout::sbhd_sb2hd, "sbhd_sb2hd", "sbhd", "sb2hd", "sbhd"},
     {Layout::sbhd_sbh2d, "sbhd_sbh2d", "sbhd", "sbh2d", "sbhd"},
+    {Layout::thd_thd_thd, "thd_thd_thd", "thd", "thd", "thd"},
+    {Layout::t3hd, "t3hd", "t3hd", "t3hd", "thd"},
+    {Layout::th3d, "th3d", "th3d", "th3d", "thd"},
+    {Layout::thd_t2hd, "thd_t2hd", "thd", "t2hd", "thd"},
+    {Layout::thd_th2d, "thd_th2d", "thd", "th2d", "thd"},
 };
 
 const LayoutInfo& info(Layout layout) noexcept {
@@ -75,6 +80,12 @@ Placed place(const char* format, DType dtype, const std::array<std::int64_t, 4>&
     if (letter == '2' || letter == '3') {  // the axis that picks the packed tensor
       out.offset = slot * stride;
       stride *= letter - '0';
+      continue;
+    }
+    if (letter == 't') {  // tokens: the sequence axis, with room for b sequences; no batch stride
+      out.desc.strides[kSeq] = stride;
+      out.desc.strides[kBatch] = 0;
+      stride *= dims[kSeq] * dims[kBatch];
       continue;
     }
     int axis = axis_index(letter);
@@ -131,6 +142,8 @@ Layout parse_layout(const std::string& text, const std::string& field) {
 
 bool packs_qkv(Layout layout) noexcept { return std::strchr(info(layout).q_buffer, '3') != nullptr; }
 bool packs_kv(Layout layout) noexcept { return std::strchr(info(layout).kv_buffer, '2') != nullptr; }
+bool ragged_q(Layout layout) noexcept { return info(layout).q_buffer[0] == 't'; }
+bool ragged_kv(Layout layout) noexcept { return info(layout).kv_buffer[0] == 't'; }
 
 LayoutTensors make_layout(Layout layout, const ProblemShape& shape) {
   check_positive("b", shape.batch);

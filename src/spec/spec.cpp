@@ -219,6 +219,7 @@ AttentionSpec spec_for_layout(Layout layout, const ProblemShape& shape) {
   spec.k = tensors.k;
   spec.v = tensors.v;
   spec.o = tensors.o;
+  spec.padding = ragged_q(layout) || ragged_kv(layout);
   return spec;
 }
 
@@ -348,6 +349,9 @@ AttentionSpec build_short_form(AttentionSpec spec, const GivenKeys& given) {
   spec.k = tensors.k;
   spec.v = tensors.v;
   spec.o = tensors.o;
+  // A ragged layout's lengths are runtime data, so it implies padding unless told otherwise
+  // (and validate() then says why padding=0 cannot be).
+  if ((ragged_q(layout) || ragged_kv(layout)) && !given.find("padding")) spec.padding = true;
   return spec;
 }
 
@@ -386,7 +390,8 @@ void require_no_self_overlap(const char* name, const TensorDesc& desc) {
   std::array<std::pair<std::int64_t, std::int64_t>, 4> axes;  // (stride, dim)
   std::size_t count = 0;
   for (std::size_t i = 0; i < desc.dims.size(); ++i) {
-    if (desc.dims[i] > 1) axes[count++] = {desc.strides[i], desc.dims[i]};
+    // A ragged batch has no stride: its sequences are placed apart by the runtime offsets.
+    if (desc.dims[i] > 1 && !(i == kBatch && desc.ragged())) axes[count++] = {desc.strides[i], desc.dims[i]};
   }
   std::sort(axes.begin(), axes.begin() + count);
   for (std::size_t i = 1; i < count; ++i) {
@@ -442,7 +447,9 @@ std::size_t hash_value(const AttentionSpec& spec) noexcept {
 std::string to_string(const AttentionSpec& spec) {
   std::optional<Layout> layout = named_layout(spec);
   std::string out = layout ? short_form(*layout, problem_shape(spec)) : std::string();
-  const AttentionSpec defaults;
+  AttentionSpec defaults;
+  // A ragged layout implies padding (the parser sets it), so there "padding=0" is what differs.
+  if (layout && (ragged_q(*layout) || ragged_kv(*layout))) defaults.padding = true;
   visit_fields(
       [&](const char* name, const auto& field, const auto& default_value) {
         if (kIsTensor<decltype(field)>) {
@@ -522,12 +529,26 @@ void validate(const AttentionSpec& spec) {
     auto fail = [&](const char* requirement) {
       throw InvalidArgument(std::string(t.name) + ".strides", detail::format_list(t.desc->strides), requirement);
     };
-    for (std::int64_t stride : t.desc->strides) {
-      if (stride <= 0) fail("every stride positive");
+    for (int axis = 0; axis < 4; ++axis) {
+      if (axis == kBatch && t.desc->strides[axis] == 0) continue;  // ragged: placed by runtime offsets
+      if (t.desc->strides[axis] <= 0) fail("every stride positive (a batch stride of 0 makes a tensor ragged)");
     }
     if (t.desc->strides[kDim] != 1) fail("a head-dim (innermost) stride of 1");
   }
   require_no_self_overlap("o", spec.o);
+  if (spec.o.ragged() != spec.q.ragged()) {
+    throw InvalidArgument("o.strides", detail::format_list(spec.o.strides),
+                          std::string("o ragged exactly when q is (batch stride 0), and q is ") +
+                              (spec.q.ragged() ? "ragged" : "not"));
+  }
+  if (spec.v.ragged() != spec.k.ragged()) {
+    throw InvalidArgument("v.strides", detail::format_list(spec.v.strides),
+                          std::string("v ragged exactly when k is (batch stride 0), and k is ") +
+                              (spec.k.ragged() ? "ragged" : "not"));
+  }
+  if ((spec.ragged_q() || spec.ragged_kv()) && !spec.padding) {
+    throw InvalidArgument("padding", "0", "padding=1 with ragged tensors: their lengths come at run time");
+  }
   // A left bound of 0 would hide every key, including the diagonal's own.
   if (spec.window.left < -1 || spec.window.left == 0) {
     throw InvalidArgument("window", format_value(spec.window), "a left bound of -1 (none) or at least 1 key");

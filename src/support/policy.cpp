@@ -285,6 +285,40 @@ void deterministic_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& 
   }
 }
 
+// Ragged (thd) tensors: cuDNN takes them from Hopper on (the frontend's rule), and fusedattn
+// writes ragged statistics ([T, h_q], by token), which cuDNN offers from 9.6 (90600) and not on
+// SM 12.x (no ragged statistics in its backward). A sink in a ragged backward needs 9.26 (92600).
+// Ragged Q with dense K/V (or the reverse), and ragged inputs with a bias, ALiBi, a sink or
+// off-by-one softmax, dropout or a max logit, are not offered yet: none has been checked on a GPU.
+void ragged_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions, Reasons& out) {
+  if (!spec.ragged_q() && !spec.ragged_kv()) return;
+  const char* value = "ragged";
+  if (caps.sm() < 90) {
+    out.push_back({"layout", value, "a Hopper (SM 9.0) or newer GPU for ragged (thd) tensors", kHopper});
+  }
+  if (caps.sm_major == 12) {
+    out.push_back({"layout", value, "ragged statistics, which cuDNN does not offer on " + sm_text(caps), ""});
+  }
+  if (versions.cudnn_runtime < 90600) {
+    out.push_back({"layout", value, "cuDNN 9.6 or newer for ragged statistics", "cuDNN 9.6"});
+  }
+  if (spec.ragged_q() != spec.ragged_kv()) {
+    out.push_back({"layout", spec.ragged_q() ? "ragged q, dense k/v" : "dense q, ragged k/v",
+                   "q, k and v all ragged or all dense (mixed formats are not offered yet)", ""});
+  }
+  if (pass == Pass::backward && spec.softmax == Softmax::sink && versions.cudnn_runtime < 92600) {
+    out.push_back({"softmax", "sink", "cuDNN 9.26 or newer for a ragged backward with a sink", "cuDNN 9.26"});
+  }
+  auto not_yet = [&](bool used, const char* field, const std::string& field_value) {
+    if (used) out.push_back({field, field_value, "no " + std::string(field) + " with ragged inputs (not offered yet)", ""});
+  };
+  not_yet(spec.bias != Bias::none, "bias", to_string(spec.bias));
+  not_yet(spec.alibi, "alibi", "1");
+  not_yet(spec.softmax != Softmax::vanilla, "softmax", to_string(spec.softmax));
+  not_yet(spec.dropout > 0.0, "dropout", detail::format_double(spec.dropout));
+  not_yet(spec.max_logit != MaxLogit::none, "max_logit", to_string(spec.max_logit));
+}
+
 Support check_support_policy(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions) {
   Support support;
   Reasons& out = support.reasons;
@@ -303,6 +337,7 @@ Support check_support_policy(const AttentionSpec& spec, Pass pass, const DeviceC
   score_terms_rule(spec, pass, versions, out);
   softmax_rule(spec, versions, out);
   dropout_rule(spec, pass, caps, versions, out);
+  ragged_rule(spec, pass, caps, versions, out);
   return support;
 }
 

@@ -37,6 +37,7 @@ Formats formats_from_name(const std::string& name) {
   std::size_t underscore = name.find('_');
   out.q = name.substr(0, underscore);
   out.kv = underscore == std::string::npos ? name : name.substr(underscore + 1);
+  if (name == "thd_thd_thd") out.kv = "thd";  // one format each for Q, K and V
   for (char c : out.q) {
     if (c != '3') out.o += c;
   }
@@ -44,11 +45,13 @@ Formats formats_from_name(const std::string& name) {
 }
 
 // Row-major address of element (b, h, s, d) of tensor `slot` in a buffer whose axes, slowest
-// first, are the letters of `format` (Horner's rule over the letters; no strides involved).
+// first, are the letters of `format` (Horner's rule over the letters; no strides involved). The
+// token axis 't' of a ragged format is read as "bs": sequences back to back, each at full length.
 std::int64_t address(const std::string& format, const TensorDesc& desc, const Strides& index, int slot) {
   std::int64_t out = 0;
   for (char c : format) {
     switch (c) {
+      case 't': out = (out * desc.dims[kBatch] + index[kBatch]) * desc.dims[kSeq] + index[kSeq]; break;
       case 'b': out = out * desc.dims[kBatch] + index[kBatch]; break;
       case 'h': out = out * desc.dims[kHead] + index[kHead]; break;
       case 's': out = out * desc.dims[kSeq] + index[kSeq]; break;
@@ -63,6 +66,7 @@ std::int64_t product_of_format(const std::string& format, const TensorDesc& desc
   std::int64_t out = 1;
   for (char c : format) {
     switch (c) {
+      case 't': out *= desc.dims[kBatch] * desc.dims[kSeq]; break;
       case 'b': out *= desc.dims[kBatch]; break;
       case 'h': out *= desc.dims[kHead]; break;
       case 's': out *= desc.dims[kSeq]; break;
@@ -82,7 +86,11 @@ void expect_addresses(const std::string& what, const std::string& format, const 
     for (i[1] = 0; i[1] < desc.dims[1]; ++i[1])
       for (i[2] = 0; i[2] < desc.dims[2]; ++i[2])
         for (i[3] = 0; i[3] < desc.dims[3]; ++i[3]) {
-          std::int64_t strided = offset + i[0] * desc.strides[0] + i[1] * desc.strides[1] + i[2] * desc.strides[2] +
+          // A ragged tensor's batch position comes from its runtime offsets; with full-length
+          // sequences back to back, sequence b starts b * s tokens in.
+          const std::int64_t batch_start =
+              desc.ragged() ? i[0] * desc.dims[kSeq] * desc.strides[kSeq] : i[0] * desc.strides[0];
+          std::int64_t strided = offset + batch_start + i[1] * desc.strides[1] + i[2] * desc.strides[2] +
                                  i[3] * desc.strides[3];
           std::int64_t expected = address(format, desc, i, slot);
           ASSERT_EQ(strided, expected) << what << " in " << format << " at [" << i[0] << "," << i[1] << "," << i[2]
@@ -148,8 +156,10 @@ void expect_layout_matches_letters(Layout layout, const ProblemShape& shape) {
 }
 
 TEST(LayoutNames, EveryLayoutRoundTrips) {
-  const std::vector<std::string> names = {"bshd",  "sbhd",  "bhsd",       "bs3hd",      "bsh3d",      "sb3hd",
-                                          "sbh3d", "bshd_bs2hd", "bshd_bsh2d", "sbhd_sb2hd", "sbhd_sbh2d"};
+  const std::vector<std::string> names = {"bshd",       "sbhd",       "bhsd",       "bs3hd",      "bsh3d",
+                                          "sb3hd",      "sbh3d",      "bshd_bs2hd", "bshd_bsh2d", "sbhd_sb2hd",
+                                          "sbhd_sbh2d", "thd_thd_thd", "t3hd",      "th3d",       "thd_t2hd",
+                                          "thd_th2d"};
   ASSERT_EQ(all_layouts().size(), names.size());
   for (std::size_t i = 0; i < names.size(); ++i) {
     EXPECT_EQ(to_string(all_layouts()[i]), names[i]);
@@ -173,7 +183,24 @@ TEST(LayoutNames, PackingPredicates) {
     const std::string name = to_string(layout);
     EXPECT_EQ(packs_qkv(layout), name.find('3') != std::string::npos) << name;
     EXPECT_EQ(packs_kv(layout), name.find('2') != std::string::npos) << name;
+    EXPECT_EQ(ragged_q(layout), name[0] == 't') << name;
+    EXPECT_EQ(ragged_kv(layout), name[0] == 't') << name;  // mixed formats are not named (yet)
   }
+}
+
+// Ragged tensors have no batch stride: their sequences are placed by runtime offsets.
+TEST(LayoutStrides, RaggedLayoutsHaveNoBatchStride) {
+  for (Layout layout : all_layouts()) {
+    const LayoutTensors t = make_layout(layout, shape_of(3, 5, 5, 2, 2, 8, 8));
+    for (const TensorDesc* desc : {&t.q, &t.k, &t.v, &t.o}) EXPECT_EQ(desc->ragged(), ragged_q(layout)) << to_string(layout);
+  }
+  const LayoutTensors thd = make_layout(Layout::thd_thd_thd, shape_of(3, 5, 7, 6, 2, 16, 8));
+  EXPECT_EQ(thd.q.strides, (Strides{0, 16, 96, 1}));
+  EXPECT_EQ(thd.k.strides, (Strides{0, 16, 32, 1}));
+  EXPECT_EQ(thd.v.strides, (Strides{0, 8, 16, 1}));
+  EXPECT_EQ(thd.o.strides, (Strides{0, 8, 48, 1}));
+  EXPECT_EQ(thd.q_buffer, 3 * 5 * 96);  // room for b full sequences
+  EXPECT_EQ(thd.k_buffer, 3 * 7 * 32);
 }
 
 TEST(LayoutStrides, EveryAddressMatchesTheLettersAtASymmetricShape) {
@@ -214,6 +241,11 @@ TEST(LayoutStrides, DocumentedNumbers) {
       {Layout::bshd_bsh2d, bshd, {240, 16, 48, 1}, bshd, 0, 8},
       {Layout::sbhd_sb2hd, sbhd, {48, 8, 96, 1}, sbhd, 0, 24},
       {Layout::sbhd_sbh2d, sbhd, {48, 16, 96, 1}, sbhd, 0, 8},
+      {Layout::thd_thd_thd, {0, 8, 24, 1}, {0, 8, 24, 1}, {0, 8, 24, 1}, 0, 0},
+      {Layout::t3hd, {0, 8, 72, 1}, {0, 8, 72, 1}, {0, 8, 24, 1}, 24, 48},
+      {Layout::th3d, {0, 24, 72, 1}, {0, 24, 72, 1}, {0, 8, 24, 1}, 8, 16},
+      {Layout::thd_t2hd, {0, 8, 24, 1}, {0, 8, 48, 1}, {0, 8, 24, 1}, 0, 24},
+      {Layout::thd_th2d, {0, 8, 24, 1}, {0, 16, 48, 1}, {0, 8, 24, 1}, 0, 8},
   };
   ASSERT_EQ(rows.size(), all_layouts().size());
   for (const Row& row : rows) {

@@ -144,8 +144,25 @@ TEST(ValidateStrides, StridesMustBePositive) {
   spec.k.strides[kSeq] = -spec.k.strides[kSeq];
   expect_invalid(spec, "k.strides", "-128", "positive");
   spec = good_spec();
+  spec.v.strides[kHead] = 0;
+  expect_invalid(spec, "v.strides", ",0,", "positive");
+}
+
+// A batch stride of 0 makes a tensor ragged; O follows Q and V follows K, and lengths are runtime.
+TEST(ValidateStrides, RaggedTensorsComeInPairsWithPadding) {
+  AttentionSpec spec = good_spec();
   spec.v.strides[kBatch] = 0;
-  expect_invalid(spec, "v.strides", "[0,", "positive");
+  expect_invalid(spec, "v.strides", "[0,", "v ragged exactly when k is");
+  spec = good_spec();
+  spec.o.strides[kBatch] = 0;
+  expect_invalid(spec, "o.strides", "[0,", "o ragged exactly when q is");
+  spec = good_spec();
+  spec.q.strides[kBatch] = spec.o.strides[kBatch] = 0;
+  expect_invalid(spec, "padding", "0", "padding=1 with ragged tensors");
+  spec.padding = true;
+  EXPECT_NO_THROW(validate(spec));
+  EXPECT_TRUE(spec.ragged_q());
+  EXPECT_FALSE(spec.ragged_kv());
 }
 
 TEST(ValidateStrides, OutputMustNotOverlapItself) {

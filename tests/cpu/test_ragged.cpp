@@ -1,0 +1,131 @@
+// Tier 1: ragged (thd) batches — the bucketing rule with its worked numbers, plan keys that stay
+// put while batches move, and the support policy for ragged inputs.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <algorithm>
+#include <set>
+#include <unordered_set>
+#include <string>
+
+#include "fusedattn/errors.h"
+#include "fusedattn/layout.h"
+#include "fusedattn/plan_cache.h"
+#include "fusedattn/ragged.h"
+#include "fusedattn/support.h"
+
+namespace fusedattn {
+namespace {
+
+AttentionSpec thd(std::int64_t batch, std::int64_t seq_q, std::int64_t seq_kv) {
+  return parse_spec("layout=thd_thd_thd dtype=bf16 h_q=8 h_kv=2 d=128 causal b=" + std::to_string(batch) +
+                    " s_q=" + std::to_string(seq_q) + " s_kv=" + std::to_string(seq_kv));
+}
+
+Versions cudnn(int runtime) {
+  Versions v;
+  v.cudnn_runtime = runtime;
+  v.cudnn_compiled = 91900;
+  v.frontend = 13200;
+  return v;
+}
+
+TEST(RaggedBuckets, PowersOfTwoWithASmallestSequenceBucket) {
+  EXPECT_EQ(batch_bucket(1), 1);
+  EXPECT_EQ(batch_bucket(3), 4);
+  EXPECT_EQ(batch_bucket(64), 64);
+  EXPECT_EQ(batch_bucket(65), 128);
+  EXPECT_EQ(sequence_bucket(1), 64);
+  EXPECT_EQ(sequence_bucket(64), 64);
+  EXPECT_EQ(sequence_bucket(65), 128);
+  EXPECT_EQ(sequence_bucket(4096), 4096);
+  EXPECT_EQ(sequence_bucket(4097), 8192);
+}
+
+// The worked numbers of fusedattn/ragged.h: batches of 1..64 and longest sequences of 1..4096
+// reach 7 buckets each.
+TEST(RaggedBuckets, WorkedNumbers) {
+  std::set<std::int64_t> batches, sequences;
+  for (std::int64_t b = 1; b <= 64; ++b) batches.insert(batch_bucket(b));
+  for (std::int64_t s = 1; s <= 4096; ++s) sequences.insert(sequence_bucket(s));
+  EXPECT_EQ(batches, (std::set<std::int64_t>{1, 2, 4, 8, 16, 32, 64}));
+  EXPECT_EQ(sequences, (std::set<std::int64_t>{64, 128, 256, 512, 1024, 2048, 4096}));
+}
+
+TEST(RaggedBuckets, BucketedSpecRoundsRaggedDimsOnly) {
+  const AttentionSpec spec = bucketed(thd(5, 300, 1000));
+  EXPECT_EQ(spec.batch(), 8);
+  EXPECT_EQ(spec.seq_q(), 512);
+  EXPECT_EQ(spec.seq_kv(), 1024);
+  EXPECT_TRUE(spec.ragged_q());
+  EXPECT_EQ(spec.q.strides, thd(5, 300, 1000).q.strides);  // token strides do not depend on sizes
+  const AttentionSpec dense = parse_spec("layout=bshd b=5 s=300 h=8 d=128");
+  EXPECT_EQ(bucketed(dense), dense);
+}
+
+// 1000 random packed batches (1..64 sequences, longest 1..4096 tokens) share at most 49 keys per
+// pass: the plan builds such a loop can cause, whatever the data.
+TEST(RaggedBuckets, RandomBatchesShareAHandfulOfPlanKeys) {
+  std::mt19937_64 rng(12345);
+  std::unordered_set<PlanKey, PlanKeyHash> keys;
+  for (int step = 0; step < 1000; ++step) {
+    const std::int64_t batch = std::uniform_int_distribution<std::int64_t>(1, 64)(rng);
+    std::int64_t longest = 0;
+    for (std::int64_t i = 0; i < batch; ++i) longest = std::max(longest, std::uniform_int_distribution<std::int64_t>(1, 4096)(rng));
+    for (Pass pass : {Pass::forward, Pass::backward}) {
+      keys.insert(make_plan_key(thd(batch, longest, longest), pass, 0, DeviceCaps{9, 0}, cudnn(91900)));
+    }
+  }
+  EXPECT_LE(keys.size(), 2u * 49u);
+  EXPECT_GE(keys.size(), 2u);
+}
+
+TEST(RaggedSpec, LayoutImpliesPaddingAndRoundTrips) {
+  const AttentionSpec spec = thd(3, 100, 200);
+  EXPECT_TRUE(spec.padding);
+  EXPECT_EQ(to_string(spec), "layout=thd_thd_thd dtype=bf16 b=3 s_q=100 s_kv=200 h_q=8 h_kv=2 d_qk=128 d_v=128 window=-1,0");
+  AttentionSpec no_padding = spec;
+  no_padding.padding = false;
+  EXPECT_NE(to_string(no_padding).find("padding=0"), std::string::npos);
+  EXPECT_EQ(parse_spec(to_string(no_padding)), no_padding);
+  EXPECT_THROW(validate(no_padding), InvalidArgument);
+}
+
+TEST(RaggedPolicy, NeedsHopperAndCudnn9_6) {
+  const AttentionSpec spec = thd(4, 512, 512);
+  EXPECT_TRUE(check_support_policy(spec, Pass::forward, DeviceCaps{9, 0}, cudnn(91900)).ok());
+  EXPECT_TRUE(check_support_policy(spec, Pass::backward, DeviceCaps{10, 0}, cudnn(91900)).ok());
+  const Support ampere = check_support_policy(spec, Pass::forward, DeviceCaps{8, 0}, cudnn(91900));
+  ASSERT_FALSE(ampere.ok());
+  EXPECT_EQ(ampere.reasons[0].field, "layout");
+  EXPECT_NE(ampere.to_string().find("Hopper"), std::string::npos);
+  EXPECT_FALSE(check_support_policy(spec, Pass::backward, DeviceCaps{12, 0}, cudnn(91900)).ok());
+  const Support old = check_support_policy(spec, Pass::forward, DeviceCaps{9, 0}, cudnn(90500));
+  ASSERT_EQ(old.reasons.size(), 1u);
+  EXPECT_EQ(old.reasons[0].lifted_by, "cuDNN 9.6");
+}
+
+TEST(RaggedPolicy, FeaturesNotOfferedYetSayWhich) {
+  AttentionSpec spec = thd(4, 512, 512);
+  spec.bias = Bias::one_hss;
+  spec.dropout = 0.1;
+  spec.softmax = Softmax::sink;
+  const Support support = check_support_policy(spec, Pass::backward, DeviceCaps{9, 0}, cudnn(91900));
+  std::set<std::string> fields;
+  for (const Reason& reason : support.reasons) fields.insert(reason.field);
+  EXPECT_EQ(fields, (std::set<std::string>{"bias", "dropout", "softmax"})) << support.to_string();
+  EXPECT_NE(support.to_string().find("cuDNN 9.26"), std::string::npos);  // the sink's own limit
+}
+
+TEST(RaggedPolicy, MixedFormatsAreNotOfferedYet) {
+  AttentionSpec spec = thd(2, 128, 128);
+  const AttentionSpec dense = parse_spec("layout=bshd b=2 s=128 h_q=8 h_kv=2 d=128 causal");
+  spec.k = dense.k;
+  spec.v = dense.v;
+  const Support support = check_support_policy(spec, Pass::forward, DeviceCaps{9, 0}, cudnn(91900));
+  ASSERT_EQ(support.reasons.size(), 1u) << support.to_string();
+  EXPECT_EQ(support.reasons[0].value, "ragged q, dense k/v");
+}
+
+}  // namespace
+}  // namespace fusedattn
