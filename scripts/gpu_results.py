@@ -59,6 +59,8 @@ def main():
         f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- commit: {os.environ.get('FUSEDATTN_COMMIT') or run(['git', 'rev-parse', '--short', 'HEAD']) or 'unknown'}",
         f"- GPU, driver: {gpu}",
+        *([f"- test filter: `{os.environ['GTEST_FILTER']}` (a partial run: only the tests it selects)"]
+          if os.environ.get("GTEST_FILTER") else []),
         "- build:",
         "",
         "```",

@@ -391,6 +391,13 @@ const std::uint16_t* AttentionBuffers::host_input(const std::string& which) cons
 
 // --- Results ----------------------------------------------------------------------------------
 
+AttentionSpec ragged_twin(AttentionSpec spec) {
+  for (TensorDesc* desc : {&spec.q, &spec.k, &spec.v, &spec.o}) {
+    if (desc->ragged()) desc->strides[kBatch] = desc->dims[kSeq] * desc->strides[kSeq];
+  }
+  return spec;
+}
+
 double tolerance_for(DType dtype) {
   // Relative L2 error reachable by a correct kernel that rounds its outputs to 16 bits (8 and 11
   // significant bits): bf16 1e-2, f16 2e-3 (DESIGN.md §8).
@@ -417,7 +424,8 @@ namespace {
 
 // Everything one check needs, computed once.
 struct Problem {
-  AttentionSpec spec;  // as run: stats on when the backward is checked
+  AttentionSpec spec;  // as checked: stats on when the backward is checked; dense (see ragged_twin)
+  AttentionSpec run_spec;  // what fusedattn runs: spec, or the ragged spec it stands for
   CheckOptions options;
   double scale = 0.0;
   ReferenceProblem ref;
@@ -461,24 +469,73 @@ std::vector<float> gather_output(const TensorDesc& desc, const void* device) {
   return download_floats(contiguous.as<float>(), desc.elements(), "cudaMemcpy(gathered output, device to host)");
 }
 
+// A ragged call over the dense twin's buffers: sequence b has the drawn lengths and starts at
+// b * s, its slot in the twin, so the rows past its length are the gaps between sequences.
+struct RaggedCall {
+  DeviceBuffer cu_q, cu_kv, start_q, start_kv;
+  RaggedTensors tensors;
+
+  RaggedCall(const AttentionSpec& twin, const AttentionBuffers& buffers) {
+    auto upload = [](const std::vector<std::int32_t>& host, DeviceBuffer& device) {
+      device = DeviceBuffer(host.size() * sizeof(std::int32_t));
+      check_cuda(cudaMemcpy(device.get(), host.data(), device.bytes(), cudaMemcpyHostToDevice), "cudaMemcpy(ragged offsets)");
+      return device.as<std::int32_t>();
+    };
+    auto cumulative = [](const std::vector<std::int32_t>& lengths) {
+      std::vector<std::int32_t> out{0};
+      for (std::int32_t n : lengths) out.push_back(out.back() + n);
+      return out;
+    };
+    auto slots = [&](std::int64_t seq) {
+      std::vector<std::int32_t> out;
+      for (std::int64_t b = 0; b <= twin.batch(); ++b) out.push_back(static_cast<std::int32_t>(b * seq));
+      return out;
+    };
+    tensors.sequences = twin.batch();
+    tensors.cu_seqlens_q = upload(cumulative(buffers.seq_len_q()), cu_q);
+    tensors.cu_seqlens_kv = upload(cumulative(buffers.seq_len_kv()), cu_kv);
+    tensors.cu_seqlens_q_padded = upload(slots(twin.seq_q()), start_q);
+    tensors.cu_seqlens_kv_padded = upload(slots(twin.seq_kv()), start_kv);
+  }
+};
+
+// Ragged statistics are token-major, [b, s_q, h_q] in the twin's slots: to [b, h_q, s_q].
+std::vector<float> statistics_by_head(const std::vector<float>& by_token, const AttentionSpec& spec) {
+  std::vector<float> out(by_token.size());
+  const std::int64_t h = spec.heads_q(), s = spec.seq_q();
+  for (std::int64_t b = 0; b < spec.batch(); ++b) {
+    for (std::int64_t i = 0; i < s; ++i) {
+      for (std::int64_t j = 0; j < h; ++j) out[static_cast<std::size_t>((b * h + j) * s + i)] = by_token[static_cast<std::size_t>((b * s + i) * h + j)];
+    }
+  }
+  return out;
+}
+
 // Runs through the one-call API a user calls (plan lookup included), with a workspace of the
 // size the cached plan asks for.
 Outputs<float> run_fusedattn(const Problem& p, AttentionBuffers& buffers) {
   const float scale = static_cast<float>(p.scale);
+  const bool ragged = p.run_spec.ragged_q() || p.run_spec.ragged_kv();
+  std::unique_ptr<RaggedCall> ragged_call(ragged ? new RaggedCall(p.spec, buffers) : nullptr);
   {
-    DeviceBuffer workspace(get_plan(p.spec, Pass::forward)->workspace_bytes());
-    forward(p.spec, buffers.forward_tensors(), scale, nullptr, Workspace{workspace.get(), workspace.bytes()});
+    DeviceBuffer workspace(get_plan(p.run_spec, Pass::forward)->workspace_bytes());
+    ForwardTensors tensors = buffers.forward_tensors();
+    if (ragged) tensors.ragged = ragged_call->tensors;
+    forward(p.run_spec, tensors, scale, nullptr, Workspace{workspace.get(), workspace.bytes()});
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize(after fusedattn forward)");
   }
   if (p.options.backward) {
-    DeviceBuffer workspace(get_plan(p.spec, Pass::backward)->workspace_bytes());
-    backward(p.spec, buffers.backward_tensors(), scale, nullptr, Workspace{workspace.get(), workspace.bytes()});
+    DeviceBuffer workspace(get_plan(p.run_spec, Pass::backward)->workspace_bytes());
+    BackwardTensors tensors = buffers.backward_tensors();
+    if (ragged) tensors.ragged = ragged_call->tensors;
+    backward(p.run_spec, tensors, scale, nullptr, Workspace{workspace.get(), workspace.bytes()});
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize(after fusedattn backward)");
   }
   Outputs<float> out;
   const ForwardTensors f = buffers.forward_tensors();
   out.o = gather_output(p.spec.o, f.o);
   if (p.spec.stats) out.lse = download_floats(f.stats, stats_elements(p.spec), "cudaMemcpy(stats, device to host)");
+  if (p.spec.stats && p.run_spec.ragged_q()) out.lse = statistics_by_head(out.lse, p.spec);
   if (p.spec.max_logit != MaxLogit::none) {
     out.max_logit = download_floats(f.max_logit, static_cast<std::int64_t>(max_logit_elements(p.spec)),
                                     "cudaMemcpy(max logit, device to host)");
@@ -669,6 +726,16 @@ std::uint64_t fresh_seed() {
 
 // CPU float64 up to ~3e8 multiply-adds per forward (a second or two with the backward);
 // beyond that the float32 GPU reference.
+// Ragged lengths on top of the drawn ones: packed Q/K/V tokens (t3hd, th3d) make each sequence's
+// Q and KV lengths one, and from three sequences on, the second one is empty (0 and 0).
+void ragged_lengths(const AttentionSpec& ragged, AttentionBuffers& buffers) {
+  std::vector<std::int32_t> q = buffers.seq_len_q(), kv = buffers.seq_len_kv();
+  const std::optional<Layout> layout = named_layout(ragged);
+  if (layout && packs_qkv(*layout)) kv = q;
+  if (q.size() >= 3) q[1] = kv[1] = 0;
+  buffers.set_lengths(q, kv);
+}
+
 bool use_cpu_reference(const AttentionSpec& spec) {
   const double work = static_cast<double>(spec.batch()) * spec.heads_q() * spec.seq_q() * spec.seq_kv() *
                       static_cast<double>(spec.head_dim_qk() + spec.head_dim_v());
@@ -685,6 +752,9 @@ CheckResult check_against_reference(const AttentionSpec& spec, const CheckOption
   // With dropout the forward also hands back the mask it drew, so the reference applies exactly
   // that one; the backward must regenerate the same mask from the same seed and offset.
   if (spec.dropout > 0.0) p.spec.dropout_mask_out = true;
+  p.run_spec = p.spec;
+  const bool ragged = spec.ragged_q() || spec.ragged_kv();
+  if (ragged) p.spec = ragged_twin(p.spec);
   p.options = options;
   if (p.options.seed == 0) p.options.seed = fresh_seed();
   p.scale = std::isnan(options.scale) ? static_cast<double>(default_scale(spec)) : options.scale;
@@ -692,7 +762,7 @@ CheckResult check_against_reference(const AttentionSpec& spec, const CheckOption
   p.ref.dropout = p.spec.dropout;
 
   CheckResult result;
-  result.spec = to_string(p.spec);
+  result.spec = to_string(p.run_spec);
   result.seed = p.options.seed;
   result.backward = options.backward;
   result.tolerance = tolerance_for(spec.q.dtype);
@@ -701,6 +771,7 @@ CheckResult check_against_reference(const AttentionSpec& spec, const CheckOption
   try {
     AttentionBuffers buffers(p.spec, options.backward);
     buffers.fill_inputs(p.options.seed);
+    if (ragged) ragged_lengths(p.run_spec, buffers);
     p.ref.seq_len_q.assign(buffers.seq_len_q().begin(), buffers.seq_len_q().end());
     p.ref.seq_len_kv.assign(buffers.seq_len_kv().begin(), buffers.seq_len_kv().end());
     buffers.poison_outputs();

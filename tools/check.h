@@ -49,6 +49,12 @@ struct CheckResult {
 /// Relative L2 tolerance for outputs of `dtype` (DESIGN.md §8): bf16 1e-2, f16 2e-3.
 double tolerance_for(DType dtype);
 
+/// The dense twin of a ragged spec: each ragged tensor with its sequences in full-length slots
+/// (batch stride s * token stride). A ragged spec is checked through it: buffers, references and
+/// comparisons are the dense ones, the call is ragged with sequence b starting at token b * s, so
+/// the rows past each length are the gaps between sequences. Dense specs come back unchanged.
+AttentionSpec ragged_twin(AttentionSpec spec);
+
 /// Runs `spec` through fusedattn::forward (and backward) on the current device and compares every
 /// output with the reference. Throws InvalidArgument (bad spec), NotSupported (every reason),
 /// CudnnError / CudaError / SetupError; a numerical mismatch is not an exception but passed=false.

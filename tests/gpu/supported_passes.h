@@ -26,3 +26,12 @@ inline void check_supported_passes(const AttentionSpec& spec, bool inference = f
 }
 
 }  // namespace fusedattn
+
+/// Skips the test, with every reason, unless this GPU and cuDNN run `spec` both ways.
+#define FUSEDATTN_REQUIRE_SUPPORTED_BOTH(spec)                                                             \
+  do {                                                                                                   \
+    for (::fusedattn::Pass fusedattn_pass : {::fusedattn::Pass::forward, ::fusedattn::Pass::backward}) {  \
+      const ::fusedattn::Support fusedattn_answer = ::fusedattn::check_support(spec, fusedattn_pass);     \
+      if (!fusedattn_answer.ok()) GTEST_SKIP() << ::fusedattn::to_string(fusedattn_pass) << ": " << fusedattn_answer.to_string(); \
+    }                                                                                                    \
+  } while (0)
