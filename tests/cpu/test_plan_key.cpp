@@ -9,6 +9,7 @@
 #include "fusedattn/errors.h"
 #include "fusedattn/layout.h"
 #include "fusedattn/plan_cache.h"
+#include "made_up_versions.h"
 
 namespace fusedattn {
 namespace {
@@ -17,13 +18,7 @@ AttentionSpec spec_of(const std::string& text) { return parse_spec(text); }
 
 const char* const kSpec = "layout=bshd dtype=bf16 b=2 s_q=128 s_kv=128 h_q=8 h_kv=8 d_qk=64 d_v=64 window=-1,0";
 
-Versions versions(int runtime, int frontend) {
-  Versions v;
-  v.cudnn_runtime = runtime;
-  v.cudnn_compiled = 91900;
-  v.frontend = frontend;
-  return v;
-}
+Versions versions(int runtime, int frontend) { return made_up_versions(runtime, frontend); }
 
 PlanKey base_key(Pass pass = Pass::forward) {
   return make_plan_key(spec_of(kSpec), pass, 0, DeviceCaps{9, 0}, versions(91900, 13200));

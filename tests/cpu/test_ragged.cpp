@@ -13,6 +13,7 @@
 #include "fusedattn/plan_cache.h"
 #include "fusedattn/ragged.h"
 #include "fusedattn/support.h"
+#include "made_up_versions.h"
 
 namespace fusedattn {
 namespace {
@@ -22,13 +23,7 @@ AttentionSpec thd(std::int64_t batch, std::int64_t seq_q, std::int64_t seq_kv) {
                     " s_q=" + std::to_string(seq_q) + " s_kv=" + std::to_string(seq_kv));
 }
 
-Versions cudnn(int runtime) {
-  Versions v;
-  v.cudnn_runtime = runtime;
-  v.cudnn_compiled = 91900;
-  v.frontend = 13200;
-  return v;
-}
+Versions cudnn(int runtime) { return made_up_versions(runtime); }
 
 TEST(RaggedBuckets, PowersOfTwoWithASmallestSequenceBucket) {
   EXPECT_EQ(batch_bucket(1), 1);

@@ -7,19 +7,14 @@
 
 #include "fusedattn/layout.h"
 #include "fusedattn/support.h"
+#include "made_up_versions.h"
 
 namespace fusedattn {
 namespace {
 
 const DeviceCaps kSm75{7, 5}, kSm80{8, 0}, kSm86{8, 6}, kSm90{9, 0}, kSm100{10, 0}, kSm120{12, 0};
 
-Versions cudnn(int runtime) {
-  Versions v;
-  v.cudnn_runtime = runtime;
-  v.cudnn_compiled = 91900;
-  v.frontend = 13200;
-  return v;
-}
+Versions cudnn(int runtime) { return made_up_versions(runtime); }
 const Versions kCudnn8_9 = cudnn(8907), kCudnn9_5 = cudnn(90500), kCudnn9_9 = cudnn(90900),
                kCudnn9_10_0 = cudnn(91000), kCudnn9_19 = cudnn(91900);
 
