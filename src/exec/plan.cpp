@@ -168,7 +168,9 @@ void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const 
   execute(by_uid, stream, scratch.data());
   const std::int32_t* lengths = spec_.padding && !is_ragged(spec_) ? t.seq_len_q : nullptr;
   if (lengths) detail::zero_rows_past_lengths(spec_.o, t.o, lengths, stream);
-  if (t.ragged.cu_seqlens_q_padded) detail::zero_ragged_gaps(spec_.o, t.o, ragged.offset_o, ragged.seq_len_q, stream);
+  if (is_ragged(spec_) && t.ragged.cu_seqlens_q_padded) {
+    detail::zero_ragged_gaps(spec_.o, t.o, ragged.offset_o, ragged.seq_len_q, stream);
+  }
   if (spec_.max_logit == MaxLogit::none) return;
   const std::int64_t b = spec_.batch(), h = spec_.heads_q(), s_q = spec_.seq_q();
   detail::finish_row_maxima(row_maxima, spec_.stats ? t.stats : nullptr, b, h, s_q, lengths, stream);
@@ -209,6 +211,7 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
     detail::zero_rows_past_lengths(spec_.k, t.d_k, t.seq_len_kv, stream);
     detail::zero_rows_past_lengths(spec_.v, t.d_v, t.seq_len_kv, stream);
   }
+  if (!is_ragged(spec_)) return;  // a dense plan ignores the ragged arrays, as documented
   if (t.ragged.cu_seqlens_q_padded) detail::zero_ragged_gaps(spec_.q, t.d_q, ragged.offset_q, ragged.seq_len_q, stream);
   if (t.ragged.cu_seqlens_kv_padded) {
     detail::zero_ragged_gaps(spec_.k, t.d_k, ragged.offset_k, ragged.seq_len_kv, stream);
