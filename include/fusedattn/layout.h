@@ -22,6 +22,8 @@ enum class Layout {
   bs3hd, bsh3d, sb3hd, sbh3d,                      // Q, K and V packed together
   bshd_bs2hd, bshd_bsh2d, sbhd_sb2hd, sbhd_sbh2d,  // Q separate, K and V packed
   thd_thd_thd, t3hd, th3d, thd_t2hd, thd_th2d,     // ragged: the same, token after token
+  sbhd_bshd_bshd, bshd_sbhd_sbhd,                  // mixed: Q (and O) in one format, K and V in another
+  thd_bshd_bshd, thd_sbhd_sbhd,                    // mixed: ragged Q, dense K and V
 };
 
 /// Every layout, in declaration order.

@@ -38,6 +38,10 @@ constexpr LayoutInfo kLayouts[] = {
     {Layout::th3d, "th3d", "th3d", "th3d", "thd"},
     {Layout::thd_t2hd, "thd_t2hd", "thd", "t2hd", "thd"},
     {Layout::thd_th2d, "thd_th2d", "thd", "th2d", "thd"},
+    {Layout::sbhd_bshd_bshd, "sbhd_bshd_bshd", "sbhd", "bshd", "sbhd"},
+    {Layout::bshd_sbhd_sbhd, "bshd_sbhd_sbhd", "bshd", "sbhd", "bshd"},
+    {Layout::thd_bshd_bshd, "thd_bshd_bshd", "thd", "bshd", "thd"},
+    {Layout::thd_sbhd_sbhd, "thd_sbhd_sbhd", "thd", "sbhd", "thd"},
 };
 
 const LayoutInfo& info(Layout layout) noexcept {

@@ -304,7 +304,7 @@ void ragged_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, c
   }
   if (spec.ragged_q() != spec.ragged_kv()) {
     out.push_back({"layout", spec.ragged_q() ? "ragged q, dense k/v" : "dense q, ragged k/v",
-                   "q, k and v all ragged or all dense (mixed formats are not offered yet)", ""});
+                   "q, k and v all ragged or all dense (ragged with dense is not offered yet)", ""});
   }
   if (pass == Pass::backward && spec.softmax == Softmax::sink && versions.cudnn_runtime < 92600) {
     out.push_back({"softmax", "sink", "cuDNN 9.26 or newer for a ragged backward with a sink", "cuDNN 9.26"});

@@ -37,7 +37,8 @@ Formats formats_from_name(const std::string& name) {
   std::size_t underscore = name.find('_');
   out.q = name.substr(0, underscore);
   out.kv = underscore == std::string::npos ? name : name.substr(underscore + 1);
-  if (name == "thd_thd_thd") out.kv = "thd";  // one format each for Q, K and V
+  const std::size_t second = out.kv.find('_');  // "q_k_v": one format each, K's and V's alike
+  if (second != std::string::npos) out.kv = out.kv.substr(0, second);
   for (char c : out.q) {
     if (c != '3') out.o += c;
   }
@@ -159,7 +160,8 @@ TEST(LayoutNames, EveryLayoutRoundTrips) {
   const std::vector<std::string> names = {"bshd",       "sbhd",       "bhsd",       "bs3hd",      "bsh3d",
                                           "sb3hd",      "sbh3d",      "bshd_bs2hd", "bshd_bsh2d", "sbhd_sb2hd",
                                           "sbhd_sbh2d", "thd_thd_thd", "t3hd",      "th3d",       "thd_t2hd",
-                                          "thd_th2d"};
+                                          "thd_th2d",   "sbhd_bshd_bshd", "bshd_sbhd_sbhd", "thd_bshd_bshd",
+                                          "thd_sbhd_sbhd"};
   ASSERT_EQ(all_layouts().size(), names.size());
   for (std::size_t i = 0; i < names.size(); ++i) {
     EXPECT_EQ(to_string(all_layouts()[i]), names[i]);
@@ -184,7 +186,7 @@ TEST(LayoutNames, PackingPredicates) {
     EXPECT_EQ(packs_qkv(layout), name.find('3') != std::string::npos) << name;
     EXPECT_EQ(packs_kv(layout), name.find('2') != std::string::npos) << name;
     EXPECT_EQ(ragged_q(layout), name[0] == 't') << name;
-    EXPECT_EQ(ragged_kv(layout), name[0] == 't') << name;  // mixed formats are not named (yet)
+    EXPECT_EQ(ragged_kv(layout), formats_from_name(name).kv[0] == 't') << name;
   }
 }
 
@@ -192,7 +194,8 @@ TEST(LayoutNames, PackingPredicates) {
 TEST(LayoutStrides, RaggedLayoutsHaveNoBatchStride) {
   for (Layout layout : all_layouts()) {
     const LayoutTensors t = make_layout(layout, shape_of(3, 5, 5, 2, 2, 8, 8));
-    for (const TensorDesc* desc : {&t.q, &t.k, &t.v, &t.o}) EXPECT_EQ(desc->ragged(), ragged_q(layout)) << to_string(layout);
+    for (const TensorDesc* desc : {&t.q, &t.o}) EXPECT_EQ(desc->ragged(), ragged_q(layout)) << to_string(layout);
+    for (const TensorDesc* desc : {&t.k, &t.v}) EXPECT_EQ(desc->ragged(), ragged_kv(layout)) << to_string(layout);
   }
   const LayoutTensors thd = make_layout(Layout::thd_thd_thd, shape_of(3, 5, 7, 6, 2, 16, 8));
   EXPECT_EQ(thd.q.strides, (Strides{0, 16, 96, 1}));
@@ -246,6 +249,10 @@ TEST(LayoutStrides, DocumentedNumbers) {
       {Layout::th3d, {0, 24, 72, 1}, {0, 24, 72, 1}, {0, 8, 24, 1}, 8, 16},
       {Layout::thd_t2hd, {0, 8, 24, 1}, {0, 8, 48, 1}, {0, 8, 24, 1}, 0, 24},
       {Layout::thd_th2d, {0, 8, 24, 1}, {0, 16, 48, 1}, {0, 8, 24, 1}, 0, 8},
+      {Layout::sbhd_bshd_bshd, sbhd, bshd, sbhd, 0, 0},
+      {Layout::bshd_sbhd_sbhd, bshd, sbhd, bshd, 0, 0},
+      {Layout::thd_bshd_bshd, {0, 8, 24, 1}, bshd, {0, 8, 24, 1}, 0, 0},
+      {Layout::thd_sbhd_sbhd, {0, 8, 24, 1}, sbhd, {0, 8, 24, 1}, 0, 0},
   };
   ASSERT_EQ(rows.size(), all_layouts().size());
   for (const Row& row : rows) {
