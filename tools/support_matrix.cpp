@@ -95,6 +95,8 @@ std::string reasons(const Support& forward, const Support& backward) {
   return out;
 }
 
+constexpr std::int64_t kPageSize = 64;
+
 AttentionSpec base_spec(Layout layout, DType dtype, const HeadDims& dims, const MatrixSize& size) {
   ProblemShape shape;
   shape.dtype = dtype;
@@ -105,6 +107,11 @@ AttentionSpec base_spec(Layout layout, DType dtype, const HeadDims& dims, const 
   shape.heads_kv = packs_qkv(layout) ? size.heads_q : size.heads_kv;
   shape.head_dim_qk = dims.qk;
   shape.head_dim_v = dims.v;
+  if (paged_kv(layout)) {  // pages of 64 tokens, s_kv rounded up to whole pages, a pool with spare pages
+    shape.page_size = kPageSize;
+    shape.seq_kv = (shape.seq_kv + kPageSize - 1) / kPageSize * kPageSize;
+    shape.pages = shape.batch * (shape.seq_kv / kPageSize) + 7;
+  }
   return spec_for_layout(layout, shape);
 }
 
@@ -180,7 +187,8 @@ std::string support_matrix_markdown(bool with_cudnn) {
   verdict_rows(out, feature_entries(kReportSize), verdicts);
 
   out += "\n## Layouts and dtypes\n\nCausal top-left, d=128, " + size_text(kReportSize) +
-         " (s_kv = s_q and h_kv = h_q where the layout packs K/V with Q).\n\n";
+         " (s_kv = s_q and h_kv = h_q where the layout packs K/V with Q; paged caches in pages of 64 tokens, "
+         "s_kv rounded up to whole pages).\n\n";
   row(out, {"layout", "dtype", "forward", "backward", "reasons"});
   row(out, {"---", "---", "---", "---", "---"});
   verdict_rows(out, layout_entries(kReportSize), verdicts);

@@ -24,6 +24,8 @@ enum class Layout {
   thd_thd_thd, t3hd, th3d, thd_t2hd, thd_th2d,     // ragged: the same, token after token
   sbhd_bshd_bshd, bshd_sbhd_sbhd,                  // mixed: Q (and O) in one format, K and V in another
   thd_bshd_bshd, thd_sbhd_sbhd,                    // mixed: ragged Q, dense K and V
+  bshd_paged_bshd, bshd_paged_sbhd, sbhd_paged_bshd, sbhd_paged_sbhd,  // Q, and a paged K/V cache whose
+  thd_paged_bshd, thd_paged_sbhd,                  // pages are laid out as bshd / sbhd (see paged_kv())
 };
 
 /// Every layout, in declaration order.
@@ -39,6 +41,8 @@ struct ProblemShape {
   std::int64_t seq_q = 1, seq_kv = 1;
   std::int64_t heads_q = 1, heads_kv = 1;
   std::int64_t head_dim_qk = 64, head_dim_v = 64;
+  /// Paged layouts only: tokens per page (seq_kv must be a multiple) and pages in the pool.
+  std::int64_t page_size = 0, pages = 0;
 };
 
 /// Descriptors of Q, K, V and O in one layout, and each tensor's first element as an element
@@ -58,6 +62,10 @@ bool packs_kv(Layout layout) noexcept;
 /// stride of 0 in their descriptors.
 bool ragged_q(Layout layout) noexcept;
 bool ragged_kv(Layout layout) noexcept;
+/// True when K and V are paged caches: each is a pool of pages [pages, h_kv, page_size, d] laid
+/// out like one batch of the named format (a page where bshd has a batch entry), and each
+/// sequence's pages are found through a page table at run time (attention.h).
+bool paged_kv(Layout layout) noexcept;
 
 /// Descriptors for `shape` in `layout`. Packed layouts need the sizes they pack to agree
 /// (QKV: s_q == s_kv, h_q == h_kv, d_qk == d_v; KV: d_qk == d_v); otherwise InvalidArgument.

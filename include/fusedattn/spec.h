@@ -85,17 +85,23 @@ struct AttentionSpec {
   bool deterministic = false;  ///< backward: bitwise-reproducible dQ, dK, dV (no atomic accumulation)
   bool stats = true;  ///< also write the softmax statistics (log-sum-exp, float32 [b, h_q, s_q, 1]),
                       ///< which the backward pass needs; inference may turn them off
+  std::int64_t kv_pages = 0;  ///< > 0: K and V are paged caches, k and v describe their pools of
+                              ///< pages [pages, h_kv, page_size, d], and each sequence has kv_pages
+                              ///< pages in its page table (layout.h paged_kv); 0: not paged
 
   std::int64_t batch() const noexcept { return q.batch(); }
   std::int64_t heads_q() const noexcept { return q.heads(); }
   std::int64_t heads_kv() const noexcept { return k.heads(); }
   std::int64_t seq_q() const noexcept { return q.seq(); }
-  std::int64_t seq_kv() const noexcept { return k.seq(); }
+  std::int64_t seq_kv() const noexcept { return paged_kv() ? kv_pages * k.seq() : k.seq(); }
   std::int64_t head_dim_qk() const noexcept { return q.head_dim(); }
   std::int64_t head_dim_v() const noexcept { return v.head_dim(); }
   /// Ragged Q (and O) / K and V: see TensorDesc::ragged(). Ragged specs need padding = true.
   bool ragged_q() const noexcept { return q.ragged(); }
   bool ragged_kv() const noexcept { return k.ragged(); }
+  /// Paged K/V caches: the longest sequence is kv_pages pages of page_size() tokens.
+  bool paged_kv() const noexcept { return kv_pages > 0; }
+  std::int64_t page_size() const noexcept { return paged_kv() ? k.seq() : 0; }
 
   /// Multiply-add work of the forward pass, in floating-point operations, by the usual convention:
   /// 4·b·h·(visible pairs)·d, with d the mean of d_qk and d_v, where a causal mask counts as half of
@@ -115,7 +121,8 @@ std::string to_string(const AttentionSpec& spec);
 AttentionSpec parse_spec(const std::string& text);
 
 /// A spec whose four tensors are `layout`'s for `shape` (other fields at their defaults, except
-/// that a ragged layout sets padding: its lengths come at run time).
+/// that a ragged or paged layout sets padding, its lengths coming at run time, and a paged one
+/// sets kv_pages = s_kv / page_size).
 /// Throws InvalidArgument where the layout cannot pack the shape (see make_layout).
 AttentionSpec spec_for_layout(Layout layout, const ProblemShape& shape);
 

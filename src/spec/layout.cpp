@@ -19,6 +19,7 @@ struct LayoutInfo {
   const char* q_buffer;
   const char* kv_buffer;
   const char* o_buffer;
+  bool paged = false;  // kv_buffer is the format of a pool of pages ("b" counts pages, "s" a page's tokens)
 };
 
 constexpr LayoutInfo kLayouts[] = {
@@ -42,6 +43,12 @@ constexpr LayoutInfo kLayouts[] = {
     {Layout::bshd_sbhd_sbhd, "bshd_sbhd_sbhd", "bshd", "sbhd", "bshd"},
     {Layout::thd_bshd_bshd, "thd_bshd_bshd", "thd", "bshd", "thd"},
     {Layout::thd_sbhd_sbhd, "thd_sbhd_sbhd", "thd", "sbhd", "thd"},
+    {Layout::bshd_paged_bshd, "bshd_paged_bshd", "bshd", "bshd", "bshd", true},
+    {Layout::bshd_paged_sbhd, "bshd_paged_sbhd", "bshd", "sbhd", "bshd", true},
+    {Layout::sbhd_paged_bshd, "sbhd_paged_bshd", "sbhd", "bshd", "sbhd", true},
+    {Layout::sbhd_paged_sbhd, "sbhd_paged_sbhd", "sbhd", "sbhd", "sbhd", true},
+    {Layout::thd_paged_bshd, "thd_paged_bshd", "thd", "bshd", "thd", true},
+    {Layout::thd_paged_sbhd, "thd_paged_sbhd", "thd", "sbhd", "thd", true},
 };
 
 const LayoutInfo& info(Layout layout) noexcept {
@@ -148,6 +155,7 @@ bool packs_qkv(Layout layout) noexcept { return std::strchr(info(layout).q_buffe
 bool packs_kv(Layout layout) noexcept { return std::strchr(info(layout).kv_buffer, '2') != nullptr; }
 bool ragged_q(Layout layout) noexcept { return info(layout).q_buffer[0] == 't'; }
 bool ragged_kv(Layout layout) noexcept { return info(layout).kv_buffer[0] == 't'; }
+bool paged_kv(Layout layout) noexcept { return info(layout).paged; }
 
 LayoutTensors make_layout(Layout layout, const ProblemShape& shape) {
   check_positive("b", shape.batch);
@@ -162,9 +170,22 @@ LayoutTensors make_layout(Layout layout, const ProblemShape& shape) {
   const LayoutInfo& entry = info(layout);
   const bool qkv = packs_qkv(layout);
   const bool kv = packs_kv(layout);
+  // A paged K or V is its pool: one "batch entry" a page, one "sequence" a page's tokens.
+  std::int64_t kv_entries = shape.batch, kv_tokens = shape.seq_kv;
+  if (entry.paged) {
+    check_positive("page_size", shape.page_size);
+    check_positive("pages", shape.pages);
+    if (shape.seq_kv % shape.page_size != 0) {
+      throw InvalidArgument("s_kv", std::to_string(shape.seq_kv),
+                            "a multiple of page_size = " + std::to_string(shape.page_size) +
+                                " for a paged cache (s_kv / page_size pages a sequence)");
+    }
+    kv_entries = shape.pages;
+    kv_tokens = shape.page_size;
+  }
   Placed q = place(entry.q_buffer, shape.dtype, {shape.batch, shape.heads_q, shape.seq_q, shape.head_dim_qk}, 0);
-  Placed k = place(entry.kv_buffer, shape.dtype, {shape.batch, shape.heads_kv, shape.seq_kv, shape.head_dim_qk}, qkv ? 1 : 0);
-  Placed v = place(entry.kv_buffer, shape.dtype, {shape.batch, shape.heads_kv, shape.seq_kv, shape.head_dim_v},
+  Placed k = place(entry.kv_buffer, shape.dtype, {kv_entries, shape.heads_kv, kv_tokens, shape.head_dim_qk}, qkv ? 1 : 0);
+  Placed v = place(entry.kv_buffer, shape.dtype, {kv_entries, shape.heads_kv, kv_tokens, shape.head_dim_v},
                    qkv ? 2 : (kv ? 1 : 0));
   Placed o = place(entry.o_buffer, shape.dtype, {shape.batch, shape.heads_q, shape.seq_q, shape.head_dim_v}, 0);
 
@@ -199,6 +220,8 @@ void check_layout_strides(Layout layout, const std::string& tensor, const Tensor
   shape.heads_q = shape.heads_kv = desc.heads();
   shape.seq_q = shape.seq_kv = desc.seq();
   shape.head_dim_qk = shape.head_dim_v = desc.head_dim();
+  shape.page_size = desc.seq();  // a paged layout's K or V: the pool of desc.batch() pages
+  shape.pages = desc.batch();
   LayoutTensors expected = make_layout(layout, shape);
   const TensorDesc& want = tensor == "q" ? expected.q : tensor == "k" ? expected.k : tensor == "v" ? expected.v : expected.o;
   if (desc.strides != want.strides) {

@@ -27,7 +27,8 @@ AttentionSpec bucketed(const AttentionSpec& spec) {
   AttentionSpec out = spec;
   const std::int64_t batch = batch_bucket(spec.batch());
   for (TensorDesc* desc : {&out.q, &out.k, &out.v, &out.o}) {
-    desc->dims[kBatch] = batch;
+    const bool pool = spec.paged_kv() && (desc == &out.k || desc == &out.v);  // counts pages, not sequences
+    if (!pool) desc->dims[kBatch] = batch;
     if (desc->ragged()) desc->dims[kSeq] = sequence_bucket(desc->dims[kSeq]);
   }
   return out;

@@ -39,6 +39,7 @@ void visit_fields(F&& f, Specs&... specs) {
   f("padding", specs.padding...);
   f("deterministic", specs.deterministic...);
   f("stats", specs.stats...);
+  f("kv_pages", specs.kv_pages...);
 }
 
 template <class T>
@@ -77,6 +78,7 @@ const char* name_of(E value) noexcept {
 std::string format_value(const TensorDesc& desc) { return to_string(desc); }
 std::string format_value(bool flag) { return flag ? "1" : "0"; }
 std::string format_value(double value) { return detail::format_double(value); }
+std::string format_value(std::int64_t value) { return std::to_string(value); }
 template <class E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
 std::string format_value(E value) {
   return name_of(value);
@@ -94,6 +96,11 @@ void parse_value(const std::string& text, const std::string& key, bool& out) {
   } else {
     throw InvalidArgument(key, text, "0 or 1");
   }
+}
+void parse_value(const std::string& text, const std::string& key, std::int64_t& out) {
+  const std::optional<std::int64_t> value = detail::parse_int64(text);
+  if (!value) throw InvalidArgument(key, text, "an integer");
+  out = *value;
 }
 void parse_value(const std::string& text, const std::string& key, double& out) {
   char* end = nullptr;
@@ -133,6 +140,7 @@ std::size_t hash_of(const TensorDesc& desc) noexcept {
 }
 std::size_t hash_of(bool flag) noexcept { return flag ? 1 : 0; }
 std::size_t hash_of(double value) noexcept { return std::hash<double>{}(value); }
+std::size_t hash_of(std::int64_t value) noexcept { return std::hash<std::int64_t>{}(value); }
 template <class E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
 std::size_t hash_of(E value) noexcept {
   return static_cast<std::size_t>(value);
@@ -164,6 +172,13 @@ struct Shorthand {
 };
 constexpr Shorthand kShorthands[] = {{"s", "s_q", "s_kv"}, {"h", "h_q", "h_kv"}, {"d", "d_qk", "d_v"}};
 
+// Paged layouts' own sizes: a page's tokens and the pool's pages.
+constexpr SizeKey kPageKeys[] = {{"page_size", &ProblemShape::page_size}, {"pages", &ProblemShape::pages}};
+
+bool is_page_key(const std::string& key) {
+  return std::any_of(std::begin(kPageKeys), std::end(kPageKeys), [&](const SizeKey& size) { return key == size.key; });
+}
+
 bool is_size_key(const std::string& key) {
   return std::any_of(std::begin(kSizeKeys), std::end(kSizeKeys), [&](const SizeKey& size) { return key == size.key; });
 }
@@ -178,7 +193,7 @@ std::string known_keys() {
   visit_fields([&](const char* name, auto&) { out += std::string(" ") + name; }, unused);
   out += " layout dtype";
   for (const SizeKey& size : kSizeKeys) out += std::string(" ") + size.key;
-  out += ", shorthands s h d, causal=0|1 (window -1,-1 or -1,0) and the bare word causal";
+  out += ", page_size pages (paged layouts), shorthands s h d, causal=0|1 (window -1,-1 or -1,0) and the bare word causal";
   return out;
 }
 
@@ -219,7 +234,8 @@ AttentionSpec spec_for_layout(Layout layout, const ProblemShape& shape) {
   spec.k = tensors.k;
   spec.v = tensors.v;
   spec.o = tensors.o;
-  spec.padding = ragged_q(layout) || ragged_kv(layout);
+  spec.padding = ragged_q(layout) || ragged_kv(layout) || paged_kv(layout);
+  if (paged_kv(layout)) spec.kv_pages = shape.seq_kv / shape.page_size;
   return spec;
 }
 
@@ -233,6 +249,10 @@ ProblemShape problem_shape(const AttentionSpec& spec) {
   shape.heads_kv = spec.heads_kv();
   shape.head_dim_qk = spec.head_dim_qk();
   shape.head_dim_v = spec.head_dim_v();
+  if (spec.paged_kv()) {
+    shape.page_size = spec.page_size();
+    shape.pages = spec.k.batch();
+  }
   return shape;
 }
 
@@ -243,7 +263,7 @@ std::optional<Layout> named_layout(const AttentionSpec& spec) {
     if (shape.*size.member <= 0) return std::nullopt;
   }
   for (Layout layout : all_layouts()) {
-    if (!fits_packing(layout, shape)) continue;
+    if (!fits_packing(layout, shape) || paged_kv(layout) != spec.paged_kv()) continue;
     LayoutTensors tensors = make_layout(layout, shape);
     if (tensors.q == spec.q && tensors.k == spec.k && tensors.v == spec.v && tensors.o == spec.o) return layout;
   }
@@ -255,6 +275,9 @@ namespace {
 std::string short_form(Layout layout, const ProblemShape& shape) {
   std::string out = std::string("layout=") + to_string(layout) + " dtype=" + to_string(shape.dtype);
   for (const SizeKey& size : kSizeKeys) out += std::string(" ") + size.key + "=" + std::to_string(shape.*size.member);
+  if (paged_kv(layout)) {
+    for (const SizeKey& size : kPageKeys) out += std::string(" ") + size.key + "=" + std::to_string(shape.*size.member);
+  }
   return out;
 }
 
@@ -344,6 +367,15 @@ AttentionSpec build_short_form(AttentionSpec spec, const GivenKeys& given) {
     }
     shape.*size.member = parse_size(*token);
   }
+  for (const SizeKey& size : kPageKeys) {
+    const Token* token = given.find(size.key);
+    if (!paged_kv(layout)) {
+      if (token) throw InvalidArgument(token->key, token->value, "a paged layout (" + std::string(size.key) + " sizes its pages)");
+      continue;
+    }
+    if (!token) throw InvalidArgument(size.key, "(missing)", "page_size and pages with a paged layout");
+    shape.*size.member = parse_size(*token);
+  }
   LayoutTensors tensors = make_layout(layout, shape);
   spec.q = tensors.q;
   spec.k = tensors.k;
@@ -351,7 +383,13 @@ AttentionSpec build_short_form(AttentionSpec spec, const GivenKeys& given) {
   spec.o = tensors.o;
   // A ragged layout's lengths are runtime data, so it implies padding unless told otherwise
   // (and validate() then says why padding=0 cannot be).
-  if ((ragged_q(layout) || ragged_kv(layout)) && !given.find("padding")) spec.padding = true;
+  if ((ragged_q(layout) || ragged_kv(layout) || paged_kv(layout)) && !given.find("padding")) spec.padding = true;
+  if (paged_kv(layout)) {
+    if (const Token* token = given.find("kv_pages")) {
+      throw InvalidArgument(token->key, token->value, "no kv_pages with a paged layout's short form (s_kv / page_size)");
+    }
+    spec.kv_pages = shape.seq_kv / shape.page_size;
+  }
   return spec;
 }
 
@@ -448,8 +486,10 @@ std::string to_string(const AttentionSpec& spec) {
   std::optional<Layout> layout = named_layout(spec);
   std::string out = layout ? short_form(*layout, problem_shape(spec)) : std::string();
   AttentionSpec defaults;
-  // A ragged layout implies padding (the parser sets it), so there "padding=0" is what differs.
-  if (layout && (ragged_q(*layout) || ragged_kv(*layout))) defaults.padding = true;
+  // A ragged or paged layout implies padding (the parser sets it), so there "padding=0" is what
+  // differs; a paged layout's sizes already say kv_pages.
+  if (layout && (ragged_q(*layout) || ragged_kv(*layout) || paged_kv(*layout))) defaults.padding = true;
+  if (layout && paged_kv(*layout)) defaults.kv_pages = spec.kv_pages;
   visit_fields(
       [&](const char* name, const auto& field, const auto& default_value) {
         if (kIsTensor<decltype(field)>) {
@@ -488,7 +528,8 @@ AttentionSpec parse_spec(const std::string& text) {
         },
         spec);
     if (is_field) continue;
-    bool layout_key = token.key == "layout" || token.key == "dtype" || is_size_key(token.key) || is_shorthand(token.key);
+    bool layout_key = token.key == "layout" || token.key == "dtype" || is_size_key(token.key) ||
+                      is_shorthand(token.key) || is_page_key(token.key);
     if (!layout_key) throw InvalidArgument(token.key, token.value, "a known key; " + known_keys());
     given.claim(token, token.key);
     short_tokens.push_back(token);
@@ -509,7 +550,14 @@ void validate(const AttentionSpec& spec) {
                             std::string("the dtype of q (") + to_string(spec.q.dtype) + "): q, k, v and o share one");
     }
   }
-  for (const NamedTensor& t : tensors) require_equal("b", t.desc->batch(), t.name, "'s batch equal to q's", spec.batch());
+  if (spec.kv_pages < 0) throw InvalidArgument("kv_pages", std::to_string(spec.kv_pages), "0 (not paged) or a page count");
+  for (const NamedTensor& t : tensors) {
+    const bool pool = spec.paged_kv() && (t.desc == &spec.k || t.desc == &spec.v);  // pages, not sequences
+    if (!pool) require_equal("b", t.desc->batch(), t.name, "'s batch equal to q's", spec.batch());
+  }
+  if (spec.paged_kv() && spec.k.batch() != spec.v.batch()) {
+    throw InvalidArgument("v.dims", detail::format_list(spec.v.dims), "as many pages in v's pool as in k's");
+  }
 
   require_equal("h_kv", spec.v.heads(), "v", "'s heads equal to k's", spec.k.heads());
   if (spec.heads_q() % spec.heads_kv() != 0) {
@@ -548,6 +596,12 @@ void validate(const AttentionSpec& spec) {
   }
   if ((spec.ragged_q() || spec.ragged_kv()) && !spec.padding) {
     throw InvalidArgument("padding", "0", "padding=1 with ragged tensors: their lengths come at run time");
+  }
+  if (spec.paged_kv() && !spec.padding) {
+    throw InvalidArgument("padding", "0", "padding=1 with paged caches: their lengths come at run time");
+  }
+  if (spec.paged_kv() && spec.ragged_kv()) {
+    throw InvalidArgument("kv_pages", std::to_string(spec.kv_pages), "dense page pools (k and v with a batch stride)");
   }
   // A left bound of 0 would hide every key, including the diagonal's own.
   if (spec.window.left < -1 || spec.window.left == 0) {

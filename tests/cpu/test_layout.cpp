@@ -23,6 +23,8 @@ ProblemShape shape_of(std::int64_t b, std::int64_t s_q, std::int64_t s_kv, std::
   shape.heads_kv = h_kv;
   shape.head_dim_qk = d_qk;
   shape.head_dim_v = d_v;
+  shape.page_size = s_kv;  // paged layouts: one page a sequence, so their pools read like bshd / sbhd
+  shape.pages = b;
   return shape;
 }
 
@@ -37,6 +39,7 @@ Formats formats_from_name(const std::string& name) {
   std::size_t underscore = name.find('_');
   out.q = name.substr(0, underscore);
   out.kv = underscore == std::string::npos ? name : name.substr(underscore + 1);
+  if (out.kv.rfind("paged_", 0) == 0) out.kv = out.kv.substr(6);  // "q_paged_kv": the pages' format
   const std::size_t second = out.kv.find('_');  // "q_k_v": one format each, K's and V's alike
   if (second != std::string::npos) out.kv = out.kv.substr(0, second);
   for (char c : out.q) {
@@ -161,7 +164,8 @@ TEST(LayoutNames, EveryLayoutRoundTrips) {
                                           "sb3hd",      "sbh3d",      "bshd_bs2hd", "bshd_bsh2d", "sbhd_sb2hd",
                                           "sbhd_sbh2d", "thd_thd_thd", "t3hd",      "th3d",       "thd_t2hd",
                                           "thd_th2d",   "sbhd_bshd_bshd", "bshd_sbhd_sbhd", "thd_bshd_bshd",
-                                          "thd_sbhd_sbhd"};
+                                          "thd_sbhd_sbhd", "bshd_paged_bshd", "bshd_paged_sbhd", "sbhd_paged_bshd",
+                                          "sbhd_paged_sbhd", "thd_paged_bshd", "thd_paged_sbhd"};
   ASSERT_EQ(all_layouts().size(), names.size());
   for (std::size_t i = 0; i < names.size(); ++i) {
     EXPECT_EQ(to_string(all_layouts()[i]), names[i]);
@@ -188,6 +192,28 @@ TEST(LayoutNames, PackingPredicates) {
     EXPECT_EQ(ragged_q(layout), name[0] == 't') << name;
     EXPECT_EQ(ragged_kv(layout), formats_from_name(name).kv[0] == 't') << name;
   }
+}
+
+// A paged K/V is its pool: [pages, h_kv, page_size, d] in the pages' format.
+TEST(LayoutStrides, PagedLayoutsDescribeThePool) {
+  ProblemShape shape = shape_of(3, 5, 64, 6, 2, 16, 8);
+  shape.page_size = 16;
+  shape.pages = 20;
+  const LayoutTensors t = make_layout(Layout::bshd_paged_sbhd, shape);
+  EXPECT_EQ(t.q.strides, (Strides{5 * 6 * 16, 16, 6 * 16, 1}));
+  EXPECT_EQ(t.k.dims, (Strides{20, 2, 16, 16}));
+  EXPECT_EQ(t.k.strides, (Strides{2 * 16, 16, 20 * 2 * 16, 1}));  // sbhd pages: a page's tokens 20 pages apart
+  EXPECT_EQ(t.v.dims, (Strides{20, 2, 16, 8}));
+  EXPECT_EQ(t.k_buffer, 20 * 2 * 16 * 16);
+  shape.seq_kv = 70;
+  try {
+    make_layout(Layout::bshd_paged_bshd, shape);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.field(), "s_kv");
+    EXPECT_NE(e.requirement().find("multiple of page_size = 16"), std::string::npos);
+  }
+  for (Layout layout : all_layouts()) EXPECT_EQ(paged_kv(layout), std::string(to_string(layout)).find("_paged_") != std::string::npos);
 }
 
 // Ragged tensors have no batch stride: their sequences are placed by runtime offsets.
@@ -253,6 +279,12 @@ TEST(LayoutStrides, DocumentedNumbers) {
       {Layout::bshd_sbhd_sbhd, bshd, sbhd, bshd, 0, 0},
       {Layout::thd_bshd_bshd, {0, 8, 24, 1}, bshd, {0, 8, 24, 1}, 0, 0},
       {Layout::thd_sbhd_sbhd, {0, 8, 24, 1}, sbhd, {0, 8, 24, 1}, 0, 0},
+      {Layout::bshd_paged_bshd, bshd, bshd, bshd, 0, 0},  // one page a sequence: the pool reads as bshd
+      {Layout::bshd_paged_sbhd, bshd, sbhd, bshd, 0, 0},
+      {Layout::sbhd_paged_bshd, sbhd, bshd, sbhd, 0, 0},
+      {Layout::sbhd_paged_sbhd, sbhd, sbhd, sbhd, 0, 0},
+      {Layout::thd_paged_bshd, {0, 8, 24, 1}, bshd, {0, 8, 24, 1}, 0, 0},
+      {Layout::thd_paged_sbhd, {0, 8, 24, 1}, sbhd, {0, 8, 24, 1}, 0, 0},
   };
   ASSERT_EQ(rows.size(), all_layouts().size());
   for (const Row& row : rows) {

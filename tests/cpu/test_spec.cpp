@@ -23,6 +23,8 @@ ProblemShape shape_of(std::int64_t b, std::int64_t s_q, std::int64_t s_kv, std::
   shape.heads_kv = h_kv;
   shape.head_dim_qk = d_qk;
   shape.head_dim_v = d_v;
+  shape.page_size = s_kv;  // paged layouts: one page a sequence, and a spare page in the pool
+  shape.pages = b + 1;
   return shape;
 }
 

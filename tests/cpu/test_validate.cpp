@@ -21,6 +21,8 @@ AttentionSpec good_spec(Layout layout = Layout::bshd) {
   shape.heads_kv = 2;
   shape.head_dim_qk = 64;
   shape.head_dim_v = 64;
+  shape.page_size = 32;  // paged layouts: 3 pages a sequence, in a pool of 10
+  shape.pages = 10;
   if (packs_qkv(layout)) {  // one buffer for all three needs equal sizes
     shape.seq_kv = shape.seq_q;
     shape.heads_kv = shape.heads_q;
@@ -146,6 +148,24 @@ TEST(ValidateStrides, StridesMustBePositive) {
   spec = good_spec();
   spec.v.strides[kHead] = 0;
   expect_invalid(spec, "v.strides", ",0,", "positive");
+}
+
+// A paged K/V is a pool of pages, whose count need not be the batch; its lengths are runtime.
+TEST(ValidatePaged, PoolsTakeAnyPageCountAndNeedPadding) {
+  AttentionSpec spec = good_spec(Layout::bshd_paged_bshd);
+  EXPECT_EQ(spec.kv_pages, 3);
+  EXPECT_EQ(spec.seq_kv(), 96);
+  EXPECT_EQ(spec.page_size(), 32);
+  EXPECT_TRUE(spec.padding);
+  EXPECT_NO_THROW(validate(spec));
+  spec.padding = false;
+  expect_invalid(spec, "padding", "0", "padding=1 with paged caches");
+  spec = good_spec(Layout::bshd_paged_bshd);
+  spec.v.dims[kBatch] = 9;
+  expect_invalid(spec, "v.dims", "[9,", "as many pages in v's pool as in k's");
+  spec = good_spec(Layout::bshd_paged_bshd);
+  spec.kv_pages = -1;
+  expect_invalid(spec, "kv_pages", "-1", "0 (not paged) or a page count");
 }
 
 // A batch stride of 0 makes a tensor ragged; O follows Q and V follows K, and lengths are runtime.

@@ -72,6 +72,7 @@ std::vector<Case> numeric_cases() {
   // layout lets K/V have their own head count.
   for (const char* dt : dtypes) {
     for (Layout layout : all_layouts()) {
+      if (paged_kv(layout)) continue;  // test_paged_gpu.cpp
       std::string name = to_string(layout);
       std::string heads = packs_qkv(layout) ? "h=4" : "h_q=8 h_kv=2";
       std::string seqs = packs_qkv(layout) ? "s=1000" : "s_q=1000 s_kv=777";
