@@ -398,6 +398,20 @@ AttentionSpec ragged_twin(AttentionSpec spec) {
   return spec;
 }
 
+AttentionSpec paged_twin(AttentionSpec spec) {
+  if (!spec.paged_kv()) return spec;
+  const std::int64_t batch = spec.batch(), seq = spec.seq_kv();
+  for (TensorDesc* desc : {&spec.k, &spec.v}) {
+    const std::int64_t row = desc->heads() * desc->head_dim();
+    const bool token_major = desc->strides[kSeq] > desc->strides[kBatch];  // sbhd pages: tokens outermost
+    desc->dims = {batch, desc->heads(), seq, desc->head_dim()};
+    desc->strides = token_major ? std::array<std::int64_t, 4>{row, desc->head_dim(), batch * row, 1}
+                                : std::array<std::int64_t, 4>{seq * row, desc->head_dim(), row, 1};
+  }
+  spec.kv_pages = 0;
+  return spec;
+}
+
 double tolerance_for(DType dtype) {
   // Relative L2 error reachable by a correct kernel that rounds its outputs to 16 bits (8 and 11
   // significant bits): bf16 1e-2, f16 2e-3 (DESIGN.md §8).
@@ -499,6 +513,62 @@ struct RaggedCall {
   }
 };
 
+// A paged call over the dense twin's K and V: each sequence's pages are copied into pools at
+// random pages (a shuffled page table, spare pages left unused), so the paged run reads exactly
+// the values the dense reference sees.
+struct PagedCall {
+  DeviceBuffer k_pool, v_pool, table_k, table_v;
+
+  PagedCall(const AttentionSpec& paged, const AttentionSpec& twin, const ForwardTensors& dense, std::uint64_t seed) {
+    const std::int64_t batch = paged.batch(), per_seq = paged.kv_pages, page = paged.page_size();
+    if (paged.k.batch() < batch * per_seq) {
+      throw InvalidArgument("pages", std::to_string(paged.k.batch()),
+                            "at least b * kv_pages = " + std::to_string(batch * per_seq) +
+                                " for the check, which gives every sequence pages of its own");
+    }
+    std::vector<std::int32_t> pages(static_cast<std::size_t>(paged.k.batch()));
+    for (std::size_t i = 0; i < pages.size(); ++i) pages[i] = static_cast<std::int32_t>(i);
+    std::mt19937_64 rng(seed);
+    std::shuffle(pages.begin(), pages.end(), rng);
+    std::vector<std::int32_t> table_for_k(pages.begin(), pages.begin() + batch * per_seq);
+    std::shuffle(pages.begin(), pages.end(), rng);  // V's pages lie elsewhere than K's
+    std::vector<std::int32_t> table_for_v(pages.begin(), pages.begin() + batch * per_seq);
+    k_pool = fill_pool(paged.k, twin.k, dense.k, table_for_k, batch, per_seq, page);
+    v_pool = fill_pool(paged.v, twin.v, dense.v, table_for_v, batch, per_seq, page);
+    table_k = upload(table_for_k);
+    table_v = upload(table_for_v);
+  }
+
+ private:
+  static DeviceBuffer upload(const std::vector<std::int32_t>& host) {
+    DeviceBuffer device(host.size() * sizeof(std::int32_t));
+    check_cuda(cudaMemcpy(device.get(), host.data(), device.bytes(), cudaMemcpyHostToDevice), "cudaMemcpy(page table)");
+    return device;
+  }
+
+  // Page j of sequence b (tokens j * page ..) goes to pool page table[b * per_seq + j]: one 2-D copy
+  // of `page` token rows of h * d elements, each side with its own token stride.
+  static DeviceBuffer fill_pool(const TensorDesc& pool, const TensorDesc& dense, const void* source,
+                                const std::vector<std::int32_t>& table, std::int64_t batch, std::int64_t per_seq,
+                                std::int64_t page) {
+    const std::size_t element = size_of(pool.dtype);
+    DeviceBuffer out(static_cast<std::size_t>(pool.extent()) * element);
+    check_cuda(cudaMemset(out.get(), 0, out.bytes()), "cudaMemset(page pool)");
+    const std::size_t row = static_cast<std::size_t>(pool.heads() * pool.head_dim()) * element;
+    for (std::int64_t b = 0; b < batch; ++b) {
+      for (std::int64_t j = 0; j < per_seq; ++j) {
+        const char* from = static_cast<const char*>(source) + (b * dense.strides[kBatch] + j * page * dense.strides[kSeq]) * element;
+        char* to = static_cast<char*>(out.get()) + table[static_cast<std::size_t>(b * per_seq + j)] * pool.strides[kBatch] * element;
+        check_cuda(cudaMemcpy2D(to, static_cast<std::size_t>(pool.strides[kSeq]) * element, from,
+                                static_cast<std::size_t>(dense.strides[kSeq]) * element, row, static_cast<std::size_t>(page),
+                                cudaMemcpyDeviceToDevice),
+                   "cudaMemcpy2D(page)");
+      }
+    }
+    return out;
+  }
+};
+
 // Ragged statistics are token-major, [b, s_q, h_q] in the twin's slots: to [b, h_q, s_q].
 std::vector<float> statistics_by_head(const std::vector<float>& by_token, const AttentionSpec& spec) {
   std::vector<float> out(by_token.size());
@@ -517,10 +587,18 @@ Outputs<float> run_fusedattn(const Problem& p, AttentionBuffers& buffers) {
   const float scale = static_cast<float>(p.scale);
   const bool ragged = p.run_spec.ragged_q() || p.run_spec.ragged_kv();
   std::unique_ptr<RaggedCall> ragged_call(ragged ? new RaggedCall(p.spec, buffers) : nullptr);
+  std::unique_ptr<PagedCall> paged_call(
+      p.run_spec.paged_kv() ? new PagedCall(p.run_spec, p.spec, buffers.forward_tensors(), p.options.seed) : nullptr);
   {
     DeviceBuffer workspace(get_plan(p.run_spec, Pass::forward)->workspace_bytes());
     ForwardTensors tensors = buffers.forward_tensors();
     if (ragged) tensors.ragged = ragged_call->tensors;
+    if (paged_call) {
+      tensors.k = paged_call->k_pool.get();
+      tensors.v = paged_call->v_pool.get();
+      tensors.page_table_k = paged_call->table_k.as<std::int32_t>();
+      tensors.page_table_v = paged_call->table_v.as<std::int32_t>();
+    }
     forward(p.run_spec, tensors, scale, nullptr, Workspace{workspace.get(), workspace.bytes()});
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize(after fusedattn forward)");
   }
@@ -754,7 +832,7 @@ CheckResult check_against_reference(const AttentionSpec& spec, const CheckOption
   if (spec.dropout > 0.0) p.spec.dropout_mask_out = true;
   p.run_spec = p.spec;
   const bool ragged = spec.ragged_q() || spec.ragged_kv();
-  if (ragged) p.spec = ragged_twin(p.spec);
+  p.spec = paged_twin(ragged_twin(p.spec));
   p.options = options;
   if (p.options.seed == 0) p.options.seed = fresh_seed();
   p.scale = std::isnan(options.scale) ? static_cast<double>(default_scale(spec)) : options.scale;

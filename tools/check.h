@@ -55,6 +55,11 @@ double tolerance_for(DType dtype);
 /// the rows past each length are the gaps between sequences. Dense specs come back unchanged.
 AttentionSpec ragged_twin(AttentionSpec spec);
 
+/// The dense twin of a paged spec: K and V as [b, h_kv, s_kv, d] in their pages' format (bshd or
+/// sbhd). A paged spec is checked through it: the check copies each sequence's pages into the
+/// pools at shuffled pages, runs the paged call, and compares with the dense reference.
+AttentionSpec paged_twin(AttentionSpec spec);
+
 /// Runs `spec` through fusedattn::forward (and backward) on the current device and compares every
 /// output with the reference. Throws InvalidArgument (bad spec), NotSupported (every reason),
 /// CudnnError / CudaError / SetupError; a numerical mismatch is not an exception but passed=false.

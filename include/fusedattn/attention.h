@@ -58,6 +58,12 @@ struct ForwardTensors {
   const std::int64_t* dropout_offset = nullptr;  ///< dropout > 0: Philox offset, int64 [1], device
   float* dropout_mask = nullptr;  ///< dropout_mask_out: float32 [b, h_q, s_q, s_kv], 1 kept / 0 dropped
   RaggedTensors ragged;           ///< ragged specs: where the sequences are (seq_len_* are then unused)
+  /// Paged caches (spec.kv_pages > 0): k and v point at the page pools, and these int32
+  /// [b, kv_pages] tables give each sequence's pages in order (entry j holds tokens
+  /// j * page_size ..); seq_len_kv says how many tokens each sequence has. Pages past a
+  /// sequence's length are not read, but their entries must still name a page of the pool.
+  const std::int32_t* page_table_k = nullptr;
+  const std::int32_t* page_table_v = nullptr;
 };
 
 /// Device pointers of a backward call. Gradients share their inputs' descriptors (so a packed

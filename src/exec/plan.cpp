@@ -149,6 +149,10 @@ void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const 
   require_score_terms(t.bias, t.sink);
   require_dropout(t.dropout_seed, t.dropout_offset);
   if (spec_.dropout_mask_out) require_pointer("tensors.dropout_mask", t.dropout_mask);
+  if (spec_.paged_kv()) {
+    require_pointer("tensors.page_table_k", t.page_table_k);
+    require_pointer("tensors.page_table_v", t.page_table_v);
+  }
   if (spec_.max_logit != MaxLogit::none) require_pointer("tensors.max_logit", t.max_logit);
   detail::PointersByUid pointers = detail::forward_pointers(t, &scale);
   void** by_uid = pointers.at;

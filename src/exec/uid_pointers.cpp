@@ -20,6 +20,8 @@ PointersByUid forward_pointers(const ForwardTensors& t, float* scale) {
   p.at[graph::kUidDropoutSeed] = const_cast<std::int64_t*>(t.dropout_seed);
   p.at[graph::kUidDropoutOffset] = const_cast<std::int64_t*>(t.dropout_offset);
   p.at[graph::kUidDropoutMask] = t.dropout_mask;
+  p.at[graph::kUidPageTableK] = const_cast<std::int32_t*>(t.page_table_k);
+  p.at[graph::kUidPageTableV] = const_cast<std::int32_t*>(t.page_table_v);
   return p;
 }
 

@@ -189,6 +189,25 @@ void apply_dropout(fe::graph::Graph& graph, Attributes& attributes, const Attent
   uids.push_back(kUidDropoutOffset);
 }
 
+// Paged caches: k and v are pools of pages, and int32 page tables [b, 1, kv_pages, 1] give each
+// sequence's pages in order; cuDNN gathers them, up to the spec's longest KV sequence.
+void apply_paging(fe::graph::Graph& graph, fe::graph::SDPA_attributes& attributes, const AttentionSpec& spec,
+                  std::vector<std::int64_t>& uids) {
+  if (!spec.paged_kv()) return;
+  auto table = [&](const char* name, Uid uid) {
+    uids.push_back(uid);
+    return graph.tensor(fe::graph::Tensor_attributes()
+                            .set_name(name)
+                            .set_uid(uid)
+                            .set_dim({spec.batch(), 1, spec.kv_pages, 1})
+                            .set_stride({spec.kv_pages, 1, 1, 1})
+                            .set_data_type(fe::DataType_t::INT32));
+  };
+  attributes.set_paged_attention_k_table(table("page_table_k", kUidPageTableK))
+      .set_paged_attention_v_table(table("page_table_v", kUidPageTableV))
+      .set_paged_attention_max_seq_len_kv(static_cast<int>(spec.seq_kv()));
+}
+
 // The window becomes cuDNN's diagonal band: the same "p - left < j <= p + right" (spec.h).
 template <class Attributes>
 void apply_window(Attributes& attributes, const AttentionSpec& spec) {
@@ -225,6 +244,7 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionSpec& spec, fe::A
   place(k, offsets.k);
   place(v, offsets.v);
   apply_padding(*graph, attributes, spec, uids);
+  apply_paging(*graph, attributes, spec, uids);
   apply_score_terms(*graph, attributes, spec, Pass::forward, uids);
   apply_dropout(*graph, attributes, spec, uids);
   if (spec.dropout_mask_out) {

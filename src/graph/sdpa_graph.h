@@ -22,6 +22,7 @@ enum Uid : std::int64_t {
   kUidBias, kUidDBias, kUidSink, kUidDSink, kUidMaxLogit, kUidDropoutSeed, kUidDropoutOffset, kUidDropoutMask,
   kUidSumExp,  // with a max logit, cuDNN gives each row's max and sum of exponentials instead of stats
   kUidOffsetQ, kUidOffsetK, kUidOffsetV, kUidOffsetO, kUidOffsetStats,  // ragged: where each sequence starts
+  kUidPageTableK, kUidPageTableV,                                        // paged caches: each sequence's pages
   kUidEnd  // one past the last
 };
 

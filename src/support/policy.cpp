@@ -285,6 +285,19 @@ void deterministic_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& 
   }
 }
 
+// The score and softmax features not yet checked on a GPU together with `what` (ragged inputs,
+// paged caches): one reason each that is in use.
+void score_features_not_offered_with(const AttentionSpec& spec, const char* what, Reasons& out) {
+  auto not_yet = [&](bool used, const char* field, const std::string& value) {
+    if (used) out.push_back({field, value, "no " + std::string(field) + " with " + what + " (not offered yet)", ""});
+  };
+  not_yet(spec.bias != Bias::none, "bias", to_string(spec.bias));
+  not_yet(spec.alibi, "alibi", "1");
+  not_yet(spec.softmax != Softmax::vanilla, "softmax", to_string(spec.softmax));
+  not_yet(spec.dropout > 0.0, "dropout", detail::format_double(spec.dropout));
+  not_yet(spec.max_logit != MaxLogit::none, "max_logit", to_string(spec.max_logit));
+}
+
 // Ragged (thd) tensors: cuDNN takes them from Hopper on (the frontend's rule), and fusedattn
 // writes ragged statistics ([T, h_q], by token), which cuDNN offers from 9.6 (90600) and not on
 // SM 12.x (no ragged statistics in its backward). A sink in a ragged backward needs 9.26 (92600).
@@ -302,21 +315,36 @@ void ragged_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, c
   if (versions.cudnn_runtime < 90600) {
     out.push_back({"layout", value, "cuDNN 9.6 or newer for ragged statistics", "cuDNN 9.6"});
   }
-  if (spec.ragged_q() != spec.ragged_kv()) {
+  if (spec.ragged_q() != spec.ragged_kv() && !spec.paged_kv()) {  // paged: paged_rule says it
     out.push_back({"layout", spec.ragged_q() ? "ragged q, dense k/v" : "dense q, ragged k/v",
                    "q, k and v all ragged or all dense (ragged with dense is not offered yet)", ""});
   }
   if (pass == Pass::backward && spec.softmax == Softmax::sink && versions.cudnn_runtime < 92600) {
     out.push_back({"softmax", "sink", "cuDNN 9.26 or newer for a ragged backward with a sink", "cuDNN 9.26"});
   }
-  auto not_yet = [&](bool used, const char* field, const std::string& field_value) {
-    if (used) out.push_back({field, field_value, "no " + std::string(field) + " with ragged inputs (not offered yet)", ""});
-  };
-  not_yet(spec.bias != Bias::none, "bias", to_string(spec.bias));
-  not_yet(spec.alibi, "alibi", "1");
-  not_yet(spec.softmax != Softmax::vanilla, "softmax", to_string(spec.softmax));
-  not_yet(spec.dropout > 0.0, "dropout", detail::format_double(spec.dropout));
-  not_yet(spec.max_logit != MaxLogit::none, "max_logit", to_string(spec.max_logit));
+  score_features_not_offered_with(spec, "ragged inputs", out);
+}
+
+// Paged K/V caches (inference): cuDNN reads them from 9.5 (90500) and, up to 9.9, only with head
+// dims up to 128; its backward takes no page tables. Ragged Q with a paged cache, and paged
+// caches with a bias, ALiBi, a sink or off-by-one softmax, dropout or a max logit, are not
+// offered yet: none has been checked on a GPU.
+void paged_rule(const AttentionSpec& spec, Pass pass, const Versions& versions, Reasons& out) {
+  if (!spec.paged_kv()) return;
+  const std::string value = std::to_string(spec.kv_pages);
+  if (versions.cudnn_runtime < 90500) {
+    out.push_back({"kv_pages", value, "cuDNN 9.5 or newer for paged caches", "cuDNN 9.5"});
+  }
+  if (versions.cudnn_runtime < 91000 && (spec.head_dim_qk() > 128 || spec.head_dim_v() > 128)) {
+    out.push_back({"kv_pages", value, "d_qk, d_v <= 128 with paged caches before cuDNN 9.10", "cuDNN 9.10"});
+  }
+  if (pass == Pass::backward) {
+    out.push_back({"kv_pages", value, "no backward through paged caches (inference only: cuDNN's backward takes no page tables)", ""});
+  }
+  if (spec.ragged_q()) {
+    out.push_back({"kv_pages", value, "a dense Q with paged caches (ragged Q is not offered yet)", ""});
+  }
+  score_features_not_offered_with(spec, "paged caches", out);
 }
 
 Support check_support_policy(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions) {
@@ -338,6 +366,7 @@ Support check_support_policy(const AttentionSpec& spec, Pass pass, const DeviceC
   softmax_rule(spec, versions, out);
   dropout_rule(spec, pass, caps, versions, out);
   ragged_rule(spec, pass, caps, versions, out);
+  paged_rule(spec, pass, versions, out);
   return support;
 }
 
