@@ -117,11 +117,14 @@ double host_us_per_call(int calls, cudaStream_t stream, const std::function<void
 extern "C" {
 
 /// Canonical spec string for a problem in a named layout (so Python need not know the grammar).
+/// `page_size` and `pages` size a paged layout's pools (0 otherwise).
 int fa_make_spec(const char* layout, const char* dtype, long long b, long long s_q, long long s_kv, long long h_q,
-                 long long h_kv, long long d_qk, long long d_v, int causal, int bottom_right, char* out, int outlen,
-                 char* err, int errlen) {
+                 long long h_kv, long long d_qk, long long d_v, int causal, int bottom_right, long long page_size,
+                 long long pages, char* out, int outlen, char* err, int errlen) {
   return guarded(err, errlen, [&] {
     fa::ProblemShape shape;
+    shape.page_size = page_size;
+    shape.pages = pages;
     shape.dtype = fa::parse_dtype(dtype, "dtype");
     shape.batch = b;
     shape.seq_q = s_q;
@@ -196,6 +199,46 @@ int fa_bench_enqueue_forward_backward(const char* spec, const void* q, const voi
       fa::forward(c.spec, c.tensors, c.scale, c.stream, c.workspace);
       fa::backward(c.spec, bwd, c.scale, c.stream, bwd_ws);
     }
+  });
+}
+
+/// A packed training step: enqueues `calls` ragged forward (with stats) + backward pairs over
+/// `sequences` sequences packed back to back (cu_seqlens: int32 [sequences + 1] on the device,
+/// shared by Q and KV) through the one-call API, as a training loop would, and returns without
+/// synchronizing. *host_us: enqueueing time per pair (plan lookups included; a first call at a new
+/// bucket also builds its plans, which the cache counters show).
+int fa_bench_ragged_step(const char* spec, long long sequences, const int* cu_seqlens, const void* q, const void* k,
+                         const void* v, void* o, float* stats, const void* d_o, void* d_q, void* d_k, void* d_v,
+                         float scale, void* stream, int calls, double* host_us, char* err, int errlen) {
+  return guarded(err, errlen, [&] {
+    const fa::AttentionSpec s = spec_for(spec, /*stats=*/true);
+    const auto start = std::chrono::steady_clock::now();
+    fa::ForwardTensors f{q, k, v, o, stats};
+    fa::BackwardTensors b{q, k, v, o, d_o, stats, d_q, d_k, d_v};
+    f.ragged = b.ragged = fa::RaggedTensors{sequences, cu_seqlens, cu_seqlens, nullptr, nullptr};
+    const float sc = scale_for(s, scale);
+    const auto st = static_cast<cudaStream_t>(stream);
+    for (int i = 0; i < calls; ++i) {
+      fa::forward(s, f, sc, st, workspace_for(fa::get_plan(s, fa::Pass::forward)));
+      fa::backward(s, b, sc, st, workspace_for(fa::get_plan(s, fa::Pass::backward)));
+    }
+    *host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / calls;
+  });
+}
+
+/// Decode over a paged cache: enqueues `calls` forward calls (no statistics) with the pools,
+/// int32 page tables [b, kv_pages] and int32 lengths [b] on the device; no synchronization.
+int fa_bench_enqueue_paged_forward(const char* spec, const void* q, const void* k_pool, const void* v_pool, void* o,
+                                   const int* seq_len_q, const int* seq_len_kv, const int* table_k,
+                                   const int* table_v, float scale, void* stream, int calls, char* err, int errlen) {
+  return guarded(err, errlen, [&] {
+    const ForwardCall c = prepare_forward(spec, q, k_pool, v_pool, o, nullptr, scale, stream);
+    fa::ForwardTensors t = c.tensors;
+    t.seq_len_q = seq_len_q;
+    t.seq_len_kv = seq_len_kv;
+    t.page_table_k = table_k;
+    t.page_table_v = table_v;
+    for (int i = 0; i < calls; ++i) c.plan->run(t, c.scale, c.stream, c.workspace);
   });
 }
 

@@ -66,7 +66,9 @@ class Shim:
         P, I, F32, LL, S = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_longlong, ctypes.c_char_p
         D, U = ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_ulonglong)
         fwd = [S, P, P, P, P, P, F32, P]  # spec, q, k, v, o, stats, scale, stream
-        for name, args in {"fa_make_spec": [S, S] + [LL] * 7 + [I, I, S, I, S, I],
+        for name, args in {"fa_make_spec": [S, S] + [LL] * 7 + [I, I, LL, LL, S, I, S, I],
+                           "fa_bench_ragged_step": [S, LL] + [P] * 11 + [F32, P, I, D, S, I],
+                           "fa_bench_enqueue_paged_forward": [S] + [P] * 8 + [F32, P, I, S, I],
                            "fa_bench_enqueue_forward_backward": [S] + [P] * 9 + [F32, P, I, S, I],
                            "fa_bench_host_overhead": fwd + [I, D, D, D, S, I],
                            "fa_bench_enqueue_forward": fwd + [I, S, I],
@@ -84,10 +86,26 @@ class Shim:
         return self.lib.fa_build_info().decode()
 
     def make_spec(self, s, dtype="bf16", layout="bshd"):
+        return self.spec_string(layout, s.b, s.s, s.s, s.h_q, s.h_kv, s.d, s.causal, dtype=dtype)
+
+    def spec_string(self, layout, b, s_q, s_kv, h_q, h_kv, d, causal, bottom_right=False, page_size=0, pages=0,
+                    dtype="bf16"):
         out = ctypes.create_string_buffer(4096)
-        self._call("fa_make_spec", layout.encode(), dtype.encode(), s.b, s.s, s.s, s.h_q, s.h_kv, s.d, s.d,
-                   int(s.causal), 0, out, len(out))
+        self._call("fa_make_spec", layout.encode(), dtype.encode(), b, s_q, s_kv, h_q, h_kv, d, d, int(causal),
+                   int(bottom_right), page_size, pages, out, len(out))
         return out.value.decode()
+
+    def ragged_step(self, spec, sequences, cu_seqlens, q, k, v, o, stats, do, dq, dk, dv):
+        """Enqueues one packed forward+backward; returns host microseconds spent enqueueing."""
+        host_us = ctypes.c_double()
+        self._call("fa_bench_ragged_step", spec.encode(), sequences, ptr(cu_seqlens), *map(ptr, (q, k, v, o, stats)),
+                   *map(ptr, (do, dq, dk, dv)), math.nan, stream(), 1, ctypes.byref(host_us))
+        return host_us.value
+
+    def enqueue_paged_forward(self, spec, q, k_pool, v_pool, o, seq_len_q, seq_len_kv, table_k, table_v, calls):
+        self._call("fa_bench_enqueue_paged_forward", spec.encode(),
+                   *map(ptr, (q, k_pool, v_pool, o, seq_len_q, seq_len_kv, table_k, table_v)), math.nan, stream(),
+                   calls)
 
     # Kernel times come from cuda_median_ms, the harness PyTorch is timed with, around these calls.
     def forward_ms(self, spec, t, warmup, iters):  # inference: no statistics, like torch.no_grad()

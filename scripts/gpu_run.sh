@@ -3,7 +3,8 @@
 # the results file (DESIGN.md §8) and the benchmark outputs into $OUT (default: ./gpu-out).
 #
 #   bash scripts/gpu_run.sh            # everything
-#   SKIP_BENCH=1 bash scripts/gpu_run.sh       # no benchmark
+#   SKIP_BENCH=1 bash scripts/gpu_run.sh       # no benchmarks
+#   VARLEN_BENCH_ONLY=1 bash scripts/gpu_run.sh  # only the ragged / paged benchmark (after the tests)
 #   GPU_TESTS_ONLY=1 bash scripts/gpu_run.sh   # the GPU tier and the results file only
 #
 # FUSEDATTN_COMMIT=<sha> names the commit in the results file; pass it as a literal from the
@@ -55,7 +56,11 @@ echo "== support matrix"
 
 if [ -z "${SKIP_BENCH:-}" ]; then
   echo "== benchmark"
-  python3 -X faulthandler bench/run_bench.py --lib "$build/libfusedattn_bench.so" --out "$OUT" --rounds 5 || status=1
+  if [ -z "${VARLEN_BENCH_ONLY:-}" ]; then
+    python3 -X faulthandler bench/run_bench.py --lib "$build/libfusedattn_bench.so" --out "$OUT" --rounds 5 || status=1
+  fi
+  echo "== benchmark: ragged training step and paged decode"
+  python3 -X faulthandler bench/run_bench_varlen.py --lib "$build/libfusedattn_bench.so" --out "$OUT" || status=1
 fi
 
 [ -n "${SKIP_TESTS:-}" ] && exit $status

@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""bench/run_bench_varlen.py — fusedattn's ragged and paged paths, side by side with PyTorch in one
+process: a packed training step (host time per step, plan builds, TFLOP/s) and decode over a paged
+cache (fraction of the memory bandwidth measured in the same run). Writes JSON and a markdown table.
+
+    python bench/run_bench_varlen.py --lib build/libfusedattn_bench.so --out bench/results
+"""
+import argparse
+import datetime
+import json
+import math
+import random
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from run_bench import Shim, cuda_median_ms, short
+
+BF16 = torch.bfloat16
+
+
+# --- packed training step ----------------------------------------------------------------------
+
+def packing(rng, tokens, shortest, longest):
+    """Sequence lengths, log-uniform in [shortest, longest], filling `tokens` (the last one trimmed)."""
+    lengths = []
+    while sum(lengths) < tokens:
+        lengths.append(min(int(math.exp(rng.uniform(math.log(shortest), math.log(longest)))), tokens - sum(lengths)))
+    return lengths
+
+
+def causal_flops(lengths, h, d):  # forward+backward: 3.5 x forward, forward = 4·h·(pairs)·d, causal pairs ~ s²/2
+    return 3.5 * sum(4.0 * h * (n * n / 2) * d for n in lengths)
+
+
+def padded_torch_step(lengths, h_q, h_kv, d, backend):
+    """The dense alternative: every sequence padded to the longest, PyTorch SDPA, forward+backward."""
+    b, s = len(lengths), max(lengths)
+    q = torch.randn(b, h_q, s, d, device="cuda", dtype=BF16, requires_grad=True)
+    k = torch.randn(b, h_kv, s, d, device="cuda", dtype=BF16, requires_grad=True)
+    v = torch.randn(b, h_kv, s, d, device="cuda", dtype=BF16, requires_grad=True)
+    do = torch.randn(b, h_q, s, d, device="cuda", dtype=BF16)
+
+    def step():
+        with sdpa_kernel(backend):
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=h_q != h_kv)
+        out.backward(do)
+    return step
+
+
+def training_step(shim, args):
+    """`args.steps` random packings of `args.tokens` tokens each, forward+backward: a first pass
+    builds what it needs, a second pass over the same packings is timed."""
+    h_q, h_kv, d = 32, 8, 128
+    rng = random.Random(2026)
+    packings = [packing(rng, args.tokens, 64, 8192) for _ in range(args.steps)]
+    t = args.tokens
+    q, o, do, dq = (torch.rand(t, h_q, d, device="cuda", dtype=BF16) for _ in range(4))
+    k, v, dk, dv = (torch.rand(t, h_kv, d, device="cuda", dtype=BF16) for _ in range(4))
+    stats = torch.empty(t, h_q, device="cuda", dtype=torch.float32)
+    calls = []
+    for lengths in packings:
+        cu = torch.tensor([0] + [sum(lengths[:i + 1]) for i in range(len(lengths))], device="cuda", dtype=torch.int32)
+        spec = shim.spec_string("thd_thd_thd", len(lengths), max(lengths), max(lengths), h_q, h_kv, d, causal=True)
+        calls.append((spec, len(lengths), cu, lengths))
+
+    before = shim.cache_stats()
+    for spec, n, cu, _ in calls:  # first pass: every bucket's plans get built here
+        shim.ragged_step(spec, n, cu, q, k, v, o, stats, do, dq, dk, dv)
+    torch.cuda.synchronize()
+    first = shim.cache_stats()
+    host = []
+    torch.cuda._sleep(50_000_000)
+    events = []
+    for spec, n, cu, _ in calls:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        host.append(shim.ragged_step(spec, n, cu, q, k, v, o, stats, do, dq, dk, dv))
+        end.record()
+        events.append((start, end))
+    torch.cuda.synchronize()
+    second = shim.cache_stats()
+    gpu = [s.elapsed_time(e) for s, e in events]
+    flops = sum(causal_flops(lengths, h_q, d) for *_, lengths in calls)
+    result = {"tokens_per_step": args.tokens, "steps": args.steps, "h_q": h_q, "h_kv": h_kv, "d": d,
+              "lengths": "log-uniform 64..8192, packed back to back", "example_spec": calls[0][0],
+              "sequences_per_step_median": statistics.median(len(p) for p in packings),
+              "plan_builds_first_pass": first["builds"] - before["builds"],
+              "plan_builds_second_pass": second["builds"] - first["builds"],
+              "fusedattn_host_us_per_step": statistics.median(host),
+              "fusedattn_gpu_ms_per_step": statistics.median(gpu),
+              "fusedattn_tflops": flops / (sum(gpu) * 1e-3) / 1e12}
+    # The same packings padded to their longest sequence, through PyTorch (useful FLOPs only).
+    for name, backend in (("torch_cudnn_padded", SDPBackend.CUDNN_ATTENTION),
+                          ("torch_flash_padded", SDPBackend.FLASH_ATTENTION)):
+        try:
+            times = []
+            for *_, lengths in calls[:min(len(calls), 20)]:
+                times.append((cuda_median_ms(padded_torch_step(lengths, h_q, h_kv, d, backend), 2, 5), lengths))
+            useful = sum(causal_flops(lengths, h_q, d) for _, lengths in times)
+            result[f"{name}_gpu_ms_per_step"] = statistics.median(ms for ms, _ in times)
+            result[f"{name}_useful_tflops"] = useful / (sum(ms for ms, _ in times) * 1e-3) / 1e12
+        except Exception as error:
+            result[f"{name}_error"] = short(error)
+    return result
+
+
+# --- decode over a paged cache -----------------------------------------------------------------
+
+def copy_bandwidth():
+    """Device memory bandwidth of a plain copy (read + write), the ceiling decode is held to."""
+    x = torch.empty(2 ** 30, device="cuda", dtype=torch.uint8)
+    y = torch.empty_like(x)
+    ms = cuda_median_ms(lambda: y.copy_(x), 3, 10)
+    return 2 * x.numel() / (ms * 1e-3)
+
+
+def decode(shim, batch, seq_kv, page, bandwidth):
+    h_q, h_kv, d = 32, 8, 128
+    pages = batch * seq_kv // page
+    # The dense cache doubles as the page pool (bshd pages are slices of a bshd cache), so both
+    # sides read the same bytes; the page table visits the pool's pages in shuffled order.
+    k = torch.rand(batch, seq_kv, h_kv, d, device="cuda", dtype=BF16)
+    v = torch.rand_like(k)
+    q = torch.rand(batch, 1, h_q, d, device="cuda", dtype=BF16)
+    o = torch.empty_like(q)
+    table_k = torch.randperm(pages, device="cuda", dtype=torch.int32).reshape(batch, seq_kv // page)
+    table_v = torch.randperm(pages, device="cuda", dtype=torch.int32).reshape(batch, seq_kv // page)
+    len_q = torch.ones(batch, device="cuda", dtype=torch.int32)
+    len_kv = torch.full((batch,), seq_kv, device="cuda", dtype=torch.int32)
+    spec = shim.spec_string("bshd_paged_bshd", batch, 1, seq_kv, h_q, h_kv, d, causal=True, bottom_right=True,
+                            page_size=page, pages=pages)
+    bytes_read = 2 * k.numel() * k.element_size()
+    row = {"b": batch, "s_kv": seq_kv, "page_size": page, "spec": spec, "kv_bytes": bytes_read}
+    ms = cuda_median_ms(lambda: shim.enqueue_paged_forward(spec, q, k, v, o, len_q, len_kv, table_k, table_v, 1), 3, 20)
+    row["fusedattn_us"], row["fusedattn_bw_fraction"] = ms * 1e3, bytes_read / (ms * 1e-3) / bandwidth
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    for name, backend in (("torch_cudnn_dense", SDPBackend.CUDNN_ATTENTION),
+                          ("torch_flash_dense", SDPBackend.FLASH_ATTENTION)):
+        try:
+            def call():
+                with sdpa_kernel(backend), torch.no_grad():
+                    F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+            ms = cuda_median_ms(call, 3, 20)
+            row[f"{name}_us"], row[f"{name}_bw_fraction"] = ms * 1e3, bytes_read / (ms * 1e-3) / bandwidth
+        except Exception as error:
+            row[f"{name}_error"] = short(error)
+    return row
+
+
+def fmt(x, form):
+    return form.format(x) if isinstance(x, (int, float)) and not math.isnan(x) else "–"
+
+
+def markdown(step, rows, bandwidth):
+    lines = ["## Packed training step (BF16, thd, h 32/8, d 128, causal, forward+backward)", ""]
+    if step:
+        lines += [f"{step['steps']} steps of {step['tokens_per_step']} tokens ({step['lengths']}, median "
+                  f"{step['sequences_per_step_median']} sequences a step).", "",
+                  "| | fusedattn (ragged) | PyTorch cuDNN (padded) | PyTorch flash (padded) |", "|---|---|---|---|",
+                  f"| TFLOP/s (useful) | {fmt(step['fusedattn_tflops'], '{:.0f}')} | "
+                  f"{fmt(step.get('torch_cudnn_padded_useful_tflops'), '{:.0f}')} | "
+                  f"{fmt(step.get('torch_flash_padded_useful_tflops'), '{:.0f}')} |",
+                  f"| GPU ms per step | {fmt(step['fusedattn_gpu_ms_per_step'], '{:.2f}')} | "
+                  f"{fmt(step.get('torch_cudnn_padded_gpu_ms_per_step'), '{:.2f}')} | "
+                  f"{fmt(step.get('torch_flash_padded_gpu_ms_per_step'), '{:.2f}')} |",
+                  f"| host µs per step (enqueue) | {fmt(step['fusedattn_host_us_per_step'], '{:.1f}')} | | |",
+                  f"| plan builds, first / second pass | {step['plan_builds_first_pass']} / "
+                  f"{step['plan_builds_second_pass']} | | |", ""]
+    lines += [f"## Decode over a paged cache (BF16, s_q 1, h 32/8, d 128), fraction of {bandwidth / 1e12:.2f} TB/s "
+              "(copy bandwidth measured in this run)", "",
+              "| b | s_kv | fusedattn paged µs | fraction | PyTorch cuDNN dense µs | fraction | PyTorch flash dense µs | fraction |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['b']} | {r['s_kv']} | {fmt(r.get('fusedattn_us'), '{:.1f}')} | "
+                     f"{fmt(r.get('fusedattn_bw_fraction'), '{:.2f}')} | {fmt(r.get('torch_cudnn_dense_us'), '{:.1f}')} | "
+                     f"{fmt(r.get('torch_cudnn_dense_bw_fraction'), '{:.2f}')} | {fmt(r.get('torch_flash_dense_us'), '{:.1f}')} | "
+                     f"{fmt(r.get('torch_flash_dense_bw_fraction'), '{:.2f}')} |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lib", required=True, help="path to libfusedattn_bench.so")
+    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--name", help="results file stem (default: date, GPU, varlen)")
+    parser.add_argument("--tokens", type=int, default=32768, help="tokens per packed training step")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--max-cache-gb", type=float, default=40.0, help="skip decode rows whose K+V exceed this")
+    args = parser.parse_args()
+    shim = Shim(args.lib)
+    info = shim.build_info()
+    print(f"{info}\nPyTorch {torch.__version__}, its cuDNN {torch.backends.cudnn.version()}\n", flush=True)
+    failures = []
+    try:
+        step = training_step(shim, args)
+    except Exception as error:
+        step, failures = None, failures + [{"what": "training step", "error": short(error)}]
+    bandwidth = copy_bandwidth()
+    rows = []
+    for batch in (1, 8, 64, 128):
+        for seq_kv in (2048, 8192, 32768, 131072):
+            gb = 2 * batch * seq_kv * 8 * 128 * 2 / 1e9
+            if gb > args.max_cache_gb:
+                rows.append({"b": batch, "s_kv": seq_kv, "skipped": f"K+V {gb:.0f} GB > --max-cache-gb"})
+                continue
+            print(f"decode b={batch} s_kv={seq_kv} ...", flush=True)
+            try:
+                rows.append(decode(shim, batch, seq_kv, 64, bandwidth))
+                torch.cuda.empty_cache()  # the next cache may be larger: hand this one's memory back
+            except Exception as error:
+                failures.append({"what": f"decode b={batch} s_kv={seq_kv}", "error": short(error)})
+    gpu = torch.cuda.get_device_name()
+    name = args.name or f"{datetime.datetime.now():%Y%m%d-%H%M}_{gpu.replace(' ', '_')}_varlen"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "build_info": info, "gpu": gpu,
+              "torch": torch.__version__, "argv": sys.argv, "copy_bandwidth_bytes_per_s": bandwidth,
+              "training_step": step, "decode": rows, "plan_cache": shim.cache_stats(), "failures": failures}
+    (out / f"{name}.json").write_text(json.dumps(record, indent=2))
+    (out / f"{name}.md").write_text(markdown(step, [r for r in rows if "skipped" not in r], bandwidth) + "\n")
+    print(f"wrote {out / name}.json, .md")
+    for failure in failures:
+        print(f"FAILED {failure['what']}: {failure['error']}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
