@@ -61,8 +61,16 @@ message(STATUS "fusedattn: cuDNN ${CUDNN_VERSION_MAJOR}.${CUDNN_VERSION_MINOR}.$
 
 # The frontend is header-only, pinned, and installed by scripts/setup.sh into .deps/.
 set(FUSEDATTN_FRONTEND_VERSION "1.32.0")
-set(FUSEDATTN_FRONTEND_INCLUDE "${PROJECT_SOURCE_DIR}/.deps/cudnn_frontend/include"
-    CACHE PATH "cuDNN frontend headers (folder holding cudnn_frontend.h)")
+# `pip install .` builds in an environment that has the package (a build requirement in
+# pyproject.toml), whose headers sit in site-packages/include; that is the second place looked in.
+set(_fe_default "${PROJECT_SOURCE_DIR}/.deps/cudnn_frontend/include")
+if(NOT EXISTS "${_fe_default}/cudnn_frontend.h" AND DEFINED SKBUILD)
+  find_package(Python COMPONENTS Interpreter REQUIRED)
+  execute_process(COMMAND "${Python_EXECUTABLE}" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+                  OUTPUT_VARIABLE _purelib OUTPUT_STRIP_TRAILING_WHITESPACE)
+  set(_fe_default "${_purelib}/include")
+endif()
+set(FUSEDATTN_FRONTEND_INCLUDE "${_fe_default}" CACHE PATH "cuDNN frontend headers (folder holding cudnn_frontend.h)")
 if(NOT EXISTS "${FUSEDATTN_FRONTEND_INCLUDE}/cudnn_frontend.h")
   message(FATAL_ERROR
     "fusedattn: the cuDNN frontend headers are missing: no cudnn_frontend.h in ${FUSEDATTN_FRONTEND_INCLUDE}. "

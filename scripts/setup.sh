@@ -10,6 +10,13 @@ if [ ! -f .deps/googletest/CMakeLists.txt ] && [ -f /usr/src/googletest/CMakeLis
   mkdir -p .deps && cp -r /usr/src/googletest .deps/googletest
 fi
 
+# The Python tier's build and test tools, where pip can install them (small; the tier is skipped,
+# saying so, where it cannot).
+for module in nanobind pytest; do
+  python3 -c "import $module" 2>/dev/null || python3 -m pip install --quiet "$module" 2>/dev/null ||
+    echo "setup: could not install $module with pip; the Python tier will be skipped"
+done
+
 dest=.deps/cudnn_frontend
 if grep -qs "PATCH_VERSION 0" "$dest/include/cudnn_frontend_version.h" &&
    grep -qs "MINOR_VERSION 32" "$dest/include/cudnn_frontend_version.h"; then

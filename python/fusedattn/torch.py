@@ -1,0 +1,311 @@
+"""fusedattn.torch — the PyTorch adapter.
+
+It only translates: tensors become logical [b, h, s, d] descriptors (their real strides, so views
+of packed buffers work as they are), options become a spec string, and the core does the rest
+(validation, support answer, cached plan, execution). Registered as custom operators with fake
+implementations, so torch.compile traces through without a graph break, and differentiable through
+the core's backward.
+
+    from fusedattn.torch import attention
+    out = attention(q, k, v, layout="bshd", causal=True)           # q, k, v: [b, s, h, d]
+    out = attention(q, k, v, layout="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                    max_seqlen_q=m, max_seqlen_kv=m, causal=True)   # packed sequences: [t, h, d]
+"""
+import logging
+import math
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _core as core
+from .errors import NotSupportedError
+
+__all__ = ["attention", "scaled_dot_product_attention", "Attention"]
+
+_LOG = logging.getLogger("fusedattn")
+_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
+# Per layout, the tensor axis that holds each logical axis (batch, heads, sequence, head dim).
+_AXES = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}
+_BIAS_KINDS = {(True, True, True): "bhss", (True, False, True): "b1ss", (False, True, True): "1hss",
+               (False, False, True): "11ss", (False, False, False): "111s"}
+
+
+# --- tensors to the core's terms -------------------------------------------------------------
+
+def _logical(t: Tensor, layout: str, batch: int = 0, max_seq: int = 0):
+    """Logical [b, h, s, d] dims and element strides of `t` in `layout`; ragged ("thd", [t, h, d])
+    gets `batch` sequences of up to `max_seq` tokens and a batch stride of 0."""
+    if layout == "thd":
+        return (batch, t.shape[1], max_seq, t.shape[2]), (0, t.stride(1), t.stride(0), t.stride(2))
+    axes = _AXES[layout]
+    return tuple(t.shape[a] for a in axes), tuple(t.stride(a) for a in axes)
+
+
+def _desc(dtype: str, dims_strides) -> str:
+    dims, strides = dims_strides
+    return f"{dtype}[{','.join(map(str, dims))}]/[{','.join(map(str, strides))}]"
+
+
+def _bias_kind(bias: Tensor, b: int, h: int, s_q: int) -> str:
+    if bias.dim() != 4:
+        raise core_error("InvalidArgumentError", "bias.dim", bias.dim(), "4 ([b|1, h|1, s_q|1, s_kv])")
+    return _BIAS_KINDS.get((bias.shape[0] == b and b > 1, bias.shape[1] == h and h > 1, bias.shape[2] == s_q and s_q > 1),
+                           "bhss")
+
+
+def core_error(kind: str, field: str, value, requirement: str):
+    from . import errors
+    error = getattr(errors, kind)(f"{field} = {value}: {requirement}")
+    error.field, error.value, error.requirement = field, str(value), requirement
+    return error
+
+
+def _out_shape(q: Tensor, v: Tensor, layout: str):
+    return tuple(q.shape[:-1]) + (v.shape[-1],)
+
+
+def _stats_shape(q: Tensor, layout: str):
+    """float32 statistics: [b, h_q, s_q] for dense Q, [t, h_q] (by token) for ragged."""
+    if layout == "thd":
+        return (q.shape[0], q.shape[1])
+    dims, _ = _logical(q, layout)
+    return (dims[0], dims[1], dims[2])
+
+
+class _Entry:
+    """A spec and its plans, cached per signature (shapes, strides, dtype, options)."""
+    __slots__ = ("spec", "plans")
+
+    def __init__(self, spec):
+        self.spec, self.plans = spec, {}
+
+    def plan(self, pass_):
+        found = self.plans.get(pass_)
+        if found is None:
+            found = self.plans[pass_] = core.get_plan(self.spec, pass_)
+        return found
+
+
+_ENTRIES = {}
+
+
+def _entry(q, k, v, o, layout, options, batch, max_q, max_kv, want_stats):
+    key = (layout, q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), o.stride(), options,
+           batch, max_q, max_kv, want_stats)
+    found = _ENTRIES.get(key)
+    if found is None:
+        dtype = _DTYPES.get(q.dtype)
+        if dtype is None:
+            raise core_error("InvalidArgumentError", "q.dtype", q.dtype, "torch.float16 or torch.bfloat16")
+        text = " ".join((f"q={_desc(dtype, _logical(q, layout, batch, max_q))}",
+                         f"k={_desc(dtype, _logical(k, layout, batch, max_kv))}",
+                         f"v={_desc(dtype, _logical(v, layout, batch, max_kv))}",
+                         f"o={_desc(dtype, _logical(o, layout, batch, max_q))}",
+                         options, f"stats={int(want_stats)}"))
+        found = _ENTRIES[key] = _Entry(core.Spec.parse(text))
+    return found
+
+
+def _addr(t: Optional[Tensor]) -> int:
+    return 0 if t is None or t.numel() == 0 else t.data_ptr()
+
+
+def _workspace(plan, device) -> Tensor:  # from PyTorch's caching allocator, on the current stream
+    return torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=device)
+
+
+def _ragged_args(cu_q: Optional[Tensor], cu_kv: Optional[Tensor]):
+    if cu_q is None:
+        return {}
+    return {"sequences": cu_q.numel() - 1, "cu_seqlens_q": cu_q.data_ptr(), "cu_seqlens_kv": cu_kv.data_ptr()}
+
+
+# --- the custom operators --------------------------------------------------------------------
+
+_EMPTY = (0,)
+
+
+@torch.library.custom_op("fusedattn::forward", mutates_args=())
+def _forward(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], sink: Optional[Tensor],
+             cu_seqlens_q: Optional[Tensor], cu_seqlens_kv: Optional[Tensor], layout: str, options: str,
+             scale: float, max_seqlen_q: int, max_seqlen_kv: int, want_stats: bool) -> Tuple[Tensor, Tensor]:
+    o = q.new_empty(_out_shape(q, v, layout))
+    stats = q.new_empty(_stats_shape(q, layout) if want_stats else _EMPTY, dtype=torch.float32)
+    batch = cu_seqlens_q.numel() - 1 if cu_seqlens_q is not None else 0
+    plan = _entry(q, k, v, o, layout, options, batch, max_seqlen_q, max_seqlen_kv, want_stats).plan("forward")
+    workspace = _workspace(plan, q.device)
+    plan.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), _addr(stats), scale,
+                 torch.cuda.current_stream(q.device).cuda_stream, workspace.data_ptr(), workspace.numel(),
+                 bias=_addr(bias), sink=_addr(sink), **_ragged_args(cu_seqlens_q, cu_seqlens_kv))
+    return o, stats
+
+
+@_forward.register_fake
+def _(q, k, v, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q, max_seqlen_kv,
+      want_stats):
+    return (q.new_empty(_out_shape(q, v, layout)),
+            q.new_empty(_stats_shape(q, layout) if want_stats else _EMPTY, dtype=torch.float32))
+
+
+@torch.library.custom_op("fusedattn::backward", mutates_args=())
+def _backward(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, stats: Tensor, bias: Optional[Tensor],
+              sink: Optional[Tensor], cu_seqlens_q: Optional[Tensor], cu_seqlens_kv: Optional[Tensor], layout: str,
+              options: str, scale: float, max_seqlen_q: int, max_seqlen_kv: int,
+              bias_grad: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    # Gradients take their inputs' strides (a view of a packed buffer gets a packed-strided one).
+    d_q, d_k, d_v = (torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device) for t in (q, k, v))
+    d_bias = torch.empty_like(bias) if bias_grad else q.new_empty(_EMPTY)
+    d_sink = torch.empty_like(sink) if sink is not None else q.new_empty(_EMPTY, dtype=torch.float32)
+    d_o = d_o.contiguous()  # O's own layout, which the plan was built for
+    batch = cu_seqlens_q.numel() - 1 if cu_seqlens_q is not None else 0
+    grad_options = options + (" bias_grad=1" if bias_grad else "")
+    plan = _entry(q, k, v, o, layout, grad_options, batch, max_seqlen_q, max_seqlen_kv, True).plan("backward")
+    workspace = _workspace(plan, q.device)
+    plan.backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), d_o.data_ptr(), stats.data_ptr(),
+                  d_q.data_ptr(), d_k.data_ptr(), d_v.data_ptr(), scale,
+                  torch.cuda.current_stream(q.device).cuda_stream, workspace.data_ptr(), workspace.numel(),
+                  bias=_addr(bias), sink=_addr(sink), d_bias=_addr(d_bias), d_sink=_addr(d_sink),
+                  **_ragged_args(cu_seqlens_q, cu_seqlens_kv))
+    return d_q, d_k, d_v, d_bias, d_sink
+
+
+@_backward.register_fake
+def _(d_o, q, k, v, o, stats, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q,
+      max_seqlen_kv, bias_grad):
+    grads = tuple(torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device) for t in (q, k, v))
+    d_bias = torch.empty_like(bias) if bias_grad else q.new_empty(_EMPTY)
+    d_sink = torch.empty_like(sink) if sink is not None else q.new_empty(_EMPTY, dtype=torch.float32)
+    return grads + (d_bias, d_sink)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, bias, sink, cu_q, cu_kv, layout, options, scale, max_q, max_kv, _ = inputs
+    o, stats = output
+    ctx.save_for_backward(q, k, v, o, stats, bias, sink, cu_q, cu_kv)
+    ctx.meta = (layout, options, scale, max_q, max_kv, bias is not None and bias.requires_grad)
+
+
+def _grad(ctx, d_o, _d_stats):
+    q, k, v, o, stats, bias, sink, cu_q, cu_kv = ctx.saved_tensors
+    layout, options, scale, max_q, max_kv, bias_grad = ctx.meta
+    d_q, d_k, d_v, d_bias, d_sink = _backward(d_o, q, k, v, o, stats, bias, sink, cu_q, cu_kv, layout, options, scale,
+                                              max_q, max_kv, bias_grad)
+    return (d_q, d_k, d_v, d_bias if bias_grad else None, d_sink if sink is not None else None,
+            None, None, None, None, None, None, None, None)
+
+
+torch.library.register_autograd("fusedattn::forward", _grad, setup_context=_setup_context)
+
+
+# --- the functional API ----------------------------------------------------------------------
+
+_FALLBACK_LOGGED = set()
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: bool = False,
+              align: str = "top_left", window: Tuple[int, int] = (-1, -1), scale: Optional[float] = None,
+              bias: Optional[Tensor] = None, alibi: bool = False, softmax: str = "vanilla",
+              sink: Optional[Tensor] = None, dropout_p: float = 0.0, deterministic: bool = False,
+              cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_kv: Optional[Tensor] = None,
+              max_seqlen_q: int = 0, max_seqlen_kv: int = 0, return_stats: bool = False,
+              fallback: bool = False):
+    """Fused attention of q, k, v in `layout` ("bshd", "sbhd", "bhsd", or "thd" with cumulative
+    sequence offsets). Any strides: views into packed QKV or KV buffers work as they are.
+
+    causal / window (left, right; -1 open) and align ("top_left" or "bottom_right", the KV-cache
+    convention) place the mask; bias is a post-scale bias [b|1, h|1, s_q|1, s_kv] (its gradient is
+    computed when it requires grad); alibi adds ALiBi; softmax is "vanilla", "off_by_one" or "sink"
+    (with `sink`, float32 [h_q], learnable). Returns O in q's layout with d_v, or (O, statistics)
+    with return_stats (float32 [b, h_q, s_q], or [t, h_q] for thd).
+
+    Errors are fusedattn.errors classes. With fallback=True, a configuration fusedattn does not
+    support (NotSupportedError, and nothing else) runs PyTorch's own attention instead, and the
+    reason is logged once per configuration.
+    """
+    if layout != "thd" and layout not in _AXES:
+        raise core_error("InvalidArgumentError", "layout", layout, "one of bshd, sbhd, bhsd, thd")
+    if causal:
+        window = (window[0], 0)
+    options = [f"window={window[0]},{window[1]}", f"align={align}", f"softmax={softmax}"]
+    if bias is not None:
+        dims, _ = _logical(q, layout)
+        options.append(f"bias={_bias_kind(bias, dims[0], dims[1], dims[2])}")
+        bias = bias.contiguous()
+    if alibi:
+        options.append("alibi=1")
+    if deterministic:
+        options.append("deterministic=1")
+    if layout == "thd":
+        options.append("padding=1")
+        if cu_seqlens_q is None or cu_seqlens_kv is None or max_seqlen_q <= 0 or max_seqlen_kv <= 0:
+            raise core_error("InvalidArgumentError", "cu_seqlens_q", cu_seqlens_q,
+                             "cu_seqlens_q, cu_seqlens_kv (int32 [n + 1]) and max_seqlen_q, max_seqlen_kv with thd")
+    option_text = " ".join(options)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    try:
+        if dropout_p > 0.0:
+            raise NotSupportedError("dropout_p > 0: dropout in fusedattn.torch is not built yet (the core has it)")
+        needs_grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (q, k, v, bias, sink))
+        o, stats = _forward(q, k, v, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, option_text, float(scale),
+                            max_seqlen_q, max_seqlen_kv, bool(needs_grad or return_stats))
+    except NotSupportedError as error:
+        if not fallback or layout == "thd" or return_stats:
+            raise
+        key = (layout, option_text, q.dtype, q.shape, k.shape)
+        if key not in _FALLBACK_LOGGED:
+            _FALLBACK_LOGGED.add(key)
+            _LOG.warning("fusedattn: falling back to torch.nn.functional.scaled_dot_product_attention: %s", error)
+        return _torch_fallback(q, k, v, layout, causal, align, scale, bias, dropout_p)
+    return (o, stats) if return_stats else o
+
+
+def _torch_fallback(q, k, v, layout, causal, align, scale, bias, dropout_p):
+    """PyTorch's own attention on [b, h, s, d] views, the result back in q's layout."""
+    to_bhsd = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}[layout]
+    qb, kb, vb = (t.permute(*to_bhsd) for t in (q, k, v))
+    mask = bias
+    if causal and align == "bottom_right":
+        s_q, s_kv = qb.shape[2], kb.shape[2]
+        keep = torch.ones(s_q, s_kv, dtype=torch.bool, device=q.device).tril(s_kv - s_q)
+        mask = keep if bias is None else bias.masked_fill(~keep, float("-inf"))
+        causal = False
+    out = torch.nn.functional.scaled_dot_product_attention(
+        qb, kb, vb, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None, scale=scale,
+        enable_gqa=qb.shape[1] != kb.shape[1])
+    back = [0, 0, 0, 0]
+    for logical, axis in enumerate(to_bhsd):
+        back[axis] = logical
+    return out.permute(*back)
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+                                 enable_gqa: bool = False, **options):
+    """torch.nn.functional.scaled_dot_product_attention's signature ([b, h, s, d] tensors): a
+    floating-point attn_mask is the additive bias; boolean masks are not taken (use causal/window)."""
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        raise core_error("InvalidArgumentError", "attn_mask.dtype", attn_mask.dtype,
+                         "a floating-point additive bias (boolean masks: use is_causal or window=)")
+    return attention(query, key, value, layout="bhsd", causal=is_causal, scale=scale, bias=attn_mask,
+                     dropout_p=dropout_p, **options)
+
+
+class Attention(torch.nn.Module):
+    """fusedattn.torch.attention with its options fixed at construction; a learnable sink (float32
+    [heads]) when softmax="sink" and `heads` is given."""
+
+    def __init__(self, *, layout: str = "bshd", causal: bool = False, heads: int = 0, softmax: str = "vanilla",
+                 **options):
+        super().__init__()
+        self.layout, self.causal, self.softmax, self.options = layout, causal, softmax, options
+        self.sink = torch.nn.Parameter(torch.zeros(heads)) if softmax == "sink" and heads > 0 else None
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, **call_options):
+        return attention(q, k, v, layout=self.layout, causal=self.causal, softmax=self.softmax, sink=self.sink,
+                         **self.options, **call_options)
+
+    def extra_repr(self):
+        return f"layout={self.layout}, causal={self.causal}, softmax={self.softmax}"

@@ -1,0 +1,160 @@
+"""fusedattn.torch on a GPU, against torch.nn.functional.scaled_dot_product_attention in float32
+(upcast inputs, math backend) for outputs and gradients; torch.compile, CUDA graphs, streams,
+errors and the fallback."""
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch not installed")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device: torch.cuda.is_available() is False", allow_module_level=True)
+fa = pytest.importorskip("fusedattn.torch")
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+import fusedattn  # noqa: E402
+
+TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
+TO_BHSD = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def reference(q, k, v, layout, causal=False, align="top_left", bias=None, sink=None):
+    """float32 math attention on [b, h, s, d] views; a sink adds e^sink[h] to each row's denominator."""
+    qb, kb, vb = (t.detach().float().permute(*TO_BHSD[layout]).requires_grad_() for t in (q, k, v))
+    s_q, s_kv = qb.shape[2], kb.shape[2]
+    groups = qb.shape[1] // kb.shape[1]
+    ke, ve = kb.repeat_interleave(groups, 1), vb.repeat_interleave(groups, 1)
+    scores = qb @ ke.transpose(-1, -2) / qb.shape[-1] ** 0.5
+    if bias is not None:
+        scores = scores + bias.float()
+    if causal:
+        shift = s_kv - s_q if align == "bottom_right" else 0
+        keep = torch.ones(s_q, s_kv, dtype=torch.bool, device=q.device).tril(shift)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if sink is not None:
+        extra = sink.detach().float().view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
+        probs = torch.softmax(torch.cat([scores, extra], -1), -1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, -1)
+    out = probs @ ve
+    back = [0] * 4
+    for logical, axis in enumerate(TO_BHSD[layout]):
+        back[axis] = logical
+    return out.permute(*back), (qb, kb, vb)
+
+
+def inputs(layout, b, s_q, s_kv, h_q, h_kv, d, dtype=torch.bfloat16):
+    def make(s, h):
+        shape = {"bshd": (b, s, h, d), "sbhd": (s, b, h, d), "bhsd": (b, h, s, d)}[layout]
+        return (torch.rand(shape, device="cuda", dtype=dtype) * 2 - 1).requires_grad_()
+    return make(s_q, h_q), make(s_kv, h_kv), make(s_kv, h_kv)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "sbhd", "bhsd"])
+@pytest.mark.parametrize("causal, align", [(False, "top_left"), (True, "top_left"), (True, "bottom_right")])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_outputs_and_gradients_match_float32(layout, causal, align, dtype):
+    q, k, v = inputs(layout, 2, 333, 517, 8, 2, 128, dtype)
+    o = fa.attention(q, k, v, layout=layout, causal=causal, align=align)
+    d_o = torch.rand_like(o) * 2 - 1
+    o.backward(d_o)
+    ref, leaves = reference(q, k, v, layout, causal, align)
+    ref.backward(d_o.float())
+    tolerance = TOLERANCE[dtype]
+    assert rel(o, ref) < tolerance
+    for ours, theirs in zip((q.grad, k.grad, v.grad), leaves):
+        assert rel(ours, theirs.grad.permute(*[TO_BHSD[layout].index(i) for i in range(4)])) < tolerance
+
+
+def test_packed_qkv_views_and_their_gradients():
+    qkv = (torch.rand(2, 300, 3, 4, 64, device="cuda", dtype=torch.bfloat16) * 2 - 1).requires_grad_()
+    q, k, v = qkv.unbind(2)
+    o = fa.attention(q, k, v, layout="bshd", causal=True)
+    o.sum().backward()
+    ref, leaves = reference(q, k, v, "bshd", causal=True)
+    ref.sum().backward()
+    assert rel(o, ref) < 1e-2
+    assert rel(qkv.grad[:, :, 0], leaves[0].grad.permute(0, 2, 1, 3)) < 1e-2
+
+
+def test_ragged_matches_each_sequence_alone():
+    lengths = [100, 0, 257, 31]
+    h, d = 4, 64
+    q = (torch.rand(sum(lengths), h, d, device="cuda", dtype=torch.bfloat16) * 2 - 1).requires_grad_()
+    k, v = (torch.rand_like(q) * 2 - 1).requires_grad_(), (torch.rand_like(q) * 2 - 1).requires_grad_()
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), device="cuda", dtype=torch.int32)
+    o = fa.attention(q, k, v, layout="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=max(lengths),
+                     max_seqlen_kv=max(lengths), causal=True)
+    start = 0
+    for n in lengths:
+        if n:
+            piece = slice(start, start + n)
+            ref, _ = reference(q[piece][None], k[piece][None], v[piece][None], "bshd", causal=True)
+            assert rel(o[piece], ref[0]) < 1e-2
+        start += n
+
+
+def test_bias_with_its_gradient_and_a_learnable_sink():
+    q, k, v = inputs("bshd", 2, 200, 200, 4, 4, 64)
+    bias = (torch.rand(1, 4, 200, 200, device="cuda", dtype=torch.bfloat16) - 0.5).requires_grad_()
+    sink = torch.zeros(4, device="cuda", requires_grad=True)
+    o = fa.attention(q, k, v, bias=bias, softmax="sink", sink=sink)
+    o.sum().backward()
+    ref, _ = reference(q, k, v, "bshd", bias=bias, sink=sink)
+    assert rel(o, ref) < 1e-2
+    assert bias.grad is not None and sink.grad is not None
+
+
+def test_compiled_block_has_no_graph_break_and_matches_eager():
+    from test_torch_meta import Block
+    block = Block().to(device="cuda", dtype=torch.bfloat16)
+    x = torch.rand(2, 128, 128, device="cuda", dtype=torch.bfloat16)
+    explanation = torch._dynamo.explain(block)(x)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    compiled = torch.compile(block, fullgraph=True)
+    assert rel(compiled(x), block(x)) < 1e-2
+
+
+def test_cuda_graph_capture_and_replay():
+    q, k, v = inputs("bshd", 2, 256, 256, 8, 8, 64)
+    d_o = torch.rand(2, 256, 8, 64, device="cuda", dtype=torch.bfloat16)
+    eager = fa.attention(q, k, v, causal=True)  # warms the plans outside the capture
+    eager.backward(d_o)
+    eager_grad = q.grad.clone()
+    graph = torch.cuda.CUDAGraph()
+    q.grad = k.grad = v.grad = None
+    with torch.cuda.graph(graph):
+        out = fa.attention(q, k, v, causal=True)
+        out.backward(d_o)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    assert rel(q.grad, eager_grad) < 1e-2
+
+
+def test_current_stream_is_used():
+    q, k, v = inputs("bshd", 1, 128, 128, 4, 4, 64)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        out = fa.attention(q, k, v)
+    side.synchronize()
+    ref, _ = reference(q, k, v, "bshd")
+    assert rel(out, ref) < 1e-2
+
+
+def test_unsupported_raises_with_every_reason_or_falls_back_when_asked(caplog):
+    q, k, v = inputs("bshd", 1, 64, 64, 2, 2, 512)  # head dim 512: beyond cuDNN's kernels
+    with pytest.raises(fusedattn.NotSupportedError) as caught:
+        fa.attention(q, k, v)
+    assert "d_qk" in str(caught.value)
+    with caplog.at_level(logging.WARNING, logger="fusedattn"):
+        out = fa.attention(q, k, v, fallback=True)
+        fa.attention(q, k, v, fallback=True)
+    assert sum("falling back" in r.message for r in caplog.records) == 1
+    with sdpa_kernel(SDPBackend.MATH):
+        ref = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v))).transpose(1, 2)
+    assert rel(out, ref) < 1e-2

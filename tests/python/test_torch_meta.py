@@ -1,0 +1,86 @@
+"""fusedattn.torch without a GPU: the operators' fake (meta) implementations give every output's
+shape, strides and dtype, autograd wires the backward, and torch.compile traces a transformer
+block with fusedattn inside in one graph (fullgraph=True), on meta tensors."""
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch not installed")
+fa = pytest.importorskip("fusedattn.torch")
+
+
+def meta(*shape, dtype=torch.bfloat16, grad=True):
+    return torch.empty(*shape, device="meta", dtype=dtype, requires_grad=grad)
+
+
+@pytest.mark.parametrize("layout, q_shape, kv_shape", [
+    ("bshd", (2, 100, 8, 64), (2, 150, 2, 64)),
+    ("sbhd", (100, 2, 8, 64), (150, 2, 2, 64)),
+    ("bhsd", (2, 8, 100, 64), (2, 2, 150, 64)),
+])
+def test_outputs_follow_q_layout_and_gradients_their_inputs(layout, q_shape, kv_shape):
+    q, k, v = meta(*q_shape), meta(*kv_shape), meta(*kv_shape[:-1], 32)
+    o, stats = fa.attention(q, k, v, layout=layout, causal=True, return_stats=True)
+    assert o.shape == q_shape[:-1] + (32,) and o.dtype == q.dtype
+    assert stats.dtype == torch.float32 and stats.numel() == 2 * 8 * 100
+    o.sum().backward()
+    for x in (q, k, v):
+        assert x.grad.shape == x.shape and x.grad.stride() == x.stride()
+
+
+def test_packed_qkv_views_get_packed_strided_gradients():
+    qkv = meta(2, 64, 3, 4, 64)
+    q, k, v = qkv.unbind(2)
+    o = fa.attention(q, k, v, layout="bshd")
+    o.sum().backward()
+    assert qkv.grad.shape == qkv.shape
+
+
+def test_ragged_statistics_are_by_token():
+    q, k, v = meta(1000, 8, 128), meta(1000, 2, 128), meta(1000, 2, 128)
+    cu = torch.empty(5, device="meta", dtype=torch.int32)
+    o, stats = fa.attention(q, k, v, layout="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=512,
+                            max_seqlen_kv=512, causal=True, return_stats=True)
+    assert o.shape == (1000, 8, 128) and stats.shape == (1000, 8)
+
+
+def test_bias_and_sink_get_gradients():
+    q, k, v = meta(2, 64, 4, 64), meta(2, 64, 4, 64), meta(2, 64, 4, 64)
+    bias = meta(1, 4, 64, 64)
+    sink = meta(4, dtype=torch.float32)
+    o = fa.attention(q, k, v, bias=bias, softmax="sink", sink=sink)
+    o.sum().backward()
+    assert bias.grad.shape == bias.shape and sink.grad.shape == sink.shape
+
+
+def test_operators_are_registered_with_torch_library():
+    assert hasattr(torch.ops.fusedattn, "forward") and hasattr(torch.ops.fusedattn, "backward")
+
+
+def test_bad_arguments_raise_fusedattn_errors():
+    from fusedattn import InvalidArgumentError
+    q = meta(2, 64, 4, 64)
+    with pytest.raises(InvalidArgumentError) as caught:
+        fa.attention(q, q, q, layout="bsdh")
+    assert caught.value.field == "layout"
+    with pytest.raises(InvalidArgumentError):
+        fa.attention(q, q, q, layout="thd")  # no offsets
+
+
+class Block(torch.nn.Module):
+    def __init__(self, dim=128, heads=4):
+        super().__init__()
+        self.heads, self.qkv, self.out = heads, torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+        self.norm = torch.nn.LayerNorm(dim)
+
+    def forward(self, x):
+        b, s, dim = x.shape
+        q, k, v = self.qkv(self.norm(x)).view(b, s, 3, self.heads, dim // self.heads).unbind(2)
+        return x + self.out(fa.attention(q, k, v, layout="bshd", causal=True).reshape(b, s, dim))
+
+
+def test_compiles_in_one_graph_with_fullgraph():
+    block = Block().to(device="meta", dtype=torch.bfloat16)
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    x = torch.empty(2, 64, 128, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    y = compiled(x)
+    y.sum().backward()
+    assert y.shape == x.shape and x.grad.shape == x.shape
