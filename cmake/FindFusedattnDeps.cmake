@@ -62,13 +62,15 @@ message(STATUS "fusedattn: cuDNN ${CUDNN_VERSION_MAJOR}.${CUDNN_VERSION_MINOR}.$
 # The frontend is header-only, pinned, and installed by scripts/setup.sh into .deps/.
 set(FUSEDATTN_FRONTEND_VERSION "1.32.0")
 # `pip install .` builds in an environment that has the package (a build requirement in
-# pyproject.toml), whose headers sit in site-packages/include; that is the second place looked in.
+# pyproject.toml), whose headers sit beside its `cudnn` package; that is the second place looked in.
 set(_fe_default "${PROJECT_SOURCE_DIR}/.deps/cudnn_frontend/include")
 if(NOT EXISTS "${_fe_default}/cudnn_frontend.h" AND DEFINED SKBUILD)
   find_package(Python COMPONENTS Interpreter REQUIRED)
-  execute_process(COMMAND "${Python_EXECUTABLE}" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-                  OUTPUT_VARIABLE _purelib OUTPUT_STRIP_TRAILING_WHITESPACE)
-  set(_fe_default "${_purelib}/include")
+  # The wheel puts include/ beside its Python package `cudnn`; found without importing it.
+  execute_process(COMMAND "${Python_EXECUTABLE}" -c
+                    "import importlib.util as u, os; s = u.find_spec('cudnn'); print(os.path.dirname(list(s.submodule_search_locations)[0]) if s else '')"
+                  OUTPUT_VARIABLE _fe_site OUTPUT_STRIP_TRAILING_WHITESPACE)
+  set(_fe_default "${_fe_site}/include")
 endif()
 set(FUSEDATTN_FRONTEND_INCLUDE "${_fe_default}" CACHE PATH "cuDNN frontend headers (folder holding cudnn_frontend.h)")
 if(NOT EXISTS "${FUSEDATTN_FRONTEND_INCLUDE}/cudnn_frontend.h")

@@ -45,12 +45,12 @@ def collect(xml_path):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--xml", required=True)
+    parser.add_argument("--xml", required=True, nargs="+", help="JUnit XML files (GoogleTest's, pytest's)")
     parser.add_argument("--info-bin", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
-    cases = collect(args.xml)
+    cases = [case for path in args.xml if os.path.exists(path) for case in collect(path)]
     counts = {kind: sum(1 for c in cases if c[1] == kind) for kind in ("passed", "failed", "skipped")}
     gpu = run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
     lines = [

@@ -27,7 +27,7 @@ echo "commit: ${FUSEDATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || ec
 echo "== build"
 bash scripts/setup.sh
 build=build-gpu
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT/cmake.txt" 2>&1 \
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DFUSEDATTN_PYTHON=ON >"$OUT/cmake.txt" 2>&1 \
   || { cat "$OUT/cmake.txt"; exit 1; }
 grep "fusedattn:" "$OUT/cmake.txt"
 ninja -C "$build" -j"$(nproc)" >/dev/null || { ninja -C "$build" -j1 2>&1 | tail -50; exit 1; }
@@ -36,6 +36,9 @@ ninja -C "$build" -j"$(nproc)" >/dev/null || { ninja -C "$build" -j1 2>&1 | tail
 if [ -z "${SKIP_TESTS:-}" ]; then
   echo "== GPU tests"
   "$build/tests/fusedattn_gpu_tests" --gtest_output="xml:$OUT/gpu_tests.xml" 2>&1 | grep -v "^\[       OK \]" || true
+  echo "== Python tests (fusedattn, fusedattn.torch) on the GPU"
+  FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 -m pytest -q -rs tests/python -k "${PYTEST_FILTER:-}" \
+    --junitxml="$OUT/python_tests.xml" 2>&1 | tail -40
   if [ -n "${GPU_TESTS_ONLY:-}" ]; then SKIP_BENCH=1; fi
 fi
 if [ -z "${SKIP_TESTS:-}" ] && [ -z "${GPU_TESTS_ONLY:-}" ]; then
@@ -65,6 +68,6 @@ fi
 
 [ -n "${SKIP_TESTS:-}" ] && exit $status
 echo "== results"
-python3 scripts/gpu_results.py --xml "$OUT/gpu_tests.xml" --info-bin "$build/fusedattn" --out "$OUT/gpu_results.md" \
+python3 scripts/gpu_results.py --xml "$OUT/gpu_tests.xml" "$OUT/python_tests.xml" --info-bin "$build/fusedattn" --out "$OUT/gpu_results.md" \
   || status=1
 exit $status
