@@ -27,6 +27,8 @@ _LOG = logging.getLogger("fusedattn")
 _DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 # Per layout, the tensor axis that holds each logical axis (batch, heads, sequence, head dim).
 _AXES = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}
+# Bias kinds by which of (batch, heads, query rows) the bias has rather than broadcasts; the core
+# takes these five (fusedattn/spec.h).
 _BIAS_KINDS = {(True, True, True): "bhss", (True, False, True): "b1ss", (False, True, True): "1hss",
                (False, False, True): "11ss", (False, False, False): "111s"}
 
@@ -47,11 +49,18 @@ def _desc(dtype: str, dims_strides) -> str:
     return f"{dtype}[{','.join(map(str, dims))}]/[{','.join(map(str, strides))}]"
 
 
-def _bias_kind(bias: Tensor, b: int, h: int, s_q: int) -> str:
-    if bias.dim() != 4:
-        raise core_error("InvalidArgumentError", "bias.dim", bias.dim(), "4 ([b|1, h|1, s_q|1, s_kv])")
-    return _BIAS_KINDS.get((bias.shape[0] == b and b > 1, bias.shape[1] == h and h > 1, bias.shape[2] == s_q and s_q > 1),
-                           "bhss")
+def _bias_kind(bias: Tensor, b: int, h: int, s_q: int, s_kv: int) -> str:
+    """The spec's bias kind for a bias of shape [b|1, h|1, s_q|1, s_kv] (a size-1 dim broadcasts)."""
+    full = (bias.dim() == 4 and bias.shape[0] in (1, b) and bias.shape[1] in (1, h) and bias.shape[2] in (1, s_q)
+            and bias.shape[3] == s_kv)
+    if not full:
+        raise core_error("InvalidArgumentError", "bias.shape", tuple(bias.shape),
+                         f"[b|1, h|1, s_q|1, s_kv] = [{b}|1, {h}|1, {s_q}|1, {s_kv}]")
+    kind = _BIAS_KINDS.get((bias.shape[0] > 1, bias.shape[1] > 1, bias.shape[2] > 1))
+    if kind is None:  # e.g. [b, h, 1, s_kv]: expand it to the query rows
+        raise core_error("InvalidArgumentError", "bias.shape", tuple(bias.shape),
+                         "one of [b,h,s_q,s_kv], [b,1,s_q,s_kv], [1,h,s_q,s_kv], [1,1,s_q,s_kv], [1,1,1,s_kv]")
+    return kind
 
 
 def core_error(kind: str, field: str, value, requirement: str):
@@ -230,7 +239,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     options = [f"window={window[0]},{window[1]}", f"align={align}", f"softmax={softmax}"]
     if bias is not None:
         dims, _ = _logical(q, layout)
-        options.append(f"bias={_bias_kind(bias, dims[0], dims[1], dims[2])}")
+        options.append(f"bias={_bias_kind(bias, dims[0], dims[1], dims[2], _logical(k, layout)[0][2])}")
         bias = bias.contiguous()
     if alibi:
         options.append("alibi=1")

@@ -84,3 +84,15 @@ def test_compiles_in_one_graph_with_fullgraph():
     y = compiled(x)
     y.sum().backward()
     assert y.shape == x.shape and x.grad.shape == x.shape
+
+
+def test_bias_shapes_are_checked_against_the_problem():
+    from fusedattn import InvalidArgumentError
+    q = meta(2, 64, 4, 64)
+    with pytest.raises(InvalidArgumentError) as caught:
+        fa.attention(q, q, q, bias=meta(2, 4, 64, 63))
+    assert caught.value.field == "bias.shape"
+    with pytest.raises(InvalidArgumentError):
+        fa.attention(q, q, q, bias=meta(2, 4, 1, 64))  # [b, h, 1, s_kv] is not one of the five kinds
+    for shape in ((2, 4, 64, 64), (2, 1, 64, 64), (1, 4, 64, 64), (1, 1, 64, 64), (1, 1, 1, 64)):
+        assert fa.attention(q, q, q, bias=meta(*shape)).shape == q.shape
