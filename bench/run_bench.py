@@ -23,7 +23,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 TARGET = 0.98  # fusedattn / PyTorch-cuDNN throughput: the same cuDNN kernels run (DESIGN.md §9)
 BACKENDS = {"torch_cudnn": SDPBackend.CUDNN_ATTENTION, "torch_flash": SDPBackend.FLASH_ATTENTION}
-IMPLS = ["fusedattn", *BACKENDS]
+# fusedattn through its C++ API (the shim) and through its PyTorch adapter, then PyTorch's own.
+IMPLS = ["fusedattn", "fusedattn_torch", *BACKENDS]
+FA_TORCH = None  # fusedattn.torch, imported in main() from the build's python/ folder when it is there
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,24 @@ class TorchSdpa:
             self.forward()
 
 
+class AdapterCall:
+    """fusedattn.torch.attention on the same bshd tensors, as a PyTorch user calls it."""
+
+    def __init__(self, t):
+        self.t = t
+        self.leaves = [x.detach().requires_grad_() for x in (t.q, t.k, t.v)]
+
+    def forward(self):
+        with torch.no_grad():
+            return FA_TORCH.attention(self.t.q, self.t.k, self.t.v, layout="bshd", causal=self.t.shape.causal)
+
+    def forward_backward(self):
+        for leaf in self.leaves:
+            leaf.grad = None
+        out = FA_TORCH.attention(*self.leaves, layout="bshd", causal=self.t.shape.causal)
+        out.backward(self.t.do)
+
+
 def cuda_median_ms(fn, warmup, iters):
     """Median of event pairs enqueued back to back behind a spin kernel, one sync at the end: the
     calls then run back to back and each pair is GPU time. fusedattn and PyTorch both go through it."""
@@ -220,6 +240,12 @@ def make_timers(shim, spec, t, errors, notes):
     """(forward, forward+backward) timers per implementation, each called with (warmup, iters)."""
     fns = {"fusedattn": (lambda w, n: shim.forward_ms(spec, t, w, n),
                          lambda w, n: shim.forward_backward_ms(spec, t, w, n))}
+    if FA_TORCH is None:
+        errors[("fusedattn_torch", 0)] = errors[("fusedattn_torch", 1)] = "fusedattn.torch not importable"
+    else:
+        adapter = AdapterCall(t)
+        fns["fusedattn_torch"] = (lambda w, n: cuda_median_ms(adapter.forward, w, n),
+                                  lambda w, n: cuda_median_ms(adapter.forward_backward, w, n))
     for name, backend in BACKENDS.items():
         sdpa = TorchSdpa(t, backend)
         try:
@@ -261,8 +287,9 @@ def bench_shape(shim, shape, args):
                 row[f"{name}_error"] = errors[(name, p)]
             if notes.get(name):
                 row[f"{name}_note"] = notes[name]
-        ours, theirs = row["fusedattn_tflops"], row["torch_cudnn_tflops"]
+        ours, theirs, adapter = row["fusedattn_tflops"], row["torch_cudnn_tflops"], row["fusedattn_torch_tflops"]
         row["ratio_vs_cudnn"] = ours / theirs if ours and theirs else None
+        row["torch_adapter_ratio_vs_cudnn"] = adapter / theirs if adapter and theirs else None
         row["meets_target"] = bool(row["ratio_vs_cudnn"] and row["ratio_vs_cudnn"] >= TARGET)
         rows.append(row)
     rows[0].update(shim.plan_build_ms(spec))  # rebuilt from a cleared cache, after the timings
@@ -329,6 +356,27 @@ def host_overhead(shim, calls, lib):
             result[f"{name}_host_us"] = (time.perf_counter() - begin) * 1e6 / calls
             torch.cuda.synchronize()
             result[f"{name}_gpu_us"] = gpu_us_per_call(lambda n, s=sdpa: [s.sdpa(t.q, t.k, t.v) for _ in range(n)])
+    if FA_TORCH is not None:  # the adapter, forward and forward+backward, timed like PyTorch's own
+        adapter = AdapterCall(t)
+        for key, fn in (("fusedattn_torch_host_us", adapter.forward),
+                        ("fusedattn_torch_fwd_bwd_host_us", adapter.forward_backward)):
+            for _ in range(50):
+                fn()
+            torch.cuda.synchronize()
+            begin = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            result[key] = (time.perf_counter() - begin) * 1e6 / calls
+            torch.cuda.synchronize()
+        sdpa = TorchSdpa(t, SDPBackend.CUDNN_ATTENTION)
+        for _ in range(50):
+            sdpa.forward_backward()
+        torch.cuda.synchronize()
+        begin = time.perf_counter()
+        for _ in range(calls):
+            sdpa.forward_backward()
+        result["torch_cudnn_fwd_bwd_host_us"] = (time.perf_counter() - begin) * 1e6 / calls
+        torch.cuda.synchronize()
     # Past the launch queue's depth, enqueueing waits for the GPU and converges on GPU time.
     result["throttled"] = calls > 512 and 0.85 <= api / result["fusedattn_gpu_us"] <= 1.15
     return result
@@ -339,19 +387,23 @@ def fmt(x, form="{:.1f}"):
 
 
 def markdown(rows, host, check):
-    lines = [f"| shape (b, s, h_q[/h_kv], d) | pass | fusedattn | PyTorch cuDNN | PyTorch flash | fusedattn / cuDNN "
-             f"(target ≥ {TARGET}) |", "|---|---|---|---|---|---|"]
+    lines = [f"| shape (b, s, h_q[/h_kv], d) | pass | fusedattn | fusedattn.torch | PyTorch cuDNN | PyTorch flash | "
+             f"fusedattn / cuDNN (target ≥ {TARGET}) | fusedattn.torch / cuDNN |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         mark = " ✓" if r["meets_target"] else " ✗"
         lines.append(f"| {r['shape']} | {r['pass']} | " + " | ".join(fmt(r[f"{n}_tflops"]) for n in IMPLS) +
-                     f" | {fmt(r['ratio_vs_cudnn'], '{:.3f}')}{mark} |")
+                     f" | {fmt(r['ratio_vs_cudnn'], '{:.3f}')}{mark} | "
+                     f"{fmt(r.get('torch_adapter_ratio_vs_cudnn'), '{:.3f}')} |")
     lines.append("\nTFLOP/s, BF16, bshd; median over interleaved rounds of medians of event-timed calls.")
     if host:
         lines += [f"\n| host µs per forward call, {host['shape']} | µs |", "|---|---|"]
         for label, key in (("fusedattn::forward (cache lookup included)", "fusedattn_api_us"),
                            ("Plan::run (plan held)", "fusedattn_plan_run_us"),
                            ("cuDNN execute alone", "cudnn_execute_only_us"),
+                           ("fusedattn.torch.attention (forward, no grad)", "fusedattn_torch_host_us"),
+                           ("fusedattn.torch.attention, forward + backward", "fusedattn_torch_fwd_bwd_host_us"),
                            ("PyTorch SDPA, cuDNN backend", "torch_cudnn_host_us"),
+                           ("PyTorch SDPA, cuDNN backend, forward + backward", "torch_cudnn_fwd_bwd_host_us"),
                            ("PyTorch SDPA, flash backend", "torch_flash_host_us"),
                            ("GPU time per call (fusedattn)", "fusedattn_gpu_us")):
             lines.append(f"| {label} | {fmt(host.get(key), '{:.2f}')} |")
@@ -410,6 +462,13 @@ def main():
         parser.error("give the path to libfusedattn_bench.so")
 
     shim = Shim(args.lib)
+    global FA_TORCH
+    sys.path.insert(0, str(Path(args.lib).parent / "python"))  # the package the build made (FUSEDATTN_PYTHON)
+    try:
+        import fusedattn.torch as adapter
+        FA_TORCH = adapter
+    except ImportError as error:
+        print(f"fusedattn.torch not importable ({error}): its columns stay empty", flush=True)
     info = shim.build_info()
     print(f"{info}\nPyTorch {torch.__version__}, its cuDNN {torch.backends.cudnn.version()}\n", flush=True)
     shapes = [s for s in SHAPES if args.shapes is None or s.key in args.shapes]
