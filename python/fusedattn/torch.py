@@ -135,10 +135,8 @@ def _ragged_args(cu_q: Optional[Tensor], cu_kv: Optional[Tensor]):
 _EMPTY = (0,)
 
 
-@torch.library.custom_op("fusedattn::forward", mutates_args=())
-def _forward(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], sink: Optional[Tensor],
-             cu_seqlens_q: Optional[Tensor], cu_seqlens_kv: Optional[Tensor], layout: str, options: str,
-             scale: float, max_seqlen_q: int, max_seqlen_kv: int, want_stats: bool) -> Tuple[Tensor, Tensor]:
+def _run_forward(q, k, v, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q, max_seqlen_kv,
+                 want_stats):
     o = q.new_empty(_out_shape(q, v, layout))
     stats = q.new_empty(_stats_shape(q, layout) if want_stats else _EMPTY, dtype=torch.float32)
     batch = cu_seqlens_q.numel() - 1 if cu_seqlens_q is not None else 0
@@ -148,6 +146,14 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], sink: Opti
                  torch.cuda.current_stream(q.device).cuda_stream, workspace.data_ptr(), workspace.numel(),
                  bias=_addr(bias), sink=_addr(sink), **_ragged_args(cu_seqlens_q, cu_seqlens_kv))
     return o, stats
+
+
+@torch.library.custom_op("fusedattn::forward", mutates_args=())
+def _forward(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], sink: Optional[Tensor],
+             cu_seqlens_q: Optional[Tensor], cu_seqlens_kv: Optional[Tensor], layout: str, options: str,
+             scale: float, max_seqlen_q: int, max_seqlen_kv: int, want_stats: bool) -> Tuple[Tensor, Tensor]:
+    return _run_forward(q, k, v, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q,
+                        max_seqlen_kv, want_stats)
 
 
 @_forward.register_fake
@@ -258,8 +264,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
             raise NotSupportedError("dropout_p > 0: dropout in fusedattn.torch is not built yet (the core has it)")
         needs_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (q, k, v, bias, sink))
-        o, stats = _forward(q, k, v, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, option_text, float(scale),
-                            max_seqlen_q, max_seqlen_kv, bool(needs_grad or return_stats))
+        # Eager inference needs neither autograd nor the dispatcher: the operator's body is called
+        # directly, which saves most of the per-call host time; compiled code and training go
+        # through the registered operator.
+        call = _forward if needs_grad or torch.compiler.is_compiling() or q.device.type != "cuda" else _run_forward
+        o, stats = call(q, k, v, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, option_text, float(scale),
+                        max_seqlen_q, max_seqlen_kv, bool(needs_grad or return_stats))
     except NotSupportedError as error:
         if not fallback or layout == "thd" or return_stats:
             raise
