@@ -100,8 +100,8 @@ _ENTRIES = {}
 
 
 def _entry(q, k, v, o, layout, options, batch, max_q, max_kv, want_stats):
-    key = (layout, q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), o.stride(), options,
-           batch, max_q, max_kv, want_stats)
+    key = (q.device.index, layout, q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), o.stride(),
+           options, batch, max_q, max_kv, want_stats)
     found = _ENTRIES.get(key)
     if found is None:
         dtype = _DTYPES.get(q.dtype)
@@ -135,8 +135,31 @@ def _ragged_args(cu_q: Optional[Tensor], cu_kv: Optional[Tensor]):
 _EMPTY = (0,)
 
 
+def _on_device(device):
+    """Plans run on the device they were built for: make the tensors' device current if it is not."""
+    return torch.cuda.device(device) if device.index != torch.cuda.current_device() else _NO_SWITCH
+
+
+class _NoSwitch:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NO_SWITCH = _NoSwitch()
+
+
 def _run_forward(q, k, v, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q, max_seqlen_kv,
                  want_stats):
+    with _on_device(q.device):
+        return _enqueue_forward(q, k, v, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q,
+                                max_seqlen_kv, want_stats)
+
+
+def _enqueue_forward(q, k, v, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q,
+                     max_seqlen_kv, want_stats):
     o = q.new_empty(_out_shape(q, v, layout))
     stats = q.new_empty(_stats_shape(q, layout) if want_stats else _EMPTY, dtype=torch.float32)
     batch = cu_seqlens_q.numel() - 1 if cu_seqlens_q is not None else 0
@@ -168,6 +191,13 @@ def _backward(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, stats: Te
               sink: Optional[Tensor], cu_seqlens_q: Optional[Tensor], cu_seqlens_kv: Optional[Tensor], layout: str,
               options: str, scale: float, max_seqlen_q: int, max_seqlen_kv: int,
               bias_grad: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    with _on_device(q.device):
+        return _enqueue_backward(d_o, q, k, v, o, stats, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, options, scale,
+                                 max_seqlen_q, max_seqlen_kv, bias_grad)
+
+
+def _enqueue_backward(d_o, q, k, v, o, stats, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, options, scale,
+                      max_seqlen_q, max_seqlen_kv, bias_grad):
     # Gradients take their inputs' strides (a view of a packed buffer gets a packed-strided one).
     d_q, d_k, d_v = (torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device) for t in (q, k, v))
     d_bias = torch.empty_like(bias) if bias_grad else q.new_empty(_EMPTY)
@@ -240,6 +270,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     """
     if layout != "thd" and layout not in _AXES:
         raise core_error("InvalidArgumentError", "layout", layout, "one of bshd, sbhd, bhsd, thd")
+    if q.device.type not in ("cuda", "meta"):
+        raise core_error("InvalidArgumentError", "q.device", q.device, "a CUDA device")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype or t.device != q.device:
+            raise core_error("InvalidArgumentError", f"{name}.dtype/device", f"{t.dtype}/{t.device}",
+                             f"q's ({q.dtype}/{q.device})")
     if causal:
         window = (window[0], 0)
     options = [f"window={window[0]},{window[1]}", f"align={align}", f"softmax={softmax}"]

@@ -96,3 +96,15 @@ def test_bias_shapes_are_checked_against_the_problem():
         fa.attention(q, q, q, bias=meta(2, 4, 1, 64))  # [b, h, 1, s_kv] is not one of the five kinds
     for shape in ((2, 4, 64, 64), (2, 1, 64, 64), (1, 4, 64, 64), (1, 1, 64, 64), (1, 1, 1, 64)):
         assert fa.attention(q, q, q, bias=meta(*shape)).shape == q.shape
+
+
+def test_inputs_must_agree_and_live_on_a_gpu():
+    from fusedattn import InvalidArgumentError
+    q = meta(2, 64, 4, 64)
+    with pytest.raises(InvalidArgumentError) as caught:
+        fa.attention(q, meta(2, 64, 4, 64, dtype=torch.float16), q)
+    assert caught.value.field == "k.dtype/device"
+    cpu = torch.zeros(2, 64, 4, 64, dtype=torch.bfloat16)
+    with pytest.raises(InvalidArgumentError) as caught:
+        fa.attention(cpu, cpu, cpu)
+    assert caught.value.field == "q.device"
