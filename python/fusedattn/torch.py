@@ -124,6 +124,13 @@ def _workspace(plan, device) -> Tensor:  # from PyTorch's caching allocator, on 
     return torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=device)
 
 
+def _dropout_args(rng: Optional[Tensor]):
+    """Dropout's Philox seed and offset: int64 [2] on the device, read by the kernels at run time."""
+    if rng is None:
+        return {}
+    return {"dropout_seed": rng.data_ptr(), "dropout_offset": rng.data_ptr() + rng.element_size()}
+
+
 def _ragged_args(cu_q: Optional[Tensor], cu_kv: Optional[Tensor]):
     if cu_q is None:
         return {}
@@ -151,14 +158,14 @@ class _NoSwitch:
 _NO_SWITCH = _NoSwitch()
 
 
-def _run_forward(q, k, v, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q, max_seqlen_kv,
-                 want_stats):
+def _run_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q,
+                 max_seqlen_kv, want_stats):
     with _on_device(q.device):
-        return _enqueue_forward(q, k, v, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q,
-                                max_seqlen_kv, want_stats)
+        return _enqueue_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, layout, options, scale,
+                                max_seqlen_q, max_seqlen_kv, want_stats)
 
 
-def _enqueue_forward(q, k, v, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q,
+def _enqueue_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q,
                      max_seqlen_kv, want_stats):
     o = q.new_empty(_out_shape(q, v, layout))
     stats = q.new_empty(_stats_shape(q, layout) if want_stats else _EMPTY, dtype=torch.float32)
@@ -167,20 +174,21 @@ def _enqueue_forward(q, k, v, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, o
     workspace = _workspace(plan, q.device)
     plan.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), _addr(stats), scale,
                  torch.cuda.current_stream(q.device).cuda_stream, workspace.data_ptr(), workspace.numel(),
-                 bias=_addr(bias), sink=_addr(sink), **_ragged_args(cu_seqlens_q, cu_seqlens_kv))
+                 bias=_addr(bias), sink=_addr(sink), **_dropout_args(rng),
+                 **_ragged_args(cu_seqlens_q, cu_seqlens_kv))
     return o, stats
 
 
 @torch.library.custom_op("fusedattn::forward", mutates_args=())
-def _forward(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], sink: Optional[Tensor],
+def _forward(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], sink: Optional[Tensor], rng: Optional[Tensor],
              cu_seqlens_q: Optional[Tensor], cu_seqlens_kv: Optional[Tensor], layout: str, options: str,
              scale: float, max_seqlen_q: int, max_seqlen_kv: int, want_stats: bool) -> Tuple[Tensor, Tensor]:
-    return _run_forward(q, k, v, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q,
+    return _run_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q,
                         max_seqlen_kv, want_stats)
 
 
 @_forward.register_fake
-def _(q, k, v, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q, max_seqlen_kv,
+def _(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q, max_seqlen_kv,
       want_stats):
     return (q.new_empty(_out_shape(q, v, layout)),
             q.new_empty(_stats_shape(q, layout) if want_stats else _EMPTY, dtype=torch.float32))
@@ -188,15 +196,16 @@ def _(q, k, v, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, 
 
 @torch.library.custom_op("fusedattn::backward", mutates_args=())
 def _backward(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, stats: Tensor, bias: Optional[Tensor],
-              sink: Optional[Tensor], cu_seqlens_q: Optional[Tensor], cu_seqlens_kv: Optional[Tensor], layout: str,
+              sink: Optional[Tensor], rng: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+              cu_seqlens_kv: Optional[Tensor], layout: str,
               options: str, scale: float, max_seqlen_q: int, max_seqlen_kv: int,
               bias_grad: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     with _on_device(q.device):
-        return _enqueue_backward(d_o, q, k, v, o, stats, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, options, scale,
-                                 max_seqlen_q, max_seqlen_kv, bias_grad)
+        return _enqueue_backward(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, layout, options,
+                                 scale, max_seqlen_q, max_seqlen_kv, bias_grad)
 
 
-def _enqueue_backward(d_o, q, k, v, o, stats, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, options, scale,
+def _enqueue_backward(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, layout, options, scale,
                       max_seqlen_q, max_seqlen_kv, bias_grad):
     # Gradients take their inputs' strides (a view of a packed buffer gets a packed-strided one).
     d_q, d_k, d_v = (torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device) for t in (q, k, v))
@@ -211,12 +220,12 @@ def _enqueue_backward(d_o, q, k, v, o, stats, bias, sink, cu_seqlens_q, cu_seqle
                   d_q.data_ptr(), d_k.data_ptr(), d_v.data_ptr(), scale,
                   torch.cuda.current_stream(q.device).cuda_stream, workspace.data_ptr(), workspace.numel(),
                   bias=_addr(bias), sink=_addr(sink), d_bias=_addr(d_bias), d_sink=_addr(d_sink),
-                  **_ragged_args(cu_seqlens_q, cu_seqlens_kv))
+                  **_dropout_args(rng), **_ragged_args(cu_seqlens_q, cu_seqlens_kv))
     return d_q, d_k, d_v, d_bias, d_sink
 
 
 @_backward.register_fake
-def _(d_o, q, k, v, o, stats, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q,
+def _(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q,
       max_seqlen_kv, bias_grad):
     grads = tuple(torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device) for t in (q, k, v))
     d_bias = torch.empty_like(bias) if bias_grad else q.new_empty(_EMPTY)
@@ -225,19 +234,19 @@ def _(d_o, q, k, v, o, stats, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, o
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, bias, sink, cu_q, cu_kv, layout, options, scale, max_q, max_kv, _ = inputs
+    q, k, v, bias, sink, rng, cu_q, cu_kv, layout, options, scale, max_q, max_kv, _ = inputs
     o, stats = output
-    ctx.save_for_backward(q, k, v, o, stats, bias, sink, cu_q, cu_kv)
+    ctx.save_for_backward(q, k, v, o, stats, bias, sink, rng, cu_q, cu_kv)  # rng: the forward's very mask
     ctx.meta = (layout, options, scale, max_q, max_kv, bias is not None and bias.requires_grad)
 
 
 def _grad(ctx, d_o, _d_stats):
-    q, k, v, o, stats, bias, sink, cu_q, cu_kv = ctx.saved_tensors
+    q, k, v, o, stats, bias, sink, rng, cu_q, cu_kv = ctx.saved_tensors
     layout, options, scale, max_q, max_kv, bias_grad = ctx.meta
-    d_q, d_k, d_v, d_bias, d_sink = _backward(d_o, q, k, v, o, stats, bias, sink, cu_q, cu_kv, layout, options, scale,
-                                              max_q, max_kv, bias_grad)
+    d_q, d_k, d_v, d_bias, d_sink = _backward(d_o, q, k, v, o, stats, bias, sink, rng, cu_q, cu_kv, layout, options,
+                                              scale, max_q, max_kv, bias_grad)
     return (d_q, d_k, d_v, d_bias if bias_grad else None, d_sink if sink is not None else None,
-            None, None, None, None, None, None, None, None)
+            None, None, None, None, None, None, None, None, None)
 
 
 torch.library.register_autograd("fusedattn::forward", _grad, setup_context=_setup_context)
@@ -262,7 +271,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     convention) place the mask; bias is a post-scale bias [b|1, h|1, s_q|1, s_kv] (its gradient is
     computed when it requires grad); alibi adds ALiBi; softmax is "vanilla", "off_by_one" or "sink"
     (with `sink`, float32 [h_q], learnable). Returns O in q's layout with d_v, or (O, statistics)
-    with return_stats (float32 [b, h_q, s_q], or [t, h_q] for thd).
+    with return_stats (float32 [b, h_q, s_q], or [t, h_q] for thd). dropout_p > 0 drops attention
+    probabilities with a Philox seed and offset that PyTorch's CUDA generator draws on the device:
+    CUDA graph replays draw anew, torch.manual_seed replays a mask, and the backward uses the
+    forward's.
 
     Errors are fusedattn.errors classes. With fallback=True, a configuration fusedattn does not
     support (NotSupportedError, and nothing else) runs PyTorch's own attention instead, and the
@@ -292,19 +304,25 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
         if cu_seqlens_q is None or cu_seqlens_kv is None or max_seqlen_q <= 0 or max_seqlen_kv <= 0:
             raise core_error("InvalidArgumentError", "cu_seqlens_q", cu_seqlens_q,
                              "cu_seqlens_q, cu_seqlens_kv (int32 [n + 1]) and max_seqlen_q, max_seqlen_kv with thd")
+    if dropout_p > 0.0:
+        options.append(f"dropout={float(dropout_p)!r}")
     option_text = " ".join(options)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     try:
+        # Dropout's seed and offset are drawn on the device by PyTorch's own CUDA generator, so a
+        # replayed CUDA graph draws fresh ones, and the same generator state (torch.manual_seed)
+        # gives the same mask again; the backward reuses the forward's pair.
+        rng = None
         if dropout_p > 0.0:
-            raise NotSupportedError("dropout_p > 0: dropout in fusedattn.torch is not built yet (the core has it)")
+            rng = torch.randint(0, 2 ** 62, (2,), device=q.device, dtype=torch.int64)
         needs_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (q, k, v, bias, sink))
         # Eager inference needs neither autograd nor the dispatcher: the operator's body is called
         # directly, which saves most of the per-call host time; compiled code and training go
         # through the registered operator.
         call = _forward if needs_grad or torch.compiler.is_compiling() or q.device.type != "cuda" else _run_forward
-        o, stats = call(q, k, v, bias, sink, cu_seqlens_q, cu_seqlens_kv, layout, option_text, float(scale),
+        o, stats = call(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, layout, option_text, float(scale),
                         max_seqlen_q, max_seqlen_kv, bool(needs_grad or return_stats))
     except NotSupportedError as error:
         if not fallback or layout == "thd" or return_stats:

@@ -158,3 +158,20 @@ def test_unsupported_raises_with_every_reason_or_falls_back_when_asked(caplog):
     with sdpa_kernel(SDPBackend.MATH):
         ref = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v))).transpose(1, 2)
     assert rel(out, ref) < 1e-2
+
+
+def test_dropout_replays_with_the_generator_and_the_backward_uses_the_forward_mask():
+    q, k, v = inputs("bshd", 2, 300, 300, 4, 4, 64)
+    torch.manual_seed(7)
+    first = fa.attention(q, k, v, dropout_p=0.2)
+    torch.manual_seed(7)
+    again = fa.attention(q, k, v, dropout_p=0.2)
+    other = fa.attention(q, k, v, dropout_p=0.2)
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    # O = Pd V is linear in V and dV = Pd^T dO, so sum(dV * V) = sum(O * dO) exactly when the
+    # backward drops what the forward dropped; another mask breaks the identity.
+    o = fa.attention(q, k, v, dropout_p=0.2)
+    d_o = torch.rand_like(o)
+    o.backward(d_o)
+    lhs, rhs = (v.grad.float() * v.float()).sum(), (o.float() * d_o.float()).sum()
+    assert abs(lhs - rhs) / abs(rhs) < 1e-2

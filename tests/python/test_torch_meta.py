@@ -108,3 +108,10 @@ def test_inputs_must_agree_and_live_on_a_gpu():
     with pytest.raises(InvalidArgumentError) as caught:
         fa.attention(cpu, cpu, cpu)
     assert caught.value.field == "q.device"
+
+
+def test_dropout_traces_and_differentiates():
+    q = meta(2, 64, 4, 64)
+    o = fa.attention(q, q, q, dropout_p=0.1, causal=True)
+    o.sum().backward()
+    assert o.shape == q.shape and q.grad.shape == q.shape
