@@ -1,8 +1,10 @@
 // CPU float64 attention reference: the plain definition that every faster path is checked against.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <thread>
 #include <vector>
 
 #include "fusedattn/reference.h"
@@ -163,6 +165,26 @@ void weighted_values(const ReferenceProblem& p, const std::vector<double>& probs
   }
 }
 
+// Runs work(unit) for every unit in [0, units) on the machine's cores. Units write disjoint
+// outputs, so the result does not depend on how they are spread over threads.
+template <class Work>
+void for_each_unit(std::int64_t units, Work&& work) {
+  const std::int64_t threads =
+      std::min<std::int64_t>(units, std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 1) {
+    for (std::int64_t unit = 0; unit < units; ++unit) work(unit);
+    return;
+  }
+  std::atomic<std::int64_t> next{0};
+  auto loop = [&] {
+    for (std::int64_t unit; (unit = next.fetch_add(1)) < units;) work(unit);
+  };
+  std::vector<std::thread> pool;
+  for (std::int64_t t = 1; t < threads; ++t) pool.emplace_back(loop);
+  loop();
+  for (std::thread& thread : pool) thread.join();
+}
+
 }  // namespace
 
 bool reference_visible(const ReferenceProblem& p, std::int64_t b, std::int64_t i, std::int64_t j) noexcept {
@@ -176,25 +198,25 @@ void reference_forward_cpu(const ReferenceProblem& p, const double* q, const dou
   const ScoreTerms terms(p, extras);
   const Dropout dropout(p, extras);
   const std::int64_t group = p.heads_q / p.heads_kv;
-  std::vector<double> probs(static_cast<std::size_t>(p.seq_kv)), dropped(probs.size());
-  for (std::int64_t b = 0; b < p.batch; ++b) {
-    for (std::int64_t hq = 0; hq < p.heads_q; ++hq) {
-      const std::int64_t hk = hq / group;
-      const double* q_head = q + head_offset(b, hq, p.heads_q, p.seq_q, p.head_dim_qk);
-      const double* k_head = k + head_offset(b, hk, p.heads_kv, p.seq_kv, p.head_dim_qk);
-      const double* v_head = v + head_offset(b, hk, p.heads_kv, p.seq_kv, p.head_dim_v);
-      double* o_head = o + head_offset(b, hq, p.heads_q, p.seq_q, p.head_dim_v);
-      const std::int64_t stat_head = head_offset(b, hq, p.heads_q, p.seq_q, 1);
-      for (std::int64_t i = 0; i < p.seq_q; ++i) {
-        const detail::KeyRange keys = row_keys(p, b, i);
-        const RowStats stats = softmax_row(terms, b, hq, i, q_head + i * p.head_dim_qk, k_head, keys, probs);
-        lse[stat_head + i] = stats.lse;  // from P: dropout does not enter the statistics
-        if (extras.max_logit != nullptr) extras.max_logit[stat_head + i] = stats.max_logit;
-        dropout.apply(b, hq, i, keys, probs, dropped);
-        weighted_values(p, dropped, v_head, o_head + i * p.head_dim_v);
-      }
+  // One unit per (batch entry, query head): each writes only its own rows of O, lse, max logit.
+  for_each_unit(p.batch * p.heads_q, [&](std::int64_t unit) {
+    const std::int64_t b = unit / p.heads_q, hq = unit % p.heads_q;
+    std::vector<double> probs(static_cast<std::size_t>(p.seq_kv)), dropped(probs.size());
+    const std::int64_t hk = hq / group;
+    const double* q_head = q + head_offset(b, hq, p.heads_q, p.seq_q, p.head_dim_qk);
+    const double* k_head = k + head_offset(b, hk, p.heads_kv, p.seq_kv, p.head_dim_qk);
+    const double* v_head = v + head_offset(b, hk, p.heads_kv, p.seq_kv, p.head_dim_v);
+    double* o_head = o + head_offset(b, hq, p.heads_q, p.seq_q, p.head_dim_v);
+    const std::int64_t stat_head = head_offset(b, hq, p.heads_q, p.seq_q, 1);
+    for (std::int64_t i = 0; i < p.seq_q; ++i) {
+      const detail::KeyRange keys = row_keys(p, b, i);
+      const RowStats stats = softmax_row(terms, b, hq, i, q_head + i * p.head_dim_qk, k_head, keys, probs);
+      lse[stat_head + i] = stats.lse;  // from P: dropout does not enter the statistics
+      if (extras.max_logit != nullptr) extras.max_logit[stat_head + i] = stats.max_logit;
+      dropout.apply(b, hq, i, keys, probs, dropped);
+      weighted_values(p, dropped, v_head, o_head + i * p.head_dim_v);
     }
-  }
+  });
 }
 
 void reference_backward_cpu(const ReferenceProblem& p, const double* q, const double* k, const double* v,
@@ -213,11 +235,16 @@ void reference_backward_cpu(const ReferenceProblem& p, const double* q, const do
   std::fill(d_v, d_v + p.batch * p.heads_kv * p.seq_kv * p.head_dim_v, 0.0);
   if (d_bias != nullptr) std::fill(d_bias, d_bias + detail::bias_elements(p), 0.0);
   if (d_sink != nullptr) std::fill(d_sink, d_sink + p.heads_q, 0.0);
-  std::vector<double> probs(static_cast<std::size_t>(p.seq_kv)), dropped(probs.size());
-  std::vector<double> o_row(static_cast<std::size_t>(p.head_dim_v));
-  for (std::int64_t b = 0; b < p.batch; ++b) {
-    for (std::int64_t hq = 0; hq < p.heads_q; ++hq) {
-      const std::int64_t hk = hq / group;
+  // One unit per (batch entry, K/V head): it alone writes that head's dK, dV and its query heads'
+  // dQ. dSink sums over the batch, so each unit keeps its own share and the shares are added in
+  // unit order afterwards; a dBias that broadcasts would be shared too, so then one thread runs.
+  const std::int64_t units = p.batch * p.heads_kv;
+  std::vector<double> sink_shares(d_sink != nullptr ? static_cast<std::size_t>(units * group) : 0, 0.0);
+  auto run_unit = [&](std::int64_t unit) {
+    const std::int64_t b = unit / p.heads_kv, hk = unit % p.heads_kv;
+    std::vector<double> probs(static_cast<std::size_t>(p.seq_kv)), dropped(probs.size());
+    std::vector<double> o_row(static_cast<std::size_t>(p.head_dim_v));
+    for (std::int64_t hq = hk * group; hq < (hk + 1) * group; ++hq) {
       const std::int64_t q_off = head_offset(b, hq, p.heads_q, p.seq_q, p.head_dim_qk);
       const std::int64_t k_off = head_offset(b, hk, p.heads_kv, p.seq_kv, p.head_dim_qk);
       const std::int64_t v_off = head_offset(b, hk, p.heads_kv, p.seq_kv, p.head_dim_v);
@@ -246,8 +273,22 @@ void reference_backward_cpu(const ReferenceProblem& p, const double* q, const do
         }
         // The sink's probability is P_sink = e^(sink_h - lse_i), and dP_ij/dsink_h = -P_ij P_sink, so
         // dL/dsink_h = -P_sink sum_j P_ij dL/dP_ij = -P_sink D_i (with dropout too: D uses O with it).
-        if (d_sink != nullptr) d_sink[hq] -= std::exp(extras.sink[hq] - stats.lse) * d_row;
+        if (d_sink != nullptr) {
+          const double share = -std::exp(extras.sink[hq] - stats.lse) * d_row;
+          sink_shares[static_cast<std::size_t>(unit * group + hq % group)] += share;
+        }
       }
+    }
+  };
+  if (d_bias != nullptr) {
+    for (std::int64_t unit = 0; unit < units; ++unit) run_unit(unit);
+  } else {
+    for_each_unit(units, run_unit);
+  }
+  for (std::int64_t unit = 0; d_sink != nullptr && unit < units; ++unit) {
+    const std::int64_t hk = unit % p.heads_kv;
+    for (std::int64_t g = 0; g < group; ++g) {
+      d_sink[hk * group + g] += sink_shares[static_cast<std::size_t>(unit * group + g)];
     }
   }
 }
