@@ -14,6 +14,9 @@
 // and K/V share their lengths (self-attention, packed QKV). Total tokens never enter a plan: they
 // only move the offsets. A bucketed plan runs a call with fewer sequences by giving the extra
 // entries length 0, and a shorter longest sequence needs nothing at all.
+//
+// Ragged Q with dense or paged K/V: only the ragged sequence dims are bucketed. The batch is not,
+// since dense K/V (and page tables) hold exactly the call's entries: one plan per batch size.
 #pragma once
 
 #include <cstdint>
@@ -27,8 +30,8 @@ std::int64_t batch_bucket(std::int64_t batch) noexcept;
 /// The plan sequence dim for a call whose longest sequence has `seq` tokens (>= 1).
 std::int64_t sequence_bucket(std::int64_t seq) noexcept;
 
-/// `spec` with its batch and the sequence dims of its ragged tensors rounded up to their buckets
-/// (dense tensors keep theirs); a spec with no ragged tensor is returned as it is.
+/// `spec` with the sequence dims of its ragged tensors rounded up to their buckets, and its batch
+/// too when every tensor is ragged; a spec with no ragged tensor is returned as it is.
 AttentionSpec bucketed(const AttentionSpec& spec);
 
 }  // namespace fusedattn

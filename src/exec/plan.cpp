@@ -217,7 +217,10 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
   }
   if (!is_ragged(spec_)) return;  // a dense plan ignores the ragged arrays, as documented
   if (t.ragged.cu_seqlens_q_padded) detail::zero_ragged_gaps(spec_.q, t.d_q, ragged.offset_q, ragged.seq_len_q, stream);
-  if (t.ragged.cu_seqlens_kv_padded) {
+  if (!spec_.ragged_kv()) {  // dense K/V beside a ragged Q: padded rows, as with padding
+    detail::zero_rows_past_lengths(spec_.k, t.d_k, ragged.seq_len_kv, stream);
+    detail::zero_rows_past_lengths(spec_.v, t.d_v, ragged.seq_len_kv, stream);
+  } else if (t.ragged.cu_seqlens_kv_padded) {
     detail::zero_ragged_gaps(spec_.k, t.d_k, ragged.offset_k, ragged.seq_len_kv, stream);
     detail::zero_ragged_gaps(spec_.v, t.d_v, ragged.offset_v, ragged.seq_len_kv, stream);
   }

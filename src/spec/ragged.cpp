@@ -25,10 +25,11 @@ std::int64_t sequence_bucket(std::int64_t seq) noexcept {
 AttentionSpec bucketed(const AttentionSpec& spec) {
   if (!spec.ragged_q() && !spec.ragged_kv()) return spec;
   AttentionSpec out = spec;
-  const std::int64_t batch = batch_bucket(spec.batch());
+  // The batch is bucketed only when every tensor is ragged: a dense K/V or a page table has
+  // exactly the call's entries in memory, and a plan with more would address past them.
+  const bool all_ragged = spec.ragged_q() && spec.ragged_kv();
   for (TensorDesc* desc : {&out.q, &out.k, &out.v, &out.o}) {
-    const bool pool = spec.paged_kv() && (desc == &out.k || desc == &out.v);  // counts pages, not sequences
-    if (!pool) desc->dims[kBatch] = batch;
+    if (all_ragged) desc->dims[kBatch] = batch_bucket(spec.batch());
     if (desc->ragged()) desc->dims[kSeq] = sequence_bucket(desc->dims[kSeq]);
   }
   return out;

@@ -301,7 +301,7 @@ void score_features_not_offered_with(const AttentionSpec& spec, const char* what
 // Ragged (thd) tensors: cuDNN takes them from Hopper on (the frontend's rule), and fusedattn
 // writes ragged statistics ([T, h_q], by token), which cuDNN offers from 9.6 (90600) and not on
 // SM 12.x (no ragged statistics in its backward). A sink in a ragged backward needs 9.26 (92600).
-// Ragged Q with dense K/V (or the reverse), and ragged inputs with a bias, ALiBi, a sink or
+// Dense Q with ragged K/V, and ragged inputs with a bias, ALiBi, a sink or
 // off-by-one softmax, dropout or a max logit, are not offered yet: none has been checked on a GPU.
 void ragged_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions, Reasons& out) {
   if (!spec.ragged_q() && !spec.ragged_kv()) return;
@@ -315,9 +315,8 @@ void ragged_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, c
   if (versions.cudnn_runtime < 90600) {
     out.push_back({"layout", value, "cuDNN 9.6 or newer for ragged statistics", "cuDNN 9.6"});
   }
-  if (spec.ragged_q() != spec.ragged_kv() && !spec.paged_kv()) {  // paged: paged_rule says it
-    out.push_back({"layout", spec.ragged_q() ? "ragged q, dense k/v" : "dense q, ragged k/v",
-                   "q, k and v all ragged or all dense (ragged with dense is not offered yet)", ""});
+  if (spec.ragged_kv() && !spec.ragged_q()) {
+    out.push_back({"layout", "dense q, ragged k/v", "a ragged q with ragged k/v (dense q with them is not offered)", ""});
   }
   if (pass == Pass::backward && spec.softmax == Softmax::sink && versions.cudnn_runtime < 92600) {
     out.push_back({"softmax", "sink", "cuDNN 9.26 or newer for a ragged backward with a sink", "cuDNN 9.26"});
@@ -326,9 +325,9 @@ void ragged_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, c
 }
 
 // Paged K/V caches (inference): cuDNN reads them from 9.5 (90500) and, up to 9.9, only with head
-// dims up to 128; its backward takes no page tables. Ragged Q with a paged cache, and paged
-// caches with a bias, ALiBi, a sink or off-by-one softmax, dropout or a max logit, are not
-// offered yet: none has been checked on a GPU.
+// dims up to 128, and with ragged Q from 9.7 (90700); its backward takes no page tables. Paged
+// caches with a bias, ALiBi, a sink or off-by-one softmax, dropout or a max logit are not offered
+// yet: none has been checked on a GPU.
 void paged_rule(const AttentionSpec& spec, Pass pass, const Versions& versions, Reasons& out) {
   if (!spec.paged_kv()) return;
   const std::string value = std::to_string(spec.kv_pages);
@@ -338,11 +337,11 @@ void paged_rule(const AttentionSpec& spec, Pass pass, const Versions& versions, 
   if (versions.cudnn_runtime < 91000 && (spec.head_dim_qk() > 128 || spec.head_dim_v() > 128)) {
     out.push_back({"kv_pages", value, "d_qk, d_v <= 128 with paged caches before cuDNN 9.10", "cuDNN 9.10"});
   }
+  if (spec.ragged_q() && versions.cudnn_runtime < 90700) {
+    out.push_back({"kv_pages", value, "cuDNN 9.7 or newer for ragged Q with paged caches", "cuDNN 9.7"});
+  }
   if (pass == Pass::backward) {
     out.push_back({"kv_pages", value, "no backward through paged caches (inference only: cuDNN's backward takes no page tables)", ""});
-  }
-  if (spec.ragged_q()) {
-    out.push_back({"kv_pages", value, "a dense Q with paged caches (ragged Q is not offered yet)", ""});
   }
   score_features_not_offered_with(spec, "paged caches", out);
 }

@@ -62,13 +62,18 @@ TEST(PagedPolicy, ForwardOnlyFromCudnn9_5) {
   EXPECT_EQ(before_9_10.reasons[0].lifted_by, "cuDNN 9.10");
 }
 
-TEST(PagedPolicy, RaggedQueriesAndScoreFeaturesAreNotOfferedYet) {
+TEST(PagedPolicy, RaggedQueriesFromCudnn9_7AndScoreFeaturesNotYet) {
   AttentionSpec spec = parse_spec(
-      "layout=thd_paged_bshd dtype=bf16 b=4 s_q=16 s_kv=1024 h_q=8 h_kv=2 d=128 page_size=64 pages=80 softmax=sink");
+      "layout=thd_paged_bshd dtype=bf16 b=4 s_q=16 s_kv=1024 h_q=8 h_kv=2 d=128 page_size=64 pages=80");
+  EXPECT_TRUE(check_support_policy(spec, Pass::forward, DeviceCaps{9, 0}, made_up_versions(91900)).ok());
+  const Support old = check_support_policy(spec, Pass::forward, DeviceCaps{9, 0}, made_up_versions(90600));
+  ASSERT_EQ(old.reasons.size(), 1u) << old.to_string();
+  EXPECT_EQ(old.reasons[0].lifted_by, "cuDNN 9.7");
+  spec.softmax = Softmax::sink;
   const Support support = check_support_policy(spec, Pass::forward, DeviceCaps{9, 0}, made_up_versions(91900));
   std::set<std::string> fields;
   for (const Reason& reason : support.reasons) fields.insert(reason.field);
-  EXPECT_EQ(fields, (std::set<std::string>{"kv_pages", "softmax"})) << support.to_string();
+  EXPECT_EQ(fields, (std::set<std::string>{"softmax"})) << support.to_string();  // said for ragged and for paged
 }
 
 }  // namespace

@@ -112,14 +112,31 @@ TEST(RaggedPolicy, FeaturesNotOfferedYetSayWhich) {
   EXPECT_NE(support.to_string().find("cuDNN 9.26"), std::string::npos);  // the sink's own limit
 }
 
-TEST(RaggedPolicy, MixedFormatsAreNotOfferedYet) {
+// Ragged Q with dense K/V is offered (its batch is not bucketed: the dense tensors hold exactly
+// the call's entries); dense Q with ragged K/V is not.
+TEST(RaggedPolicy, RaggedQueriesMayHaveDenseKeysButNotTheReverse) {
   AttentionSpec spec = thd(2, 128, 128);
   const AttentionSpec dense = parse_spec("layout=bshd b=2 s=128 h_q=8 h_kv=2 d=128 causal");
   spec.k = dense.k;
   spec.v = dense.v;
+  EXPECT_TRUE(check_support_policy(spec, Pass::backward, DeviceCaps{9, 0}, cudnn(91900)).ok());
+  EXPECT_EQ(bucketed(spec).batch(), 2);
+  EXPECT_EQ(bucketed(spec).seq_q(), 128);
+  spec = thd(2, 128, 128);
+  spec.q = dense.q;
+  spec.o = dense.o;
   const Support support = check_support_policy(spec, Pass::forward, DeviceCaps{9, 0}, cudnn(91900));
   ASSERT_EQ(support.reasons.size(), 1u) << support.to_string();
-  EXPECT_EQ(support.reasons[0].value, "ragged q, dense k/v");
+  EXPECT_EQ(support.reasons[0].value, "dense q, ragged k/v");
+}
+
+TEST(RaggedBuckets, ABatchIsBucketedOnlyWhenEveryTensorIsRagged) {
+  EXPECT_EQ(bucketed(thd(5, 300, 300)).batch(), 8);
+  const AttentionSpec paged = parse_spec(
+      "layout=thd_paged_bshd dtype=bf16 b=5 s_q=16 s_kv=1024 h_q=8 h_kv=2 d=128 page_size=64 pages=80");
+  EXPECT_EQ(bucketed(paged).batch(), 5);
+  EXPECT_EQ(bucketed(paged).seq_q(), 64);
+  EXPECT_EQ(bucketed(paged).k.batch(), 80);  // the pool keeps its pages
 }
 
 }  // namespace

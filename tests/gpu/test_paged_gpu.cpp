@@ -1,5 +1,5 @@
 // GPU tier: paged K/V caches — decode and short prefills (1 and 2..16 query tokens a sequence,
-// bottom-right causal) over pools in bshd and sbhd pages, with bshd or sbhd queries, against the
+// bottom-right causal) over pools in bshd and sbhd pages, with bshd, sbhd or thd queries, against the
 // reference on the gathered K/V (the checker copies each sequence's pages to shuffled pool pages).
 #include <gtest/gtest.h>
 
@@ -33,6 +33,11 @@ std::vector<Case> paged_cases() {
                  "layout=bshd_paged_sbhd dtype=bf16 b=2 s_q=16 s_kv=512 h_q=8 h_kv=1 d=128 page_size=32 pages=40 "
                  "causal align=bottom_right"});
   out.push_back({"page_size_1_bf16", "layout=bshd_paged_bshd dtype=bf16 b=2 s_q=1 s_kv=96 h=4 d=64 page_size=1 pages=200"});
+  for (const char* layout : {"thd_paged_bshd", "thd_paged_sbhd"}) {  // ragged queries, 1..16 a sequence
+    out.push_back({std::string(layout) + "_q16_page64",
+                   std::string("layout=") + layout + " dtype=bf16 b=5 s_q=16 s_kv=1024 h_q=16 h_kv=4 d=128 "
+                   "page_size=64 pages=100 causal align=bottom_right"});
+  }
   out.push_back({"no_mask_prefill_bf16",
                  "layout=sbhd_paged_bshd dtype=bf16 b=2 s_q=100 s_kv=256 h_q=8 h_kv=2 d=128 page_size=64 pages=12"});
   return out;

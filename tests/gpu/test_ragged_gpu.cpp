@@ -31,7 +31,8 @@ struct Case {
 void PrintTo(const Case& c, std::ostream* os) { *os << c.spec; }
 
 // Every ragged layout with odd lengths, s_q != s_kv and GQA where the layout allows, each mask
-// kind, head dims, f16, deterministic, and many sequences (the checker empties the second one).
+// kind, head dims, f16, deterministic, many sequences (the checker empties the second one), and
+// ragged Q with dense K/V.
 std::vector<Case> ragged_cases() {
   const std::string gqa = " b=5 s_q=333 s_kv=517 h_q=8 h_kv=2 d=128";
   return {
@@ -48,6 +49,8 @@ std::vector<Case> ragged_cases() {
       {"th3d_f16", "layout=th3d dtype=f16 b=4 s=400 h=4 d=64"},
       {"thd_t2hd_bf16", "layout=thd_t2hd dtype=bf16" + gqa + " causal"},
       {"thd_th2d_f16", "layout=thd_th2d dtype=f16" + gqa},
+      {"thd_q_bshd_kv_bf16", "layout=thd_bshd_bshd dtype=bf16" + gqa + " causal align=bottom_right"},
+      {"thd_q_sbhd_kv_f16", "layout=thd_sbhd_sbhd dtype=f16" + gqa + " causal"},
   };
 }
 
