@@ -193,7 +193,8 @@ std::string known_keys() {
   visit_fields([&](const char* name, auto&) { out += std::string(" ") + name; }, unused);
   out += " layout dtype";
   for (const SizeKey& size : kSizeKeys) out += std::string(" ") + size.key;
-  out += ", page_size pages (paged layouts), shorthands s h d, causal=0|1 (window -1,-1 or -1,0) and the bare word causal";
+  out += ", page_size pages (paged layouts), shorthands s h d, causal=0|1 (window -1,-1 or -1,0) and the bare word "
+         "causal";
   return out;
 }
 
@@ -370,7 +371,9 @@ AttentionSpec build_short_form(AttentionSpec spec, const GivenKeys& given) {
   for (const SizeKey& size : kPageKeys) {
     const Token* token = given.find(size.key);
     if (!paged_kv(layout)) {
-      if (token) throw InvalidArgument(token->key, token->value, "a paged layout (" + std::string(size.key) + " sizes its pages)");
+      if (token) {
+        throw InvalidArgument(token->key, token->value, "a paged layout (" + std::string(size.key) + " sizes its pages)");
+      }
       continue;
     }
     if (!token) throw InvalidArgument(size.key, "(missing)", "page_size and pages with a paged layout");
@@ -381,7 +384,7 @@ AttentionSpec build_short_form(AttentionSpec spec, const GivenKeys& given) {
   spec.k = tensors.k;
   spec.v = tensors.v;
   spec.o = tensors.o;
-  // A ragged layout's lengths are runtime data, so it implies padding unless told otherwise
+  // A ragged or paged layout's lengths are runtime data, so it implies padding unless told otherwise
   // (and validate() then says why padding=0 cannot be).
   if ((ragged_q(layout) || ragged_kv(layout) || paged_kv(layout)) && !given.find("padding")) spec.padding = true;
   if (paged_kv(layout)) {
