@@ -531,7 +531,7 @@ struct PagedCall {
     std::mt19937_64 rng(seed);
     std::shuffle(pages.begin(), pages.end(), rng);
     std::vector<std::int32_t> table_for_k(pages.begin(), pages.begin() + batch * per_seq);
-    std::shuffle(pages.begin(), pages.end(), rng);  // V's pages lie elsewhere than K's
+    std::shuffle(pages.begin(), pages.end(), rng);  // V's table differs from K's (each has its own pool)
     std::vector<std::int32_t> table_for_v(pages.begin(), pages.begin() + batch * per_seq);
     k_pool = fill_pool(paged.k, twin.k, dense.k, table_for_k, batch, per_seq, page);
     v_pool = fill_pool(paged.v, twin.v, dense.v, table_for_v, batch, per_seq, page);
