@@ -21,7 +21,7 @@ from torch import Tensor
 from . import _core as core
 from .errors import NotSupportedError
 
-__all__ = ["attention", "scaled_dot_product_attention", "Attention"]
+__all__ = ["attention", "paged_attention", "scaled_dot_product_attention", "Attention"]
 
 _LOG = logging.getLogger("fusedattn")
 _DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -158,14 +158,14 @@ class _NoSwitch:
 _NO_SWITCH = _NoSwitch()
 
 
-def _run_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q,
+def _run_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, options, scale, max_seqlen_q,
                  max_seqlen_kv, want_stats):
     with _on_device(q.device):
-        return _enqueue_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, layout, options, scale,
+        return _enqueue_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, options, scale,
                                 max_seqlen_q, max_seqlen_kv, want_stats)
 
 
-def _enqueue_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q,
+def _enqueue_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, options, scale, max_seqlen_q,
                      max_seqlen_kv, want_stats):
     o = q.new_empty(_out_shape(q, v, layout))
     stats = q.new_empty(_stats_shape(q, layout) if want_stats else _EMPTY, dtype=torch.float32)
@@ -174,21 +174,22 @@ def _enqueue_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, layo
     workspace = _workspace(plan, q.device)
     plan.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), _addr(stats), scale,
                  torch.cuda.current_stream(q.device).cuda_stream, workspace.data_ptr(), workspace.numel(),
-                 bias=_addr(bias), sink=_addr(sink), **_dropout_args(rng),
-                 **_ragged_args(cu_seqlens_q, cu_seqlens_kv))
+                 bias=_addr(bias), sink=_addr(sink), seq_len_q=_addr(seq_len_q), seq_len_kv=_addr(seq_len_kv),
+                 **_dropout_args(rng), **_ragged_args(cu_seqlens_q, cu_seqlens_kv))
     return o, stats
 
 
 @torch.library.custom_op("fusedattn::forward", mutates_args=())
 def _forward(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], sink: Optional[Tensor], rng: Optional[Tensor],
-             cu_seqlens_q: Optional[Tensor], cu_seqlens_kv: Optional[Tensor], layout: str, options: str,
+             cu_seqlens_q: Optional[Tensor], cu_seqlens_kv: Optional[Tensor], seq_len_q: Optional[Tensor],
+             seq_len_kv: Optional[Tensor], layout: str, options: str,
              scale: float, max_seqlen_q: int, max_seqlen_kv: int, want_stats: bool) -> Tuple[Tensor, Tensor]:
-    return _run_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q,
+    return _run_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, options, scale, max_seqlen_q,
                         max_seqlen_kv, want_stats)
 
 
 @_forward.register_fake
-def _(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q, max_seqlen_kv,
+def _(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, options, scale, max_seqlen_q, max_seqlen_kv,
       want_stats):
     return (q.new_empty(_out_shape(q, v, layout)),
             q.new_empty(_stats_shape(q, layout) if want_stats else _EMPTY, dtype=torch.float32))
@@ -197,15 +198,15 @@ def _(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, layout, options, sc
 @torch.library.custom_op("fusedattn::backward", mutates_args=())
 def _backward(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, stats: Tensor, bias: Optional[Tensor],
               sink: Optional[Tensor], rng: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
-              cu_seqlens_kv: Optional[Tensor], layout: str,
+              cu_seqlens_kv: Optional[Tensor], seq_len_q: Optional[Tensor], seq_len_kv: Optional[Tensor], layout: str,
               options: str, scale: float, max_seqlen_q: int, max_seqlen_kv: int,
               bias_grad: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     with _on_device(q.device):
-        return _enqueue_backward(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, layout, options,
+        return _enqueue_backward(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, options,
                                  scale, max_seqlen_q, max_seqlen_kv, bias_grad)
 
 
-def _enqueue_backward(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, layout, options, scale,
+def _enqueue_backward(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, options, scale,
                       max_seqlen_q, max_seqlen_kv, bias_grad):
     # Gradients take their inputs' strides (a view of a packed buffer gets a packed-strided one).
     d_q, d_k, d_v = (torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device) for t in (q, k, v))
@@ -220,12 +221,13 @@ def _enqueue_backward(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_
                   d_q.data_ptr(), d_k.data_ptr(), d_v.data_ptr(), scale,
                   torch.cuda.current_stream(q.device).cuda_stream, workspace.data_ptr(), workspace.numel(),
                   bias=_addr(bias), sink=_addr(sink), d_bias=_addr(d_bias), d_sink=_addr(d_sink),
-                  **_dropout_args(rng), **_ragged_args(cu_seqlens_q, cu_seqlens_kv))
+                  seq_len_q=_addr(seq_len_q), seq_len_kv=_addr(seq_len_kv), **_dropout_args(rng),
+                  **_ragged_args(cu_seqlens_q, cu_seqlens_kv))
     return d_q, d_k, d_v, d_bias, d_sink
 
 
 @_backward.register_fake
-def _(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, layout, options, scale, max_seqlen_q,
+def _(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, options, scale, max_seqlen_q,
       max_seqlen_kv, bias_grad):
     grads = tuple(torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device) for t in (q, k, v))
     d_bias = torch.empty_like(bias) if bias_grad else q.new_empty(_EMPTY)
@@ -234,22 +236,98 @@ def _(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, layo
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, bias, sink, rng, cu_q, cu_kv, layout, options, scale, max_q, max_kv, _ = inputs
+    q, k, v, bias, sink, rng, cu_q, cu_kv, len_q, len_kv, layout, options, scale, max_q, max_kv, _ = inputs
     o, stats = output
-    ctx.save_for_backward(q, k, v, o, stats, bias, sink, rng, cu_q, cu_kv)  # rng: the forward's very mask
+    ctx.save_for_backward(q, k, v, o, stats, bias, sink, rng, cu_q, cu_kv, len_q, len_kv)  # rng: the forward's mask
     ctx.meta = (layout, options, scale, max_q, max_kv, bias is not None and bias.requires_grad)
 
 
 def _grad(ctx, d_o, _d_stats):
-    q, k, v, o, stats, bias, sink, rng, cu_q, cu_kv = ctx.saved_tensors
+    q, k, v, o, stats, bias, sink, rng, cu_q, cu_kv, len_q, len_kv = ctx.saved_tensors
     layout, options, scale, max_q, max_kv, bias_grad = ctx.meta
-    d_q, d_k, d_v, d_bias, d_sink = _backward(d_o, q, k, v, o, stats, bias, sink, rng, cu_q, cu_kv, layout, options,
-                                              scale, max_q, max_kv, bias_grad)
-    return (d_q, d_k, d_v, d_bias if bias_grad else None, d_sink if sink is not None else None,
-            None, None, None, None, None, None, None, None, None)
+    d_q, d_k, d_v, d_bias, d_sink = _backward(d_o, q, k, v, o, stats, bias, sink, rng, cu_q, cu_kv, len_q, len_kv,
+                                              layout, options, scale, max_q, max_kv, bias_grad)
+    return (d_q, d_k, d_v, d_bias if bias_grad else None, d_sink if sink is not None else None) + (None,) * 11
 
 
 torch.library.register_autograd("fusedattn::forward", _grad, setup_context=_setup_context)
+
+
+# --- paged caches (inference: forward only) --------------------------------------------------
+
+@torch.library.custom_op("fusedattn::paged_forward", mutates_args=())
+def _paged_forward(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table_k: Tensor, page_table_v: Tensor,
+                   seq_len_q: Tensor, seq_len_kv: Tensor, cu_seqlens_q: Optional[Tensor],
+                   cu_seqlens_kv: Optional[Tensor], layout: str, cache_layout: str, options: str, scale: float,
+                   max_seqlen_q: int) -> Tensor:
+    with _on_device(q.device):
+        o = q.new_empty(_out_shape(q, v_cache, layout))
+        entry = _paged_entry(q, k_cache, v_cache, o, page_table_k, layout, cache_layout, options, max_seqlen_q)
+        plan = entry.plan("forward")
+        workspace = _workspace(plan, q.device)
+        plan.forward(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), 0, scale,
+                     torch.cuda.current_stream(q.device).cuda_stream, workspace.data_ptr(), workspace.numel(),
+                     seq_len_q=seq_len_q.data_ptr(), seq_len_kv=seq_len_kv.data_ptr(),
+                     page_table_k=page_table_k.data_ptr(), page_table_v=page_table_v.data_ptr(),
+                     **_ragged_args(cu_seqlens_q, cu_seqlens_kv))
+        return o
+
+
+@_paged_forward.register_fake
+def _(q, k_cache, v_cache, page_table_k, page_table_v, seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, layout,
+      cache_layout, options, scale, max_seqlen_q):
+    return q.new_empty(_out_shape(q, v_cache, layout))
+
+
+def _paged_entry(q, k_cache, v_cache, o, page_table, layout, cache_layout, options, max_q):
+    """The spec of a paged call: the pools as K and V ([pages, h_kv, page_size, d]), kv_pages the
+    page table's width."""
+    batch, pages_per_seq = page_table.shape
+    key = (q.device.index, "paged", layout, cache_layout, q.dtype, q.shape, q.stride(), k_cache.shape,
+           k_cache.stride(), v_cache.shape, v_cache.stride(), o.stride(), options, batch, pages_per_seq, max_q)
+    found = _ENTRIES.get(key)
+    if found is None:
+        dtype = _DTYPES.get(q.dtype)
+        if dtype is None:
+            raise core_error("InvalidArgumentError", "q.dtype", q.dtype, "torch.float16 or torch.bfloat16")
+        text = " ".join((f"q={_desc(dtype, _logical(q, layout, batch, max_q))}",
+                         f"k={_desc(dtype, _logical(k_cache, cache_layout))}",
+                         f"v={_desc(dtype, _logical(v_cache, cache_layout))}",
+                         f"o={_desc(dtype, _logical(o, layout, batch, max_q))}",
+                         options, "padding=1 stats=0", f"kv_pages={pages_per_seq}"))
+        found = _ENTRIES[key] = _Entry(core.Spec.parse(text))
+    return found
+
+
+def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table_k: Tensor, page_table_v: Tensor,
+                    seq_len_kv: Tensor, *, layout: str = "bshd", cache_layout: str = "bshd", causal: bool = True,
+                    align: str = "bottom_right", window: Tuple[int, int] = (-1, -1), scale: Optional[float] = None,
+                    seq_len_q: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
+                    max_seqlen_q: int = 0) -> Tensor:
+    """Attention over paged K/V caches (inference). k_cache, v_cache: pools of pages in
+    `cache_layout` with a page where the layout has its batch entry ("bshd": [pages, page_size,
+    h_kv, d]; "sbhd": [page_size, pages, h_kv, d]); page_table_k / page_table_v: int32 [b, pages a
+    sequence], each entry a page of the pool; seq_len_kv: int32 [b], the tokens each sequence has.
+    q in `layout` ("bshd", "sbhd", or "thd" with cu_seqlens_q and max_seqlen_q); seq_len_q defaults
+    to full query rows. Decode is q with one token a sequence, bottom-right causal (the defaults)."""
+    if layout not in ("bshd", "sbhd", "thd") or cache_layout not in ("bshd", "sbhd"):
+        raise core_error("InvalidArgumentError", "layout/cache_layout", f"{layout}/{cache_layout}",
+                         "bshd, sbhd or thd for q; bshd or sbhd for the caches")
+    window = (window[0], 0) if causal else window
+    options = f"window={window[0]},{window[1]} align={align}"
+    batch = page_table_k.shape[0]
+    cu_kv = None
+    if layout == "thd":
+        if cu_seqlens_q is None or max_seqlen_q <= 0:
+            raise core_error("InvalidArgumentError", "cu_seqlens_q", cu_seqlens_q, "cu_seqlens_q and max_seqlen_q with thd")
+        cu_kv = torch.nn.functional.pad(seq_len_kv.cumsum(0, dtype=torch.int32), (1, 0))
+        seq_len_q = seq_len_kv  # unused: the ragged arrays carry both lengths
+    elif seq_len_q is None:
+        seq_len_q = torch.full((batch,), _logical(q, layout)[0][2], dtype=torch.int32, device=q.device)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    return _paged_forward(q, k_cache, v_cache, page_table_k, page_table_v, seq_len_q, seq_len_kv, cu_seqlens_q, cu_kv,
+                          layout, cache_layout, options, float(scale), max_seqlen_q)
 
 
 # --- the functional API ----------------------------------------------------------------------
@@ -262,13 +340,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
               bias: Optional[Tensor] = None, alibi: bool = False, softmax: str = "vanilla",
               sink: Optional[Tensor] = None, dropout_p: float = 0.0, deterministic: bool = False,
               cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_kv: Optional[Tensor] = None,
-              max_seqlen_q: int = 0, max_seqlen_kv: int = 0, return_stats: bool = False,
+              max_seqlen_q: int = 0, max_seqlen_kv: int = 0, seq_len_q: Optional[Tensor] = None,
+              seq_len_kv: Optional[Tensor] = None, return_stats: bool = False,
               fallback: bool = False):
     """Fused attention of q, k, v in `layout` ("bshd", "sbhd", "bhsd", or "thd" with cumulative
     sequence offsets). Any strides: views into packed QKV or KV buffers work as they are.
 
     causal / window (left, right; -1 open) and align ("top_left" or "bottom_right", the KV-cache
-    convention) place the mask; bias is a post-scale bias [b|1, h|1, s_q|1, s_kv] (its gradient is
+    convention) place the mask; seq_len_q / seq_len_kv (int32 [b]) make each entry's lengths
+    runtime data (padding: O and the gradients are zero past them); bias is a post-scale bias [b|1, h|1, s_q|1, s_kv] (its gradient is
     computed when it requires grad); alibi adds ALiBi; softmax is "vanilla", "off_by_one" or "sink"
     (with `sink`, float32 [h_q], learnable). Returns O in q's layout with d_v, or (O, statistics)
     with return_stats (float32 [b, h_q, s_q], or [t, h_q] for thd). dropout_p > 0 drops attention
@@ -299,8 +379,11 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
         options.append("alibi=1")
     if deterministic:
         options.append("deterministic=1")
-    if layout == "thd":
+    if (seq_len_q is None) != (seq_len_kv is None):
+        raise core_error("InvalidArgumentError", "seq_len_q", seq_len_q, "seq_len_q and seq_len_kv together")
+    if layout == "thd" or seq_len_q is not None:
         options.append("padding=1")
+    if layout == "thd":
         if cu_seqlens_q is None or cu_seqlens_kv is None or max_seqlen_q <= 0 or max_seqlen_kv <= 0:
             raise core_error("InvalidArgumentError", "cu_seqlens_q", cu_seqlens_q,
                              "cu_seqlens_q, cu_seqlens_kv (int32 [n + 1]) and max_seqlen_q, max_seqlen_kv with thd")
@@ -322,10 +405,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
         # directly, which saves most of the per-call host time; compiled code and training go
         # through the registered operator.
         call = _forward if needs_grad or torch.compiler.is_compiling() or q.device.type != "cuda" else _run_forward
-        o, stats = call(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, layout, option_text, float(scale),
+        o, stats = call(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, option_text, float(scale),
                         max_seqlen_q, max_seqlen_kv, bool(needs_grad or return_stats))
     except NotSupportedError as error:
-        if not fallback or layout == "thd" or return_stats:
+        if not fallback or layout == "thd" or return_stats or seq_len_q is not None:
             raise
         key = (layout, option_text, q.dtype, q.shape, k.shape)
         if key not in _FALLBACK_LOGGED:

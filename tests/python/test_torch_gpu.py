@@ -175,3 +175,26 @@ def test_dropout_replays_with_the_generator_and_the_backward_uses_the_forward_ma
     o.backward(d_o)
     lhs, rhs = (v.grad.float() * v.float()).sum(), (o.float() * d_o.float()).sum()
     assert abs(lhs - rhs) / abs(rhs) < 1e-2
+
+
+@pytest.mark.parametrize("cache_layout", ["bshd", "sbhd"])
+def test_paged_decode_matches_attention_on_the_gathered_cache(cache_layout):
+    b, s_kv, page, h_q, h_kv, d = 4, 1024, 64, 16, 4, 128
+    per_seq = s_kv // page
+    k = torch.rand(b, s_kv, h_kv, d, device="cuda", dtype=torch.bfloat16) * 2 - 1
+    v = torch.rand_like(k) * 2 - 1
+    q = torch.rand(b, 1, h_q, d, device="cuda", dtype=torch.bfloat16) * 2 - 1
+    pages = b * per_seq + 5
+    order = torch.randperm(pages, device="cuda")[: b * per_seq]
+    table = order.to(torch.int32).reshape(b, per_seq)
+
+    def pool_of(x):  # each sequence's pages scattered to the table's pool pages
+        pool = torch.zeros(pages, page, h_kv, d, device="cuda", dtype=x.dtype)
+        pool[order] = x.reshape(b * per_seq, page, h_kv, d)
+        return pool if cache_layout == "bshd" else pool.transpose(0, 1).contiguous()
+    lengths = torch.tensor([1024, 1, 700, 64], device="cuda", dtype=torch.int32)
+    o = fa.paged_attention(q, pool_of(k), pool_of(v), table, table, lengths, cache_layout=cache_layout)
+    for i in range(b):
+        n = int(lengths[i])
+        ref, _ = reference(q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n], "bshd")
+        assert rel(o[i:i + 1], ref) < 1e-2

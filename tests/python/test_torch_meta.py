@@ -115,3 +115,22 @@ def test_dropout_traces_and_differentiates():
     o = fa.attention(q, q, q, dropout_p=0.1, causal=True)
     o.sum().backward()
     assert o.shape == q.shape and q.grad.shape == q.shape
+
+
+@pytest.mark.parametrize("layout, cache_layout", [("bshd", "bshd"), ("sbhd", "sbhd"), ("bshd", "sbhd")])
+def test_paged_attention_output_follows_q(layout, cache_layout):
+    q = meta(8, 1, 32, 128, grad=False) if layout == "bshd" else meta(1, 8, 32, 128, grad=False)
+    pool = meta(300, 64, 8, 128, grad=False) if cache_layout == "bshd" else meta(64, 300, 8, 128, grad=False)
+    table = torch.empty(8, 32, device="meta", dtype=torch.int32)
+    lengths = torch.empty(8, device="meta", dtype=torch.int32)
+    o = fa.paged_attention(q, pool, pool, table, table, lengths, layout=layout, cache_layout=cache_layout)
+    assert o.shape == q.shape
+
+
+def test_padding_lengths_come_in_pairs():
+    from fusedattn import InvalidArgumentError
+    q = meta(2, 64, 4, 64)
+    lengths = torch.empty(2, device="meta", dtype=torch.int32)
+    assert fa.attention(q, q, q, seq_len_q=lengths, seq_len_kv=lengths).shape == q.shape
+    with pytest.raises(InvalidArgumentError):
+        fa.attention(q, q, q, seq_len_q=lengths)
