@@ -113,8 +113,9 @@ NB_MODULE(_core, m) {
              std::size_t workspace_bytes, std::uintptr_t seq_len_q, std::uintptr_t seq_len_kv, std::uintptr_t bias,
              std::uintptr_t sink, std::uintptr_t dropout_seed, std::uintptr_t dropout_offset, std::int64_t sequences,
              std::uintptr_t cu_seqlens_q, std::uintptr_t cu_seqlens_kv, std::uintptr_t page_table_k,
-             std::uintptr_t page_table_v) {
+             std::uintptr_t page_table_v, std::uintptr_t max_logit) {
             fa::ForwardTensors t;
+            t.max_logit = reinterpret_cast<float*>(max_logit);
             t.page_table_k = reinterpret_cast<const std::int32_t*>(page_table_k);
             t.page_table_v = reinterpret_cast<const std::int32_t*>(page_table_v);
             t.q = reinterpret_cast<const void*>(q);
@@ -130,7 +131,7 @@ NB_MODULE(_core, m) {
           "q"_a, "k"_a, "v"_a, "o"_a, "stats"_a, "scale"_a, "stream"_a, "workspace"_a, "workspace_bytes"_a,
           nb::kw_only(), "seq_len_q"_a = 0, "seq_len_kv"_a = 0, "bias"_a = 0, "sink"_a = 0, "dropout_seed"_a = 0,
           "dropout_offset"_a = 0, "sequences"_a = 0, "cu_seqlens_q"_a = 0, "cu_seqlens_kv"_a = 0,
-          "page_table_k"_a = 0, "page_table_v"_a = 0,
+          "page_table_k"_a = 0, "page_table_v"_a = 0, "max_logit"_a = 0,
           "Enqueues the forward on `stream` (a cudaStream_t as an int). Addresses are ints; 0 is none.")
       .def(
           "backward",

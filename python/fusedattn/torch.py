@@ -74,6 +74,15 @@ def _out_shape(q: Tensor, v: Tensor, layout: str):
     return tuple(q.shape[:-1]) + (v.shape[-1],)
 
 
+def _max_logit_shape(q: Tensor, layout: str, options: str):
+    """float32 max logit: [b, h_q, s_q] per row, [h_q] per head; nothing when not asked for."""
+    if "max_logit=row" in options:
+        return _stats_shape(q, layout)
+    if "max_logit=head" in options:
+        return (_logical(q, layout)[0][1],) if layout != "thd" else (q.shape[1],)
+    return _EMPTY
+
+
 def _stats_shape(q: Tensor, layout: str):
     """float32 statistics: [b, h_q, s_q] for dense Q, [t, h_q] (by token) for ragged."""
     if layout == "thd":
@@ -169,21 +178,22 @@ def _enqueue_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_
                      max_seqlen_kv, want_stats):
     o = q.new_empty(_out_shape(q, v, layout))
     stats = q.new_empty(_stats_shape(q, layout) if want_stats else _EMPTY, dtype=torch.float32)
+    max_logit = q.new_empty(_max_logit_shape(q, layout, options), dtype=torch.float32)
     batch = cu_seqlens_q.numel() - 1 if cu_seqlens_q is not None else 0
     plan = _entry(q, k, v, o, layout, options, batch, max_seqlen_q, max_seqlen_kv, want_stats).plan("forward")
     workspace = _workspace(plan, q.device)
     plan.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), _addr(stats), scale,
                  torch.cuda.current_stream(q.device).cuda_stream, workspace.data_ptr(), workspace.numel(),
                  bias=_addr(bias), sink=_addr(sink), seq_len_q=_addr(seq_len_q), seq_len_kv=_addr(seq_len_kv),
-                 **_dropout_args(rng), **_ragged_args(cu_seqlens_q, cu_seqlens_kv))
-    return o, stats
+                 max_logit=_addr(max_logit), **_dropout_args(rng), **_ragged_args(cu_seqlens_q, cu_seqlens_kv))
+    return o, stats, max_logit
 
 
 @torch.library.custom_op("fusedattn::forward", mutates_args=())
 def _forward(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], sink: Optional[Tensor], rng: Optional[Tensor],
              cu_seqlens_q: Optional[Tensor], cu_seqlens_kv: Optional[Tensor], seq_len_q: Optional[Tensor],
              seq_len_kv: Optional[Tensor], layout: str, options: str,
-             scale: float, max_seqlen_q: int, max_seqlen_kv: int, want_stats: bool) -> Tuple[Tensor, Tensor]:
+             scale: float, max_seqlen_q: int, max_seqlen_kv: int, want_stats: bool) -> Tuple[Tensor, Tensor, Tensor]:
     return _run_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, options, scale, max_seqlen_q,
                         max_seqlen_kv, want_stats)
 
@@ -192,7 +202,8 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], sink: Opti
 def _(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, options, scale, max_seqlen_q, max_seqlen_kv,
       want_stats):
     return (q.new_empty(_out_shape(q, v, layout)),
-            q.new_empty(_stats_shape(q, layout) if want_stats else _EMPTY, dtype=torch.float32))
+            q.new_empty(_stats_shape(q, layout) if want_stats else _EMPTY, dtype=torch.float32),
+            q.new_empty(_max_logit_shape(q, layout, options), dtype=torch.float32))
 
 
 @torch.library.custom_op("fusedattn::backward", mutates_args=())
@@ -237,12 +248,12 @@ def _(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_
 
 def _setup_context(ctx, inputs, output):
     q, k, v, bias, sink, rng, cu_q, cu_kv, len_q, len_kv, layout, options, scale, max_q, max_kv, _ = inputs
-    o, stats = output
+    o, stats, _ = output
     ctx.save_for_backward(q, k, v, o, stats, bias, sink, rng, cu_q, cu_kv, len_q, len_kv)  # rng: the forward's mask
     ctx.meta = (layout, options, scale, max_q, max_kv, bias is not None and bias.requires_grad)
 
 
-def _grad(ctx, d_o, _d_stats):
+def _grad(ctx, d_o, _d_stats, _d_max_logit):
     q, k, v, o, stats, bias, sink, rng, cu_q, cu_kv, len_q, len_kv = ctx.saved_tensors
     layout, options, scale, max_q, max_kv, bias_grad = ctx.meta
     d_q, d_k, d_v, d_bias, d_sink = _backward(d_o, q, k, v, o, stats, bias, sink, rng, cu_q, cu_kv, len_q, len_kv,
@@ -341,20 +352,23 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
               sink: Optional[Tensor] = None, dropout_p: float = 0.0, deterministic: bool = False,
               cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_kv: Optional[Tensor] = None,
               max_seqlen_q: int = 0, max_seqlen_kv: int = 0, seq_len_q: Optional[Tensor] = None,
-              seq_len_kv: Optional[Tensor] = None, return_stats: bool = False,
+              seq_len_kv: Optional[Tensor] = None, return_stats: bool = False, return_max_logit: str = "",
               fallback: bool = False):
     """Fused attention of q, k, v in `layout` ("bshd", "sbhd", "bhsd", or "thd" with cumulative
     sequence offsets). Any strides: views into packed QKV or KV buffers work as they are.
 
     causal / window (left, right; -1 open) and align ("top_left" or "bottom_right", the KV-cache
     convention) place the mask; seq_len_q / seq_len_kv (int32 [b]) make each entry's lengths
-    runtime data (padding: O and the gradients are zero past them); bias is a post-scale bias [b|1, h|1, s_q|1, s_kv] (its gradient is
-    computed when it requires grad); alibi adds ALiBi; softmax is "vanilla", "off_by_one" or "sink"
-    (with `sink`, float32 [h_q], learnable). Returns O in q's layout with d_v, or (O, statistics)
-    with return_stats (float32 [b, h_q, s_q], or [t, h_q] for thd). dropout_p > 0 drops attention
-    probabilities with a Philox seed and offset that PyTorch's CUDA generator draws on the device:
-    CUDA graph replays draw anew, torch.manual_seed replays a mask, and the backward uses the
-    forward's.
+    runtime data (padding: O and the gradients are zero past them); bias is a post-scale bias
+    [b|1, h|1, s_q|1, s_kv] (its gradient is computed when it requires grad); alibi adds ALiBi;
+    softmax is "vanilla", "off_by_one" or "sink" (with `sink`, float32 [h_q], learnable).
+    dropout_p > 0 drops attention probabilities with a Philox seed and offset that PyTorch's CUDA
+    generator draws on the device: CUDA graph replays draw anew, torch.manual_seed replays a mask,
+    and the backward uses the forward's.
+
+    Returns O in q's layout with d_v; with return_stats also the statistics (float32 [b, h_q, s_q],
+    or [t, h_q] for thd), and with return_max_logit="row" / "head" also the max logit (float32
+    [b, h_q, s_q] / [h_q]), in that order, as a tuple.
 
     Errors are fusedattn.errors classes. With fallback=True, a configuration fusedattn does not
     support (NotSupportedError, and nothing else) runs PyTorch's own attention instead, and the
@@ -389,6 +403,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
                              "cu_seqlens_q, cu_seqlens_kv (int32 [n + 1]) and max_seqlen_q, max_seqlen_kv with thd")
     if dropout_p > 0.0:
         options.append(f"dropout={float(dropout_p)!r}")
+    if return_max_logit:
+        if return_max_logit not in ("row", "head"):
+            raise core_error("InvalidArgumentError", "return_max_logit", return_max_logit, "'row', 'head' or ''")
+        options.append(f"max_logit={return_max_logit}")
     option_text = " ".join(options)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
@@ -405,17 +423,19 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
         # directly, which saves most of the per-call host time; compiled code and training go
         # through the registered operator.
         call = _forward if needs_grad or torch.compiler.is_compiling() or q.device.type != "cuda" else _run_forward
-        o, stats = call(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, option_text, float(scale),
-                        max_seqlen_q, max_seqlen_kv, bool(needs_grad or return_stats))
+        o, stats, max_logit = call(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv,
+                                   layout, option_text, float(scale), max_seqlen_q, max_seqlen_kv,
+                                   bool(needs_grad or return_stats))
     except NotSupportedError as error:
-        if not fallback or layout == "thd" or return_stats or seq_len_q is not None:
+        if not fallback or layout == "thd" or return_stats or return_max_logit or seq_len_q is not None:
             raise
         key = (layout, option_text, q.dtype, q.shape, k.shape)
         if key not in _FALLBACK_LOGGED:
             _FALLBACK_LOGGED.add(key)
             _LOG.warning("fusedattn: falling back to torch.nn.functional.scaled_dot_product_attention: %s", error)
         return _torch_fallback(q, k, v, layout, causal, align, scale, bias, dropout_p)
-    return (o, stats) if return_stats else o
+    extra = ((stats,) if return_stats else ()) + ((max_logit,) if return_max_logit else ())
+    return (o,) + extra if extra else o
 
 
 def _torch_fallback(q, k, v, layout, causal, align, scale, bias, dropout_p):

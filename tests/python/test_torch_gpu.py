@@ -198,3 +198,15 @@ def test_paged_decode_matches_attention_on_the_gathered_cache(cache_layout):
         n = int(lengths[i])
         ref, _ = reference(q[i:i + 1], k[i:i + 1, :n], v[i:i + 1, :n], "bshd")
         assert rel(o[i:i + 1], ref) < 1e-2
+
+
+def test_max_logit_per_row_and_per_head():
+    q, k, v = inputs("bshd", 2, 200, 300, 4, 4, 64)
+    with torch.no_grad():
+        o, rows = fa.attention(q, k, v, causal=True, return_max_logit="row")
+        _, heads = fa.attention(q, k, v, causal=True, return_max_logit="head")
+        scores = q.float().transpose(1, 2) @ k.float().transpose(1, 2).transpose(-1, -2) / 8.0
+        keep = torch.ones(200, 300, dtype=torch.bool, device="cuda").tril()
+        expected = scores.masked_fill(~keep, float("-inf")).amax(-1)
+    assert rel(rows, expected) < 1e-3
+    assert rel(heads, expected.amax(dim=(0, 2))) < 1e-3

@@ -134,3 +134,11 @@ def test_padding_lengths_come_in_pairs():
     assert fa.attention(q, q, q, seq_len_q=lengths, seq_len_kv=lengths).shape == q.shape
     with pytest.raises(InvalidArgumentError):
         fa.attention(q, q, q, seq_len_q=lengths)
+
+
+def test_max_logit_per_row_and_per_head():
+    q = meta(2, 64, 4, 64, grad=False)
+    o, rows = fa.attention(q, q, q, return_max_logit="row")
+    assert rows.shape == (2, 4, 64) and rows.dtype == torch.float32
+    o, stats, heads = fa.attention(q, q, q, return_stats=True, return_max_logit="head")
+    assert heads.shape == (4,) and stats.shape == (2, 4, 64)
