@@ -108,21 +108,25 @@ class _Entry:
 _ENTRIES = {}
 
 
+def _cached(key, dtype, tensors, options):
+    """The entry for `key`, made on first use from `tensors()` (q, k, v, o as logical (dims,
+    strides)) and the spec string's options; later calls cost one dictionary lookup."""
+    found = _ENTRIES.get(key)
+    if found is None:
+        name = _DTYPES.get(dtype)
+        if name is None:
+            raise core_error("InvalidArgumentError", "q.dtype", dtype, "torch.float16 or torch.bfloat16")
+        descs = " ".join(f"{tensor}={_desc(name, logical)}" for tensor, logical in zip("qkvo", tensors()))
+        found = _ENTRIES[key] = _Entry(core.Spec.parse(f"{descs} {options}"))
+    return found
+
+
 def _entry(q, k, v, o, layout, options, batch, max_q, max_kv, want_stats):
     key = (q.device.index, layout, q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), o.stride(),
            options, batch, max_q, max_kv, want_stats)
-    found = _ENTRIES.get(key)
-    if found is None:
-        dtype = _DTYPES.get(q.dtype)
-        if dtype is None:
-            raise core_error("InvalidArgumentError", "q.dtype", q.dtype, "torch.float16 or torch.bfloat16")
-        text = " ".join((f"q={_desc(dtype, _logical(q, layout, batch, max_q))}",
-                         f"k={_desc(dtype, _logical(k, layout, batch, max_kv))}",
-                         f"v={_desc(dtype, _logical(v, layout, batch, max_kv))}",
-                         f"o={_desc(dtype, _logical(o, layout, batch, max_q))}",
-                         options, f"stats={int(want_stats)}"))
-        found = _ENTRIES[key] = _Entry(core.Spec.parse(text))
-    return found
+    return _cached(key, q.dtype, lambda: (_logical(q, layout, batch, max_q), _logical(k, layout, batch, max_kv),
+                                          _logical(v, layout, batch, max_kv), _logical(o, layout, batch, max_q)),
+                   f"{options} stats={int(want_stats)}")
 
 
 def _addr(t: Optional[Tensor]) -> int:
@@ -296,18 +300,9 @@ def _paged_entry(q, k_cache, v_cache, o, page_table, layout, cache_layout, optio
     batch, pages_per_seq = page_table.shape
     key = (q.device.index, "paged", layout, cache_layout, q.dtype, q.shape, q.stride(), k_cache.shape,
            k_cache.stride(), v_cache.shape, v_cache.stride(), o.stride(), options, batch, pages_per_seq, max_q)
-    found = _ENTRIES.get(key)
-    if found is None:
-        dtype = _DTYPES.get(q.dtype)
-        if dtype is None:
-            raise core_error("InvalidArgumentError", "q.dtype", q.dtype, "torch.float16 or torch.bfloat16")
-        text = " ".join((f"q={_desc(dtype, _logical(q, layout, batch, max_q))}",
-                         f"k={_desc(dtype, _logical(k_cache, cache_layout))}",
-                         f"v={_desc(dtype, _logical(v_cache, cache_layout))}",
-                         f"o={_desc(dtype, _logical(o, layout, batch, max_q))}",
-                         options, "padding=1 stats=0", f"kv_pages={pages_per_seq}"))
-        found = _ENTRIES[key] = _Entry(core.Spec.parse(text))
-    return found
+    return _cached(key, q.dtype, lambda: (_logical(q, layout, batch, max_q), _logical(k_cache, cache_layout),
+                                          _logical(v_cache, cache_layout), _logical(o, layout, batch, max_q)),
+                   f"{options} padding=1 stats=0 kv_pages={pages_per_seq}")
 
 
 def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table_k: Tensor, page_table_v: Tensor,
