@@ -19,14 +19,14 @@ import torch
 from torch import Tensor
 
 from . import _core as core
+from . import _layouts
 from .errors import NotSupportedError
 
 __all__ = ["attention", "paged_attention", "scaled_dot_product_attention", "Attention"]
 
 _LOG = logging.getLogger("fusedattn")
 _DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
-# Per layout, the tensor axis that holds each logical axis (batch, heads, sequence, head dim).
-_AXES = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}
+_AXES = _layouts.AXES
 # Bias kinds by which of (batch, heads, query rows) the bias has rather than broadcasts; the core
 # takes these five (fusedattn/spec.h).
 _BIAS_KINDS = {(True, True, True): "bhss", (True, False, True): "b1ss", (False, True, True): "1hss",
@@ -36,17 +36,10 @@ _BIAS_KINDS = {(True, True, True): "bhss", (True, False, True): "b1ss", (False, 
 # --- tensors to the core's terms -------------------------------------------------------------
 
 def _logical(t: Tensor, layout: str, batch: int = 0, max_seq: int = 0):
-    """Logical [b, h, s, d] dims and element strides of `t` in `layout`; ragged ("thd", [t, h, d])
-    gets `batch` sequences of up to `max_seq` tokens and a batch stride of 0."""
-    if layout == "thd":
-        return (batch, t.shape[1], max_seq, t.shape[2]), (0, t.stride(1), t.stride(0), t.stride(2))
-    axes = _AXES[layout]
-    return tuple(t.shape[a] for a in axes), tuple(t.stride(a) for a in axes)
+    return _layouts.logical(t.shape, t.stride(), layout, batch, max_seq)
 
 
-def _desc(dtype: str, dims_strides) -> str:
-    dims, strides = dims_strides
-    return f"{dtype}[{','.join(map(str, dims))}]/[{','.join(map(str, strides))}]"
+_desc = _layouts.desc
 
 
 def _bias_kind(bias: Tensor, b: int, h: int, s_q: int, s_kv: int) -> str:
