@@ -104,6 +104,14 @@ ffi::Error run_backward(cudaStream_t stream, ffi::ScratchAllocator scratch, Plan
   }
 }
 
+// What both execute stages take first: XLA's stream, its scratch memory, the instantiated plan.
+auto execute_binding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::PlatformStream<cudaStream_t>>()
+      .Ctx<ffi::ScratchAllocator>()
+      .Ctx<ffi::State<PlanState>>();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER(kForwardInstantiate, instantiate_forward,
@@ -111,10 +119,7 @@ XLA_FFI_DEFINE_HANDLER(kForwardInstantiate, instantiate_forward,
 XLA_FFI_DEFINE_HANDLER(kBackwardInstantiate, instantiate_backward,
                        ffi::Ffi::BindInstantiate().Ctx<ffi::DeviceOrdinal>().Attr<std::string_view>("spec"));
 XLA_FFI_DEFINE_HANDLER(kForwardExecute, run_forward,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                           .Ctx<ffi::ScratchAllocator>()
-                           .Ctx<ffi::State<PlanState>>()
+                       execute_binding()
                            .Arg<ffi::AnyBuffer>()
                            .Arg<ffi::AnyBuffer>()
                            .Arg<ffi::AnyBuffer>()
@@ -123,10 +128,7 @@ XLA_FFI_DEFINE_HANDLER(kForwardExecute, run_forward,
                            .Attr<float>("scale"),
                        {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER(kBackwardExecute, run_backward,
-                       ffi::Ffi::Bind()
-                           .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                           .Ctx<ffi::ScratchAllocator>()
-                           .Ctx<ffi::State<PlanState>>()
+                       execute_binding()
                            .Arg<ffi::AnyBuffer>()
                            .Arg<ffi::AnyBuffer>()
                            .Arg<ffi::AnyBuffer>()
