@@ -37,7 +37,9 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   echo "== GPU tests"
   "$build/tests/fusedattn_gpu_tests" --gtest_output="xml:$OUT/gpu_tests.xml" 2>&1 | grep -v "^\[       OK \]" || true
   echo "== Python tests (fusedattn, fusedattn.torch) on the GPU"
-  FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 -m pytest -q -rs tests/python -k "${PYTEST_FILTER:-}" \
+  # JAX must not take most of the GPU up front: PyTorch's tests share the process.
+  XLA_PYTHON_CLIENT_PREALLOCATE=false FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" \
+    python3 -m pytest -q -rs tests/python -k "${PYTEST_FILTER:-}" \
     --junitxml="$OUT/python_tests.xml" 2>&1 | tail -40
   if [ -n "${GPU_TESTS_ONLY:-}" ]; then SKIP_BENCH=1; fi
 fi
