@@ -164,25 +164,25 @@ class _NoSwitch:
 _NO_SWITCH = _NoSwitch()
 
 
-def _run_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, options, scale, max_seqlen_q,
-                 max_seqlen_kv, want_stats):
+def _run_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, options,
+                 scale, max_seqlen_q, max_seqlen_kv, want_stats, placeholders=True):
+    """The forward operator's body. An operator returns tensors for outputs not asked for (empty
+    placeholders); the eager fast path, which is no operator, skips them (placeholders=False)."""
     with _on_device(q.device):
-        return _enqueue_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, options, scale,
-                                max_seqlen_q, max_seqlen_kv, want_stats)
-
-
-def _enqueue_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, options, scale, max_seqlen_q,
-                     max_seqlen_kv, want_stats):
-    o = q.new_empty(_out_shape(q, v, layout))
-    stats = q.new_empty(_stats_shape(q, layout) if want_stats else _EMPTY, dtype=torch.float32)
-    max_logit = q.new_empty(_max_logit_shape(q, layout, options), dtype=torch.float32)
-    batch = cu_seqlens_q.numel() - 1 if cu_seqlens_q is not None else 0
-    plan = _entry(q, k, v, o, layout, options, batch, max_seqlen_q, max_seqlen_kv, want_stats).plan("forward")
-    workspace = _workspace(plan, q.device)
-    plan.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), _addr(stats), scale,
-                 torch.cuda.current_stream(q.device).cuda_stream, workspace.data_ptr(), workspace.numel(),
-                 bias=_addr(bias), sink=_addr(sink), seq_len_q=_addr(seq_len_q), seq_len_kv=_addr(seq_len_kv),
-                 max_logit=_addr(max_logit), **_dropout_args(rng), **_ragged_args(cu_seqlens_q, cu_seqlens_kv))
+        o = q.new_empty(_out_shape(q, v, layout))
+        stats = q.new_empty(_stats_shape(q, layout), dtype=torch.float32) if want_stats else None
+        max_logit_shape = _max_logit_shape(q, layout, options)
+        max_logit = q.new_empty(max_logit_shape, dtype=torch.float32) if max_logit_shape != _EMPTY else None
+        batch = cu_seqlens_q.numel() - 1 if cu_seqlens_q is not None else 0
+        plan = _entry(q, k, v, o, layout, options, batch, max_seqlen_q, max_seqlen_kv, want_stats).plan("forward")
+        workspace = _workspace(plan, q.device)
+        plan.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), _addr(stats), scale,
+                     torch.cuda.current_stream(q.device).cuda_stream, workspace.data_ptr(), workspace.numel(),
+                     bias=_addr(bias), sink=_addr(sink), seq_len_q=_addr(seq_len_q), seq_len_kv=_addr(seq_len_kv),
+                     max_logit=_addr(max_logit), **_dropout_args(rng), **_ragged_args(cu_seqlens_q, cu_seqlens_kv))
+    if placeholders:
+        stats = q.new_empty(_EMPTY, dtype=torch.float32) if stats is None else stats
+        max_logit = q.new_empty(_EMPTY, dtype=torch.float32) if max_logit is None else max_logit
     return o, stats, max_logit
 
 
@@ -191,13 +191,13 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor], sink: Opti
              cu_seqlens_q: Optional[Tensor], cu_seqlens_kv: Optional[Tensor], seq_len_q: Optional[Tensor],
              seq_len_kv: Optional[Tensor], layout: str, options: str,
              scale: float, max_seqlen_q: int, max_seqlen_kv: int, want_stats: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    return _run_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, options, scale, max_seqlen_q,
-                        max_seqlen_kv, want_stats)
+    return _run_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout,
+                        options, scale, max_seqlen_q, max_seqlen_kv, want_stats)
 
 
 @_forward.register_fake
-def _(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, options, scale, max_seqlen_q, max_seqlen_kv,
-      want_stats):
+def _(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, options, scale,
+      max_seqlen_q, max_seqlen_kv, want_stats):
     return (q.new_empty(_out_shape(q, v, layout)),
             q.new_empty(_stats_shape(q, layout) if want_stats else _EMPTY, dtype=torch.float32),
             q.new_empty(_max_logit_shape(q, layout, options), dtype=torch.float32))
@@ -210,12 +210,12 @@ def _backward(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, stats: Te
               options: str, scale: float, max_seqlen_q: int, max_seqlen_kv: int,
               bias_grad: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     with _on_device(q.device):
-        return _enqueue_backward(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, options,
-                                 scale, max_seqlen_q, max_seqlen_kv, bias_grad)
+        return _enqueue_backward(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q,
+                                 seq_len_kv, layout, options, scale, max_seqlen_q, max_seqlen_kv, bias_grad)
 
 
-def _enqueue_backward(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, options, scale,
-                      max_seqlen_q, max_seqlen_kv, bias_grad):
+def _enqueue_backward(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q,
+                      seq_len_kv, layout, options, scale, max_seqlen_q, max_seqlen_kv, bias_grad):
     # Gradients take their inputs' strides (a view of a packed buffer gets a packed-strided one).
     d_q, d_k, d_v = (torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device) for t in (q, k, v))
     d_bias = torch.empty_like(bias) if bias_grad else q.new_empty(_EMPTY)
@@ -235,8 +235,8 @@ def _enqueue_backward(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_
 
 
 @_backward.register_fake
-def _(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, options, scale, max_seqlen_q,
-      max_seqlen_kv, bias_grad):
+def _(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout,
+      options, scale, max_seqlen_q, max_seqlen_kv, bias_grad):
     grads = tuple(torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device) for t in (q, k, v))
     d_bias = torch.empty_like(bias) if bias_grad else q.new_empty(_EMPTY)
     d_sink = torch.empty_like(sink) if sink is not None else q.new_empty(_EMPTY, dtype=torch.float32)
@@ -318,7 +318,8 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table_k: T
     cu_kv = None
     if layout == "thd":
         if cu_seqlens_q is None or max_seqlen_q <= 0:
-            raise core_error("InvalidArgumentError", "cu_seqlens_q", cu_seqlens_q, "cu_seqlens_q and max_seqlen_q with thd")
+            raise core_error("InvalidArgumentError", "cu_seqlens_q", cu_seqlens_q,
+                             "cu_seqlens_q and max_seqlen_q with thd")
         cu_kv = torch.nn.functional.pad(seq_len_kv.cumsum(0, dtype=torch.int32), (1, 0))
         seq_len_q = seq_len_kv  # unused: the ragged arrays carry both lengths
     elif seq_len_q is None:
@@ -330,6 +331,34 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table_k: T
 
 
 # --- the functional API ----------------------------------------------------------------------
+
+_OPTIONS = {}
+
+
+def _option_text(key):
+    """The spec string's options for a call's arguments, cached (a training loop repeats them);
+    compiled code builds them directly, once, at trace time."""
+    text = _OPTIONS.get(key)
+    if text is None:
+        text = _OPTIONS[key] = _build_options(*key)
+    return text
+
+
+def _build_options(left, right, align, softmax, bias_kind, alibi, deterministic, padding, dropout, max_logit):
+    options = [f"window={left},{right}", f"align={align}", f"softmax={softmax}"]
+    if bias_kind != "none":
+        options.append(f"bias={bias_kind}")
+    if alibi:
+        options.append("alibi=1")
+    if deterministic:
+        options.append("deterministic=1")
+    if padding:
+        options.append("padding=1")
+    if dropout > 0.0:
+        options.append(f"dropout={dropout!r}")
+    if max_logit:
+        options.append(f"max_logit={max_logit}")
+    return " ".join(options)
 
 _FALLBACK_LOGGED = set()
 
@@ -364,38 +393,33 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     """
     if layout != "thd" and layout not in _AXES:
         raise core_error("InvalidArgumentError", "layout", layout, "one of bshd, sbhd, bhsd, thd")
-    if q.device.type not in ("cuda", "meta"):
-        raise core_error("InvalidArgumentError", "q.device", q.device, "a CUDA device")
-    for name, t in (("k", k), ("v", v)):
-        if t.dtype != q.dtype or t.device != q.device:
-            raise core_error("InvalidArgumentError", f"{name}.dtype/device", f"{t.dtype}/{t.device}",
-                             f"q's ({q.dtype}/{q.device})")
+    # Checked once here, cheaply (every call pays for it): the core cannot see host pointers.
+    device = q.device
+    if device.type not in ("cuda", "meta"):
+        raise core_error("InvalidArgumentError", "q.device", device, "a CUDA device")
+    if k.dtype is not q.dtype or v.dtype is not q.dtype or k.device != device or v.device != device:
+        name, t = ("k", k) if k.dtype is not q.dtype or k.device != device else ("v", v)
+        raise core_error("InvalidArgumentError", f"{name}.dtype/device", f"{t.dtype}/{t.device}",
+                         f"q's ({q.dtype}/{device})")
     if causal:
         window = (window[0], 0)
-    options = [f"window={window[0]},{window[1]}", f"align={align}", f"softmax={softmax}"]
+    bias_kind = "none"
     if bias is not None:
         dims, _ = _logical(q, layout)
-        options.append(f"bias={_bias_kind(bias, dims[0], dims[1], dims[2], _logical(k, layout)[0][2])}")
+        bias_kind = _bias_kind(bias, dims[0], dims[1], dims[2], _logical(k, layout)[0][2])
         bias = bias.contiguous()
-    if alibi:
-        options.append("alibi=1")
-    if deterministic:
-        options.append("deterministic=1")
     if (seq_len_q is None) != (seq_len_kv is None):
         raise core_error("InvalidArgumentError", "seq_len_q", seq_len_q, "seq_len_q and seq_len_kv together")
-    if layout == "thd" or seq_len_q is not None:
-        options.append("padding=1")
     if layout == "thd":
         if cu_seqlens_q is None or cu_seqlens_kv is None or max_seqlen_q <= 0 or max_seqlen_kv <= 0:
             raise core_error("InvalidArgumentError", "cu_seqlens_q", cu_seqlens_q,
                              "cu_seqlens_q, cu_seqlens_kv (int32 [n + 1]) and max_seqlen_q, max_seqlen_kv with thd")
-    if dropout_p > 0.0:
-        options.append(f"dropout={float(dropout_p)!r}")
-    if return_max_logit:
-        if return_max_logit not in ("row", "head"):
-            raise core_error("InvalidArgumentError", "return_max_logit", return_max_logit, "'row', 'head' or ''")
-        options.append(f"max_logit={return_max_logit}")
-    option_text = " ".join(options)
+    if return_max_logit not in ("", "row", "head"):
+        raise core_error("InvalidArgumentError", "return_max_logit", return_max_logit, "'row', 'head' or ''")
+    compiling = torch.compiler.is_compiling()
+    option_key = (window[0], window[1], align, softmax, bias_kind, alibi, deterministic,
+                  layout == "thd" or seq_len_q is not None, float(dropout_p), return_max_logit)
+    option_text = _build_options(*option_key) if compiling else _option_text(option_key)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     try:
@@ -405,15 +429,18 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
         rng = None
         if dropout_p > 0.0:
             rng = torch.randint(0, 2 ** 62, (2,), device=q.device, dtype=torch.int64)
-        needs_grad = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (q, k, v, bias, sink))
+        needs_grad = torch.is_grad_enabled() and (
+            q.requires_grad or k.requires_grad or v.requires_grad or (bias is not None and bias.requires_grad)
+            or (sink is not None and sink.requires_grad))
         # Eager inference needs neither autograd nor the dispatcher: the operator's body is called
         # directly, which saves most of the per-call host time; compiled code and training go
         # through the registered operator.
-        call = _forward if needs_grad or torch.compiler.is_compiling() or q.device.type != "cuda" else _run_forward
-        o, stats, max_logit = call(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv,
-                                   layout, option_text, float(scale), max_seqlen_q, max_seqlen_kv,
-                                   bool(needs_grad or return_stats))
+        args = (q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, option_text,
+                float(scale), max_seqlen_q, max_seqlen_kv, bool(needs_grad or return_stats))
+        if needs_grad or compiling or device.type != "cuda":
+            o, stats, max_logit = _forward(*args)
+        else:
+            o, stats, max_logit = _run_forward(*args, placeholders=False)
     except NotSupportedError as error:
         if not fallback or layout == "thd" or return_stats or return_max_logit or seq_len_q is not None:
             raise
