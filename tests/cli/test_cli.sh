@@ -71,6 +71,15 @@ expect "d=512 not supported"     '^1$' 'not supported'          -- support "layo
 expect "d=512 reason names 256"  '^1$' '256'                    -- support "layout=bshd b=1 s=128 h=8 d=512"
 expect "verdict carries spec"    '^(0|1)$' 'spec="layout='      -- support "$VALID"
 
+# Ragged and paged specs: the layout implies padding, page keys size the pool, and a paged cache
+# has no backward, with its reason.
+RAGGED="layout=thd_thd_thd b=5 s_q=333 s_kv=517 h_q=8 h_kv=2 d=128 causal"
+PAGED="layout=bshd_paged_sbhd b=4 s_q=1 s_kv=1024 h_q=32 h_kv=8 d=128 page_size=64 pages=100 causal align=bottom_right"
+expect "ragged spec round-trips" '^0$' 'spec="layout=thd_thd_thd dtype=bf16 b=5 s_q=333 s_kv=517 h_q=8 h_kv=2' -- support "$RAGGED"
+expect "paged: forward only"     '^1$' 'kv_pages = 16: needs no backward through paged caches' -- support "$PAGED"
+expect "paged needs whole pages" '^2$' 'invalid_argument.*s_kv = 1000.*multiple of page_size' -- support "${PAGED/s_kv=1024/s_kv=1000}"
+expect "page keys need paging"   '^2$' 'invalid_argument.*page_size.*paged layout' -- support "$VALID page_size=16 pages=4"
+
 # Commands that need a GPU say plainly when there is none.
 expect "info"                    '^0$' ''                       -- info
 if [[ "$has_gpu" == 1 ]]; then
