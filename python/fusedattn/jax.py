@@ -55,9 +55,10 @@ def _spec_text(q, k, v, layout, options):
         if x.dtype != q.dtype:
             raise _invalid(f"{name}.dtype", x.dtype, f"q's ({q.dtype})")
     o_shape = tuple(q.shape[:-1]) + (v.shape[-1],)
-    tensors = [(name, shape) for name, shape in (("q", q.shape), ("k", k.shape), ("v", v.shape), ("o", o_shape))]
-    descs = " ".join(f"{name}={_layouts.desc(dtype, _layouts.logical(shape, _layouts.row_major_strides(shape), layout))}"
-                     for name, shape in tensors)
+    def described(shape):  # JAX arrays are dense and row-major
+        return _layouts.desc(dtype, _layouts.logical(shape, _layouts.row_major_strides(shape), layout))
+    descs = " ".join(f"{name}={described(shape)}"
+                     for name, shape in (("q", q.shape), ("k", k.shape), ("v", v.shape), ("o", o_shape)))
     text = f"{descs} {options} stats=1"
     spec = core.Spec.parse(text)
     spec.validate()
