@@ -26,3 +26,11 @@ class CudaError(FusedAttnError, RuntimeError):
 
 class SetupError(FusedAttnError, RuntimeError):
     """A library is missing, or compile-time and run-time versions disagree."""
+
+
+def invalid_argument(field, value, requirement):
+    """An InvalidArgumentError raised by the adapters themselves, formed as the core forms its own
+    ("field = value: requirement") and carrying the three parts."""
+    error = InvalidArgumentError(f"{field} = {value}: {requirement}")
+    error.field, error.value, error.requirement = field, str(value), requirement
+    return error

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _core as core
 from . import _layouts
-from .errors import InvalidArgumentError
+from .errors import invalid_argument
 
 __all__ = ["attention"]
 
@@ -40,20 +40,14 @@ def _register():
     _registered = True
 
 
-def _invalid(field, value, requirement):
-    error = InvalidArgumentError(f"{field} = {value}: {requirement}")
-    error.field, error.value, error.requirement = field, str(value), requirement
-    return error
-
-
 def _spec_text(q, k, v, layout, options):
     """The spec of a call on these (row-major) arrays, validated: bad input fails at trace time."""
     dtype = _layouts.DTYPES.get(jnp.dtype(q.dtype).name)
     if dtype is None:
-        raise _invalid("q.dtype", q.dtype, "float16 or bfloat16")
+        raise invalid_argument("q.dtype", q.dtype, "float16 or bfloat16")
     for name, x in (("k", k), ("v", v)):
         if x.dtype != q.dtype:
-            raise _invalid(f"{name}.dtype", x.dtype, f"q's ({q.dtype})")
+            raise invalid_argument(f"{name}.dtype", x.dtype, f"q's ({q.dtype})")
     o_shape = tuple(q.shape[:-1]) + (v.shape[-1],)
     def described(shape):  # JAX arrays are dense and row-major
         return _layouts.desc(dtype, _layouts.logical(shape, _layouts.row_major_strides(shape), layout))
@@ -113,7 +107,7 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False, align: str
     "bottom_right") place the mask. GQA/MQA: fewer K/V heads dividing the query heads. Returns O in
     q's layout. Errors in the arguments raise fusedattn.errors classes while tracing."""
     if layout not in _layouts.AXES:
-        raise _invalid("layout", layout, "one of bshd, sbhd, bhsd")
+        raise invalid_argument("layout", layout, "one of bshd, sbhd, bhsd")
     if causal:
         window = (window[0], 0)
     options = f"window={window[0]},{window[1]} align={align}"

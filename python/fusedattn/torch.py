@@ -11,6 +11,7 @@ the core's backward.
     out = attention(q, k, v, layout="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
                     max_seqlen_q=m, max_seqlen_kv=m, causal=True)   # packed sequences: [t, h, d]
 """
+import contextlib
 import logging
 import math
 from typing import Optional, Tuple
@@ -20,7 +21,7 @@ from torch import Tensor
 
 from . import _core as core
 from . import _layouts
-from .errors import NotSupportedError
+from .errors import NotSupportedError, invalid_argument
 
 __all__ = ["attention", "paged_attention", "scaled_dot_product_attention", "Attention"]
 
@@ -47,20 +48,13 @@ def _bias_kind(bias: Tensor, b: int, h: int, s_q: int, s_kv: int) -> str:
     full = (bias.dim() == 4 and bias.shape[0] in (1, b) and bias.shape[1] in (1, h) and bias.shape[2] in (1, s_q)
             and bias.shape[3] == s_kv)
     if not full:
-        raise core_error("InvalidArgumentError", "bias.shape", tuple(bias.shape),
+        raise invalid_argument("bias.shape", tuple(bias.shape),
                          f"[b|1, h|1, s_q|1, s_kv] = [{b}|1, {h}|1, {s_q}|1, {s_kv}]")
     kind = _BIAS_KINDS.get((bias.shape[0] > 1, bias.shape[1] > 1, bias.shape[2] > 1))
     if kind is None:  # e.g. [b, h, 1, s_kv]: expand it to the query rows
-        raise core_error("InvalidArgumentError", "bias.shape", tuple(bias.shape),
+        raise invalid_argument("bias.shape", tuple(bias.shape),
                          "one of [b,h,s_q,s_kv], [b,1,s_q,s_kv], [1,h,s_q,s_kv], [1,1,s_q,s_kv], [1,1,1,s_kv]")
     return kind
-
-
-def core_error(kind: str, field: str, value, requirement: str):
-    from . import errors
-    error = getattr(errors, kind)(f"{field} = {value}: {requirement}")
-    error.field, error.value, error.requirement = field, str(value), requirement
-    return error
 
 
 def _out_shape(q: Tensor, v: Tensor, layout: str):
@@ -108,7 +102,7 @@ def _cached(key, dtype, tensors, options):
     if found is None:
         name = _DTYPES.get(dtype)
         if name is None:
-            raise core_error("InvalidArgumentError", "q.dtype", dtype, "torch.float16 or torch.bfloat16")
+            raise invalid_argument("q.dtype", dtype, "torch.float16 or torch.bfloat16")
         descs = " ".join(f"{tensor}={_desc(name, logical)}" for tensor, logical in zip("qkvo", tensors()))
         found = _ENTRIES[key] = _Entry(core.Spec.parse(f"{descs} {options}"))
     return found
@@ -150,18 +144,7 @@ _EMPTY = (0,)
 
 def _on_device(device):
     """Plans run on the device they were built for: make the tensors' device current if it is not."""
-    return torch.cuda.device(device) if device.index != torch.cuda.current_device() else _NO_SWITCH
-
-
-class _NoSwitch:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NO_SWITCH = _NoSwitch()
+    return torch.cuda.device(device) if device.index != torch.cuda.current_device() else contextlib.nullcontext()
 
 
 def _run_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, options,
@@ -310,7 +293,7 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table_k: T
     q in `layout` ("bshd", "sbhd", or "thd" with cu_seqlens_q and max_seqlen_q); seq_len_q defaults
     to full query rows. Decode is q with one token a sequence, bottom-right causal (the defaults)."""
     if layout not in ("bshd", "sbhd", "thd") or cache_layout not in ("bshd", "sbhd"):
-        raise core_error("InvalidArgumentError", "layout/cache_layout", f"{layout}/{cache_layout}",
+        raise invalid_argument("layout/cache_layout", f"{layout}/{cache_layout}",
                          "bshd, sbhd or thd for q; bshd or sbhd for the caches")
     window = (window[0], 0) if causal else window
     options = f"window={window[0]},{window[1]} align={align}"
@@ -318,7 +301,7 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table_k: T
     cu_kv = None
     if layout == "thd":
         if cu_seqlens_q is None or max_seqlen_q <= 0:
-            raise core_error("InvalidArgumentError", "cu_seqlens_q", cu_seqlens_q,
+            raise invalid_argument("cu_seqlens_q", cu_seqlens_q,
                              "cu_seqlens_q and max_seqlen_q with thd")
         cu_kv = torch.nn.functional.pad(seq_len_kv.cumsum(0, dtype=torch.int32), (1, 0))
         seq_len_q = seq_len_kv  # unused: the ragged arrays carry both lengths
@@ -392,14 +375,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     reason is logged once per configuration.
     """
     if layout != "thd" and layout not in _AXES:
-        raise core_error("InvalidArgumentError", "layout", layout, "one of bshd, sbhd, bhsd, thd")
+        raise invalid_argument("layout", layout, "one of bshd, sbhd, bhsd, thd")
     # Checked once here, cheaply (every call pays for it): the core cannot see host pointers.
     device = q.device
     if device.type not in ("cuda", "meta"):
-        raise core_error("InvalidArgumentError", "q.device", device, "a CUDA device")
+        raise invalid_argument("q.device", device, "a CUDA device")
     if k.dtype is not q.dtype or v.dtype is not q.dtype or k.device != device or v.device != device:
         name, t = ("k", k) if k.dtype is not q.dtype or k.device != device else ("v", v)
-        raise core_error("InvalidArgumentError", f"{name}.dtype/device", f"{t.dtype}/{t.device}",
+        raise invalid_argument(f"{name}.dtype/device", f"{t.dtype}/{t.device}",
                          f"q's ({q.dtype}/{device})")
     if causal:
         window = (window[0], 0)
@@ -409,13 +392,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
         bias_kind = _bias_kind(bias, dims[0], dims[1], dims[2], _logical(k, layout)[0][2])
         bias = bias.contiguous()
     if (seq_len_q is None) != (seq_len_kv is None):
-        raise core_error("InvalidArgumentError", "seq_len_q", seq_len_q, "seq_len_q and seq_len_kv together")
+        raise invalid_argument("seq_len_q", seq_len_q, "seq_len_q and seq_len_kv together")
     if layout == "thd":
         if cu_seqlens_q is None or cu_seqlens_kv is None or max_seqlen_q <= 0 or max_seqlen_kv <= 0:
-            raise core_error("InvalidArgumentError", "cu_seqlens_q", cu_seqlens_q,
+            raise invalid_argument("cu_seqlens_q", cu_seqlens_q,
                              "cu_seqlens_q, cu_seqlens_kv (int32 [n + 1]) and max_seqlen_q, max_seqlen_kv with thd")
     if return_max_logit not in ("", "row", "head"):
-        raise core_error("InvalidArgumentError", "return_max_logit", return_max_logit, "'row', 'head' or ''")
+        raise invalid_argument("return_max_logit", return_max_logit, "'row', 'head' or ''")
     compiling = torch.compiler.is_compiling()
     option_key = (window[0], window[1], align, softmax, bias_kind, alibi, deterministic,
                   layout == "thd" or seq_len_q is not None, float(dropout_p), return_max_logit)
@@ -478,7 +461,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     """torch.nn.functional.scaled_dot_product_attention's signature ([b, h, s, d] tensors): a
     floating-point attn_mask is the additive bias; boolean masks are not taken (use causal/window)."""
     if attn_mask is not None and attn_mask.dtype == torch.bool:
-        raise core_error("InvalidArgumentError", "attn_mask.dtype", attn_mask.dtype,
+        raise invalid_argument("attn_mask.dtype", attn_mask.dtype,
                          "a floating-point additive bias (boolean masks: use is_causal or window=)")
     return attention(query, key, value, layout="bhsd", causal=is_causal, scale=scale, bias=attn_mask,
                      dropout_p=dropout_p, **options)
