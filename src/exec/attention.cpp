@@ -31,24 +31,31 @@ std::shared_ptr<const Plan> get_plan(const AttentionSpec& spec, Pass pass) {
 
 namespace {
 
-// The one-call forms know the call's own batch (the plan's is a bucket): fill it in if unset.
+// The one-call forms know a ragged call's own batch (the plan's is a bucket) and fill it in when
+// the caller left it unset; every other call goes to the plan as it is, without a copy.
 template <class Tensors>
-Tensors with_sequences(const AttentionSpec& spec, const Tensors& tensors) {
-  Tensors out = tensors;
-  if (out.ragged.sequences == 0) out.ragged.sequences = spec.batch();
-  return out;
+void run_plan(const AttentionSpec& spec, Pass pass, const Tensors& tensors, float scale, cudaStream_t stream,
+              const Workspace& workspace) {
+  const std::shared_ptr<const Plan> plan = get_plan(spec, pass);
+  if (tensors.ragged.sequences != 0 || (!spec.ragged_q() && !spec.ragged_kv())) {
+    plan->run(tensors, scale, stream, workspace);
+    return;
+  }
+  Tensors counted = tensors;
+  counted.ragged.sequences = spec.batch();
+  plan->run(counted, scale, stream, workspace);
 }
 
 }  // namespace
 
 void forward(const AttentionSpec& spec, const ForwardTensors& tensors, float scale, cudaStream_t stream,
              const Workspace& workspace) {
-  get_plan(spec, Pass::forward)->run(with_sequences(spec, tensors), scale, stream, workspace);
+  run_plan(spec, Pass::forward, tensors, scale, stream, workspace);
 }
 
 void backward(const AttentionSpec& spec, const BackwardTensors& tensors, float scale, cudaStream_t stream,
               const Workspace& workspace) {
-  get_plan(spec, Pass::backward)->run(with_sequences(spec, tensors), scale, stream, workspace);
+  run_plan(spec, Pass::backward, tensors, scale, stream, workspace);
 }
 
 }  // namespace fusedattn
