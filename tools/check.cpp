@@ -483,6 +483,13 @@ std::vector<float> gather_output(const TensorDesc& desc, const void* device) {
   return download_floats(contiguous.as<float>(), desc.elements(), "cudaMemcpy(gathered output, device to host)");
 }
 
+// int32 values copied to a new device buffer (synchronous).
+DeviceBuffer upload_ints(const std::vector<std::int32_t>& host, const char* what) {
+  DeviceBuffer device(host.size() * sizeof(std::int32_t));
+  check_cuda(cudaMemcpy(device.get(), host.data(), device.bytes(), cudaMemcpyHostToDevice), what);
+  return device;
+}
+
 // A ragged call over the dense twin's buffers: sequence b has the drawn lengths and starts at
 // b * s, its slot in the twin, so the rows past its length are the gaps between sequences.
 struct RaggedCall {
@@ -491,8 +498,7 @@ struct RaggedCall {
 
   RaggedCall(const AttentionSpec& twin, const AttentionBuffers& buffers) {
     auto upload = [](const std::vector<std::int32_t>& host, DeviceBuffer& device) {
-      device = DeviceBuffer(host.size() * sizeof(std::int32_t));
-      check_cuda(cudaMemcpy(device.get(), host.data(), device.bytes(), cudaMemcpyHostToDevice), "cudaMemcpy(ragged offsets)");
+      device = upload_ints(host, "cudaMemcpy(ragged offsets)");
       return device.as<std::int32_t>();
     };
     auto cumulative = [](const std::vector<std::int32_t>& lengths) {
@@ -535,16 +541,11 @@ struct PagedCall {
     std::vector<std::int32_t> table_for_v(pages.begin(), pages.begin() + batch * per_seq);
     k_pool = fill_pool(paged.k, twin.k, dense.k, table_for_k, batch, per_seq, page);
     v_pool = fill_pool(paged.v, twin.v, dense.v, table_for_v, batch, per_seq, page);
-    table_k = upload(table_for_k);
-    table_v = upload(table_for_v);
+    table_k = upload_ints(table_for_k, "cudaMemcpy(page table)");
+    table_v = upload_ints(table_for_v, "cudaMemcpy(page table)");
   }
 
  private:
-  static DeviceBuffer upload(const std::vector<std::int32_t>& host) {
-    DeviceBuffer device(host.size() * sizeof(std::int32_t));
-    check_cuda(cudaMemcpy(device.get(), host.data(), device.bytes(), cudaMemcpyHostToDevice), "cudaMemcpy(page table)");
-    return device;
-  }
 
   // Page j of sequence b (tokens j * page ..) goes to pool page table[b * per_seq + j]: one 2-D copy
   // of `page` token rows of h * d elements, each side with its own token stride.
