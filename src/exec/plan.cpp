@@ -116,6 +116,30 @@ detail::RaggedArrays place_ragged(const AttentionSpec& spec, const RaggedTensors
   return arrays;
 }
 
+// The lengths a call's outputs are cut at: the caller's, or for a ragged plan those prepared from
+// its cumulative offsets. A dense plan ignores the ragged arrays, as documented.
+template <class Tensors>
+const std::int32_t* lengths_q(const AttentionSpec& spec, const Tensors& t, const detail::RaggedArrays& ragged) {
+  return is_ragged(spec) ? ragged.seq_len_q : t.seq_len_q;
+}
+template <class Tensors>
+const std::int32_t* lengths_kv(const AttentionSpec& spec, const Tensors& t, const detail::RaggedArrays& ragged) {
+  return is_ragged(spec) ? ragged.seq_len_kv : t.seq_len_kv;
+}
+
+// An output's positions past each sequence's length are zero (README): rows past the length in a
+// dense tensor, and in a ragged one the gaps up to where the next sequence starts, which exist
+// only when the caller placed sequences apart (padded starts).
+void zero_past_lengths(const AttentionSpec& spec, const TensorDesc& desc, void* data, const std::int32_t* lengths,
+                       const std::int64_t* ragged_offsets, const std::int32_t* padded_starts, cudaStream_t stream) {
+  if (!spec.padding) return;
+  if (!desc.ragged()) {
+    detail::zero_rows_past_lengths(desc, data, lengths, stream);
+  } else if (padded_starts != nullptr) {
+    detail::zero_ragged_gaps(desc, data, ragged_offsets, lengths, stream);
+  }
+}
+
 // off_by_one is a sink whose logits are all zero; the plan owns that tensor (made once, at build).
 std::shared_ptr<float> zero_sink(const AttentionSpec& spec) {
   if (spec.softmax != Softmax::off_by_one) return nullptr;
@@ -171,10 +195,8 @@ void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const 
   if (!spec_.stats) by_uid[graph::kUidSumExp] = ours;
   execute(by_uid, stream, scratch.data());
   const std::int32_t* lengths = spec_.padding && !is_ragged(spec_) ? t.seq_len_q : nullptr;
-  if (lengths) detail::zero_rows_past_lengths(spec_.o, t.o, lengths, stream);
-  if (is_ragged(spec_) && t.ragged.cu_seqlens_q_padded) {
-    detail::zero_ragged_gaps(spec_.o, t.o, ragged.offset_o, ragged.seq_len_q, stream);
-  }
+  zero_past_lengths(spec_, spec_.o, t.o, lengths_q(spec_, t, ragged), ragged.offset_o, t.ragged.cu_seqlens_q_padded,
+                    stream);
   if (spec_.max_logit == MaxLogit::none) return;
   const std::int64_t b = spec_.batch(), h = spec_.heads_q(), s_q = spec_.seq_q();
   detail::finish_row_maxima(row_maxima, spec_.stats ? t.stats : nullptr, b, h, s_q, lengths, stream);
@@ -210,20 +232,12 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
     ragged = place_ragged(spec_, t.ragged, static_cast<char*>(scratch.data()) + graph_workspace_bytes_, by_uid, stream);
   }
   execute(by_uid, stream, scratch.data());
-  if (spec_.padding && !is_ragged(spec_)) {
-    detail::zero_rows_past_lengths(spec_.q, t.d_q, t.seq_len_q, stream);
-    detail::zero_rows_past_lengths(spec_.k, t.d_k, t.seq_len_kv, stream);
-    detail::zero_rows_past_lengths(spec_.v, t.d_v, t.seq_len_kv, stream);
-  }
-  if (!is_ragged(spec_)) return;  // a dense plan ignores the ragged arrays, as documented
-  if (t.ragged.cu_seqlens_q_padded) detail::zero_ragged_gaps(spec_.q, t.d_q, ragged.offset_q, ragged.seq_len_q, stream);
-  if (!spec_.ragged_kv()) {  // dense K/V beside a ragged Q: padded rows, as with padding
-    detail::zero_rows_past_lengths(spec_.k, t.d_k, ragged.seq_len_kv, stream);
-    detail::zero_rows_past_lengths(spec_.v, t.d_v, ragged.seq_len_kv, stream);
-  } else if (t.ragged.cu_seqlens_kv_padded) {
-    detail::zero_ragged_gaps(spec_.k, t.d_k, ragged.offset_k, ragged.seq_len_kv, stream);
-    detail::zero_ragged_gaps(spec_.v, t.d_v, ragged.offset_v, ragged.seq_len_kv, stream);
-  }
+  const std::int32_t* kv_lengths = lengths_kv(spec_, t, ragged);
+  const std::int32_t* kv_padded = t.ragged.cu_seqlens_kv_padded;
+  zero_past_lengths(spec_, spec_.q, t.d_q, lengths_q(spec_, t, ragged), ragged.offset_q, t.ragged.cu_seqlens_q_padded,
+                    stream);
+  zero_past_lengths(spec_, spec_.k, t.d_k, kv_lengths, ragged.offset_k, kv_padded, stream);
+  zero_past_lengths(spec_, spec_.v, t.d_v, kv_lengths, ragged.offset_v, kv_padded, stream);
 }
 
 void Plan::require_score_terms(const void* bias, const float* sink) const {
