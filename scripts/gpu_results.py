@@ -50,7 +50,13 @@ def main():
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
-    cases = [case for path in args.xml if os.path.exists(path) for case in collect(path)]
+    cases = []
+    for path in args.xml:  # a tier that crashed leaves no file: that is a failure, not an absence
+        if os.path.exists(path) and os.path.getsize(path) > 0:
+            cases += collect(path)
+        else:
+            cases.append((os.path.basename(path), "failed", "no results: the tier crashed or did not run "
+                          "(gpu_log.txt has its output)"))
     counts = {kind: sum(1 for c in cases if c[1] == kind) for kind in ("passed", "failed", "skipped")}
     gpu = run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
     lines = [
@@ -61,6 +67,7 @@ def main():
         f"- GPU, driver: {gpu}",
         *([f"- test filter: `{os.environ['GTEST_FILTER']}` (a partial run: only the tests it selects)"]
           if os.environ.get("GTEST_FILTER") else []),
+        *([f"- parts: {os.environ['PARTS']}"] if os.environ.get("PARTS") else []),
         "- build:",
         "",
         "```",

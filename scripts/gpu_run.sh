@@ -2,48 +2,74 @@
 # Builds fusedattn on the GPU machine and runs every GPU check and benchmark in one go, writing
 # the results file (DESIGN.md §8) and the benchmark outputs into $OUT (default: ./gpu-out).
 #
-#   bash scripts/gpu_run.sh            # everything
-#   SKIP_BENCH=1 bash scripts/gpu_run.sh       # no benchmarks
-#   VARLEN_BENCH_ONLY=1 bash scripts/gpu_run.sh  # only the ragged / paged benchmark (after the tests)
-#   GPU_TESTS_ONLY=1 bash scripts/gpu_run.sh   # the GPU tier and the results file only
+#   bash scripts/gpu_run.sh                          # everything
+#   PARTS="gtest python" bash scripts/gpu_run.sh     # only the named parts
+#
+# Parts: gtest (the C++ GPU tier), python (fusedattn.torch and fusedattn.jax on the GPU, each in
+# its own process), cli (CPU tier, demo and CLI checks on this machine), matrix (the support
+# matrix from this GPU), bench (PyTorch comparison), varlen (ragged step and paged decode),
+# jaxbench (JAX comparison). The results file covers the test parts that ran.
 #
 # FUSEDATTN_COMMIT=<sha> names the commit in the results file; pass it as a literal from the
 # checkout that was sent (the device's copy of .git can lag behind the working tree).
 #
-# Exit status: non-zero when the build fails, any GPU test fails, or no GPU test ran.
+# Exit status: non-zero when the build fails, any test fails or crashes, or no GPU test ran.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
+export PARTS=${PARTS:-gtest python cli matrix bench varlen jaxbench}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_log.txt") 2>&1
 export PYTHONUNBUFFERED=1
 status=0
+part() { [[ " $PARTS " == *" $1 "* ]]; }
 
 echo "== machine"
 date -u +"%Y-%m-%dT%H:%M:%SZ"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
-echo "commit: ${FUSEDATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+echo "commit: ${FUSEDATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}; parts: $PARTS"
 
 echo "== build"
 bash scripts/setup.sh
 build=build-gpu
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DFUSEDATTN_PYTHON=ON >"$OUT/cmake.txt" 2>&1 \
-  || { cat "$OUT/cmake.txt"; exit 1; }
-grep "fusedattn:" "$OUT/cmake.txt"
+mkdir -p "$build"
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DFUSEDATTN_PYTHON=ON \
+  >"$build/cmake.txt" 2>&1 || { cat "$build/cmake.txt"; exit 1; }
+grep "fusedattn:" "$build/cmake.txt"
 ninja -C "$build" -j"$(nproc)" >/dev/null || { ninja -C "$build" -j1 2>&1 | tail -50; exit 1; }
 "$build/fusedattn" info || status=1
+xmls=()
 
-if [ -z "${SKIP_TESTS:-}" ]; then
+if part gtest; then
   echo "== GPU tests"
   "$build/tests/fusedattn_gpu_tests" --gtest_output="xml:$OUT/gpu_tests.xml" 2>&1 | grep -v "^\[       OK \]" || true
-  echo "== Python tests (fusedattn, fusedattn.torch) on the GPU"
-  # JAX must not take most of the GPU up front: PyTorch's tests share the process.
-  XLA_PYTHON_CLIENT_PREALLOCATE=false FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" \
-    python3 -m pytest -q -rs tests/python -k "${PYTEST_FILTER:-}" \
-    --junitxml="$OUT/python_tests.xml" 2>&1 | tail -40
-  if [ -n "${GPU_TESTS_ONLY:-}" ]; then SKIP_BENCH=1; fi
+  xmls+=("$OUT/gpu_tests.xml")
 fi
-if [ -z "${SKIP_TESTS:-}" ] && [ -z "${GPU_TESTS_ONLY:-}" ]; then
+
+# One pytest process per framework (a crash in one still leaves the other's results), the full
+# output kept; a crash is re-run under cuda-gdb for the native stack.
+pytest_tier() {
+  local name=$1; shift
+  echo "== Python tests: $name"
+  XLA_PYTHON_CLIENT_PREALLOCATE=false FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" \
+    python3 -m pytest -q -rs -p no:cacheprovider "$@" --junitxml="$OUT/python_$name.xml" >"$OUT/python_$name.txt" 2>&1
+  local rc=$?
+  tail -30 "$OUT/python_$name.txt"
+  xmls+=("$OUT/python_$name.xml")
+  if [ $rc -ge 128 ] || [ ! -s "$OUT/python_$name.xml" ]; then
+    echo "pytest ($name) crashed (exit $rc); native stack:"
+    XLA_PYTHON_CLIENT_PREALLOCATE=false FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" timeout 300 \
+      cuda-gdb -q -batch -ex run -ex bt --args python3 -m pytest -x -q -p no:cacheprovider "$@" 2>&1 \
+      | grep -E "^#|signal|Segmentation|Error" | head -60
+    status=1
+  fi
+}
+if part python; then
+  pytest_tier torch tests/python --ignore=tests/python/test_jax_gpu.py
+  pytest_tier jax tests/python/test_jax_gpu.py
+fi
+
+if part cli; then
   echo "== CPU tests and CLI (on the GPU machine too)"
   (cd "$build" && ctest -L cpu --output-on-failure 2>&1 | tail -5)
   echo "== demo"
@@ -56,20 +82,29 @@ if [ -z "${SKIP_TESTS:-}" ] && [ -z "${GPU_TESTS_ONLY:-}" ]; then
   "$build/fusedattn" bench "layout=bshd b=2 s=4096 h=16 d=128 causal" --iters 20 || status=1
 fi
 
-echo "== support matrix"
-"$build/fusedattn" support-matrix --out "$OUT/support-matrix.md" || status=1
-
-if [ -z "${SKIP_BENCH:-}" ]; then
-  echo "== benchmark"
-  if [ -z "${VARLEN_BENCH_ONLY:-}" ]; then
-    python3 -X faulthandler bench/run_bench.py --lib "$build/libfusedattn_bench.so" --out "$OUT" --rounds 5 || status=1
-  fi
-  echo "== benchmark: ragged training step and paged decode"
-  python3 -X faulthandler bench/run_bench_varlen.py --lib "$build/libfusedattn_bench.so" --out "$OUT" || status=1
+if part matrix; then
+  echo "== support matrix"
+  "$build/fusedattn" support-matrix --out "$OUT/support-matrix.md" || status=1
 fi
 
-[ -n "${SKIP_TESTS:-}" ] && exit $status
-echo "== results"
-python3 scripts/gpu_results.py --xml "$OUT/gpu_tests.xml" "$OUT/python_tests.xml" --info-bin "$build/fusedattn" --out "$OUT/gpu_results.md" \
-  || status=1
+bench_lib="$build/libfusedattn_bench.so"
+if part bench; then
+  echo "== benchmark: fusedattn (C++ and fusedattn.torch) against PyTorch"
+  python3 -X faulthandler bench/run_bench.py --lib "$bench_lib" --out "$OUT" --rounds 5 || status=1
+fi
+if part varlen; then
+  echo "== benchmark: ragged training step and paged decode"
+  python3 -X faulthandler bench/run_bench_varlen.py --lib "$bench_lib" --out "$OUT" || status=1
+fi
+if part jaxbench; then
+  echo "== benchmark: fusedattn.jax against jax.nn.dot_product_attention"
+  XLA_PYTHON_CLIENT_PREALLOCATE=false FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" \
+    python3 -X faulthandler bench/run_bench_jax.py --out "$OUT" || status=1
+fi
+
+if [ ${#xmls[@]} -gt 0 ]; then
+  echo "== results"
+  python3 scripts/gpu_results.py --xml "${xmls[@]}" --info-bin "$build/fusedattn" --out "$OUT/gpu_results.md" \
+    || status=1
+fi
 exit $status

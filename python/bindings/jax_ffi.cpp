@@ -1,14 +1,23 @@
 // fusedattn._jax_ffi: XLA FFI handlers (the typed FFI API, headers from the installed jaxlib) that
 // run fusedattn plans inside XLA programs on CUDA devices.
 //
-// The plan is built once per instantiation of the call (the INSTANTIATE stage, from the spec
-// string attribute), never on the execute path, which only enqueues the plan on XLA's stream
-// with a workspace from XLA's scratch allocator: no allocation of ours, no synchronization, so
-// the handlers declare themselves safe for command buffers (CUDA graphs).
+// Stages, and why each does what it does:
+// - INSTANTIATE (once per compiled call, while XLA emits the program): parses and validates the
+//   spec attribute. XLA gives that stage no stream and no device, so there is no plan yet.
+// - INITIALIZE (on the host before each execution, the device known): makes sure the call has a
+//   plan for that device. The first execution on a device builds it (or finds it in the plan
+//   cache); later ones find it in the call's own table.
+// - EXECUTE: only enqueues that plan on XLA's stream with a workspace from XLA's scratch
+//   allocator: no lookup by key, no allocation of ours, no synchronization, so the handlers
+//   declare themselves safe for command buffers (CUDA graphs).
 #include <nanobind/nanobind.h>
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -24,68 +33,158 @@ namespace fa = fusedattn;
 
 namespace {
 
-// What an instantiated call keeps: its plan (held, so the cache may evict it meanwhile).
+constexpr int kMaxDevices = 64;
+
+void check_cuda(cudaError_t status, const char* call) {
+  if (status != cudaSuccess) throw fa::CudaError(std::string(call) + " failed: " + cudaGetErrorString(status));
+}
+
+// What an instantiated call keeps: its spec and pass, and one plan per device it has run on.
 struct PlanState {
   static ffi::TypeId id;
-  std::shared_ptr<const fa::Plan> plan;
+  PlanState(fa::AttentionSpec spec, fa::Pass pass) : spec(std::move(spec)), pass(pass) {}
+
+  const fa::AttentionSpec spec;
+  const fa::Pass pass;
+
+  // Built with `device` current (the caller's device is restored); a no-op once built.
+  void ensure_plan(int device) {
+    if (device < 0 || device >= kMaxDevices) {
+      throw fa::InvalidArgument("device", std::to_string(device), "0 .. " + std::to_string(kMaxDevices - 1));
+    }
+    if (plan(device)) return;
+    std::lock_guard<std::mutex> lock(building_);
+    if (owned_[device]) return;
+    int previous = 0;
+    check_cuda(cudaGetDevice(&previous), "cudaGetDevice");
+    check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    std::shared_ptr<const fa::Plan> built;
+    try {
+      built = fa::get_plan(spec, pass);
+    } catch (...) {
+      cudaSetDevice(previous);
+      throw;
+    }
+    check_cuda(cudaSetDevice(previous), "cudaSetDevice");
+    owned_[device] = std::move(built);
+    by_device_[device].store(owned_[device].get(), std::memory_order_release);
+  }
+
+  // The device's plan, or null before INITIALIZE built it. Lock-free: EXECUTE reads it.
+  const fa::Plan* plan(int device) const {
+    return device >= 0 && device < kMaxDevices ? by_device_[device].load(std::memory_order_acquire) : nullptr;
+  }
+
+ private:
+  std::array<std::atomic<const fa::Plan*>, kMaxDevices> by_device_{};
+  std::mutex building_;
+  std::array<std::shared_ptr<const fa::Plan>, kMaxDevices> owned_;  // held: the cache may evict them
 };
 ffi::TypeId PlanState::id = {};
 
-ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate(std::int32_t device, std::string_view spec, bool backward) {
-  try {
-    if (cudaSetDevice(device) != cudaSuccess) return ffi::Unexpected(ffi::Error::Internal("cudaSetDevice failed"));
-    auto state = std::make_unique<PlanState>();
-    state->plan = fa::get_plan(fa::parse_spec(std::string(spec)), backward ? fa::Pass::backward : fa::Pass::forward);
-    return state;
-  } catch (const fa::Error& error) {
-    return ffi::Unexpected(ffi::Error::InvalidArgument(error.what()));
+// XLA reports a handler's error with its message; the Python adapter checks support and
+// validity while tracing, so these are the rare late ones.
+ffi::Error to_ffi_error(const fa::Error& error) {
+  switch (error.kind()) {
+    case fa::ErrorKind::invalid_argument:
+      return ffi::Error::InvalidArgument(error.what());
+    case fa::ErrorKind::not_supported:
+      return ffi::Error(ffi::ErrorCode::kUnimplemented, error.what());
+    default:
+      return ffi::Error::Internal(error.what());
   }
 }
 
-ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate_forward(std::int32_t device, std::string_view spec) {
-  return instantiate(device, spec, false);
-}
-ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate_backward(std::int32_t device, std::string_view spec) {
-  return instantiate(device, spec, true);
+ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate(std::string_view spec_text, fa::Pass pass) {
+  try {
+    fa::AttentionSpec spec = fa::parse_spec(std::string(spec_text));
+    fa::validate(spec);
+    return std::make_unique<PlanState>(std::move(spec), pass);
+  } catch (const fa::Error& error) {
+    return ffi::Unexpected(to_ffi_error(error));
+  }
 }
 
-// Workspace from XLA's scratch allocator (stream-ordered, part of the program's memory plan).
-ffi::ErrorOr<fa::Workspace> workspace(ffi::ScratchAllocator& scratch, const fa::Plan& plan) {
-  const std::size_t bytes = plan.workspace_bytes();
-  if (bytes == 0) return fa::Workspace{};
+ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate_forward(std::string_view spec) {
+  return instantiate(spec, fa::Pass::forward);
+}
+ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate_backward(std::string_view spec) {
+  return instantiate(spec, fa::Pass::backward);
+}
+
+ffi::Error initialize(std::int32_t device, PlanState* state) {
+  try {
+    state->ensure_plan(device);
+    return ffi::Error::Success();
+  } catch (const fa::Error& error) {
+    return to_ffi_error(error);
+  }
+}
+
+// The device's plan and a workspace for it from XLA's scratch allocator (stream-ordered, part
+// of the program's memory plan).
+struct Launch {
+  const fa::Plan* plan = nullptr;
+  fa::Workspace workspace;
+};
+
+ffi::ErrorOr<Launch> prepare_launch(std::int32_t device, PlanState* state, ffi::ScratchAllocator& scratch) {
+  Launch launch;
+  launch.plan = state->plan(device);
+  if (!launch.plan) {
+    return ffi::Unexpected(ffi::Error::Internal("fusedattn: no plan for device " + std::to_string(device) +
+                                                " (the INITIALIZE stage did not run)"));
+  }
+  const std::size_t bytes = launch.plan->workspace_bytes();
+  if (bytes == 0) return launch;
   std::optional<void*> data = scratch.Allocate(bytes, 256);
   if (!data) {
     return ffi::Unexpected(
         ffi::Error::Internal("fusedattn: XLA's scratch allocator refused " + std::to_string(bytes) + " bytes"));
   }
-  return fa::Workspace{*data, bytes};
+  launch.workspace = fa::Workspace{*data, bytes};
+  return launch;
 }
 
-ffi::Error run_forward(cudaStream_t stream, ffi::ScratchAllocator scratch, PlanState* state, ffi::AnyBuffer q,
-                       ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> o,
-                       ffi::Result<ffi::AnyBuffer> stats, float scale) {
-  auto ws = workspace(scratch, *state->plan);
-  if (ws.has_error()) return ws.error();
+ffi::Error forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, std::int32_t device, PlanState* state,
+                   ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, void* o, float* stats, float scale) {
+  auto launch = prepare_launch(device, state, scratch);
+  if (launch.has_error()) return launch.error();
   try {
     fa::ForwardTensors t;
     t.q = q.untyped_data();
     t.k = k.untyped_data();
     t.v = v.untyped_data();
-    t.o = o->untyped_data();
-    t.stats = state->plan->spec().stats ? static_cast<float*>(stats->untyped_data()) : nullptr;
-    state->plan->run(t, scale, stream, ws.value());
+    t.o = o;
+    t.stats = stats;
+    launch->plan->run(t, scale, stream, launch->workspace);
     return ffi::Error::Success();
   } catch (const fa::Error& error) {
-    return ffi::Error::Internal(error.what());
+    return to_ffi_error(error);
   }
 }
 
-ffi::Error run_backward(cudaStream_t stream, ffi::ScratchAllocator scratch, PlanState* state, ffi::AnyBuffer q,
-                        ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::AnyBuffer d_o, ffi::AnyBuffer stats,
-                        ffi::Result<ffi::AnyBuffer> d_q, ffi::Result<ffi::AnyBuffer> d_k,
+// Training: O and the softmax statistics the backward needs.
+ffi::Error run_forward(cudaStream_t stream, ffi::ScratchAllocator scratch, std::int32_t device, PlanState* state,
+                       ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> o,
+                       ffi::Result<ffi::AnyBuffer> stats, float scale) {
+  return forward(stream, scratch, device, state, q, k, v, o->untyped_data(),
+                 static_cast<float*>(stats->untyped_data()), scale);
+}
+
+// Inference (a call nobody differentiates): O alone, from a spec without statistics.
+ffi::Error run_inference(cudaStream_t stream, ffi::ScratchAllocator scratch, std::int32_t device, PlanState* state,
+                         ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> o,
+                         float scale) {
+  return forward(stream, scratch, device, state, q, k, v, o->untyped_data(), nullptr, scale);
+}
+
+ffi::Error run_backward(cudaStream_t stream, ffi::ScratchAllocator scratch, std::int32_t device, PlanState* state,
+                        ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::AnyBuffer d_o,
+                        ffi::AnyBuffer stats, ffi::Result<ffi::AnyBuffer> d_q, ffi::Result<ffi::AnyBuffer> d_k,
                         ffi::Result<ffi::AnyBuffer> d_v, float scale) {
-  auto ws = workspace(scratch, *state->plan);
-  if (ws.has_error()) return ws.error();
+  auto launch = prepare_launch(device, state, scratch);
+  if (launch.has_error()) return launch.error();
   try {
     fa::BackwardTensors t;
     t.q = q.untyped_data();
@@ -97,33 +196,44 @@ ffi::Error run_backward(cudaStream_t stream, ffi::ScratchAllocator scratch, Plan
     t.d_q = d_q->untyped_data();
     t.d_k = d_k->untyped_data();
     t.d_v = d_v->untyped_data();
-    state->plan->run(t, scale, stream, ws.value());
+    launch->plan->run(t, scale, stream, launch->workspace);
     return ffi::Error::Success();
   } catch (const fa::Error& error) {
-    return ffi::Error::Internal(error.what());
+    return to_ffi_error(error);
   }
 }
 
-// What both execute stages take first: XLA's stream, its scratch memory, the instantiated plan.
+// What both execute stages take first: XLA's stream, its scratch memory, the device, the state.
 auto execute_binding() {
   return ffi::Ffi::Bind()
       .Ctx<ffi::PlatformStream<cudaStream_t>>()
       .Ctx<ffi::ScratchAllocator>()
+      .Ctx<ffi::DeviceOrdinal>()
       .Ctx<ffi::State<PlanState>>();
 }
 
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER(kForwardInstantiate, instantiate_forward,
-                       ffi::Ffi::BindInstantiate().Ctx<ffi::DeviceOrdinal>().Attr<std::string_view>("spec"));
+                       ffi::Ffi::BindInstantiate().Attr<std::string_view>("spec"));
 XLA_FFI_DEFINE_HANDLER(kBackwardInstantiate, instantiate_backward,
-                       ffi::Ffi::BindInstantiate().Ctx<ffi::DeviceOrdinal>().Attr<std::string_view>("spec"));
+                       ffi::Ffi::BindInstantiate().Attr<std::string_view>("spec"));
+XLA_FFI_DEFINE_HANDLER(kInitialize, initialize,
+                       ffi::Ffi::BindInitialize().Ctx<ffi::DeviceOrdinal>().Ctx<ffi::State<PlanState>>());
 XLA_FFI_DEFINE_HANDLER(kForwardExecute, run_forward,
                        execute_binding()
                            .Arg<ffi::AnyBuffer>()
                            .Arg<ffi::AnyBuffer>()
                            .Arg<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<float>("scale"),
+                       {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER(kInferenceExecute, run_inference,
+                       execute_binding()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
                            .Attr<float>("scale"),
                        {ffi::Traits::kCmdBufferCompatible});
@@ -143,12 +253,17 @@ XLA_FFI_DEFINE_HANDLER(kBackwardExecute, run_backward,
 
 namespace {
 
-template <class T>
-nb::capsule capsule(T* pointer) {
-  return nb::capsule(reinterpret_cast<void*>(pointer));
-}
+nb::capsule capsule(const void* pointer) { return nb::capsule(const_cast<void*>(pointer)); }
 
 const XLA_FFI_TypeInfo kPlanStateInfo = ffi::MakeTypeInfo<PlanState>();
+
+nb::dict stages(const void* instantiate, const void* execute) {
+  nb::dict out;
+  out["instantiate"] = capsule(instantiate);
+  out["initialize"] = capsule(reinterpret_cast<const void*>(kInitialize));
+  out["execute"] = capsule(execute);
+  return out;
+}
 
 }  // namespace
 
@@ -156,19 +271,18 @@ NB_MODULE(_jax_ffi, m) {
   m.doc() = "XLA FFI handlers for fusedattn.jax (CUDA platform).";
   m.def("handlers", [] {
     nb::dict out;
-    nb::dict forward, backward;
-    forward["instantiate"] = capsule(kForwardInstantiate);
-    forward["execute"] = capsule(kForwardExecute);
-    backward["instantiate"] = capsule(kBackwardInstantiate);
-    backward["execute"] = capsule(kBackwardExecute);
-    out["fusedattn_forward"] = forward;
-    out["fusedattn_backward"] = backward;
+    out["fusedattn_forward"] =
+        stages(reinterpret_cast<const void*>(kForwardInstantiate), reinterpret_cast<const void*>(kForwardExecute));
+    out["fusedattn_inference"] =
+        stages(reinterpret_cast<const void*>(kForwardInstantiate), reinterpret_cast<const void*>(kInferenceExecute));
+    out["fusedattn_backward"] =
+        stages(reinterpret_cast<const void*>(kBackwardInstantiate), reinterpret_cast<const void*>(kBackwardExecute));
     return out;
   });
   m.def("plan_state_type", [] {
     nb::dict out;
     out["type_id"] = capsule(&PlanState::id);
-    out["type_info"] = capsule(const_cast<XLA_FFI_TypeInfo*>(&kPlanStateInfo));
+    out["type_info"] = capsule(&kPlanStateInfo);
     return out;
   });
 }

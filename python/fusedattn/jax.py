@@ -20,11 +20,13 @@ import numpy as np
 
 from . import _core as core
 from . import _layouts
-from .errors import invalid_argument
+from .errors import CudaError, NotSupportedError, SetupError, invalid_argument
 
 __all__ = ["attention"]
 
-_FORWARD, _BACKWARD = "fusedattn_forward", "fusedattn_backward"
+# Targets: the training forward (O and softmax statistics), the inference forward (O alone, for a
+# call nobody differentiates) and the backward.
+_FORWARD, _INFERENCE, _BACKWARD = "fusedattn_forward", "fusedattn_inference", "fusedattn_backward"
 _registered = False
 
 
@@ -40,7 +42,7 @@ def _register():
     _registered = True
 
 
-def _spec_text(q, k, v, layout, options):
+def _spec_text(q, k, v, layout, options, stats=True):
     """The spec of a call on these (row-major) arrays, validated: bad input fails at trace time."""
     dtype = _layouts.DTYPES.get(jnp.dtype(q.dtype).name)
     if dtype is None:
@@ -53,21 +55,38 @@ def _spec_text(q, k, v, layout, options):
         return _layouts.desc(dtype, _layouts.logical(shape, _layouts.row_major_strides(shape), layout))
     descs = " ".join(f"{name}={described(shape)}"
                      for name, shape in (("q", q.shape), ("k", k.shape), ("v", v.shape), ("o", o_shape)))
-    text = f"{descs} {options} stats=1"
+    text = f"{descs} {options} stats={int(stats)}"
     spec = core.Spec.parse(text)
     spec.validate()
     return str(spec), spec
+
+
+def _require_support(spec, pass_):
+    """Raises NotSupportedError, with every reason, while tracing, where this process has a GPU
+    (the answer also builds and caches the plan that the compiled call will then find). A
+    process without one (exporting for CUDA elsewhere) leaves the check to the GPU that runs it."""
+    try:
+        ok, _, text = core.check_support(spec, pass_)
+    except (CudaError, SetupError):
+        return
+    if not ok:
+        raise NotSupportedError(f"{pass_} not supported: {text} [{spec}]")
 
 
 def _stats_shape(spec):
     return (spec.batch, spec.heads_q, spec.seq_q)
 
 
-def _forward_call(q, k, v, config):
+def _forward_call(q, k, v, config, training=True):
+    """O and, when training, the softmax statistics [b, h_q, s_q] the backward takes."""
     layout, options, scale = config
-    text, spec = _spec_text(q, k, v, layout, options)
+    text, spec = _spec_text(q, k, v, layout, options, stats=training)
+    _require_support(spec, "forward")
     _register()
     o_type = jax.ShapeDtypeStruct(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype)
+    if not training:
+        return jax.ffi.ffi_call(_INFERENCE, o_type, vmap_method="sequential")(q, k, v, spec=text,
+                                                                             scale=np.float32(scale))
     stats_type = jax.ShapeDtypeStruct(_stats_shape(spec), jnp.float32)
     return jax.ffi.ffi_call(_FORWARD, (o_type, stats_type), vmap_method="sequential")(
         q, k, v, spec=text, scale=np.float32(scale))
@@ -75,7 +94,8 @@ def _forward_call(q, k, v, config):
 
 def _backward_call(q, k, v, o, stats, d_o, config):
     layout, options, scale = config
-    text, _ = _spec_text(q, k, v, layout, options)
+    text, spec = _spec_text(q, k, v, layout, options)
+    _require_support(spec, "backward")
     _register()
     types = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
     return jax.ffi.ffi_call(_BACKWARD, types, vmap_method="sequential")(
@@ -84,7 +104,7 @@ def _backward_call(q, k, v, o, stats, d_o, config):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _attention(q, k, v, config):
-    return _forward_call(q, k, v, config)[0]
+    return _forward_call(q, k, v, config, training=False)
 
 
 def _attention_fwd(q, k, v, config):

@@ -42,8 +42,17 @@ def test_bad_arguments_raise_fusedattn_errors_while_tracing():
 def test_exported_for_cuda_calls_the_ffi_targets_with_the_spec():
     q = shaped(2, 128, 4, 64)
     loss = jax.jit(jax.grad(lambda q: fj.attention(q, q, q, causal=True).astype(jnp.float32).sum()))
-    ours = [jax.export.DisabledSafetyCheck.custom_call(name) for name in ("fusedattn_forward", "fusedattn_backward")]
+    ours = [jax.export.DisabledSafetyCheck.custom_call(name)
+            for name in ("fusedattn_forward", "fusedattn_inference", "fusedattn_backward")]
     exported = jax.export.export(loss, platforms=["cuda"], disabled_checks=ours)(q)
     text = exported.mlir_module()
     assert "fusedattn_forward" in text and "fusedattn_backward" in text
     assert "layout=bshd dtype=bf16 b=2 s_q=128 s_kv=128 h_q=4 h_kv=4 d_qk=64 d_v=64 window=-1,0" in text
+
+
+def test_a_call_nobody_differentiates_uses_the_inference_target_without_statistics():
+    q = shaped(1, 64, 2, 64)
+    ours = [jax.export.DisabledSafetyCheck.custom_call("fusedattn_inference")]
+    text = jax.export.export(jax.jit(lambda q: fj.attention(q, q, q)), platforms=["cuda"],
+                             disabled_checks=ours)(q).mlir_module()
+    assert "fusedattn_inference" in text and "fusedattn_forward" not in text and "stats=0" in text

@@ -6,6 +6,7 @@ jax = pytest.importorskip("jax", reason="JAX not installed")
 if not any(d.platform == "gpu" for d in jax.devices()):
     pytest.skip("no GPU visible to JAX", allow_module_level=True)
 fj = pytest.importorskip("fusedattn.jax")
+import fusedattn.errors  # noqa: E402
 pytest.importorskip("fusedattn._jax_ffi", reason="the XLA FFI handlers were not built")
 import jax.numpy as jnp  # noqa: E402
 
@@ -41,3 +42,71 @@ def test_matches_xla_attention_in_float32(dtype, causal):
     ref_grads = jax.jit(jax.grad(reference, (0, 1, 2)))(q, k, v)
     for g, r in zip(grads, ref_grads):
         assert rel(g, r) < TOLERANCE[dtype]
+
+
+def random_qkv(dtype, shape_q=(2, 200, 8, 64), heads_kv=2, seed=1):
+    keys = jax.random.split(jax.random.key(seed), 3)
+    shape_kv = shape_q[:2] + (heads_kv, shape_q[3])
+    return tuple(jax.random.uniform(key, shape, minval=-1, maxval=1).astype(dtype)
+                 for key, shape in zip(keys, (shape_q, shape_kv, shape_kv)))
+
+
+def xla_attention(q, k, v, causal=False):
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    return jax.nn.dot_product_attention(*f32, is_causal=causal, implementation="xla")
+
+
+def test_vmap_and_checkpoint_match_per_element_calls():
+    q, k, v = (jnp.stack([x, x[::-1]]) for x in random_qkv(jnp.bfloat16))  # a mapped axis of 2
+    out = jax.jit(jax.vmap(lambda q, k, v: fj.attention(q, k, v, causal=True)))(q, k, v)
+    for i in range(2):
+        assert rel(out[i], xla_attention(q[i], k[i], v[i], causal=True)) < TOLERANCE[jnp.bfloat16]
+
+    def loss(q, k, v):
+        return jax.checkpoint(lambda q, k, v: fj.attention(q, k, v).astype(jnp.float32).sum())(q, k, v)
+
+    def ref_loss(q, k, v):
+        return xla_attention(q, k, v).sum()
+
+    grads = jax.jit(jax.grad(loss, (0, 1, 2)))(q[0], k[0], v[0])
+    ref_grads = jax.grad(ref_loss, (0, 1, 2))(q[0], k[0], v[0])
+    for g, r in zip(grads, ref_grads):
+        assert rel(g, r) < TOLERANCE[jnp.bfloat16]
+
+
+def test_not_supported_raises_while_tracing():
+    q, k, v = random_qkv(jnp.bfloat16, shape_q=(1, 64, 2, 512), heads_kv=2)  # d = 512: beyond cuDNN
+    with pytest.raises(fusedattn.errors.NotSupportedError, match="d"):
+        jax.jit(fj.attention)(q, k, v)
+
+
+COMMAND_BUFFER_CHILD = r"""
+import jax, jax.numpy as jnp
+import fusedattn.jax as fj
+keys = jax.random.split(jax.random.key(3), 3)
+q, k, v = (jax.random.uniform(key, (2, 256, 8, 64), minval=-1, maxval=1).astype(jnp.bfloat16) for key in keys)
+step = jax.jit(lambda q, k, v: jax.grad(lambda q, k, v: fj.attention(q, k, v, causal=True).astype(jnp.float32).sum(),
+                                        (0, 1, 2))(q, k, v))
+hlo = step.lower(q, k, v).compile().as_text()
+# The custom calls must sit inside a command-buffer computation, not beside it.
+inside = [line for line in hlo.splitlines() if "fusedattn_" in line and "custom_call_target" in line]
+print("CALLS", len(inside))
+print("COMMAND_BUFFER", "command_buffer" in hlo)
+first = step(q, k, v)
+for _ in range(3):
+    again = step(q, k, v)  # replays of the recorded graph
+print("SAME", all(bool(jnp.array_equal(a, b)) for a, b in zip(first, again)))
+"""
+
+
+def test_runs_inside_an_xla_command_buffer():
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL "
+                                     "--xla_gpu_graph_min_graph_size=1")
+    done = subprocess.run([sys.executable, "-c", COMMAND_BUFFER_CHILD], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "CALLS 2" in done.stdout and "COMMAND_BUFFER True" in done.stdout, done.stdout
+    assert "SAME True" in done.stdout, done.stdout
