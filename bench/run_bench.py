@@ -69,7 +69,7 @@ class Shim:
         D, U = ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_ulonglong)
         fwd = [S, P, P, P, P, P, F32, P]  # spec, q, k, v, o, stats, scale, stream
         for name, args in {"fa_make_spec": [S, S] + [LL] * 7 + [I, I, LL, LL, S, I, S, I],
-                           "fa_bench_ragged_step": [S, LL] + [P] * 11 + [F32, P, I, D, S, I],
+                           "fa_bench_ragged_step": [S, LL] + [P] * 10 + [F32, P, I, D, S, I],
                            "fa_bench_enqueue_paged_forward": [S] + [P] * 8 + [F32, P, I, S, I],
                            "fa_bench_enqueue_forward_backward": [S] + [P] * 9 + [F32, P, I, S, I],
                            "fa_bench_host_overhead": fwd + [I, D, D, D, S, I],

@@ -65,8 +65,8 @@ pytest_tier() {
   fi
 }
 if part python; then
-  pytest_tier torch tests/python --ignore=tests/python/test_jax_gpu.py
-  pytest_tier jax tests/python/test_jax_gpu.py
+  pytest_tier torch tests/python --ignore=tests/python/test_jax_gpu.py --ignore=tests/python/test_flax.py
+  pytest_tier jax tests/python/test_jax_gpu.py tests/python/test_flax.py
 fi
 
 if part cli; then

@@ -66,6 +66,10 @@ void fill_common(Tensors& t, std::uintptr_t seq_len_q, std::uintptr_t seq_len_kv
 
 NB_MODULE(_core, m) {
   m.doc() = "fusedattn's C++ core: specs, support answers, cached plans, and their execution.";
+  // The adapters keep specs and plans for the whole process (their per-signature caches), so
+  // some are still alive when the interpreter tears the module down: that is by design, not a
+  // reference leak, and nanobind's report of it at exit would only be noise.
+  nb::set_leak_warnings(false);
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);

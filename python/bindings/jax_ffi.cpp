@@ -105,10 +105,12 @@ ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate(std::string_view spec_text,
   }
 }
 
-ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate_forward(std::string_view spec) {
+// Every stage that binds attributes must bind all of the call's (XLA checks the count), so the
+// instantiate stages take the scale too, unused.
+ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate_forward(std::string_view spec, float /*scale*/) {
   return instantiate(spec, fa::Pass::forward);
 }
-ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate_backward(std::string_view spec) {
+ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate_backward(std::string_view spec, float /*scale*/) {
   return instantiate(spec, fa::Pass::backward);
 }
 
@@ -167,7 +169,7 @@ ffi::Error forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, std::int
 // Training: O and the softmax statistics the backward needs.
 ffi::Error run_forward(cudaStream_t stream, ffi::ScratchAllocator scratch, std::int32_t device, PlanState* state,
                        ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> o,
-                       ffi::Result<ffi::AnyBuffer> stats, float scale) {
+                       ffi::Result<ffi::AnyBuffer> stats, std::string_view /*spec*/, float scale) {
   return forward(stream, scratch, device, state, q, k, v, o->untyped_data(),
                  static_cast<float*>(stats->untyped_data()), scale);
 }
@@ -175,14 +177,14 @@ ffi::Error run_forward(cudaStream_t stream, ffi::ScratchAllocator scratch, std::
 // Inference (a call nobody differentiates): O alone, from a spec without statistics.
 ffi::Error run_inference(cudaStream_t stream, ffi::ScratchAllocator scratch, std::int32_t device, PlanState* state,
                          ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> o,
-                         float scale) {
+                         std::string_view /*spec*/, float scale) {
   return forward(stream, scratch, device, state, q, k, v, o->untyped_data(), nullptr, scale);
 }
 
 ffi::Error run_backward(cudaStream_t stream, ffi::ScratchAllocator scratch, std::int32_t device, PlanState* state,
                         ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::AnyBuffer d_o,
                         ffi::AnyBuffer stats, ffi::Result<ffi::AnyBuffer> d_q, ffi::Result<ffi::AnyBuffer> d_k,
-                        ffi::Result<ffi::AnyBuffer> d_v, float scale) {
+                        ffi::Result<ffi::AnyBuffer> d_v, std::string_view /*spec*/, float scale) {
   auto launch = prepare_launch(device, state, scratch);
   if (launch.has_error()) return launch.error();
   try {
@@ -215,9 +217,10 @@ auto execute_binding() {
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER(kForwardInstantiate, instantiate_forward,
-                       ffi::Ffi::BindInstantiate().Attr<std::string_view>("spec"));
+                       ffi::Ffi::BindInstantiate().Attr<std::string_view>("spec").Attr<float>("scale"));
 XLA_FFI_DEFINE_HANDLER(kBackwardInstantiate, instantiate_backward,
-                       ffi::Ffi::BindInstantiate().Attr<std::string_view>("spec"));
+                       ffi::Ffi::BindInstantiate().Attr<std::string_view>("spec").Attr<float>("scale"));
+// Binds no attributes, which XLA allows (it checks the count only where some are bound).
 XLA_FFI_DEFINE_HANDLER(kInitialize, initialize,
                        ffi::Ffi::BindInitialize().Ctx<ffi::DeviceOrdinal>().Ctx<ffi::State<PlanState>>());
 XLA_FFI_DEFINE_HANDLER(kForwardExecute, run_forward,
@@ -227,6 +230,7 @@ XLA_FFI_DEFINE_HANDLER(kForwardExecute, run_forward,
                            .Arg<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
+                           .Attr<std::string_view>("spec")
                            .Attr<float>("scale"),
                        {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER(kInferenceExecute, run_inference,
@@ -235,6 +239,7 @@ XLA_FFI_DEFINE_HANDLER(kInferenceExecute, run_inference,
                            .Arg<ffi::AnyBuffer>()
                            .Arg<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
+                           .Attr<std::string_view>("spec")
                            .Attr<float>("scale"),
                        {ffi::Traits::kCmdBufferCompatible});
 XLA_FFI_DEFINE_HANDLER(kBackwardExecute, run_backward,
@@ -248,6 +253,7 @@ XLA_FFI_DEFINE_HANDLER(kBackwardExecute, run_backward,
                            .Ret<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
+                           .Attr<std::string_view>("spec")
                            .Attr<float>("scale"),
                        {ffi::Traits::kCmdBufferCompatible});
 

@@ -1,14 +1,15 @@
 """fusedattn.jax — the JAX adapter: XLA FFI custom calls into the same core.
 
-The plan of a call is built when XLA instantiates the compiled program (the handler's
-INSTANTIATE stage, from the spec string attribute), never while it executes; the execute stage
-only enqueues it on XLA's stream with scratch memory from XLA, and is safe for command buffers.
+The spec of a call is fixed while tracing (from the arrays' shapes) and travels as the custom
+call's attribute; XLA's INSTANTIATE stage parses it, the INITIALIZE stage before each execution
+makes sure the plan for that device exists (built once), and the execute stage only enqueues it
+on XLA's stream with scratch memory from XLA, so it is safe for command buffers.
 
     from fusedattn.jax import attention
     out = attention(q, k, v, causal=True)     # [batch, seq, heads, dim], like jax.nn.dot_product_attention
 
-Differentiable (jax.custom_vjp over the core's backward); works under jit and grad; vmap runs the
-call once per mapped element for now.
+Differentiable (jax.custom_vjp over the core's backward); works under jit, grad, jax.checkpoint
+and vmap, whose rule folds the mapped axis into the batch: one call, not one per element.
 """
 import functools
 import math
@@ -77,44 +78,98 @@ def _stats_shape(spec):
     return (spec.batch, spec.heads_q, spec.seq_q)
 
 
-def _forward_call(q, k, v, config, training=True):
-    """O and, when training, the softmax statistics [b, h_q, s_q] the backward takes."""
+def _inference_call(q, k, v, config):
+    """O alone, for a call nobody differentiates."""
     layout, options, scale = config
-    text, spec = _spec_text(q, k, v, layout, options, stats=training)
+    text, spec = _spec_text(q, k, v, layout, options, stats=False)
     _require_support(spec, "forward")
     _register()
     o_type = jax.ShapeDtypeStruct(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype)
-    if not training:
-        return jax.ffi.ffi_call(_INFERENCE, o_type, vmap_method="sequential")(q, k, v, spec=text,
-                                                                             scale=np.float32(scale))
+    return jax.ffi.ffi_call(_INFERENCE, o_type)(q, k, v, spec=text, scale=np.float32(scale))
+
+
+def _forward_call(q, k, v, config):
+    """O and the softmax statistics [b, h_q, s_q] the backward takes."""
+    layout, options, scale = config
+    text, spec = _spec_text(q, k, v, layout, options)
+    _require_support(spec, "forward")
+    _register()
+    o_type = jax.ShapeDtypeStruct(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype)
     stats_type = jax.ShapeDtypeStruct(_stats_shape(spec), jnp.float32)
-    return jax.ffi.ffi_call(_FORWARD, (o_type, stats_type), vmap_method="sequential")(
-        q, k, v, spec=text, scale=np.float32(scale))
+    return jax.ffi.ffi_call(_FORWARD, (o_type, stats_type))(q, k, v, spec=text, scale=np.float32(scale))
 
 
 def _backward_call(q, k, v, o, stats, d_o, config):
+    """dQ, dK, dV."""
     layout, options, scale = config
     text, spec = _spec_text(q, k, v, layout, options)
     _require_support(spec, "backward")
     _register()
     types = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
-    return jax.ffi.ffi_call(_BACKWARD, types, vmap_method="sequential")(
-        q, k, v, o, d_o.astype(o.dtype), stats, spec=text, scale=np.float32(scale))
+    return jax.ffi.ffi_call(_BACKWARD, types)(q, k, v, o, d_o, stats, spec=text, scale=np.float32(scale))
+
+
+# --- vmap: the mapped axis joins the batch -----------------------------------------------------
+# Each call above takes and returns arrays in the call's layout and statistics [b, h, s]. Under
+# vmap the mapped axis is folded into the batch axis (one call on n·b entries rather than n calls),
+# then split off again; nested vmaps fold in turn.
+
+_STATS = "stats"  # the role of a [b, h, s] array; every other array is in the call's layout
+_ROLES = {_inference_call: (("q", "k", "v"), ("o",)),
+          _forward_call: (("q", "k", "v"), ("o", _STATS)),
+          _backward_call: (("q", "k", "v", "o", _STATS, "d_o"), ("d_q", "d_k", "d_v"))}
+
+
+def _batch_axis(role, layout):
+    return 0 if role == _STATS else _layouts.AXES[layout][0]
+
+
+def _fold(x, axis):
+    """[n, ...] with the batch at `axis` of the unmapped array -> that array with n·b entries."""
+    x = jnp.moveaxis(x, 0, axis)
+    return x.reshape(x.shape[:axis] + (x.shape[axis] * x.shape[axis + 1],) + x.shape[axis + 2:])
+
+
+def _unfold(x, n, axis):
+    x = x.reshape(x.shape[:axis] + (n, x.shape[axis] // n) + x.shape[axis + 1:])
+    return jnp.moveaxis(x, axis, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def _batched(call, config):
+    """`call` for `config` as a function of arrays alone, with its batching rule."""
+    inputs, outputs = _ROLES[call]
+    layout = config[0]
+    single = len(outputs) == 1
+
+    @jax.custom_batching.custom_vmap
+    def batched(*args):
+        return call(*args, config)
+
+    @batched.def_vmap
+    def rule(axis_size, in_batched, *args):
+        args = [x if mapped else jnp.broadcast_to(x, (axis_size,) + x.shape) for x, mapped in zip(args, in_batched)]
+        out = batched(*(_fold(x, _batch_axis(role, layout)) for x, role in zip(args, inputs)))
+        out = (out,) if single else out
+        out = tuple(_unfold(y, axis_size, _batch_axis(role, layout)) for y, role in zip(out, outputs))
+        return (out[0], True) if single else (out, (True,) * len(out))
+
+    return batched
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _attention(q, k, v, config):
-    return _forward_call(q, k, v, config, training=False)
+    return _batched(_inference_call, config)(q, k, v)
 
 
 def _attention_fwd(q, k, v, config):
-    o, stats = _forward_call(q, k, v, config)
+    o, stats = _batched(_forward_call, config)(q, k, v)
     return o, (q, k, v, o, stats)
 
 
 def _attention_bwd(config, residuals, d_o):
     q, k, v, o, stats = residuals
-    return tuple(_backward_call(q, k, v, o, stats, d_o, config))
+    return tuple(_batched(_backward_call, config)(q, k, v, o, stats, d_o.astype(o.dtype)))
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)

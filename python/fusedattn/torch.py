@@ -120,8 +120,20 @@ def _addr(t: Optional[Tensor]) -> int:
     return 0 if t is None or t.numel() == 0 else t.data_ptr()
 
 
-def _workspace(plan, device) -> Tensor:  # from PyTorch's caching allocator, on the current stream
-    return torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=device)
+def _workspace(plan, device):
+    """(address, bytes) of the plan's scratch memory, from PyTorch's caching allocator on the current
+    stream; the tensor is returned too, to be held until the work is enqueued."""
+    size = plan.workspace_bytes
+    if size == 0:
+        return None, 0, 0
+    buffer = torch.empty(size, dtype=torch.uint8, device=device)
+    return buffer, buffer.data_ptr(), size
+
+
+def _stream(device) -> int:
+    """The current stream of `device` as a cudaStream_t address (PyTorch's raw accessor: the
+    Stream object that torch.cuda.current_stream() builds costs microseconds per call)."""
+    return torch._C._cuda_getCurrentRawStream(device.index)
 
 
 def _dropout_args(rng: Optional[Tensor]):
@@ -142,9 +154,25 @@ def _ragged_args(cu_q: Optional[Tensor], cu_kv: Optional[Tensor]):
 _EMPTY = (0,)
 
 
+_SAME_DEVICE = contextlib.nullcontext()
+
+
 def _on_device(device):
     """Plans run on the device they were built for: make the tensors' device current if it is not."""
-    return torch.cuda.device(device) if device.index != torch.cuda.current_device() else contextlib.nullcontext()
+    return _SAME_DEVICE if device.index == torch._C._cuda_getDevice() else torch.cuda.device(device)
+
+
+def _forward_extras(bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, max_logit):
+    """The optional addresses of a forward as keyword arguments; none at all in the plain case,
+    which then costs no dictionary work."""
+    if (bias is None and sink is None and rng is None and cu_seqlens_q is None and seq_len_q is None
+            and max_logit is None):
+        return _NO_EXTRAS
+    return dict(bias=_addr(bias), sink=_addr(sink), seq_len_q=_addr(seq_len_q), seq_len_kv=_addr(seq_len_kv),
+                max_logit=_addr(max_logit), **_dropout_args(rng), **_ragged_args(cu_seqlens_q, cu_seqlens_kv))
+
+
+_NO_EXTRAS = {}
 
 
 def _run_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, options,
@@ -158,11 +186,10 @@ def _run_forward(q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_
         max_logit = q.new_empty(max_logit_shape, dtype=torch.float32) if max_logit_shape != _EMPTY else None
         batch = cu_seqlens_q.numel() - 1 if cu_seqlens_q is not None else 0
         plan = _entry(q, k, v, o, layout, options, batch, max_seqlen_q, max_seqlen_kv, want_stats).plan("forward")
-        workspace = _workspace(plan, q.device)
-        plan.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), _addr(stats), scale,
-                     torch.cuda.current_stream(q.device).cuda_stream, workspace.data_ptr(), workspace.numel(),
-                     bias=_addr(bias), sink=_addr(sink), seq_len_q=_addr(seq_len_q), seq_len_kv=_addr(seq_len_kv),
-                     max_logit=_addr(max_logit), **_dropout_args(rng), **_ragged_args(cu_seqlens_q, cu_seqlens_kv))
+        _held, workspace, workspace_bytes = _workspace(plan, q.device)
+        plan.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), _addr(stats), scale, _stream(q.device),
+                     workspace, workspace_bytes,
+                     **_forward_extras(bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, max_logit))
     if placeholders:
         stats = q.new_empty(_EMPTY, dtype=torch.float32) if stats is None else stats
         max_logit = q.new_empty(_EMPTY, dtype=torch.float32) if max_logit is None else max_logit
@@ -192,6 +219,12 @@ def _backward(d_o: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor, stats: Te
               cu_seqlens_kv: Optional[Tensor], seq_len_q: Optional[Tensor], seq_len_kv: Optional[Tensor], layout: str,
               options: str, scale: float, max_seqlen_q: int, max_seqlen_kv: int,
               bias_grad: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return _backward_body(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv,
+                          layout, options, scale, max_seqlen_q, max_seqlen_kv, bias_grad)
+
+
+def _backward_body(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv,
+                   layout, options, scale, max_seqlen_q, max_seqlen_kv, bias_grad):
     with _on_device(q.device):
         return _enqueue_backward(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q,
                                  seq_len_kv, layout, options, scale, max_seqlen_q, max_seqlen_kv, bias_grad)
@@ -207,10 +240,9 @@ def _enqueue_backward(d_o, q, k, v, o, stats, bias, sink, rng, cu_seqlens_q, cu_
     batch = cu_seqlens_q.numel() - 1 if cu_seqlens_q is not None else 0
     grad_options = options + (" bias_grad=1" if bias_grad else "")
     plan = _entry(q, k, v, o, layout, grad_options, batch, max_seqlen_q, max_seqlen_kv, True).plan("backward")
-    workspace = _workspace(plan, q.device)
+    _held, workspace, workspace_bytes = _workspace(plan, q.device)
     plan.backward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(), d_o.data_ptr(), stats.data_ptr(),
-                  d_q.data_ptr(), d_k.data_ptr(), d_v.data_ptr(), scale,
-                  torch.cuda.current_stream(q.device).cuda_stream, workspace.data_ptr(), workspace.numel(),
+                  d_q.data_ptr(), d_k.data_ptr(), d_v.data_ptr(), scale, _stream(q.device), workspace, workspace_bytes,
                   bias=_addr(bias), sink=_addr(sink), d_bias=_addr(d_bias), d_sink=_addr(d_sink),
                   seq_len_q=_addr(seq_len_q), seq_len_kv=_addr(seq_len_kv), **_dropout_args(rng),
                   **_ragged_args(cu_seqlens_q, cu_seqlens_kv))
@@ -233,12 +265,32 @@ def _setup_context(ctx, inputs, output):
     ctx.meta = (layout, options, scale, max_q, max_kv, bias is not None and bias.requires_grad)
 
 
-def _grad(ctx, d_o, _d_stats, _d_max_logit):
+def _gradients(ctx, d_o, backward):
     q, k, v, o, stats, bias, sink, rng, cu_q, cu_kv, len_q, len_kv = ctx.saved_tensors
     layout, options, scale, max_q, max_kv, bias_grad = ctx.meta
-    d_q, d_k, d_v, d_bias, d_sink = _backward(d_o, q, k, v, o, stats, bias, sink, rng, cu_q, cu_kv, len_q, len_kv,
-                                              layout, options, scale, max_q, max_kv, bias_grad)
+    d_q, d_k, d_v, d_bias, d_sink = backward(d_o, q, k, v, o, stats, bias, sink, rng, cu_q, cu_kv, len_q, len_kv,
+                                             layout, options, scale, max_q, max_kv, bias_grad)
     return (d_q, d_k, d_v, d_bias if bias_grad else None, d_sink if sink is not None else None) + (None,) * 11
+
+
+def _grad(ctx, d_o, _d_stats, _d_max_logit):  # the operator's autograd formula (compiled graphs)
+    return _gradients(ctx, d_o, _backward)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """Eager training: the same forward and backward bodies as the operators, without the
+    dispatcher's per-call cost (the registered operators serve torch.compile)."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _run_forward(*inputs)
+        _setup_context(ctx, inputs, output)
+        ctx.mark_non_differentiable(output[1], output[2])
+        return output
+
+    @staticmethod
+    def backward(ctx, d_o, _d_stats, _d_max_logit):
+        return _gradients(ctx, d_o, _backward_body)
 
 
 torch.library.register_autograd("fusedattn::forward", _grad, setup_context=_setup_context)
@@ -255,9 +307,9 @@ def _paged_forward(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table_k: Te
         o = q.new_empty(_out_shape(q, v_cache, layout))
         entry = _paged_entry(q, k_cache, v_cache, o, page_table_k, layout, cache_layout, options, max_seqlen_q)
         plan = entry.plan("forward")
-        workspace = _workspace(plan, q.device)
-        plan.forward(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), 0, scale,
-                     torch.cuda.current_stream(q.device).cuda_stream, workspace.data_ptr(), workspace.numel(),
+        _held, workspace, workspace_bytes = _workspace(plan, q.device)
+        plan.forward(q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), o.data_ptr(), 0, scale, _stream(q.device),
+                     workspace, workspace_bytes,
                      seq_len_q=seq_len_q.data_ptr(), seq_len_kv=seq_len_kv.data_ptr(),
                      page_table_k=page_table_k.data_ptr(), page_table_v=page_table_v.data_ptr(),
                      **_ragged_args(cu_seqlens_q, cu_seqlens_kv))
@@ -415,13 +467,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
         needs_grad = torch.is_grad_enabled() and (
             q.requires_grad or k.requires_grad or v.requires_grad or (bias is not None and bias.requires_grad)
             or (sink is not None and sink.requires_grad))
-        # Eager inference needs neither autograd nor the dispatcher: the operator's body is called
-        # directly, which saves most of the per-call host time; compiled code and training go
-        # through the registered operator.
+        # Eager calls skip the dispatcher, which costs more than everything else per call:
+        # inference calls the operator's body directly, training an autograd.Function around the
+        # same bodies; compiled code (and meta tensors) go through the registered operators.
         args = (q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, option_text,
                 float(scale), max_seqlen_q, max_seqlen_kv, bool(needs_grad or return_stats))
-        if needs_grad or compiling or device.type != "cuda":
+        if compiling or device.type != "cuda":
             o, stats, max_logit = _forward(*args)
+        elif needs_grad:
+            o, stats, max_logit = _EagerAttention.apply(*args)
         else:
             o, stats, max_logit = _run_forward(*args, placeholders=False)
     except NotSupportedError as error:

@@ -56,3 +56,26 @@ def test_a_call_nobody_differentiates_uses_the_inference_target_without_statisti
     text = jax.export.export(jax.jit(lambda q: fj.attention(q, q, q)), platforms=["cuda"],
                              disabled_checks=ours)(q).mlir_module()
     assert "fusedattn_inference" in text and "fusedattn_forward" not in text and "stats=0" in text
+
+
+def test_vmap_folds_the_mapped_axis_into_one_call_on_a_larger_batch():
+    q = shaped(3, 2, 128, 4, 64)  # vmap over 3, batch 2 -> one call with b = 6
+    ours = [jax.export.DisabledSafetyCheck.custom_call(name)
+            for name in ("fusedattn_forward", "fusedattn_inference", "fusedattn_backward")]
+    grad = jax.vmap(jax.grad(lambda q: fj.attention(q, q, q).astype(jnp.float32).sum()))
+    text = jax.export.export(jax.jit(grad), platforms=["cuda"], disabled_checks=ours)(q).mlir_module()
+    assert text.count("layout=bshd dtype=bf16 b=6 ") == 2 and "b=2 " not in text  # forward and backward
+    nested = jax.eval_shape(jax.vmap(jax.vmap(lambda q: fj.attention(q, q, q, layout="sbhd"))), shaped(2, 3, 64, 5, 4, 64))
+    assert nested.shape == (2, 3, 64, 5, 4, 64)
+
+
+@pytest.mark.parametrize("layout, axis", [("bshd", 0), ("sbhd", 1), ("bhsd", 0)])
+def test_folding_keeps_each_mapped_element_in_its_own_batch_entries(layout, axis):
+    from fusedattn.jax import _fold, _unfold
+    x = jnp.arange(3 * 4 * 5 * 2 * 6).reshape(3, *((4, 5, 2, 6) if axis == 0 else (5, 4, 2, 6)))  # n=3, b=4
+    folded = _fold(x, axis)
+    for i in range(3):
+        for b in range(4):
+            entry = folded[i * 4 + b] if axis == 0 else folded[:, i * 4 + b]
+            assert jnp.array_equal(entry, x[i, b] if axis == 0 else x[i, :, b])
+    assert jnp.array_equal(_unfold(folded, 3, axis), x)

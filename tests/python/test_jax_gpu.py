@@ -110,3 +110,20 @@ def test_runs_inside_an_xla_command_buffer():
     assert done.returncode == 0, done.stderr[-3000:]
     assert "CALLS 2" in done.stdout and "COMMAND_BUFFER True" in done.stdout, done.stdout
     assert "SAME True" in done.stdout, done.stdout
+
+
+def test_vmapped_gradients_in_sbhd_match_per_element_gradients():
+    q, k, v = (jnp.stack([jnp.swapaxes(x, 0, 1), jnp.swapaxes(x[::-1], 0, 1)]) for x in random_qkv(jnp.float16, seed=5))
+    d_o = jax.random.uniform(jax.random.key(9), q.shape, minval=-1, maxval=1)  # [2, s, b, h, d]
+
+    def loss(q, k, v, d_o):
+        return (fj.attention(q, k, v, layout="sbhd", causal=True).astype(jnp.float32) * d_o).sum()
+
+    grads = jax.jit(jax.vmap(jax.grad(loss, (0, 1, 2))))(q, k, v, d_o)
+    for i in range(2):
+        def ref_loss(q, k, v):
+            as_bshd = [jnp.swapaxes(x, 0, 1) for x in (q, k, v)]
+            return (jnp.swapaxes(xla_attention(*as_bshd, causal=True), 0, 1) * d_o[i]).sum()
+        ref = jax.grad(ref_loss, (0, 1, 2))(q[i], k[i], v[i])
+        for g, r in zip(grads, ref):
+            assert rel(g[i], r) < TOLERANCE[jnp.float16]

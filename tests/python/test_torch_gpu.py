@@ -119,23 +119,6 @@ def test_compiled_block_has_no_graph_break_and_matches_eager():
     assert rel(compiled(x), block(x)) < 1e-2
 
 
-def test_cuda_graph_capture_and_replay():
-    q, k, v = inputs("bshd", 2, 256, 256, 8, 8, 64)
-    d_o = torch.rand(2, 256, 8, 64, device="cuda", dtype=torch.bfloat16)
-    eager = fa.attention(q, k, v, causal=True)  # warms the plans outside the capture
-    eager.backward(d_o)
-    eager_grad = q.grad.clone()
-    graph = torch.cuda.CUDAGraph()
-    q.grad = k.grad = v.grad = None
-    with torch.cuda.graph(graph):
-        out = fa.attention(q, k, v, causal=True)
-        out.backward(d_o)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, eager)
-    assert rel(q.grad, eager_grad) < 1e-2
-
-
 def test_current_stream_is_used():
     q, k, v = inputs("bshd", 1, 128, 128, 4, 4, 64)
     side = torch.cuda.Stream()
@@ -210,3 +193,27 @@ def test_max_logit_per_row_and_per_head():
         expected = scores.masked_fill(~keep, float("-inf")).amax(-1)
     assert rel(rows, expected) < 1e-3
     assert rel(heads, expected.amax(dim=(0, 2))) < 1e-3
+
+
+# Last in the file: a capture that fails leaves PyTorch's generator mid-capture for the tests after it.
+def test_cuda_graph_capture_and_replay():
+    q, k, v = inputs("bshd", 2, 256, 256, 8, 8, 64)
+    d_o = torch.rand(2, 256, 8, 64, device="cuda", dtype=torch.bfloat16)
+    # Warm-up (plans built, autograd's gradient accumulators made) on a side stream, as PyTorch
+    # asks before capturing a backward: the accumulators then belong to a non-default stream.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        eager = fa.attention(q, k, v, causal=True)
+        eager.backward(d_o)
+    torch.cuda.current_stream().wait_stream(side)
+    eager_grad = q.grad.clone()
+    graph = torch.cuda.CUDAGraph()
+    q.grad = k.grad = v.grad = None
+    with torch.cuda.graph(graph):
+        out = fa.attention(q, k, v, causal=True)
+        out.backward(d_o)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+    assert rel(q.grad, eager_grad) < 1e-2
