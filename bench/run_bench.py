@@ -205,9 +205,12 @@ class AdapterCall:
         self.t = t
         self.leaves = [x.detach().requires_grad_() for x in (t.q, t.k, t.v)]
 
+    def call(self):
+        return FA_TORCH.attention(self.t.q, self.t.k, self.t.v, layout="bshd", causal=self.t.shape.causal)
+
     def forward(self):
         with torch.no_grad():
-            return FA_TORCH.attention(self.t.q, self.t.k, self.t.v, layout="bshd", causal=self.t.shape.causal)
+            return self.call()
 
     def forward_backward(self):
         for leaf in self.leaves:
@@ -358,16 +361,17 @@ def host_overhead(shim, calls, lib):
             result[f"{name}_gpu_us"] = gpu_us_per_call(lambda n, s=sdpa: [s.sdpa(t.q, t.k, t.v) for _ in range(n)])
     if FA_TORCH is not None:  # the adapter, forward and forward+backward, timed like PyTorch's own
         adapter = AdapterCall(t)
-        for key, fn in (("fusedattn_torch_host_us", adapter.forward),
-                        ("fusedattn_torch_fwd_bwd_host_us", adapter.forward_backward)):
-            for _ in range(50):
-                fn()
-            torch.cuda.synchronize()
-            begin = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            result[key] = (time.perf_counter() - begin) * 1e6 / calls
-            torch.cuda.synchronize()
+        for key, fn, context in (("fusedattn_torch_host_us", adapter.call, torch.no_grad),
+                                 ("fusedattn_torch_fwd_bwd_host_us", adapter.forward_backward, contextlib.nullcontext)):
+            with context():  # entered once, as for PyTorch's calls above
+                for _ in range(50):
+                    fn()
+                torch.cuda.synchronize()
+                begin = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                result[key] = (time.perf_counter() - begin) * 1e6 / calls
+                torch.cuda.synchronize()
         sdpa = TorchSdpa(t, SDPBackend.CUDNN_ATTENTION)
         for _ in range(50):
             sdpa.forward_backward()

@@ -91,6 +91,8 @@ bench_lib="$build/libfusedattn_bench.so"
 if part bench; then
   echo "== benchmark: fusedattn (C++ and fusedattn.torch) against PyTorch"
   python3 -X faulthandler bench/run_bench.py --lib "$bench_lib" --out "$OUT" --rounds 5 || status=1
+  FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 bench/profile_torch_call.py 2>&1 \
+    | grep -E "^---|tottime|[0-9] +[0-9.]+ +[0-9.]+" | head -40
 fi
 if part varlen; then
   echo "== benchmark: ragged training step and paged decode"

@@ -7,8 +7,8 @@
 // - INITIALIZE (on the host before each execution, the device known): makes sure the call has a
 //   plan for that device. The first execution on a device builds it (or finds it in the plan
 //   cache); later ones find it in the call's own table.
-// - EXECUTE: only enqueues that plan on XLA's stream with a workspace from XLA's scratch
-//   allocator: no lookup by key, no allocation of ours, no synchronization, so the handlers
+// - EXECUTE: only enqueues that plan on XLA's stream, its workspace a result buffer of the call
+//   that XLA planned for: no lookup by key, no allocation, no synchronization, so the handlers
 //   declare themselves safe for command buffers (CUDA graphs).
 #include <nanobind/nanobind.h>
 
@@ -123,14 +123,16 @@ ffi::Error initialize(std::int32_t device, PlanState* state) {
   }
 }
 
-// The device's plan and a workspace for it from XLA's scratch allocator (stream-ordered, part
-// of the program's memory plan).
+// The device's plan and its workspace: the call's last result, a uint8 buffer XLA planned for
+// (sized while tracing, from the plan), or, where that was not known (a program traced without a
+// GPU), memory from XLA's scratch allocator.
 struct Launch {
   const fa::Plan* plan = nullptr;
   fa::Workspace workspace;
 };
 
-ffi::ErrorOr<Launch> prepare_launch(std::int32_t device, PlanState* state, ffi::ScratchAllocator& scratch) {
+ffi::ErrorOr<Launch> prepare_launch(std::int32_t device, PlanState* state, ffi::ScratchAllocator& scratch,
+                                    ffi::AnyBuffer workspace) {
   Launch launch;
   launch.plan = state->plan(device);
   if (!launch.plan) {
@@ -139,18 +141,25 @@ ffi::ErrorOr<Launch> prepare_launch(std::int32_t device, PlanState* state, ffi::
   }
   const std::size_t bytes = launch.plan->workspace_bytes();
   if (bytes == 0) return launch;
+  if (workspace.size_bytes() >= bytes) {
+    launch.workspace = fa::Workspace{workspace.untyped_data(), workspace.size_bytes()};
+    return launch;
+  }
   std::optional<void*> data = scratch.Allocate(bytes, 256);
   if (!data) {
-    return ffi::Unexpected(
-        ffi::Error::Internal("fusedattn: XLA's scratch allocator refused " + std::to_string(bytes) + " bytes"));
+    return ffi::Unexpected(ffi::Error::Internal(
+        "fusedattn: the plan needs " + std::to_string(bytes) + " bytes of workspace; the call's workspace result has " +
+        std::to_string(workspace.size_bytes()) + " and XLA's scratch allocator refused (trace the program where a "
+        "GPU is visible, so that fusedattn.jax sizes the workspace result)"));
   }
   launch.workspace = fa::Workspace{*data, bytes};
   return launch;
 }
 
 ffi::Error forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, std::int32_t device, PlanState* state,
-                   ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, void* o, float* stats, float scale) {
-  auto launch = prepare_launch(device, state, scratch);
+                   ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, void* o, float* stats,
+                   ffi::AnyBuffer workspace, float scale) {
+  auto launch = prepare_launch(device, state, scratch, workspace);
   if (launch.has_error()) return launch.error();
   try {
     fa::ForwardTensors t;
@@ -169,23 +178,25 @@ ffi::Error forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, std::int
 // Training: O and the softmax statistics the backward needs.
 ffi::Error run_forward(cudaStream_t stream, ffi::ScratchAllocator scratch, std::int32_t device, PlanState* state,
                        ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> o,
-                       ffi::Result<ffi::AnyBuffer> stats, std::string_view /*spec*/, float scale) {
+                       ffi::Result<ffi::AnyBuffer> stats, ffi::Result<ffi::AnyBuffer> workspace,
+                       std::string_view /*spec*/, float scale) {
   return forward(stream, scratch, device, state, q, k, v, o->untyped_data(),
-                 static_cast<float*>(stats->untyped_data()), scale);
+                 static_cast<float*>(stats->untyped_data()), *workspace, scale);
 }
 
 // Inference (a call nobody differentiates): O alone, from a spec without statistics.
 ffi::Error run_inference(cudaStream_t stream, ffi::ScratchAllocator scratch, std::int32_t device, PlanState* state,
                          ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> o,
-                         std::string_view /*spec*/, float scale) {
-  return forward(stream, scratch, device, state, q, k, v, o->untyped_data(), nullptr, scale);
+                         ffi::Result<ffi::AnyBuffer> workspace, std::string_view /*spec*/, float scale) {
+  return forward(stream, scratch, device, state, q, k, v, o->untyped_data(), nullptr, *workspace, scale);
 }
 
 ffi::Error run_backward(cudaStream_t stream, ffi::ScratchAllocator scratch, std::int32_t device, PlanState* state,
                         ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::AnyBuffer d_o,
                         ffi::AnyBuffer stats, ffi::Result<ffi::AnyBuffer> d_q, ffi::Result<ffi::AnyBuffer> d_k,
-                        ffi::Result<ffi::AnyBuffer> d_v, std::string_view /*spec*/, float scale) {
-  auto launch = prepare_launch(device, state, scratch);
+                        ffi::Result<ffi::AnyBuffer> d_v, ffi::Result<ffi::AnyBuffer> workspace,
+                        std::string_view /*spec*/, float scale) {
+  auto launch = prepare_launch(device, state, scratch, *workspace);
   if (launch.has_error()) return launch.error();
   try {
     fa::BackwardTensors t;
@@ -230,6 +241,7 @@ XLA_FFI_DEFINE_HANDLER(kForwardExecute, run_forward,
                            .Arg<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()  // workspace
                            .Attr<std::string_view>("spec")
                            .Attr<float>("scale"),
                        {ffi::Traits::kCmdBufferCompatible});
@@ -239,6 +251,7 @@ XLA_FFI_DEFINE_HANDLER(kInferenceExecute, run_inference,
                            .Arg<ffi::AnyBuffer>()
                            .Arg<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()  // workspace
                            .Attr<std::string_view>("spec")
                            .Attr<float>("scale"),
                        {ffi::Traits::kCmdBufferCompatible});
@@ -253,6 +266,7 @@ XLA_FFI_DEFINE_HANDLER(kBackwardExecute, run_backward,
                            .Ret<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()  // workspace
                            .Attr<std::string_view>("spec")
                            .Attr<float>("scale"),
                        {ffi::Traits::kCmdBufferCompatible});

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _core as core
 from . import _layouts
-from .errors import CudaError, NotSupportedError, SetupError, invalid_argument
+from .errors import CudaError, SetupError, invalid_argument
 
 __all__ = ["attention"]
 
@@ -62,16 +62,16 @@ def _spec_text(q, k, v, layout, options, stats=True):
     return str(spec), spec
 
 
-def _require_support(spec, pass_):
-    """Raises NotSupportedError, with every reason, while tracing, where this process has a GPU
-    (the answer also builds and caches the plan that the compiled call will then find). A
-    process without one (exporting for CUDA elsewhere) leaves the check to the GPU that runs it."""
+def _workspace(spec, pass_):
+    """The workspace result of a call: uint8 [bytes the plan needs], so XLA plans the memory.
+    Where this process has a GPU the plan is built here, while tracing (raising NotSupportedError
+    with every reason), and the compiled call finds it in the cache; a process without one
+    (exporting for CUDA elsewhere) gives 0 bytes and the handler asks XLA's scratch allocator."""
     try:
-        ok, _, text = core.check_support(spec, pass_)
+        size = core.get_plan(spec, pass_).workspace_bytes
     except (CudaError, SetupError):
-        return
-    if not ok:
-        raise NotSupportedError(f"{pass_} not supported: {text} [{spec}]")
+        size = 0
+    return jax.ShapeDtypeStruct((size,), jnp.uint8)
 
 
 def _stats_shape(spec):
@@ -82,31 +82,35 @@ def _inference_call(q, k, v, config):
     """O alone, for a call nobody differentiates."""
     layout, options, scale = config
     text, spec = _spec_text(q, k, v, layout, options, stats=False)
-    _require_support(spec, "forward")
+    workspace = _workspace(spec, "forward")
     _register()
     o_type = jax.ShapeDtypeStruct(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype)
-    return jax.ffi.ffi_call(_INFERENCE, o_type)(q, k, v, spec=text, scale=np.float32(scale))
+    o, _ = jax.ffi.ffi_call(_INFERENCE, (o_type, workspace))(q, k, v, spec=text, scale=np.float32(scale))
+    return o
 
 
 def _forward_call(q, k, v, config):
     """O and the softmax statistics [b, h_q, s_q] the backward takes."""
     layout, options, scale = config
     text, spec = _spec_text(q, k, v, layout, options)
-    _require_support(spec, "forward")
+    workspace = _workspace(spec, "forward")
     _register()
     o_type = jax.ShapeDtypeStruct(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype)
     stats_type = jax.ShapeDtypeStruct(_stats_shape(spec), jnp.float32)
-    return jax.ffi.ffi_call(_FORWARD, (o_type, stats_type))(q, k, v, spec=text, scale=np.float32(scale))
+    o, stats, _ = jax.ffi.ffi_call(_FORWARD, (o_type, stats_type, workspace))(q, k, v, spec=text,
+                                                                              scale=np.float32(scale))
+    return o, stats
 
 
 def _backward_call(q, k, v, o, stats, d_o, config):
     """dQ, dK, dV."""
     layout, options, scale = config
     text, spec = _spec_text(q, k, v, layout, options)
-    _require_support(spec, "backward")
+    workspace = _workspace(spec, "backward")
     _register()
-    types = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v))
-    return jax.ffi.ffi_call(_BACKWARD, types)(q, k, v, o, d_o, stats, spec=text, scale=np.float32(scale))
+    types = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)) + (workspace,)
+    *grads, _ = jax.ffi.ffi_call(_BACKWARD, types)(q, k, v, o, d_o, stats, spec=text, scale=np.float32(scale))
+    return tuple(grads)
 
 
 # --- vmap: the mapped axis joins the batch -----------------------------------------------------

@@ -104,7 +104,8 @@ def test_runs_inside_an_xla_command_buffer():
     import subprocess
     import sys
     env = dict(os.environ, XLA_FLAGS="--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL "
-                                     "--xla_gpu_graph_min_graph_size=1")
+                                     "--xla_gpu_graph_min_graph_size=1",
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # the same fusedattn as this test's
     done = subprocess.run([sys.executable, "-c", COMMAND_BUFFER_CHILD], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
