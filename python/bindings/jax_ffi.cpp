@@ -156,9 +156,21 @@ ffi::ErrorOr<Launch> prepare_launch(std::int32_t device, PlanState* state, ffi::
   return launch;
 }
 
+// How many executions found their stream capturing (recorded into a CUDA graph, as XLA does for
+// command buffers): tests read it to see that a command buffer really took the call.
+std::atomic<long long> captured_executions{0};
+
+void count_capture(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) == cudaSuccess && status == cudaStreamCaptureStatusActive) {
+    captured_executions.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
 ffi::Error forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, std::int32_t device, PlanState* state,
                    ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, void* o, float* stats,
                    ffi::AnyBuffer workspace, float scale) {
+  count_capture(stream);
   auto launch = prepare_launch(device, state, scratch, workspace);
   if (launch.has_error()) return launch.error();
   try {
@@ -196,6 +208,7 @@ ffi::Error run_backward(cudaStream_t stream, ffi::ScratchAllocator scratch, std:
                         ffi::AnyBuffer stats, ffi::Result<ffi::AnyBuffer> d_q, ffi::Result<ffi::AnyBuffer> d_k,
                         ffi::Result<ffi::AnyBuffer> d_v, ffi::Result<ffi::AnyBuffer> workspace,
                         std::string_view /*spec*/, float scale) {
+  count_capture(stream);
   auto launch = prepare_launch(device, state, scratch, *workspace);
   if (launch.has_error()) return launch.error();
   try {
@@ -299,6 +312,9 @@ NB_MODULE(_jax_ffi, m) {
         stages(reinterpret_cast<const void*>(kBackwardInstantiate), reinterpret_cast<const void*>(kBackwardExecute));
     return out;
   });
+  m.def(
+      "captured_executions", [] { return captured_executions.load(); },
+      "How many executions ran while their stream was being captured (XLA command buffers).");
   m.def("plan_state_type", [] {
     nb::dict out;
     out["type_id"] = capsule(&PlanState::id);

@@ -83,18 +83,17 @@ def test_not_supported_raises_while_tracing():
 COMMAND_BUFFER_CHILD = r"""
 import jax, jax.numpy as jnp
 import fusedattn.jax as fj
+from fusedattn import _jax_ffi
 keys = jax.random.split(jax.random.key(3), 3)
 q, k, v = (jax.random.uniform(key, (2, 256, 8, 64), minval=-1, maxval=1).astype(jnp.bfloat16) for key in keys)
 step = jax.jit(lambda q, k, v: jax.grad(lambda q, k, v: fj.attention(q, k, v, causal=True).astype(jnp.float32).sum(),
                                         (0, 1, 2))(q, k, v))
-hlo = step.lower(q, k, v).compile().as_text()
-# The custom calls must sit inside a command-buffer computation, not beside it.
-inside = [line for line in hlo.splitlines() if "fusedattn_" in line and "custom_call_target" in line]
-print("CALLS", len(inside))
-print("COMMAND_BUFFER", "command_buffer" in hlo)
 first = step(q, k, v)
 for _ in range(3):
     again = step(q, k, v)  # replays of the recorded graph
+jax.block_until_ready(again)
+# The handlers count executions whose stream was capturing: XLA records command buffers so.
+print("CAPTURED", _jax_ffi.captured_executions())
 print("SAME", all(bool(jnp.array_equal(a, b)) for a, b in zip(first, again)))
 """
 
@@ -109,7 +108,8 @@ def test_runs_inside_an_xla_command_buffer():
     done = subprocess.run([sys.executable, "-c", COMMAND_BUFFER_CHILD], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "CALLS 2" in done.stdout and "COMMAND_BUFFER True" in done.stdout, done.stdout
+    captured = int(done.stdout.split("CAPTURED ")[1].split()[0])
+    assert captured >= 2, done.stdout  # forward and backward were recorded into a command buffer
     assert "SAME True" in done.stdout, done.stdout
 
 
