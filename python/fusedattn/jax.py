@@ -9,7 +9,9 @@ on XLA's stream with scratch memory from XLA, so it is safe for command buffers.
     out = attention(q, k, v, causal=True)     # [batch, seq, heads, dim], like jax.nn.dot_product_attention
 
 Differentiable (jax.custom_vjp over the core's backward); works under jit, grad, jax.checkpoint
-and vmap, whose rule folds the mapped axis into the batch: one call, not one per element.
+and vmap, whose rule folds the mapped axis into the batch: one call, not one per element. Under
+a mesh with q, k, v sharded over batch and heads, each device calls on its own shard: nothing
+is gathered.
 """
 import functools
 import math
@@ -20,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _core as core
-from . import _layouts
+from . import _jax_partition, _layouts
 from .errors import CudaError, SetupError, invalid_argument
 
 __all__ = ["attention"]
@@ -113,15 +115,17 @@ def _backward_call(q, k, v, o, stats, d_o, config):
     return tuple(grads)
 
 
-# --- vmap: the mapped axis joins the batch -----------------------------------------------------
-# Each call above takes and returns arrays in the call's layout and statistics [b, h, s]. Under
-# vmap the mapped axis is folded into the batch axis (one call on n·b entries rather than n calls),
-# then split off again; nested vmaps fold in turn.
+# --- the calls as JAX sees them ------------------------------------------------------------------
+# Each kind of call takes and returns arrays in the call's layout and statistics [b, h, s].
+# Under vmap the mapped axis is folded into the batch axis (one call on n·b entries rather than n
+# calls), then split off again; nested vmaps fold in turn. Under a mesh each device calls on its
+# shard of the batch and heads (_jax_partition).
 
-_STATS = "stats"  # the role of a [b, h, s] array; every other array is in the call's layout
-_ROLES = {_inference_call: (("q", "k", "v"), ("o",)),
-          _forward_call: (("q", "k", "v"), ("o", _STATS)),
-          _backward_call: (("q", "k", "v", "o", _STATS, "d_o"), ("d_q", "d_k", "d_v"))}
+_KERNELS = {"inference": _inference_call, "forward": _forward_call, "backward": _backward_call}
+_STATS = _jax_partition.STATS
+_ROLES = {"inference": (("q", "k", "v"), ("o",)),
+          "forward": (("q", "k", "v"), ("o", _STATS)),
+          "backward": (("q", "k", "v", "o", _STATS, "d_o"), ("d_q", "d_k", "d_v"))}
 
 
 def _batch_axis(role, layout):
@@ -140,40 +144,43 @@ def _unfold(x, n, axis):
 
 
 @functools.lru_cache(maxsize=None)
-def _batched(call, config):
-    """`call` for `config` as a function of arrays alone, with its batching rule."""
-    inputs, outputs = _ROLES[call]
+def _call(kind, config):
+    """The call of `kind` ("inference", "forward", "backward") for `config`, as a function of
+    arrays alone, with its batching rule and its partitioning."""
+    inputs, outputs = _ROLES[kind]
     layout = config[0]
     single = len(outputs) == 1
+    head_axis = _layouts.AXES[layout][1]
 
     @jax.custom_batching.custom_vmap
-    def batched(*args):
-        return call(*args, config)
+    def call(*args):
+        heads = (args[0].shape[head_axis], args[1].shape[head_axis])  # q's and k's
+        return _jax_partition.partitioned(_KERNELS.get, kind, config, inputs, outputs, *heads)(*args)
 
-    @batched.def_vmap
+    @call.def_vmap
     def rule(axis_size, in_batched, *args):
         args = [x if mapped else jnp.broadcast_to(x, (axis_size,) + x.shape) for x, mapped in zip(args, in_batched)]
-        out = batched(*(_fold(x, _batch_axis(role, layout)) for x, role in zip(args, inputs)))
+        out = call(*(_fold(x, _batch_axis(role, layout)) for x, role in zip(args, inputs)))
         out = (out,) if single else out
         out = tuple(_unfold(y, axis_size, _batch_axis(role, layout)) for y, role in zip(out, outputs))
         return (out[0], True) if single else (out, (True,) * len(out))
 
-    return batched
+    return call
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _attention(q, k, v, config):
-    return _batched(_inference_call, config)(q, k, v)
+    return _call("inference", config)(q, k, v)
 
 
 def _attention_fwd(q, k, v, config):
-    o, stats = _batched(_forward_call, config)(q, k, v)
+    o, stats = _call("forward", config)(q, k, v)
     return o, (q, k, v, o, stats)
 
 
 def _attention_bwd(config, residuals, d_o):
     q, k, v, o, stats = residuals
-    return tuple(_batched(_backward_call, config)(q, k, v, o, stats, d_o.astype(o.dtype)))
+    return tuple(_call("backward", config)(q, k, v, o, stats, d_o.astype(o.dtype)))
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
