@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from . import _core as core
-from . import _layouts
+from . import _layouts, _options
 from .errors import NotSupportedError, invalid_argument
 
 __all__ = ["attention", "paged_attention", "scaled_dot_product_attention", "Attention"]
@@ -28,12 +28,6 @@ __all__ = ["attention", "paged_attention", "scaled_dot_product_attention", "Atte
 _LOG = logging.getLogger("fusedattn")
 _DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 _AXES = _layouts.AXES
-# Bias kinds by which of (batch, heads, query rows) the bias has rather than broadcasts; the core
-# takes these five (fusedattn/spec.h).
-_BIAS_KINDS = {(True, True, True): "bhss", (True, False, True): "b1ss", (False, True, True): "1hss",
-               (False, False, True): "11ss", (False, False, False): "111s"}
-
-
 # --- tensors to the core's terms -------------------------------------------------------------
 
 def _logical(t: Tensor, layout: str, batch: int = 0, max_seq: int = 0):
@@ -41,20 +35,6 @@ def _logical(t: Tensor, layout: str, batch: int = 0, max_seq: int = 0):
 
 
 _desc = _layouts.desc
-
-
-def _bias_kind(bias: Tensor, b: int, h: int, s_q: int, s_kv: int) -> str:
-    """The spec's bias kind for a bias of shape [b|1, h|1, s_q|1, s_kv] (a size-1 dim broadcasts)."""
-    full = (bias.dim() == 4 and bias.shape[0] in (1, b) and bias.shape[1] in (1, h) and bias.shape[2] in (1, s_q)
-            and bias.shape[3] == s_kv)
-    if not full:
-        raise invalid_argument("bias.shape", tuple(bias.shape),
-                         f"[b|1, h|1, s_q|1, s_kv] = [{b}|1, {h}|1, {s_q}|1, {s_kv}]")
-    kind = _BIAS_KINDS.get((bias.shape[0] > 1, bias.shape[1] > 1, bias.shape[2] > 1))
-    if kind is None:  # e.g. [b, h, 1, s_kv]: expand it to the query rows
-        raise invalid_argument("bias.shape", tuple(bias.shape),
-                         "one of [b,h,s_q,s_kv], [b,1,s_q,s_kv], [1,h,s_q,s_kv], [1,1,s_q,s_kv], [1,1,1,s_kv]")
-    return kind
 
 
 def _out_shape(q: Tensor, v: Tensor, layout: str):
@@ -375,25 +355,9 @@ def _option_text(key):
     compiled code builds them directly, once, at trace time."""
     text = _OPTIONS.get(key)
     if text is None:
-        text = _OPTIONS[key] = _build_options(*key)
+        text = _OPTIONS[key] = _options.options_text(*key)
     return text
 
-
-def _build_options(left, right, align, softmax, bias_kind, alibi, deterministic, padding, dropout, max_logit):
-    options = [f"window={left},{right}", f"align={align}", f"softmax={softmax}"]
-    if bias_kind != "none":
-        options.append(f"bias={bias_kind}")
-    if alibi:
-        options.append("alibi=1")
-    if deterministic:
-        options.append("deterministic=1")
-    if padding:
-        options.append("padding=1")
-    if dropout > 0.0:
-        options.append(f"dropout={dropout!r}")
-    if max_logit:
-        options.append(f"max_logit={max_logit}")
-    return " ".join(options)
 
 _FALLBACK_LOGGED = set()
 
@@ -441,7 +405,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     bias_kind = "none"
     if bias is not None:
         dims, _ = _logical(q, layout)
-        bias_kind = _bias_kind(bias, dims[0], dims[1], dims[2], _logical(k, layout)[0][2])
+        bias_kind = _options.bias_kind(bias.shape, dims[0], dims[1], dims[2], _logical(k, layout)[0][2])
         bias = bias.contiguous()
     if (seq_len_q is None) != (seq_len_kv is None):
         raise invalid_argument("seq_len_q", seq_len_q, "seq_len_q and seq_len_kv together")
@@ -454,7 +418,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     compiling = torch.compiler.is_compiling()
     option_key = (window[0], window[1], align, softmax, bias_kind, alibi, deterministic,
                   layout == "thd" or seq_len_q is not None, float(dropout_p), return_max_logit)
-    option_text = _build_options(*option_key) if compiling else _option_text(option_key)
+    option_text = _options.options_text(*option_key) if compiling else _option_text(option_key)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     try:
