@@ -5,10 +5,11 @@
 #   bash scripts/gpu_run.sh                          # everything
 #   PARTS="gtest python" bash scripts/gpu_run.sh     # only the named parts
 #
-# Parts: gtest (the C++ GPU tier), python (fusedattn.torch and fusedattn.jax on the GPU, each in
-# its own process), cli (CPU tier, demo and CLI checks on this machine), matrix (the support
-# matrix from this GPU), bench (PyTorch comparison), varlen (ragged step and paged decode),
-# jaxbench (JAX comparison). The results file covers the test parts that ran.
+# Parts: gtest (the C++ GPU tier), torch and jax (the Python tiers on the GPU, each in its own
+# process), cli (CPU tier, demo and CLI checks on this machine), matrix (the support matrix from
+# this GPU), bench (PyTorch comparison), varlen (ragged step and paged decode), jaxbench (JAX
+# comparison). The results file covers the test parts that ran. BUILD_TARGETS names the ninja
+# targets to build (default: all).
 #
 # FUSEDATTN_COMMIT=<sha> names the commit in the results file; pass it as a literal from the
 # checkout that was sent (the device's copy of .git can lag behind the working tree).
@@ -17,7 +18,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
-export PARTS=${PARTS:-gtest python cli matrix bench varlen jaxbench}
+export PARTS=${PARTS:-gtest torch jax cli matrix bench varlen jaxbench}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_log.txt") 2>&1
 export PYTHONUNBUFFERED=1
@@ -36,7 +37,8 @@ mkdir -p "$build"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DFUSEDATTN_PYTHON=ON \
   >"$build/cmake.txt" 2>&1 || { cat "$build/cmake.txt"; exit 1; }
 grep "fusedattn:" "$build/cmake.txt"
-ninja -C "$build" -j"$(nproc)" >/dev/null || { ninja -C "$build" -j1 2>&1 | tail -50; exit 1; }
+# shellcheck disable=SC2086  # BUILD_TARGETS is a list of targets
+ninja -C "$build" -j"$(nproc)" ${BUILD_TARGETS:-} >/dev/null || { ninja -C "$build" -j1 ${BUILD_TARGETS:-} 2>&1 | tail -50; exit 1; }
 "$build/fusedattn" info || status=1
 xmls=()
 
@@ -64,8 +66,10 @@ pytest_tier() {
     status=1
   fi
 }
-if part python; then
+if part torch; then
   pytest_tier torch tests/python --ignore=tests/python/test_jax_gpu.py --ignore=tests/python/test_flax.py
+fi
+if part jax; then
   pytest_tier jax tests/python/test_jax_gpu.py tests/python/test_flax.py
 fi
 

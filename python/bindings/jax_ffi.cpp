@@ -106,11 +106,11 @@ ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate(std::string_view spec_text,
 }
 
 // Every stage that binds attributes must bind all of the call's (XLA checks the count), so the
-// instantiate stages take the scale too, unused.
-ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate_forward(std::string_view spec, float /*scale*/) {
+// instantiate stages take the sequence count and the scale too, unused.
+ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate_forward(std::string_view spec, std::int64_t, float) {
   return instantiate(spec, fa::Pass::forward);
 }
-ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate_backward(std::string_view spec, float /*scale*/) {
+ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate_backward(std::string_view spec, std::int64_t, float) {
   return instantiate(spec, fa::Pass::backward);
 }
 
@@ -167,61 +167,112 @@ void count_capture(cudaStream_t stream) {
   }
 }
 
-ffi::Error forward(cudaStream_t stream, ffi::ScratchAllocator& scratch, std::int32_t device, PlanState* state,
-                   ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, void* o, float* stats,
-                   ffi::AnyBuffer workspace, float scale) {
+// The operands and results of a call, in this order (fusedattn/jax.py builds them the same way);
+// which optional ones are there follows from the spec:
+//   forward:  q, k, v, [bias], [sink], [rng], [cu_seqlens_q, cu_seqlens_kv]
+//             -> o, [stats], workspace
+//   backward: q, k, v, o, stats, d_o, [bias], [sink], [rng], [cu_seqlens_q, cu_seqlens_kv]
+//             -> d_q, d_k, d_v, [d_bias], [d_sink], workspace
+// rng is uint32[4]: Philox seed and offset as two int64 (JAX has no 64-bit integers by default).
+class Operands {
+ public:
+  Operands(const ffi::RemainingArgs& args, const ffi::RemainingRets& rets) : args_(args), rets_(rets) {}
+
+  const void* arg() { return next_arg(); }
+  void* ret() { return next_ret(); }
+  const void* arg_if(bool present) { return present ? next_arg() : nullptr; }
+  void* ret_if(bool present) { return present ? next_ret() : nullptr; }
+  ffi::AnyBuffer workspace() const {  // always the last result
+    return rets_.get<ffi::AnyBuffer>(rets_.size() - 1).value().operator*();
+  }
+  // Whether every operand and result was taken (the workspace aside): the call and the spec agree.
+  bool all_taken() const { return arg_ == args_.size() && ret_ + 1 == rets_.size(); }
+
+ private:
+  const void* next_arg() {
+    auto buffer = args_.get<ffi::AnyBuffer>(arg_++);
+    return buffer.has_value() ? buffer.value().untyped_data() : nullptr;
+  }
+  void* next_ret() {
+    auto buffer = rets_.get<ffi::AnyBuffer>(ret_++);
+    return buffer.has_value() ? buffer.value()->untyped_data() : nullptr;
+  }
+  const ffi::RemainingArgs& args_;
+  const ffi::RemainingRets& rets_;
+  std::size_t arg_ = 0, ret_ = 0;
+};
+
+bool has_sink(const fa::AttentionSpec& spec) { return spec.softmax == fa::Softmax::sink; }
+bool is_ragged(const fa::AttentionSpec& spec) { return spec.ragged_q() || spec.ragged_kv(); }
+
+// The optional inputs both passes take, after their fixed ones.
+template <class Tensors>
+void take_optional_inputs(const fa::AttentionSpec& spec, Operands& in, Tensors& t, std::int64_t sequences) {
+  t.bias = in.arg_if(spec.bias != fa::Bias::none);
+  t.sink = static_cast<const float*>(in.arg_if(has_sink(spec)));
+  if (const auto* rng = static_cast<const std::int64_t*>(in.arg_if(spec.dropout > 0.0))) {
+    t.dropout_seed = rng;
+    t.dropout_offset = rng + 1;
+  }
+  if (is_ragged(spec)) {
+    t.ragged.sequences = sequences;
+    t.ragged.cu_seqlens_q = static_cast<const std::int32_t*>(in.arg());
+    t.ragged.cu_seqlens_kv = static_cast<const std::int32_t*>(in.arg());
+  }
+}
+
+ffi::Error mismatch(const fa::AttentionSpec& spec) {
+  return ffi::Error::InvalidArgument("fusedattn: the call's operands do not match its spec [" + fa::to_string(spec) +
+                                     "]");
+}
+
+ffi::Error run_forward(cudaStream_t stream, ffi::ScratchAllocator scratch, std::int32_t device, PlanState* state,
+                       ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view /*spec*/,
+                       std::int64_t sequences, float scale) {
   count_capture(stream);
-  auto launch = prepare_launch(device, state, scratch, workspace);
-  if (launch.has_error()) return launch.error();
   try {
+    const fa::AttentionSpec& spec = state->spec;
+    Operands io(args, rets);
     fa::ForwardTensors t;
-    t.q = q.untyped_data();
-    t.k = k.untyped_data();
-    t.v = v.untyped_data();
-    t.o = o;
-    t.stats = stats;
+    t.q = io.arg();
+    t.k = io.arg();
+    t.v = io.arg();
+    take_optional_inputs(spec, io, t, sequences);
+    t.o = io.ret();
+    t.stats = static_cast<float*>(io.ret_if(spec.stats));
+    if (!io.all_taken()) return mismatch(spec);
+    auto launch = prepare_launch(device, state, scratch, io.workspace());
+    if (launch.has_error()) return launch.error();
     launch->plan->run(t, scale, stream, launch->workspace);
     return ffi::Error::Success();
   } catch (const fa::Error& error) {
     return to_ffi_error(error);
   }
-}
-
-// Training: O and the softmax statistics the backward needs.
-ffi::Error run_forward(cudaStream_t stream, ffi::ScratchAllocator scratch, std::int32_t device, PlanState* state,
-                       ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> o,
-                       ffi::Result<ffi::AnyBuffer> stats, ffi::Result<ffi::AnyBuffer> workspace,
-                       std::string_view /*spec*/, float scale) {
-  return forward(stream, scratch, device, state, q, k, v, o->untyped_data(),
-                 static_cast<float*>(stats->untyped_data()), *workspace, scale);
-}
-
-// Inference (a call nobody differentiates): O alone, from a spec without statistics.
-ffi::Error run_inference(cudaStream_t stream, ffi::ScratchAllocator scratch, std::int32_t device, PlanState* state,
-                         ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::Result<ffi::AnyBuffer> o,
-                         ffi::Result<ffi::AnyBuffer> workspace, std::string_view /*spec*/, float scale) {
-  return forward(stream, scratch, device, state, q, k, v, o->untyped_data(), nullptr, *workspace, scale);
 }
 
 ffi::Error run_backward(cudaStream_t stream, ffi::ScratchAllocator scratch, std::int32_t device, PlanState* state,
-                        ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer o, ffi::AnyBuffer d_o,
-                        ffi::AnyBuffer stats, ffi::Result<ffi::AnyBuffer> d_q, ffi::Result<ffi::AnyBuffer> d_k,
-                        ffi::Result<ffi::AnyBuffer> d_v, ffi::Result<ffi::AnyBuffer> workspace,
-                        std::string_view /*spec*/, float scale) {
+                        ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view /*spec*/,
+                        std::int64_t sequences, float scale) {
   count_capture(stream);
-  auto launch = prepare_launch(device, state, scratch, *workspace);
-  if (launch.has_error()) return launch.error();
   try {
+    const fa::AttentionSpec& spec = state->spec;
+    Operands io(args, rets);
     fa::BackwardTensors t;
-    t.q = q.untyped_data();
-    t.k = k.untyped_data();
-    t.v = v.untyped_data();
-    t.o = o.untyped_data();
-    t.d_o = d_o.untyped_data();
-    t.stats = static_cast<const float*>(stats.untyped_data());
-    t.d_q = d_q->untyped_data();
-    t.d_k = d_k->untyped_data();
-    t.d_v = d_v->untyped_data();
+    t.q = io.arg();
+    t.k = io.arg();
+    t.v = io.arg();
+    t.o = io.arg();
+    t.stats = static_cast<const float*>(io.arg());
+    t.d_o = io.arg();
+    take_optional_inputs(spec, io, t, sequences);
+    t.d_q = io.ret();
+    t.d_k = io.ret();
+    t.d_v = io.ret();
+    t.d_bias = io.ret_if(spec.bias_grad);
+    t.d_sink = static_cast<float*>(io.ret_if(has_sink(spec)));
+    if (!io.all_taken()) return mismatch(spec);
+    auto launch = prepare_launch(device, state, scratch, io.workspace());
+    if (launch.has_error()) return launch.error();
     launch->plan->run(t, scale, stream, launch->workspace);
     return ffi::Error::Success();
   } catch (const fa::Error& error) {
@@ -229,60 +280,38 @@ ffi::Error run_backward(cudaStream_t stream, ffi::ScratchAllocator scratch, std:
   }
 }
 
-// What both execute stages take first: XLA's stream, its scratch memory, the device, the state.
+// What both execute stages take: XLA's stream, its scratch memory, the device, the state, the
+// operands and results (as above), and the attributes.
 auto execute_binding() {
   return ffi::Ffi::Bind()
       .Ctx<ffi::PlatformStream<cudaStream_t>>()
       .Ctx<ffi::ScratchAllocator>()
       .Ctx<ffi::DeviceOrdinal>()
-      .Ctx<ffi::State<PlanState>>();
+      .Ctx<ffi::State<PlanState>>()
+      .RemainingArgs()
+      .RemainingRets()
+      .Attr<std::string_view>("spec")
+      .Attr<std::int64_t>("sequences")
+      .Attr<float>("scale");
 }
 
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER(kForwardInstantiate, instantiate_forward,
-                       ffi::Ffi::BindInstantiate().Attr<std::string_view>("spec").Attr<float>("scale"));
+                       ffi::Ffi::BindInstantiate()
+                           .Attr<std::string_view>("spec")
+                           .Attr<std::int64_t>("sequences")
+                           .Attr<float>("scale"));
 XLA_FFI_DEFINE_HANDLER(kBackwardInstantiate, instantiate_backward,
-                       ffi::Ffi::BindInstantiate().Attr<std::string_view>("spec").Attr<float>("scale"));
+                       ffi::Ffi::BindInstantiate()
+                           .Attr<std::string_view>("spec")
+                           .Attr<std::int64_t>("sequences")
+                           .Attr<float>("scale"));
 // Binds no attributes, which XLA allows (it checks the count only where some are bound).
 XLA_FFI_DEFINE_HANDLER(kInitialize, initialize,
                        ffi::Ffi::BindInitialize().Ctx<ffi::DeviceOrdinal>().Ctx<ffi::State<PlanState>>());
-XLA_FFI_DEFINE_HANDLER(kForwardExecute, run_forward,
-                       execute_binding()
-                           .Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()  // workspace
-                           .Attr<std::string_view>("spec")
-                           .Attr<float>("scale"),
-                       {ffi::Traits::kCmdBufferCompatible});
-XLA_FFI_DEFINE_HANDLER(kInferenceExecute, run_inference,
-                       execute_binding()
-                           .Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()  // workspace
-                           .Attr<std::string_view>("spec")
-                           .Attr<float>("scale"),
-                       {ffi::Traits::kCmdBufferCompatible});
-XLA_FFI_DEFINE_HANDLER(kBackwardExecute, run_backward,
-                       execute_binding()
-                           .Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Arg<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()
-                           .Ret<ffi::AnyBuffer>()  // workspace
-                           .Attr<std::string_view>("spec")
-                           .Attr<float>("scale"),
-                       {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER(kForwardExecute, run_forward, execute_binding(), {ffi::Traits::kCmdBufferCompatible});
+XLA_FFI_DEFINE_HANDLER(kBackwardExecute, run_backward, execute_binding(), {ffi::Traits::kCmdBufferCompatible});
 
 namespace {
 
@@ -306,8 +335,6 @@ NB_MODULE(_jax_ffi, m) {
     nb::dict out;
     out["fusedattn_forward"] =
         stages(reinterpret_cast<const void*>(kForwardInstantiate), reinterpret_cast<const void*>(kForwardExecute));
-    out["fusedattn_inference"] =
-        stages(reinterpret_cast<const void*>(kForwardInstantiate), reinterpret_cast<const void*>(kInferenceExecute));
     out["fusedattn_backward"] =
         stages(reinterpret_cast<const void*>(kBackwardInstantiate), reinterpret_cast<const void*>(kBackwardExecute));
     return out;

@@ -4,49 +4,61 @@ Under a mesh, each call runs once per device on that device's shard of the batch
 heads (data- and head-parallel), so q, k and v are never gathered. A call needs whole sequences
 and whole head dimensions, so shardings of those axes are undone (replicated) first, and so are
 head shardings the K/V heads cannot follow (h_kv not divisible by the mesh axes' size): GQA
-keeps each query head with its K/V head only when both are split alike.
-
-Each array of a call has a role: "q", "k", "v", "o", "d_o", "d_q", "d_k", "d_v" in the call's
-layout, or "stats" ([b, h_q, s_q]).
+keeps each query head with its K/V head only when both are split alike. Packed sequences (thd)
+split by heads only. A bias follows q on the batch and heads it has; a sink follows q's heads;
+the offsets of packed sequences and dropout's seed are replicated, and dropout's offset is moved
+per shard, so that no two shards draw the same mask.
 """
 import functools
 import math
 
+import jax
+import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
 from . import _layouts
+from ._jax_calls import _BATCHED_BIAS, _HEADED_BIAS, STATS
 
-STATS = "stats"
 _KV = ("k", "v", "d_k", "d_v")
 _V_DIM = ("v", "o", "d_o", "d_v")
+_REPLICATED = ("s", "t", "d", "e", "h", "bb", "hb", "sb", "z", "cq", "ck")  # factors never split
 
 
-def _logical_letters(role, grouping):
-    """Shardy factor names for the role's logical (batch, heads, seq, dim) axes. `grouping`:
-    "same" (h_q = h_kv), "grouped" (GQA: query heads = K/V heads x group size) or "single" (MQA:
-    one K/V head, which Shardy cannot write as a compound factor of size 1, nor can it be split)."""
-    q_heads = {"same": "g", "grouped": "(g r)", "single": "h"}[grouping]
+def _axes(role, config, batch, heads, kv_heads):
+    """Per array axis of the role, what it holds: `batch`, `heads` (query heads), `kv_heads`
+    (each given as whatever the caller maps them to) or a name of its own for an axis that is
+    not split."""
+    if role in ("sink", "d_sink"):
+        return (heads,)
+    if role == "rng":
+        return ("z",)
+    if role in ("cu_q", "cu_kv"):
+        return ("cq" if role == "cu_q" else "ck",)
+    if role in ("bias", "d_bias"):
+        return (batch if config.bias in _BATCHED_BIAS else "bb", heads if config.bias in _HEADED_BIAS else "hb",
+                "sb" if config.bias == "111s" else "s", "t")
+    kv = role in _KV
+    logical = (batch, kv_heads if kv else heads, "t" if kv else "s", "e" if role in _V_DIM else "d")
     if role == STATS:
-        return ("b", q_heads, "s", None)
-    return ("b", "g" if role in _KV else q_heads, "t" if role in _KV else "s", "e" if role in _V_DIM else "d")
-
-
-def _in_array_order(role, layout, logical):
-    """Per array axis, the entry of `logical` (batch, heads, seq, dim) it holds."""
-    if role == STATS:
-        return tuple(logical[:3])
+        return logical[1:3] if config.ragged else logical[:3]
+    if config.ragged:  # [tokens, heads, dim]
+        return (logical[2], logical[1], logical[3])
     order = [None] * 4
-    for index, axis in enumerate(_layouts.AXES[layout]):
+    for index, axis in enumerate(_layouts.AXES[config.layout]):
         order[axis] = logical[index]
     return tuple(order)
 
 
-def sharding_rule(layout, inputs, outputs, grouping):
-    """The einsum-like rule Shardy propagates with: batch and heads pass through; sequences and
-    head dims are to be replicated."""
+def sharding_rule(config, inputs, outputs, grouping):
+    """The einsum-like rule Shardy propagates with: batch and heads pass through, everything else
+    is replicated. `grouping`: "same" (h_q = h_kv), "grouped" (GQA: query heads = K/V heads x
+    group size) or "single" (MQA: one K/V head, which Shardy cannot write as a compound factor of
+    size 1, nor can it be split)."""
+    q_heads = {"same": "g", "grouped": "(g r)", "single": "h"}[grouping]
+
     def operand(role):
-        return " ".join(_in_array_order(role, layout, _logical_letters(role, grouping)))
+        return " ".join(_axes(role, config, "b", q_heads, "g"))
     return f"{', '.join(map(operand, inputs))} -> {', '.join(map(operand, outputs))}"
 
 
@@ -56,56 +68,75 @@ def _in_rule_order(rule, factors):
     return tuple(sorted((f for f in factors if f in tokens), key=tokens.index))
 
 
-def _mesh_size(mesh, axes):
-    if axes is None:
-        return 1
-    names = (axes,) if isinstance(axes, str) else tuple(axes)
-    return math.prod(mesh.shape[name] for name in names)
+def _names(axes):
+    return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
 
 
-def _shardings(mesh, layout, q_sharding, h_kv, roles):
-    """Each role's sharding: q's batch and head shardings (the head one only where h_kv follows),
-    nothing else."""
+def _split_axes(mesh, config, q_sharding, heads_kv):
+    """The mesh axes q's batch and heads are split over, as this call can keep them."""
     spec = tuple(q_sharding.spec) + (None,) * 4 if isinstance(q_sharding, NamedSharding) else (None,) * 4
-    batch_axis, head_axis = _layouts.AXES[layout][0], _layouts.AXES[layout][1]
-    batch, heads = spec[batch_axis], spec[head_axis]
-    if heads is not None and h_kv % _mesh_size(mesh, heads):
+    if config.ragged:
+        batch, heads = None, spec[1]
+    else:
+        batch, heads = spec[_layouts.AXES[config.layout][0]], spec[_layouts.AXES[config.layout][1]]
+    if heads is not None and heads_kv % math.prod(mesh.shape[n] for n in _names(heads)):
         heads = None
-    return [NamedSharding(mesh, PartitionSpec(*_in_array_order(role, layout, (batch, heads, None, None))))
+    return batch, heads
+
+
+def _shardings(mesh, config, roles, batch, heads):
+    """Each role's sharding: the mesh axes of q's batch and heads where the role has those, else
+    nothing split."""
+    split = {"BATCH": batch, "HEADS": heads}
+    return [NamedSharding(mesh, PartitionSpec(*(split.get(a) for a in _axes(role, config, "BATCH", "HEADS", "HEADS"))))
             for role in roles]
 
 
-@functools.lru_cache(maxsize=None)
-def partitioned(kernels, kind, config, inputs, outputs, heads_q, heads_kv):
-    """The `kind` kernel, `kernels(kind)(*arrays, config)`, as a custom_partitioning function
-    whose per-device call sees the device's shard. The kernel is looked up when the call is
-    traced or lowered, so tests can substitute reference kernels."""
-    layout = config[0]
-    single = len(outputs) == 1
+def _shard_index(mesh, names):
+    """This device's index among the shards over the mesh axes `names` (0 when there are none)."""
+    index = jnp.uint32(0)
+    for name in names:
+        index = index * jnp.uint32(mesh.shape[name]) + jax.lax.axis_index(name).astype(jnp.uint32)
+    return index
 
-    def kernel():
-        return kernels(kind)
+
+@functools.lru_cache(maxsize=None)
+def partitioned(kernels, kind, config, heads_q, heads_kv):
+    """The `kind` kernel, `kernels(kind)(config, *arrays)`, as a custom_partitioning function whose
+    per-device call sees the device's shard. The kernel is looked up when the call is traced or
+    lowered, so tests can substitute reference kernels."""
+    inputs, outputs = config.inputs(kind), config.outputs(kind)
+    single = len(outputs) == 1
 
     @custom_partitioning
     def call(*arrays):
-        return kernel()(*arrays, config)
+        return kernels(kind)(config, *arrays)
 
     def choose(mesh, arg_shapes):
-        q = arg_shapes[0].sharding
-        return _shardings(mesh, layout, q, heads_kv, inputs), _shardings(mesh, layout, q, heads_kv, outputs)
+        batch, heads = _split_axes(mesh, config, arg_shapes[0].sharding, heads_kv)
+        return (batch, heads, _shardings(mesh, config, inputs, batch, heads),
+                _shardings(mesh, config, outputs, batch, heads))
 
     def partition(mesh, arg_shapes, result_shape):
-        arg_shardings, result_shardings = choose(mesh, arg_shapes)
-        return (mesh, lambda *shards: kernel()(*shards, config),
-                result_shardings[0] if single else tuple(result_shardings), tuple(arg_shardings))
+        batch, heads, arg_shardings, result_shardings = choose(mesh, arg_shapes)
+        split = _names(batch) + _names(heads)
+
+        def per_shard(*shards):
+            if config.dropout and split:  # rng: (seed, offset) as uint32 pairs; move the offset
+                position = inputs.index("rng")
+                rng = shards[position]
+                rng = rng.at[2].add(_shard_index(mesh, split))
+                shards = shards[:position] + (rng,) + shards[position + 1:]
+            return kernels(kind)(config, *shards)
+        return (mesh, per_shard, result_shardings[0] if single else tuple(result_shardings), tuple(arg_shardings))
 
     def infer_sharding_from_operands(mesh, arg_shapes, result_shape):
-        result_shardings = choose(mesh, arg_shapes)[1]
+        result_shardings = choose(mesh, arg_shapes)[3]
         return result_shardings[0] if single else tuple(result_shardings)
 
     grouping = "same" if heads_q == heads_kv else "single" if heads_kv == 1 else "grouped"
-    rule = sharding_rule(layout, inputs, outputs, grouping)
+    rule = sharding_rule(config, inputs, outputs, grouping)
     call.def_partition(partition, infer_sharding_from_operands=infer_sharding_from_operands, sharding_rule=rule,
-                       need_replication_factors=_in_rule_order(rule, ("s", "t", "d", "e", "h")),
+                       need_replication_factors=_in_rule_order(rule, _REPLICATED),
                        **({"r": heads_q // heads_kv} if grouping == "grouped" else {}))
     return call

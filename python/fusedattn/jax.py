@@ -1,17 +1,18 @@
 """fusedattn.jax — the JAX adapter: XLA FFI custom calls into the same core.
 
-The spec of a call is fixed while tracing (from the arrays' shapes) and travels as the custom
-call's attribute; XLA's INSTANTIATE stage parses it, the INITIALIZE stage before each execution
-makes sure the plan for that device exists (built once), and the execute stage only enqueues it
-on XLA's stream with scratch memory from XLA, so it is safe for command buffers.
-
     from fusedattn.jax import attention
     out = attention(q, k, v, causal=True)     # [batch, seq, heads, dim], like jax.nn.dot_product_attention
 
+The spec of a call is fixed while tracing (from the arrays' shapes) and travels as the custom
+call's attribute; XLA's INSTANTIATE stage parses it, the INITIALIZE stage before each execution
+makes sure the plan for that device exists (built once), and the execute stage only enqueues it
+on XLA's stream, with a workspace XLA planned as one of the call's results, so it is safe for
+command buffers.
+
 Differentiable (jax.custom_vjp over the core's backward); works under jit, grad, jax.checkpoint
-and vmap, whose rule folds the mapped axis into the batch: one call, not one per element. Under
-a mesh with q, k, v sharded over batch and heads, each device calls on its own shard: nothing
-is gathered.
+and vmap (_jax_batching: the mapped axis joins the batch where it can). Under a mesh with q, k, v
+sharded over batch and heads, each device calls on its own shard and nothing is gathered
+(_jax_partition).
 """
 import functools
 import math
@@ -19,183 +20,120 @@ from typing import Optional, Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from . import _core as core
-from . import _jax_partition, _layouts
-from .errors import CudaError, SetupError, invalid_argument
+from . import _jax_batching, _jax_calls, _jax_partition, _layouts, _options
+from .errors import invalid_argument
 
 __all__ = ["attention"]
 
-# Targets: the training forward (O and softmax statistics), the inference forward (O alone, for a
-# call nobody differentiates) and the backward.
-_FORWARD, _INFERENCE, _BACKWARD = "fusedattn_forward", "fusedattn_inference", "fusedattn_backward"
-_registered = False
-
-
-def _register():
-    """Registers the handlers and their state type with XLA for CUDA, once per process."""
-    global _registered
-    if _registered:
-        return
-    from . import _jax_ffi
-    jax.ffi.register_ffi_type("fusedattn_plan_state", _jax_ffi.plan_state_type(), platform="CUDA")
-    for name, stages in _jax_ffi.handlers().items():
-        jax.ffi.register_ffi_target(name, stages, platform="CUDA")
-    _registered = True
-
-
-def _spec_text(q, k, v, layout, options, stats=True):
-    """The spec of a call on these (row-major) arrays, validated: bad input fails at trace time."""
-    dtype = _layouts.DTYPES.get(jnp.dtype(q.dtype).name)
-    if dtype is None:
-        raise invalid_argument("q.dtype", q.dtype, "float16 or bfloat16")
-    for name, x in (("k", k), ("v", v)):
-        if x.dtype != q.dtype:
-            raise invalid_argument(f"{name}.dtype", x.dtype, f"q's ({q.dtype})")
-    o_shape = tuple(q.shape[:-1]) + (v.shape[-1],)
-    def described(shape):  # JAX arrays are dense and row-major
-        return _layouts.desc(dtype, _layouts.logical(shape, _layouts.row_major_strides(shape), layout))
-    descs = " ".join(f"{name}={described(shape)}"
-                     for name, shape in (("q", q.shape), ("k", k.shape), ("v", v.shape), ("o", o_shape)))
-    text = f"{descs} {options} stats={int(stats)}"
-    spec = core.Spec.parse(text)
-    spec.validate()
-    return str(spec), spec
-
-
-def _workspace(spec, pass_):
-    """The workspace result of a call: uint8 [bytes the plan needs], so XLA plans the memory.
-    Where this process has a GPU the plan is built here, while tracing (raising NotSupportedError
-    with every reason), and the compiled call finds it in the cache; a process without one
-    (exporting for CUDA elsewhere) gives 0 bytes and the handler asks XLA's scratch allocator."""
-    try:
-        size = core.get_plan(spec, pass_).workspace_bytes
-    except (CudaError, SetupError):
-        size = 0
-    return jax.ShapeDtypeStruct((size,), jnp.uint8)
-
-
-def _stats_shape(spec):
-    return (spec.batch, spec.heads_q, spec.seq_q)
-
-
-def _inference_call(q, k, v, config):
-    """O alone, for a call nobody differentiates."""
-    layout, options, scale = config
-    text, spec = _spec_text(q, k, v, layout, options, stats=False)
-    workspace = _workspace(spec, "forward")
-    _register()
-    o_type = jax.ShapeDtypeStruct(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype)
-    o, _ = jax.ffi.ffi_call(_INFERENCE, (o_type, workspace))(q, k, v, spec=text, scale=np.float32(scale))
-    return o
-
-
-def _forward_call(q, k, v, config):
-    """O and the softmax statistics [b, h_q, s_q] the backward takes."""
-    layout, options, scale = config
-    text, spec = _spec_text(q, k, v, layout, options)
-    workspace = _workspace(spec, "forward")
-    _register()
-    o_type = jax.ShapeDtypeStruct(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype)
-    stats_type = jax.ShapeDtypeStruct(_stats_shape(spec), jnp.float32)
-    o, stats, _ = jax.ffi.ffi_call(_FORWARD, (o_type, stats_type, workspace))(q, k, v, spec=text,
-                                                                              scale=np.float32(scale))
-    return o, stats
-
-
-def _backward_call(q, k, v, o, stats, d_o, config):
-    """dQ, dK, dV."""
-    layout, options, scale = config
-    text, spec = _spec_text(q, k, v, layout, options)
-    workspace = _workspace(spec, "backward")
-    _register()
-    types = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)) + (workspace,)
-    *grads, _ = jax.ffi.ffi_call(_BACKWARD, types)(q, k, v, o, d_o, stats, spec=text, scale=np.float32(scale))
-    return tuple(grads)
-
-
-# --- the calls as JAX sees them ------------------------------------------------------------------
-# Each kind of call takes and returns arrays in the call's layout and statistics [b, h, s].
-# Under vmap the mapped axis is folded into the batch axis (one call on n·b entries rather than n
-# calls), then split off again; nested vmaps fold in turn. Under a mesh each device calls on its
-# shard of the batch and heads (_jax_partition).
-
-_KERNELS = {"inference": _inference_call, "forward": _forward_call, "backward": _backward_call}
-_STATS = _jax_partition.STATS
-_ROLES = {"inference": (("q", "k", "v"), ("o",)),
-          "forward": (("q", "k", "v"), ("o", _STATS)),
-          "backward": (("q", "k", "v", "o", _STATS, "d_o"), ("d_q", "d_k", "d_v"))}
-
-
-def _batch_axis(role, layout):
-    return 0 if role == _STATS else _layouts.AXES[layout][0]
-
-
-def _fold(x, axis):
-    """[n, ...] with the batch at `axis` of the unmapped array -> that array with n·b entries."""
-    x = jnp.moveaxis(x, 0, axis)
-    return x.reshape(x.shape[:axis] + (x.shape[axis] * x.shape[axis + 1],) + x.shape[axis + 2:])
-
-
-def _unfold(x, n, axis):
-    x = x.reshape(x.shape[:axis] + (n, x.shape[axis] // n) + x.shape[axis + 1:])
-    return jnp.moveaxis(x, axis, 0)
+# The kernel behind each kind of call; tests put plain-JAX references here to check batching and
+# partitioning without a GPU.
+_KERNELS = {kind: functools.partial(_jax_calls.run, kind) for kind in ("inference", "forward", "backward")}
 
 
 @functools.lru_cache(maxsize=None)
-def _call(kind, config):
-    """The call of `kind` ("inference", "forward", "backward") for `config`, as a function of
-    arrays alone, with its batching rule and its partitioning."""
-    inputs, outputs = _ROLES[kind]
-    layout = config[0]
-    single = len(outputs) == 1
-    head_axis = _layouts.AXES[layout][1]
-
-    @jax.custom_batching.custom_vmap
-    def call(*args):
-        heads = (args[0].shape[head_axis], args[1].shape[head_axis])  # q's and k's
-        return _jax_partition.partitioned(_KERNELS.get, kind, config, inputs, outputs, *heads)(*args)
-
-    @call.def_vmap
-    def rule(axis_size, in_batched, *args):
-        args = [x if mapped else jnp.broadcast_to(x, (axis_size,) + x.shape) for x, mapped in zip(args, in_batched)]
-        out = call(*(_fold(x, _batch_axis(role, layout)) for x, role in zip(args, inputs)))
-        out = (out,) if single else out
-        out = tuple(_unfold(y, axis_size, _batch_axis(role, layout)) for y, role in zip(out, outputs))
-        return (out[0], True) if single else (out, (True,) * len(out))
-
-    return call
+def _call(kind, config, heads):
+    """The call of `kind` for `config` and (h_q, h_kv): a function of arrays alone, with its vmap
+    rule and its partitioning."""
+    partitioned = _jax_partition.partitioned(_kernel, kind, config, *heads)
+    return _jax_batching.with_batching(partitioned, kind, config)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _attention(q, k, v, config):
-    return _call("inference", config)(q, k, v)
+def _kernel(kind):
+    return _KERNELS[kind]
 
 
-def _attention_fwd(q, k, v, config):
-    o, stats = _call("forward", config)(q, k, v)
-    return o, (q, k, v, o, stats)
+def _heads(q, k, config):
+    axis = 1 if config.ragged else _layouts.AXES[config.layout][1]
+    return q.shape[axis], k.shape[axis]
+
+
+def _extras(bias, sink, rng, cu_q, cu_kv):
+    return tuple(x for x in (bias, sink, rng, cu_q, cu_kv) if x is not None)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention(config, q, k, v, bias, sink, rng, cu_q, cu_kv):
+    return _call("inference", config, _heads(q, k, config))(q, k, v, *_extras(bias, sink, rng, cu_q, cu_kv))
+
+
+def _attention_fwd(config, q, k, v, bias, sink, rng, cu_q, cu_kv):
+    o, stats = _call("forward", config, _heads(q, k, config))(q, k, v, *_extras(bias, sink, rng, cu_q, cu_kv))
+    return o, (q, k, v, o, stats, bias, sink, rng, cu_q, cu_kv)
 
 
 def _attention_bwd(config, residuals, d_o):
-    q, k, v, o, stats = residuals
-    return tuple(_call("backward", config)(q, k, v, o, stats, d_o.astype(o.dtype)))
+    q, k, v, o, stats, bias, sink, rng, cu_q, cu_kv = residuals
+    grads = _call("backward", config, _heads(q, k, config))(q, k, v, o, stats, d_o.astype(o.dtype),
+                                                            *_extras(bias, sink, rng, cu_q, cu_kv))
+    d_q, d_k, d_v, *rest = grads
+    d_bias = rest.pop(0) if config.bias_grad else (None if bias is None else jnp.zeros_like(bias))
+    d_sink = rest.pop(0) if config.sink else None
+
+    def no_gradient(x):  # integer inputs (dropout's rng, the offsets) take float0 cotangents
+        return None if x is None else jnp.zeros(x.shape, jax.dtypes.float0)
+    return d_q, d_k, d_v, d_bias, d_sink, no_gradient(rng), no_gradient(cu_q), no_gradient(cu_kv)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
+def _dropout_rng(key):
+    """Dropout's Philox seed and offset, as uint32[4] (two int64, low word first): a 63-bit seed
+    drawn from the key, offset 0. The same key gives the same mask, in the backward too."""
+    words = jax.random.bits(key, (2,), jnp.uint32)
+    return jnp.concatenate([words.at[1].set(words[1] & jnp.uint32(0x7FFFFFFF)), jnp.zeros(2, jnp.uint32)])
+
+
 def attention(q, k, v, *, layout: str = "bshd", causal: bool = False, align: str = "top_left",
-              window: Tuple[int, int] = (-1, -1), scale: Optional[float] = None):
-    """Fused attention of q, k, v in `layout` ("bshd", JAX's usual [batch, seq, heads, dim];
-    "sbhd"; "bhsd"). causal / window (left, right; -1 open) and align ("top_left" or
-    "bottom_right") place the mask. GQA/MQA: fewer K/V heads dividing the query heads. Returns O in
-    q's layout. Errors in the arguments raise fusedattn.errors classes while tracing."""
-    if layout not in _layouts.AXES:
-        raise invalid_argument("layout", layout, "one of bshd, sbhd, bhsd")
+              window: Tuple[int, int] = (-1, -1), scale: Optional[float] = None, bias=None, bias_grad: bool = True,
+              alibi: bool = False, softmax: str = "vanilla", sink=None, dropout_rate: float = 0.0,
+              dropout_key=None, deterministic: bool = False, cu_seqlens_q=None, cu_seqlens_kv=None,
+              max_seqlen_q: int = 0, max_seqlen_kv: int = 0):
+    """Fused attention of q, k, v in `layout`: "bshd" (JAX's usual [batch, seq, heads, dim]),
+    "sbhd", "bhsd", or "thd" for packed sequences ([tokens, heads, dim] with cu_seqlens_q and
+    cu_seqlens_kv, int32 [n + 1] cumulative offsets, and max_seqlen_q / max_seqlen_kv, the
+    longest sequences, as Python ints). Returns O in q's layout.
+
+    causal / window (left, right; -1 open) and align ("top_left" or "bottom_right") place the
+    mask. GQA/MQA: fewer K/V heads dividing the query heads. bias: a post-scale bias
+    [b|1, h|1, s_q|1, s_kv], differentiated unless bias_grad=False (then its cotangent is zero).
+    alibi adds ALiBi (with a causal window). softmax: "vanilla", "off_by_one", or "sink" with
+    `sink`, float32 [h_q], learnable. dropout_rate > 0 drops attention probabilities with a mask
+    drawn from dropout_key (a JAX PRNG key): the same key gives the same mask, in the backward and
+    on a later call. deterministic: a bitwise-reproducible backward.
+
+    Errors in the arguments raise fusedattn.errors classes while tracing; where the tracing
+    process has a GPU, an unsupported configuration raises NotSupportedError with every reason.
+    """
+    ragged = layout == "thd"
+    if not ragged and layout not in _layouts.AXES:
+        raise invalid_argument("layout", layout, "one of bshd, sbhd, bhsd, thd")
+    if ragged and (cu_seqlens_q is None or cu_seqlens_kv is None or max_seqlen_q <= 0 or max_seqlen_kv <= 0):
+        raise invalid_argument("cu_seqlens_q", cu_seqlens_q,
+                               "cu_seqlens_q, cu_seqlens_kv (int32 [n + 1]) and max_seqlen_q, max_seqlen_kv with thd")
+    if not ragged and (cu_seqlens_q is not None or cu_seqlens_kv is not None):
+        raise invalid_argument("cu_seqlens_q", "given", "layout='thd' (packed sequences)")
+    if (softmax == "sink") != (sink is not None):
+        raise invalid_argument("sink", "given" if sink is not None else None, "a sink exactly when softmax='sink'")
+    if dropout_rate > 0.0 and dropout_key is None:
+        raise invalid_argument("dropout_key", None, "a JAX PRNG key when dropout_rate > 0")
     if causal:
         window = (window[0], 0)
-    options = f"window={window[0]},{window[1]} align={align}"
+    kind = "none"
+    if bias is not None:
+        if ragged:
+            raise invalid_argument("bias", "given", "a dense layout (no bias with packed sequences)")
+        dims = _layouts.logical(q.shape, _layouts.row_major_strides(q.shape), layout)[0]
+        kind = _options.bias_kind(bias.shape, dims[0], dims[1], dims[2],
+                                  _layouts.logical(k.shape, _layouts.row_major_strides(k.shape), layout)[0][2])
+    options = _options.options_text(window[0], window[1], align, softmax, kind, alibi, deterministic, ragged,
+                                    float(dropout_rate), "")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return _attention(q, k, v, (layout, options, scale))
+    config = _jax_calls.Config(layout=layout, options=options, scale=scale, bias=kind,
+                               bias_grad=bias is not None and bias_grad, sink=sink is not None,
+                               dropout=dropout_rate > 0.0, max_seqlen=(int(max_seqlen_q), int(max_seqlen_kv)))
+    rng = _dropout_rng(dropout_key) if dropout_rate > 0.0 else None
+    as_int32 = (lambda x: None if x is None else jnp.asarray(x, jnp.int32))
+    return _attention(config, q, k, v, bias, None if sink is None else jnp.asarray(sink, jnp.float32), rng,
+                      as_int32(cu_seqlens_q), as_int32(cu_seqlens_kv))

@@ -43,25 +43,25 @@ def test_exported_for_cuda_calls_the_ffi_targets_with_the_spec():
     q = shaped(2, 128, 4, 64)
     loss = jax.jit(jax.grad(lambda q: fj.attention(q, q, q, causal=True).astype(jnp.float32).sum()))
     ours = [jax.export.DisabledSafetyCheck.custom_call(name)
-            for name in ("fusedattn_forward", "fusedattn_inference", "fusedattn_backward")]
+            for name in ("fusedattn_forward", "fusedattn_backward")]
     exported = jax.export.export(loss, platforms=["cuda"], disabled_checks=ours)(q)
     text = exported.mlir_module()
     assert "fusedattn_forward" in text and "fusedattn_backward" in text
     assert "layout=bshd dtype=bf16 b=2 s_q=128 s_kv=128 h_q=4 h_kv=4 d_qk=64 d_v=64 window=-1,0" in text
 
 
-def test_a_call_nobody_differentiates_uses_the_inference_target_without_statistics():
+def test_a_call_nobody_differentiates_writes_no_statistics():
     q = shaped(1, 64, 2, 64)
-    ours = [jax.export.DisabledSafetyCheck.custom_call("fusedattn_inference")]
+    ours = [jax.export.DisabledSafetyCheck.custom_call("fusedattn_forward")]
     text = jax.export.export(jax.jit(lambda q: fj.attention(q, q, q)), platforms=["cuda"],
                              disabled_checks=ours)(q).mlir_module()
-    assert "fusedattn_inference" in text and "fusedattn_forward" not in text and "stats=0" in text
+    assert "stats=0" in text and "stats=1" not in text and "fusedattn_backward" not in text
 
 
 def test_vmap_folds_the_mapped_axis_into_one_call_on_a_larger_batch():
     q = shaped(3, 2, 128, 4, 64)  # vmap over 3, batch 2 -> one call with b = 6
     ours = [jax.export.DisabledSafetyCheck.custom_call(name)
-            for name in ("fusedattn_forward", "fusedattn_inference", "fusedattn_backward")]
+            for name in ("fusedattn_forward", "fusedattn_backward")]
     grad = jax.vmap(jax.grad(lambda q: fj.attention(q, q, q).astype(jnp.float32).sum()))
     text = jax.export.export(jax.jit(grad), platforms=["cuda"], disabled_checks=ours)(q).mlir_module()
     assert text.count("layout=bshd dtype=bf16 b=6 ") == 2 and "b=2 " not in text  # forward and backward
@@ -71,7 +71,7 @@ def test_vmap_folds_the_mapped_axis_into_one_call_on_a_larger_batch():
 
 @pytest.mark.parametrize("layout, axis", [("bshd", 0), ("sbhd", 1), ("bhsd", 0)])
 def test_folding_keeps_each_mapped_element_in_its_own_batch_entries(layout, axis):
-    from fusedattn.jax import _fold, _unfold
+    from fusedattn._jax_batching import fold as _fold, unfold as _unfold
     x = jnp.arange(3 * 4 * 5 * 2 * 6).reshape(3, *((4, 5, 2, 6) if axis == 0 else (5, 4, 2, 6)))  # n=3, b=4
     folded = _fold(x, axis)
     for i in range(3):
@@ -79,3 +79,64 @@ def test_folding_keeps_each_mapped_element_in_its_own_batch_entries(layout, axis
             entry = folded[i * 4 + b] if axis == 0 else folded[:, i * 4 + b]
             assert jnp.array_equal(entry, x[i, b] if axis == 0 else x[i, :, b])
     assert jnp.array_equal(_unfold(folded, 3, axis), x)
+
+
+OURS = [jax.export.DisabledSafetyCheck.custom_call(name) for name in ("fusedattn_forward", "fusedattn_backward")]
+
+
+def exported_text(fn, *args):
+    return jax.export.export(jax.jit(fn), platforms=["cuda"], disabled_checks=OURS)(*args).mlir_module()
+
+
+def test_bias_sink_and_their_gradients_reach_the_spec_and_the_calls():
+    q, k = shaped(2, 64, 4, 64), shaped(2, 80, 4, 64)
+    bias, sink = shaped(1, 4, 64, 80, dtype=jnp.bfloat16), shaped(4, dtype=jnp.float32)
+
+    def loss(q, k, bias, sink):
+        return fj.attention(q, k, k, bias=bias, softmax="sink", sink=sink).astype(jnp.float32).sum()
+    grads = jax.eval_shape(jax.grad(loss, (0, 1, 2, 3)), q, k, bias, sink)
+    assert [g.shape for g in grads] == [q.shape, k.shape, bias.shape, sink.shape]
+    text = exported_text(jax.grad(loss, (2, 3)), q, k, bias, sink)
+    assert "bias=1hss" in text and "softmax=sink" in text and "bias_grad=1" in text
+
+
+def test_dropout_draws_its_seed_from_the_key_and_replays_it():
+    q = shaped(2, 64, 4, 64)
+    key = jax.random.key(42)
+    rng = fj._dropout_rng(key)
+    assert rng.dtype == jnp.uint32 and rng.shape == (4,) and int(rng[1]) < 2 ** 31 and int(rng[2]) == 0
+    assert jnp.array_equal(rng, fj._dropout_rng(key)) and not jnp.array_equal(rng, fj._dropout_rng(jax.random.key(43)))
+    text = exported_text(lambda q: jax.grad(lambda q: fj.attention(q, q, q, dropout_rate=0.1, dropout_key=key)
+                                            .astype(jnp.float32).sum())(q), q)
+    assert "dropout=0.1" in text and text.count("tensor<4xui32>") >= 2  # the same seed into forward and backward
+
+
+def test_packed_sequences_take_cumulative_offsets():
+    q, cu = shaped(300, 8, 64), jax.ShapeDtypeStruct((5,), jnp.int32)  # 4 sequences, 300 tokens
+
+    def attend(q, cu):
+        return fj.attention(q, q, q, layout="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=128,
+                            max_seqlen_kv=128, causal=True)
+    assert jax.eval_shape(attend, q, cu).shape == (300, 8, 64)
+    text = exported_text(lambda q, cu: jax.grad(lambda q: attend(q, cu).astype(jnp.float32).sum())(q), q, cu)
+    assert "layout=thd_thd_thd dtype=bf16 b=4 s_q=128 s_kv=128" in text and "sequences = 4" in text
+
+
+def test_vmap_of_a_call_with_dropout_runs_per_element():
+    q = shaped(3, 2, 64, 4, 64)
+    key = jax.random.key(0)
+    text = exported_text(jax.vmap(lambda q: fj.attention(q, q, q, dropout_rate=0.2, dropout_key=key)), q)
+    assert "b=2 " in text and "b=6 " not in text  # each element its own call, with the key's own mask
+
+
+def test_argument_errors_name_the_field():
+    q = shaped(2, 64, 4, 64)
+    with pytest.raises(fusedattn.InvalidArgumentError) as caught:
+        jax.eval_shape(lambda q: fj.attention(q, q, q, dropout_rate=0.1), q)
+    assert caught.value.field == "dropout_key"
+    with pytest.raises(fusedattn.InvalidArgumentError) as caught:
+        jax.eval_shape(lambda q: fj.attention(q, q, q, softmax="sink"), q)
+    assert caught.value.field == "sink"
+    with pytest.raises(fusedattn.InvalidArgumentError) as caught:
+        jax.eval_shape(lambda q: fj.attention(q, q, q, layout="thd"), shaped(64, 4, 64))
+    assert caught.value.field == "cu_seqlens_q"

@@ -150,3 +150,71 @@ def test_sharded_over_gpus_matches_one_gpu():
     assert abs(float(one[0]) - float(sharded[0])) <= 1e-3 * abs(float(one[0]))
     for a, b in zip(one[1], sharded[1]):
         assert rel(b, a) < 1e-3  # the same kernels on the same rows: only the order of sums may differ
+
+
+def test_bias_and_its_gradient_match_xla_with_the_same_bias():
+    q, k, v = random_qkv(jnp.bfloat16, shape_q=(2, 160, 4, 64), heads_kv=4, seed=21)
+    for bias_shape in ((2, 4, 160, 160), (1, 4, 160, 160)):  # bhss, 1hss
+        bias = jax.random.normal(jax.random.key(22), bias_shape).astype(jnp.bfloat16)
+        d_o = jax.random.uniform(jax.random.key(23), q.shape, minval=-1, maxval=1)
+
+        def ours(q, k, v, bias):
+            return (fj.attention(q, k, v, bias=bias, causal=True).astype(jnp.float32) * d_o).sum()
+
+        def reference(q, k, v, bias):
+            f32 = [x.astype(jnp.float32) for x in (q, k, v, bias)]
+            return (jax.nn.dot_product_attention(*f32[:3], bias=f32[3], is_causal=True, implementation="xla")
+                    * d_o).sum()
+        grads = jax.jit(jax.grad(ours, (0, 1, 2, 3)))(q, k, v, bias)
+        ref = jax.grad(reference, (0, 1, 2, 3))(q, k, v, bias)
+        for g, r in zip(grads, ref):
+            assert rel(g, r) < TOLERANCE[jnp.bfloat16], bias_shape
+
+
+def test_sink_softmax_and_its_gradient():
+    q, k, v = random_qkv(jnp.float16, shape_q=(1, 130, 4, 64), heads_kv=2, seed=31)
+    sink = jax.random.normal(jax.random.key(32), (4,))
+
+    def reference(q, k, v, sink):
+        q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+        k, v = (jnp.repeat(x, 2, axis=2) for x in (k, v))
+        logits = jnp.einsum("bshd,bthd->bhst", q, k) / 8.0
+        logits = jnp.concatenate([logits, jnp.broadcast_to(sink[None, :, None, None], logits.shape[:3] + (1,))], -1)
+        p = jax.nn.softmax(logits, axis=-1)[..., :-1]  # the sink takes its share and no value
+        return jnp.einsum("bhst,bthd->bshd", p, v)
+
+    out = jax.jit(lambda q, k, v, s: fj.attention(q, k, v, softmax="sink", sink=s))(q, k, v, sink)
+    assert rel(out, reference(q, k, v, sink)) < TOLERANCE[jnp.float16]
+    d_sink = jax.grad(lambda s: fj.attention(q, k, v, softmax="sink", sink=s).astype(jnp.float32).sum())(sink)
+    ref_d_sink = jax.grad(lambda s: reference(q, k, v, s).sum())(sink)
+    assert rel(d_sink, ref_d_sink) < 1e-2
+
+
+def test_dropout_replays_with_the_key_and_the_backward_uses_the_forward_mask():
+    q, k, v = random_qkv(jnp.bfloat16, shape_q=(2, 300, 4, 64), heads_kv=4, seed=41)
+    d_o = jax.random.uniform(jax.random.key(42), q.shape, minval=-1, maxval=1).astype(jnp.bfloat16)
+
+    def step(q, k, v, key):
+        out, pullback = jax.vjp(lambda q, k, v: fj.attention(q, k, v, dropout_rate=0.2, dropout_key=key), q, k, v)
+        return out, pullback(d_o)
+    step = jax.jit(step)
+    out, grads = step(q, k, v, jax.random.key(7))
+    again, _ = step(q, k, v, jax.random.key(7))
+    other, _ = step(q, k, v, jax.random.key(8))
+    assert jnp.array_equal(out, again) and not jnp.array_equal(out, other)
+    # With the forward's mask, sum(dV * V) = sum(dO * O) holds exactly (up to rounding).
+    lhs = float((grads[2].astype(jnp.float32) * v.astype(jnp.float32)).sum())
+    rhs = float((d_o.astype(jnp.float32) * out.astype(jnp.float32)).sum())
+    assert abs(lhs - rhs) < 1e-2 * max(1.0, abs(rhs))
+
+
+def test_packed_sequences_match_each_sequence_alone():
+    lengths = [37, 128, 1, 200]
+    cu = jnp.array([0] + list(jnp.cumsum(jnp.array(lengths))), jnp.int32)
+    q, k, v = (x.reshape(-1, 4, 64) for x in random_qkv(jnp.bfloat16, shape_q=(1, sum(lengths), 4, 64), heads_kv=4))
+    out = jax.jit(lambda q, k, v, cu: fj.attention(q, k, v, layout="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                                                   max_seqlen_q=200, max_seqlen_kv=200, causal=True))(q, k, v, cu)
+    for start, n in zip(cu[:-1].tolist(), lengths):
+        piece = slice(start, start + n)
+        ref = xla_attention(q[None, piece], k[None, piece], v[None, piece], causal=True)[0]
+        assert rel(out[piece], ref) < TOLERANCE[jnp.bfloat16], n

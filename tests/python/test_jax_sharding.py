@@ -17,7 +17,7 @@ import jax, jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 import fusedattn.jax as fj
 
-LAYOUT, H_KV = sys.argv[1], int(sys.argv[2])
+LAYOUT, H_KV, WITH_BIAS = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "bias"
 SHARDED = []  # (kind, q shape) each reference kernel was called with
 
 
@@ -29,33 +29,37 @@ def from_bshd(x):
     return to_bshd(x)
 
 
-def ref_forward(q, k, v, config):
-    layout, options, scale = config
+def ref_forward(q, k, v, config, bias=None):
     q, k, v = (to_bshd(x).astype(jnp.float32) for x in (q, k, v))
     group = q.shape[2] // k.shape[2]
     k, v = (jnp.repeat(x, group, axis=2) for x in (k, v))
-    logits = jnp.einsum("bshd,bthd->bhst", q, k) * scale
-    if "window=-1,0" in options:
+    logits = jnp.einsum("bshd,bthd->bhst", q, k) * config.scale
+    if bias is not None:
+        logits = logits + bias
+    if "window=-1,0" in config.options:
         logits = jnp.where(jnp.tril(jnp.ones(logits.shape[-2:], bool)), logits, -jnp.inf)
     stats = jax.nn.logsumexp(logits, axis=-1)
     o = jnp.einsum("bhst,bthd->bshd", jnp.exp(logits - stats[..., None]), v)
     return from_bshd(o), stats
 
 
-def forward(q, k, v, config):
+def forward(config, q, k, v, *extras):
     SHARDED.append(("forward", q.shape))
-    return ref_forward(q, k, v, config)
+    return ref_forward(q, k, v, config, *extras)
 
 
-def inference(q, k, v, config):
+def inference(config, q, k, v, *extras):
     SHARDED.append(("inference", q.shape))
-    return ref_forward(q, k, v, config)[0]
+    return ref_forward(q, k, v, config, *extras)[0]
 
 
-def backward(q, k, v, o, stats, d_o, config):
+def backward(config, q, k, v, o, stats, d_o, *extras):
     SHARDED.append(("backward", q.shape))
-    _, pullback = jax.vjp(lambda q, k, v: ref_forward(q, k, v, config)[0], q, k, v)
-    return pullback(d_o)
+    if not extras:
+        _, pullback = jax.vjp(lambda q, k, v: ref_forward(q, k, v, config)[0], q, k, v)
+        return pullback(d_o)
+    _, pullback = jax.vjp(lambda q, k, v, bias: ref_forward(q, k, v, config, bias)[0], q, k, v, *extras)
+    return pullback(d_o)  # with the bias's gradient
 
 
 fj._KERNELS.update(forward=forward, inference=inference, backward=backward)
@@ -63,38 +67,46 @@ mesh = jax.make_mesh((2, 4), ("data", "model"))
 b, s, h_q, h_kv, d = 4, 32, 8, H_KV, 16
 shape = {"bshd": lambda h: (b, s, h, d), "sbhd": lambda h: (s, b, h, d)}[LAYOUT]
 spec = P("data", None, "model", None) if LAYOUT == "bshd" else P(None, "data", "model", None)
-keys = jax.random.split(jax.random.key(0), 4)
+keys = jax.random.split(jax.random.key(0), 5)
 q, k, v = (jax.random.normal(key, shape(h)) for key, h in zip(keys, (h_q, h_kv, h_kv)))
 d_o = jax.random.normal(keys[3], shape(h_q))
 kv_spec = spec if H_KV % 4 == 0 else P(*(None if axis == "model" else axis for axis in spec))  # whole heads
 sharded = [jax.device_put(x, NamedSharding(mesh, sp)) for x, sp in zip((q, k, v, d_o), (spec, kv_spec, kv_spec, spec))]
 
-def attend(q, k, v):
-    return fj.attention(q, k, v, layout=LAYOUT, causal=True)
+bias = jax.random.normal(keys[4], (b, h_q, s, s)) if WITH_BIAS else None  # bhss: split like q
+sharded_bias = jax.device_put(bias, NamedSharding(mesh, P("data", "model", None, None))) if WITH_BIAS else None
 
-def loss(q, k, v, d_o):
-    return (attend(q, k, v) * d_o).sum()
+
+def attend(q, k, v, bias=None):
+    return fj.attention(q, k, v, layout=LAYOUT, causal=True, bias=bias)
+
+
+def loss(q, k, v, d_o, bias=None):
+    return (attend(q, k, v, bias) * d_o).sum()
+
 
 forward_fn = jax.jit(attend)
-grad_fn = jax.jit(jax.grad(loss, (0, 1, 2)))
-out = forward_fn(*sharded[:3])
-grads = grad_fn(*sharded)
-texts = [forward_fn.lower(*sharded[:3]).compile().as_text(), grad_fn.lower(*sharded).compile().as_text()]
-ref_out = ref_forward(q, k, v, ("", "window=-1,0", 1 / d ** 0.5))[0]
-ref_grads = jax.grad(lambda q, k, v: (ref_forward(q, k, v, ("", "window=-1,0", 1 / d ** 0.5))[0] * d_o).sum(),
-                     (0, 1, 2))(q, k, v)
+grad_fn = jax.jit(jax.grad(loss, (0, 1, 2, 4) if WITH_BIAS else (0, 1, 2)))
+out = forward_fn(*sharded[:3], sharded_bias)
+grads = grad_fn(*sharded, sharded_bias)
+texts = [forward_fn.lower(*sharded[:3], sharded_bias).compile().as_text(),
+         grad_fn.lower(*sharded, sharded_bias).compile().as_text()]
+config = fj._jax_calls.Config(layout=LAYOUT, options="window=-1,0", scale=1 / d ** 0.5)
+ref_out = ref_forward(q, k, v, config, bias)[0]
+ref_grads = jax.grad(lambda q, k, v, bias: (ref_forward(q, k, v, config, bias)[0] * d_o).sum(),
+                     (0, 1, 2, 3) if WITH_BIAS else (0, 1, 2))(q, k, v, bias)
 print("OUT_ERR", float(jnp.abs(out - ref_out).max()))
 print("GRAD_ERR", max(float(jnp.abs(g - r).max()) for g, r in zip(grads, ref_grads)))
-print("OUT_SPEC", out.sharding.spec == spec, [g.sharding.spec == spec for g in grads])
+print("OUT_SPEC", out.sharding.spec == spec, [g.sharding.spec == spec for g in grads[:3]])
 print("GATHERS", sum(t.count("all-gather") + t.count("all-to-all") + t.count("collective-permute") for t in texts))
 print("SHARD_SHAPES", sorted(set(SHARDED)))
 """
 
 
-def run_child(layout, h_kv):
+def run_child(layout, h_kv, bias=False):
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    done = subprocess.run([sys.executable, "-c", CHILD, layout, str(h_kv)], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", CHILD, layout, str(h_kv), "bias" if bias else "none"], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
@@ -116,3 +128,9 @@ def test_data_and_head_sharding_partitions_without_gathering(layout):
 def test_heads_the_kv_heads_cannot_follow_are_gathered_and_still_right():
     lines, out = run_child("bshd", h_kv=1)  # MQA: one K/V head cannot be split 4 ways
     assert "('forward', (2, 32, 8, 16))" in lines["SHARD_SHAPES"], out  # batch split, heads whole
+
+
+def test_a_bias_is_split_with_the_batch_and_heads_it_has():
+    lines, out = run_child("bshd", h_kv=4, bias=True)
+    assert lines["GATHERS"] == "0", out
+    assert "('backward', (2, 32, 2, 16))" in lines["SHARD_SHAPES"], out

@@ -1,0 +1,128 @@
+"""fusedattn.jax's calls into the core: what each call takes and returns, its spec, and the XLA
+FFI custom call itself (python/bindings/jax_ffi.cpp handles them).
+
+A call's arrays come in a fixed order with roles, decided by its Config (the handler reads the
+same order from the spec):
+    inference, forward: q, k, v, [bias], [sink], [rng], [cu_seqlens_q, cu_seqlens_kv]
+    backward:           q, k, v, o, stats, d_o, then the same optional ones
+and it returns o (inference), o and stats (forward), or d_q, d_k, d_v, [d_bias], [d_sink]
+(backward); every call also returns its workspace, which the kernels drop.
+"""
+import dataclasses
+from typing import Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _core as core
+from . import _layouts
+from .errors import CudaError, SetupError, invalid_argument
+
+FORWARD, BACKWARD = "fusedattn_forward", "fusedattn_backward"
+STATS = "stats"
+_BATCHED_BIAS = ("bhss", "b1ss")  # bias kinds that have a batch dim
+_HEADED_BIAS = ("bhss", "1hss")   # bias kinds that have a heads dim
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """What fixes a call's spec beyond the arrays' shapes (hashable: calls are cached by it)."""
+    layout: str                # bshd, sbhd, bhsd, or thd (packed sequences)
+    options: str               # the spec string's options (window, align, softmax, bias, ...)
+    scale: float
+    bias: str = "none"         # the bias kind, or none
+    bias_grad: bool = False    # the backward also returns dBias
+    sink: bool = False         # softmax with a learnable sink: float32 [h_q] in, dSink out
+    dropout: bool = False      # dropout: the Philox seed and offset come as rng, uint32[4]
+    max_seqlen: Tuple[int, int] = (0, 0)  # thd: the longest query and key sequence
+
+    @property
+    def ragged(self):
+        return self.layout == "thd"
+
+    def inputs(self, kind):
+        fixed = ("q", "k", "v") if kind != "backward" else ("q", "k", "v", "o", STATS, "d_o")
+        return (fixed + (("bias",) if self.bias != "none" else ()) + (("sink",) if self.sink else ())
+                + (("rng",) if self.dropout else ()) + (("cu_q", "cu_kv") if self.ragged else ()))
+
+    def outputs(self, kind):
+        if kind == "inference":
+            return ("o",)
+        if kind == "forward":
+            return ("o", STATS)
+        return ("d_q", "d_k", "d_v") + (("d_bias",) if self.bias_grad else ()) + (("d_sink",) if self.sink else ())
+
+
+def register():
+    """Registers the handlers and their state type with XLA for CUDA, once per process."""
+    if getattr(register, "done", False):
+        return
+    from . import _jax_ffi
+    jax.ffi.register_ffi_type("fusedattn_plan_state", _jax_ffi.plan_state_type(), platform="CUDA")
+    for name, stages in _jax_ffi.handlers().items():
+        jax.ffi.register_ffi_target(name, stages, platform="CUDA")
+    register.done = True
+
+
+def _spec(q, k, v, config, sequences, stats, bias_grad=False):
+    """The spec of a call on these (row-major) arrays, validated: bad input fails at trace time."""
+    dtype = _layouts.DTYPES.get(jnp.dtype(q.dtype).name)
+    if dtype is None:
+        raise invalid_argument("q.dtype", q.dtype, "float16 or bfloat16")
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype != q.dtype:
+            raise invalid_argument(f"{name}.dtype", x.dtype, f"q's ({q.dtype})")
+    o_shape = tuple(q.shape[:-1]) + (v.shape[-1],)
+    max_q, max_kv = config.max_seqlen
+
+    def described(shape, max_seq):  # JAX arrays are dense and row-major
+        logical = _layouts.logical(shape, _layouts.row_major_strides(shape), config.layout, sequences, max_seq)
+        return _layouts.desc(dtype, logical)
+    descs = " ".join(f"{name}={described(shape, max_seq)}" for name, shape, max_seq in
+                     (("q", q.shape, max_q), ("k", k.shape, max_kv), ("v", v.shape, max_kv), ("o", o_shape, max_q)))
+    text = f"{descs} {config.options} stats={int(stats)}" + (" bias_grad=1" if bias_grad else "")
+    spec = core.Spec.parse(text)
+    spec.validate()
+    return str(spec), spec
+
+
+def _workspace(spec, pass_):
+    """The workspace result of a call: uint8 [bytes the plan needs], so XLA plans the memory.
+    Where this process has a GPU the plan is built here, while tracing (raising NotSupportedError
+    with every reason), and the compiled call finds it in the cache; a process without one
+    (exporting for CUDA elsewhere) gives 0 bytes and the handler asks XLA's scratch allocator."""
+    try:
+        size = core.get_plan(spec, pass_).workspace_bytes
+    except (CudaError, SetupError):
+        size = 0
+    return jax.ShapeDtypeStruct((size,), jnp.uint8)
+
+
+def _stats_type(q, config):
+    """float32 statistics: [b, h_q, s_q], or [t, h_q] (by token) for packed sequences."""
+    if config.ragged:
+        return jax.ShapeDtypeStruct((q.shape[0], q.shape[1]), jnp.float32)
+    dims = _layouts.logical(q.shape, _layouts.row_major_strides(q.shape), config.layout)[0]
+    return jax.ShapeDtypeStruct(dims[:3], jnp.float32)
+
+
+def run(kind, config, *arrays):
+    """The custom call of `kind` ("inference", "forward" or "backward") on `arrays` (in the roles
+    Config.inputs gives); its results in the roles Config.outputs gives (one array for inference)."""
+    named = dict(zip(config.inputs(kind), arrays))
+    q, k, v = named["q"], named["k"], named["v"]
+    sequences = named["cu_q"].shape[0] - 1 if config.ragged else 0
+    backward = kind == "backward"
+    text, spec = _spec(q, k, v, config, sequences, stats=kind != "inference", bias_grad=backward and config.bias_grad)
+    workspace = _workspace(spec, "backward" if backward else "forward")
+    register()
+    types = {"o": jax.ShapeDtypeStruct(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype), STATS: _stats_type(q, config)}
+    for role, source in (("d_q", "q"), ("d_k", "k"), ("d_v", "v"), ("d_bias", "bias"), ("d_sink", "sink")):
+        if source in named:
+            types[role] = jax.ShapeDtypeStruct(named[source].shape, named[source].dtype)
+    outputs = config.outputs(kind)
+    results = jax.ffi.ffi_call(BACKWARD if backward else FORWARD, tuple(types[r] for r in outputs) + (workspace,))(
+        *arrays, spec=text, sequences=np.int64(sequences), scale=np.float32(config.scale))
+    results = results[:-1]
+    return results[0] if len(outputs) == 1 else tuple(results)
