@@ -14,10 +14,12 @@ pytest.importorskip("fusedattn._jax_ffi", reason="the XLA FFI handlers were not 
 CHILD = r"""
 import sys
 import jax, jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 import fusedattn.jax as fj
 
-LAYOUT, H_KV, WITH_BIAS = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "bias"
+LAYOUT, H_KV, EXTRA = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+WITH_BIAS = EXTRA == "bias"
 SHARDED = []  # (kind, q shape) each reference kernel was called with
 
 
@@ -43,23 +45,32 @@ def ref_forward(q, k, v, config, bias=None):
     return from_bshd(o), stats
 
 
-def forward(config, q, k, v, *extras):
-    SHARDED.append(("forward", q.shape))
-    return ref_forward(q, k, v, config, *extras)
+def named(config, kind, arrays):
+    return dict(zip(config.inputs(kind), arrays))
 
 
-def inference(config, q, k, v, *extras):
-    SHARDED.append(("inference", q.shape))
-    return ref_forward(q, k, v, config, *extras)[0]
+def forward(config, *arrays):
+    a = named(config, "forward", arrays)
+    SHARDED.append(("forward", a["q"].shape))
+    o, stats = ref_forward(a["q"], a["k"], a["v"], config, a.get("bias"))
+    if config.dropout:  # no mask here: the output shows the offset each shard was given
+        o = o + a["rng"][2].astype(o.dtype)
+    return o, stats
 
 
-def backward(config, q, k, v, o, stats, d_o, *extras):
-    SHARDED.append(("backward", q.shape))
-    if not extras:
-        _, pullback = jax.vjp(lambda q, k, v: ref_forward(q, k, v, config)[0], q, k, v)
-        return pullback(d_o)
-    _, pullback = jax.vjp(lambda q, k, v, bias: ref_forward(q, k, v, config, bias)[0], q, k, v, *extras)
-    return pullback(d_o)  # with the bias's gradient
+def inference(config, *arrays):
+    return forward(config, *arrays)[0]
+
+
+def backward(config, *arrays):
+    a = named(config, "backward", arrays)
+    SHARDED.append(("backward", a["q"].shape))
+    if "bias" not in a:
+        _, pullback = jax.vjp(lambda q, k, v: ref_forward(q, k, v, config)[0], a["q"], a["k"], a["v"])
+        return pullback(a["d_o"])
+    _, pullback = jax.vjp(lambda q, k, v, bias: ref_forward(q, k, v, config, bias)[0], a["q"], a["k"], a["v"],
+                          a["bias"])
+    return pullback(a["d_o"])  # with the bias's gradient
 
 
 fj._KERNELS.update(forward=forward, inference=inference, backward=backward)
@@ -100,13 +111,19 @@ print("GRAD_ERR", max(float(jnp.abs(g - r).max()) for g, r in zip(grads, ref_gra
 print("OUT_SPEC", out.sharding.spec == spec, [g.sharding.spec == spec for g in grads[:3]])
 print("GATHERS", sum(t.count("all-gather") + t.count("all-to-all") + t.count("collective-permute") for t in texts))
 print("SHARD_SHAPES", sorted(set(SHARDED)))
+if EXTRA == "dropout":  # the offset each device's shard was given, read back from the output
+    dropped = jax.jit(lambda q, k, v: fj.attention(q, k, v, layout=LAYOUT, causal=True, dropout_rate=0.1,
+                                                   dropout_key=jax.random.key(1)))(*sharded[:3])
+    offsets = np.rint(np.asarray(dropped - out)).astype(int)
+    per_shard = sorted({int(offsets[i * 2, 0, j * 2, 0]) for i in range(2) for j in range(4)})
+    print("OFFSETS", per_shard)
 """
 
 
-def run_child(layout, h_kv, bias=False):
+def run_child(layout, h_kv, extra="none"):
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    done = subprocess.run([sys.executable, "-c", CHILD, layout, str(h_kv), "bias" if bias else "none"], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", CHILD, layout, str(h_kv), extra], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
@@ -131,6 +148,11 @@ def test_heads_the_kv_heads_cannot_follow_are_gathered_and_still_right():
 
 
 def test_a_bias_is_split_with_the_batch_and_heads_it_has():
-    lines, out = run_child("bshd", h_kv=4, bias=True)
+    lines, out = run_child("bshd", h_kv=4, extra="bias")
     assert lines["GATHERS"] == "0", out
     assert "('backward', (2, 32, 2, 16))" in lines["SHARD_SHAPES"], out
+
+
+def test_dropout_gives_every_shard_its_own_offset():
+    lines, out = run_child("bshd", h_kv=4, extra="dropout")
+    assert lines["OFFSETS"] == str(list(range(8))), out  # 2 data x 4 model shards, offsets 0..7
