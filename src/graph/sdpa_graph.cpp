@@ -66,12 +66,15 @@ fe::graph::Tensor_attributes stats_tensor(const AttentionSpec& spec) {
 }
 
 // Ragged offsets: int64 [b + 1] element offsets of each sequence's first token, one tensor per
-// placement (Q, K, V, O and the statistics); dO, dQ, dK and dV reuse their forward tensor's.
+// placement (Q, K, V, O and the statistics); dO, dQ, dK and dV reuse their forward tensor's. The
+// statistics' offsets exist only where the graph has ragged statistics (`with_stats`): an
+// offsets tensor that nothing uses is dropped by cuDNN, and its pointer would then be one too many.
 struct RaggedOffsets {
   TensorPtr q, k, v, o, stats;
 };
 
-RaggedOffsets ragged_offsets(fe::graph::Graph& graph, const AttentionSpec& spec, std::vector<std::int64_t>& uids) {
+RaggedOffsets ragged_offsets(fe::graph::Graph& graph, const AttentionSpec& spec, bool with_stats,
+                             std::vector<std::int64_t>& uids) {
   RaggedOffsets out;
   auto offsets = [&](const char* name, Uid uid) {
     uids.push_back(uid);
@@ -85,7 +88,7 @@ RaggedOffsets ragged_offsets(fe::graph::Graph& graph, const AttentionSpec& spec,
   if (spec.ragged_q()) {
     out.q = offsets("offset_q", kUidOffsetQ);
     out.o = offsets("offset_o", kUidOffsetO);
-    out.stats = offsets("offset_stats", kUidOffsetStats);
+    if (with_stats) out.stats = offsets("offset_stats", kUidOffsetStats);
   }
   if (spec.ragged_kv()) {
     out.k = offsets("offset_k", kUidOffsetK);
@@ -239,7 +242,8 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionSpec& spec, fe::A
                         .set_implementation(implementation);
   apply_window(attributes, spec);
   uids = {kUidQ, kUidK, kUidV, kUidO, kUidScale};
-  const RaggedOffsets offsets = ragged_offsets(*graph, spec, uids);
+  const bool wants_max = spec.max_logit != MaxLogit::none;  // then the statistics are formed outside
+  const RaggedOffsets offsets = ragged_offsets(*graph, spec, spec.stats && !wants_max, uids);
   place(q, offsets.q);
   place(k, offsets.k);
   place(v, offsets.v);
@@ -260,7 +264,6 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionSpec& spec, fe::A
     attributes.set_rng_dump(mask);
     uids.push_back(kUidDropoutMask);
   }
-  const bool wants_max = spec.max_logit != MaxLogit::none;
   if (wants_max) {
     // cuDNN's softmax gives either the statistics or each row's max and sum of exponentials, not
     // both; with a max logit it gives the latter and the execution layer forms the statistics
@@ -300,7 +303,7 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionSpec& spec, std:
                         .set_deterministic_algorithm(spec.deterministic);
   apply_window(attributes, spec);
   uids = {kUidQ, kUidK, kUidV, kUidO, kUidStats, kUidScale, kUidDO, kUidDQ, kUidDK, kUidDV};
-  const RaggedOffsets offsets = ragged_offsets(*graph, spec, uids);
+  const RaggedOffsets offsets = ragged_offsets(*graph, spec, /*with_stats=*/true, uids);
   place(q, offsets.q);
   place(k, offsets.k);
   place(v, offsets.v);

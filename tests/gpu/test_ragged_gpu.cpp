@@ -45,6 +45,7 @@ std::vector<Case> ragged_cases() {
       {"thd_d192_128_bf16", "layout=thd_thd_thd dtype=bf16 b=3 s_q=200 s_kv=300 h_q=4 h_kv=1 d_qk=192 d_v=128"},
       {"thd_deterministic_bf16", "layout=thd_thd_thd dtype=bf16" + gqa + " causal deterministic=1"},
       {"thd_many_sequences_bf16", "layout=thd_thd_thd dtype=bf16 b=17 s_q=129 s_kv=129 h=4 d=64 causal"},
+      {"thd_inference_bf16", "layout=thd_thd_thd dtype=bf16" + gqa + " causal stats=0"},  // no ragged statistics
       {"t3hd_causal_bf16", "layout=t3hd dtype=bf16 b=4 s=400 h=4 d=128 causal"},
       {"th3d_f16", "layout=th3d dtype=f16 b=4 s=400 h=4 d=64"},
       {"thd_t2hd_bf16", "layout=thd_t2hd dtype=bf16" + gqa + " causal"},
