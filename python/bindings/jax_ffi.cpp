@@ -169,9 +169,9 @@ void count_capture(cudaStream_t stream) {
 
 // The operands and results of a call, in this order (fusedattn/jax.py builds them the same way);
 // which optional ones are there follows from the spec:
-//   forward:  q, k, v, [bias], [sink], [rng], [cu_seqlens_q, cu_seqlens_kv]
-//             -> o, [stats], workspace
-//   backward: q, k, v, o, stats, d_o, [bias], [sink], [rng], [cu_seqlens_q, cu_seqlens_kv]
+//   forward:  q, k, v, [bias], [sink], [rng], [seq_len_q, seq_len_kv], [cu_seqlens_q, cu_seqlens_kv],
+//             [page_table_k, page_table_v] -> o, [stats], workspace
+//   backward: q, k, v, o, stats, d_o, then the same optional ones (never paged)
 //             -> d_q, d_k, d_v, [d_bias], [d_sink], workspace
 // rng is uint32[4]: Philox seed and offset as two int64 (JAX has no 64-bit integers by default).
 class Operands {
@@ -214,6 +214,10 @@ void take_optional_inputs(const fa::AttentionSpec& spec, Operands& in, Tensors& 
     t.dropout_seed = rng;
     t.dropout_offset = rng + 1;
   }
+  if (spec.padding && !is_ragged(spec)) {
+    t.seq_len_q = static_cast<const std::int32_t*>(in.arg());
+    t.seq_len_kv = static_cast<const std::int32_t*>(in.arg());
+  }
   if (is_ragged(spec)) {
     t.ragged.sequences = sequences;
     t.ragged.cu_seqlens_q = static_cast<const std::int32_t*>(in.arg());
@@ -238,6 +242,8 @@ ffi::Error run_forward(cudaStream_t stream, ffi::ScratchAllocator scratch, std::
     t.k = io.arg();
     t.v = io.arg();
     take_optional_inputs(spec, io, t, sequences);
+    t.page_table_k = static_cast<const std::int32_t*>(io.arg_if(spec.kv_pages > 0));
+    t.page_table_v = static_cast<const std::int32_t*>(io.arg_if(spec.kv_pages > 0));
     t.o = io.ret();
     t.stats = static_cast<float*>(io.ret_if(spec.stats));
     if (!io.all_taken()) return mismatch(spec);

@@ -3,8 +3,9 @@ FFI custom call itself (python/bindings/jax_ffi.cpp handles them).
 
 A call's arrays come in a fixed order with roles, decided by its Config (the handler reads the
 same order from the spec):
-    inference, forward: q, k, v, [bias], [sink], [rng], [cu_seqlens_q, cu_seqlens_kv]
-    backward:           q, k, v, o, stats, d_o, then the same optional ones
+    inference, forward: q, k, v, [bias], [sink], [rng], [seq_len_q, seq_len_kv],
+                        [cu_seqlens_q, cu_seqlens_kv], [page_table_k, page_table_v]
+    backward:           q, k, v, o, stats, d_o, then the same optional ones (never paged)
 and it returns o (inference), o and stats (forward), or d_q, d_k, d_v, [d_bias], [d_sink]
 (backward); every call also returns its workspace, which the kernels drop.
 """
@@ -36,6 +37,9 @@ class Config:
     sink: bool = False         # softmax with a learnable sink: float32 [h_q] in, dSink out
     dropout: bool = False      # dropout: the Philox seed and offset come as rng, uint32[4]
     max_seqlen: Tuple[int, int] = (0, 0)  # thd: the longest query and key sequence
+    padding: bool = False      # runtime lengths seq_len_q, seq_len_kv (int32 [b]) of a dense or paged call
+    pages: int = 0             # paged K/V: pages a sequence (the page tables' width); k, v are the pools
+    cache_layout: str = ""     # paged: the pools' layout (bshd or sbhd)
 
     @property
     def ragged(self):
@@ -44,7 +48,9 @@ class Config:
     def inputs(self, kind):
         fixed = ("q", "k", "v") if kind != "backward" else ("q", "k", "v", "o", STATS, "d_o")
         return (fixed + (("bias",) if self.bias != "none" else ()) + (("sink",) if self.sink else ())
-                + (("rng",) if self.dropout else ()) + (("cu_q", "cu_kv") if self.ragged else ()))
+                + (("rng",) if self.dropout else ()) + (("seq_len_q", "seq_len_kv") if self.padding else ())
+                + (("cu_q", "cu_kv") if self.ragged else ())
+                + (("page_table_k", "page_table_v") if self.pages else ()))
 
     def outputs(self, kind):
         if kind == "inference":
@@ -76,12 +82,15 @@ def _spec(q, k, v, config, sequences, stats, bias_grad=False):
     o_shape = tuple(q.shape[:-1]) + (v.shape[-1],)
     max_q, max_kv = config.max_seqlen
 
-    def described(shape, max_seq):  # JAX arrays are dense and row-major
-        logical = _layouts.logical(shape, _layouts.row_major_strides(shape), config.layout, sequences, max_seq)
+    def described(shape, layout, max_seq):  # JAX arrays are dense and row-major
+        logical = _layouts.logical(shape, _layouts.row_major_strides(shape), layout, sequences, max_seq)
         return _layouts.desc(dtype, logical)
-    descs = " ".join(f"{name}={described(shape, max_seq)}" for name, shape, max_seq in
-                     (("q", q.shape, max_q), ("k", k.shape, max_kv), ("v", v.shape, max_kv), ("o", o_shape, max_q)))
-    text = f"{descs} {config.options} stats={int(stats)}" + (" bias_grad=1" if bias_grad else "")
+    kv_layout = config.cache_layout if config.pages else config.layout  # paged: k and v are the pools
+    descs = " ".join(f"{name}={described(shape, layout, max_seq)}" for name, shape, layout, max_seq in
+                     (("q", q.shape, config.layout, max_q), ("k", k.shape, kv_layout, max_kv),
+                      ("v", v.shape, kv_layout, max_kv), ("o", o_shape, config.layout, max_q)))
+    text = (f"{descs} {config.options} stats={int(stats)}" + (" bias_grad=1" if bias_grad else "")
+            + (f" kv_pages={config.pages}" if config.pages else ""))
     spec = core.Spec.parse(text)
     spec.validate()
     return str(spec), spec
@@ -112,7 +121,8 @@ def run(kind, config, *arrays):
     Config.inputs gives); its results in the roles Config.outputs gives (one array for inference)."""
     named = dict(zip(config.inputs(kind), arrays))
     q, k, v = named["q"], named["k"], named["v"]
-    sequences = named["cu_q"].shape[0] - 1 if config.ragged else 0
+    sequences = (named["cu_q"].shape[0] - 1 if config.ragged
+                 else named["page_table_k"].shape[0] if config.pages else 0)
     backward = kind == "backward"
     text, spec = _spec(q, k, v, config, sequences, stats=kind != "inference", bias_grad=backward and config.bias_grad)
     workspace = _workspace(spec, "backward" if backward else "forward")

@@ -5,7 +5,8 @@ heads (data- and head-parallel), so q, k and v are never gathered. A call needs 
 and whole head dimensions, so shardings of those axes are undone (replicated) first, and so are
 head shardings the K/V heads cannot follow (h_kv not divisible by the mesh axes' size): GQA
 keeps each query head with its K/V head only when both are split alike. Packed sequences (thd)
-split by heads only. A bias follows q on the batch and heads it has; a sink follows q's heads;
+split by heads only; paged caches by heads (the page tables and lengths follow the batch). A
+bias follows q on the batch and heads it has; a sink follows q's heads;
 the offsets of packed sequences and dropout's seed are replicated, and dropout's offset is moved
 per shard, so that no two shards draw the same mask.
 """
@@ -22,7 +23,7 @@ from ._jax_calls import _BATCHED_BIAS, _HEADED_BIAS, STATS
 
 _KV = ("k", "v", "d_k", "d_v")
 _V_DIM = ("v", "o", "d_o", "d_v")
-_REPLICATED = ("s", "t", "d", "e", "h", "bb", "hb", "sb", "z", "cq", "ck")  # factors never split
+_REPLICATED = ("s", "t", "d", "e", "h", "bb", "hb", "sb", "z", "cq", "ck", "pages", "ps", "pg")  # never split
 
 
 def _axes(role, config, batch, heads, kv_heads):
@@ -35,6 +36,16 @@ def _axes(role, config, batch, heads, kv_heads):
         return ("z",)
     if role in ("cu_q", "cu_kv"):
         return ("cq" if role == "cu_q" else "ck",)
+    if role in ("seq_len_q", "seq_len_kv"):
+        return (batch,)
+    if role in ("page_table_k", "page_table_v"):
+        return (batch, "pg")
+    if config.pages and role in ("k", "v"):  # a pool of pages: split by heads only
+        pool = ("pages", kv_heads, "ps", "e" if role == "v" else "d")
+        order = [None] * 4
+        for index, axis in enumerate(_layouts.AXES[config.cache_layout]):
+            order[axis] = pool[index]
+        return tuple(order)
     if role in ("bias", "d_bias"):
         return (batch if config.bias in _BATCHED_BIAS else "bb", heads if config.bias in _HEADED_BIAS else "hb",
                 "sb" if config.bias == "111s" else "s", "t")

@@ -140,3 +140,30 @@ def test_argument_errors_name_the_field():
     with pytest.raises(fusedattn.InvalidArgumentError) as caught:
         jax.eval_shape(lambda q: fj.attention(q, q, q, layout="thd"), shaped(64, 4, 64))
     assert caught.value.field == "cu_seqlens_q"
+
+
+@pytest.mark.parametrize("layout, cache_layout, expected", [
+    ("bshd", "bshd", "layout=bshd_paged_bshd dtype=bf16 b=4 s_q=1 s_kv=128 h_q=8 h_kv=2 d_qk=128 d_v=128 page_size=16"),
+    ("sbhd", "sbhd", "layout=sbhd_paged_sbhd dtype=bf16 b=4 s_q=1 s_kv=128 h_q=8 h_kv=2 d_qk=128 d_v=128 page_size=16"),
+])
+def test_paged_caches_reach_the_spec(layout, cache_layout, expected):
+    q = shaped(4, 1, 8, 128) if layout == "bshd" else shaped(1, 4, 8, 128)
+    pool = shaped(64, 16, 2, 128) if cache_layout == "bshd" else shaped(16, 64, 2, 128)
+    table, lengths = jax.ShapeDtypeStruct((4, 8), jnp.int32), jax.ShapeDtypeStruct((4,), jnp.int32)
+
+    def decode(q, pool, table, lengths):
+        return fj.paged_attention(q, pool, pool, table, table, lengths, layout=layout, cache_layout=cache_layout)
+    assert jax.eval_shape(decode, q, pool, table, lengths).shape == q.shape
+    text = exported_text(decode, q, pool, table, lengths)
+    assert expected in text and "align=bottom_right" in text and "stats=0" in text
+
+
+def test_runtime_lengths_make_a_padded_call():
+    q, lengths = shaped(3, 100, 4, 64), jax.ShapeDtypeStruct((3,), jnp.int32)
+    grads = jax.eval_shape(jax.grad(lambda q, n: fj.attention(q, q, q, seq_len_q=n, seq_len_kv=n).astype(
+        jnp.float32).sum()), q, lengths)
+    assert grads.shape == q.shape
+    text = exported_text(lambda q, n: fj.attention(q, q, q, seq_len_q=n, seq_len_kv=n), q, lengths)
+    assert "padding=1" in text
+    with pytest.raises(fusedattn.InvalidArgumentError):
+        jax.eval_shape(lambda q, n: fj.attention(q, q, q, seq_len_q=n), q, lengths)

@@ -218,3 +218,40 @@ def test_packed_sequences_match_each_sequence_alone():
         piece = slice(start, start + n)
         ref = xla_attention(q[None, piece], k[None, piece], v[None, piece], causal=True)[0]
         assert rel(out[piece], ref) < TOLERANCE[jnp.bfloat16], n
+
+
+@pytest.mark.parametrize("cache_layout", ["bshd", "sbhd"])
+def test_paged_decode_matches_attention_on_the_gathered_cache(cache_layout):
+    b, page, pages, h_q, h_kv, d = 3, 16, 6, 8, 2, 128
+    lengths = jnp.array([1, 50, 96], jnp.int32)
+    keys = jax.random.split(jax.random.key(51), 4)
+    pool_shape = (40, page, h_kv, d) if cache_layout == "bshd" else (page, 40, h_kv, d)
+    k_pool, v_pool = (jax.random.uniform(key, pool_shape, minval=-1, maxval=1).astype(jnp.bfloat16) for key in keys[:2])
+    table = jax.random.permutation(keys[2], 40)[: b * pages].reshape(b, pages).astype(jnp.int32)
+    q = jax.random.uniform(keys[3], (b, 4, h_q, d), minval=-1, maxval=1).astype(jnp.bfloat16)  # 4 new tokens
+    out = jax.jit(lambda q, kp, vp, t, n: fj.paged_attention(q, kp, vp, t, t, n, cache_layout=cache_layout))(
+        q, k_pool, v_pool, table, lengths)
+
+    def gathered(pool, i):  # sequence i's tokens, in order, as [s, h_kv, d]
+        pages_first = pool if cache_layout == "bshd" else jnp.swapaxes(pool, 0, 1)
+        return pages_first[table[i]].reshape(pages * page, h_kv, d)[: int(lengths[i])]
+    for i in range(b):
+        n = int(lengths[i])
+        if n < 4:
+            continue  # bottom-right causal: fewer keys than new queries leaves rows with no key
+        ref = jax.nn.dot_product_attention(q[i:i + 1].astype(jnp.float32), gathered(k_pool, i)[None].astype(jnp.float32),
+                                           gathered(v_pool, i)[None].astype(jnp.float32), is_causal=False,
+                                           mask=jnp.tril(jnp.ones((4, n), bool), n - 4)[None, None],
+                                           implementation="xla")
+        assert rel(out[i:i + 1], ref) < TOLERANCE[jnp.bfloat16], i
+
+
+def test_runtime_lengths_match_each_entry_alone():
+    q, k, v = random_qkv(jnp.float16, shape_q=(3, 160, 4, 64), heads_kv=4, seed=61)
+    len_q, len_kv = jnp.array([160, 37, 1], jnp.int32), jnp.array([160, 100, 64], jnp.int32)
+    out = jax.jit(lambda q, k, v, a, b: fj.attention(q, k, v, seq_len_q=a, seq_len_kv=b))(q, k, v, len_q, len_kv)
+    for i in range(3):
+        n_q, n_kv = int(len_q[i]), int(len_kv[i])
+        ref = xla_attention(q[i:i + 1, :n_q], k[i:i + 1, :n_kv], v[i:i + 1, :n_kv])
+        assert rel(out[i:i + 1, :n_q], ref) < TOLERANCE[jnp.float16], i
+        assert not jnp.any(out[i, n_q:]), i  # zero past the entry's length
