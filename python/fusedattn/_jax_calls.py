@@ -60,15 +60,19 @@ class Config:
         return ("d_q", "d_k", "d_v") + (("d_bias",) if self.bias_grad else ()) + (("d_sink",) if self.sink else ())
 
 
+_registered = False
+
+
 def register():
     """Registers the handlers and their state type with XLA for CUDA, once per process."""
-    if getattr(register, "done", False):
+    global _registered
+    if _registered:
         return
     from . import _jax_ffi
     jax.ffi.register_ffi_type("fusedattn_plan_state", _jax_ffi.plan_state_type(), platform="CUDA")
     for name, stages in _jax_ffi.handlers().items():
         jax.ffi.register_ffi_target(name, stages, platform="CUDA")
-    register.done = True
+    _registered = True
 
 
 def _spec(q, k, v, config, sequences, stats, bias_grad=False):
