@@ -18,28 +18,13 @@
 #include "fusedattn/layout.h"
 #include "fusedattn/plan_cache.h"
 #include "fusedattn/spec.h"
+#include "python_errors.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
 namespace fa = fusedattn;
 
 namespace {
-
-// Each core error becomes the class of the same name in fusedattn.errors (pure Python, so it can
-// be caught without this module); InvalidArgumentError also carries field, value and requirement.
-void raise_as_python(const fa::Error& error) {
-  static const char* const kClasses[] = {"InvalidArgumentError", "NotSupportedError", "CudnnError", "CudaError",
-                                         "SetupError"};
-  nb::object errors = nb::module_::import_("fusedattn.errors");
-  nb::object cls = errors.attr(kClasses[static_cast<int>(error.kind())]);
-  nb::object instance = cls(error.what());
-  if (const auto* invalid = dynamic_cast<const fa::InvalidArgument*>(&error)) {
-    instance.attr("field") = invalid->field();
-    instance.attr("value") = invalid->value();
-    instance.attr("requirement") = invalid->requirement();
-  }
-  PyErr_SetObject(cls.ptr(), instance.ptr());
-}
 
 fa::Pass parse_pass(const std::string& text) {
   if (text == "forward") return fa::Pass::forward;
@@ -74,7 +59,7 @@ NB_MODULE(_core, m) {
     try {
       std::rethrow_exception(p);
     } catch (const fa::Error& error) {
-      raise_as_python(error);
+      fa::python::set_python_error(error);
     }
   });
 
