@@ -23,6 +23,11 @@ from . import _core as core
 from . import _layouts, _options
 from .errors import NotSupportedError, invalid_argument
 
+try:  # the eager-inference fast path in C++, built where PyTorch with CUDA was at build time
+    from . import _torch_ops as _fast
+except ImportError:
+    _fast = None
+
 __all__ = ["attention", "paged_attention", "scaled_dot_product_attention", "Attention"]
 
 _LOG = logging.getLogger("fusedattn")
@@ -432,14 +437,18 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
             q.requires_grad or k.requires_grad or v.requires_grad or (bias is not None and bias.requires_grad)
             or (sink is not None and sink.requires_grad))
         # Eager calls skip the dispatcher, which costs more than everything else per call:
-        # inference calls the operator's body directly, training an autograd.Function around the
-        # same bodies; compiled code (and meta tensors) go through the registered operators.
+        # inference calls the operator's body directly (a plain call: its C++ form, _torch_ops),
+        # training an autograd.Function around the same bodies; compiled code (and meta tensors)
+        # go through the registered operators.
         args = (q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, option_text,
                 float(scale), max_seqlen_q, max_seqlen_kv, bool(needs_grad or return_stats))
         if compiling or device.type != "cuda":
             o, stats, max_logit = _forward(*args)
         elif needs_grad:
             o, stats, max_logit = _EagerAttention.apply(*args)
+        elif (_fast is not None and rng is None and bias is None and sink is None and seq_len_q is None
+              and layout != "thd" and not return_stats and not return_max_logit):
+            o, stats, max_logit = _fast.forward(q, k, v, layout, option_text, float(scale)), None, None
         else:
             o, stats, max_logit = _run_forward(*args, placeholders=False)
     except NotSupportedError as error:

@@ -217,3 +217,19 @@ def test_cuda_graph_capture_and_replay():
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
     assert rel(q.grad, eager_grad) < 1e-2
+
+
+@pytest.mark.parametrize("layout", ["bshd", "sbhd", "bhsd"])
+def test_the_cpp_fast_path_gives_what_the_python_path_gives(layout):
+    fast = pytest.importorskip("fusedattn._torch_ops", reason="built only where PyTorch with CUDA is installed")
+    q, k, v = (t.detach() for t in inputs(layout, 2, 200, 300, 8, 2, 64))
+    packed = torch.rand(300, 2, 2, 2, 64, device="cuda", dtype=torch.bfloat16)  # a KV view with odd strides
+    if layout == "sbhd":
+        k, v = packed[:, :, 0], packed[:, :, 1]
+    options = "window=-1,0 align=bottom_right softmax=vanilla"
+    with torch.no_grad():
+        ours = fast.forward(q, k, v, layout, options, 0.125)
+        python, _, _ = fa._run_forward(q, k, v, None, None, None, None, None, None, None, layout, options, 0.125,
+                                       0, 0, False, placeholders=False)
+    assert torch.equal(ours, python)
+    assert ours.shape == python.shape and ours.stride() == python.stride()

@@ -179,3 +179,12 @@ def test_ragged_and_paged_translate_to_their_layouts():
     text = str(fa._paged_entry(qd, pool, pool, o, table, "bshd", "sbhd", "window=-1,0 align=bottom_right", 0).spec)
     assert text == ("layout=bshd_paged_sbhd dtype=bf16 b=4 s_q=1 s_kv=1024 h_q=8 h_kv=2 d_qk=128 d_v=128 "
                     "page_size=64 pages=300 window=-1,0 align=bottom_right stats=0")
+
+
+def test_the_cpp_fast_path_maps_errors_like_the_rest():
+    fast = pytest.importorskip("fusedattn._torch_ops", reason="built only where PyTorch with CUDA is installed")
+    import fusedattn
+    q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(fusedattn.InvalidArgumentError) as caught:
+        fast.forward(q, q, q, "bshd", "window=-1,-1 align=top_left softmax=vanilla", 0.125)
+    assert caught.value.field == "q.device" and caught.value.requirement == "a CUDA device"
