@@ -119,12 +119,13 @@ def markdown(rows, notes):
     for row in rows:
         ours, theirs = row["tflops"].get("fusedattn_jax"), row["tflops"].get("jax_cudnn")
         ratio = "–" if not (ours and theirs) else f"{ours / theirs:.3f} {'✓' if ours / theirs >= TARGET else '✗'}"
-        lines.append(f"| {row['shape']} | {row['pass_']} | {cell(row, 'fusedattn_jax')} | {cell(row, 'jax_cudnn')} | {ratio} |")
+        lines.append(f"| {row['shape']} | {row['pass_']} | {cell(row, 'fusedattn_jax')} | {cell(row, 'jax_cudnn')} | "
+                     f"{ratio} |")
     lines += ["", "TFLOP/s, BF16, bshd, under jax.jit; median over interleaved rounds of back-to-back calls "
               "(host clock around a blocked loop).", ""]
     lines += ["Relative L2 difference of fusedattn.jax from JAX's cuDNN implementation (O; O, dQ, dK, dV):", ""]
-    lines += [f"- {row['shape']} {row['pass_']}: " + ", ".join(f"{e:.1e}" for e in row.get("rel_error_vs_jax_cudnn", []))
-              for row in rows]
+    lines += [f"- {row['shape']} {row['pass_']}: "
+              + ", ".join(f"{e:.1e}" for e in row.get("rel_error_vs_jax_cudnn", [])) for row in rows]
     if notes:
         lines += ["", "Not measured:", ""] + [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"

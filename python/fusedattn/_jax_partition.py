@@ -8,7 +8,8 @@ keeps each query head with its K/V head only when both are split alike. Packed s
 split by heads only; paged caches by heads (the page tables and lengths follow the batch). A
 bias follows q on the batch and heads it has; a sink follows q's heads;
 the offsets of packed sequences and dropout's seed are replicated, and dropout's offset is moved
-per shard, so that no two shards draw the same mask.
+per shard, so that no two shards draw the same mask (the backward moves it alike, so its mask is
+the forward's as long as q comes to it sharded as it came to the forward).
 """
 import functools
 import math

@@ -65,7 +65,8 @@ def test_vmap_folds_the_mapped_axis_into_one_call_on_a_larger_batch():
     grad = jax.vmap(jax.grad(lambda q: fj.attention(q, q, q).astype(jnp.float32).sum()))
     text = jax.export.export(jax.jit(grad), platforms=["cuda"], disabled_checks=ours)(q).mlir_module()
     assert text.count("layout=bshd dtype=bf16 b=6 ") == 2 and "b=2 " not in text  # forward and backward
-    nested = jax.eval_shape(jax.vmap(jax.vmap(lambda q: fj.attention(q, q, q, layout="sbhd"))), shaped(2, 3, 64, 5, 4, 64))
+    twice = jax.vmap(jax.vmap(lambda q: fj.attention(q, q, q, layout="sbhd")))
+    nested = jax.eval_shape(twice, shaped(2, 3, 64, 5, 4, 64))
     assert nested.shape == (2, 3, 64, 5, 4, 64)
 
 

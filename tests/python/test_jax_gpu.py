@@ -239,8 +239,8 @@ def test_paged_decode_matches_attention_on_the_gathered_cache(cache_layout):
         n = int(lengths[i])
         if n < 4:
             continue  # bottom-right causal: fewer keys than new queries leaves rows with no key
-        ref = jax.nn.dot_product_attention(q[i:i + 1].astype(jnp.float32), gathered(k_pool, i)[None].astype(jnp.float32),
-                                           gathered(v_pool, i)[None].astype(jnp.float32), is_causal=False,
+        k_i, v_i = (gathered(pool, i)[None].astype(jnp.float32) for pool in (k_pool, v_pool))
+        ref = jax.nn.dot_product_attention(q[i:i + 1].astype(jnp.float32), k_i, v_i,
                                            mask=jnp.tril(jnp.ones((4, n), bool), n - 4)[None, None],
                                            implementation="xla")
         assert rel(out[i:i + 1], ref) < TOLERANCE[jnp.bfloat16], i

@@ -123,8 +123,8 @@ if EXTRA == "dropout":  # the offset each device's shard was given, read back fr
 def run_child(layout, h_kv, extra="none"):
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    done = subprocess.run([sys.executable, "-c", CHILD, layout, str(h_kv), extra], env=env, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run([sys.executable, "-c", CHILD, layout, str(h_kv), extra], env=env, capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
     assert float(lines["OUT_ERR"]) < 1e-5 and float(lines["GRAD_ERR"]) < 1e-4, done.stdout
