@@ -170,7 +170,7 @@ void count_capture(cudaStream_t stream) {
 // The operands and results of a call, in this order (fusedattn/jax.py builds them the same way);
 // which optional ones are there follows from the spec:
 //   forward:  q, k, v, [bias], [sink], [rng], [seq_len_q, seq_len_kv], [cu_seqlens_q, cu_seqlens_kv],
-//             [page_table_k, page_table_v] -> o, [stats], workspace
+//             [page_table_k, page_table_v] -> o, [stats], [max_logit], workspace
 //   backward: q, k, v, o, stats, d_o, then the same optional ones (never paged)
 //             -> d_q, d_k, d_v, [d_bias], [d_sink], workspace
 // rng is uint32[4]: Philox seed and offset as two int64 (JAX has no 64-bit integers by default).
@@ -246,6 +246,7 @@ ffi::Error run_forward(cudaStream_t stream, ffi::ScratchAllocator scratch, std::
     t.page_table_v = static_cast<const std::int32_t*>(io.arg_if(spec.kv_pages > 0));
     t.o = io.ret();
     t.stats = static_cast<float*>(io.ret_if(spec.stats));
+    t.max_logit = static_cast<float*>(io.ret_if(spec.max_logit != fa::MaxLogit::none));
     if (!io.all_taken()) return mismatch(spec);
     auto launch = prepare_launch(device, state, scratch, io.workspace());
     if (launch.has_error()) return launch.error();

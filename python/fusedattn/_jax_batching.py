@@ -4,7 +4,8 @@ A plain dense call (no bias, sink or dropout) folds the mapped axis into the bat
 n·b entries instead of n calls, split apart again after; nested vmaps fold in turn. A call with
 per-call state that folding would change runs once per mapped element instead (jax.lax.map):
 dropout (each element must get the mask its key gives it alone), bias and sink (their gradients
-are sums over the batch, per element), runtime lengths, packed sequences (thd) and paged caches.
+are sums over the batch, per element), a max logit (a head's is a max over the batch), runtime
+lengths, packed sequences (thd) and paged caches.
 """
 import jax
 import jax.numpy as jnp
@@ -30,7 +31,7 @@ def unfold(x, n, axis):
 
 def foldable(config):
     return not (config.ragged or config.dropout or config.sink or config.bias != "none" or config.padding
-                or config.pages)
+                or config.pages or config.max_logit)
 
 
 def with_batching(call, kind, config):

@@ -6,8 +6,8 @@ same order from the spec):
     inference, forward: q, k, v, [bias], [sink], [rng], [seq_len_q, seq_len_kv],
                         [cu_seqlens_q, cu_seqlens_kv], [page_table_k, page_table_v]
     backward:           q, k, v, o, stats, d_o, then the same optional ones (never paged)
-and it returns o (inference), o and stats (forward), or d_q, d_k, d_v, [d_bias], [d_sink]
-(backward); every call also returns its workspace, which the kernels drop.
+and it returns o (inference) or o and stats (forward), each then [max_logit], or d_q, d_k, d_v,
+[d_bias], [d_sink] (backward); every call also returns its workspace, which the kernels drop.
 """
 import dataclasses
 from typing import Tuple
@@ -40,6 +40,7 @@ class Config:
     padding: bool = False      # runtime lengths seq_len_q, seq_len_kv (int32 [b]) of a dense or paged call
     pages: int = 0             # paged K/V: pages a sequence (the page tables' width); k, v are the pools
     cache_layout: str = ""     # paged: the pools' layout (bshd or sbhd)
+    max_logit: str = ""        # the forward also returns the max logit: "row" [b, h_q, s_q] or "head" [h_q]
 
     @property
     def ragged(self):
@@ -53,10 +54,11 @@ class Config:
                 + (("page_table_k", "page_table_v") if self.pages else ()))
 
     def outputs(self, kind):
+        max_logit = ("max_logit",) if self.max_logit else ()
         if kind == "inference":
-            return ("o",)
+            return ("o",) + max_logit
         if kind == "forward":
-            return ("o", STATS)
+            return ("o", STATS) + max_logit
         return ("d_q", "d_k", "d_v") + (("d_bias",) if self.bias_grad else ()) + (("d_sink",) if self.sink else ())
 
 
@@ -112,6 +114,10 @@ def _workspace(spec, pass_):
     return jax.ShapeDtypeStruct((size,), jnp.uint8)
 
 
+def _heads_q(q, config):
+    return q.shape[1] if config.ragged else q.shape[_layouts.AXES[config.layout][1]]
+
+
 def _stats_type(q, config):
     """float32 statistics: [b, h_q, s_q], or [t, h_q] (by token) for packed sequences."""
     if config.ragged:
@@ -131,7 +137,9 @@ def run(kind, config, *arrays):
     text, spec = _spec(q, k, v, config, sequences, stats=kind != "inference", bias_grad=backward and config.bias_grad)
     workspace = _workspace(spec, "backward" if backward else "forward")
     register()
-    types = {"o": jax.ShapeDtypeStruct(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype), STATS: _stats_type(q, config)}
+    types = {"o": jax.ShapeDtypeStruct(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype), STATS: _stats_type(q, config),
+             "max_logit": (_stats_type(q, config) if config.max_logit == "row"
+                           else jax.ShapeDtypeStruct((_heads_q(q, config),), jnp.float32))}
     for role, source in (("d_q", "q"), ("d_k", "k"), ("d_v", "v"), ("d_bias", "bias"), ("d_sink", "sink")):
         if source in named:
             types[role] = jax.ShapeDtypeStruct(named[source].shape, named[source].dtype)

@@ -31,7 +31,7 @@ def _axes(role, config, batch, heads, kv_heads):
     """Per array axis of the role, what it holds: `batch`, `heads` (query heads), `kv_heads`
     (each given as whatever the caller maps them to) or a name of its own for an axis that is
     not split."""
-    if role in ("sink", "d_sink"):
+    if role in ("sink", "d_sink") or (role == "max_logit" and config.max_logit == "head"):
         return (heads,)
     if role == "rng":
         return ("z",)
@@ -52,7 +52,7 @@ def _axes(role, config, batch, heads, kv_heads):
                 "sb" if config.bias == "111s" else "s", "t")
     kv = role in _KV
     logical = (batch, kv_heads if kv else heads, "t" if kv else "s", "e" if role in _V_DIM else "d")
-    if role == STATS:
+    if role in (STATS, "max_logit"):  # a row max logit is laid out like the statistics
         return logical[1:3] if config.ragged else logical[:3]
     if config.ragged:  # [tokens, heads, dim]
         return (logical[2], logical[1], logical[3])
@@ -139,7 +139,10 @@ def partitioned(kernels, kind, config, heads_q, heads_kv):
                 rng = shards[position]
                 rng = rng.at[2].add(_shard_index(mesh, split))
                 shards = shards[:position] + (rng,) + shards[position + 1:]
-            return kernels(kind)(config, *shards)
+            out = kernels(kind)(config, *shards)
+            if config.max_logit == "head" and _names(batch):  # each shard saw part of the batch
+                out = out[:-1] + (jax.lax.pmax(out[-1], _names(batch)),)
+            return out
         return (mesh, per_shard, result_shardings[0] if single else tuple(result_shardings), tuple(arg_shardings))
 
     def infer_sharding_from_operands(mesh, arg_shapes, result_shape):

@@ -55,16 +55,19 @@ def _present(*arrays):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _attention(config, q, k, v, bias, sink, rng, lengths, offsets):
-    return _call("inference", config, _heads(q, k, config))(q, k, v, *_present(bias, sink, rng, *lengths, *offsets))
+    """O, and the max logit where asked for (else None)."""
+    out = _call("inference", config, _heads(q, k, config))(q, k, v, *_present(bias, sink, rng, *lengths, *offsets))
+    return tuple(out) if config.max_logit else (out, None)
 
 
 def _attention_fwd(config, q, k, v, bias, sink, rng, lengths, offsets):
     extras = _present(bias, sink, rng, *lengths, *offsets)
-    o, stats = _call("forward", config, _heads(q, k, config))(q, k, v, *extras)
-    return o, (q, k, v, o, stats, bias, sink, rng, lengths, offsets)
+    o, stats, *max_logit = _call("forward", config, _heads(q, k, config))(q, k, v, *extras)
+    return (o, max_logit[0] if max_logit else None), (q, k, v, o, stats, bias, sink, rng, lengths, offsets)
 
 
-def _attention_bwd(config, residuals, d_o):
+def _attention_bwd(config, residuals, cotangents):
+    d_o, _ = cotangents  # the max logit is not differentiated
     q, k, v, o, stats, bias, sink, rng, lengths, offsets = residuals
     grads = _call("backward", config, _heads(q, k, config))(q, k, v, o, stats, d_o.astype(o.dtype),
                                                             *_present(bias, sink, rng, *lengths, *offsets))
@@ -92,7 +95,8 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False, align: str
               window: Tuple[int, int] = (-1, -1), scale: Optional[float] = None, bias=None, bias_grad: bool = True,
               alibi: bool = False, softmax: str = "vanilla", sink=None, dropout_rate: float = 0.0,
               dropout_key=None, deterministic: bool = False, seq_len_q=None, seq_len_kv=None,
-              cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q: int = 0, max_seqlen_kv: int = 0):
+              cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q: int = 0, max_seqlen_kv: int = 0,
+              return_max_logit: str = ""):
     """Fused attention of q, k, v in `layout`: "bshd" (JAX's usual [batch, seq, heads, dim]),
     "sbhd", "bhsd", or "thd" for packed sequences ([tokens, heads, dim] with cu_seqlens_q and
     cu_seqlens_kv, int32 [n + 1] cumulative offsets, and max_seqlen_q / max_seqlen_kv, the
@@ -106,6 +110,8 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False, align: str
     drawn from dropout_key (a JAX PRNG key): the same key gives the same mask, in the backward and
     on a later call. deterministic: a bitwise-reproducible backward. seq_len_q / seq_len_kv (int32
     [b], together) make each entry's lengths runtime data: O and the gradients are zero past them.
+    return_max_logit="row" or "head" also returns the max logit (float32 [b, h_q, s_q] or [h_q];
+    [t, h_q] by token for thd), not differentiated: (O, max_logit).
 
     Errors in the arguments raise fusedattn.errors classes while tracing; where the tracing
     process has a GPU, an unsupported configuration raises NotSupportedError with every reason.
@@ -123,6 +129,8 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False, align: str
     if (seq_len_q is None) != (seq_len_kv is None) or (ragged and seq_len_q is not None):
         raise invalid_argument("seq_len_q", "given" if seq_len_q is not None else None,
                                "seq_len_q and seq_len_kv together, with a dense layout")
+    if return_max_logit not in ("", "row", "head"):
+        raise invalid_argument("return_max_logit", return_max_logit, "'row', 'head' or ''")
     if dropout_rate > 0.0 and dropout_key is None:
         raise invalid_argument("dropout_key", None, "a JAX PRNG key when dropout_rate > 0")
     if causal:
@@ -136,17 +144,18 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False, align: str
                                   _layouts.logical(k.shape, _layouts.row_major_strides(k.shape), layout)[0][2])
     padding = seq_len_q is not None
     options = _options.options_text(window[0], window[1], align, softmax, kind, alibi, deterministic,
-                                    ragged or padding, float(dropout_rate), "")
+                                    ragged or padding, float(dropout_rate), return_max_logit)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     config = _jax_calls.Config(layout=layout, options=options, scale=scale, bias=kind,
                                bias_grad=bias is not None and bias_grad, sink=sink is not None,
                                dropout=dropout_rate > 0.0, max_seqlen=(int(max_seqlen_q), int(max_seqlen_kv)),
-                               padding=padding)
+                               padding=padding, max_logit=return_max_logit)
     rng = _dropout_rng(dropout_key) if dropout_rate > 0.0 else None
     lengths = tuple(map(_int32, (seq_len_q, seq_len_kv))) if padding else ()
     offsets = tuple(map(_int32, (cu_seqlens_q, cu_seqlens_kv))) if ragged else ()
-    return _attention(config, q, k, v, bias, None if sink is None else jnp.asarray(sink, jnp.float32), rng,
-                      lengths, offsets)
+    o, max_logit = _attention(config, q, k, v, bias, None if sink is None else jnp.asarray(sink, jnp.float32), rng,
+                              lengths, offsets)
+    return (o, max_logit) if return_max_logit else o
 
 
 def _int32(x):

@@ -168,3 +168,14 @@ def test_runtime_lengths_make_a_padded_call():
     assert "padding=1" in text
     with pytest.raises(fusedattn.InvalidArgumentError):
         jax.eval_shape(lambda q, n: fj.attention(q, q, q, seq_len_q=n), q, lengths)
+
+
+@pytest.mark.parametrize("kind, shape", [("row", (2, 4, 64)), ("head", (4,))])
+def test_max_logit_comes_with_o_and_is_not_differentiated(kind, shape):
+    q = shaped(2, 64, 4, 64)
+    o, max_logit = jax.eval_shape(lambda q: fj.attention(q, q, q, return_max_logit=kind), q)
+    assert o.shape == q.shape and max_logit.shape == shape and max_logit.dtype == jnp.float32
+    grad = jax.eval_shape(jax.grad(lambda q: fj.attention(q, q, q, return_max_logit=kind)[0].astype(
+        jnp.float32).sum()), q)
+    assert grad.shape == q.shape
+    assert f"max_logit={kind}" in exported_text(lambda q: fj.attention(q, q, q, return_max_logit=kind), q)

@@ -255,3 +255,13 @@ def test_runtime_lengths_match_each_entry_alone():
         ref = xla_attention(q[i:i + 1, :n_q], k[i:i + 1, :n_kv], v[i:i + 1, :n_kv])
         assert rel(out[i:i + 1, :n_q], ref) < TOLERANCE[jnp.float16], i
         assert not jnp.any(out[i, n_q:]), i  # zero past the entry's length
+
+
+def test_max_logit_per_row_and_per_head():
+    q, k, v = random_qkv(jnp.bfloat16, shape_q=(2, 200, 4, 64), heads_kv=4, seed=71)
+    scores = jnp.einsum("bshd,bthd->bhst", q.astype(jnp.float32), k.astype(jnp.float32)) / 8.0
+    expected = jnp.where(jnp.tril(jnp.ones((200, 200), bool)), scores, -jnp.inf).max(axis=-1)
+    _, rows = jax.jit(lambda q, k, v: fj.attention(q, k, v, causal=True, return_max_logit="row"))(q, k, v)
+    _, heads = jax.jit(lambda q, k, v: fj.attention(q, k, v, causal=True, return_max_logit="head"))(q, k, v)
+    assert rel(rows, expected) < 1e-3
+    assert rel(heads, expected.max(axis=(0, 2))) < 1e-3

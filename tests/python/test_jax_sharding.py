@@ -42,7 +42,7 @@ def ref_forward(q, k, v, config, bias=None):
         logits = jnp.where(jnp.tril(jnp.ones(logits.shape[-2:], bool)), logits, -jnp.inf)
     stats = jax.nn.logsumexp(logits, axis=-1)
     o = jnp.einsum("bhst,bthd->bshd", jnp.exp(logits - stats[..., None]), v)
-    return from_bshd(o), stats
+    return from_bshd(o), stats, logits.max(axis=-1)
 
 
 def named(config, kind, arrays):
@@ -52,14 +52,17 @@ def named(config, kind, arrays):
 def forward(config, *arrays):
     a = named(config, "forward", arrays)
     SHARDED.append(("forward", a["q"].shape))
-    o, stats = ref_forward(a["q"], a["k"], a["v"], config, a.get("bias"))
+    o, stats, row_max = ref_forward(a["q"], a["k"], a["v"], config, a.get("bias"))
     if config.dropout:  # no mask here: the output shows the offset each shard was given
         o = o + a["rng"][2].astype(o.dtype)
+    if config.max_logit:  # [b, h, s] per row, [h] per head (over this shard's batch)
+        return o, stats, row_max if config.max_logit == "row" else row_max.max(axis=(0, 2))
     return o, stats
 
 
 def inference(config, *arrays):
-    return forward(config, *arrays)[0]
+    out = forward(config, *arrays)
+    return (out[0], out[2]) if config.max_logit else out[0]
 
 
 def backward(config, *arrays):
@@ -111,6 +114,11 @@ print("GRAD_ERR", max(float(jnp.abs(g - r).max()) for g, r in zip(grads, ref_gra
 print("OUT_SPEC", out.sharding.spec == spec, [g.sharding.spec == spec for g in grads[:3]])
 print("GATHERS", sum(t.count("all-gather") + t.count("all-to-all") + t.count("collective-permute") for t in texts))
 print("SHARD_SHAPES", sorted(set(SHARDED)))
+if EXTRA == "maxlogit":  # a head's max logit is a max over the whole batch, across the data shards
+    _, heads_max = jax.jit(lambda q, k, v: fj.attention(q, k, v, layout=LAYOUT, causal=True,
+                                                          return_max_logit="head"))(*sharded[:3])
+    expected = ref_forward(q, k, v, config)[2].max(axis=(0, 2))
+    print("MAXLOGIT_ERR", float(jnp.abs(heads_max - expected).max()))
 if EXTRA == "dropout":  # the offset each device's shard was given, read back from the output
     dropped = jax.jit(lambda q, k, v: fj.attention(q, k, v, layout=LAYOUT, causal=True, dropout_rate=0.1,
                                                    dropout_key=jax.random.key(1)))(*sharded[:3])
@@ -156,3 +164,8 @@ def test_a_bias_is_split_with_the_batch_and_heads_it_has():
 def test_dropout_gives_every_shard_its_own_offset():
     lines, out = run_child("bshd", h_kv=4, extra="dropout")
     assert lines["OFFSETS"] == str(list(range(8))), out  # 2 data x 4 model shards, offsets 0..7
+
+
+def test_a_heads_max_logit_is_the_max_over_all_batch_shards():
+    lines, out = run_child("bshd", h_kv=4, extra="maxlogit")
+    assert float(lines["MAXLOGIT_ERR"]) < 1e-5, out
