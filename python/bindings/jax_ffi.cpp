@@ -230,24 +230,17 @@ ffi::Error mismatch(const fa::AttentionSpec& spec) {
                                      "]");
 }
 
-ffi::Error run_forward(cudaStream_t stream, ffi::ScratchAllocator scratch, std::int32_t device, PlanState* state,
-                       ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view /*spec*/,
-                       std::int64_t sequences, float scale) {
+// One execution: the pass's tensors taken from the operands by `take`, checked against the spec,
+// then the plan enqueued with its workspace.
+template <class Tensors, class Take>
+ffi::Error run_pass(cudaStream_t stream, ffi::ScratchAllocator& scratch, std::int32_t device, PlanState* state,
+                    const ffi::RemainingArgs& args, const ffi::RemainingRets& rets, float scale, Take take) {
   count_capture(stream);
   try {
-    const fa::AttentionSpec& spec = state->spec;
     Operands io(args, rets);
-    fa::ForwardTensors t;
-    t.q = io.arg();
-    t.k = io.arg();
-    t.v = io.arg();
-    take_optional_inputs(spec, io, t, sequences);
-    t.page_table_k = static_cast<const std::int32_t*>(io.arg_if(spec.kv_pages > 0));
-    t.page_table_v = static_cast<const std::int32_t*>(io.arg_if(spec.kv_pages > 0));
-    t.o = io.ret();
-    t.stats = static_cast<float*>(io.ret_if(spec.stats));
-    t.max_logit = static_cast<float*>(io.ret_if(spec.max_logit != fa::MaxLogit::none));
-    if (!io.all_taken()) return mismatch(spec);
+    Tensors t;
+    take(state->spec, io, t);
+    if (!io.all_taken()) return mismatch(state->spec);
     auto launch = prepare_launch(device, state, scratch, io.workspace());
     if (launch.has_error()) return launch.error();
     launch->plan->run(t, scale, stream, launch->workspace);
@@ -257,34 +250,43 @@ ffi::Error run_forward(cudaStream_t stream, ffi::ScratchAllocator scratch, std::
   }
 }
 
+ffi::Error run_forward(cudaStream_t stream, ffi::ScratchAllocator scratch, std::int32_t device, PlanState* state,
+                       ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view /*spec*/,
+                       std::int64_t sequences, float scale) {
+  return run_pass<fa::ForwardTensors>(
+      stream, scratch, device, state, args, rets, scale,
+      [sequences](const fa::AttentionSpec& spec, Operands& io, fa::ForwardTensors& t) {
+        t.q = io.arg();
+        t.k = io.arg();
+        t.v = io.arg();
+        take_optional_inputs(spec, io, t, sequences);
+        t.page_table_k = static_cast<const std::int32_t*>(io.arg_if(spec.kv_pages > 0));
+        t.page_table_v = static_cast<const std::int32_t*>(io.arg_if(spec.kv_pages > 0));
+        t.o = io.ret();
+        t.stats = static_cast<float*>(io.ret_if(spec.stats));
+        t.max_logit = static_cast<float*>(io.ret_if(spec.max_logit != fa::MaxLogit::none));
+      });
+}
+
 ffi::Error run_backward(cudaStream_t stream, ffi::ScratchAllocator scratch, std::int32_t device, PlanState* state,
                         ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view /*spec*/,
                         std::int64_t sequences, float scale) {
-  count_capture(stream);
-  try {
-    const fa::AttentionSpec& spec = state->spec;
-    Operands io(args, rets);
-    fa::BackwardTensors t;
-    t.q = io.arg();
-    t.k = io.arg();
-    t.v = io.arg();
-    t.o = io.arg();
-    t.stats = static_cast<const float*>(io.arg());
-    t.d_o = io.arg();
-    take_optional_inputs(spec, io, t, sequences);
-    t.d_q = io.ret();
-    t.d_k = io.ret();
-    t.d_v = io.ret();
-    t.d_bias = io.ret_if(spec.bias_grad);
-    t.d_sink = static_cast<float*>(io.ret_if(has_sink(spec)));
-    if (!io.all_taken()) return mismatch(spec);
-    auto launch = prepare_launch(device, state, scratch, io.workspace());
-    if (launch.has_error()) return launch.error();
-    launch->plan->run(t, scale, stream, launch->workspace);
-    return ffi::Error::Success();
-  } catch (const fa::Error& error) {
-    return to_ffi_error(error);
-  }
+  return run_pass<fa::BackwardTensors>(
+      stream, scratch, device, state, args, rets, scale,
+      [sequences](const fa::AttentionSpec& spec, Operands& io, fa::BackwardTensors& t) {
+        t.q = io.arg();
+        t.k = io.arg();
+        t.v = io.arg();
+        t.o = io.arg();
+        t.stats = static_cast<const float*>(io.arg());
+        t.d_o = io.arg();
+        take_optional_inputs(spec, io, t, sequences);
+        t.d_q = io.ret();
+        t.d_k = io.ret();
+        t.d_v = io.ret();
+        t.d_bias = io.ret_if(spec.bias_grad);
+        t.d_sink = static_cast<float*>(io.ret_if(has_sink(spec)));
+      });
 }
 
 // What both execute stages take: XLA's stream, its scratch memory, the device, the state, the

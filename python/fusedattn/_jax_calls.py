@@ -114,7 +114,7 @@ def _workspace(spec, pass_):
     return jax.ShapeDtypeStruct((size,), jnp.uint8)
 
 
-def _heads_q(q, config):
+def heads_q(q, config):
     return q.shape[1] if config.ragged else q.shape[_layouts.AXES[config.layout][1]]
 
 
@@ -139,7 +139,7 @@ def run(kind, config, *arrays):
     register()
     types = {"o": jax.ShapeDtypeStruct(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype), STATS: _stats_type(q, config),
              "max_logit": (_stats_type(q, config) if config.max_logit == "row"
-                           else jax.ShapeDtypeStruct((_heads_q(q, config),), jnp.float32))}
+                           else jax.ShapeDtypeStruct((heads_q(q, config),), jnp.float32))}
     for role, source in (("d_q", "q"), ("d_k", "k"), ("d_v", "v"), ("d_bias", "bias"), ("d_sink", "sink")):
         if source in named:
             types[role] = jax.ShapeDtypeStruct(named[source].shape, named[source].dtype)

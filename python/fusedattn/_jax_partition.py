@@ -42,11 +42,7 @@ def _axes(role, config, batch, heads, kv_heads):
     if role in ("page_table_k", "page_table_v"):
         return (batch, "pg")
     if config.pages and role in ("k", "v"):  # a pool of pages: split by heads only
-        pool = ("pages", kv_heads, "ps", "e" if role == "v" else "d")
-        order = [None] * 4
-        for index, axis in enumerate(_layouts.AXES[config.cache_layout]):
-            order[axis] = pool[index]
-        return tuple(order)
+        return _in_layout_order(("pages", kv_heads, "ps", "e" if role == "v" else "d"), config.cache_layout)
     if role in ("bias", "d_bias"):
         return (batch if config.bias in _BATCHED_BIAS else "bb", heads if config.bias in _HEADED_BIAS else "hb",
                 "sb" if config.bias == "111s" else "s", "t")
@@ -56,8 +52,13 @@ def _axes(role, config, batch, heads, kv_heads):
         return logical[1:3] if config.ragged else logical[:3]
     if config.ragged:  # [tokens, heads, dim]
         return (logical[2], logical[1], logical[3])
+    return _in_layout_order(logical, config.layout)
+
+
+def _in_layout_order(logical, layout):
+    """(batch, heads, seq, dim) entries placed on the array axes that hold them in `layout`."""
     order = [None] * 4
-    for index, axis in enumerate(_layouts.AXES[config.layout]):
+    for index, axis in enumerate(_layouts.AXES[layout]):
         order[axis] = logical[index]
     return tuple(order)
 

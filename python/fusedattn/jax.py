@@ -44,9 +44,10 @@ def _kernel(kind):
 
 
 def _heads(q, k, config):
-    q_axis = 1 if config.ragged else _layouts.AXES[config.layout][1]
-    k_axis = _layouts.AXES[config.cache_layout][1] if config.pages else q_axis
-    return q.shape[q_axis], k.shape[k_axis]
+    """(h_q, h_kv); k is a pool of pages for a paged call."""
+    k_layout = config.cache_layout if config.pages else config.layout
+    k_axis = 1 if config.ragged and not config.pages else _layouts.AXES[k_layout][1]
+    return _jax_calls.heads_q(q, config), k.shape[k_axis]
 
 
 def _present(*arrays):
