@@ -10,6 +10,7 @@ import ctypes
 import datetime
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -343,7 +344,8 @@ def host_overhead(shim, calls, lib):
     spec, t = shim.make_spec(TINY), Tensors(TINY)
     shim.forward_ms(spec, t, 5, 20)  # builds the plan
     api, plan_run, cudnn_only = shim.host_overhead(spec, t, calls)
-    result = {"shape": TINY.key, "spec": spec, "calls": calls, "fusedattn_api_us": api,
+    result = {"shape": TINY.key, "spec": spec, "calls": calls, "replay": os.environ.get("FUSEDATTN_REPLAY") != "0",
+              "fusedattn_api_us": api,
               "fusedattn_plan_run_us": plan_run, "cudnn_execute_only_us": cudnn_only,
               "fusedattn_gpu_us": gpu_us_per_call(lambda n: shim.enqueue_forward(spec, t, n)),
               "command": f"python bench/run_bench.py --lib {lib} --shapes none"}
@@ -400,7 +402,9 @@ def markdown(rows, host, check):
                      f"{fmt(r.get('torch_adapter_ratio_vs_cudnn'), '{:.3f}')} |")
     lines.append("\nTFLOP/s, BF16, bshd; median over interleaved rounds of medians of event-timed calls.")
     if host:
-        lines += [f"\n| host µs per forward call, {host['shape']} | µs |", "|---|---|"]
+        replay = ("repeated calls replayed from their recordings" if host.get("replay", True)
+                  else "replay off (FUSEDATTN_REPLAY=0): every call through cuDNN's execute")
+        lines += [f"\n| host µs per forward call, {host['shape']}; fusedattn: {replay} | µs |", "|---|---|"]
         for label, key in (("fusedattn::forward (cache lookup included)", "fusedattn_api_us"),
                            ("Plan::run (plan held)", "fusedattn_plan_run_us"),
                            ("cuDNN execute alone", "cudnn_execute_only_us"),

@@ -95,6 +95,9 @@ bench_lib="$build/libfusedattn_bench.so"
 if part bench; then
   echo "== benchmark: fusedattn (C++ and fusedattn.torch) against PyTorch"
   python3 -X faulthandler bench/run_bench.py --lib "$bench_lib" --out "$OUT" --rounds 5 || status=1
+  # The host section again with replay switched off: what every call costs through cuDNN's execute.
+  FUSEDATTN_REPLAY=0 python3 -X faulthandler bench/run_bench.py --lib "$bench_lib" --out "$OUT" --shapes none \
+    --name "$(date +%Y%m%d-%H%M)_host_without_replay" || status=1
   FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 bench/profile_torch_call.py 2>&1 \
     | grep -E "^---|tottime|[0-9] +[0-9.]+ +[0-9.]+" | head -40
 fi

@@ -114,8 +114,21 @@ struct Workspace {
   WorkspaceAllocator* allocator = nullptr;
 };
 
+/// How a plan's calls reached the GPU (Plan::replay_stats). A call whose pointers, workspace and
+/// scale the plan has seen before is recorded into a CUDA graph and replayed from then on, which
+/// costs a fraction of cuDNN's per-call host work; FUSEDATTN_REPLAY=0 turns this off.
+struct ReplayStats {
+  std::uint64_t executed = 0;  ///< calls enqueued through cuDNN's execute
+  std::uint64_t recorded = 0;  ///< calls recorded into CUDA graphs
+  std::uint64_t replayed = 0;  ///< calls launched from a recorded graph (the recording call included)
+  std::uint64_t evicted = 0;   ///< recorded graphs dropped to make room
+};
+
 namespace graph {
 class CompiledGraph;
+}
+namespace detail {
+class ReplayCache;
 }
 struct PlanAccess;
 
@@ -135,6 +148,9 @@ class Plan {
   /// Enqueues the backward pass (dQ, dK, dV) on `stream`; same errors as the forward.
   void run(const BackwardTensors& tensors, float scale, cudaStream_t stream, const Workspace& workspace = {}) const;
 
+  /// Counters of this plan's calls: executed through cuDNN, recorded, replayed.
+  ReplayStats replay_stats() const;
+
  private:
   // `workspace` has workspace_bytes(): cuDNN's part first, then ours.
   void execute(void* const* by_uid, cudaStream_t stream, void* workspace) const;
@@ -153,6 +169,7 @@ class Plan {
   std::size_t scratch_bytes_;          // ours after it (max logit: row maxima, sums of exponentials)
   std::shared_ptr<const graph::CompiledGraph> graph_;
   std::shared_ptr<float> zero_sink_;   // off_by_one: a sink of logit 0 per head, made at build time
+  std::unique_ptr<detail::ReplayCache> replays_;  // recorded calls (src/exec/replay.h); goes before graph_
 };
 
 /// 1 / sqrt(d_qk), the scale of standard attention.

@@ -2,6 +2,8 @@
 // the caller's allocator is asked for workspace), no synchronization, no string building.
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -10,6 +12,7 @@
 #include "exec/max_logit.h"
 #include "exec/padding_fill.h"
 #include "exec/ragged_offsets.h"
+#include "exec/replay.h"
 #include "exec/uid_pointers.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/errors.h"
@@ -151,12 +154,39 @@ std::shared_ptr<float> zero_sink(const AttentionSpec& spec) {
   return owned;
 }
 
+bool stream_is_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();  // not ours to report: cuDNN's execute meets the same condition and says so
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// Replays the call from a recording where it can; false: the caller executes it through cuDNN.
+// Under stream capture the caller's own graph records cuDNN's kernels, so there is nothing to save.
+bool replayed(detail::ReplayCache& replays, const graph::CompiledGraph& graph, void* const* by_uid, void** sorted,
+              cudaStream_t stream, cudnnHandle_t handle, void* workspace) {
+  if (!detail::replay_enabled() || stream_is_capturing(stream)) {
+    replays.note_executed();
+    return false;
+  }
+  detail::ReplayKey key;
+  for (std::int64_t uid : graph.uids()) {
+    key.pointers[key.count++] = uid == graph::kUidScale ? nullptr : by_uid[uid];  // the value counts, not where it sits
+  }
+  std::memcpy(&key.scale_bits, by_uid[graph::kUidScale], sizeof key.scale_bits);
+  key.workspace = workspace;
+  return replays.launch(key, stream, graph, handle, sorted, workspace);
+}
+
 }  // namespace
 
 Plan::Plan(AttentionSpec spec, Pass pass, int device, std::shared_ptr<const graph::CompiledGraph> graph)
     : spec_(std::move(spec)), pass_(pass), device_(device),
       graph_workspace_bytes_(scratch_for(spec_, pass) ? round_up(graph->workspace_bytes()) : graph->workspace_bytes()),
-      scratch_bytes_(scratch_for(spec_, pass)), graph_(std::move(graph)), zero_sink_(zero_sink(spec_)) {}
+      scratch_bytes_(scratch_for(spec_, pass)), graph_(std::move(graph)), zero_sink_(zero_sink(spec_)),
+      replays_(std::make_unique<detail::ReplayCache>()) {}
 
 Plan::~Plan() = default;
 
@@ -240,6 +270,8 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
   zero_past_lengths(spec_, spec_.v, t.d_v, kv_lengths, ragged.offset_v, kv_padded, stream);
 }
 
+ReplayStats Plan::replay_stats() const { return replays_->stats(); }
+
 void Plan::require_score_terms(const void* bias, const float* sink) const {
   if (spec_.bias != Bias::none) require_pointer("tensors.bias", bias);
   if (spec_.softmax == Softmax::sink) require_pointer("tensors.sink", sink);
@@ -290,7 +322,7 @@ void Plan::execute(void* const* by_uid, cudaStream_t stream, void* workspace) co
   for (std::int64_t uid : graph_->uids()) sorted[count++] = by_uid[uid];
   cudnnHandle_t handle = detail::handle_for(device_, stream);
   try {
-    graph_->execute(handle, sorted, workspace);
+    if (!replayed(*replays_, *graph_, by_uid, sorted, stream, handle, workspace)) graph_->execute(handle, sorted, workspace);
   } catch (const CudnnError& error) {
     throw CudnnError(std::string(error.what()) + " [" + to_string(pass_) + " " + to_string(spec_) + "]");
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 #include <cudnn_frontend.h>
@@ -348,6 +349,15 @@ class FrontendGraph final : public CompiledGraph {
   void execute(cudnnHandle_t handle, void** sorted_pointers, void* workspace) const override {
     auto status = graph_->execute(handle, sorted_pointers, static_cast<int>(uids_.size()), workspace);
     if (status.is_bad()) throw CudnnError("cuDNN execute failed: " + status.get_message());
+  }
+
+  bool record(cudnnHandle_t handle, void** sorted_pointers, void* workspace, cudaGraph_t into) const override {
+    std::unordered_map<std::int64_t, void*> by_uid;
+    for (std::size_t i = 0; i < uids_.size(); ++i) by_uid.emplace(uids_[i], sorted_pointers[i]);
+    auto status = graph_->populate_cuda_graph(handle, by_uid, workspace, into);
+    if (status.get_code() == fe::error_code_t::GRAPH_NOT_SUPPORTED) return false;  // a frontend-owned engine
+    if (status.is_bad()) throw CudnnError("cuDNN populate_cuda_graph failed: " + status.get_message());
+    return true;
   }
 
  private:

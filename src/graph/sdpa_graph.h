@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include <cuda_runtime_api.h>
 #include <cudnn.h>
 
 #include "fusedattn/spec.h"
@@ -35,6 +36,11 @@ class CompiledGraph {
   virtual const std::vector<std::int64_t>& uids() const noexcept = 0;
   /// Enqueues the graph on the handle's stream. Throws CudnnError with cuDNN's message.
   virtual void execute(cudnnHandle_t handle, void** sorted_pointers, void* workspace) const = 0;
+  /// Records into the empty CUDA graph `into` what execute() would enqueue with these pointers,
+  /// pass-by-value scalars taken at their current values. False when the engine cuDNN chose
+  /// cannot be recorded this way; throws CudnnError on any other failure. Not to be called on
+  /// one graph from two threads at once (the frontend keeps per-graph recording state).
+  virtual bool record(cudnnHandle_t handle, void** sorted_pointers, void* workspace, cudaGraph_t into) const = 0;
 };
 
 /// The graph, or cuDNN's reasons for refusing the configuration (never both).

@@ -1,0 +1,233 @@
+// GPU tier: calls replayed from their recordings (src/exec/replay.h) give what cuDNN's execute
+// gives, for exactly the pointers, workspace and scale they were recorded with, and read whatever
+// the input buffers hold when they run.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "../../src/exec/raw_call.h"
+#include "../../tools/check.h"
+#include "device_copy.h"
+#include "fusedattn/attention.h"
+#include "fusedattn/plan_cache.h"
+#include "gpu_skip.h"
+
+namespace fusedattn {
+namespace {
+
+using check::AttentionBuffers;
+using check::DeviceBuffer;
+
+bool replay_switched_off() {
+  const char* setting = std::getenv("FUSEDATTN_REPLAY");
+  return setting != nullptr && std::string(setting) == "0";
+}
+
+#define FUSEDATTN_REQUIRE_REPLAY()                                                   \
+  do {                                                                               \
+    FUSEDATTN_REQUIRE_GPU();                                                         \
+    if (replay_switched_off()) GTEST_SKIP() << "FUSEDATTN_REPLAY=0 switches replay off"; \
+  } while (0)
+
+// A shape of its own, and a fresh plan per test (the cache is cleared), so counters start at 0.
+const char* kSpec = "layout=bshd dtype=bf16 b=2 s_q=136 s_kv=264 h_q=4 h_kv=2 d=64 causal=1 align=bottom_right";
+
+struct Fixture {
+  static constexpr int kSlots = 65;  // one more than a plan remembers
+  AttentionSpec spec = parse_spec(kSpec);
+  AttentionBuffers buffers{spec, /*with_backward=*/true};
+  std::shared_ptr<const Plan> forward_plan, backward_plan;
+  DeviceBuffer workspace, outputs;  // outputs: kSlots places for O, each a distinct call
+  cudaStream_t stream = nullptr;
+
+  Fixture() {
+    clear_plan_cache();
+    forward_plan = get_plan(spec, Pass::forward);
+    backward_plan = get_plan(spec, Pass::backward);
+    workspace = DeviceBuffer(std::max<std::size_t>(
+        1, std::max(forward_plan->workspace_bytes(), backward_plan->workspace_bytes())));
+    outputs = DeviceBuffer(kSlots * bytes_of(spec.o));
+    check::check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    buffers.fill_inputs(0x7e91a);
+  }
+  ~Fixture() { cudaStreamDestroy(stream); }
+
+  Workspace ws() const { return Workspace{workspace.get(), workspace.bytes(), nullptr}; }
+
+  // The forward tensors with O at place `slot` of `outputs` (bytes_of(o) is a multiple of 16).
+  ForwardTensors at(int slot) const {
+    ForwardTensors t = buffers.forward_tensors();
+    t.o = static_cast<char*>(outputs.get()) + slot * bytes_of(spec.o);
+    return t;
+  }
+
+  // O's bytes, then the statistics', after one call on poisoned outputs.
+  std::vector<std::uint8_t> read(const ForwardTensors& t) {
+    check::check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    auto bytes = copy_to_host(t.o, bytes_of(spec.o));
+    const auto stats = copy_to_host(t.stats, spec.batch() * spec.heads_q() * spec.seq_q() * sizeof(float));
+    bytes.insert(bytes.end(), stats.begin(), stats.end());
+    return bytes;
+  }
+  void poison(const ForwardTensors& t) {
+    buffers.poison_outputs();
+    check::check_cuda(cudaMemset(t.o, 0xFF, bytes_of(spec.o)), "cudaMemset");
+  }
+
+  // A forward through the plan, the path that replays.
+  std::vector<std::uint8_t> forward(const ForwardTensors& t, float scale) {
+    poison(t);
+    forward_plan->run(t, scale, stream, ws());
+    return read(t);
+  }
+
+  // The same forward through cuDNN's execute alone, never replayed: the oracle.
+  std::vector<std::uint8_t> executed(const ForwardTensors& t, float scale) {
+    poison(t);
+    detail::RawForwardCall(forward_plan, t, scale, stream, workspace.get()).execute();
+    return read(t);
+  }
+};
+
+TEST(Replay, RepeatedForwardIsReplayedAndEqualsCudnnExecute) {
+  FUSEDATTN_REQUIRE_REPLAY();
+  Fixture f;
+  const ForwardTensors t = f.at(0);
+  const float scale = default_scale(f.spec);
+  const auto oracle = f.executed(t, scale);
+  for (int call = 0; call < 4; ++call) EXPECT_EQ(f.forward(t, scale), oracle) << "call " << call;
+  const ReplayStats stats = f.forward_plan->replay_stats();
+  EXPECT_EQ(stats.executed, 1u) << "only the first sighting goes through cuDNN";
+  EXPECT_EQ(stats.recorded, 1u);
+  EXPECT_EQ(stats.replayed, 3u);
+
+  // A replay reads the inputs as they are now, not as they were when it was recorded.
+  f.buffers.fill_inputs(0x51de);
+  const auto fresh_oracle = f.executed(t, scale);
+  ASSERT_NE(fresh_oracle, oracle);
+  EXPECT_EQ(f.forward(t, scale), fresh_oracle);
+  EXPECT_EQ(f.forward_plan->replay_stats().replayed, 4u);
+}
+
+TEST(Replay, ScaleAndPointersAreTheRecordingsKey) {
+  FUSEDATTN_REQUIRE_REPLAY();
+  Fixture f;
+  const ForwardTensors t = f.at(0);
+  const float scale = default_scale(f.spec);
+  const auto at_scale = f.executed(t, scale);
+  const auto at_half = f.executed(t, scale / 2);
+  ASSERT_NE(at_scale, at_half);
+  for (int call = 0; call < 3; ++call) {
+    EXPECT_EQ(f.forward(t, scale), at_scale) << "call " << call;
+    EXPECT_EQ(f.forward(t, scale / 2), at_half) << "call " << call << ": the scale was baked into the wrong recording";
+  }
+  EXPECT_EQ(f.forward_plan->replay_stats().recorded, 2u);
+
+  // Another O: the replay writes there, and leaves the O of the first recording alone.
+  const ForwardTensors moved = f.at(1);
+  const std::vector<std::uint8_t> poisoned(bytes_of(f.spec.o), 0xFF);
+  for (int call = 0; call < 3; ++call) {
+    check::check_cuda(cudaMemset(t.o, 0xFF, bytes_of(f.spec.o)), "cudaMemset");
+    EXPECT_EQ(f.forward(moved, scale), at_scale) << "call " << call;
+    EXPECT_EQ(copy_to_host(t.o, bytes_of(f.spec.o)), poisoned) << "call " << call << ": a replay wrote to another O";
+  }
+  EXPECT_EQ(f.forward_plan->replay_stats().recorded, 3u);
+}
+
+TEST(Replay, RepeatedBackwardIsReplayed) {
+  FUSEDATTN_REQUIRE_REPLAY();
+  Fixture f;
+  const float scale = default_scale(f.spec);
+  const BackwardTensors t = f.buffers.backward_tensors();
+  f.forward(f.buffers.forward_tensors(), scale);  // O and stats for the backward, where it reads them
+  std::vector<std::vector<float>> first;
+  for (int call = 0; call < 3; ++call) {
+    check::check_cuda(cudaMemset(t.d_q, 0xFF, bytes_of(f.spec.q)), "cudaMemset");
+    check::check_cuda(cudaMemset(t.d_k, 0xFF, bytes_of(f.spec.k)), "cudaMemset");
+    check::check_cuda(cudaMemset(t.d_v, 0xFF, bytes_of(f.spec.v)), "cudaMemset");
+    f.backward_plan->run(t, scale, f.stream, f.ws());
+    check::check_cuda(cudaStreamSynchronize(f.stream), "cudaStreamSynchronize");
+    std::vector<std::vector<float>> grads = {as_floats(copy_to_host(t.d_q, bytes_of(f.spec.q)), f.spec.q.dtype),
+                                             as_floats(copy_to_host(t.d_k, bytes_of(f.spec.k)), f.spec.k.dtype),
+                                             as_floats(copy_to_host(t.d_v, bytes_of(f.spec.v)), f.spec.v.dtype)};
+    if (call == 0) {
+      first = grads;
+      continue;
+    }
+    // The backward may accumulate in another order each run: equal within the dtype's tolerance.
+    for (int g = 0; g < 3; ++g) {
+      EXPECT_LE(relative_error(grads[g].data(), first[g].data(), static_cast<std::int64_t>(grads[g].size())),
+                check::tolerance_for(f.spec.q.dtype))
+          << "gradient " << g << ", call " << call;
+    }
+  }
+  const ReplayStats stats = f.backward_plan->replay_stats();
+  EXPECT_EQ(stats.executed, 1u);
+  EXPECT_EQ(stats.recorded, 1u);
+  EXPECT_EQ(stats.replayed, 2u);
+}
+
+TEST(Replay, RecordingStopsWhenRecordingsAreNotReplayed) {
+  FUSEDATTN_REQUIRE_REPLAY();
+  Fixture f;
+  const float scale = default_scale(f.spec);
+  const auto oracle = f.executed(f.at(0), scale);
+  // 20 calls each made twice (A A B B ...): a recording is launched once and never again.
+  for (int slot = 0; slot < 20; ++slot) {
+    EXPECT_EQ(f.forward(f.at(slot), scale), oracle) << "slot " << slot << ", first";
+    EXPECT_EQ(f.forward(f.at(slot), scale), oracle) << "slot " << slot << ", second";
+  }
+  const ReplayStats stats = f.forward_plan->replay_stats();
+  EXPECT_EQ(stats.recorded, 8u) << "recording should stop after the free recordings";
+  EXPECT_EQ(stats.replayed, 8u);
+  EXPECT_EQ(stats.executed, 32u);
+}
+
+TEST(Replay, LeastRecentlyUsedCallsMakeRoom) {
+  FUSEDATTN_REQUIRE_REPLAY();
+  Fixture f;
+  const float scale = default_scale(f.spec);
+  const auto oracle = f.executed(f.at(0), scale);
+  // Slot 0 is replayed between every new call, so it stays while 64 others pass through.
+  for (int call = 0; call < 3; ++call) f.forward(f.at(0), scale);
+  for (int slot = 1; slot < Fixture::kSlots; ++slot) {
+    EXPECT_EQ(f.forward(f.at(slot), scale), oracle) << "slot " << slot;
+    EXPECT_EQ(f.forward(f.at(0), scale), oracle) << "after slot " << slot;
+  }
+  const ReplayStats stats = f.forward_plan->replay_stats();
+  EXPECT_EQ(stats.recorded, 1u);
+  EXPECT_EQ(stats.replayed, 2u + 64u);
+  EXPECT_EQ(stats.evicted, 0u) << "the call in use was dropped";
+}
+
+TEST(Replay, StreamCaptureRecordsCudnnItself) {
+  FUSEDATTN_REQUIRE_REPLAY();
+  Fixture f;
+  const ForwardTensors t = f.at(0);
+  const float scale = default_scale(f.spec);
+  const auto oracle = f.executed(t, scale);
+  f.forward(t, scale);
+  f.forward(t, scale);  // recorded: a replay exists for this call
+  const ReplayStats before = f.forward_plan->replay_stats();
+  cudaGraph_t graph;
+  check::check_cuda(cudaStreamBeginCapture(f.stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+  f.forward_plan->run(t, scale, f.stream, f.ws());
+  check::check_cuda(cudaStreamEndCapture(f.stream, &graph), "cudaStreamEndCapture");
+  const ReplayStats after = f.forward_plan->replay_stats();
+  EXPECT_EQ(after.executed, before.executed + 1) << "a captured call went through cuDNN's execute";
+  EXPECT_EQ(after.replayed, before.replayed);
+  cudaGraphExec_t exec;
+  check::check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  f.poison(t);
+  check::check_cuda(cudaGraphLaunch(exec, f.stream), "cudaGraphLaunch");
+  EXPECT_EQ(f.read(t), oracle);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+}  // namespace
+}  // namespace fusedattn
