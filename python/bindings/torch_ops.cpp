@@ -2,18 +2,24 @@
 // costs more than the attention itself at small sizes. Built where PyTorch (with CUDA) is
 // installed; fusedattn.torch uses it when it is there and does the same in Python when not.
 //
-// forward(q, k, v, layout, options, scale) -> o: dense q, k, v in one of bshd, sbhd, bhsd (any
-// strides), no bias, sink, dropout, lengths or statistics (the caller sends only those calls).
-// Per call: a lookup of the plan by the tensors' sizes, strides, dtype, device and the options
+// options_id(layout, options) -> int names a call's layout (bshd, sbhd or bhsd) and spec options
+// once; forward(q, k, v, options_id, scale) -> o then runs dense q, k, v (any strides) with no
+// bias, sink, dropout, lengths or statistics (the caller sends only those calls). forward is a
+// plain CPython fast call, not a pybind11 one: its argument matching costs more than the rest.
+// Per call: a lookup of the plan by the tensors' sizes, strides, dtype, device and the options id
 // (the spec is built once per such signature), O from PyTorch's caching allocator, the workspace
-// too, and the plan enqueued on the current stream.
+// too, and the plan enqueued on the current stream (a repeated call replays, src/exec/replay.h).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <array>
+#include <cmath>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -21,6 +27,7 @@
 
 #include "fusedattn/attention.h"
 #include "fusedattn/errors.h"
+#include "fusedattn/plan_cache.h"
 #include "fusedattn/spec.h"
 #include "python_errors.h"
 
@@ -56,27 +63,56 @@ std::string describe(const at::Tensor& t, int layout) {
   return std::string(dtype_name(t.scalar_type())) + "[" + dims + "]/[" + strides + "]";
 }
 
-// What fixes a call's plan: device, dtype, layout, the three inputs' sizes and strides, options.
+// A call's layout and spec options, named once by options_id.
+struct CallOptions {
+  int layout;
+  std::string text;
+};
+
+// Append-only, so ids stay valid; bounded by the distinct option sets a program uses, and capped
+// (a program that makes up new windows on every call gets -1 and the Python path past the cap).
+constexpr std::size_t kMaxOptionSets = 4096;
+std::mutex g_options_mutex;
+std::deque<CallOptions> g_options;
+
+int options_id(const std::string& layout_name, const std::string& text) {
+  const int layout = layout_index(layout_name);
+  std::lock_guard<std::mutex> lock(g_options_mutex);
+  for (std::size_t i = 0; i < g_options.size(); ++i) {
+    if (g_options[i].layout == layout && g_options[i].text == text) return static_cast<int>(i);
+  }
+  if (g_options.size() == kMaxOptionSets) return -1;
+  g_options.push_back(CallOptions{layout, text});
+  return static_cast<int>(g_options.size() - 1);
+}
+
+const CallOptions& options_of(long id) {
+  std::lock_guard<std::mutex> lock(g_options_mutex);
+  if (id < 0 || static_cast<std::size_t>(id) >= g_options.size()) {
+    throw fa::InvalidArgument("options_id", std::to_string(id), "an id from options_id()");
+  }
+  return g_options[static_cast<std::size_t>(id)];
+}
+
+// What fixes a call's plan: device, dtype, options id, the three inputs' sizes and strides.
 struct Signature {
   std::array<std::int64_t, 27> numbers{};
-  std::string options;
-  bool operator==(const Signature& other) const { return numbers == other.numbers && options == other.options; }
+  bool operator==(const Signature& other) const { return numbers == other.numbers; }
 };
 
 struct SignatureHash {
   std::size_t operator()(const Signature& s) const noexcept {
-    std::size_t h = std::hash<std::string>()(s.options);
+    std::size_t h = 0;
     for (std::int64_t n : s.numbers) h = h * 1000003u ^ std::hash<std::int64_t>()(n);
     return h;
   }
 };
 
-Signature signature_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int layout,
-                       const std::string& options) {
+Signature signature_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, long id) {
   Signature s;
   s.numbers[0] = q.get_device();
   s.numbers[1] = static_cast<std::int64_t>(q.scalar_type());
-  s.numbers[2] = layout;
+  s.numbers[2] = id;
   std::size_t next = 3;
   for (const at::Tensor* t : {&q, &k, &v}) {
     for (int axis = 0; axis < 4; ++axis) {
@@ -84,39 +120,49 @@ Signature signature_of(const at::Tensor& q, const at::Tensor& k, const at::Tenso
       s.numbers[next++] = t->stride(axis);
     }
   }
-  s.options = options;
   return s;
 }
 
 // The plan of a signature, built on first use; later calls find it here (the core's cache would
-// find it too, but only from a full spec, which costs more to form than this lookup).
+// find it too, but only from a full spec, which costs more to form than this lookup). Bounded
+// like the core's cache: past its capacity the map starts again (plans stay in the core's cache).
 std::shared_ptr<const fa::Plan> plan_for(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                         const at::Tensor& o, int layout, const std::string& options) {
+                                         const at::Tensor& o, long id) {
   static std::mutex mutex;
   static std::unordered_map<Signature, std::shared_ptr<const fa::Plan>, SignatureHash> plans;
-  Signature key = signature_of(q, k, v, layout, options);
-  std::lock_guard<std::mutex> lock(mutex);
-  auto found = plans.find(key);
-  if (found != plans.end()) return found->second;
-  const std::string text = "q=" + describe(q, layout) + " k=" + describe(k, layout) + " v=" + describe(v, layout) +
-                           " o=" + describe(o, layout) + " " + options + " stats=0";
+  Signature key = signature_of(q, k, v, id);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto found = plans.find(key);
+    if (found != plans.end()) return found->second;
+  }
+  const CallOptions& options = options_of(id);
+  const std::string text = "q=" + describe(q, options.layout) + " k=" + describe(k, options.layout) +
+                           " v=" + describe(v, options.layout) + " o=" + describe(o, options.layout) + " " +
+                           options.text + " stats=0";
   auto plan = fa::get_plan(fa::parse_spec(text), fa::Pass::forward);
+  std::lock_guard<std::mutex> lock(mutex);
+  if (plans.size() >= fa::kDefaultPlanCacheCapacity) plans.clear();
   plans.emplace(std::move(key), plan);
   return plan;
 }
 
-at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::string& layout_name,
-                   const std::string& options, double scale) {
-  if (!q.is_cuda()) throw fa::InvalidArgument("q.device", q.device().str(), "a CUDA device");
-  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4) {
-    throw fa::InvalidArgument("q.dim", std::to_string(q.dim()), "4-dimensional q, k and v in " + layout_name);
+void require_like_q(const at::Tensor& q, const at::Tensor& t, const char* name) {
+  if (t.dim() != 4) throw fa::InvalidArgument(std::string(name) + ".dim", std::to_string(t.dim()), "4, like q");
+  if (t.device() != q.device()) {
+    throw fa::InvalidArgument(std::string(name) + ".device", t.device().str(), "q's device, " + q.device().str());
   }
-  const int layout = layout_index(layout_name);
+}
+
+at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, long id, double scale) {
+  if (!q.is_cuda()) throw fa::InvalidArgument("q.device", q.device().str(), "a CUDA device");
+  if (q.dim() != 4) throw fa::InvalidArgument("q.dim", std::to_string(q.dim()), "4");
+  require_like_q(q, k, "k");
+  require_like_q(q, v, "v");
   const c10::cuda::CUDAGuard device(q.device());
-  std::vector<std::int64_t> o_sizes = q.sizes().vec();
-  o_sizes[3] = v.size(3);
+  std::array<std::int64_t, 4> o_sizes = {q.size(0), q.size(1), q.size(2), v.size(3)};
   at::Tensor o = at::empty(o_sizes, q.options());
-  const std::shared_ptr<const fa::Plan> plan = plan_for(q, k, v, o, layout, options);
+  const std::shared_ptr<const fa::Plan> plan = plan_for(q, k, v, o, id);
   const std::size_t bytes = plan->workspace_bytes();
   at::Tensor workspace = bytes ? at::empty({static_cast<std::int64_t>(bytes)}, q.options().dtype(at::kByte))
                                : at::Tensor();
@@ -130,6 +176,37 @@ at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   return o;
 }
 
+const at::Tensor& tensor_argument(PyObject* object, const char* name) {
+  if (!THPVariable_Check(object)) {
+    throw fa::InvalidArgument(name, Py_TYPE(object)->tp_name, "a torch.Tensor");
+  }
+  return THPVariable_Unpack(object);
+}
+
+// forward(q, k, v, options_id, scale) as a CPython fast call.
+PyObject* forward_call(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
+  HANDLE_TH_ERRORS
+  try {
+    if (count != 5) throw fa::InvalidArgument("arguments", std::to_string(count), "5: q, k, v, options_id, scale");
+    const at::Tensor& q = tensor_argument(args[0], "q");
+    const at::Tensor& k = tensor_argument(args[1], "k");
+    const at::Tensor& v = tensor_argument(args[2], "v");
+    const long id = PyLong_AsLong(args[3]);
+    const double scale = PyFloat_AsDouble(args[4]);
+    if (PyErr_Occurred()) return nullptr;
+    return THPVariable_Wrap(forward(q, k, v, id, scale));
+  } catch (const fa::Error& error) {
+    fa::python::set_python_error(error);
+    return nullptr;
+  }
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef forward_method = {"forward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&forward_call)),
+                              METH_FASTCALL,
+                              "forward(q, k, v, options_id, scale) -> O of a plain dense inference call (no bias, "
+                              "sink, dropout, lengths or statistics), on the current stream."};
+
 }  // namespace
 
 PYBIND11_MODULE(_torch_ops, m) {
@@ -141,7 +218,7 @@ PYBIND11_MODULE(_torch_ops, m) {
       fa::python::set_python_error(error);
     }
   });
-  m.def("forward", &forward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("layout"), py::arg("options"),
-        py::arg("scale"),
-        "O of a plain dense inference call (no bias, sink, dropout, lengths or statistics), on the current stream.");
+  m.def("options_id", &options_id, py::arg("layout"), py::arg("options"),
+        "An id for a layout (bshd, sbhd or bhsd) and the spec's options, for forward(); -1 past 4096 such sets.");
+  m.add_object("forward", py::reinterpret_steal<py::object>(PyCFunction_New(&forward_method, nullptr)));
 }

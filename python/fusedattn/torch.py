@@ -364,6 +364,25 @@ def _option_text(key):
     return text
 
 
+_FAST_IDS = {}
+
+
+def _fast_options_id(layout, causal, align, window, alibi, softmax, deterministic):
+    """_fast's id for a call's layout and options, or -1 where it takes no such call (thd; past
+    its cap), cached per argument set."""
+    key = (layout, causal, align, window if type(window) is tuple else tuple(window), alibi, softmax, deterministic)
+    found = _FAST_IDS.get(key)
+    if found is None:
+        if layout not in _AXES:
+            found = -1
+        else:
+            left, right = window[0], (0 if causal else window[1])
+            found = _fast.options_id(layout, _option_text((left, right, align, softmax, "none", alibi, deterministic,
+                                                          False, 0.0, "")))
+        _FAST_IDS[key] = found
+    return found
+
+
 _FALLBACK_LOGGED = set()
 
 
@@ -395,6 +414,16 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     support (NotSupportedError, and nothing else) runs PyTorch's own attention instead, and the
     reason is logged once per configuration.
     """
+    # Plain eager inference, the call whose host time matters most, goes straight to C++: no bias,
+    # sink, dropout, lengths or extra outputs, no autograd, not traced. _fast checks the rest.
+    if (_fast is not None and bias is None and sink is None and not dropout_p and seq_len_q is None
+            and seq_len_kv is None and cu_seqlens_q is None and cu_seqlens_kv is None and softmax != "sink"
+            and not return_stats and not return_max_logit and not fallback and q.is_cuda
+            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+            and not torch.compiler.is_compiling()):
+        fast_id = _fast_options_id(layout, causal, align, window, alibi, softmax, deterministic)
+        if fast_id >= 0:
+            return _fast.forward(q, k, v, fast_id, 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale))
     if layout != "thd" and layout not in _AXES:
         raise invalid_argument("layout", layout, "one of bshd, sbhd, bhsd, thd")
     # Checked once here, cheaply (every call pays for it): the core cannot see host pointers.
@@ -446,9 +475,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
             o, stats, max_logit = _forward(*args)
         elif needs_grad:
             o, stats, max_logit = _EagerAttention.apply(*args)
-        elif (_fast is not None and rng is None and bias is None and sink is None and seq_len_q is None
-              and layout != "thd" and not return_stats and not return_max_logit):
-            o, stats, max_logit = _fast.forward(q, k, v, layout, option_text, float(scale)), None, None
         else:
             o, stats, max_logit = _run_forward(*args, placeholders=False)
     except NotSupportedError as error:

@@ -228,7 +228,7 @@ def test_the_cpp_fast_path_gives_what_the_python_path_gives(layout):
         k, v = packed[:, :, 0], packed[:, :, 1]
     options = "window=-1,0 align=bottom_right softmax=vanilla"
     with torch.no_grad():
-        ours = fast.forward(q, k, v, layout, options, 0.125)
+        ours = fast.forward(q, k, v, fast.options_id(layout, options), 0.125)
         python, _, _ = fa._run_forward(q, k, v, None, None, None, None, None, None, None, layout, options, 0.125,
                                        0, 0, False, placeholders=False)
     assert torch.equal(ours, python)

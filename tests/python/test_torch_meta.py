@@ -185,6 +185,14 @@ def test_the_cpp_fast_path_maps_errors_like_the_rest():
     fast = pytest.importorskip("fusedattn._torch_ops", reason="built only where PyTorch with CUDA is installed")
     import fusedattn
     q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16)
+    options = fast.options_id("bshd", "window=-1,-1 align=top_left softmax=vanilla")
+    assert fast.options_id("bshd", "window=-1,-1 align=top_left softmax=vanilla") == options >= 0
     with pytest.raises(fusedattn.InvalidArgumentError) as caught:
-        fast.forward(q, q, q, "bshd", "window=-1,-1 align=top_left softmax=vanilla", 0.125)
+        fast.forward(q, q, q, options, 0.125)
     assert caught.value.field == "q.device" and caught.value.requirement == "a CUDA device"
+    with pytest.raises(fusedattn.InvalidArgumentError) as caught:
+        fast.forward(q, "k", q, options, 0.125)
+    assert caught.value.field == "k" and caught.value.requirement == "a torch.Tensor"
+    with pytest.raises(fusedattn.InvalidArgumentError) as caught:
+        fast.options_id("thd", "window=-1,-1")
+    assert caught.value.field == "layout"
