@@ -144,6 +144,10 @@ int fa_make_spec(const char* layout, const char* dtype, long long b, long long s
   });
 }
 
+/// Turns replay of repeated calls on or off (fusedattn::set_replay), for the host-time comparison
+/// of both in one process. Returns the previous setting.
+int fa_bench_set_replay(int enabled) { return fa::set_replay(enabled != 0) ? 1 : 0; }
+
 /// Host time to enqueue one forward, three ways: the one-call API (cache lookup included), a held
 /// plan's run(), and cuDNN's execute alone. Only enqueueing is timed (synchronized before and
 /// after the loop); keep the shape tiny or the launch queue fills and this becomes kernel time.

@@ -79,6 +79,11 @@ class Shim:
                            "fa_bench_cache_stats": [U, D, U, U, U]}.items():
             getattr(self.lib, name).argtypes, getattr(self.lib, name).restype = args, I
         self.lib.fa_build_info.restype = S
+        self.lib.fa_bench_set_replay.argtypes, self.lib.fa_bench_set_replay.restype = [I], I
+
+    def set_replay(self, enabled):
+        """Replay of repeated calls on or off for the whole process (the library is loaded once)."""
+        return bool(self.lib.fa_bench_set_replay(int(enabled)))
 
     def _call(self, name, *args):
         err = ctypes.create_string_buffer(8192)
@@ -339,51 +344,64 @@ def gpu_us_per_call(enqueue, calls=200):
     return start.elapsed_time(end) * 1e3 / calls
 
 
-def host_overhead(shim, calls, lib):
-    """Host time to enqueue one forward at the tiny shape: three C++ levels and PyTorch's own."""
-    spec, t = shim.make_spec(TINY), Tensors(TINY)
-    shim.forward_ms(spec, t, 5, 20)  # builds the plan
-    api, plan_run, cudnn_only = shim.host_overhead(spec, t, calls)
-    result = {"shape": TINY.key, "spec": spec, "calls": calls, "replay": os.environ.get("FUSEDATTN_REPLAY") != "0",
-              "fusedattn_api_us": api,
-              "fusedattn_plan_run_us": plan_run, "cudnn_execute_only_us": cudnn_only,
-              "fusedattn_gpu_us": gpu_us_per_call(lambda n: shim.enqueue_forward(spec, t, n)),
-              "command": f"python bench/run_bench.py --lib {lib} --shapes none"}
-    for name, backend in BACKENDS.items():
-        sdpa = TorchSdpa(t, backend)
-        with sdpa.context(grad=False):  # entered once: the loop times only the call, as a user runs it
-            for _ in range(50):
-                sdpa.sdpa(t.q, t.k, t.v)
-            torch.cuda.synchronize()
-            begin = time.perf_counter()
-            for _ in range(calls):
-                sdpa.sdpa(t.q, t.k, t.v)
-            result[f"{name}_host_us"] = (time.perf_counter() - begin) * 1e6 / calls
-            torch.cuda.synchronize()
-            result[f"{name}_gpu_us"] = gpu_us_per_call(lambda n, s=sdpa: [s.sdpa(t.q, t.k, t.v) for _ in range(n)])
-    if FA_TORCH is not None:  # the adapter, forward and forward+backward, timed like PyTorch's own
-        adapter = AdapterCall(t)
-        for key, fn, context in (("fusedattn_torch_host_us", adapter.call, torch.no_grad),
-                                 ("fusedattn_torch_fwd_bwd_host_us", adapter.forward_backward, contextlib.nullcontext)):
-            with context():  # entered once, as for PyTorch's calls above
-                for _ in range(50):
-                    fn()
-                torch.cuda.synchronize()
-                begin = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                result[key] = (time.perf_counter() - begin) * 1e6 / calls
-                torch.cuda.synchronize()
-        sdpa = TorchSdpa(t, SDPBackend.CUDNN_ATTENTION)
-        for _ in range(50):
-            sdpa.forward_backward()
+def host_us(fn, calls, context=contextlib.nullcontext):
+    """Host microseconds per call of a Python loop without synchronization, after a short warm-up."""
+    with context():  # entered once: the loop times only the call, as a user runs it
+        for _ in range(20):
+            fn()
         torch.cuda.synchronize()
         begin = time.perf_counter()
         for _ in range(calls):
-            sdpa.forward_backward()
-        result["torch_cudnn_fwd_bwd_host_us"] = (time.perf_counter() - begin) * 1e6 / calls
+            fn()
+        elapsed = time.perf_counter() - begin
         torch.cuda.synchronize()
+    return elapsed * 1e6 / calls
+
+
+def host_overhead(shim, calls, lib, rounds=7):
+    """Host time to enqueue one forward at the tiny shape: three C++ levels and fusedattn.torch,
+    with repeated calls replayed and with replay off, and PyTorch's own. Every loop takes turns
+    with the others for `rounds` rounds and reports its median, so that the host's drift during
+    the run touches all of them alike (hosts here differ by up to 1.7x from run to run)."""
+    spec, t = shim.make_spec(TINY), Tensors(TINY)
+    shim.forward_ms(spec, t, 5, 20)  # builds the plan
+    result = {"shape": TINY.key, "spec": spec, "calls": calls, "rounds": rounds,
+              "command": f"python bench/run_bench.py --lib {lib} --shapes none"}
+    loops = {}  # result key: (call, context the loop runs in)
+    for name, backend in BACKENDS.items():
+        sdpa = TorchSdpa(t, backend)
+        loops[f"{name}_host_us"] = (lambda s=sdpa: s.sdpa(t.q, t.k, t.v), lambda s=sdpa: s.context(grad=False))
+    if FA_TORCH is not None:
+        adapter = AdapterCall(t)
+        sdpa = TorchSdpa(t, SDPBackend.CUDNN_ATTENTION)
+        loops.update({"fusedattn_torch_host_us": (adapter.call, torch.no_grad),
+                      "fusedattn_torch_fwd_bwd_host_us": (adapter.forward_backward, contextlib.nullcontext),
+                      "torch_cudnn_fwd_bwd_host_us": (sdpa.forward_backward, contextlib.nullcontext)})
+    samples = {}
+    for _ in range(rounds):
+        for replay in (True, False):
+            was = shim.set_replay(replay)
+            suffix = "" if replay else "_no_replay"
+            for key, (fn, context) in loops.items():
+                if suffix and not key.startswith("fusedattn"):
+                    continue  # PyTorch's own calls do not depend on the switch: once a round
+                samples.setdefault(key.replace("_host_us", f"{suffix}_host_us"), []).append(host_us(fn, calls, context))
+            shim.set_replay(was)
+    result.update({key: statistics.median(values) for key, values in samples.items()})
+    for replay in (True, False):  # the C++ levels take turns inside the shim, 7 rounds each
+        was = shim.set_replay(replay)
+        api, plan_run, cudnn_only = shim.host_overhead(spec, t, calls)
+        shim.set_replay(was)
+        suffix = "" if replay else "_no_replay"
+        result.update({f"fusedattn_api{suffix}_us": api, f"fusedattn_plan_run{suffix}_us": plan_run,
+                       f"cudnn_execute_only{suffix}_us": cudnn_only})
+    result["fusedattn_gpu_us"] = gpu_us_per_call(lambda n: shim.enqueue_forward(spec, t, n))
+    for name, backend in BACKENDS.items():
+        sdpa = TorchSdpa(t, backend)
+        with sdpa.context(grad=False):
+            result[f"{name}_gpu_us"] = gpu_us_per_call(lambda n, s=sdpa: [s.sdpa(t.q, t.k, t.v) for _ in range(n)])
     # Past the launch queue's depth, enqueueing waits for the GPU and converges on GPU time.
+    api = result["fusedattn_api_no_replay_us"]
     result["throttled"] = calls > 512 and 0.85 <= api / result["fusedattn_gpu_us"] <= 1.15
     return result
 
@@ -402,19 +420,22 @@ def markdown(rows, host, check):
                      f"{fmt(r.get('torch_adapter_ratio_vs_cudnn'), '{:.3f}')} |")
     lines.append("\nTFLOP/s, BF16, bshd; median over interleaved rounds of medians of event-timed calls.")
     if host:
-        replay = ("repeated calls replayed from their recordings" if host.get("replay", True)
-                  else "replay off (FUSEDATTN_REPLAY=0): every call through cuDNN's execute")
-        lines += [f"\n| host µs per forward call, {host['shape']}; fusedattn: {replay} | µs |", "|---|---|"]
-        for label, key in (("fusedattn::forward (cache lookup included)", "fusedattn_api_us"),
-                           ("Plan::run (plan held)", "fusedattn_plan_run_us"),
-                           ("cuDNN execute alone", "cudnn_execute_only_us"),
-                           ("fusedattn.torch.attention (forward, no grad)", "fusedattn_torch_host_us"),
-                           ("fusedattn.torch.attention, forward + backward", "fusedattn_torch_fwd_bwd_host_us"),
-                           ("PyTorch SDPA, cuDNN backend", "torch_cudnn_host_us"),
+        lines += [f"\n| host µs per forward call, {host['shape']} (median of {host.get('rounds', 1)} interleaved "
+                  "rounds) | repeated calls replayed | replay off |", "|---|---|---|"]
+        for label, on, off in (
+                ("fusedattn::forward (cache lookup included)", "fusedattn_api_us", "fusedattn_api_no_replay_us"),
+                ("Plan::run (plan held)", "fusedattn_plan_run_us", "fusedattn_plan_run_no_replay_us"),
+                ("cuDNN execute alone", "cudnn_execute_only_us", "cudnn_execute_only_no_replay_us"),
+                ("fusedattn.torch.attention (forward, no grad)", "fusedattn_torch_host_us",
+                 "fusedattn_torch_no_replay_host_us"),
+                ("fusedattn.torch.attention, forward + backward", "fusedattn_torch_fwd_bwd_host_us",
+                 "fusedattn_torch_fwd_bwd_no_replay_host_us")):
+            lines.append(f"| {label} | {fmt(host.get(on), '{:.2f}')} | {fmt(host.get(off), '{:.2f}')} |")
+        for label, key in (("PyTorch SDPA, cuDNN backend", "torch_cudnn_host_us"),
                            ("PyTorch SDPA, cuDNN backend, forward + backward", "torch_cudnn_fwd_bwd_host_us"),
                            ("PyTorch SDPA, flash backend", "torch_flash_host_us"),
                            ("GPU time per call (fusedattn)", "fusedattn_gpu_us")):
-            lines.append(f"| {label} | {fmt(host.get(key), '{:.2f}')} |")
+            lines.append(f"| {label} | {fmt(host.get(key), '{:.2f}')} | |")
         if host["throttled"]:
             lines.append("\nEnqueue time is within 15% of GPU time with more calls than the launch queue holds: "
                          "the loop may have waited for the GPU.")

@@ -9,7 +9,7 @@
 # process), cli (CPU tier, demo and CLI checks on this machine), matrix (the support matrix from
 # this GPU), bench (PyTorch comparison), varlen (ragged step and paged decode), jaxbench (JAX
 # comparison). The results file covers the test parts that ran. BUILD_TARGETS names the ninja
-# targets to build (default: all).
+# targets to build (default: all); BENCH_ARGS goes to bench/run_bench.py.
 #
 # FUSEDATTN_COMMIT=<sha> names the commit in the results file; pass it as a literal from the
 # checkout that was sent (the device's copy of .git can lag behind the working tree).
@@ -94,10 +94,8 @@ fi
 bench_lib="$build/libfusedattn_bench.so"
 if part bench; then
   echo "== benchmark: fusedattn (C++ and fusedattn.torch) against PyTorch"
-  python3 -X faulthandler bench/run_bench.py --lib "$bench_lib" --out "$OUT" --rounds 5 || status=1
-  # The host section again with replay switched off: what every call costs through cuDNN's execute.
-  FUSEDATTN_REPLAY=0 python3 -X faulthandler bench/run_bench.py --lib "$bench_lib" --out "$OUT" --shapes none \
-    --name "$(date +%Y%m%d-%H%M)_host_without_replay" || status=1
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments (--shapes none: the host section only)
+  python3 -X faulthandler bench/run_bench.py --lib "$bench_lib" --out "$OUT" --rounds 5 ${BENCH_ARGS:-} || status=1
   FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 bench/profile_torch_call.py 2>&1 \
     | grep -E "^---|tottime|[0-9] +[0-9.]+ +[0-9.]+" | head -40
 fi

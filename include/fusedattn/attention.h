@@ -116,13 +116,17 @@ struct Workspace {
 
 /// How a plan's calls reached the GPU (Plan::replay_stats). A call whose pointers, workspace and
 /// scale the plan has seen before is recorded into a CUDA graph and replayed from then on, which
-/// costs a fraction of cuDNN's per-call host work; FUSEDATTN_REPLAY=0 turns this off.
+/// costs a fraction of cuDNN's per-call host work (set_replay turns this off).
 struct ReplayStats {
   std::uint64_t executed = 0;  ///< calls enqueued through cuDNN's execute
   std::uint64_t recorded = 0;  ///< calls recorded into CUDA graphs
   std::uint64_t replayed = 0;  ///< calls launched from a recorded graph (the recording call included)
   std::uint64_t evicted = 0;   ///< recorded graphs dropped to make room
 };
+
+/// Turns replay of repeated calls on or off for the whole process (FUSEDATTN_REPLAY=0 starts it
+/// off); returns the previous setting. Recordings are kept while it is off.
+bool set_replay(bool enabled) noexcept;
 
 namespace graph {
 class CompiledGraph;

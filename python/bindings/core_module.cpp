@@ -95,6 +95,18 @@ NB_MODULE(_core, m) {
   nb::class_<fa::Plan>(m, "Plan", "A compiled, cached plan: run it with device addresses.")
       .def_prop_ro("workspace_bytes", &fa::Plan::workspace_bytes)
       .def_prop_ro("spec", [](const fa::Plan& plan) { return plan.spec(); })
+      .def_prop_ro(
+          "replay_stats",
+          [](const fa::Plan& plan) {
+            const fa::ReplayStats s = plan.replay_stats();
+            nb::dict out;
+            out["executed"] = s.executed;
+            out["recorded"] = s.recorded;
+            out["replayed"] = s.replayed;
+            out["evicted"] = s.evicted;
+            return out;
+          },
+          "Calls executed through cuDNN, recorded, replayed from a recording, and recordings evicted.")
       .def(
           "forward",
           [](const fa::Plan& plan, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
@@ -157,6 +169,8 @@ NB_MODULE(_core, m) {
       "get_plan", [](const fa::AttentionSpec& spec, const std::string& pass) { return fa::get_plan(spec, parse_pass(pass)); },
       "spec"_a, "pass_"_a, "The cached plan (built on first use); raises NotSupportedError with every reason.");
   m.def("build_info", [] { return fa::build_info().to_string(); }, "Versions compiled and loaded, and the GPU.");
+  m.def("set_replay", &fa::set_replay, "enabled"_a,
+        "Turns replay of repeated calls on or off for the process; returns the previous setting.");
   m.def(
       "plan_cache_stats",
       [] {

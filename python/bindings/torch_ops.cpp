@@ -10,6 +10,7 @@
 // (the spec is built once per such signature), O from PyTorch's caching allocator, the workspace
 // too, and the plan enqueued on the current stream (a repeated call replays, src/exec/replay.h).
 #include <ATen/ATen.h>
+#include <ATen/cuda/EmptyTensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/Exceptions.h>
@@ -160,12 +161,14 @@ at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   require_like_q(q, k, "k");
   require_like_q(q, v, "v");
   const c10::cuda::CUDAGuard device(q.device());
-  std::array<std::int64_t, 4> o_sizes = {q.size(0), q.size(1), q.size(2), v.size(3)};
-  at::Tensor o = at::empty(o_sizes, q.options());
+  // empty_cuda: straight to the caching allocator, without a trip through the dispatcher.
+  const std::array<std::int64_t, 4> o_sizes = {q.size(0), q.size(1), q.size(2), v.size(3)};
+  at::Tensor o = at::detail::empty_cuda(o_sizes, q.scalar_type(), q.device(), std::nullopt);
   const std::shared_ptr<const fa::Plan> plan = plan_for(q, k, v, o, id);
   const std::size_t bytes = plan->workspace_bytes();
-  at::Tensor workspace = bytes ? at::empty({static_cast<std::int64_t>(bytes)}, q.options().dtype(at::kByte))
-                               : at::Tensor();
+  at::Tensor workspace =
+      bytes ? at::detail::empty_cuda({static_cast<std::int64_t>(bytes)}, at::kByte, q.device(), std::nullopt)
+            : at::Tensor();
   fa::ForwardTensors t;
   t.q = q.data_ptr();
   t.k = k.data_ptr();

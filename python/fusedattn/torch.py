@@ -370,7 +370,8 @@ _FAST_IDS = {}
 def _fast_options_id(layout, causal, align, window, alibi, softmax, deterministic):
     """_fast's id for a call's layout and options, or -1 where it takes no such call (thd; past
     its cap), cached per argument set."""
-    key = (layout, causal, align, window if type(window) is tuple else tuple(window), alibi, softmax, deterministic)
+    window = tuple(window)
+    key = (layout, causal, align, window, alibi, softmax, deterministic)
     found = _FAST_IDS.get(key)
     if found is None:
         if layout not in _AXES:
@@ -421,7 +422,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
             and not return_stats and not return_max_logit and not fallback and q.is_cuda
             and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
             and not torch.compiler.is_compiling()):
-        fast_id = _fast_options_id(layout, causal, align, window, alibi, softmax, deterministic)
+        fast_id = (_FAST_IDS.get((layout, causal, align, window, alibi, softmax, deterministic))
+                   if type(window) is tuple else None)  # a list is no dict key
+        if fast_id is None:
+            fast_id = _fast_options_id(layout, causal, align, window, alibi, softmax, deterministic)
         if fast_id >= 0:
             return _fast.forward(q, k, v, fast_id, 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale))
     if layout != "thd" and layout not in _AXES:

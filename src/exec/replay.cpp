@@ -1,6 +1,7 @@
 // ReplayCache: CUDA graphs of calls seen before, launched in place of cuDNN's execute.
 #include "exec/replay.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -127,12 +128,22 @@ cudaGraphExec_t ReplayCache::record(const graph::CompiledGraph& graph, cudnnHand
   return exec;
 }
 
-bool replay_enabled() {
-  static const bool enabled = [] {
+namespace {
+std::atomic<bool>& replay_switch() noexcept {
+  static std::atomic<bool> on{[] {
     const char* text = std::getenv("FUSEDATTN_REPLAY");
     return text == nullptr || std::strcmp(text, "0") != 0;
-  }();
-  return enabled;
+  }()};
+  return on;
 }
+}  // namespace
+
+bool replay_enabled() noexcept { return replay_switch().load(std::memory_order_relaxed); }
 
 }  // namespace fusedattn::detail
+
+namespace fusedattn {
+
+bool set_replay(bool enabled) noexcept { return detail::replay_switch().exchange(enabled); }
+
+}  // namespace fusedattn

@@ -79,7 +79,7 @@ class ReplayCache {
   bool disabled_ = false;  // recording failed once: this plan executes through cuDNN from then on
 };
 
-/// False when FUSEDATTN_REPLAY is set to "0" (read once): every call then executes through cuDNN.
-bool replay_enabled();
+/// The switch set_replay() turns; FUSEDATTN_REPLAY=0 starts it off.
+bool replay_enabled() noexcept;
 
 }  // namespace fusedattn::detail

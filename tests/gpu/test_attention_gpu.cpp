@@ -202,6 +202,7 @@ TEST(Execution, CacheHitAllocatesNothingAndNeverRebuilds) {
   ForwardTensors ft = buffers.forward_tensors();
   BackwardTensors bt = buffers.backward_tensors();
   detail::RawForwardCall raw(forward_plan, ft, scale, nullptr, workspace.get());
+  const bool replay_was = set_replay(true);
   // Warm: handle creation, lazy frontend state, and each call seen twice, so that it is recorded
   // and replayed from then on (the library's per-call path; cuDNN's execute allocates).
   for (int warm = 0; warm < 2; ++warm) {
@@ -235,24 +236,23 @@ TEST(Execution, CacheHitAllocatesNothingAndNeverRebuilds) {
 
   // cuDNN's own execute creates and finalizes a variant-pack descriptor on every call, which
   // allocates inside libcudnn (9 per forward on cuDNN 9.19). A repeated call is replayed from its
-  // recording instead, so neither the lookups nor any layer above allocate anything; with replay
-  // switched off, each layer allocates exactly what cuDNN's execute does.
-  const char* replay_setting = std::getenv("FUSEDATTN_REPLAY");
-  const bool replaying = replay_setting == nullptr || std::string(replay_setting) != "0";
-  const long forward_floor = replaying ? 0 : cudnn_forward;
+  // recording instead, so neither the lookups nor any layer above allocate anything.
   EXPECT_EQ(lookups, 0) << "cache lookup allocated";
-  EXPECT_EQ(plan_forward, forward_floor) << "Plan::run allocated";
-  EXPECT_EQ(call_forward, plan_forward) << "forward() allocated beyond Plan::run";
-  if (replaying) EXPECT_EQ(plan_backward, 0) << "Plan::run (backward) allocated";
-  EXPECT_EQ(call_backward, plan_backward) << "backward() allocated beyond Plan::run";
-  if (replaying) {
-    EXPECT_GE(forward_plan->replay_stats().replayed, static_cast<std::uint64_t>(2 * kCalls))
-        << "repeated forward calls were not replayed";
-  }
+  EXPECT_EQ(plan_forward, 0) << "Plan::run allocated";
+  EXPECT_EQ(call_forward, 0) << "forward() allocated";
+  EXPECT_EQ(plan_backward, 0) << "Plan::run (backward) allocated";
+  EXPECT_EQ(call_backward, 0) << "backward() allocated";
+  EXPECT_GE(forward_plan->replay_stats().replayed, static_cast<std::uint64_t>(2 * kCalls))
+      << "repeated forward calls were not replayed";
+  // With replay off, each layer allocates exactly what cuDNN's execute does, nothing more.
+  set_replay(false);
+  EXPECT_EQ(repeat([&] { forward_plan->run(ft, scale, nullptr, ws); }), cudnn_forward) << "Plan::run, replay off";
+  EXPECT_EQ(repeat([&] { forward(spec, ft, scale, nullptr, ws); }), cudnn_forward) << "forward(), replay off";
   EXPECT_EQ(free_before, free_after) << "device memory changed during cached calls";
   EXPECT_EQ(after.builds, before.builds);
   EXPECT_EQ(after.misses, before.misses);
   EXPECT_EQ(after.hits - before.hits, static_cast<std::uint64_t>(4 * kCalls));
+  set_replay(replay_was);
 }
 
 TEST(Execution, SupportAnswerIsCachedWithThePlan) {

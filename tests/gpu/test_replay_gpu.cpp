@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -22,16 +21,15 @@ namespace {
 using check::AttentionBuffers;
 using check::DeviceBuffer;
 
-bool replay_switched_off() {
-  const char* setting = std::getenv("FUSEDATTN_REPLAY");
-  return setting != nullptr && std::string(setting) == "0";
-}
+// Replay on for the test (whatever FUSEDATTN_REPLAY says), the setting restored after it.
+class ReplayOn {
+ public:
+  ReplayOn() : was_(set_replay(true)) {}
+  ~ReplayOn() { set_replay(was_); }
 
-#define FUSEDATTN_REQUIRE_REPLAY()                                                   \
-  do {                                                                               \
-    FUSEDATTN_REQUIRE_GPU();                                                         \
-    if (replay_switched_off()) GTEST_SKIP() << "FUSEDATTN_REPLAY=0 switches replay off"; \
-  } while (0)
+ private:
+  bool was_;
+};
 
 // A shape of its own, and a fresh plan per test (the cache is cleared), so counters start at 0.
 const char* kSpec = "layout=bshd dtype=bf16 b=2 s_q=136 s_kv=264 h_q=4 h_kv=2 d=64 causal=1 align=bottom_right";
@@ -94,7 +92,8 @@ struct Fixture {
 };
 
 TEST(Replay, RepeatedForwardIsReplayedAndEqualsCudnnExecute) {
-  FUSEDATTN_REQUIRE_REPLAY();
+  FUSEDATTN_REQUIRE_GPU();
+  ReplayOn on;
   Fixture f;
   const ForwardTensors t = f.at(0);
   const float scale = default_scale(f.spec);
@@ -114,7 +113,8 @@ TEST(Replay, RepeatedForwardIsReplayedAndEqualsCudnnExecute) {
 }
 
 TEST(Replay, ScaleAndPointersAreTheRecordingsKey) {
-  FUSEDATTN_REQUIRE_REPLAY();
+  FUSEDATTN_REQUIRE_GPU();
+  ReplayOn on;
   Fixture f;
   const ForwardTensors t = f.at(0);
   const float scale = default_scale(f.spec);
@@ -139,7 +139,8 @@ TEST(Replay, ScaleAndPointersAreTheRecordingsKey) {
 }
 
 TEST(Replay, RepeatedBackwardIsReplayed) {
-  FUSEDATTN_REQUIRE_REPLAY();
+  FUSEDATTN_REQUIRE_GPU();
+  ReplayOn on;
   Fixture f;
   const float scale = default_scale(f.spec);
   const BackwardTensors t = f.buffers.backward_tensors();
@@ -172,7 +173,8 @@ TEST(Replay, RepeatedBackwardIsReplayed) {
 }
 
 TEST(Replay, RecordingStopsWhenRecordingsAreNotReplayed) {
-  FUSEDATTN_REQUIRE_REPLAY();
+  FUSEDATTN_REQUIRE_GPU();
+  ReplayOn on;
   Fixture f;
   const float scale = default_scale(f.spec);
   const auto oracle = f.executed(f.at(0), scale);
@@ -188,7 +190,8 @@ TEST(Replay, RecordingStopsWhenRecordingsAreNotReplayed) {
 }
 
 TEST(Replay, LeastRecentlyUsedCallsMakeRoom) {
-  FUSEDATTN_REQUIRE_REPLAY();
+  FUSEDATTN_REQUIRE_GPU();
+  ReplayOn on;
   Fixture f;
   const float scale = default_scale(f.spec);
   const auto oracle = f.executed(f.at(0), scale);
@@ -205,7 +208,8 @@ TEST(Replay, LeastRecentlyUsedCallsMakeRoom) {
 }
 
 TEST(Replay, StreamCaptureRecordsCudnnItself) {
-  FUSEDATTN_REQUIRE_REPLAY();
+  FUSEDATTN_REQUIRE_GPU();
+  ReplayOn on;
   Fixture f;
   const ForwardTensors t = f.at(0);
   const float scale = default_scale(f.spec);
@@ -227,6 +231,27 @@ TEST(Replay, StreamCaptureRecordsCudnnItself) {
   EXPECT_EQ(f.read(t), oracle);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+}
+
+TEST(Replay, SwitchedOffEveryCallGoesThroughCudnn) {
+  FUSEDATTN_REQUIRE_GPU();
+  ReplayOn on;
+  Fixture f;
+  const ForwardTensors t = f.at(0);
+  const float scale = default_scale(f.spec);
+  const auto oracle = f.executed(t, scale);
+  f.forward(t, scale);
+  f.forward(t, scale);  // recorded
+  set_replay(false);
+  for (int call = 0; call < 3; ++call) EXPECT_EQ(f.forward(t, scale), oracle) << "call " << call;
+  ReplayStats stats = f.forward_plan->replay_stats();
+  EXPECT_EQ(stats.executed, 4u);
+  EXPECT_EQ(stats.replayed, 1u);
+  set_replay(true);  // the recording was kept
+  EXPECT_EQ(f.forward(t, scale), oracle);
+  stats = f.forward_plan->replay_stats();
+  EXPECT_EQ(stats.replayed, 2u);
+  EXPECT_EQ(stats.recorded, 1u);
 }
 
 }  // namespace
