@@ -112,6 +112,33 @@ double host_us_per_call(int calls, cudaStream_t stream, const std::function<void
   return us / calls;
 }
 
+// An instantiated CUDA graph holding one 4-byte memset: what launching any graph costs at least.
+class GraphOfOneMemset {
+ public:
+  explicit GraphOfOneMemset(void* target) {
+    cudaGraph_t graph = nullptr;
+    fa::check::check_cuda(cudaGraphCreate(&graph, 0), "cudaGraphCreate");
+    cudaMemsetParams params{};
+    params.dst = target;
+    params.value = 0;
+    params.elementSize = 1;
+    params.width = 4;
+    params.height = 1;
+    cudaGraphNode_t node = nullptr;
+    cudaError_t added = cudaGraphAddMemsetNode(&node, graph, nullptr, 0, &params);
+    cudaError_t instantiated = added == cudaSuccess ? cudaGraphInstantiate(&exec_, graph, 0) : added;
+    cudaGraphDestroy(graph);
+    fa::check::check_cuda(instantiated, "cudaGraphAddMemsetNode / cudaGraphInstantiate");
+  }
+  ~GraphOfOneMemset() { cudaGraphExecDestroy(exec_); }
+  GraphOfOneMemset(const GraphOfOneMemset&) = delete;
+  GraphOfOneMemset& operator=(const GraphOfOneMemset&) = delete;
+  void launch(cudaStream_t stream) const { fa::check::check_cuda(cudaGraphLaunch(exec_, stream), "cudaGraphLaunch"); }
+
+ private:
+  cudaGraphExec_t exec_ = nullptr;
+};
+
 }  // namespace
 
 extern "C" {
@@ -149,30 +176,34 @@ int fa_make_spec(const char* layout, const char* dtype, long long b, long long s
 int fa_bench_set_replay(int enabled) { return fa::set_replay(enabled != 0) ? 1 : 0; }
 
 /// Host time to enqueue one forward, three ways: the one-call API (cache lookup included), a held
-/// plan's run(), and cuDNN's execute alone. Only enqueueing is timed (synchronized before and
+/// plan's run(), and cuDNN's execute alone; and, as the floor of any replayed call, the launch of a
+/// CUDA graph of one 4-byte memset node (into O). Only enqueueing is timed (synchronized before and
 /// after the loop); keep the shape tiny or the launch queue fills and this becomes kernel time.
 int fa_bench_host_overhead(const char* spec, const void* q, const void* k, const void* v, void* o, float* stats,
                            float scale, void* stream, int calls, double* us_per_call_api,
-                           double* us_per_call_plan_run, double* us_per_call_cudnn_only, char* err, int errlen) {
+                           double* us_per_call_plan_run, double* us_per_call_cudnn_only,
+                           double* us_per_call_graph_floor, char* err, int errlen) {
   return guarded(err, errlen, [&] {
     if (calls < 1) throw fa::InvalidArgument("calls", std::to_string(calls), "at least 1");
     const ForwardCall c = prepare_forward(spec, q, k, v, o, stats, scale, stream);
     const fa::detail::RawForwardCall raw(c.plan, c.tensors, c.scale, c.stream, c.workspace.data);
-    const std::function<void()> loops[3] = {
+    const GraphOfOneMemset floor(o);
+    const std::function<void()> loops[4] = {
         [&] { fa::forward(c.spec, c.tensors, c.scale, c.stream, c.workspace); },
         [&] { c.plan->run(c.tensors, c.scale, c.stream, c.workspace); },
         [&] { raw.execute(); },
+        [&] { floor.launch(c.stream); },
     };
     for (const auto& loop : loops) loop();  // warm every path once
-    // The three loops take turns for several rounds and each reports its median, so that the
-    // order they run in and drift of the machine affect none of them more than the others.
+    // The loops take turns for several rounds and each reports its median, so that the order they
+    // run in and drift of the machine affect none of them more than the others.
     constexpr int kRounds = 7;
-    std::vector<double> samples[3];
+    std::vector<double> samples[4];
     for (int round = 0; round < kRounds; ++round) {
-      for (int i = 0; i < 3; ++i) samples[i].push_back(host_us_per_call(calls, c.stream, loops[i]));
+      for (int i = 0; i < 4; ++i) samples[i].push_back(host_us_per_call(calls, c.stream, loops[i]));
     }
-    double* outputs[3] = {us_per_call_api, us_per_call_plan_run, us_per_call_cudnn_only};
-    for (int i = 0; i < 3; ++i) {
+    double* outputs[4] = {us_per_call_api, us_per_call_plan_run, us_per_call_cudnn_only, us_per_call_graph_floor};
+    for (int i = 0; i < 4; ++i) {
       std::sort(samples[i].begin(), samples[i].end());
       *outputs[i] = samples[i][kRounds / 2];
     }

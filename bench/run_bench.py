@@ -73,7 +73,7 @@ class Shim:
                            "fa_bench_ragged_step": [S, LL] + [P] * 10 + [F32, P, I, D, S, I],
                            "fa_bench_enqueue_paged_forward": [S] + [P] * 8 + [F32, P, I, S, I],
                            "fa_bench_enqueue_forward_backward": [S] + [P] * 9 + [F32, P, I, S, I],
-                           "fa_bench_host_overhead": fwd + [I, D, D, D, S, I],
+                           "fa_bench_host_overhead": fwd + [I, D, D, D, D, S, I],
                            "fa_bench_enqueue_forward": fwd + [I, S, I],
                            "fa_bench_plan_build": [S, D, D, S, I],
                            "fa_bench_cache_stats": [U, D, U, U, U]}.items():
@@ -127,7 +127,7 @@ class Shim:
                    ptr(t.dk), ptr(t.dv), math.nan, stream(), calls)
 
     def host_overhead(self, spec, t, calls):
-        out = [ctypes.c_double() for _ in range(3)]
+        out = [ctypes.c_double() for _ in range(4)]  # API, Plan::run, cuDNN execute, one-memset graph
         self._call("fa_bench_host_overhead", spec.encode(), *t.fwd_ptrs(False), math.nan, stream(), calls,
                    *map(ctypes.byref, out))
         return [x.value for x in out]
@@ -390,11 +390,11 @@ def host_overhead(shim, calls, lib, rounds=7):
     result.update({key: statistics.median(values) for key, values in samples.items()})
     for replay in (True, False):  # the C++ levels take turns inside the shim, 7 rounds each
         was = shim.set_replay(replay)
-        api, plan_run, cudnn_only = shim.host_overhead(spec, t, calls)
+        api, plan_run, cudnn_only, graph_floor = shim.host_overhead(spec, t, calls)
         shim.set_replay(was)
         suffix = "" if replay else "_no_replay"
         result.update({f"fusedattn_api{suffix}_us": api, f"fusedattn_plan_run{suffix}_us": plan_run,
-                       f"cudnn_execute_only{suffix}_us": cudnn_only})
+                       f"cudnn_execute_only{suffix}_us": cudnn_only, f"graph_launch_floor{suffix}_us": graph_floor})
     result["fusedattn_gpu_us"] = gpu_us_per_call(lambda n: shim.enqueue_forward(spec, t, n))
     for name, backend in BACKENDS.items():
         sdpa = TorchSdpa(t, backend)
@@ -426,6 +426,8 @@ def markdown(rows, host, check):
                 ("fusedattn::forward (cache lookup included)", "fusedattn_api_us", "fusedattn_api_no_replay_us"),
                 ("Plan::run (plan held)", "fusedattn_plan_run_us", "fusedattn_plan_run_no_replay_us"),
                 ("cuDNN execute alone", "cudnn_execute_only_us", "cudnn_execute_only_no_replay_us"),
+                ("a CUDA graph of one memset (what any replay costs at least)", "graph_launch_floor_us",
+                 "graph_launch_floor_no_replay_us"),
                 ("fusedattn.torch.attention (forward, no grad)", "fusedattn_torch_host_us",
                  "fusedattn_torch_no_replay_host_us"),
                 ("fusedattn.torch.attention, forward + backward", "fusedattn_torch_fwd_bwd_host_us",

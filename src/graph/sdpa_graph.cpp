@@ -354,7 +354,11 @@ class FrontendGraph final : public CompiledGraph {
   bool record(cudnnHandle_t handle, void** sorted_pointers, void* workspace, cudaGraph_t into) const override {
     std::unordered_map<std::int64_t, void*> by_uid;
     for (std::size_t i = 0; i < uids_.size(); ++i) by_uid.emplace(uids_[i], sorted_pointers[i]);
-    auto status = graph_->populate_cuda_graph(handle, by_uid, workspace, into);
+    // Straight into `into` where the frontend adds no copy or memset nodes of its own: the graph is
+    // then the backend's, without a child-graph level around it.
+    auto status = graph_->cuda_graph_direct_population_eligible()
+                      ? graph_->populate_cuda_graph_direct(handle, by_uid, workspace, into)
+                      : graph_->populate_cuda_graph(handle, by_uid, workspace, into);
     if (status.get_code() == fe::error_code_t::GRAPH_NOT_SUPPORTED) return false;  // a frontend-owned engine
     if (status.is_bad()) throw CudnnError("cuDNN populate_cuda_graph failed: " + status.get_message());
     return true;
