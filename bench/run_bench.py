@@ -385,7 +385,8 @@ def host_overhead(shim, calls, lib, rounds=7):
             for key, (fn, context) in loops.items():
                 if suffix and not key.startswith("fusedattn"):
                     continue  # PyTorch's own calls do not depend on the switch: once a round
-                samples.setdefault(key.replace("_host_us", f"{suffix}_host_us"), []).append(host_us(fn, calls, context))
+                name = key.replace("_host_us", f"{suffix}_host_us")
+                samples.setdefault(name, []).append(host_us(fn, calls, context))
             shim.set_replay(was)
     result.update({key: statistics.median(values) for key, values in samples.items()})
     for replay in (True, False):  # the C++ levels take turns inside the shim, 7 rounds each

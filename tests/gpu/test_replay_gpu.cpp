@@ -36,7 +36,9 @@ const char* kSpec = "layout=bshd dtype=bf16 b=2 s_q=136 s_kv=264 h_q=4 h_kv=2 d=
 
 struct Fixture {
   static constexpr int kSlots = 65;  // one more than a plan remembers
+  ReplayOn on;
   AttentionSpec spec = parse_spec(kSpec);
+  float scale = default_scale(spec);
   AttentionBuffers buffers{spec, /*with_backward=*/true};
   std::shared_ptr<const Plan> forward_plan, backward_plan;
   DeviceBuffer workspace, outputs;  // outputs: kSlots places for O, each a distinct call
@@ -83,6 +85,14 @@ struct Fixture {
     return read(t);
   }
 
+  // cuDNN's result for `t` (the oracle), after the plan has seen the call twice: it is recorded.
+  std::vector<std::uint8_t> recorded(const ForwardTensors& t) {
+    const auto oracle = executed(t, scale);
+    forward(t, scale);
+    forward(t, scale);
+    return oracle;
+  }
+
   // The same forward through cuDNN's execute alone, never replayed: the oracle.
   std::vector<std::uint8_t> executed(const ForwardTensors& t, float scale) {
     poison(t);
@@ -91,18 +101,22 @@ struct Fixture {
   }
 };
 
+// The plan's counters, all three at once, so that a failure shows them side by side.
+void expect_counts(const Plan& plan, std::uint64_t executed, std::uint64_t recorded, std::uint64_t replayed) {
+  const ReplayStats stats = plan.replay_stats();
+  EXPECT_EQ(stats.executed, executed) << "executed through cuDNN";
+  EXPECT_EQ(stats.recorded, recorded) << "recorded";
+  EXPECT_EQ(stats.replayed, replayed) << "replayed";
+}
+
 TEST(Replay, RepeatedForwardIsReplayedAndEqualsCudnnExecute) {
   FUSEDATTN_REQUIRE_GPU();
-  ReplayOn on;
   Fixture f;
   const ForwardTensors t = f.at(0);
-  const float scale = default_scale(f.spec);
+  const float scale = f.scale;
   const auto oracle = f.executed(t, scale);
   for (int call = 0; call < 4; ++call) EXPECT_EQ(f.forward(t, scale), oracle) << "call " << call;
-  const ReplayStats stats = f.forward_plan->replay_stats();
-  EXPECT_EQ(stats.executed, 1u) << "only the first sighting goes through cuDNN";
-  EXPECT_EQ(stats.recorded, 1u);
-  EXPECT_EQ(stats.replayed, 3u);
+  expect_counts(*f.forward_plan, 1, 1, 3);  // only the first sighting goes through cuDNN
 
   // A replay reads the inputs as they are now, not as they were when it was recorded.
   f.buffers.fill_inputs(0x51de);
@@ -114,10 +128,9 @@ TEST(Replay, RepeatedForwardIsReplayedAndEqualsCudnnExecute) {
 
 TEST(Replay, ScaleAndPointersAreTheRecordingsKey) {
   FUSEDATTN_REQUIRE_GPU();
-  ReplayOn on;
   Fixture f;
   const ForwardTensors t = f.at(0);
-  const float scale = default_scale(f.spec);
+  const float scale = f.scale;
   const auto at_scale = f.executed(t, scale);
   const auto at_half = f.executed(t, scale / 2);
   ASSERT_NE(at_scale, at_half);
@@ -140,9 +153,8 @@ TEST(Replay, ScaleAndPointersAreTheRecordingsKey) {
 
 TEST(Replay, RepeatedBackwardIsReplayed) {
   FUSEDATTN_REQUIRE_GPU();
-  ReplayOn on;
   Fixture f;
-  const float scale = default_scale(f.spec);
+  const float scale = f.scale;
   const BackwardTensors t = f.buffers.backward_tensors();
   f.forward(f.buffers.forward_tensors(), scale);  // O and stats for the backward, where it reads them
   std::vector<std::vector<float>> first;
@@ -166,34 +178,26 @@ TEST(Replay, RepeatedBackwardIsReplayed) {
           << "gradient " << g << ", call " << call;
     }
   }
-  const ReplayStats stats = f.backward_plan->replay_stats();
-  EXPECT_EQ(stats.executed, 1u);
-  EXPECT_EQ(stats.recorded, 1u);
-  EXPECT_EQ(stats.replayed, 2u);
+  expect_counts(*f.backward_plan, 1, 1, 2);
 }
 
 TEST(Replay, RecordingStopsWhenRecordingsAreNotReplayed) {
   FUSEDATTN_REQUIRE_GPU();
-  ReplayOn on;
   Fixture f;
-  const float scale = default_scale(f.spec);
+  const float scale = f.scale;
   const auto oracle = f.executed(f.at(0), scale);
   // 20 calls each made twice (A A B B ...): a recording is launched once and never again.
   for (int slot = 0; slot < 20; ++slot) {
     EXPECT_EQ(f.forward(f.at(slot), scale), oracle) << "slot " << slot << ", first";
     EXPECT_EQ(f.forward(f.at(slot), scale), oracle) << "slot " << slot << ", second";
   }
-  const ReplayStats stats = f.forward_plan->replay_stats();
-  EXPECT_EQ(stats.recorded, 8u) << "recording should stop after the free recordings";
-  EXPECT_EQ(stats.replayed, 8u);
-  EXPECT_EQ(stats.executed, 32u);
+  expect_counts(*f.forward_plan, 32, 8, 8);  // recording stops after the free recordings
 }
 
 TEST(Replay, LeastRecentlyUsedCallsMakeRoom) {
   FUSEDATTN_REQUIRE_GPU();
-  ReplayOn on;
   Fixture f;
-  const float scale = default_scale(f.spec);
+  const float scale = f.scale;
   const auto oracle = f.executed(f.at(0), scale);
   // Slot 0 is replayed between every new call, so it stays while 64 others pass through.
   for (int call = 0; call < 3; ++call) f.forward(f.at(0), scale);
@@ -201,21 +205,16 @@ TEST(Replay, LeastRecentlyUsedCallsMakeRoom) {
     EXPECT_EQ(f.forward(f.at(slot), scale), oracle) << "slot " << slot;
     EXPECT_EQ(f.forward(f.at(0), scale), oracle) << "after slot " << slot;
   }
-  const ReplayStats stats = f.forward_plan->replay_stats();
-  EXPECT_EQ(stats.recorded, 1u);
-  EXPECT_EQ(stats.replayed, 2u + 64u);
-  EXPECT_EQ(stats.evicted, 0u) << "the call in use was dropped";
+  expect_counts(*f.forward_plan, 1 + 64, 1, 2 + 64);
+  EXPECT_EQ(f.forward_plan->replay_stats().evicted, 0u) << "the call in use was dropped";
 }
 
 TEST(Replay, StreamCaptureRecordsCudnnItself) {
   FUSEDATTN_REQUIRE_GPU();
-  ReplayOn on;
   Fixture f;
   const ForwardTensors t = f.at(0);
-  const float scale = default_scale(f.spec);
-  const auto oracle = f.executed(t, scale);
-  f.forward(t, scale);
-  f.forward(t, scale);  // recorded: a replay exists for this call
+  const float scale = f.scale;
+  const auto oracle = f.recorded(t);
   const ReplayStats before = f.forward_plan->replay_stats();
   cudaGraph_t graph;
   check::check_cuda(cudaStreamBeginCapture(f.stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
@@ -235,23 +234,16 @@ TEST(Replay, StreamCaptureRecordsCudnnItself) {
 
 TEST(Replay, SwitchedOffEveryCallGoesThroughCudnn) {
   FUSEDATTN_REQUIRE_GPU();
-  ReplayOn on;
   Fixture f;
   const ForwardTensors t = f.at(0);
-  const float scale = default_scale(f.spec);
-  const auto oracle = f.executed(t, scale);
-  f.forward(t, scale);
-  f.forward(t, scale);  // recorded
+  const float scale = f.scale;
+  const auto oracle = f.recorded(t);
   set_replay(false);
   for (int call = 0; call < 3; ++call) EXPECT_EQ(f.forward(t, scale), oracle) << "call " << call;
-  ReplayStats stats = f.forward_plan->replay_stats();
-  EXPECT_EQ(stats.executed, 4u);
-  EXPECT_EQ(stats.replayed, 1u);
+  expect_counts(*f.forward_plan, 4, 1, 1);
   set_replay(true);  // the recording was kept
   EXPECT_EQ(f.forward(t, scale), oracle);
-  stats = f.forward_plan->replay_stats();
-  EXPECT_EQ(stats.replayed, 2u);
-  EXPECT_EQ(stats.recorded, 1u);
+  expect_counts(*f.forward_plan, 4, 1, 2);
 }
 
 }  // namespace

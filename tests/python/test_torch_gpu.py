@@ -2,6 +2,7 @@
 (upcast inputs, math backend) for outputs and gradients; torch.compile, CUDA graphs, streams,
 errors and the fallback."""
 import logging
+import types
 
 import pytest
 
@@ -193,6 +194,26 @@ def test_max_logit_per_row_and_per_head():
         expected = scores.masked_fill(~keep, float("-inf")).amax(-1)
     assert rel(rows, expected) < 1e-3
     assert rel(heads, expected.amax(dim=(0, 2))) < 1e-3
+
+
+@pytest.mark.parametrize("layout", ["bshd", "sbhd", "bhsd"])
+def test_plain_inference_goes_to_cpp_and_matches_float32(layout, monkeypatch):
+    fast = pytest.importorskip("fusedattn._torch_ops", reason="built only where PyTorch with CUDA is installed")
+    calls = []
+    monkeypatch.setattr(fa, "_fast", types.SimpleNamespace(
+        forward=lambda *args: calls.append(args[3]) or fast.forward(*args), options_id=fast.options_id))
+    q, k, v = (t.detach() for t in inputs(layout, 2, 200, 300, 8, 2, 64))
+    settings = ((True, "bottom_right", (-1, -1)), (True, "top_left", [-1, -1]), (False, "top_left", (-1, -1)))
+    for causal, align, window in settings:
+        for repeat in range(3):  # the later calls replay the first's recording
+            with torch.no_grad():
+                out = fa.attention(q, k, v, layout=layout, causal=causal, align=align, window=window)
+            ref, _ = reference(q, k, v, layout, causal=causal, align=align)
+            assert rel(out, ref) < 1e-2, (causal, align, repeat)
+    assert len(calls) == 9 and len(set(calls)) == 3  # every call in C++, one options id per setting
+    with torch.no_grad():  # a call the C++ path does not take (statistics asked for) stays in Python
+        fa.attention(q, k, v, layout=layout, causal=True, return_stats=True)
+    assert len(calls) == 9
 
 
 # Last in the file: a capture that fails leaves PyTorch's generator mid-capture for the tests after it.
