@@ -367,16 +367,15 @@ def host_overhead(shim, calls, lib, rounds=7):
     shim.forward_ms(spec, t, 5, 20)  # builds the plan
     result = {"shape": TINY.key, "spec": spec, "calls": calls, "rounds": rounds,
               "command": f"python bench/run_bench.py --lib {lib} --shapes none"}
+    sdpas = {name: TorchSdpa(t, backend) for name, backend in BACKENDS.items()}
     loops = {}  # result key: (call, context the loop runs in)
-    for name, backend in BACKENDS.items():
-        sdpa = TorchSdpa(t, backend)
+    for name, sdpa in sdpas.items():
         loops[f"{name}_host_us"] = (lambda s=sdpa: s.sdpa(t.q, t.k, t.v), lambda s=sdpa: s.context(grad=False))
     if FA_TORCH is not None:
         adapter = AdapterCall(t)
-        sdpa = TorchSdpa(t, SDPBackend.CUDNN_ATTENTION)
         loops.update({"fusedattn_torch_host_us": (adapter.call, torch.no_grad),
                       "fusedattn_torch_fwd_bwd_host_us": (adapter.forward_backward, contextlib.nullcontext),
-                      "torch_cudnn_fwd_bwd_host_us": (sdpa.forward_backward, contextlib.nullcontext)})
+                      "torch_cudnn_fwd_bwd_host_us": (sdpas["torch_cudnn"].forward_backward, contextlib.nullcontext)})
     samples = {}
     for _ in range(rounds):
         for replay in (True, False):
@@ -397,8 +396,7 @@ def host_overhead(shim, calls, lib, rounds=7):
         result.update({f"fusedattn_api{suffix}_us": api, f"fusedattn_plan_run{suffix}_us": plan_run,
                        f"cudnn_execute_only{suffix}_us": cudnn_only, f"graph_launch_floor{suffix}_us": graph_floor})
     result["fusedattn_gpu_us"] = gpu_us_per_call(lambda n: shim.enqueue_forward(spec, t, n))
-    for name, backend in BACKENDS.items():
-        sdpa = TorchSdpa(t, backend)
+    for name, sdpa in sdpas.items():
         with sdpa.context(grad=False):
             result[f"{name}_gpu_us"] = gpu_us_per_call(lambda n, s=sdpa: [s.sdpa(t.q, t.k, t.v) for _ in range(n)])
     # Past the launch queue's depth, enqueueing waits for the GPU and converges on GPU time.

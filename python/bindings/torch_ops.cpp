@@ -18,7 +18,6 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <array>
-#include <cmath>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -148,10 +147,16 @@ std::shared_ptr<const fa::Plan> plan_for(const at::Tensor& q, const at::Tensor& 
   return plan;
 }
 
+// k and v as the spec needs them beside q: same rank, device and dtype (the dtype is checked here
+// so that a wrong one is named as k's or v's, not q's).
 void require_like_q(const at::Tensor& q, const at::Tensor& t, const char* name) {
   if (t.dim() != 4) throw fa::InvalidArgument(std::string(name) + ".dim", std::to_string(t.dim()), "4, like q");
   if (t.device() != q.device()) {
     throw fa::InvalidArgument(std::string(name) + ".device", t.device().str(), "q's device, " + q.device().str());
+  }
+  if (t.scalar_type() != q.scalar_type()) {
+    throw fa::InvalidArgument(std::string(name) + ".dtype", std::string(c10::toString(t.scalar_type())),
+                              std::string("q's dtype, ") + c10::toString(q.scalar_type()));
   }
 }
 

@@ -367,6 +367,13 @@ def _option_text(key):
 _FAST_IDS = {}
 
 
+def _option_key(causal, window, align, softmax, bias_kind, alibi, deterministic, runtime_lengths, dropout_p,
+                max_logit):
+    """A call's options as _options.options_text takes them; causal closes the window on the right."""
+    return (window[0], 0 if causal else window[1], align, softmax, bias_kind, alibi, deterministic, runtime_lengths,
+            float(dropout_p), max_logit)
+
+
 def _fast_options_id(layout, causal, align, window, alibi, softmax, deterministic):
     """_fast's id for a call's layout and options, or -1 where it takes no such call (thd; past
     its cap), cached per argument set."""
@@ -374,12 +381,8 @@ def _fast_options_id(layout, causal, align, window, alibi, softmax, deterministi
     key = (layout, causal, align, window, alibi, softmax, deterministic)
     found = _FAST_IDS.get(key)
     if found is None:
-        if layout not in _AXES:
-            found = -1
-        else:
-            left, right = window[0], (0 if causal else window[1])
-            found = _fast.options_id(layout, _option_text((left, right, align, softmax, "none", alibi, deterministic,
-                                                          False, 0.0, "")))
+        options = _option_key(causal, window, align, softmax, "none", alibi, deterministic, False, 0.0, "")
+        found = _fast.options_id(layout, _option_text(options)) if layout in _AXES else -1
         _FAST_IDS[key] = found
     return found
 
@@ -413,7 +416,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
 
     Errors are fusedattn.errors classes. With fallback=True, a configuration fusedattn does not
     support (NotSupportedError, and nothing else) runs PyTorch's own attention instead, and the
-    reason is logged once per configuration.
+    reason is logged once per configuration; a configuration PyTorch cannot compute the same way
+    (ALiBi, sink or off-by-one softmax, lengths, thd, statistics or max logit) raises as before.
     """
     # Plain eager inference, the call whose host time matters most, goes straight to C++: no bias,
     # sink, dropout, lengths or extra outputs, no autograd, not traced. _fast checks the rest.
@@ -438,8 +442,6 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
         name, t = ("k", k) if k.dtype is not q.dtype or k.device != device else ("v", v)
         raise invalid_argument(f"{name}.dtype/device", f"{t.dtype}/{t.device}",
                          f"q's ({q.dtype}/{device})")
-    if causal:
-        window = (window[0], 0)
     bias_kind = "none"
     if bias is not None:
         dims, _ = _logical(q, layout)
@@ -454,8 +456,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     if return_max_logit not in ("", "row", "head"):
         raise invalid_argument("return_max_logit", return_max_logit, "'row', 'head' or ''")
     compiling = torch.compiler.is_compiling()
-    option_key = (window[0], window[1], align, softmax, bias_kind, alibi, deterministic,
-                  layout == "thd" or seq_len_q is not None, float(dropout_p), return_max_logit)
+    option_key = _option_key(causal, window, align, softmax, bias_kind, alibi, deterministic,
+                             layout == "thd" or seq_len_q is not None, dropout_p, return_max_logit)
     option_text = _options.options_text(*option_key) if compiling else _option_text(option_key)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
@@ -470,7 +472,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
             q.requires_grad or k.requires_grad or v.requires_grad or (bias is not None and bias.requires_grad)
             or (sink is not None and sink.requires_grad))
         # Eager calls skip the dispatcher, which costs more than everything else per call:
-        # inference calls the operator's body directly (a plain call: its C++ form, _torch_ops),
+        # inference calls the operator's body directly (the plain case went to _torch_ops above),
         # training an autograd.Function around the same bodies; compiled code (and meta tensors)
         # go through the registered operators.
         args = (q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, option_text,
@@ -482,29 +484,41 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
         else:
             o, stats, max_logit = _run_forward(*args, placeholders=False)
     except NotSupportedError as error:
-        if not fallback or layout == "thd" or return_stats or return_max_logit or seq_len_q is not None:
+        # PyTorch's attention reproduces masks, windows, a bias and dropout, but not ALiBi, the
+        # other softmax variants, runtime lengths, ragged inputs or the extra outputs.
+        if (not fallback or layout == "thd" or return_stats or return_max_logit or seq_len_q is not None or alibi
+                or softmax != "vanilla"):
             raise
         key = (layout, option_text, q.dtype, q.shape, k.shape)
         if key not in _FALLBACK_LOGGED:
             _FALLBACK_LOGGED.add(key)
             _LOG.warning("fusedattn: falling back to torch.nn.functional.scaled_dot_product_attention: %s", error)
-        return _torch_fallback(q, k, v, layout, causal, align, scale, bias, dropout_p)
+        return _torch_fallback(q, k, v, layout, option_key[0], option_key[1], align, scale, bias, dropout_p)
     extra = ((stats,) if return_stats else ()) + ((max_logit,) if return_max_logit else ())
     return (o,) + extra if extra else o
 
 
-def _torch_fallback(q, k, v, layout, causal, align, scale, bias, dropout_p):
-    """PyTorch's own attention on [b, h, s, d] views, the result back in q's layout."""
+def _torch_fallback(q, k, v, layout, left, right, align, scale, bias, dropout_p):
+    """PyTorch's own attention on [b, h, s, d] views, the result back in q's layout. The window
+    (left, right; -1 open) is the core's: with the diagonal at p (row i, shifted by s_kv - s_q when
+    bottom-right), keys p - left < j <= p + right are visible."""
     to_bhsd = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}[layout]
     qb, kb, vb = (t.permute(*to_bhsd) for t in (q, k, v))
     mask = bias
-    if causal and align == "bottom_right":
+    # SDPA's own is_causal is top-left causal without a mask; anything else becomes the mask.
+    causal = bias is None and left < 0 and right == 0 and align == "top_left"
+    if (left >= 0 or right >= 0) and not causal:
         s_q, s_kv = qb.shape[2], kb.shape[2]
-        keep = torch.ones(s_q, s_kv, dtype=torch.bool, device=q.device).tril(s_kv - s_q)
+        p = torch.arange(s_q, device=q.device)[:, None] + (s_kv - s_q if align == "bottom_right" else 0)
+        j = torch.arange(s_kv, device=q.device)[None, :]
+        keep = torch.ones(s_q, s_kv, dtype=torch.bool, device=q.device)
+        if left >= 0:
+            keep &= j > p - left
+        if right >= 0:
+            keep &= j <= p + right
         mask = keep if bias is None else bias.masked_fill(~keep, float("-inf"))
-        causal = False
     out = torch.nn.functional.scaled_dot_product_attention(
-        qb, kb, vb, attn_mask=mask, dropout_p=dropout_p, is_causal=causal and mask is None, scale=scale,
+        qb, kb, vb, attn_mask=mask, dropout_p=dropout_p, is_causal=causal, scale=scale,
         enable_gqa=qb.shape[1] != kb.shape[1])
     back = [0, 0, 0, 0]
     for logical, axis in enumerate(to_bhsd):

@@ -196,3 +196,26 @@ def test_the_cpp_fast_path_maps_errors_like_the_rest():
     with pytest.raises(fusedattn.InvalidArgumentError) as caught:
         fast.options_id("thd", "window=-1,-1")
     assert caught.value.field == "layout"
+
+
+@pytest.mark.parametrize("left, right, align, with_bias", [
+    (-1, 0, "top_left", False), (-1, 0, "top_left", True), (-1, 0, "bottom_right", False),
+    (16, 0, "bottom_right", True), (8, 4, "top_left", False), (-1, -1, "top_left", True)])
+def test_the_fallback_applies_the_cores_window_rule(left, right, align, with_bias):
+    """On the CPU: PyTorch's attention as the fallback runs it, against scores masked by the rule
+    the core documents (diagonal p; keys p - left < j <= p + right visible)."""
+    torch.manual_seed(3)
+    q, k, v = torch.randn(2, 40, 4, 16), torch.randn(2, 56, 2, 16), torch.randn(2, 56, 2, 16)
+    bias = torch.randn(2, 4, 40, 56) if with_bias else None
+    out = fa._torch_fallback(q, k, v, "bshd", left, right, align, 0.25, bias, 0.0)
+    qb, kb, vb = (t.transpose(1, 2) for t in (q, k, v))
+    kb, vb = kb.repeat_interleave(2, 1), vb.repeat_interleave(2, 1)
+    scores = qb @ kb.transpose(-1, -2) * 0.25 + (bias if with_bias else 0)
+    shift = 56 - 40 if align == "bottom_right" else 0
+    for i in range(40):
+        for j in range(56):
+            p = i + shift
+            if (left >= 0 and j <= p - left) or (right >= 0 and j > p + right):
+                scores[:, :, i, j] = float("-inf")
+    expected = (torch.softmax(scores, -1) @ vb).transpose(1, 2)
+    assert torch.allclose(out, expected, atol=1e-5)
