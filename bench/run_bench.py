@@ -80,6 +80,8 @@ class Shim:
             getattr(self.lib, name).argtypes, getattr(self.lib, name).restype = args, I
         self.lib.fa_build_info.restype = S
         self.lib.fa_bench_set_replay.argtypes, self.lib.fa_bench_set_replay.restype = [I], I
+        self.lib.fa_bench_recording_anatomy.argtypes = [S, P, P, P, P, F32, P, I, S, I, D, D, D, D, S, I]
+        self.lib.fa_bench_recording_anatomy.restype = I
 
     def set_replay(self, enabled):
         """Replay of repeated calls on or off for the whole process (the library is loaded once)."""
@@ -131,6 +133,14 @@ class Shim:
         self._call("fa_bench_host_overhead", spec.encode(), *t.fwd_ptrs(False), math.nan, stream(), calls,
                    *map(ctypes.byref, out))
         return [x.value for x in out]
+
+    def recording_anatomy(self, spec, t, calls):
+        """The nodes of a forward's recording (text) and host µs per call: launching the recording,
+        launching its nodes one by one, cudaStreamIsCapturing, and finding the thread's handle."""
+        report, out = ctypes.create_string_buffer(16384), [ctypes.c_double() for _ in range(4)]
+        self._call("fa_bench_recording_anatomy", spec.encode(), *t.fwd_ptrs(False)[:4], math.nan, stream(), calls,
+                   report, len(report), *map(ctypes.byref, out))
+        return report.value.decode(), [x.value for x in out]
 
     def enqueue_forward(self, spec, t, calls):
         self._call("fa_bench_enqueue_forward", spec.encode(), *t.fwd_ptrs(False), math.nan, stream(), calls)
@@ -217,6 +227,15 @@ class AdapterCall:
     def forward(self):
         with torch.no_grad():
             return self.call()
+
+    def ops_forward(self):
+        """The adapter's C++ entry alone, without attention()'s Python (a diagnostic: it splits the
+        adapter's host time into its Python and its C++)."""
+        ops = FA_TORCH._fast
+        if not hasattr(self, "ops_id"):
+            self.ops_id = FA_TORCH._fast_options_id("bshd", self.t.shape.causal, "top_left", (-1, -1), False,
+                                                    "vanilla", False)
+        return ops.forward(self.t.q, self.t.k, self.t.v, self.ops_id, 0.125)
 
     def forward_backward(self):
         for leaf in self.leaves:
@@ -374,6 +393,7 @@ def host_overhead(shim, calls, lib, rounds=7):
     if FA_TORCH is not None:
         adapter = AdapterCall(t)
         loops.update({"fusedattn_torch_host_us": (adapter.call, torch.no_grad),
+                      "fusedattn_torch_ops_forward_host_us": (adapter.ops_forward, torch.no_grad),
                       "fusedattn_torch_fwd_bwd_host_us": (adapter.forward_backward, contextlib.nullcontext),
                       "torch_cudnn_fwd_bwd_host_us": (sdpas["torch_cudnn"].forward_backward, contextlib.nullcontext)})
     samples = {}
@@ -395,6 +415,9 @@ def host_overhead(shim, calls, lib, rounds=7):
         suffix = "" if replay else "_no_replay"
         result.update({f"fusedattn_api{suffix}_us": api, f"fusedattn_plan_run{suffix}_us": plan_run,
                        f"cudnn_execute_only{suffix}_us": cudnn_only, f"graph_launch_floor{suffix}_us": graph_floor})
+    report, (graph, nodes, capturing, handle) = shim.recording_anatomy(spec, t, calls)
+    result.update({"recording": report, "recording_launch_us": graph, "recording_nodes_launch_us": nodes,
+                   "stream_is_capturing_us": capturing, "handle_for_us": handle})
     result["fusedattn_gpu_us"] = gpu_us_per_call(lambda n: shim.enqueue_forward(spec, t, n))
     for name, sdpa in sdpas.items():
         with sdpa.context(grad=False):
@@ -427,8 +450,14 @@ def markdown(rows, host, check):
                 ("cuDNN execute alone", "cudnn_execute_only_us", "cudnn_execute_only_no_replay_us"),
                 ("a CUDA graph of one memset (what any replay costs at least)", "graph_launch_floor_us",
                  "graph_launch_floor_no_replay_us"),
+                ("the recording of this call, cudaGraphLaunch alone", "recording_launch_us", None),
+                ("the recording's nodes launched one by one", "recording_nodes_launch_us", None),
+                ("cudaStreamIsCapturing", "stream_is_capturing_us", None),
+                ("the thread's cuDNN handle for the stream", "handle_for_us", None),
                 ("fusedattn.torch.attention (forward, no grad)", "fusedattn_torch_host_us",
                  "fusedattn_torch_no_replay_host_us"),
+                ("its C++ entry alone (_torch_ops.forward, no Python around it)",
+                 "fusedattn_torch_ops_forward_host_us", "fusedattn_torch_ops_forward_no_replay_host_us"),
                 ("fusedattn.torch.attention, forward + backward", "fusedattn_torch_fwd_bwd_host_us",
                  "fusedattn_torch_fwd_bwd_no_replay_host_us")):
             lines.append(f"| {label} | {fmt(host.get(on), '{:.2f}')} | {fmt(host.get(off), '{:.2f}')} |")
@@ -437,6 +466,8 @@ def markdown(rows, host, check):
                            ("PyTorch SDPA, flash backend", "torch_flash_host_us"),
                            ("GPU time per call (fusedattn)", "fusedattn_gpu_us")):
             lines.append(f"| {label} | {fmt(host.get(key), '{:.2f}')} | |")
+        if host.get("recording"):
+            lines.append("\nThe recording of this call:\n\n```\n" + host["recording"].rstrip() + "\n```")
         if host["throttled"]:
             lines.append("\nEnqueue time is within 15% of GPU time with more calls than the launch queue holds: "
                          "the loop may have waited for the GPU.")

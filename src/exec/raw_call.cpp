@@ -38,5 +38,9 @@ void RawForwardCall::execute() const {
   PlanAccess::graph(*state_->plan).execute(state_->handle, state_->pointers.data(), state_->workspace);
 }
 
+bool RawForwardCall::record(cudaGraph_t into) const {
+  return PlanAccess::graph(*state_->plan).record(state_->handle, state_->pointers.data(), state_->workspace, into);
+}
+
 }  // namespace detail
 }  // namespace fusedattn

@@ -19,6 +19,9 @@ class RawForwardCall {
   ~RawForwardCall();
   /// Only the frontend's execute: no validation, lookup, or handle/stream work.
   void execute() const;
+  /// Records into the empty CUDA graph `into` what execute() enqueues, as replay does
+  /// (src/exec/replay.h); false when the plan's engine cannot be recorded.
+  bool record(cudaGraph_t into) const;
 
  private:
   struct State;
