@@ -9,7 +9,8 @@
 # process), cli (CPU tier, demo and CLI checks on this machine), matrix (the support matrix from
 # this GPU), bench (PyTorch comparison), varlen (ragged step and paged decode), jaxbench (JAX
 # comparison). The results file covers the test parts that ran. BUILD_TARGETS names the ninja
-# targets to build (default: all); BENCH_ARGS goes to bench/run_bench.py.
+# targets to build (default: all); BENCH_ARGS goes to bench/run_bench.py; GTEST_FILTER and
+# PYTEST_FILTER (a pytest -k expression) narrow the test parts.
 #
 # FUSEDATTN_COMMIT=<sha> names the commit in the results file; pass it as a literal from the
 # checkout that was sent (the device's copy of .git can lag behind the working tree).
@@ -54,7 +55,7 @@ pytest_tier() {
   local name=$1; shift
   echo "== Python tests: $name"
   XLA_PYTHON_CLIENT_PREALLOCATE=false FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" \
-    python3 -m pytest -q -rs -p no:cacheprovider "$@" --junitxml="$OUT/python_$name.xml" >"$OUT/python_$name.txt" 2>&1
+    python3 -m pytest -q -rs -p no:cacheprovider ${PYTEST_FILTER:+-k "$PYTEST_FILTER"} "$@" --junitxml="$OUT/python_$name.xml" >"$OUT/python_$name.txt" 2>&1
   local rc=$?
   tail -30 "$OUT/python_$name.txt"
   xmls+=("$OUT/python_$name.xml")

@@ -4,13 +4,18 @@
 //
 // options_id(layout, options) -> int names a call's layout (bshd, sbhd or bhsd) and spec options
 // once; forward(q, k, v, options_id, scale) -> o then runs dense q, k, v (any strides) with no
-// bias, sink, dropout, lengths or statistics (the caller sends only those calls). forward is a
-// plain CPython fast call, not a pybind11 one: its argument matching costs more than the rest.
-// Per call: a lookup of the plan by the tensors' sizes, strides, dtype, device and the options id
-// (the spec is built once per such signature), O from PyTorch's caching allocator, the workspace
-// too, and the plan enqueued on the current stream (a repeated call replays, src/exec/replay.h).
+// bias, sink, dropout, lengths or statistics (the caller sends only those calls), or returns
+// NotImplemented for a call that needs PyTorch's machinery (autograd, a tensor subclass or
+// wrapper, a dispatch mode, a tensor not on a GPU): the caller then takes its general path.
+// forward is a plain CPython fast call, not a pybind11 one: its argument matching costs more than
+// the rest. Per call: a lookup of the plan by the tensors' sizes, strides, dtype, device and the
+// options id (the spec is built once per such signature), O and the workspace from PyTorch's
+// caching allocator, and the plan enqueued on the current stream (a repeated call replays,
+// src/exec/replay.h).
 #include <ATen/ATen.h>
 #include <ATen/cuda/EmptyTensor.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/Exceptions.h>
@@ -160,8 +165,27 @@ void require_like_q(const at::Tensor& q, const at::Tensor& t, const char* name) 
   }
 }
 
-at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, long id, double scale) {
-  if (!q.is_cuda()) throw fa::InvalidArgument("q.device", q.device().str(), "a CUDA device");
+// Whether a call is one forward() runs itself: no gradient to record, plain strided CUDA tensors
+// (no subclass, functorch or functionalization wrapper) and no dispatch mode to see the call.
+bool runs_here(PyObject* const* tensors) {
+  constexpr c10::DispatchKeySet kWrappers({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
+                                           c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchBatched,
+                                           c10::DispatchKey::FuncTorchGradWrapper});
+  if (c10::impl::TorchDispatchModeTLS::any_modes_set()) return false;
+  const bool grad_mode = at::GradMode::is_enabled();
+  for (int i = 0; i < 3; ++i) {
+    if (!THPVariable_CheckExact(tensors[i])) return false;
+    const at::Tensor& t = THPVariable_Unpack(tensors[i]);
+    if (!t.is_cuda() || t.layout() != at::kStrided || t.key_set().has_any(kWrappers) ||
+        (grad_mode && t.requires_grad())) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// `scale`: None for the spec's default, 1/sqrt(d_qk).
+at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, long id, PyObject* scale) {
   if (q.dim() != 4) throw fa::InvalidArgument("q.dim", std::to_string(q.dim()), "4");
   require_like_q(q, k, "k");
   require_like_q(q, v, "v");
@@ -170,17 +194,21 @@ at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   const std::array<std::int64_t, 4> o_sizes = {q.size(0), q.size(1), q.size(2), v.size(3)};
   at::Tensor o = at::detail::empty_cuda(o_sizes, q.scalar_type(), q.device(), std::nullopt);
   const std::shared_ptr<const fa::Plan> plan = plan_for(q, k, v, o, id);
+  float scale_value = fa::default_scale(plan->spec());
+  if (scale != Py_None) {
+    scale_value = static_cast<float>(PyFloat_AsDouble(scale));
+    if (PyErr_Occurred()) throw py::error_already_set();
+  }
+  // The workspace is bare memory: a tensor around it would cost as much again as the allocation.
   const std::size_t bytes = plan->workspace_bytes();
-  at::Tensor workspace =
-      bytes ? at::detail::empty_cuda({static_cast<std::int64_t>(bytes)}, at::kByte, q.device(), std::nullopt)
-            : at::Tensor();
+  const c10::DataPtr workspace = c10::cuda::CUDACachingAllocator::get()->allocate(bytes);
   fa::ForwardTensors t;
   t.q = q.data_ptr();
   t.k = k.data_ptr();
   t.v = v.data_ptr();
   t.o = o.data_ptr();
-  plan->run(t, static_cast<float>(scale), c10::cuda::getCurrentCUDAStream(q.get_device()).stream(),
-            fa::Workspace{bytes ? workspace.data_ptr() : nullptr, bytes});
+  plan->run(t, scale_value, c10::cuda::getCurrentCUDAStream(q.get_device()).stream(),
+            fa::Workspace{workspace.get(), bytes});
   return o;
 }
 
@@ -200,9 +228,9 @@ PyObject* forward_call(PyObject* /*module*/, PyObject* const* args, Py_ssize_t c
     const at::Tensor& k = tensor_argument(args[1], "k");
     const at::Tensor& v = tensor_argument(args[2], "v");
     const long id = PyLong_AsLong(args[3]);
-    const double scale = PyFloat_AsDouble(args[4]);
     if (PyErr_Occurred()) return nullptr;
-    return THPVariable_Wrap(forward(q, k, v, id, scale));
+    if (!runs_here(args)) Py_RETURN_NOTIMPLEMENTED;
+    return THPVariable_Wrap(forward(q, k, v, id, args[4]));
   } catch (const fa::Error& error) {
     fa::python::set_python_error(error);
     return nullptr;
@@ -213,7 +241,8 @@ PyObject* forward_call(PyObject* /*module*/, PyObject* const* args, Py_ssize_t c
 PyMethodDef forward_method = {"forward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&forward_call)),
                               METH_FASTCALL,
                               "forward(q, k, v, options_id, scale) -> O of a plain dense inference call (no bias, "
-                              "sink, dropout, lengths or statistics), on the current stream."};
+                              "sink, dropout, lengths or statistics; scale None: 1/sqrt(d)) on the current stream, "
+                              "or NotImplemented for a call it leaves to the general path."};
 
 }  // namespace
 

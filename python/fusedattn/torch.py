@@ -365,6 +365,7 @@ def _option_text(key):
 
 
 _FAST_IDS = {}
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def _option_key(causal, window, align, softmax, bias_kind, alibi, deterministic, runtime_lengths, dropout_p,
@@ -420,18 +421,19 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     (ALiBi, sink or off-by-one softmax, lengths, thd, statistics or max logit) raises as before.
     """
     # Plain eager inference, the call whose host time matters most, goes straight to C++: no bias,
-    # sink, dropout, lengths or extra outputs, no autograd, not traced. _fast checks the rest.
+    # sink, dropout, lengths or extra outputs, not traced. _fast checks the tensors and gives back
+    # NotImplemented where autograd, a subclass, a wrapper or a dispatch mode must see the call.
     if (_fast is not None and bias is None and sink is None and not dropout_p and seq_len_q is None
             and seq_len_kv is None and cu_seqlens_q is None and cu_seqlens_kv is None and softmax != "sink"
-            and not return_stats and not return_max_logit and not fallback and q.is_cuda
-            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
-            and not torch.compiler.is_compiling()):
+            and not return_stats and not return_max_logit and not fallback and not torch.compiler.is_compiling()):
         fast_id = (_FAST_IDS.get((layout, causal, align, window, alibi, softmax, deterministic))
                    if type(window) is tuple else None)  # a list is no dict key
         if fast_id is None:
             fast_id = _fast_options_id(layout, causal, align, window, alibi, softmax, deterministic)
         if fast_id >= 0:
-            return _fast.forward(q, k, v, fast_id, 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale))
+            out = _fast.forward(q, k, v, fast_id, scale)
+            if out is not NotImplemented:
+                return out
     if layout != "thd" and layout not in _AXES:
         raise invalid_argument("layout", layout, "one of bshd, sbhd, bhsd, thd")
     # Checked once here, cheaply (every call pays for it): the core cannot see host pointers.
@@ -473,11 +475,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
             or (sink is not None and sink.requires_grad))
         # Eager calls skip the dispatcher, which costs more than everything else per call:
         # inference calls the operator's body directly (the plain case went to _torch_ops above),
-        # training an autograd.Function around the same bodies; compiled code (and meta tensors)
-        # go through the registered operators.
+        # training an autograd.Function around the same bodies. Compiled code, meta tensors,
+        # tensor subclasses (FakeTensor among them) and calls under a dispatch mode go through the
+        # registered operators, so that whatever is watching sees fusedattn's operator.
         args = (q, k, v, bias, sink, rng, cu_seqlens_q, cu_seqlens_kv, seq_len_q, seq_len_kv, layout, option_text,
                 float(scale), max_seqlen_q, max_seqlen_kv, bool(needs_grad or return_stats))
-        if compiling or device.type != "cuda":
+        if (compiling or device.type != "cuda" or torch._C._len_torch_dispatch_stack()
+                or not (type(q) in _PLAIN_TENSORS and type(k) in _PLAIN_TENSORS and type(v) in _PLAIN_TENSORS)):
             o, stats, max_logit = _forward(*args)
         elif needs_grad:
             o, stats, max_logit = _EagerAttention.apply(*args)

@@ -216,6 +216,42 @@ def test_plain_inference_goes_to_cpp_and_matches_float32(layout, monkeypatch):
     assert len(calls) == 9
 
 
+def test_the_cpp_fast_path_leaves_autograd_subclasses_and_modes_to_the_general_path():
+    fast = pytest.importorskip("fusedattn._torch_ops", reason="built only where PyTorch with CUDA is installed")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    q, k, v = inputs("bshd", 2, 100, 120, 4, 4, 64)  # requiring grad
+    options = fast.options_id("bshd", "window=-1,-1 align=top_left softmax=vanilla")
+    assert fast.forward(q, k, v, options, None) is NotImplemented  # autograd must record it
+    with torch.no_grad():
+        plain = fast.forward(q, k, v, options, None)
+        assert torch.equal(plain, fast.forward(q, k, v, options, 0.125))  # None: 1/sqrt(64)
+        assert rel(plain, reference(q, k, v, "bshd")[0]) < 1e-2
+
+        class Tagged(torch.Tensor):
+            pass
+        assert fast.forward(q.as_subclass(Tagged), k, v, options, None) is NotImplemented
+
+        class Seen(TorchDispatchMode):
+            def __init__(self):
+                super().__init__()
+                self.ops = []
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                self.ops.append(str(func))
+                return func(*args, **(kwargs or {}))
+        with Seen() as seen:
+            assert fast.forward(q, k, v, options, None) is NotImplemented
+            watched = fa.attention(q, k, v)
+        assert "fusedattn.forward.default" in seen.ops  # the mode saw the operator, not its insides
+        assert torch.equal(watched, plain)
+        with FakeTensorMode() as mode:  # shapes only: nothing runs
+            fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
+            shaped = fa.attention(fq, fk, fv, causal=True)
+        assert shaped.shape == plain.shape and shaped.device == plain.device and shaped.dtype == plain.dtype
+
+
 # Last in the file: a capture that fails leaves PyTorch's generator mid-capture for the tests after it.
 def test_cuda_graph_capture_and_replay():
     q, k, v = inputs("bshd", 2, 256, 256, 8, 8, 64)

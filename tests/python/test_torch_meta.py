@@ -187,8 +187,9 @@ def test_the_cpp_fast_path_maps_errors_like_the_rest():
     q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16)
     options = fast.options_id("bshd", "window=-1,-1 align=top_left softmax=vanilla")
     assert fast.options_id("bshd", "window=-1,-1 align=top_left softmax=vanilla") == options >= 0
+    assert fast.forward(q, q, q, options, 0.125) is NotImplemented  # not on a GPU: the general path says why
     with pytest.raises(fusedattn.InvalidArgumentError) as caught:
-        fast.forward(q, q, q, options, 0.125)
+        fa.attention(q, q, q)
     assert caught.value.field == "q.device" and caught.value.requirement == "a CUDA device"
     with pytest.raises(fusedattn.InvalidArgumentError) as caught:
         fast.forward(q, "k", q, options, 0.125)
