@@ -14,6 +14,7 @@
 // src/exec/replay.h).
 #include <ATen/ATen.h>
 #include <ATen/cuda/EmptyTensor.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -172,7 +173,7 @@ bool runs_here(PyObject* const* tensors) {
                                            c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchBatched,
                                            c10::DispatchKey::FuncTorchGradWrapper});
   if (c10::impl::TorchDispatchModeTLS::any_modes_set()) return false;
-  const bool grad_mode = at::GradMode::is_enabled();
+  const bool grad_mode = c10::GradMode::is_enabled();
   for (int i = 0; i < 3; ++i) {
     if (!THPVariable_CheckExact(tensors[i])) return false;
     const at::Tensor& t = THPVariable_Unpack(tensors[i]);
