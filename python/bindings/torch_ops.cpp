@@ -9,9 +9,9 @@
 // wrapper, a dispatch mode, a tensor not on a GPU): the caller then takes its general path.
 // forward is a plain CPython fast call, not a pybind11 one: its argument matching costs more than
 // the rest. Per call: a lookup of the plan by the tensors' sizes, strides, dtype, device and the
-// options id (the spec is built once per such signature), O and the workspace from PyTorch's
-// caching allocator, and the plan enqueued on the current stream (a repeated call replays,
-// src/exec/replay.h).
+// options id (the spec is built once per such signature), O from PyTorch's caching allocator, a
+// workspace (kept per stream while small), and the plan enqueued on the current stream (a repeated
+// call replays, src/exec/replay.h).
 #include <ATen/ATen.h>
 #include <ATen/cuda/EmptyTensor.h>
 #include <c10/core/GradMode.h>
@@ -23,6 +23,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <deque>
@@ -30,6 +31,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "fusedattn/attention.h"
 #include "fusedattn/errors.h"
@@ -166,6 +168,50 @@ void require_like_q(const at::Tensor& q, const at::Tensor& t, const char* name) 
   }
 }
 
+// A call's workspace. Small ones are kept per stream and reused by every later call on that stream,
+// which the stream runs in order: the caching allocator's malloc and free cost a microsecond a
+// call, and a stable address lets repeated calls replay. PyTorch keeps cuBLAS's workspaces the
+// same way. A capturing stream gets fresh memory from the allocator (from the graph's own pool),
+// since a captured graph may later run beside anything else that uses the stream's workspace;
+// so do large workspaces (their kernels outlast an allocation many times over) and streams past
+// the first few dozen. `per_call` holds fresh memory until the work is enqueued.
+constexpr std::size_t kKeptWorkspaceBytes = std::size_t{4} << 20;
+constexpr std::size_t kKeptWorkspaceStreams = 32;
+
+void* call_workspace(std::size_t bytes, cudaStream_t stream, c10::DataPtr& per_call) {
+  if (bytes == 0) return nullptr;
+  c10::cuda::CUDACachingAllocator::CUDAAllocator* allocator = c10::cuda::CUDACachingAllocator::get();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (bytes <= kKeptWorkspaceBytes && cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
+      capture == cudaStreamCaptureStatusNone) {
+    struct Kept {
+      cudaStream_t stream;
+      std::size_t bytes;
+      c10::DataPtr memory;
+    };
+    static std::mutex mutex;
+    // Never destroyed: at exit the allocator may already be gone; the memory goes with the process.
+    static auto* kept = new std::vector<Kept>();
+    std::lock_guard<std::mutex> lock(mutex);
+    auto found = std::find_if(kept->begin(), kept->end(), [&](const Kept& k) { return k.stream == stream; });
+    if (found == kept->end() && kept->size() < kKeptWorkspaceStreams) {
+      found = kept->insert(kept->end(), Kept{stream, 0, c10::DataPtr()});
+    }
+    if (found != kept->end()) {
+      if (found->bytes < bytes) {  // the old block goes back to this stream's pool, in stream order
+        std::size_t grown = std::max<std::size_t>(found->bytes, 64 << 10);
+        while (grown < bytes) grown *= 2;
+        found->memory = allocator->allocate(grown);
+        found->bytes = grown;
+      }
+      return found->memory.get();
+    }
+  }
+  (void)cudaGetLastError();  // a failed capture query is cuDNN's to meet and report, not ours
+  per_call = allocator->allocate(bytes);
+  return per_call.get();
+}
+
 // Whether a call is one forward() runs itself: no gradient to record, plain strided CUDA tensors
 // (no subclass, functorch or functionalization wrapper) and no dispatch mode to see the call.
 bool runs_here(PyObject* const* tensors) {
@@ -200,16 +246,16 @@ at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
     scale_value = static_cast<float>(PyFloat_AsDouble(scale));
     if (PyErr_Occurred()) throw py::error_already_set();
   }
-  // The workspace is bare memory: a tensor around it would cost as much again as the allocation.
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.get_device()).stream();
   const std::size_t bytes = plan->workspace_bytes();
-  const c10::DataPtr workspace = c10::cuda::CUDACachingAllocator::get()->allocate(bytes);
+  c10::DataPtr per_call;
+  void* workspace = call_workspace(bytes, stream, per_call);
   fa::ForwardTensors t;
   t.q = q.data_ptr();
   t.k = k.data_ptr();
   t.v = v.data_ptr();
   t.o = o.data_ptr();
-  plan->run(t, scale_value, c10::cuda::getCurrentCUDAStream(q.get_device()).stream(),
-            fa::Workspace{workspace.get(), bytes});
+  plan->run(t, scale_value, stream, fa::Workspace{workspace, bytes});
   return o;
 }
 

@@ -252,6 +252,32 @@ def test_the_cpp_fast_path_leaves_autograd_subclasses_and_modes_to_the_general_p
         assert shaped.shape == plain.shape and shaped.device == plain.device and shaped.dtype == plain.dtype
 
 
+def test_inference_on_several_streams_and_under_capture():
+    """The C++ path keeps small workspaces per stream: calls of two sizes (the workspace grows)
+    interleaved on two streams, then a captured call, each against float32 attention."""
+    problems = [tuple(t.detach() for t in inputs("bshd", *shape)) for shape in
+                ((1, 64, 64, 2, 2, 64), (2, 700, 900, 8, 2, 128))]
+    expected = [reference(q, k, v, "bshd", causal=True)[0] for q, k, v in problems]
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    results = []
+    with torch.no_grad():
+        for _ in range(4):
+            for stream in streams:
+                with torch.cuda.stream(stream):
+                    results += [(i, fa.attention(*problem, causal=True)) for i, problem in enumerate(problems)]
+        torch.cuda.synchronize()
+        for i, out in results:
+            assert rel(out, expected[i]) < 1e-2
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = fa.attention(*problems[1], causal=True)
+        captured.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+    assert rel(captured, expected[1]) < 1e-2
+
+
 # Last in the file: a capture that fails leaves PyTorch's generator mid-capture for the tests after it.
 def test_cuda_graph_capture_and_replay():
     q, k, v = inputs("bshd", 2, 256, 256, 8, 8, 64)
