@@ -197,7 +197,7 @@ int fa_bench_host_overhead(const char* spec, const void* q, const void* k, const
     for (const auto& loop : loops) loop();  // warm every path once
     // The loops take turns for several rounds and each reports its median, so that the order they
     // run in and drift of the machine affect none of them more than the others.
-    constexpr int kRounds = 7;
+    constexpr int kRounds = 11;
     std::vector<double> samples[4];
     for (int round = 0; round < kRounds; ++round) {
       for (int i = 0; i < 4; ++i) samples[i].push_back(host_us_per_call(calls, c.stream, loops[i]));

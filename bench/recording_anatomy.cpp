@@ -241,7 +241,7 @@ extern "C" int fa_bench_recording_anatomy(const char* spec_text, const void* q, 
         [&] { cudaStreamCaptureStatus s; cudaStreamIsCapturing(stream, &s); },
         [&] { fa::detail::handle_for(device, stream); },
     };
-    constexpr int kRounds = 7;
+    constexpr int kRounds = 11;
     std::vector<double> samples[4];
     for (int round = 0; round < kRounds; ++round) {
       for (int i = 0; i < 4; ++i) samples[i].push_back(host_us(calls, stream, loops[i]));
