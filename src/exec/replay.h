@@ -2,8 +2,11 @@
 //
 // cuDNN's execute spends most of a small call's host time building a variant pack and the
 // kernels' arguments anew on every call, even when nothing but the pointers could have changed:
-// 6.9, 8.0 and 11.4 µs at a tiny shape in three runs on the H200 hosts, where a replayed call
-// cost 5.4, 5.6 and 5.7 in the same runs (README, "Speed"). A loop over the same buffers,
+// 7.5–8.0 µs at a tiny shape on an H200 host, where a replayed call cost 3.2, what launching the
+// recording alone costs (README, "Checking and measuring"). The price is on the GPU: back to
+// back, a tiny recorded call takes 1–3 µs longer there than the same kernels launched on the
+// stream, which matters only where the GPU rather than the host limits a stream of tiny calls.
+// A loop over the same buffers,
 // which PyTorch's caching allocator makes the common case, hands a plan the same pointers again
 // and again: such a call is recorded into a CUDA graph the second time it is seen and replayed
 // from then on. What a recording fixes is all in its key: every pointer, the workspace and the
