@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "../tools/check.h"
+#include "host_timing.h"
 #include "exec/raw_call.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/build_info.h"
@@ -103,15 +104,6 @@ ForwardCall prepare_forward(const char* spec_text, const void* q, const void* k,
   return call;
 }
 
-double host_us_per_call(int calls, cudaStream_t stream, const std::function<void()>& enqueue) {
-  fa::check::check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize(before host loop)");
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < calls; ++i) enqueue();
-  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-  fa::check::check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize(after host loop)");
-  return us / calls;
-}
-
 // An instantiated CUDA graph holding one 4-byte memset: what launching any graph costs at least.
 class GraphOfOneMemset {
  public:
@@ -194,19 +186,8 @@ int fa_bench_host_overhead(const char* spec, const void* q, const void* k, const
         [&] { raw.execute(); },
         [&] { floor.launch(c.stream); },
     };
-    for (const auto& loop : loops) loop();  // warm every path once
-    // The loops take turns for several rounds and each reports its median, so that the order they
-    // run in and drift of the machine affect none of them more than the others.
-    constexpr int kRounds = 11;
-    std::vector<double> samples[4];
-    for (int round = 0; round < kRounds; ++round) {
-      for (int i = 0; i < 4; ++i) samples[i].push_back(host_us_per_call(calls, c.stream, loops[i]));
-    }
-    double* outputs[4] = {us_per_call_api, us_per_call_plan_run, us_per_call_cudnn_only, us_per_call_graph_floor};
-    for (int i = 0; i < 4; ++i) {
-      std::sort(samples[i].begin(), samples[i].end());
-      *outputs[i] = samples[i][kRounds / 2];
-    }
+    double* medians[4] = {us_per_call_api, us_per_call_plan_run, us_per_call_cudnn_only, us_per_call_graph_floor};
+    fa::bench::interleaved_medians(calls, c.stream, loops, 4, medians);
   });
 }
 

@@ -10,7 +10,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -21,6 +20,7 @@
 #include <vector>
 
 #include "../tools/check.h"
+#include "host_timing.h"
 #include "exec/device.h"
 #include "exec/raw_call.h"
 #include "fusedattn/attention.h"
@@ -122,7 +122,9 @@ std::vector<Step> take_apart(CUgraph graph, std::string& report, bool& launchabl
   check_driver(cuGraphGetEdges(graph, from.data(), to.data(), nullptr, &edge_count), "cuGraphGetEdges");
   report += format("%zu nodes, %zu edges\n", node_count, edge_count);
   std::vector<int> waiting(node_count, 0);
-  auto index = [&](CUgraphNode n) { return static_cast<int>(std::find(nodes.begin(), nodes.end(), n) - nodes.begin()); };
+  auto index = [&](CUgraphNode n) {
+    return static_cast<int>(std::find(nodes.begin(), nodes.end(), n) - nodes.begin());
+  };
   for (CUgraphNode n : to) ++waiting[index(n)];
   std::vector<Step> steps;
   std::vector<bool> done(node_count, false);
@@ -174,25 +176,22 @@ void launch_steps(const std::vector<Step>& steps, CUstream stream) {
     } else if (step.type == CU_GRAPH_NODE_TYPE_MEMSET) {
       const CUDA_MEMSET_NODE_PARAMS& m = step.memset;
       CUresult result = CUDA_ERROR_INVALID_VALUE;
-      if (m.elementSize == 1) result = cuMemsetD2D8Async(m.dst, m.pitch, static_cast<unsigned char>(m.value), m.width, m.height, stream);
-      if (m.elementSize == 2) result = cuMemsetD2D16Async(m.dst, m.pitch, static_cast<unsigned short>(m.value), m.width, m.height, stream);
-      if (m.elementSize == 4) result = cuMemsetD2D32Async(m.dst, m.pitch, m.value, m.width, m.height, stream);
+      const auto value = m.value;
+      if (m.elementSize == 1) {
+        result = cuMemsetD2D8Async(m.dst, m.pitch, static_cast<unsigned char>(value), m.width, m.height, stream);
+      } else if (m.elementSize == 2) {
+        result = cuMemsetD2D16Async(m.dst, m.pitch, static_cast<unsigned short>(value), m.width, m.height, stream);
+      } else if (m.elementSize == 4) {
+        result = cuMemsetD2D32Async(m.dst, m.pitch, value, m.width, m.height, stream);
+      }
       check_driver(result, "cuMemsetD2D*Async");
     }
   }
 }
 
-double host_us(int calls, cudaStream_t stream, const std::function<void()>& enqueue) {
-  fa::check::check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  const auto start = std::chrono::steady_clock::now();
-  for (int i = 0; i < calls; ++i) enqueue();
-  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-  fa::check::check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  return us / calls;
-}
-
 // O after `enqueue`, which first sees O poisoned.
-std::vector<unsigned char> output_of(void* o, std::size_t bytes, cudaStream_t stream, const std::function<void()>& enqueue) {
+std::vector<unsigned char> output_of(void* o, std::size_t bytes, cudaStream_t stream,
+                                     const std::function<void()>& enqueue) {
   fa::check::check_cuda(cudaMemsetAsync(o, 0xff, bytes, stream), "cudaMemsetAsync(poison O)");
   enqueue();
   std::vector<unsigned char> host(bytes);
@@ -218,7 +217,8 @@ extern "C" int fa_bench_recording_anatomy(const char* spec_text, const void* q, 
     const fa::detail::RawForwardCall raw(plan, tensors, used_scale, stream, workspace.get());
     cudaGraph_t recording = nullptr;
     fa::check::check_cuda(cudaGraphCreate(&recording, 0), "cudaGraphCreate");
-    std::unique_ptr<CUgraph_st, decltype(&cuGraphDestroy)> owned(reinterpret_cast<CUgraph>(recording), &cuGraphDestroy);
+    std::unique_ptr<CUgraph_st, decltype(&cuGraphDestroy)> owned(reinterpret_cast<CUgraph>(recording),
+                                                                 &cuGraphDestroy);
     if (!raw.record(recording)) throw fa::NotSupported("the plan's engine cannot be recorded");
     std::string text;
     bool launchable = false;
@@ -226,31 +226,31 @@ extern "C" int fa_bench_recording_anatomy(const char* spec_text, const void* q, 
     cudaGraphExec_t exec = nullptr;
     fa::check::check_cuda(cudaGraphInstantiate(&exec, recording, 0), "cudaGraphInstantiate");
     std::unique_ptr<CUgraphExec_st, decltype(&cudaGraphExecDestroy)> owned_exec(exec, &cudaGraphExecDestroy);
-    const std::size_t o_bytes = static_cast<std::size_t>(spec.batch() * spec.heads_q() * spec.seq_q() * spec.head_dim_v()) * 2;
+    // O as the host section makes it: dense, 2-byte elements. The steps' argument pointers point
+    // into the recording's nodes, which live as long as `owned` does.
+    const std::size_t o_bytes =
+        static_cast<std::size_t>(spec.batch() * spec.heads_q() * spec.seq_q() * spec.head_dim_v()) * 2;
+    const auto launch_recording = [&] { fa::check::check_cuda(cudaGraphLaunch(exec, stream), "cudaGraphLaunch"); };
+    const auto launch_nodes = [&] { launch_steps(steps, reinterpret_cast<CUstream>(stream)); };
     const auto by_cudnn = output_of(o, o_bytes, stream, [&] { raw.execute(); });
-    const auto by_graph = output_of(o, o_bytes, stream, [&] { cudaGraphLaunch(exec, stream); });
-    text += std::string("graph launch writes cuDNN's O: ") + (by_graph == by_cudnn ? "bit-equal" : "DIFFERENT") + "\n";
+    const auto same = [&](const std::vector<unsigned char>& out) {
+      return out == by_cudnn ? "bit-equal" : "DIFFERENT";
+    };
+    text += std::string("graph launch writes cuDNN's O: ") + same(output_of(o, o_bytes, stream, launch_recording)) +
+            "\n";
     if (launchable) {
-      const auto by_steps = output_of(o, o_bytes, stream, [&] { launch_steps(steps, reinterpret_cast<CUstream>(stream)); });
-      text += std::string("nodes launched one by one write cuDNN's O: ") + (by_steps == by_cudnn ? "bit-equal" : "DIFFERENT") + "\n";
+      text += std::string("nodes launched one by one write cuDNN's O: ") +
+              same(output_of(o, o_bytes, stream, launch_nodes)) + "\n";
     }
     const int device = plan->device();
     const std::function<void()> loops[4] = {
-        [&] { fa::check::check_cuda(cudaGraphLaunch(exec, stream), "cudaGraphLaunch"); },
-        [&] { if (launchable) launch_steps(steps, reinterpret_cast<CUstream>(stream)); },
+        launch_recording,
+        [&] { if (launchable) launch_nodes(); },
         [&] { cudaStreamCaptureStatus s; cudaStreamIsCapturing(stream, &s); },
         [&] { fa::detail::handle_for(device, stream); },
     };
-    constexpr int kRounds = 11;
-    std::vector<double> samples[4];
-    for (int round = 0; round < kRounds; ++round) {
-      for (int i = 0; i < 4; ++i) samples[i].push_back(host_us(calls, stream, loops[i]));
-    }
-    double* outputs[4] = {us_graph_launch, us_steps_launch, us_is_capturing, us_handle_for};
-    for (int i = 0; i < 4; ++i) {
-      std::sort(samples[i].begin(), samples[i].end());
-      *outputs[i] = samples[i][kRounds / 2];
-    }
+    double* medians[4] = {us_graph_launch, us_steps_launch, us_is_capturing, us_handle_for};
+    fa::bench::interleaved_medians(calls, stream, loops, 4, medians);
     if (!launchable) *us_steps_launch = NAN;
     std::snprintf(report, static_cast<std::size_t>(report_len), "%s", text.c_str());
     if (err && errlen > 0) err[0] = '\0';
