@@ -169,22 +169,23 @@ void require_like_q(const at::Tensor& q, const at::Tensor& t, const char* name) 
 }
 
 // A call's workspace. Small ones are kept per stream and reused by every later call on that stream,
-// which the stream runs in order: the caching allocator's malloc and free cost a microsecond a
-// call, and a stable address lets repeated calls replay. PyTorch keeps cuBLAS's workspaces the
-// same way. A capturing stream gets fresh memory from the allocator (from the graph's own pool),
+// which the stream runs in order: no trip through the caching allocator's lock and bookkeeping on
+// every call, and a stable address lets repeated calls replay. PyTorch keeps cuBLAS's workspaces
+// the same way. A capturing stream gets fresh memory from the allocator (from the graph's own pool),
 // since a captured graph may later run beside anything else that uses the stream's workspace;
 // so do large workspaces (their kernels outlast an allocation many times over) and streams past
 // the first few dozen. `per_call` holds fresh memory until the work is enqueued.
 constexpr std::size_t kKeptWorkspaceBytes = std::size_t{4} << 20;
 constexpr std::size_t kKeptWorkspaceStreams = 32;
 
-void* call_workspace(std::size_t bytes, cudaStream_t stream, c10::DataPtr& per_call) {
+void* call_workspace(std::size_t bytes, int device, cudaStream_t stream, c10::DataPtr& per_call) {
   if (bytes == 0) return nullptr;
   c10::cuda::CUDACachingAllocator::CUDAAllocator* allocator = c10::cuda::CUDACachingAllocator::get();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (bytes <= kKeptWorkspaceBytes && cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
       capture == cudaStreamCaptureStatusNone) {
     struct Kept {
+      int device;  // every device's legacy default stream has the same handle
       cudaStream_t stream;
       std::size_t bytes;
       c10::DataPtr memory;
@@ -193,9 +194,10 @@ void* call_workspace(std::size_t bytes, cudaStream_t stream, c10::DataPtr& per_c
     // Never destroyed: at exit the allocator may already be gone; the memory goes with the process.
     static auto* kept = new std::vector<Kept>();
     std::lock_guard<std::mutex> lock(mutex);
-    auto found = std::find_if(kept->begin(), kept->end(), [&](const Kept& k) { return k.stream == stream; });
+    auto found = std::find_if(kept->begin(), kept->end(),
+                              [&](const Kept& k) { return k.stream == stream && k.device == device; });
     if (found == kept->end() && kept->size() < kKeptWorkspaceStreams) {
-      found = kept->insert(kept->end(), Kept{stream, 0, c10::DataPtr()});
+      found = kept->insert(kept->end(), Kept{device, stream, 0, c10::DataPtr()});
     }
     if (found != kept->end()) {
       if (found->bytes < bytes) {  // the old block goes back to this stream's pool, in stream order
@@ -213,7 +215,8 @@ void* call_workspace(std::size_t bytes, cudaStream_t stream, c10::DataPtr& per_c
 }
 
 // Whether a call is one forward() runs itself: no gradient to record, plain strided CUDA tensors
-// (no subclass, functorch or functionalization wrapper) and no dispatch mode to see the call.
+// (no subclass, nested tensor, functorch or functionalization wrapper) and no dispatch mode to
+// see the call.
 bool runs_here(PyObject* const* tensors) {
   constexpr c10::DispatchKeySet kWrappers({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
                                            c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchBatched,
@@ -223,7 +226,7 @@ bool runs_here(PyObject* const* tensors) {
   for (int i = 0; i < 3; ++i) {
     if (!THPVariable_CheckExact(tensors[i])) return false;
     const at::Tensor& t = THPVariable_Unpack(tensors[i]);
-    if (!t.is_cuda() || t.layout() != at::kStrided || t.key_set().has_any(kWrappers) ||
+    if (!t.is_cuda() || t.layout() != at::kStrided || t.is_nested() || t.key_set().has_any(kWrappers) ||
         (grad_mode && t.requires_grad())) {
       return false;
     }
@@ -249,7 +252,7 @@ at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.get_device()).stream();
   const std::size_t bytes = plan->workspace_bytes();
   c10::DataPtr per_call;
-  void* workspace = call_workspace(bytes, stream, per_call);
+  void* workspace = call_workspace(bytes, q.get_device(), stream, per_call);
   fa::ForwardTensors t;
   t.q = q.data_ptr();
   t.k = k.data_ptr();
