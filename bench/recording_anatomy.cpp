@@ -200,12 +200,36 @@ std::vector<unsigned char> output_of(void* o, std::size_t bytes, cudaStream_t st
   return host;
 }
 
+// GPU microseconds per call of `calls` calls enqueued back to back behind `spin` (which keeps the
+// GPU busy while they are enqueued, so that launch cost on the host is hidden).
+double gpu_us_per_call(int calls, cudaStream_t stream, void (*spin)(), const std::function<void()>& enqueue) {
+  cudaEvent_t start = nullptr, end = nullptr;
+  fa::check::check_cuda(cudaEventCreate(&start), "cudaEventCreate");
+  fa::check::check_cuda(cudaEventCreate(&end), "cudaEventCreate");
+  std::unique_ptr<CUevent_st, decltype(&cudaEventDestroy)> owned_start(start, &cudaEventDestroy);
+  std::unique_ptr<CUevent_st, decltype(&cudaEventDestroy)> owned_end(end, &cudaEventDestroy);
+  fa::check::check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  spin();
+  fa::check::check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
+  for (int i = 0; i < calls; ++i) enqueue();
+  fa::check::check_cuda(cudaEventRecord(end, stream), "cudaEventRecord");
+  fa::check::check_cuda(cudaEventSynchronize(end), "cudaEventSynchronize");
+  float ms = 0.0f;
+  fa::check::check_cuda(cudaEventElapsedTime(&ms, start, end), "cudaEventElapsedTime");
+  return ms * 1e3 / calls;
+}
+
 }  // namespace
 
+/// Takes a forward's recording apart (a text report) and times, on the host, launching it as a
+/// graph, launching its nodes one by one, cudaStreamIsCapturing and finding the thread's handle;
+/// then, on the GPU (behind `spin`, which must keep `stream` busy for longer than `calls` launches
+/// take to enqueue), the graph, the nodes one by one and cuDNN's execute, back to back.
 extern "C" int fa_bench_recording_anatomy(const char* spec_text, const void* q, const void* k, const void* v, void* o,
                                           float scale, void* stream_handle, int calls, char* report, int report_len,
                                           double* us_graph_launch, double* us_steps_launch, double* us_is_capturing,
-                                          double* us_handle_for, char* err, int errlen) {
+                                          double* us_handle_for, void (*spin)(), double* gpu_us_graph,
+                                          double* gpu_us_nodes, double* gpu_us_cudnn, char* err, int errlen) {
   try {
     fa::AttentionSpec spec = fa::parse_spec(spec_text);
     spec.stats = false;  // inference, as the host section times it
@@ -251,6 +275,9 @@ extern "C" int fa_bench_recording_anatomy(const char* spec_text, const void* q, 
     };
     double* medians[4] = {us_graph_launch, us_steps_launch, us_is_capturing, us_handle_for};
     fa::bench::interleaved_medians(calls, stream, loops, 4, medians);
+    *gpu_us_graph = gpu_us_per_call(calls, stream, spin, launch_recording);
+    *gpu_us_nodes = launchable ? gpu_us_per_call(calls, stream, spin, launch_nodes) : NAN;
+    *gpu_us_cudnn = gpu_us_per_call(calls, stream, spin, [&] { raw.execute(); });
     if (!launchable) *us_steps_launch = NAN;
     std::snprintf(report, static_cast<std::size_t>(report_len), "%s", text.c_str());
     if (err && errlen > 0) err[0] = '\0';

@@ -80,7 +80,9 @@ class Shim:
             getattr(self.lib, name).argtypes, getattr(self.lib, name).restype = args, I
         self.lib.fa_build_info.restype = S
         self.lib.fa_bench_set_replay.argtypes, self.lib.fa_bench_set_replay.restype = [I], I
-        self.lib.fa_bench_recording_anatomy.argtypes = [S, P, P, P, P, F32, P, I, S, I, D, D, D, D, S, I]
+        self.spin_type = ctypes.CFUNCTYPE(None)
+        self.lib.fa_bench_recording_anatomy.argtypes = [S, P, P, P, P, F32, P, I, S, I, D, D, D, D,
+                                                        self.spin_type, D, D, D, S, I]
         self.lib.fa_bench_recording_anatomy.restype = I
 
     def set_replay(self, enabled):
@@ -135,11 +137,13 @@ class Shim:
         return [x.value for x in out]
 
     def recording_anatomy(self, spec, t, calls):
-        """The nodes of a forward's recording (text) and host µs per call: launching the recording,
-        launching its nodes one by one, cudaStreamIsCapturing, and finding the thread's handle."""
-        report, out = ctypes.create_string_buffer(16384), [ctypes.c_double() for _ in range(4)]
+        """The nodes of a forward's recording (text); host µs per call of launching the recording,
+        of launching its nodes one by one, of cudaStreamIsCapturing and of finding the thread's
+        handle; GPU µs per call, back to back, of the recording, its nodes and cuDNN's execute."""
+        report, out = ctypes.create_string_buffer(16384), [ctypes.c_double() for _ in range(7)]
+        spin = self.spin_type(lambda: torch.cuda._sleep(50_000_000))  # as gpu_us_per_call: ~25 ms
         self._call("fa_bench_recording_anatomy", spec.encode(), *t.fwd_ptrs(False)[:4], math.nan, stream(), calls,
-                   report, len(report), *map(ctypes.byref, out))
+                   report, len(report), *map(ctypes.byref, out[:4]), spin, *map(ctypes.byref, out[4:]))
         return report.value.decode(), [x.value for x in out]
 
     def enqueue_forward(self, spec, t, calls):
@@ -416,12 +420,17 @@ def host_overhead(shim, calls, lib, rounds=11):
         result.update({f"fusedattn_api{suffix}_us": api, f"fusedattn_plan_run{suffix}_us": plan_run,
                        f"cudnn_execute_only{suffix}_us": cudnn_only, f"graph_launch_floor{suffix}_us": graph_floor})
     try:  # a diagnostic: its failure must not cost the section its other numbers
-        report, (graph, nodes, capturing, handle) = shim.recording_anatomy(spec, t, calls)
+        report, (graph, nodes, capturing, handle, *gpu) = shim.recording_anatomy(spec, t, calls)
         result.update({"recording": report, "recording_launch_us": graph, "recording_nodes_launch_us": nodes,
-                       "stream_is_capturing_us": capturing, "handle_for_us": handle})
+                       "stream_is_capturing_us": capturing, "handle_for_us": handle,
+                       "recording_gpu_us": gpu[0], "recording_nodes_gpu_us": gpu[1], "cudnn_execute_gpu_us": gpu[2]})
     except RuntimeError as error:
         result["recording"] = f"not taken apart: {error}"
-    result["fusedattn_gpu_us"] = gpu_us_per_call(lambda n: shim.enqueue_forward(spec, t, n))
+    for replay in (True, False):  # a replayed call's graph launch costs the GPU time too (README)
+        was = shim.set_replay(replay)
+        suffix = "" if replay else "_no_replay"
+        result[f"fusedattn_gpu{suffix}_us"] = gpu_us_per_call(lambda n: shim.enqueue_forward(spec, t, n))
+        shim.set_replay(was)
     for name, sdpa in sdpas.items():
         with sdpa.context(grad=False):
             result[f"{name}_gpu_us"] = gpu_us_per_call(lambda n, s=sdpa: [s.sdpa(t.q, t.k, t.v) for _ in range(n)])
@@ -467,8 +476,16 @@ def markdown(rows, host, check):
             lines.append(f"| {label} | {fmt(host.get(on), '{:.2f}')} | {fmt(host.get(off), '{:.2f}')} |")
         for label, key in (("PyTorch SDPA, cuDNN backend", "torch_cudnn_host_us"),
                            ("PyTorch SDPA, cuDNN backend, forward + backward", "torch_cudnn_fwd_bwd_host_us"),
-                           ("PyTorch SDPA, flash backend", "torch_flash_host_us"),
-                           ("GPU time per call (fusedattn)", "fusedattn_gpu_us")):
+                           ("PyTorch SDPA, flash backend", "torch_flash_host_us")):
+            lines.append(f"| {label} | {fmt(host.get(key), '{:.2f}')} | |")
+        lines += ["", "| GPU µs per call, back to back | repeated calls replayed | replay off |", "|---|---|---|",
+                  f"| fusedattn::forward | {fmt(host.get('fusedattn_gpu_us'), '{:.2f}')} | "
+                  f"{fmt(host.get('fusedattn_gpu_no_replay_us'), '{:.2f}')} |"]
+        for label, key in (("the recording, as a graph", "recording_gpu_us"),
+                           ("the recording's nodes launched one by one", "recording_nodes_gpu_us"),
+                           ("cuDNN execute alone", "cudnn_execute_gpu_us"),
+                           ("PyTorch SDPA, cuDNN backend", "torch_cudnn_gpu_us"),
+                           ("PyTorch SDPA, flash backend", "torch_flash_gpu_us")):
             lines.append(f"| {label} | {fmt(host.get(key), '{:.2f}')} | |")
         if host.get("recording"):
             lines.append("\nThe recording of this call:\n\n```\n" + host["recording"].rstrip() + "\n```")
