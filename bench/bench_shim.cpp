@@ -1,23 +1,20 @@
 // bench/bench_shim.cpp — C ABI for bench/run_bench.py: times fusedattn on tensors PyTorch owns,
 // so fusedattn and PyTorch run in one process, on the same data, on the same stream.
 //
-// Every function returns 0 on success; otherwise 2 (invalid argument), 3 (not supported),
-// 5 (CUDA, cuDNN or setup error) or 1 (anything else), with "<kind>: <message>" in `err`.
+// Every function returns as bench/c_abi.h says, with "<kind>: <message>" in `err` on failure.
 // A `stream` of NULL is the legacy default stream; pass torch.cuda.current_stream().cuda_stream.
-#include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "../tools/check.h"
+#include "c_abi.h"
+#include "forward_call.h"
 #include "host_timing.h"
 #include "exec/raw_call.h"
 #include "fusedattn/attention.h"
@@ -27,82 +24,14 @@
 #include "fusedattn/plan_cache.h"
 
 namespace fa = fusedattn;
+using fa::bench::ForwardCall;
+using fa::bench::guarded;
+using fa::bench::prepare_forward;
+using fa::bench::scale_for;
+using fa::bench::spec_for;
+using fa::bench::workspace_for;
 
 namespace {
-
-void write_error(char* err, int errlen, const std::string& message) {
-  if (err == nullptr || errlen <= 0) return;
-  std::snprintf(err, static_cast<std::size_t>(errlen), "%s", message.c_str());
-}
-
-// Runs `body`, turning every exception into a return code and a message: nothing may unwind
-// through the C ABI into Python.
-template <class Body>
-int guarded(char* err, int errlen, Body&& body) {
-  try {
-    body();
-    write_error(err, errlen, "");
-    return 0;
-  } catch (const fa::Error& error) {
-    write_error(err, errlen, std::string(fa::to_string(error.kind())) + ": " + error.what());
-    switch (error.kind()) {
-      case fa::ErrorKind::invalid_argument: return 2;
-      case fa::ErrorKind::not_supported: return 3;
-      default: return 5;
-    }
-  } catch (const std::exception& error) {
-    write_error(err, errlen, std::string("error: ") + error.what());
-    return 1;
-  }
-}
-
-// The spec as the caller sent it, with stats on exactly when a stats pointer was passed: the
-// forward-only timing compares against PyTorch inference, which writes no statistics either.
-fa::AttentionSpec spec_for(const char* text, bool stats) {
-  fa::AttentionSpec spec = fa::parse_spec(text == nullptr ? "" : text);
-  spec.stats = stats;
-  fa::validate(spec);
-  return spec;
-}
-
-float scale_for(const fa::AttentionSpec& spec, float scale) { return std::isnan(scale) ? fa::default_scale(spec) : scale; }
-
-// One workspace per plan, allocated on first use and kept, so no timed call allocates. The map
-// holds the plan too: a plan dropped from the cache (fa_bench_plan_build clears it) must not free
-// its address for a new plan that would then inherit a workspace of the wrong size.
-fa::Workspace workspace_for(const std::shared_ptr<const fa::Plan>& plan) {
-  struct Entry {
-    std::shared_ptr<const fa::Plan> plan;
-    fa::check::DeviceBuffer buffer;
-  };
-  static std::mutex mutex;
-  static std::map<const fa::Plan*, Entry> entries;
-  std::lock_guard<std::mutex> lock(mutex);
-  Entry& entry = entries[plan.get()];
-  if (!entry.plan) entry = Entry{plan, fa::check::DeviceBuffer(plan->workspace_bytes())};
-  return fa::Workspace{entry.buffer.get(), entry.buffer.bytes()};
-}
-
-struct ForwardCall {
-  fa::AttentionSpec spec;
-  std::shared_ptr<const fa::Plan> plan;
-  fa::ForwardTensors tensors;
-  fa::Workspace workspace;
-  float scale = 0.0f;
-  cudaStream_t stream = nullptr;
-};
-
-ForwardCall prepare_forward(const char* spec_text, const void* q, const void* k, const void* v, void* o, float* stats,
-                            float scale, void* stream) {
-  ForwardCall call;
-  call.spec = spec_for(spec_text, stats != nullptr);
-  call.plan = fa::get_plan(call.spec, fa::Pass::forward);
-  call.tensors = fa::ForwardTensors{q, k, v, o, stats};
-  call.workspace = workspace_for(call.plan);
-  call.scale = scale_for(call.spec, scale);
-  call.stream = static_cast<cudaStream_t>(stream);
-  return call;
-}
 
 // An instantiated CUDA graph holding one 4-byte memset: what launching any graph costs at least.
 class GraphOfOneMemset {

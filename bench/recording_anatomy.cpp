@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "../tools/check.h"
+#include "c_abi.h"
+#include "forward_call.h"
 #include "host_timing.h"
 #include "exec/device.h"
 #include "exec/raw_call.h"
@@ -230,15 +232,11 @@ extern "C" int fa_bench_recording_anatomy(const char* spec_text, const void* q, 
                                           double* us_graph_launch, double* us_steps_launch, double* us_is_capturing,
                                           double* us_handle_for, void (*spin)(), double* gpu_us_graph,
                                           double* gpu_us_nodes, double* gpu_us_cudnn, char* err, int errlen) {
-  try {
-    fa::AttentionSpec spec = fa::parse_spec(spec_text);
-    spec.stats = false;  // inference, as the host section times it
-    const auto plan = fa::get_plan(spec, fa::Pass::forward);
-    const auto stream = static_cast<cudaStream_t>(stream_handle);
-    fa::check::DeviceBuffer workspace(plan->workspace_bytes());
-    const fa::ForwardTensors tensors{q, k, v, o, nullptr};
-    const float used_scale = std::isnan(scale) ? fa::default_scale(spec) : scale;
-    const fa::detail::RawForwardCall raw(plan, tensors, used_scale, stream, workspace.get());
+  return fa::bench::guarded(err, errlen, [&] {
+    const fa::bench::ForwardCall c = fa::bench::prepare_forward(spec_text, q, k, v, o, nullptr, scale, stream_handle);
+    const fa::AttentionSpec& spec = c.spec;
+    const cudaStream_t stream = c.stream;
+    const fa::detail::RawForwardCall raw(c.plan, c.tensors, c.scale, stream, c.workspace.data);
     cudaGraph_t recording = nullptr;
     fa::check::check_cuda(cudaGraphCreate(&recording, 0), "cudaGraphCreate");
     std::unique_ptr<CUgraph_st, decltype(&cuGraphDestroy)> owned(reinterpret_cast<CUgraph>(recording),
@@ -266,7 +264,7 @@ extern "C" int fa_bench_recording_anatomy(const char* spec_text, const void* q, 
       text += std::string("nodes launched one by one write cuDNN's O: ") +
               same(output_of(o, o_bytes, stream, launch_nodes)) + "\n";
     }
-    const int device = plan->device();
+    const int device = c.plan->device();
     const std::function<void()> loops[4] = {
         launch_recording,
         [&] { if (launchable) launch_nodes(); },
@@ -280,10 +278,5 @@ extern "C" int fa_bench_recording_anatomy(const char* spec_text, const void* q, 
     *gpu_us_cudnn = gpu_us_per_call(calls, stream, spin, [&] { raw.execute(); });
     if (!launchable) *us_steps_launch = NAN;
     std::snprintf(report, static_cast<std::size_t>(report_len), "%s", text.c_str());
-    if (err && errlen > 0) err[0] = '\0';
-    return 0;
-  } catch (const std::exception& error) {
-    if (err && errlen > 0) std::snprintf(err, static_cast<std::size_t>(errlen), "%s", error.what());
-    return 1;
-  }
+  });
 }

@@ -10,7 +10,6 @@ import ctypes
 import datetime
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -85,9 +84,15 @@ class Shim:
                                                         self.spin_type, D, D, D, S, I]
         self.lib.fa_bench_recording_anatomy.restype = I
 
-    def set_replay(self, enabled):
-        """Replay of repeated calls on or off for the whole process (the library is loaded once)."""
-        return bool(self.lib.fa_bench_set_replay(int(enabled)))
+    @contextlib.contextmanager
+    def replay(self, enabled):
+        """Replay of repeated calls on or off for the whole process (the library is loaded once)
+        inside the block, which gets the suffix of its result keys ("" or "_no_replay")."""
+        was = self.lib.fa_bench_set_replay(int(enabled))
+        try:
+            yield "" if enabled else "_no_replay"
+        finally:
+            self.lib.fa_bench_set_replay(was)
 
     def _call(self, name, *args):
         err = ctypes.create_string_buffer(8192)
@@ -403,20 +408,16 @@ def host_overhead(shim, calls, lib, rounds=11):
     samples = {}
     for _ in range(rounds):
         for replay in (True, False):
-            was = shim.set_replay(replay)
-            suffix = "" if replay else "_no_replay"
-            for key, (fn, context) in loops.items():
-                if suffix and not key.startswith("fusedattn"):
-                    continue  # PyTorch's own calls do not depend on the switch: once a round
-                name = key.replace("_host_us", f"{suffix}_host_us")
-                samples.setdefault(name, []).append(host_us(fn, calls, context))
-            shim.set_replay(was)
+            with shim.replay(replay) as suffix:
+                for key, (fn, context) in loops.items():
+                    if suffix and not key.startswith("fusedattn"):
+                        continue  # PyTorch's own calls do not depend on the switch: once a round
+                    name = key.replace("_host_us", f"{suffix}_host_us")
+                    samples.setdefault(name, []).append(host_us(fn, calls, context))
     result.update({key: statistics.median(values) for key, values in samples.items()})
     for replay in (True, False):  # the C++ levels take turns inside the shim, 11 rounds each
-        was = shim.set_replay(replay)
-        api, plan_run, cudnn_only, graph_floor = shim.host_overhead(spec, t, calls)
-        shim.set_replay(was)
-        suffix = "" if replay else "_no_replay"
+        with shim.replay(replay) as suffix:
+            api, plan_run, cudnn_only, graph_floor = shim.host_overhead(spec, t, calls)
         result.update({f"fusedattn_api{suffix}_us": api, f"fusedattn_plan_run{suffix}_us": plan_run,
                        f"cudnn_execute_only{suffix}_us": cudnn_only, f"graph_launch_floor{suffix}_us": graph_floor})
     try:  # a diagnostic: its failure must not cost the section its other numbers
@@ -427,10 +428,8 @@ def host_overhead(shim, calls, lib, rounds=11):
     except RuntimeError as error:
         result["recording"] = f"not taken apart: {error}"
     for replay in (True, False):  # a replayed call's graph launch costs the GPU time too (README)
-        was = shim.set_replay(replay)
-        suffix = "" if replay else "_no_replay"
-        result[f"fusedattn_gpu{suffix}_us"] = gpu_us_per_call(lambda n: shim.enqueue_forward(spec, t, n))
-        shim.set_replay(was)
+        with shim.replay(replay) as suffix:
+            result[f"fusedattn_gpu{suffix}_us"] = gpu_us_per_call(lambda n: shim.enqueue_forward(spec, t, n))
     for name, sdpa in sdpas.items():
         with sdpa.context(grad=False):
             result[f"{name}_gpu_us"] = gpu_us_per_call(lambda n, s=sdpa: [s.sdpa(t.q, t.k, t.v) for _ in range(n)])
