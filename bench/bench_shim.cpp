@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "../tools/check.h"
+#include "testing/cuda_check.h"
 #include "c_abi.h"
 #include "forward_call.h"
 #include "host_timing.h"

@@ -8,7 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "../tools/check.h"
+#include "testing/device_buffer.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/errors.h"
 #include "fusedattn/spec.h"

@@ -8,7 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "../tools/check.h"
+#include "testing/cuda_check.h"
 
 namespace fusedattn::bench {
 

@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "check.h"
 #include "support_matrix.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/build_info.h"
@@ -20,6 +19,11 @@
 #include "fusedattn/layout.h"
 #include "fusedattn/plan_cache.h"
 #include "fusedattn/reference.h"
+#include "testing/attention_buffers.h"
+#include "testing/cuda_check.h"
+#include "testing/device_buffer.h"
+#include "testing/kernel_timing.h"
+#include "testing/reference_check.h"
 
 namespace fa = fusedattn;
 

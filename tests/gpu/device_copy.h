@@ -5,9 +5,9 @@
 #include <cstring>
 #include <vector>
 
-#include "../../tools/check.h"
 #include "fusedattn/reference.h"
 #include "fusedattn/tensor.h"
+#include "testing/cuda_check.h"
 
 namespace fusedattn {
 

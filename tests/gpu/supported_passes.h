@@ -5,8 +5,8 @@
 
 #include <gtest/gtest.h>
 
-#include "../../tools/check.h"
 #include "fusedattn/attention.h"
+#include "testing/reference_check.h"
 
 namespace fusedattn {
 

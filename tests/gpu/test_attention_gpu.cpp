@@ -15,7 +15,6 @@
 #include <vector>
 
 #include "../../src/exec/raw_call.h"
-#include "../../tools/check.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/build_info.h"
 #include "fusedattn/errors.h"
@@ -25,6 +24,10 @@
 #include "device_copy.h"
 #include "gpu_skip.h"
 #include "supported_passes.h"
+#include "testing/attention_buffers.h"
+#include "testing/check_result.h"
+#include "testing/cuda_check.h"
+#include "testing/device_buffer.h"
 
 // Skips the test, with every reason, when this GPU and cuDNN cannot run `spec` in `pass`.
 #define FUSEDATTN_REQUIRE_SUPPORT(spec, pass)                                      \

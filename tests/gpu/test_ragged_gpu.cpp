@@ -12,13 +12,17 @@
 #include <utility>
 #include <vector>
 
-#include "../../tools/check.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/plan_cache.h"
 #include "fusedattn/ragged.h"
 #include "fusedattn/reference.h"
 #include "gpu_skip.h"
 #include "supported_passes.h"
+#include "testing/attention_buffers.h"
+#include "testing/check_result.h"
+#include "testing/cuda_check.h"
+#include "testing/device_buffer.h"
+#include "testing/twins.h"
 
 namespace fusedattn {
 namespace {

@@ -9,11 +9,14 @@
 #include <vector>
 
 #include "../../src/exec/raw_call.h"
-#include "../../tools/check.h"
 #include "device_copy.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/plan_cache.h"
 #include "gpu_skip.h"
+#include "testing/attention_buffers.h"
+#include "testing/check_result.h"
+#include "testing/cuda_check.h"
+#include "testing/device_buffer.h"
 
 namespace fusedattn {
 namespace {

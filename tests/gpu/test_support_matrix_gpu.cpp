@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "../../tools/support_matrix.h"
 #include "gpu_skip.h"
 #include "supported_passes.h"
+#include "tools/support_matrix.h"
 
 namespace fusedattn {
 namespace {
