@@ -6,6 +6,7 @@
 #include "fusedattn/lru_cache.h"
 #include "fusedattn/plan_cache.h"
 #include "fusedattn/ragged.h"
+#include "spec/fields.h"
 #include "spec/text.h"
 
 namespace fusedattn {
@@ -15,16 +16,8 @@ PlanKey make_plan_key(const AttentionSpec& spec, Pass pass, int device, const De
   key.pass = pass;
   // Ragged batches: one plan per bucket of batch size and longest sequence (fusedattn/ragged.h).
   key.spec = bucketed(spec);
-  // The backward graph always reads the statistics the forward wrote; whether a forward call was
-  // asked to write them is no input of the backward plan, so it must not split backward entries.
-  if (pass == Pass::backward) key.spec.stats = true;
-  // Determinism is a property of the backward algorithm only; the mask dump and the max logit
-  // are forward outputs only.
-  if (pass == Pass::forward) key.spec.deterministic = false;
-  if (pass == Pass::backward) {
-    key.spec.dropout_mask_out = false;
-    key.spec.max_logit = MaxLogit::none;
-  }
+  // Fields the pass's graph does not read (the field table in spec.cpp says which) are reset.
+  detail::reset_unread_fields(key.spec, pass);
   // The alignment only places the window's diagonal; without a bound the graphs are identical.
   if (!spec.window.bounded()) key.spec.alignment = Alignment::top_left;
   key.device = device;

@@ -12,34 +12,42 @@
 
 #include "fusedattn/errors.h"
 #include "fusedattn/layout.h"
+#include "fusedattn/support.h"
+#include "spec/fields.h"
 #include "spec/text.h"
 #include "spec/window_rule.h"
 
 namespace fusedattn {
 namespace {
 
-// THE field list. operator==, hash_value, to_string and parse_spec all walk it, so adding a field
-// here makes it compared, hashed, printed and parsed at once. `f(name, field...)` is called once
-// per field with that field of every spec passed in (one spec to print, two to compare).
+// THE field list. operator==, hash_value, to_string, parse_spec and the plan key's normalization
+// (reset_unread_fields) all walk it, so adding a field here makes it compared, hashed, printed,
+// parsed and keyed at once. `f(name, reads, field...)` is called once per field with the passes
+// whose graphs read it and that field of every spec passed in (one spec to print, two to compare).
+// A field one pass does not read is reset in that pass's plan key, so it can never split that
+// pass's plans (a forward with bias_grad=1 builds the forward graph of bias_grad=0).
+enum Reads : unsigned { kForwardReads = 1u, kBackwardReads = 2u, kBothRead = 3u };
+
 template <class F, class... Specs>
 void visit_fields(F&& f, Specs&... specs) {
-  f("q", specs.q...);
-  f("k", specs.k...);
-  f("v", specs.v...);
-  f("o", specs.o...);
-  f("window", specs.window...);
-  f("align", specs.alignment...);
-  f("bias", specs.bias...);
-  f("bias_grad", specs.bias_grad...);
-  f("alibi", specs.alibi...);
-  f("softmax", specs.softmax...);
-  f("max_logit", specs.max_logit...);
-  f("dropout", specs.dropout...);
-  f("dropout_mask_out", specs.dropout_mask_out...);
-  f("padding", specs.padding...);
-  f("deterministic", specs.deterministic...);
-  f("stats", specs.stats...);
-  f("kv_pages", specs.kv_pages...);
+  f("q", kBothRead, specs.q...);
+  f("k", kBothRead, specs.k...);
+  f("v", kBothRead, specs.v...);
+  f("o", kBothRead, specs.o...);
+  f("window", kBothRead, specs.window...);
+  f("align", kBothRead, specs.alignment...);
+  f("bias", kBothRead, specs.bias...);
+  f("bias_grad", kBackwardReads, specs.bias_grad...);  // dBias is a backward output
+  f("alibi", kBothRead, specs.alibi...);
+  f("softmax", kBothRead, specs.softmax...);
+  f("max_logit", kForwardReads, specs.max_logit...);
+  f("dropout", kBothRead, specs.dropout...);
+  f("dropout_mask_out", kForwardReads, specs.dropout_mask_out...);
+  f("padding", kBothRead, specs.padding...);
+  f("deterministic", kBackwardReads, specs.deterministic...);  // the backward's algorithm
+  // Whether the forward writes the statistics; the backward always reads them.
+  f("stats", kForwardReads, specs.stats...);
+  f("kv_pages", kBothRead, specs.kv_pages...);
 }
 
 template <class T>
@@ -190,7 +198,7 @@ bool is_shorthand(const std::string& key) {
 std::string known_keys() {
   std::string out = "known keys:";
   AttentionSpec unused;
-  visit_fields([&](const char* name, auto&) { out += std::string(" ") + name; }, unused);
+  visit_fields([&](const char* name, Reads, auto&) { out += std::string(" ") + name; }, unused);
   out += " layout dtype";
   for (const SizeKey& size : kSizeKeys) out += std::string(" ") + size.key;
   out += ", page_size pages (paged layouts), shorthands s h d, causal=0|1 (window -1,-1 or -1,0) and the bare word "
@@ -473,13 +481,13 @@ double AttentionSpec::forward_flops() const noexcept {
 
 bool operator==(const AttentionSpec& a, const AttentionSpec& b) noexcept {
   bool equal = true;
-  visit_fields([&](const char*, const auto& x, const auto& y) { equal = equal && x == y; }, a, b);
+  visit_fields([&](const char*, Reads, const auto& x, const auto& y) { equal = equal && x == y; }, a, b);
   return equal;
 }
 
 std::size_t hash_value(const AttentionSpec& spec) noexcept {
   std::size_t seed = 0;
-  visit_fields([&](const char*, const auto& field) { detail::hash_combine(seed, hash_of(field)); }, spec);
+  visit_fields([&](const char*, Reads, const auto& field) { detail::hash_combine(seed, hash_of(field)); }, spec);
   return seed;
 }
 
@@ -494,7 +502,7 @@ std::string to_string(const AttentionSpec& spec) {
   if (layout && (ragged_q(*layout) || ragged_kv(*layout) || paged_kv(*layout))) defaults.padding = true;
   if (layout && paged_kv(*layout)) defaults.kv_pages = spec.kv_pages;
   visit_fields(
-      [&](const char* name, const auto& field, const auto& default_value) {
+      [&](const char* name, Reads, const auto& field, const auto& default_value) {
         if (kIsTensor<decltype(field)>) {
           if (layout) return;  // already said by the layout form
         } else if (field == default_value) {
@@ -522,7 +530,7 @@ AttentionSpec parse_spec(const std::string& text) {
     }
     bool is_field = false;
     visit_fields(
-        [&](const char* name, auto& field) {
+        [&](const char* name, Reads, auto& field) {
           if (token.key != name) return;
           is_field = true;
           given.claim(token, token.key);
@@ -623,5 +631,60 @@ void validate(const AttentionSpec& spec) {
     throw InvalidArgument("bias_grad", "1", "a bias (bias=bhss, b1ss, 1hss, 11ss or 111s) to take the gradient of");
   }
 }
+
+namespace detail {
+
+void reset_unread_fields(AttentionSpec& spec, Pass pass) {
+  const unsigned reader = pass == Pass::forward ? kForwardReads : kBackwardReads;
+  const AttentionSpec defaults;
+  visit_fields(
+      [&](const char*, Reads reads, auto& field, const auto& default_value) {
+        if (!(reads & reader)) field = default_value;
+      },
+      spec, defaults);
+}
+
+namespace {
+
+AttentionSpec with_options(const AttentionOptions& options) {
+  AttentionSpec spec;
+  static_cast<AttentionOptions&>(spec) = options;
+  return spec;
+}
+
+}  // namespace
+
+void parse_option(AttentionOptions& options, const std::string& key, const std::string& text) {
+  AttentionSpec spec = with_options(options);
+  bool found = false;
+  visit_fields(
+      [&](const char* name, Reads, auto& field) {
+        if (kIsTensor<decltype(field)> || key != name) return;
+        found = true;
+        parse_value(text, key, field);
+      },
+      spec);
+  if (!found) throw InvalidArgument(key, text, "an option key; " + known_keys());
+  options = spec;
+}
+
+bool same_options(const AttentionOptions& a, const AttentionOptions& b) noexcept {
+  return with_options(a) == with_options(b);
+}
+
+std::string options_text(const AttentionOptions& options) {
+  const AttentionSpec spec = with_options(options);
+  const AttentionSpec defaults;
+  std::string out;
+  visit_fields(
+      [&](const char* name, Reads, const auto& field, const auto& default_value) {
+        if (kIsTensor<decltype(field)> || field == default_value) return;
+        out += (out.empty() ? "" : " ") + std::string(name) + "=" + format_value(field);
+      },
+      spec, defaults);
+  return out;
+}
+
+}  // namespace detail
 
 }  // namespace fusedattn

@@ -64,6 +64,41 @@ TEST(PlanKey, EachPartSplitsEntries) {
   EXPECT_EQ(all.size(), variants.size() + 1);
 }
 
+// Each option against the passes whose graphs read it (the field table in spec.cpp): a change splits
+// exactly those passes' entries. bias_grad once split forward entries, giving two identical plans.
+TEST(PlanKey, EachOptionSplitsExactlyThePassesThatReadIt) {
+  struct Case {
+    const char* base;
+    const char* changed;
+    bool forward_reads, backward_reads;
+  };
+  const char* const plain = "layout=bshd b=2 s=128 h=8 d=64 causal";
+  const char* const biased = "layout=bshd b=2 s=128 h=8 d=64 causal bias=11ss";
+  const char* const dropped = "layout=bshd b=2 s=128 h=8 d=64 causal dropout=0.1";
+  const Case cases[] = {
+      {biased, "layout=bshd b=2 s=128 h=8 d=64 causal bias=11ss bias_grad=1", false, true},
+      {plain, "layout=bshd b=2 s=128 h=8 d=64 causal deterministic=1", false, true},
+      {plain, "layout=bshd b=2 s=128 h=8 d=64 causal stats=0", true, false},
+      {plain, "layout=bshd b=2 s=128 h=8 d=64 causal max_logit=row", true, false},
+      {dropped, "layout=bshd b=2 s=128 h=8 d=64 causal dropout=0.1 dropout_mask_out=1", true, false},
+      {plain, "layout=bshd b=2 s=128 h=8 d=64 causal bias=11ss", true, true},
+      {plain, "layout=bshd b=2 s=128 h=8 d=64 causal softmax=off_by_one", true, true},
+      {plain, "layout=bshd b=2 s=128 h=8 d=64 causal dropout=0.1", true, true},
+      {plain, "layout=bshd b=2 s=128 h=8 d=64 causal padding=1", true, true},
+      {plain, "layout=bshd b=2 s=128 h=8 d=64 window=16,0", true, true},
+      {plain, "layout=bshd b=2 s=128 h=8 d=64 causal alibi=1", true, true},
+  };
+  for (const Case& c : cases) {
+    for (Pass pass : {Pass::forward, Pass::backward}) {
+      const bool reads = pass == Pass::forward ? c.forward_reads : c.backward_reads;
+      const PlanKey a = make_plan_key(spec_of(c.base), pass, 0, DeviceCaps{9, 0}, versions(91900, 13200));
+      const PlanKey b = make_plan_key(spec_of(c.changed), pass, 0, DeviceCaps{9, 0}, versions(91900, 13200));
+      EXPECT_EQ(a != b, reads) << to_string(pass) << ": " << c.changed;
+      if (!reads) EXPECT_EQ(PlanKeyHash{}(a), PlanKeyHash{}(b)) << to_string(pass) << ": " << c.changed;
+    }
+  }
+}
+
 TEST(PlanKey, BackwardIgnoresStats) {
   AttentionSpec with = spec_of(kSpec);
   AttentionSpec without = with;

@@ -1,0 +1,84 @@
+// fusedattn/options.h — AttentionOptions: everything a call computes beyond its four tensors.
+//
+// Masks, score terms, the softmax variant, extra outputs, dropout, runtime lengths. The adapters'
+// keyword arguments map onto these fields one to one (fusedattn/call.h); AttentionSpec adds the
+// tensors. The spec's one field table (spec.cpp) parses, prints, compares and hashes them.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace fusedattn {
+
+/// Where the causal diagonal starts: row 0 sees key 0 (top-left), or the last row sees the last
+/// key (bottom-right, the usual choice for decoding with a KV cache when s_q < s_kv).
+enum class Alignment : std::uint8_t { top_left, bottom_right };
+
+const char* to_string(Alignment alignment) noexcept;
+
+/// Which keys each query sees, around its diagonal position p (p = i top-left, p = i + s_kv - s_q
+/// bottom-right): key j is visible when p - left < j <= p + right. A bound of -1 is no bound on
+/// that side. {-1, -1} is no mask, {-1, 0} causal, {W, 0} a causal sliding window of W keys
+/// (the diagonal included), {W, R} a band that also looks R keys ahead.
+struct Window {
+  std::int64_t left = -1;
+  std::int64_t right = -1;
+
+  bool bounded() const noexcept { return left >= 0 || right >= 0; }
+  bool causal() const noexcept { return left < 0 && right == 0; }
+  friend bool operator==(const Window& a, const Window& b) noexcept { return a.left == b.left && a.right == b.right; }
+  friend bool operator!=(const Window& a, const Window& b) noexcept { return !(a == b); }
+};
+
+/// "LEFT,RIGHT", as the spec string writes it ("-1,0" for causal).
+std::string to_string(const Window& window);
+
+/// The causal window {-1, 0}.
+constexpr Window kCausal{-1, 0};
+
+/// Which dims of the post-scale bias [b, h, s_q, s_kv] are real (the others broadcast, size 1).
+/// The bias tensor is contiguous in its own shape and has q's dtype; it is added to the scaled
+/// scores before the mask and the softmax.
+enum class Bias : std::uint8_t { none, bhss, b1ss, one_hss, one_1ss, one_11s };
+const char* to_string(Bias bias) noexcept;  ///< "none", "bhss", "b1ss", "1hss", "11ss", "111s"
+
+/// Dims of the bias tensor of `bias` kind for these sizes: [b or 1, h or 1, s_q or 1, s_kv]
+/// (all zero for Bias::none).
+std::array<std::int64_t, 4> bias_dims(Bias bias, std::int64_t batch, std::int64_t heads, std::int64_t seq_q,
+                                      std::int64_t seq_kv) noexcept;
+
+/// The softmax's denominator: vanilla sum_j e^s_ij; off_by_one adds e^0 (a zero logit that takes
+/// probability mass); sink adds e^sink_h, a learnable per-head logit (float32 [h], with a gradient).
+enum class Softmax : std::uint8_t { vanilla, off_by_one, sink };
+const char* to_string(Softmax softmax) noexcept;
+
+/// The largest logit (scaled score after bias and mask) per query row, or reduced to one value per
+/// head over the batch and every valid row.
+enum class MaxLogit : std::uint8_t { none, row, head };
+const char* to_string(MaxLogit max_logit) noexcept;
+
+/// A call's options, every field at the value that plain attention has.
+struct AttentionOptions {
+  Window window;                              ///< which keys each query sees (default: all)
+  Alignment alignment = Alignment::top_left;  ///< where the diagonal starts (matters only with a bound)
+  Bias bias = Bias::none;       ///< a post-scale bias tensor and which of its dims broadcast
+  bool bias_grad = false;       ///< backward also writes dBias (in the bias's own shape)
+  bool alibi = false;           ///< add ALiBi with the standard per-head slopes (needs a causal window)
+  Softmax softmax = Softmax::vanilla;
+  MaxLogit max_logit = MaxLogit::none;
+  double dropout = 0.0;  ///< probability of dropping each attention probability (Philox, seed and offset
+                         ///< read from device memory at run time); 0 = no dropout
+  bool dropout_mask_out = false;  ///< forward also writes the keep mask it drew (float32 [b, h_q, s_q,
+                                  ///< s_kv], 0 or 1), for checking and debugging
+  bool padding = false;  ///< per-batch lengths come at run time (seq_len_q, seq_len_kv in the tensor
+                         ///< sets); rows and keys past them are padding, and O, dQ, dK, dV are zero there
+  bool deterministic = false;  ///< backward: bitwise-reproducible dQ, dK, dV (no atomic accumulation)
+  bool stats = true;  ///< also write the softmax statistics (log-sum-exp, float32 [b, h_q, s_q, 1]),
+                      ///< which the backward pass needs; inference may turn them off
+  std::int64_t kv_pages = 0;  ///< > 0: K and V are paged caches, k and v describe their pools of
+                              ///< pages [pages, h_kv, page_size, d], and each sequence has kv_pages
+                              ///< pages in its page table (layout.h paged_kv); 0: not paged
+};
+
+}  // namespace fusedattn
