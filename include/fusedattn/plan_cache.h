@@ -50,6 +50,9 @@ std::size_t parse_cache_capacity(const char* text, const char* variable);
 
 /// Counters of the process-wide plan cache.
 CacheStats plan_cache_stats();
+/// Plans alive in the process: those in the cache and those a caller still holds. With no caller
+/// holding plans (the adapters hold none), it stays within the cache's capacity.
+std::size_t live_plans() noexcept;
 /// Drops every cached plan and answer and zeroes the counters (tests and benchmarks use this).
 void clear_plan_cache();
 /// Changes the capacity at run time (evicting at once if needed).

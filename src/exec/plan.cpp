@@ -1,5 +1,6 @@
 // Plan: runs a compiled graph with the caller's pointers. The hot path: no allocation (unless
 // the caller's allocator is asked for workspace), no synchronization, no string building.
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "exec/uid_pointers.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/errors.h"
+#include "fusedattn/plan_cache.h"
 #include "graph/sdpa_graph.h"
 
 namespace fusedattn {
@@ -182,13 +184,23 @@ bool replayed(detail::ReplayCache& replays, const graph::CompiledGraph& graph, v
 
 }  // namespace
 
+namespace {
+// Plans alive in the process, cached or held by a caller: what the cache's bound really bounds only
+// while nobody else keeps plans (the adapters keep none).
+std::atomic<std::size_t> g_live_plans{0};
+}  // namespace
+
 Plan::Plan(AttentionSpec spec, Pass pass, int device, std::shared_ptr<const graph::CompiledGraph> graph)
     : spec_(std::move(spec)), pass_(pass), device_(device),
       graph_workspace_bytes_(scratch_for(spec_, pass) ? round_up(graph->workspace_bytes()) : graph->workspace_bytes()),
       scratch_bytes_(scratch_for(spec_, pass)), graph_(std::move(graph)), zero_sink_(zero_sink(spec_)),
-      replays_(std::make_unique<detail::ReplayCache>()) {}
+      replays_(std::make_unique<detail::ReplayCache>()) {
+  g_live_plans.fetch_add(1, std::memory_order_relaxed);
+}
 
-Plan::~Plan() = default;
+Plan::~Plan() { g_live_plans.fetch_sub(1, std::memory_order_relaxed); }
+
+std::size_t live_plans() noexcept { return g_live_plans.load(std::memory_order_relaxed); }
 
 void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace) const {
   require_pass(pass_, Pass::forward);
