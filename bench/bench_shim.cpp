@@ -16,7 +16,6 @@
 #include "c_abi.h"
 #include "forward_call.h"
 #include "host_timing.h"
-#include "exec/raw_call.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/build_info.h"
 #include "fusedattn/errors.h"
@@ -96,27 +95,25 @@ int fa_make_spec(const char* layout, const char* dtype, long long b, long long s
 /// of both in one process. Returns the previous setting.
 int fa_bench_set_replay(int enabled) { return fa::set_replay(enabled != 0) ? 1 : 0; }
 
-/// Host time to enqueue one forward, three ways: the one-call API (cache lookup included), a held
-/// plan's run(), and cuDNN's execute alone; and, as the floor of any replayed call, the launch of a
-/// CUDA graph of one 4-byte memset node (into O). Only enqueueing is timed (synchronized before and
-/// after the loop); keep the shape tiny or the launch queue fills and this becomes kernel time.
+/// Host time to enqueue one forward, two ways: the one-call API (cache lookup included) and a held
+/// plan's run(); and, as the floor of any replayed call, the launch of a CUDA graph of one 4-byte
+/// memset node (into O). Run with replay off (fa_bench_set_replay), Plan::run is the cuDNN-only
+/// baseline: every call goes through cuDNN's execute. Only enqueueing is timed (synchronized before
+/// and after the loop); keep the shape tiny or the launch queue fills and this becomes kernel time.
 int fa_bench_host_overhead(const char* spec, const void* q, const void* k, const void* v, void* o, float* stats,
                            float scale, void* stream, int calls, double* us_per_call_api,
-                           double* us_per_call_plan_run, double* us_per_call_cudnn_only,
-                           double* us_per_call_graph_floor, char* err, int errlen) {
+                           double* us_per_call_plan_run, double* us_per_call_graph_floor, char* err, int errlen) {
   return guarded(err, errlen, [&] {
     if (calls < 1) throw fa::InvalidArgument("calls", std::to_string(calls), "at least 1");
     const ForwardCall c = prepare_forward(spec, q, k, v, o, stats, scale, stream);
-    const fa::detail::RawForwardCall raw(c.plan, c.tensors, c.scale, c.stream, c.workspace.data);
     const GraphOfOneMemset floor(o);
-    const std::function<void()> loops[4] = {
+    const std::function<void()> loops[3] = {
         [&] { fa::forward(c.spec, c.tensors, c.scale, c.stream, c.workspace); },
         [&] { c.plan->run(c.tensors, c.scale, c.stream, c.workspace); },
-        [&] { raw.execute(); },
         [&] { floor.launch(c.stream); },
     };
-    double* medians[4] = {us_per_call_api, us_per_call_plan_run, us_per_call_cudnn_only, us_per_call_graph_floor};
-    fa::bench::interleaved_medians(calls, c.stream, loops, 4, medians);
+    double* medians[3] = {us_per_call_api, us_per_call_plan_run, us_per_call_graph_floor};
+    fa::bench::interleaved_medians(calls, c.stream, loops, 3, medians);
   });
 }
 

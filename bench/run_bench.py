@@ -72,17 +72,13 @@ class Shim:
                            "fa_bench_ragged_step": [S, LL] + [P] * 10 + [F32, P, I, D, S, I],
                            "fa_bench_enqueue_paged_forward": [S] + [P] * 8 + [F32, P, I, S, I],
                            "fa_bench_enqueue_forward_backward": [S] + [P] * 9 + [F32, P, I, S, I],
-                           "fa_bench_host_overhead": fwd + [I, D, D, D, D, S, I],
+                           "fa_bench_host_overhead": fwd + [I, D, D, D, S, I],
                            "fa_bench_enqueue_forward": fwd + [I, S, I],
                            "fa_bench_plan_build": [S, D, D, S, I],
                            "fa_bench_cache_stats": [U, D, U, U, U]}.items():
             getattr(self.lib, name).argtypes, getattr(self.lib, name).restype = args, I
         self.lib.fa_build_info.restype = S
         self.lib.fa_bench_set_replay.argtypes, self.lib.fa_bench_set_replay.restype = [I], I
-        self.spin_type = ctypes.CFUNCTYPE(None)
-        self.lib.fa_bench_recording_anatomy.argtypes = [S, P, P, P, P, F32, P, I, S, I, D, D, D, D,
-                                                        self.spin_type, D, D, D, S, I]
-        self.lib.fa_bench_recording_anatomy.restype = I
 
     @contextlib.contextmanager
     def replay(self, enabled):
@@ -136,20 +132,10 @@ class Shim:
                    ptr(t.dk), ptr(t.dv), math.nan, stream(), calls)
 
     def host_overhead(self, spec, t, calls):
-        out = [ctypes.c_double() for _ in range(4)]  # API, Plan::run, cuDNN execute, one-memset graph
+        out = [ctypes.c_double() for _ in range(3)]  # API, Plan::run, one-memset graph
         self._call("fa_bench_host_overhead", spec.encode(), *t.fwd_ptrs(False), math.nan, stream(), calls,
                    *map(ctypes.byref, out))
         return [x.value for x in out]
-
-    def recording_anatomy(self, spec, t, calls):
-        """The nodes of a forward's recording (text); host µs per call of launching the recording,
-        of launching its nodes one by one, of cudaStreamIsCapturing and of finding the thread's
-        handle; GPU µs per call, back to back, of the recording, its nodes and cuDNN's execute."""
-        report, out = ctypes.create_string_buffer(16384), [ctypes.c_double() for _ in range(7)]
-        spin = self.spin_type(lambda: torch.cuda._sleep(50_000_000))  # as gpu_us_per_call: ~25 ms
-        self._call("fa_bench_recording_anatomy", spec.encode(), *t.fwd_ptrs(False)[:4], math.nan, stream(), calls,
-                   report, len(report), *map(ctypes.byref, out[:4]), spin, *map(ctypes.byref, out[4:]))
-        return report.value.decode(), [x.value for x in out]
 
     def enqueue_forward(self, spec, t, calls):
         self._call("fa_bench_enqueue_forward", spec.encode(), *t.fwd_ptrs(False), math.nan, stream(), calls)
@@ -417,16 +403,10 @@ def host_overhead(shim, calls, lib, rounds=11):
     result.update({key: statistics.median(values) for key, values in samples.items()})
     for replay in (True, False):  # the C++ levels take turns inside the shim, 11 rounds each
         with shim.replay(replay) as suffix:
-            api, plan_run, cudnn_only, graph_floor = shim.host_overhead(spec, t, calls)
+            api, plan_run, graph_floor = shim.host_overhead(spec, t, calls)
+        # With replay off, Plan::run sends every call through cuDNN's execute: the cuDNN-only baseline.
         result.update({f"fusedattn_api{suffix}_us": api, f"fusedattn_plan_run{suffix}_us": plan_run,
-                       f"cudnn_execute_only{suffix}_us": cudnn_only, f"graph_launch_floor{suffix}_us": graph_floor})
-    try:  # a diagnostic: its failure must not cost the section its other numbers
-        report, (graph, nodes, capturing, handle, *gpu) = shim.recording_anatomy(spec, t, calls)
-        result.update({"recording": report, "recording_launch_us": graph, "recording_nodes_launch_us": nodes,
-                       "stream_is_capturing_us": capturing, "handle_for_us": handle,
-                       "recording_gpu_us": gpu[0], "recording_nodes_gpu_us": gpu[1], "cudnn_execute_gpu_us": gpu[2]})
-    except RuntimeError as error:
-        result["recording"] = f"not taken apart: {error}"
+                       f"graph_launch_floor{suffix}_us": graph_floor})
     for replay in (True, False):  # a replayed call's graph launch costs the GPU time too (README)
         with shim.replay(replay) as suffix:
             result[f"fusedattn_gpu{suffix}_us"] = gpu_us_per_call(lambda n: shim.enqueue_forward(spec, t, n))
@@ -458,14 +438,10 @@ def markdown(rows, host, check):
                   "rounds) | repeated calls replayed | replay off |", "|---|---|---|"]
         for label, on, off in (
                 ("fusedattn::forward (cache lookup included)", "fusedattn_api_us", "fusedattn_api_no_replay_us"),
-                ("Plan::run (plan held)", "fusedattn_plan_run_us", "fusedattn_plan_run_no_replay_us"),
-                ("cuDNN execute alone", "cudnn_execute_only_us", "cudnn_execute_only_no_replay_us"),
+                ("Plan::run (plan held; replay off: cuDNN's execute on every call, the cuDNN-only baseline)",
+                 "fusedattn_plan_run_us", "fusedattn_plan_run_no_replay_us"),
                 ("a CUDA graph of one memset (what any replay costs at least)", "graph_launch_floor_us",
                  "graph_launch_floor_no_replay_us"),
-                ("the recording of this call, cudaGraphLaunch alone", "recording_launch_us", None),
-                ("the recording's nodes launched one by one", "recording_nodes_launch_us", None),
-                ("cudaStreamIsCapturing", "stream_is_capturing_us", None),
-                ("the thread's cuDNN handle for the stream", "handle_for_us", None),
                 ("fusedattn.torch.attention (forward, no grad)", "fusedattn_torch_host_us",
                  "fusedattn_torch_no_replay_host_us"),
                 ("its C++ entry alone (_torch_ops.forward, no Python around it)",
@@ -478,16 +454,11 @@ def markdown(rows, host, check):
                            ("PyTorch SDPA, flash backend", "torch_flash_host_us")):
             lines.append(f"| {label} | {fmt(host.get(key), '{:.2f}')} | |")
         lines += ["", "| GPU µs per call, back to back | repeated calls replayed | replay off |", "|---|---|---|",
-                  f"| fusedattn::forward | {fmt(host.get('fusedattn_gpu_us'), '{:.2f}')} | "
+                  f"| fusedattn::forward (replay off: cuDNN's execute on every call) | {fmt(host.get('fusedattn_gpu_us'), '{:.2f}')} | "
                   f"{fmt(host.get('fusedattn_gpu_no_replay_us'), '{:.2f}')} |"]
-        for label, key in (("the recording, as a graph", "recording_gpu_us"),
-                           ("the recording's nodes launched one by one", "recording_nodes_gpu_us"),
-                           ("cuDNN execute alone", "cudnn_execute_gpu_us"),
-                           ("PyTorch SDPA, cuDNN backend", "torch_cudnn_gpu_us"),
+        for label, key in (("PyTorch SDPA, cuDNN backend", "torch_cudnn_gpu_us"),
                            ("PyTorch SDPA, flash backend", "torch_flash_gpu_us")):
             lines.append(f"| {label} | {fmt(host.get(key), '{:.2f}')} | |")
-        if host.get("recording"):
-            lines.append("\nThe recording of this call:\n\n```\n" + host["recording"].rstrip() + "\n```")
         if host["throttled"]:
             lines.append("\nEnqueueing came within 15% of GPU time with over a millisecond of GPU work per loop: "
                          "the loops may have waited for the GPU.")

@@ -134,7 +134,6 @@ class CompiledGraph;
 namespace detail {
 class ReplayCache;
 }
-struct PlanAccess;
 
 /// A compiled cuDNN plan for one spec, pass and device. Immutable and shareable across threads.
 class Plan {
@@ -159,7 +158,6 @@ class Plan {
   // `workspace` has workspace_bytes(): cuDNN's part first, then ours.
   void execute(void* const* by_uid, cudaStream_t stream, void* workspace) const;
   void require_lengths(const std::int32_t* seq_len_q, const std::int32_t* seq_len_kv) const;
-  friend struct PlanAccess;  // the benchmark's cuDNN-only baseline (src/exec/raw_call.cpp)
 
   void require_score_terms(const void* bias, const float* sink) const;
   void require_dropout(const std::int64_t* seed, const std::int64_t* offset) const;

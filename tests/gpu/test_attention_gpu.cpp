@@ -3,6 +3,7 @@
 // Without a GPU each test skips and says why.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -10,17 +11,18 @@
 #include <cctype>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <new>
 #include <string>
 #include <vector>
 
-#include "../../src/exec/raw_call.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/build_info.h"
 #include "fusedattn/errors.h"
 #include "fusedattn/layout.h"
 #include "fusedattn/plan_cache.h"
 #include "fusedattn/reference.h"
+#include "device_allocations.h"
 #include "device_copy.h"
 #include "gpu_skip.h"
 #include "supported_passes.h"
@@ -183,79 +185,127 @@ INSTANTIATE_TEST_SUITE_P(Gpu, Numerics, ::testing::ValuesIn(numeric_cases()),
 
 const char* kSmallSpec = "layout=bshd dtype=bf16 b=2 s_q=200 s_kv=300 h_q=8 h_kv=2 d=64 causal=1 align=bottom_right";
 
-long count_allocations(const std::function<void()>& work) {
+// Host allocations (through operator new) and the process's own device allocations (through the
+// CUDA runtime) that `work` makes.
+struct Allocations {
+  long host = 0, device = 0;
+};
+Allocations count_allocations(const std::function<void()>& work) {
   g_allocations = 0;
   g_count_allocations = true;
-  work();
+  const long device = count_device_allocations(work);
   g_count_allocations = false;
-  return g_allocations.load();
+  return Allocations{g_allocations.load(), device};
 }
+
+// The small spec's plans, a workspace for both, and inputs; every call seen often enough that it
+// is recorded and replayed from then on, and cuDNN's execute run once (replay off), so handles,
+// lazily loaded kernels and the frontend's lazy state exist before anything is measured.
+struct WarmCalls {
+  AttentionSpec spec = parse_spec(kSmallSpec);
+  AttentionBuffers buffers{spec, /*with_backward=*/true};
+  std::shared_ptr<const Plan> forward_plan = get_plan(spec, Pass::forward);
+  std::shared_ptr<const Plan> backward_plan = get_plan(spec, Pass::backward);
+  check::DeviceBuffer workspace{std::max<std::size_t>(
+      1, std::max(forward_plan->workspace_bytes(), backward_plan->workspace_bytes()))};
+  Workspace ws{workspace.get(), workspace.bytes(), nullptr};
+  float scale = default_scale(spec);
+  ForwardTensors ft;
+  BackwardTensors bt;
+  bool replay_was = set_replay(true);
+
+  WarmCalls() {
+    buffers.fill_inputs(0x5eed);
+    ft = buffers.forward_tensors();
+    bt = buffers.backward_tensors();
+    for (int warm = 0; warm < 3; ++warm) {
+      forward(spec, ft, scale, nullptr, ws);
+      backward(spec, bt, scale, nullptr, ws);
+    }
+    set_replay(false);
+    forward(spec, ft, scale, nullptr, ws);
+    backward(spec, bt, scale, nullptr, ws);
+    set_replay(true);
+    check::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  }
+  ~WarmCalls() { set_replay(replay_was); }
+};
+
+constexpr int kCalls = 100;
 
 TEST(Execution, CacheHitAllocatesNothingAndNeverRebuilds) {
   FUSEDATTN_REQUIRE_GPU();
-  AttentionSpec spec = parse_spec(kSmallSpec);
-  AttentionBuffers buffers(spec, /*with_backward=*/true);
-  buffers.fill_inputs(0x5eed);
-  auto forward_plan = get_plan(spec, Pass::forward);
-  auto backward_plan = get_plan(spec, Pass::backward);
-  check::DeviceBuffer workspace(std::max<std::size_t>(
-      1, std::max(forward_plan->workspace_bytes(), backward_plan->workspace_bytes())));
-  Workspace ws{workspace.get(), workspace.bytes(), nullptr};
-  float scale = default_scale(spec);
-  ForwardTensors ft = buffers.forward_tensors();
-  BackwardTensors bt = buffers.backward_tensors();
-  detail::RawForwardCall raw(forward_plan, ft, scale, nullptr, workspace.get());
-  const bool replay_was = set_replay(true);
-  // Warm: handle creation, lazy frontend state, and each call seen twice, so that it is recorded
-  // and replayed from then on (the library's per-call path; cuDNN's execute allocates).
-  for (int warm = 0; warm < 2; ++warm) {
-    forward(spec, ft, scale, nullptr, ws);
-    backward(spec, bt, scale, nullptr, ws);
-  }
-  raw.execute();
-  check::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-
+  WarmCalls w;
   CacheStats before = plan_cache_stats();
-  std::size_t free_before = 0, free_after = 0, total = 0;
-  check::check_cuda(cudaMemGetInfo(&free_before, &total), "cudaMemGetInfo");
-  constexpr int kCalls = 100;
   // Each layer separately, so a failure says where an allocation comes from.
   auto repeat = [&](auto&& call) { return count_allocations([&] { for (int i = 0; i < kCalls; ++i) call(); }); };
-  long lookups = repeat([&] {
-    get_plan(spec, Pass::forward);
-    get_plan(spec, Pass::backward);
+  const Allocations lookups = repeat([&] {
+    get_plan(w.spec, Pass::forward);
+    get_plan(w.spec, Pass::backward);
   });
-  long cudnn_forward = repeat([&] { raw.execute(); });
-  long plan_forward = repeat([&] { forward_plan->run(ft, scale, nullptr, ws); });
-  long call_forward = repeat([&] { forward(spec, ft, scale, nullptr, ws); });
-  long plan_backward = repeat([&] { backward_plan->run(bt, scale, nullptr, ws); });
-  long call_backward = repeat([&] { backward(spec, bt, scale, nullptr, ws); });
-  check::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  check::check_cuda(cudaMemGetInfo(&free_after, &total), "cudaMemGetInfo");
-  CacheStats after = plan_cache_stats();
-  std::printf("  host allocations per %d calls: lookups %ld; forward: cuDNN execute alone %ld, Plan::run %ld, "
-              "forward() %ld; backward: Plan::run %ld, backward() %ld\n",
-              kCalls, lookups, cudnn_forward, plan_forward, call_forward, plan_backward, call_backward);
-
-  // cuDNN's own execute creates and finalizes a variant-pack descriptor on every call, which
-  // allocates inside libcudnn (9 per forward on cuDNN 9.19). A repeated call is replayed from its
-  // recording instead, so neither the lookups nor any layer above allocate anything.
-  EXPECT_EQ(lookups, 0) << "cache lookup allocated";
-  EXPECT_EQ(plan_forward, 0) << "Plan::run allocated";
-  EXPECT_EQ(call_forward, 0) << "forward() allocated";
-  EXPECT_EQ(plan_backward, 0) << "Plan::run (backward) allocated";
-  EXPECT_EQ(call_backward, 0) << "backward() allocated";
-  EXPECT_GE(forward_plan->replay_stats().replayed, static_cast<std::uint64_t>(2 * kCalls))
-      << "repeated forward calls were not replayed";
-  // With replay off, each layer allocates exactly what cuDNN's execute does, nothing more.
+  const Allocations plan_forward = repeat([&] { w.forward_plan->run(w.ft, w.scale, nullptr, w.ws); });
+  const Allocations call_forward = repeat([&] { forward(w.spec, w.ft, w.scale, nullptr, w.ws); });
+  const Allocations plan_backward = repeat([&] { w.backward_plan->run(w.bt, w.scale, nullptr, w.ws); });
+  const Allocations call_backward = repeat([&] { backward(w.spec, w.bt, w.scale, nullptr, w.ws); });
+  // With replay off, Plan::run sends every call through cuDNN's execute.
   set_replay(false);
-  EXPECT_EQ(repeat([&] { forward_plan->run(ft, scale, nullptr, ws); }), cudnn_forward) << "Plan::run, replay off";
-  EXPECT_EQ(repeat([&] { forward(spec, ft, scale, nullptr, ws); }), cudnn_forward) << "forward(), replay off";
-  EXPECT_EQ(free_before, free_after) << "device memory changed during cached calls";
+  const Allocations cudnn_forward = repeat([&] { w.forward_plan->run(w.ft, w.scale, nullptr, w.ws); });
+  const Allocations call_forward_off = repeat([&] { forward(w.spec, w.ft, w.scale, nullptr, w.ws); });
+  const Allocations call_backward_off = repeat([&] { backward(w.spec, w.bt, w.scale, nullptr, w.ws); });
+  set_replay(true);
+  check::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  CacheStats after = plan_cache_stats();
+  std::printf("  host allocations per %d calls: lookups %ld; forward: Plan::run %ld, forward() %ld; backward: "
+              "Plan::run %ld, backward() %ld; replay off (cuDNN's execute): Plan::run %ld, forward() %ld\n",
+              kCalls, lookups.host, plan_forward.host, call_forward.host, plan_backward.host, call_backward.host,
+              cudnn_forward.host, call_forward_off.host);
+
+  // A repeated call is replayed from its recording, so neither the lookups nor any layer above
+  // allocate anything on the host.
+  EXPECT_EQ(lookups.host, 0) << "cache lookup allocated";
+  EXPECT_EQ(plan_forward.host, 0) << "Plan::run allocated";
+  EXPECT_EQ(call_forward.host, 0) << "forward() allocated";
+  EXPECT_EQ(plan_backward.host, 0) << "Plan::run (backward) allocated";
+  EXPECT_EQ(call_backward.host, 0) << "backward() allocated";
+  EXPECT_GE(w.forward_plan->replay_stats().replayed, static_cast<std::uint64_t>(2 * kCalls))
+      << "repeated forward calls were not replayed";
+  // cuDNN's own execute creates and finalizes a variant-pack descriptor on every call, which
+  // allocates inside libcudnn (9 per forward on cuDNN 9.19); the lookup around Plan::run adds
+  // nothing to that.
+  EXPECT_EQ(call_forward_off.host, cudnn_forward.host) << "forward(), replay off, allocated more than Plan::run";
+  // No call asked the CUDA runtime for device memory, whatever the path (cuDNN's own runtime is
+  // out of sight here: Serial.CachedCallsLeaveDeviceMemoryAlone covers it).
+  for (const Allocations* a : {&lookups, &plan_forward, &call_forward, &plan_backward, &call_backward, &cudnn_forward,
+                               &call_forward_off, &call_backward_off}) {
+    EXPECT_EQ(a->device, 0) << "a cached call allocated device memory";
+  }
   EXPECT_EQ(after.builds, before.builds);
   EXPECT_EQ(after.misses, before.misses);
-  EXPECT_EQ(after.hits - before.hits, static_cast<std::uint64_t>(4 * kCalls));
-  set_replay(replay_was);
+  EXPECT_EQ(after.hits - before.hits, static_cast<std::uint64_t>(6 * kCalls));
+}
+
+// Device-wide free memory before and after cached calls, which sees allocations the runtime count
+// above cannot (cuDNN carries a CUDA runtime of its own). Device-wide, so it only means something
+// while no other process allocates: its suite's name, Serial, makes ctest run it alone
+// (tests/CMakeLists.txt).
+TEST(Serial, CachedCallsLeaveDeviceMemoryAlone) {
+  FUSEDATTN_REQUIRE_GPU();
+  WarmCalls w;
+  std::size_t free_before = 0, free_after = 0, total = 0;
+  check::check_cuda(cudaMemGetInfo(&free_before, &total), "cudaMemGetInfo");
+  for (bool replay : {true, false}) {
+    set_replay(replay);
+    for (int i = 0; i < kCalls; ++i) {
+      w.forward_plan->run(w.ft, w.scale, nullptr, w.ws);
+      forward(w.spec, w.ft, w.scale, nullptr, w.ws);
+      w.backward_plan->run(w.bt, w.scale, nullptr, w.ws);
+      backward(w.spec, w.bt, w.scale, nullptr, w.ws);
+    }
+  }
+  set_replay(true);
+  check::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  check::check_cuda(cudaMemGetInfo(&free_after, &total), "cudaMemGetInfo");
+  EXPECT_EQ(free_before, free_after) << "device memory changed during cached calls";
 }
 
 TEST(Execution, SupportAnswerIsCachedWithThePlan) {
