@@ -55,6 +55,10 @@ CallConfig make_call_config(const std::string& layout, const std::string& kv_lay
 /// "layout=NAME" (and "kv_layout=NAME" where it differs).
 std::string to_string(const CallConfig& config);
 
+/// Parses what to_string(CallConfig) prints back into the config (the form compiled programs
+/// carry, since config ids are only valid in the process that made them).
+CallConfig parse_call_config(const std::string& text);
+
 bool operator==(const CallConfig& a, const CallConfig& b) noexcept;
 inline bool operator!=(const CallConfig& a, const CallConfig& b) noexcept { return !(a == b); }
 

@@ -88,6 +88,26 @@ std::string to_string(const CallConfig& config) {
   return options.empty() ? out : out + " " + options;
 }
 
+CallConfig parse_call_config(const std::string& text) {
+  std::string layout = "bshd", kv_layout;
+  std::vector<std::pair<std::string, std::string>> options;
+  for (std::size_t end = 0, start; (start = text.find_first_not_of(' ', end)) != std::string::npos;) {
+    end = text.find(' ', start);
+    const std::string word = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    const std::size_t equals = word.find('=');
+    if (equals == std::string::npos) throw InvalidArgument(word, "", "a key=value token of a config");
+    std::string key = word.substr(0, equals), value = word.substr(equals + 1);
+    if (key == "layout") {
+      layout = value;
+    } else if (key == "kv_layout") {
+      kv_layout = value;
+    } else {
+      options.emplace_back(std::move(key), std::move(value));
+    }
+  }
+  return make_call_config(layout, kv_layout, options);
+}
+
 bool operator==(const CallConfig& a, const CallConfig& b) noexcept {
   return a.layout == b.layout && a.kv_layout == b.kv_layout && detail::same_options(a.options, b.options);
 }

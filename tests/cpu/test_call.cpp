@@ -58,6 +58,13 @@ TEST(CallConfig, ReadsOptionsInTheSpecStringsTerms) {
   EXPECT_EQ(to_string(config), "layout=sbhd window=-1,0 align=bottom_right softmax=off_by_one");
 }
 
+TEST(CallConfig, PrintsAndParsesBack) {
+  const CallConfig config = make_call_config(
+      "thd", "bshd", {{"causal", "1"}, {"padding", "1"}, {"dropout", "0.125"}, {"bias", "111s"}, {"max_logit", "head"}});
+  EXPECT_EQ(parse_call_config(to_string(config)), config) << to_string(config);
+  EXPECT_EQ(parse_call_config("layout=bshd"), CallConfig{});
+}
+
 TEST(CallConfig, CausalClosesAWindowOnTheRightWhateverTheOrder) {
   const CallConfig a = make_call_config("bshd", "", {{"causal", "1"}, {"window", "128,-1"}});
   const CallConfig b = make_call_config("bshd", "", {{"window", "128,-1"}, {"causal", "1"}});
