@@ -1,21 +1,27 @@
-// fusedattn._core: the C++ core as a Python module (nanobind). Framework-free: tensors arrive as
-// device addresses and shapes as tuples, so the PyTorch and JAX adapters share it and neither
-// framework's headers are needed here (DESIGN.md §1).
+// fusedattn._core: the C++ core as a Python module (nanobind), typed. Framework-free: tensors
+// arrive as (dtype name, sizes, strides) views and device addresses, so the PyTorch and JAX
+// adapters share it and neither framework's headers are needed here (DESIGN.md §1, §11).
+//
+// What crosses: Config (the frozen configuration of a call, fusedattn/call.h), Spec (the
+// validated spec), Pass, ForwardTensors / BackwardTensors (named device addresses), Plan.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "fusedattn/attention.h"
 #include "fusedattn/build_info.h"
+#include "fusedattn/call.h"
 #include "fusedattn/errors.h"
-#include "fusedattn/layout.h"
 #include "fusedattn/plan_cache.h"
 #include "fusedattn/spec.h"
 #include "python_errors.h"
@@ -26,34 +32,112 @@ namespace fa = fusedattn;
 
 namespace {
 
-fa::Pass parse_pass(const std::string& text) {
-  if (text == "forward") return fa::Pass::forward;
-  if (text == "backward") return fa::Pass::backward;
-  throw fa::InvalidArgument("pass", text, "forward or backward");
+// --- Python values to the spec string's text for one option ----------------------------------
+
+// A keyword argument's value in the spec string's form: bools as 0/1, a (left, right) pair as
+// "left,right", None as the option's "none", anything else by str() (floats by repr(), exact).
+std::string option_text(const nb::handle& value) {
+  if (value.is_none()) return "none";
+  if (nb::isinstance<nb::bool_>(value)) return nb::cast<bool>(value) ? "1" : "0";
+  if (nb::isinstance<nb::tuple>(value) || nb::isinstance<nb::list>(value)) {
+    std::string out;
+    for (nb::handle item : value) out += (out.empty() ? "" : ",") + nb::cast<std::string>(nb::str(item));
+    return out;
+  }
+  if (nb::isinstance<nb::float_>(value)) return nb::cast<std::string>(nb::repr(value));
+  return nb::cast<std::string>(nb::str(value));
 }
 
-template <class Tensors>
-void fill_common(Tensors& t, std::uintptr_t seq_len_q, std::uintptr_t seq_len_kv, std::uintptr_t bias,
-                 std::uintptr_t sink, std::uintptr_t dropout_seed, std::uintptr_t dropout_offset,
-                 std::int64_t sequences, std::uintptr_t cu_seqlens_q, std::uintptr_t cu_seqlens_kv) {
-  t.seq_len_q = reinterpret_cast<const std::int32_t*>(seq_len_q);
-  t.seq_len_kv = reinterpret_cast<const std::int32_t*>(seq_len_kv);
-  t.bias = reinterpret_cast<const void*>(bias);
-  t.sink = reinterpret_cast<const float*>(sink);
-  t.dropout_seed = reinterpret_cast<const std::int64_t*>(dropout_seed);
-  t.dropout_offset = reinterpret_cast<const std::int64_t*>(dropout_offset);
-  t.ragged.sequences = sequences;
-  t.ragged.cu_seqlens_q = reinterpret_cast<const std::int32_t*>(cu_seqlens_q);
-  t.ragged.cu_seqlens_kv = reinterpret_cast<const std::int32_t*>(cu_seqlens_kv);
+// ("bf16" or a framework's dtype name, sizes, strides) -> TensorView.
+fa::TensorView tensor_view(const nb::handle& described, const char* name) {
+  auto [dtype, sizes, strides] =
+      nb::cast<std::tuple<std::string, std::vector<std::int64_t>, std::vector<std::int64_t>>>(described);
+  fa::TensorView view;
+  view.dtype = fa::parse_dtype(dtype, std::string(name) + ".dtype");
+  if (sizes.size() > 4 || sizes.size() != strides.size()) {
+    throw fa::InvalidArgument(std::string(name) + ".shape", std::to_string(sizes.size()) + " dims",
+                              "3 or 4 dims, with as many strides");
+  }
+  view.rank = static_cast<int>(sizes.size());
+  for (int axis = 0; axis < view.rank; ++axis) {
+    view.sizes[axis] = sizes[axis];
+    view.strides[axis] = strides[axis];
+  }
+  return view;
+}
+
+fa::CallShape call_shape(const nb::handle& q, const nb::handle& k, const nb::handle& v, std::int64_t sequences,
+                         std::int64_t max_seq_q, std::int64_t max_seq_kv) {
+  fa::CallShape shape;
+  shape.q = tensor_view(q, "q");
+  shape.k = tensor_view(k, "k");
+  shape.v = tensor_view(v, "v");
+  shape.sequences = sequences;
+  shape.max_seq_q = max_seq_q;
+  shape.max_seq_kv = max_seq_kv;
+  return shape;
+}
+
+// --- tensor sets: named device addresses ---------------------------------------------------------
+
+template <class T>
+std::uintptr_t address(T* pointer) {
+  return reinterpret_cast<std::uintptr_t>(pointer);
+}
+
+// One read-write int property per pointer member; 0 is none.
+template <class Set, class Class, class T>
+void address_property(Class& cls, const char* name, T* Set::*member) {
+  cls.def_prop_rw(
+      name, [member](const Set& set) { return address(set.*member); },
+      [member](Set& set, std::uintptr_t value) { set.*member = reinterpret_cast<T*>(value); });
+}
+
+template <class Set, class Class, class T>
+void ragged_property(Class& cls, const char* name, T* fa::RaggedTensors::*member) {
+  cls.def_prop_rw(
+      name, [member](const Set& set) { return address(set.ragged.*member); },
+      [member](Set& set, std::uintptr_t value) { set.ragged.*member = reinterpret_cast<T*>(value); });
+}
+
+// Keyword construction (ForwardTensors(q=..., k=..., ...)) through the properties, so an unknown
+// name is an error rather than silently ignored.
+template <class Set>
+void init_from_kwargs(Set* set, const nb::kwargs& kwargs) {
+  new (set) Set();
+  nb::object self = nb::find(set);
+  nb::inst_mark_ready(self);  // constructed: the properties may now be set
+  for (auto [name, value] : kwargs) nb::setattr(self, name, value);
+}
+
+template <class Set, class Class>
+void common_properties(Class& cls) {
+  address_property<Set>(cls, "q", &Set::q);
+  address_property<Set>(cls, "k", &Set::k);
+  address_property<Set>(cls, "v", &Set::v);
+  address_property<Set>(cls, "seq_len_q", &Set::seq_len_q);
+  address_property<Set>(cls, "seq_len_kv", &Set::seq_len_kv);
+  address_property<Set>(cls, "bias", &Set::bias);
+  address_property<Set>(cls, "sink", &Set::sink);
+  address_property<Set>(cls, "dropout_seed", &Set::dropout_seed);
+  address_property<Set>(cls, "dropout_offset", &Set::dropout_offset);
+  ragged_property<Set>(cls, "cu_seqlens_q", &fa::RaggedTensors::cu_seqlens_q);
+  ragged_property<Set>(cls, "cu_seqlens_kv", &fa::RaggedTensors::cu_seqlens_kv);
+  cls.def_prop_rw(
+      "sequences", [](const Set& set) { return set.ragged.sequences; },
+      [](Set& set, std::int64_t value) { set.ragged.sequences = value; });
+}
+
+nb::tuple dims_tuple(const std::array<std::int64_t, 4>& values) {
+  return nb::make_tuple(values[0], values[1], values[2], values[3]);
 }
 
 }  // namespace
 
 NB_MODULE(_core, m) {
-  m.doc() = "fusedattn's C++ core: specs, support answers, cached plans, and their execution.";
-  // The adapters keep specs and plans for the whole process (their per-signature caches), so
-  // some are still alive when the interpreter tears the module down: that is by design, not a
-  // reference leak, and nanobind's report of it at exit would only be noise.
+  m.doc() = "fusedattn's C++ core: configs, specs, support answers, cached plans, and their execution.";
+  // Plans and specs can still be referenced from adapter objects when the interpreter tears the
+  // module down; that is by design, not a reference leak, and nanobind's report would be noise.
   nb::set_leak_warnings(false);
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
@@ -63,9 +147,13 @@ NB_MODULE(_core, m) {
     }
   });
 
+  nb::enum_<fa::Pass>(m, "Pass", "Which pass of attention: forward or backward.")
+      .value("forward", fa::Pass::forward)
+      .value("backward", fa::Pass::backward);
+
   nb::class_<fa::AttentionSpec>(m, "Spec", "What to compute; prints as the one-line spec string.")
       .def_static("parse", &fa::parse_spec, "text"_a,
-                  "Parses a spec string, the one grammar every adapter builds specs in (fusedattn run takes it too).")
+                  "Parses a spec string (the form every spec prints as; `fusedattn run` takes it too).")
       .def("__str__", [](const fa::AttentionSpec& spec) { return fa::to_string(spec); })
       .def("__repr__", [](const fa::AttentionSpec& spec) { return "Spec(\"" + fa::to_string(spec) + "\")"; })
       .def("__eq__", [](const fa::AttentionSpec& a, const fa::AttentionSpec& b) { return a == b; })
@@ -78,23 +166,95 @@ NB_MODULE(_core, m) {
       .def_prop_ro("seq_kv", &fa::AttentionSpec::seq_kv)
       .def_prop_ro("head_dim_qk", &fa::AttentionSpec::head_dim_qk)
       .def_prop_ro("head_dim_v", &fa::AttentionSpec::head_dim_v)
+      .def_prop_ro("stats", [](const fa::AttentionSpec& spec) { return spec.stats; })
+      .def_prop_ro("bias", [](const fa::AttentionSpec& spec) { return std::string(fa::to_string(spec.bias)); })
+      .def_prop_ro("bias_dims",
+                   [](const fa::AttentionSpec& spec) {
+                     return dims_tuple(fa::bias_dims(spec.bias, spec.batch(), spec.heads_q(), spec.seq_q(),
+                                                     spec.seq_kv()));
+                   })
+      .def_prop_ro("max_logit", [](const fa::AttentionSpec& spec) { return std::string(fa::to_string(spec.max_logit)); })
       .def_prop_ro("default_scale", &fa::default_scale);
 
-  m.def(
-      "check_support",
-      [](const fa::AttentionSpec& spec, const std::string& pass) {
-        const fa::Support support = fa::check_support(spec, parse_pass(pass));
-        std::vector<std::tuple<std::string, std::string, std::string, std::string>> reasons;
-        for (const fa::Reason& r : support.reasons) reasons.emplace_back(r.field, r.value, r.requirement, r.lifted_by);
-        return std::make_tuple(support.ok(), reasons, support.to_string());
-      },
-      "spec"_a, "pass_"_a,
-      "(supported, [(field, value, requirement, lifted_by)], text) on the current device: the policy, then "
-      "cuDNN's own check, which builds and caches the plan.");
+  nb::class_<fa::CallConfig>(m, "Config",
+                             "The frozen configuration of a call: its layouts and every option (fusedattn/call.h). "
+                             "Options take the spec string's keys (window, align, bias, bias_grad, alibi, softmax, "
+                             "max_logit, dropout, padding, deterministic, stats, kv_pages) plus causal.")
+      .def(
+          "__init__",
+          [](fa::CallConfig* config, const std::string& layout, const std::string& kv_layout, const nb::kwargs& options) {
+            std::vector<std::pair<std::string, std::string>> texts;
+            for (auto [name, value] : options) texts.emplace_back(nb::cast<std::string>(name), option_text(value));
+            new (config) fa::CallConfig(fa::make_call_config(layout, kv_layout, texts));
+          },
+          "layout"_a = "bshd", "kv_layout"_a = "", "options"_a)
+      .def_static("parse", &fa::parse_call_config, "text"_a, "The config that str(config) printed.")
+      .def("__str__", [](const fa::CallConfig& config) { return fa::to_string(config); })
+      .def("__repr__", [](const fa::CallConfig& config) { return "Config(\"" + fa::to_string(config) + "\")"; })
+      .def("__eq__", [](const fa::CallConfig& a, const fa::CallConfig& b) { return a == b; })
+      .def("__hash__", [](const fa::CallConfig& config) { return std::hash<std::string>{}(fa::to_string(config)); })
+      .def_prop_ro("layout", [](const fa::CallConfig& config) { return std::string(fa::to_string(config.layout)); })
+      .def_prop_ro("kv_layout", [](const fa::CallConfig& config) { return std::string(fa::to_string(config.kv_layout)); })
+      .def_prop_ro("window", [](const fa::CallConfig& c) { return std::make_pair(c.options.window.left, c.options.window.right); })
+      .def_prop_ro("bias", [](const fa::CallConfig& c) { return std::string(fa::to_string(c.options.bias)); })
+      .def_prop_ro("bias_grad", [](const fa::CallConfig& c) { return c.options.bias_grad; })
+      .def_prop_ro("softmax", [](const fa::CallConfig& c) { return std::string(fa::to_string(c.options.softmax)); })
+      .def_prop_ro("dropout", [](const fa::CallConfig& c) { return c.options.dropout; })
+      .def_prop_ro("padding", [](const fa::CallConfig& c) { return c.options.padding; })
+      .def_prop_ro("max_logit", [](const fa::CallConfig& c) { return std::string(fa::to_string(c.options.max_logit)); })
+      .def_prop_ro("kv_pages", [](const fa::CallConfig& c) { return c.options.kv_pages; })
+      .def_prop_ro("stats", [](const fa::CallConfig& c) { return c.options.stats; })
+      .def_prop_ro("id", &fa::register_config,
+                   "A small integer naming this config for the adapters' C++ fast paths (registered on first use).")
+      .def(
+          "spec",
+          [](const fa::CallConfig& config, nb::handle q, nb::handle k, nb::handle v, std::int64_t sequences,
+             std::int64_t max_seq_q, std::int64_t max_seq_kv) {
+            return fa::make_spec(config, call_shape(q, k, v, sequences, max_seq_q, max_seq_kv));
+          },
+          "q"_a, "k"_a, "v"_a, "sequences"_a = 0, "max_seq_q"_a = 0, "max_seq_kv"_a = 0,
+          "The validated spec of a call on q, k, v, each (dtype name, sizes, strides) in the config's layouts.")
+      .def(
+          "with_bias",
+          [](const fa::CallConfig& config, nb::handle bias, nb::handle q, nb::handle k) {
+            fa::CallShape shape;
+            shape.q = tensor_view(q, "q");
+            shape.k = tensor_view(k, "k");
+            fa::CallConfig biased = config;
+            biased.options.bias = fa::bias_kind(tensor_view(bias, "bias"), config, shape);
+            return biased;
+          },
+          "bias"_a, "q"_a, "k"_a,
+          "This config with the bias kind (bhss, b1ss, 1hss, 11ss, 111s) of a bias of this shape beside q and k; "
+          "InvalidArgumentError for a shape that is none of them.");
 
-  nb::class_<fa::Plan>(m, "Plan", "A compiled, cached plan: run it with device addresses.")
+  auto forward_tensors = nb::class_<fa::ForwardTensors>(m, "ForwardTensors",
+                                                        "Device addresses of a forward call, by name; 0 is none.");
+  forward_tensors.def("__init__", &init_from_kwargs<fa::ForwardTensors>);
+  common_properties<fa::ForwardTensors>(forward_tensors);
+  address_property<fa::ForwardTensors>(forward_tensors, "o", &fa::ForwardTensors::o);
+  address_property<fa::ForwardTensors>(forward_tensors, "stats", &fa::ForwardTensors::stats);
+  address_property<fa::ForwardTensors>(forward_tensors, "max_logit", &fa::ForwardTensors::max_logit);
+  address_property<fa::ForwardTensors>(forward_tensors, "page_table_k", &fa::ForwardTensors::page_table_k);
+  address_property<fa::ForwardTensors>(forward_tensors, "page_table_v", &fa::ForwardTensors::page_table_v);
+
+  auto backward_tensors = nb::class_<fa::BackwardTensors>(m, "BackwardTensors",
+                                                          "Device addresses of a backward call, by name; 0 is none.");
+  backward_tensors.def("__init__", &init_from_kwargs<fa::BackwardTensors>);
+  common_properties<fa::BackwardTensors>(backward_tensors);
+  address_property<fa::BackwardTensors>(backward_tensors, "o", &fa::BackwardTensors::o);
+  address_property<fa::BackwardTensors>(backward_tensors, "d_o", &fa::BackwardTensors::d_o);
+  address_property<fa::BackwardTensors>(backward_tensors, "stats", &fa::BackwardTensors::stats);
+  address_property<fa::BackwardTensors>(backward_tensors, "d_q", &fa::BackwardTensors::d_q);
+  address_property<fa::BackwardTensors>(backward_tensors, "d_k", &fa::BackwardTensors::d_k);
+  address_property<fa::BackwardTensors>(backward_tensors, "d_v", &fa::BackwardTensors::d_v);
+  address_property<fa::BackwardTensors>(backward_tensors, "d_bias", &fa::BackwardTensors::d_bias);
+  address_property<fa::BackwardTensors>(backward_tensors, "d_sink", &fa::BackwardTensors::d_sink);
+
+  nb::class_<fa::Plan>(m, "Plan", "A compiled, cached plan: run it with a tensor set.")
       .def_prop_ro("workspace_bytes", &fa::Plan::workspace_bytes)
       .def_prop_ro("spec", [](const fa::Plan& plan) { return plan.spec(); })
+      .def_prop_ro("pass_", &fa::Plan::pass)
       .def_prop_ro(
           "replay_stats",
           [](const fa::Plan& plan) {
@@ -108,69 +268,43 @@ NB_MODULE(_core, m) {
           },
           "Calls executed through cuDNN, recorded, replayed from a recording, and recordings evicted.")
       .def(
-          "forward",
-          [](const fa::Plan& plan, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
-             std::uintptr_t stats, float scale, std::uintptr_t stream, std::uintptr_t workspace,
-             std::size_t workspace_bytes, std::uintptr_t seq_len_q, std::uintptr_t seq_len_kv, std::uintptr_t bias,
-             std::uintptr_t sink, std::uintptr_t dropout_seed, std::uintptr_t dropout_offset, std::int64_t sequences,
-             std::uintptr_t cu_seqlens_q, std::uintptr_t cu_seqlens_kv, std::uintptr_t page_table_k,
-             std::uintptr_t page_table_v, std::uintptr_t max_logit) {
-            fa::ForwardTensors t;
-            t.max_logit = reinterpret_cast<float*>(max_logit);
-            t.page_table_k = reinterpret_cast<const std::int32_t*>(page_table_k);
-            t.page_table_v = reinterpret_cast<const std::int32_t*>(page_table_v);
-            t.q = reinterpret_cast<const void*>(q);
-            t.k = reinterpret_cast<const void*>(k);
-            t.v = reinterpret_cast<const void*>(v);
-            t.o = reinterpret_cast<void*>(o);
-            t.stats = reinterpret_cast<float*>(stats);
-            fill_common(t, seq_len_q, seq_len_kv, bias, sink, dropout_seed, dropout_offset, sequences, cu_seqlens_q,
-                        cu_seqlens_kv);
-            plan.run(t, scale, reinterpret_cast<cudaStream_t>(stream),
+          "run",
+          [](const fa::Plan& plan, const fa::ForwardTensors& tensors, float scale, std::uintptr_t stream,
+             std::uintptr_t workspace, std::size_t workspace_bytes) {
+            plan.run(tensors, scale, reinterpret_cast<cudaStream_t>(stream),
                      fa::Workspace{reinterpret_cast<void*>(workspace), workspace_bytes});
           },
-          "q"_a, "k"_a, "v"_a, "o"_a, "stats"_a, "scale"_a, "stream"_a, "workspace"_a, "workspace_bytes"_a,
-          nb::kw_only(), "seq_len_q"_a = 0, "seq_len_kv"_a = 0, "bias"_a = 0, "sink"_a = 0, "dropout_seed"_a = 0,
-          "dropout_offset"_a = 0, "sequences"_a = 0, "cu_seqlens_q"_a = 0, "cu_seqlens_kv"_a = 0,
-          "page_table_k"_a = 0, "page_table_v"_a = 0, "max_logit"_a = 0,
-          "Enqueues the forward on `stream` (a cudaStream_t as an int). Addresses are ints; 0 is none.")
+          "tensors"_a, "scale"_a, "stream"_a, "workspace"_a = 0, "workspace_bytes"_a = 0,
+          "Enqueues a forward on `stream` (a cudaStream_t as an int).")
       .def(
-          "backward",
-          [](const fa::Plan& plan, std::uintptr_t q, std::uintptr_t k, std::uintptr_t v, std::uintptr_t o,
-             std::uintptr_t d_o, std::uintptr_t stats, std::uintptr_t d_q, std::uintptr_t d_k, std::uintptr_t d_v,
-             float scale, std::uintptr_t stream, std::uintptr_t workspace, std::size_t workspace_bytes,
-             std::uintptr_t seq_len_q, std::uintptr_t seq_len_kv, std::uintptr_t bias, std::uintptr_t sink,
-             std::uintptr_t d_bias, std::uintptr_t d_sink, std::uintptr_t dropout_seed, std::uintptr_t dropout_offset,
-             std::int64_t sequences, std::uintptr_t cu_seqlens_q, std::uintptr_t cu_seqlens_kv) {
-            fa::BackwardTensors t;
-            t.q = reinterpret_cast<const void*>(q);
-            t.k = reinterpret_cast<const void*>(k);
-            t.v = reinterpret_cast<const void*>(v);
-            t.o = reinterpret_cast<const void*>(o);
-            t.d_o = reinterpret_cast<const void*>(d_o);
-            t.stats = reinterpret_cast<const float*>(stats);
-            t.d_q = reinterpret_cast<void*>(d_q);
-            t.d_k = reinterpret_cast<void*>(d_k);
-            t.d_v = reinterpret_cast<void*>(d_v);
-            t.d_bias = reinterpret_cast<void*>(d_bias);
-            t.d_sink = reinterpret_cast<float*>(d_sink);
-            fill_common(t, seq_len_q, seq_len_kv, bias, sink, dropout_seed, dropout_offset, sequences, cu_seqlens_q,
-                        cu_seqlens_kv);
-            plan.run(t, scale, reinterpret_cast<cudaStream_t>(stream),
+          "run",
+          [](const fa::Plan& plan, const fa::BackwardTensors& tensors, float scale, std::uintptr_t stream,
+             std::uintptr_t workspace, std::size_t workspace_bytes) {
+            plan.run(tensors, scale, reinterpret_cast<cudaStream_t>(stream),
                      fa::Workspace{reinterpret_cast<void*>(workspace), workspace_bytes});
           },
-          "q"_a, "k"_a, "v"_a, "o"_a, "d_o"_a, "stats"_a, "d_q"_a, "d_k"_a, "d_v"_a, "scale"_a, "stream"_a,
-          "workspace"_a, "workspace_bytes"_a, nb::kw_only(), "seq_len_q"_a = 0, "seq_len_kv"_a = 0, "bias"_a = 0,
-          "sink"_a = 0, "d_bias"_a = 0, "d_sink"_a = 0, "dropout_seed"_a = 0, "dropout_offset"_a = 0,
-          "sequences"_a = 0, "cu_seqlens_q"_a = 0, "cu_seqlens_kv"_a = 0,
-          "Enqueues the backward (dQ, dK, dV) on `stream`.");
+          "tensors"_a, "scale"_a, "stream"_a, "workspace"_a = 0, "workspace_bytes"_a = 0,
+          "Enqueues a backward (dQ, dK, dV and the rest) on `stream`.");
 
   m.def(
-      "get_plan", [](const fa::AttentionSpec& spec, const std::string& pass) { return fa::get_plan(spec, parse_pass(pass)); },
-      "spec"_a, "pass_"_a, "The cached plan (built on first use); raises NotSupportedError with every reason.");
+      "check_support",
+      [](const fa::AttentionSpec& spec, fa::Pass pass) {
+        const fa::Support support = fa::check_support(spec, pass);
+        std::vector<std::tuple<std::string, std::string, std::string, std::string>> reasons;
+        for (const fa::Reason& r : support.reasons) reasons.emplace_back(r.field, r.value, r.requirement, r.lifted_by);
+        return std::make_tuple(support.ok(), reasons, support.to_string());
+      },
+      "spec"_a, "pass_"_a,
+      "(supported, [(field, value, requirement, lifted_by)], text) on the current device: the policy, then "
+      "cuDNN's own check, which builds and caches the plan.");
+  m.def("get_plan", &fa::get_plan, "spec"_a, "pass_"_a,
+        "The cached plan (built on first use); raises NotSupportedError with every reason.");
   m.def("build_info", [] { return fa::build_info().to_string(); }, "Versions compiled and loaded, and the GPU.");
   m.def("set_replay", &fa::set_replay, "enabled"_a,
         "Turns replay of repeated calls on or off for the process; returns the previous setting.");
+  m.def("set_plan_cache_capacity", &fa::set_plan_cache_capacity, "capacity"_a,
+        "Changes the plan cache's capacity (evicting at once where needed).");
+  m.def("clear_plan_cache", &fa::clear_plan_cache, "Drops every cached plan and answer and zeroes the counters.");
   m.def(
       "plan_cache_stats",
       [] {
@@ -182,7 +316,9 @@ NB_MODULE(_core, m) {
         out["build_ms"] = s.build_ms;
         out["evictions"] = s.evictions;
         out["size"] = s.size;
+        out["capacity"] = s.capacity;
+        out["live_plans"] = fa::live_plans();
         return out;
       },
-      "The process-wide plan cache's counters.");
+      "The process-wide plan cache's counters, and the plans alive in the process (cached or held).");
 }

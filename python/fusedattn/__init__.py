@@ -11,7 +11,7 @@ from .errors import (CudaError, CudnnError, FusedAttnError, InvalidArgumentError
 
 __version__ = "0.1.0"
 __all__ = ["FusedAttnError", "InvalidArgumentError", "NotSupportedError", "CudnnError", "CudaError", "SetupError",
-           "Spec", "check_support", "build_info", "plan_cache_stats"]
+           "Spec", "Config", "Pass", "check_support", "build_info", "plan_cache_stats"]
 
 
 def _load_core():
@@ -21,7 +21,7 @@ def _load_core():
 
 
 def __getattr__(name):  # fusedattn.Spec and friends come from the compiled module, lazily
-    if name in ("Spec", "Plan", "get_plan", "build_info", "plan_cache_stats"):
+    if name in ("Spec", "Config", "Pass", "Plan", "get_plan", "build_info", "plan_cache_stats"):
         return getattr(_load_core(), name)
     raise AttributeError(f"module 'fusedattn' has no attribute {name!r}")
 
@@ -30,5 +30,10 @@ def check_support(spec, pass_="forward"):
     """(supported, reasons) on the current GPU for a spec string or Spec: the policy, then cuDNN's own
     check. Each reason is (field, value, requirement, lifted_by)."""
     core = _load_core()
+    if isinstance(pass_, str):
+        if pass_ not in core.Pass.__members__:
+            from .errors import invalid_argument
+            raise invalid_argument("pass", pass_, "forward or backward")
+        pass_ = core.Pass.__members__[pass_]
     ok, reasons, _ = core.check_support(core.Spec.parse(spec) if isinstance(spec, str) else spec, pass_)
     return ok, reasons
