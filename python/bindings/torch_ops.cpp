@@ -1,17 +1,20 @@
-// fusedattn._torch_ops: fusedattn.torch's per-call work for eager inference in C++, where Python
-// costs more than the attention itself at small sizes. Built where PyTorch (with CUDA) is
-// installed; fusedattn.torch uses it when it is there and does the same in Python when not.
+// fusedattn._torch_ops: fusedattn.torch's eager calls in C++, where Python costs more than the
+// attention itself at small sizes. Built where PyTorch (with CUDA) is installed; fusedattn.torch
+// uses it when it is there and takes its Python path when not.
 //
-// options_id(layout, options) -> int names a call's layout (bshd, sbhd or bhsd) and spec options
-// once; forward(q, k, v, options_id, scale) -> o then runs dense q, k, v (any strides) with no
-// bias, sink, dropout, lengths or statistics (the caller sends only those calls), or returns
-// NotImplemented for a call that needs PyTorch's machinery (autograd, a tensor subclass or
-// wrapper, a dispatch mode, a tensor not on a GPU): the caller then takes its general path.
-// forward is a plain CPython fast call, not a pybind11 one: its argument matching costs more than
-// the rest. Per call: a lookup of the plan by the tensors' sizes, strides, dtype, device and the
-// options id (the spec is built once per such signature), O from PyTorch's caching allocator, a
-// workspace (kept per stream while small), and the plan enqueued on the current stream (a repeated
-// call replays, src/exec/replay.h).
+// forward(q, k, v, config_id, scale) -> O runs a dense call with no bias, sink, dropout, lengths
+// or extra outputs (the caller sends only those), or returns NotImplemented for a call that needs
+// PyTorch's machinery (a tensor subclass or wrapper, a dispatch mode, forward-mode AD, a tensor not
+// on a GPU): the caller then takes its general path. Under grad mode with an input that requires
+// grad it is a training call: the forward also writes the statistics, and O's grad_fn is a C++
+// autograd node (AttentionBackward) that runs the core's backward, so neither pass of an eager
+// training step runs Python. forward is a plain CPython fast call (pybind11's argument matching
+// costs more than the rest).
+//
+// Per call: the spec from the tensors' sizes and strides and the registered config (fusedattn/
+// call.h: the core validates, and its one bounded plan cache finds the plan), O from PyTorch's
+// caching allocator, a workspace (kept per stream while small), and the plan enqueued on the
+// current stream (a repeated call replays, src/exec/replay.h). Nothing is cached here.
 #include <ATen/ATen.h>
 #include <ATen/cuda/EmptyTensor.h>
 #include <c10/core/GradMode.h>
@@ -20,153 +23,67 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "fusedattn/attention.h"
+#include "fusedattn/call.h"
 #include "fusedattn/errors.h"
-#include "fusedattn/plan_cache.h"
 #include "fusedattn/spec.h"
 #include "python_errors.h"
 
 namespace fa = fusedattn;
 namespace py = pybind11;
+using torch::autograd::variable_list;
 
 namespace {
 
-// Per layout, the tensor axis that holds each logical axis (batch, heads, sequence, head dim),
-// as in fusedattn/_layouts.py.
-int layout_index(const std::string& layout) {
-  if (layout == "bshd") return 0;
-  if (layout == "sbhd") return 1;
-  if (layout == "bhsd") return 2;
-  throw fa::InvalidArgument("layout", layout, "one of bshd, sbhd, bhsd");
-}
-constexpr std::array<std::array<int, 4>, 3> kAxes = {{{0, 2, 1, 3}, {1, 2, 0, 3}, {0, 1, 2, 3}}};
+// --- tensors to the core's terms -----------------------------------------------------------------
 
-const char* dtype_name(at::ScalarType type) {
-  if (type == at::kHalf) return "f16";
-  if (type == at::kBFloat16) return "bf16";
-  throw fa::InvalidArgument("q.dtype", std::string(c10::toString(type)), "torch.float16 or torch.bfloat16");
+// q, k or v as the core sees it (runs_here() made sure of a half type and 4 dims).
+fa::TensorView view_of(const at::Tensor& t) {
+  fa::TensorView view;
+  view.dtype = t.scalar_type() == at::kHalf ? fa::DType::f16 : fa::DType::bf16;
+  view.rank = 4;
+  for (int axis = 0; axis < 4; ++axis) {
+    view.sizes[axis] = t.size(axis);
+    view.strides[axis] = t.stride(axis);
+  }
+  return view;
 }
 
-// A tensor in the spec string's form: dtype[dims]/[strides], logical [b, h, s, d].
-std::string describe(const at::Tensor& t, int layout) {
-  std::string dims, strides;
-  for (int logical = 0; logical < 4; ++logical) {
-    const int axis = kAxes[layout][logical];
-    dims += (logical ? "," : "") + std::to_string(t.size(axis));
-    strides += (logical ? "," : "") + std::to_string(t.stride(axis));
-  }
-  return std::string(dtype_name(t.scalar_type())) + "[" + dims + "]/[" + strides + "]";
+// The spec of a dense call on q, k, v: the core builds and validates it.
+fa::AttentionSpec spec_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const fa::CallConfig& config,
+                          bool training) {
+  fa::CallShape shape;
+  shape.q = view_of(q);
+  shape.k = view_of(k);
+  shape.v = view_of(v);
+  fa::AttentionSpec spec = fa::make_spec(config, shape);
+  spec.stats = training;  // the backward reads the forward's statistics
+  return spec;
 }
 
-// A call's layout and spec options, named once by options_id.
-struct CallOptions {
-  int layout;
-  std::string text;
-};
-
-// Append-only, so ids stay valid; bounded by the distinct option sets a program uses, and capped
-// (a program that makes up new windows on every call gets -1 and the Python path past the cap).
-constexpr std::size_t kMaxOptionSets = 4096;
-std::mutex g_options_mutex;
-std::deque<CallOptions> g_options;
-
-int options_id(const std::string& layout_name, const std::string& text) {
-  const int layout = layout_index(layout_name);
-  std::lock_guard<std::mutex> lock(g_options_mutex);
-  for (std::size_t i = 0; i < g_options.size(); ++i) {
-    if (g_options[i].layout == layout && g_options[i].text == text) return static_cast<int>(i);
-  }
-  if (g_options.size() == kMaxOptionSets) return -1;
-  g_options.push_back(CallOptions{layout, text});
-  return static_cast<int>(g_options.size() - 1);
+// Whether forward() takes calls of this config: dense, and no tensor but q, k and v.
+bool plain(const fa::CallConfig& config) {
+  const fa::AttentionOptions& o = config.options;
+  return config.layout != fa::AxisOrder::thd && config.kv_layout == config.layout && o.bias == fa::Bias::none &&
+         o.softmax != fa::Softmax::sink && o.dropout == 0.0 && !o.padding && o.max_logit == fa::MaxLogit::none &&
+         o.kv_pages == 0;
 }
 
-const CallOptions& options_of(long id) {
-  std::lock_guard<std::mutex> lock(g_options_mutex);
-  if (id < 0 || static_cast<std::size_t>(id) >= g_options.size()) {
-    throw fa::InvalidArgument("options_id", std::to_string(id), "an id from options_id()");
-  }
-  return g_options[static_cast<std::size_t>(id)];
-}
-
-// What fixes a call's plan: device, dtype, options id, the three inputs' sizes and strides.
-struct Signature {
-  std::array<std::int64_t, 27> numbers{};
-  bool operator==(const Signature& other) const { return numbers == other.numbers; }
-};
-
-struct SignatureHash {
-  std::size_t operator()(const Signature& s) const noexcept {
-    std::size_t h = 0;
-    for (std::int64_t n : s.numbers) h = h * 1000003u ^ std::hash<std::int64_t>()(n);
-    return h;
-  }
-};
-
-Signature signature_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, long id) {
-  Signature s;
-  s.numbers[0] = q.get_device();
-  s.numbers[1] = static_cast<std::int64_t>(q.scalar_type());
-  s.numbers[2] = id;
-  std::size_t next = 3;
-  for (const at::Tensor* t : {&q, &k, &v}) {
-    for (int axis = 0; axis < 4; ++axis) {
-      s.numbers[next++] = t->size(axis);
-      s.numbers[next++] = t->stride(axis);
-    }
-  }
-  return s;
-}
-
-// The plan of a signature, built on first use; later calls find it here (the core's cache would
-// find it too, but only from a full spec, which costs more to form than this lookup). Bounded
-// like the core's cache: past its capacity the map starts again (plans stay in the core's cache).
-std::shared_ptr<const fa::Plan> plan_for(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                         const at::Tensor& o, long id) {
-  static std::mutex mutex;
-  static std::unordered_map<Signature, std::shared_ptr<const fa::Plan>, SignatureHash> plans;
-  Signature key = signature_of(q, k, v, id);
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto found = plans.find(key);
-    if (found != plans.end()) return found->second;
-  }
-  const CallOptions& options = options_of(id);
-  const std::string text = "q=" + describe(q, options.layout) + " k=" + describe(k, options.layout) +
-                           " v=" + describe(v, options.layout) + " o=" + describe(o, options.layout) + " " +
-                           options.text + " stats=0";
-  auto plan = fa::get_plan(fa::parse_spec(text), fa::Pass::forward);
-  std::lock_guard<std::mutex> lock(mutex);
-  if (plans.size() >= fa::kDefaultPlanCacheCapacity) plans.clear();
-  plans.emplace(std::move(key), plan);
-  return plan;
-}
-
-// k and v as the spec needs them beside q: same rank, device and dtype (the dtype is checked here
-// so that a wrong one is named as k's or v's, not q's).
-void require_like_q(const at::Tensor& q, const at::Tensor& t, const char* name) {
-  if (t.dim() != 4) throw fa::InvalidArgument(std::string(name) + ".dim", std::to_string(t.dim()), "4, like q");
-  if (t.device() != q.device()) {
-    throw fa::InvalidArgument(std::string(name) + ".device", t.device().str(), "q's device, " + q.device().str());
-  }
-  if (t.scalar_type() != q.scalar_type()) {
-    throw fa::InvalidArgument(std::string(name) + ".dtype", std::string(c10::toString(t.scalar_type())),
-                              std::string("q's dtype, ") + c10::toString(q.scalar_type()));
-  }
-}
+// --- workspaces ----------------------------------------------------------------------------------
 
 // A call's workspace. Small ones are kept per stream and reused by every later call on that stream,
 // which the stream runs in order: no trip through the caching allocator's lock and bookkeeping on
@@ -214,20 +131,80 @@ void* call_workspace(std::size_t bytes, int device, cudaStream_t stream, c10::Da
   return per_call.get();
 }
 
-// Whether a call is one forward() runs itself: no gradient to record, plain strided CUDA tensors
-// (no subclass, nested tensor, functorch or functionalization wrapper) and no dispatch mode to
-// see the call.
+// Runs `plan` with `tensors` on the device's current stream.
+template <class Tensors>
+void enqueue(const fa::Plan& plan, const Tensors& tensors, float scale, int device) {
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  const std::size_t bytes = plan.workspace_bytes();
+  c10::DataPtr per_call;
+  void* workspace = call_workspace(bytes, device, stream, per_call);
+  plan.run(tensors, scale, stream, fa::Workspace{workspace, bytes});
+}
+
+at::Tensor empty_like_strided(const at::Tensor& t) {
+  return at::detail::empty_strided_cuda(t.sizes(), t.strides(), t.scalar_type(), t.device());
+}
+
+// --- the autograd node of a training call ----------------------------------------------------------
+
+// dQ, dK, dV from the core's backward, with the forward's spec (its plan key drops what the
+// backward does not read) and scale. The engine runs it on the forward's stream.
+struct AttentionBackward : torch::autograd::Node {
+  fa::AttentionSpec spec;
+  float scale = 0.0f;
+  torch::autograd::SavedVariable q, k, v, o, stats;
+
+  std::string name() const override { return "fusedattn::AttentionBackward"; }
+
+  variable_list apply(variable_list&& grads) override {
+    const at::Tensor& grad_o = grads[0];
+    if (!grad_o.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    const at::Tensor q_ = q.unpack(), k_ = k.unpack(), v_ = v.unpack();
+    const at::Tensor o_ = o.unpack(shared_from_this()), stats_ = stats.unpack();
+    const c10::cuda::CUDAGuard device(q_.device());
+    const at::Tensor d_o = grad_o.is_contiguous() ? grad_o : grad_o.contiguous();  // O's own layout
+    at::Tensor d_q = empty_like_strided(q_), d_k = empty_like_strided(k_), d_v = empty_like_strided(v_);
+    fa::BackwardTensors t;
+    t.q = q_.data_ptr();
+    t.k = k_.data_ptr();
+    t.v = v_.data_ptr();
+    t.o = o_.data_ptr();
+    t.d_o = d_o.data_ptr();
+    t.stats = stats_.data_ptr<float>();
+    t.d_q = d_q.data_ptr();
+    t.d_k = d_k.data_ptr();
+    t.d_v = d_v.data_ptr();
+    enqueue(*fa::get_plan(spec, fa::Pass::backward), t, scale, q_.get_device());
+    return {d_q, d_k, d_v};
+  }
+
+  void release_variables() override {
+    q.reset_data();
+    k.reset_data();
+    v.reset_data();
+    o.reset_data();
+    stats.reset_data();
+  }
+};
+
+// --- the call ----------------------------------------------------------------------------------------
+
+// Whether a call is one forward() runs itself: plain strided 4-dim f16/bf16 CUDA tensors on one
+// device (no subclass, nested tensor, functorch or functionalization wrapper, no forward-mode
+// gradient) and no dispatch mode to see the call. Anything else goes the general way, where the
+// core's validation names what is wrong in the same words for every adapter.
 bool runs_here(PyObject* const* tensors) {
   constexpr c10::DispatchKeySet kWrappers({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
                                            c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchBatched,
                                            c10::DispatchKey::FuncTorchGradWrapper});
   if (c10::impl::TorchDispatchModeTLS::any_modes_set()) return false;
-  const bool grad_mode = c10::GradMode::is_enabled();
+  const at::Tensor& q = THPVariable_Unpack(tensors[0]);
   for (int i = 0; i < 3; ++i) {
     if (!THPVariable_CheckExact(tensors[i])) return false;
     const at::Tensor& t = THPVariable_Unpack(tensors[i]);
     if (!t.is_cuda() || t.layout() != at::kStrided || t.is_nested() || t.key_set().has_any(kWrappers) ||
-        (grad_mode && t.requires_grad())) {
+        t.dim() != 4 || t.scalar_type() != q.scalar_type() || t.device() != q.device() ||
+        (t.scalar_type() != at::kHalf && t.scalar_type() != at::kBFloat16) || t._fw_grad(/*level=*/0).defined()) {
       return false;
     }
   }
@@ -235,52 +212,66 @@ bool runs_here(PyObject* const* tensors) {
 }
 
 // `scale`: None for the spec's default, 1/sqrt(d_qk).
-at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, long id, PyObject* scale) {
-  if (q.dim() != 4) throw fa::InvalidArgument("q.dim", std::to_string(q.dim()), "4");
-  require_like_q(q, k, "k");
-  require_like_q(q, v, "v");
+float scale_value(PyObject* scale, const fa::AttentionSpec& spec) {
+  if (scale == Py_None) return fa::default_scale(spec);
+  const double value = PyFloat_AsDouble(scale);
+  if (PyErr_Occurred()) throw py::error_already_set();
+  return static_cast<float>(value);
+}
+
+at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const fa::CallConfig& config,
+                   PyObject* scale_object) {
+  const bool training = c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  const fa::AttentionSpec spec = spec_of(q, k, v, config, training);
+  const float scale = scale_value(scale_object, spec);
   const c10::cuda::CUDAGuard device(q.device());
   // empty_cuda: straight to the caching allocator, without a trip through the dispatcher.
   const std::array<std::int64_t, 4> o_sizes = {q.size(0), q.size(1), q.size(2), v.size(3)};
   at::Tensor o = at::detail::empty_cuda(o_sizes, q.scalar_type(), q.device(), std::nullopt);
-  const std::shared_ptr<const fa::Plan> plan = plan_for(q, k, v, o, id);
-  float scale_value = fa::default_scale(plan->spec());
-  if (scale != Py_None) {
-    scale_value = static_cast<float>(PyFloat_AsDouble(scale));
-    if (PyErr_Occurred()) throw py::error_already_set();
-  }
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(q.get_device()).stream();
-  const std::size_t bytes = plan->workspace_bytes();
-  c10::DataPtr per_call;
-  void* workspace = call_workspace(bytes, q.get_device(), stream, per_call);
+  at::Tensor stats;
   fa::ForwardTensors t;
   t.q = q.data_ptr();
   t.k = k.data_ptr();
   t.v = v.data_ptr();
   t.o = o.data_ptr();
-  plan->run(t, scale_value, stream, fa::Workspace{workspace, bytes});
+  if (training) {  // float32 [b, h_q, s_q], the layout the core writes
+    const std::array<std::int64_t, 3> stats_sizes = {spec.batch(), spec.heads_q(), spec.seq_q()};
+    stats = at::detail::empty_cuda(stats_sizes, at::kFloat, q.device(), std::nullopt);
+    t.stats = stats.data_ptr<float>();
+  }
+  enqueue(*fa::get_plan(spec, fa::Pass::forward), t, scale, q.get_device());
+  if (!training) return o;
+  auto node = std::shared_ptr<AttentionBackward>(new AttentionBackward(), torch::autograd::deleteNode);
+  node->set_next_edges(torch::autograd::collect_next_edges(q, k, v));
+  node->spec = spec;
+  node->scale = scale;
+  torch::autograd::set_history(o, node);
+  node->q = torch::autograd::SavedVariable(q, false);
+  node->k = torch::autograd::SavedVariable(k, false);
+  node->v = torch::autograd::SavedVariable(v, false);
+  node->o = torch::autograd::SavedVariable(o, true);
+  node->stats = torch::autograd::SavedVariable(stats, false);
   return o;
 }
 
 const at::Tensor& tensor_argument(PyObject* object, const char* name) {
-  if (!THPVariable_Check(object)) {
-    throw fa::InvalidArgument(name, Py_TYPE(object)->tp_name, "a torch.Tensor");
-  }
+  if (!THPVariable_Check(object)) throw fa::InvalidArgument(name, Py_TYPE(object)->tp_name, "a torch.Tensor");
   return THPVariable_Unpack(object);
 }
 
-// forward(q, k, v, options_id, scale) as a CPython fast call.
+// forward(q, k, v, config_id, scale) as a CPython fast call.
 PyObject* forward_call(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
   HANDLE_TH_ERRORS
   try {
-    if (count != 5) throw fa::InvalidArgument("arguments", std::to_string(count), "5: q, k, v, options_id, scale");
+    if (count != 5) throw fa::InvalidArgument("arguments", std::to_string(count), "5: q, k, v, config_id, scale");
     const at::Tensor& q = tensor_argument(args[0], "q");
     const at::Tensor& k = tensor_argument(args[1], "k");
     const at::Tensor& v = tensor_argument(args[2], "v");
     const long id = PyLong_AsLong(args[3]);
     if (PyErr_Occurred()) return nullptr;
-    if (!runs_here(args)) Py_RETURN_NOTIMPLEMENTED;
-    return THPVariable_Wrap(forward(q, k, v, id, args[4]));
+    const fa::CallConfig& config = fa::registered_config(static_cast<int>(id));
+    if (!plain(config) || !runs_here(args)) Py_RETURN_NOTIMPLEMENTED;
+    return THPVariable_Wrap(forward(q, k, v, config, args[4]));
   } catch (const fa::Error& error) {
     fa::python::set_python_error(error);
     return nullptr;
@@ -288,24 +279,15 @@ PyObject* forward_call(PyObject* /*module*/, PyObject* const* args, Py_ssize_t c
   END_HANDLE_TH_ERRORS
 }
 
-PyMethodDef forward_method = {"forward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&forward_call)),
-                              METH_FASTCALL,
-                              "forward(q, k, v, options_id, scale) -> O of a plain dense inference call (no bias, "
-                              "sink, dropout, lengths or statistics; scale None: 1/sqrt(d)) on the current stream, "
-                              "or NotImplemented for a call it leaves to the general path."};
+PyMethodDef forward_method = {
+    "forward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&forward_call)), METH_FASTCALL,
+    "forward(q, k, v, config_id, scale) -> O of a dense call with no bias, sink, dropout, lengths or extra "
+    "outputs (scale None: 1/sqrt(d)) on the current stream, differentiable through a C++ autograd node when an "
+    "input requires grad; or NotImplemented for a call it leaves to the general path."};
 
 }  // namespace
 
 PYBIND11_MODULE(_torch_ops, m) {
-  m.doc() = "fusedattn.torch's eager-inference fast path in C++.";
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const fa::Error& error) {
-      fa::python::set_python_error(error);
-    }
-  });
-  m.def("options_id", &options_id, py::arg("layout"), py::arg("options"),
-        "An id for a layout (bshd, sbhd or bhsd) and the spec's options, for forward(); -1 past 4096 such sets.");
+  m.doc() = "fusedattn.torch's eager calls in C++ (inference and training).";
   m.add_object("forward", py::reinterpret_steal<py::object>(PyCFunction_New(&forward_method, nullptr)));
 }

@@ -201,7 +201,7 @@ def test_plain_inference_goes_to_cpp_and_matches_float32(layout, monkeypatch):
     fast = pytest.importorskip("fusedattn._torch_ops", reason="built only where PyTorch with CUDA is installed")
     calls = []
     monkeypatch.setattr(fa, "_fast", types.SimpleNamespace(
-        forward=lambda *args: calls.append(args[3]) or fast.forward(*args), options_id=fast.options_id))
+        forward=lambda *args: calls.append(args[3]) or fast.forward(*args)))
     q, k, v = (t.detach() for t in inputs(layout, 2, 200, 300, 8, 2, 64))
     settings = ((True, "bottom_right", (-1, -1)), (True, "top_left", [-1, -1]), (False, "top_left", (-1, -1)))
     for causal, align, window in settings:
@@ -210,28 +210,33 @@ def test_plain_inference_goes_to_cpp_and_matches_float32(layout, monkeypatch):
                 out = fa.attention(q, k, v, layout=layout, causal=causal, align=align, window=window)
             ref, _ = reference(q, k, v, layout, causal=causal, align=align)
             assert rel(out, ref) < 1e-2, (causal, align, repeat)
-    assert len(calls) == 9 and len(set(calls)) == 3  # every call in C++, one options id per setting
+    assert len(calls) == 9 and len(set(calls)) == 3  # every call in C++, one config id per setting
     with torch.no_grad():  # a call the C++ path does not take (statistics asked for) stays in Python
         fa.attention(q, k, v, layout=layout, causal=True, return_stats=True)
     assert len(calls) == 9
 
 
-def test_the_cpp_fast_path_leaves_autograd_subclasses_and_modes_to_the_general_path():
+PLAIN = ("bshd", False, (-1, -1), "top_left", False, "vanilla", False)  # fa._plain_config_id's arguments
+
+
+def test_the_cpp_fast_path_leaves_subclasses_and_modes_to_the_general_path():
     fast = pytest.importorskip("fusedattn._torch_ops", reason="built only where PyTorch with CUDA is installed")
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
     q, k, v = inputs("bshd", 2, 100, 120, 4, 4, 64)  # requiring grad
-    options = fast.options_id("bshd", "window=-1,-1 align=top_left softmax=vanilla")
-    assert fast.forward(q, k, v, options, None) is NotImplemented  # autograd must record it
+    config_id = fa._plain_config_id(*PLAIN)
     with torch.no_grad():
-        plain = fast.forward(q, k, v, options, None)
-        assert torch.equal(plain, fast.forward(q, k, v, options, 0.125))  # None: 1/sqrt(64)
+        plain = fast.forward(q, k, v, config_id, None)
+        assert torch.equal(plain, fast.forward(q, k, v, config_id, 0.125))  # None: 1/sqrt(64)
         assert rel(plain, reference(q, k, v, "bshd")[0]) < 1e-2
+        with torch.autograd.forward_ad.dual_level():  # forward-mode AD: PyTorch's machinery
+            dual = torch.autograd.forward_ad.make_dual(q.detach(), torch.ones_like(q))
+            assert fast.forward(dual, k, v, config_id, None) is NotImplemented
 
         class Tagged(torch.Tensor):
             pass
-        assert fast.forward(q.as_subclass(Tagged), k, v, options, None) is NotImplemented
+        assert fast.forward(q.as_subclass(Tagged), k, v, config_id, None) is NotImplemented
 
         class Seen(TorchDispatchMode):
             def __init__(self):
@@ -242,7 +247,7 @@ def test_the_cpp_fast_path_leaves_autograd_subclasses_and_modes_to_the_general_p
                 self.ops.append(str(func))
                 return func(*args, **(kwargs or {}))
         with Seen() as seen:
-            assert fast.forward(q, k, v, options, None) is NotImplemented
+            assert fast.forward(q, k, v, config_id, None) is NotImplemented
             watched = fa.attention(q, k, v)
         assert "fusedattn.forward.default" in seen.ops  # the mode saw the operator, not its insides
         assert torch.equal(watched, plain)
@@ -309,10 +314,95 @@ def test_the_cpp_fast_path_gives_what_the_python_path_gives(layout):
     packed = torch.rand(300, 2, 2, 2, 64, device="cuda", dtype=torch.bfloat16)  # a KV view with odd strides
     if layout == "sbhd":
         k, v = packed[:, :, 0], packed[:, :, 1]
-    options = "window=-1,0 align=bottom_right softmax=vanilla"
+    config_id = fa._plain_config_id(layout, True, (-1, -1), "bottom_right", False, "vanilla", False)
+    text = fa._config_text(layout, "", True, (-1, -1), "bottom_right", False, False, "vanilla", 0.0, False, False, "",
+                           False, 0)
     with torch.no_grad():
-        ours = fast.forward(q, k, v, fast.options_id(layout, options), 0.125)
-        python, _, _ = fa._run_forward(q, k, v, None, None, None, None, None, None, None, layout, options, 0.125,
-                                       0, 0, False, placeholders=False)
+        ours = fast.forward(q, k, v, config_id, 0.125)
+        python, _, _ = fa._forward_body(q, k, v, None, None, fa._Extras(), text, 0.125, 0, 0)
     assert torch.equal(ours, python)
     assert ours.shape == python.shape and ours.stride() == python.stride()
+
+
+@pytest.mark.parametrize("layout", ["bshd", "sbhd", "bhsd"])
+def test_training_runs_in_cpp_with_a_cpp_autograd_node_and_matches_float32(layout):
+    """A plain eager training call: C++ forward with statistics, O's grad_fn the C++ node, and the
+    gradients (packed KV views included) against float32 attention and against the Python path."""
+    pytest.importorskip("fusedattn._torch_ops", reason="built only where PyTorch with CUDA is installed")
+    q, k, v = inputs(layout, 2, 200, 333, 8, 2, 64)
+    d_o = torch.rand(q.shape, device="cuda", dtype=q.dtype) * 2 - 1
+    out = fa.attention(q, k, v, layout=layout, causal=True, align="bottom_right")
+    assert out.grad_fn.name() == "fusedattn::AttentionBackward"
+    out.backward(d_o)
+    ref, leaves = reference(q, k, v, layout, causal=True, align="bottom_right")
+    ref.backward(d_o.float())
+    assert rel(out, ref) < 1e-2
+    for got, leaf in zip((q.grad, k.grad, v.grad), leaves):
+        assert rel(got, leaf.grad.permute(*[TO_BHSD[layout].index(i) for i in range(4)])) < 1e-2
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    python, _ = fa.attention(q, k, v, layout=layout, causal=True, align="bottom_right", return_stats=True)
+    assert python.grad_fn.name() != "fusedattn::AttentionBackward"  # statistics asked for: the Python path
+    python.backward(d_o)
+    assert torch.equal(python, out)
+    for t, grad in zip((q, k, v), grads):
+        assert rel(t.grad, grad) < 1e-3  # the same plans; dQ's accumulation order may differ
+    packed = torch.rand(2, 333, 2, 2, 64, device="cuda", dtype=q.dtype, requires_grad=True)
+    if layout == "bshd":  # K and V as views of one [b, s, 2, h, d] buffer get a packed gradient
+        out = fa.attention(q.detach(), packed[:, :, 0], packed[:, :, 1], layout=layout, causal=True)
+        out.backward(d_o)
+        assert packed.grad.shape == packed.shape and torch.isfinite(packed.grad).all()
+
+
+def test_the_cpp_autograd_node_keeps_saved_tensors_honest():
+    """The node's saved inputs are versioned like PyTorch's own: an in-place change before the
+    backward raises instead of giving wrong gradients; retain_graph lets it run twice."""
+    pytest.importorskip("fusedattn._torch_ops", reason="built only where PyTorch with CUDA is installed")
+    q, k, v = (t.detach().clone().requires_grad_() for t in inputs("bshd", 1, 64, 64, 2, 2, 64))
+    out = fa.attention(q * 1, k, v)
+    out.sum().backward(retain_graph=True)
+    first = k.grad.clone()
+    out.sum().backward()
+    assert torch.allclose(k.grad, 2 * first, rtol=1e-2, atol=1e-3)
+    x = q.detach().clone().requires_grad_()
+    y = x * 1
+    out = fa.attention(y, k, v)
+    y.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+def test_ten_thousand_shapes_keep_the_plans_at_the_cap():
+    """fusedattn.torch keeps no plans: with the core's cap at 4, 10,000 calls of distinct q shapes
+    (packed sequences of 1 .. 10,000 tokens, then again in a shuffled order) and 24 distinct dense
+    shapes never hold more than 4 plans alive in the process, and nothing in the adapter grows."""
+    import gc
+    import random
+    from fusedattn import _core as core
+    core.clear_plan_cache()
+    core.set_plan_cache_capacity(4)
+    try:
+        kv = torch.rand(10_000, 2, 64, device="cuda", dtype=torch.bfloat16)
+        q_all = torch.rand(10_000, 4, 64, device="cuda", dtype=torch.bfloat16)
+        most_alive = 0
+        later = list(range(5_001, 10_001))
+        random.Random(7).shuffle(later)
+        with torch.no_grad():
+            for t in list(range(1, 5_001)) + later:
+                cu = torch.tensor([0, t], device="cuda", dtype=torch.int32)
+                fa.attention(q_all[:t], kv[:t], kv[:t], layout="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                             max_seqlen_q=t, max_seqlen_kv=t, causal=True)
+                most_alive = max(most_alive, core.plan_cache_stats()["live_plans"])
+            for s in range(40, 40 + 24 * 8, 8):
+                x = torch.rand(1, s, 2, 64, device="cuda", dtype=torch.bfloat16)
+                fa.attention(x, x, x)
+                most_alive = max(most_alive, core.plan_cache_stats()["live_plans"])
+        torch.cuda.synchronize()
+        gc.collect()
+        stats = core.plan_cache_stats()
+        assert most_alive <= 4 and stats["size"] <= 4 and stats["live_plans"] <= 4, (most_alive, stats)
+        assert stats["evictions"] >= 24 and stats["builds"] >= 24 + 8, stats
+        assert fa._plain_config_id.cache_info().currsize <= 2 and len(fa._FALLBACK_LOGGED) == 0
+    finally:
+        core.set_plan_cache_capacity(512)

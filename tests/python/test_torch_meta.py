@@ -103,7 +103,7 @@ def test_inputs_must_agree_and_live_on_a_gpu():
     q = meta(2, 64, 4, 64)
     with pytest.raises(InvalidArgumentError) as caught:
         fa.attention(q, meta(2, 64, 4, 64, dtype=torch.float16), q)
-    assert caught.value.field == "k.dtype/device"
+    assert caught.value.field == "k.dtype"
     cpu = torch.zeros(2, 64, 4, 64, dtype=torch.bfloat16)
     with pytest.raises(InvalidArgumentError) as caught:
         fa.attention(cpu, cpu, cpu)
@@ -145,10 +145,10 @@ def test_max_logit_per_row_and_per_head():
 
 
 # What the adapter hands the core: the spec its tensors translate to (no GPU needed to build it).
-def spec_of(q, k, v, layout, options="window=-1,-1 align=top_left softmax=vanilla", **sizes):
-    o = q.new_empty(q.shape[:-1] + (v.shape[-1],))
-    batch, max_q, max_kv = sizes.get("batch", 0), sizes.get("max_q", 0), sizes.get("max_kv", 0)
-    return str(fa._entry(q, k, v, o, layout, options, batch, max_q, max_kv, False).spec)
+def spec_of(q, k, v, layout, kv_layout="", sequences=0, max_q=0, max_kv=0, **options):
+    from fusedattn import _config
+    config = _config.config(layout, kv_layout, stats=False, **options)
+    return str(config.spec(fa._view(q), fa._view(k), fa._view(v), sequences, max_q, max_kv))
 
 
 @pytest.mark.parametrize("layout, q_shape, kv_shape", [
@@ -171,12 +171,12 @@ def test_packed_views_translate_to_packed_layouts():
 
 def test_ragged_and_paged_translate_to_their_layouts():
     q, kv = meta(1000, 8, 128, grad=False), meta(1000, 2, 128, grad=False)
-    text = spec_of(q, kv, kv, "thd", "window=-1,0 padding=1", batch=5, max_q=333, max_kv=517)
+    text = spec_of(q, kv, kv, "thd", sequences=5, max_q=333, max_kv=517, causal=True, padding=True)
     assert text == "layout=thd_thd_thd dtype=bf16 b=5 s_q=333 s_kv=517 h_q=8 h_kv=2 d_qk=128 d_v=128 window=-1,0 stats=0"
     qd, pool = meta(4, 1, 8, 128, grad=False), meta(64, 300, 2, 128, grad=False)  # sbhd pages of 64 tokens
     table = torch.empty(4, 16, device="meta", dtype=torch.int32)
-    o = qd.new_empty(qd.shape)
-    text = str(fa._paged_entry(qd, pool, pool, o, table, "bshd", "sbhd", "window=-1,0 align=bottom_right", 0).spec)
+    text = spec_of(qd, pool, pool, "bshd", "sbhd", sequences=table.shape[0], causal=True, align="bottom_right",
+                   padding=True, kv_pages=table.shape[1])
     assert text == ("layout=bshd_paged_sbhd dtype=bf16 b=4 s_q=1 s_kv=1024 h_q=8 h_kv=2 d_qk=128 d_v=128 "
                     "page_size=64 pages=300 window=-1,0 align=bottom_right stats=0")
 
@@ -185,18 +185,18 @@ def test_the_cpp_fast_path_maps_errors_like_the_rest():
     fast = pytest.importorskip("fusedattn._torch_ops", reason="built only where PyTorch with CUDA is installed")
     import fusedattn
     q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16)
-    options = fast.options_id("bshd", "window=-1,-1 align=top_left softmax=vanilla")
-    assert fast.options_id("bshd", "window=-1,-1 align=top_left softmax=vanilla") == options >= 0
-    assert fast.forward(q, q, q, options, 0.125) is NotImplemented  # not on a GPU: the general path says why
+    config_id = fa._plain_config_id("bshd", False, (-1, -1), "top_left", False, "vanilla", False)
+    assert fa._plain_config_id("bshd", False, (-1, -1), "top_left", False, "vanilla", False) == config_id >= 0
+    assert fast.forward(q, q, q, config_id, 0.125) is NotImplemented  # not on a GPU: the general path says why
     with pytest.raises(fusedattn.InvalidArgumentError) as caught:
         fa.attention(q, q, q)
     assert caught.value.field == "q.device" and caught.value.requirement == "a CUDA device"
     with pytest.raises(fusedattn.InvalidArgumentError) as caught:
-        fast.forward(q, "k", q, options, 0.125)
+        fast.forward(q, "k", q, config_id, 0.125)
     assert caught.value.field == "k" and caught.value.requirement == "a torch.Tensor"
     with pytest.raises(fusedattn.InvalidArgumentError) as caught:
-        fast.options_id("thd", "window=-1,-1")
-    assert caught.value.field == "layout"
+        fast.forward(q, q, q, 1 << 20, 0.125)
+    assert caught.value.field == "config_id"
 
 
 @pytest.mark.parametrize("left, right, align, with_bias", [

@@ -1,0 +1,96 @@
+"""One check, one wording: the same bad call gets the same message from the C++ core (a spec string
+parsed and validated), the CLI, fusedattn.torch (meta tensors, no GPU) and fusedattn.jax (traced on
+the CPU), since every adapter hands its call to the core's Config and make_spec (fusedattn/call.h)."""
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from fusedattn import InvalidArgumentError, _core as core
+
+
+def core_message(spec_text):
+    with pytest.raises(InvalidArgumentError) as caught:
+        core.Spec.parse(spec_text).validate()
+    return str(caught.value)
+
+
+def cli_message(spec_text):
+    """What `fusedattn support "<spec>"` prints for it (after the kind of error)."""
+    default = Path(os.environ.get("FUSEDATTN_PYTHON_BUILD", "build/python")).parent / "fusedattn"
+    cli = Path(os.environ.get("FUSEDATTN_CLI", default))
+    if not cli.is_file():
+        pytest.skip(f"the fusedattn CLI is not built at {cli}")
+    done = subprocess.run([str(cli), "support", spec_text], capture_output=True, text=True)
+    assert done.returncode == 2, done
+    return (done.stdout + done.stderr).strip().removeprefix("invalid_argument: ")
+
+
+def torch_message(call):
+    torch = pytest.importorskip("torch", reason="PyTorch not installed")
+    fa = pytest.importorskip("fusedattn.torch")
+    with pytest.raises(InvalidArgumentError) as caught:
+        call(torch, fa)
+    return str(caught.value)
+
+
+def jax_message(call):
+    jax = pytest.importorskip("jax", reason="JAX not installed")
+    fj = pytest.importorskip("fusedattn.jax")
+    with pytest.raises(InvalidArgumentError) as caught:
+        call(jax, fj)
+    return str(caught.value)
+
+
+def torch_meta(torch, *shape, dtype=None):
+    return torch.empty(*shape, device="meta", dtype=dtype or torch.bfloat16)
+
+
+def jax_traced(jax, fj, q_shape, k_shape, dtype="bfloat16", **options):
+    """fusedattn.jax.attention traced under jit on abstract arrays (nothing runs)."""
+    import jax.numpy as jnp
+    q, k = jax.ShapeDtypeStruct(q_shape, jnp.dtype(dtype)), jax.ShapeDtypeStruct(k_shape, jnp.dtype(dtype))
+    jax.jit(lambda q, k, v: fj.attention(q, k, v, **options)).lower(q, k, k)
+
+
+# (name, spec string, q shape, k shape [b, s, h, d], options): calls the spec string describes.
+CASES = [
+    ("gqa", "layout=bshd b=1 s=16 h_q=6 h_kv=4 d=64", (1, 16, 6, 64), (1, 16, 4, 64), {}),
+    ("head_dim", "layout=bshd b=1 s=16 h=4 d=12", (1, 16, 4, 12), (1, 16, 4, 12), {}),
+    ("batch", "q=bf16[2,4,16,64]/[4096,64,256,1] k=bf16[3,4,16,64]/[4096,64,256,1] "
+              "v=bf16[3,4,16,64]/[4096,64,256,1] o=bf16[2,4,16,64]/[4096,64,256,1]",
+     (2, 16, 4, 64), (3, 16, 4, 64), {}),
+    ("align", "layout=bshd b=1 s=16 h=4 d=64 align=diagonal", (1, 16, 4, 64), (1, 16, 4, 64), {"align": "diagonal"}),
+    ("softmax", "layout=bshd b=1 s=16 h=4 d=64 softmax=sparse", (1, 16, 4, 64), (1, 16, 4, 64),
+     {"softmax": "sparse"}),
+]
+
+
+@pytest.mark.parametrize("name, spec_text, q_shape, k_shape, options", CASES, ids=[c[0] for c in CASES])
+def test_core_cli_torch_and_jax_say_the_same(name, spec_text, q_shape, k_shape, options):
+    expected = core_message(spec_text)
+    assert cli_message(spec_text) == expected
+    assert torch_message(lambda torch, fa: fa.attention(torch_meta(torch, *q_shape), torch_meta(torch, *k_shape),
+                                                        torch_meta(torch, *k_shape), **options)) == expected
+    assert jax_message(lambda jax, fj: jax_traced(jax, fj, q_shape, k_shape, **options)) == expected
+
+
+def test_adapters_say_the_same_of_what_no_spec_string_holds():
+    """A bias of a shape that is none of the five kinds, and an element type the core does not take."""
+    bias_shape = (2, 4, 16, 15)
+    from_torch = torch_message(lambda torch, fa: fa.attention(*(torch_meta(torch, 2, 16, 4, 64),) * 3,
+                                                             bias=torch_meta(torch, *bias_shape)))
+    assert from_torch.startswith("bias.shape = [2,4,16,15]: ")
+
+    def jax_bias(jax, fj):
+        import jax.numpy as jnp
+        x = jax.ShapeDtypeStruct((2, 16, 4, 64), jnp.bfloat16)
+        bias = jax.ShapeDtypeStruct(bias_shape, jnp.bfloat16)
+        jax.jit(lambda q, k, v, b: fj.attention(q, k, v, bias=b)).lower(x, x, x, bias)
+    assert jax_message(jax_bias) == from_torch
+    from_torch = torch_message(lambda torch, fa: fa.attention(
+        *(torch_meta(torch, 1, 16, 4, 64, dtype=torch.float32),) * 3))
+    assert from_torch.startswith("q.dtype = float32: ")
+    assert jax_message(lambda jax, fj: jax_traced(jax, fj, (1, 16, 4, 64), (1, 16, 4, 64), dtype="float32")) == \
+        from_torch
