@@ -1,12 +1,13 @@
-// bench/host_timing.h — host time per call of enqueueing loops, for the benchmark's C ABI.
+// bench/host_timing.h — host time per call of enqueueing loops, timed in C++ (a loop timed from
+// Python would measure Python).
 #pragma once
+
+#include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <chrono>
 #include <functional>
 #include <vector>
-
-#include <cuda_runtime_api.h>
 
 #include "testing/cuda_check.h"
 
@@ -24,21 +25,22 @@ inline double host_us_per_call(int calls, cudaStream_t stream, const std::functi
   return us / calls;
 }
 
-/// Times `count` loops that take turns for several rounds, each loop reporting its median into
-/// medians[i], so that the order they run in and drift of the machine touch none of them more
-/// than the others. Every loop runs once first, to warm its path.
-inline void interleaved_medians(int calls, cudaStream_t stream, const std::function<void()>* loops, int count,
-                                double* const* medians) {
-  constexpr int kRounds = 11;
-  for (int i = 0; i < count; ++i) loops[i]();
-  std::vector<std::vector<double>> samples(static_cast<std::size_t>(count));
-  for (int round = 0; round < kRounds; ++round) {
-    for (int i = 0; i < count; ++i) samples[i].push_back(host_us_per_call(calls, stream, loops[i]));
+/// The median host microseconds per call of each of `loops`, which take turns for `rounds` rounds
+/// so that the order they run in and drift of the machine touch none of them more than the others.
+/// Every loop runs once first, to warm its path.
+inline std::vector<double> interleaved_medians(int calls, cudaStream_t stream,
+                                               const std::vector<std::function<void()>>& loops, int rounds = 11) {
+  for (const auto& loop : loops) loop();
+  std::vector<std::vector<double>> samples(loops.size());
+  for (int round = 0; round < rounds; ++round) {
+    for (std::size_t i = 0; i < loops.size(); ++i) samples[i].push_back(host_us_per_call(calls, stream, loops[i]));
   }
-  for (int i = 0; i < count; ++i) {
-    std::sort(samples[i].begin(), samples[i].end());
-    *medians[i] = samples[i][kRounds / 2];
+  std::vector<double> medians;
+  for (auto& values : samples) {
+    std::sort(values.begin(), values.end());
+    medians.push_back(values[values.size() / 2]);
   }
+  return medians;
 }
 
 }  // namespace fusedattn::bench

@@ -3,7 +3,10 @@
 process: a packed training step (host time per step, plan builds, TFLOP/s) and decode over a paged
 cache (fraction of the memory bandwidth measured in the same run). Writes JSON and a markdown table.
 
-    python bench/run_bench_varlen.py --lib build/libfusedattn_bench.so --out bench/results
+    python bench/run_bench_varlen.py --build build --out bench/results
+
+fusedattn runs through fusedattn_bench (bench/bench_module.cpp), which a build configured with
+FUSEDATTN_PYTHON=ON puts in its python/ folder.
 """
 import argparse
 import datetime
@@ -18,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from run_bench import Shim, cuda_median_ms, short
+from harness import Bench, cuda_median_ms, load, short
 
 BF16 = torch.bfloat16
 
@@ -52,7 +55,7 @@ def padded_torch_step(lengths, h_q, h_kv, d, backend):
     return step
 
 
-def training_step(shim, args):
+def training_step(bench, args):
     """`args.steps` random packings of `args.tokens` tokens each, forward+backward: a first pass
     builds what it needs, a second pass over the same packings is timed."""
     h_q, h_kv, d = 32, 8, 128
@@ -65,25 +68,25 @@ def training_step(shim, args):
     calls = []
     for lengths in packings:
         cu = torch.tensor([0] + [sum(lengths[:i + 1]) for i in range(len(lengths))], device="cuda", dtype=torch.int32)
-        spec = shim.spec_string("thd_thd_thd", len(lengths), max(lengths), max(lengths), h_q, h_kv, d, causal=True)
+        spec = bench.spec_string("thd_thd_thd", len(lengths), max(lengths), max(lengths), h_q, h_kv, d, causal=True)
         calls.append((spec, len(lengths), cu, lengths))
 
-    before = shim.cache_stats()
+    before = bench.cache_stats()
     for spec, n, cu, _ in calls:  # first pass: every bucket's plans get built here
-        shim.ragged_step(spec, n, cu, q, k, v, o, stats, do, dq, dk, dv)
+        bench.ragged_step(spec, n, cu, q, k, v, o, stats, do, dq, dk, dv)
     torch.cuda.synchronize()
-    first = shim.cache_stats()
+    first = bench.cache_stats()
     host = []
     torch.cuda._sleep(50_000_000)
     events = []
     for spec, n, cu, _ in calls:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        host.append(shim.ragged_step(spec, n, cu, q, k, v, o, stats, do, dq, dk, dv))
+        host.append(bench.ragged_step(spec, n, cu, q, k, v, o, stats, do, dq, dk, dv))
         end.record()
         events.append((start, end))
     torch.cuda.synchronize()
-    second = shim.cache_stats()
+    second = bench.cache_stats()
     gpu = [s.elapsed_time(e) for s, e in events]
     flops = sum(causal_flops(lengths, h_q, d) for *_, lengths in calls)
     result = {"tokens_per_step": args.tokens, "steps": args.steps, "h_q": h_q, "h_kv": h_kv, "d": d,
@@ -119,7 +122,7 @@ def copy_bandwidth():
     return 2 * x.numel() / (ms * 1e-3)
 
 
-def decode(shim, batch, seq_kv, page, bandwidth):
+def decode(bench, batch, seq_kv, page, bandwidth):
     h_q, h_kv, d = 32, 8, 128
     pages = batch * seq_kv // page
     # The dense cache doubles as the page pool (bshd pages are slices of a bshd cache), so both
@@ -132,11 +135,11 @@ def decode(shim, batch, seq_kv, page, bandwidth):
     table_v = torch.randperm(pages, device="cuda", dtype=torch.int32).reshape(batch, seq_kv // page)
     len_q = torch.ones(batch, device="cuda", dtype=torch.int32)
     len_kv = torch.full((batch,), seq_kv, device="cuda", dtype=torch.int32)
-    spec = shim.spec_string("bshd_paged_bshd", batch, 1, seq_kv, h_q, h_kv, d, causal=True, bottom_right=True,
+    spec = bench.spec_string("bshd_paged_bshd", batch, 1, seq_kv, h_q, h_kv, d, causal=True, bottom_right=True,
                             page_size=page, pages=pages)
     bytes_read = 2 * k.numel() * k.element_size()
     row = {"b": batch, "s_kv": seq_kv, "page_size": page, "spec": spec, "kv_bytes": bytes_read}
-    ms = cuda_median_ms(lambda: shim.enqueue_paged_forward(spec, q, k, v, o, len_q, len_kv, table_k, table_v, 1), 3, 20)
+    ms = cuda_median_ms(lambda: bench.enqueue_paged_forward(spec, q, k, v, o, len_q, len_kv, table_k, table_v, 1), 3, 20)
     row["fusedattn_us"], row["fusedattn_bw_fraction"] = ms * 1e3, bytes_read / (ms * 1e-3) / bandwidth
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     for name, backend in (("torch_cudnn_dense", SDPBackend.CUDNN_ATTENTION),
@@ -185,19 +188,19 @@ def markdown(step, rows, bandwidth):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lib", required=True, help="path to libfusedattn_bench.so")
+    parser.add_argument("--build", default="build", help="the build folder (FUSEDATTN_PYTHON=ON); default: build")
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--name", help="results file stem (default: date, GPU, varlen)")
     parser.add_argument("--tokens", type=int, default=32768, help="tokens per packed training step")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--max-cache-gb", type=float, default=40.0, help="skip decode rows whose K+V exceed this")
     args = parser.parse_args()
-    shim = Shim(args.lib)
-    info = shim.build_info()
+    bench = Bench(load(args.build)[0])
+    info = bench.build_info()
     print(f"{info}\nPyTorch {torch.__version__}, its cuDNN {torch.backends.cudnn.version()}\n", flush=True)
     failures = []
     try:
-        step = training_step(shim, args)
+        step = training_step(bench, args)
     except Exception as error:
         step, failures = None, failures + [{"what": "training step", "error": short(error)}]
     bandwidth = copy_bandwidth()
@@ -210,7 +213,7 @@ def main():
                 continue
             print(f"decode b={batch} s_kv={seq_kv} ...", flush=True)
             try:
-                rows.append(decode(shim, batch, seq_kv, 64, bandwidth))
+                rows.append(decode(bench, batch, seq_kv, 64, bandwidth))
                 torch.cuda.empty_cache()  # the next cache may be larger: hand this one's memory back
             except Exception as error:
                 failures.append({"what": f"decode b={batch} s_kv={seq_kv}", "error": short(error)})
@@ -220,7 +223,7 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "build_info": info, "gpu": gpu,
               "torch": torch.__version__, "argv": sys.argv, "copy_bandwidth_bytes_per_s": bandwidth,
-              "training_step": step, "decode": rows, "plan_cache": shim.cache_stats(), "failures": failures}
+              "training_step": step, "decode": rows, "plan_cache": bench.cache_stats(), "failures": failures}
     (out / f"{name}.json").write_text(json.dumps(record, indent=2))
     (out / f"{name}.md").write_text(markdown(step, [r for r in rows if "skipped" not in r], bandwidth) + "\n")
     print(f"wrote {out / name}.json, .md")

@@ -92,17 +92,16 @@ if part matrix; then
   "$build/fusedattn" support-matrix --out "$OUT/support-matrix.md" || status=1
 fi
 
-bench_lib="$build/libfusedattn_bench.so"
 if part bench; then
   echo "== benchmark: fusedattn (C++ and fusedattn.torch) against PyTorch"
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments (--shapes none: the host section only)
-  python3 -X faulthandler bench/run_bench.py --lib "$bench_lib" --out "$OUT" --rounds 5 ${BENCH_ARGS:-} || status=1
+  python3 -X faulthandler bench/run_bench.py --build "$build" --out "$OUT" --rounds 5 ${BENCH_ARGS:-} || status=1
   FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 bench/profile_torch_call.py 2>&1 \
     | grep -E "^---|tottime|[0-9] +[0-9.]+ +[0-9.]+" | head -40
 fi
 if part varlen; then
   echo "== benchmark: ragged training step and paged decode"
-  python3 -X faulthandler bench/run_bench_varlen.py --lib "$bench_lib" --out "$OUT" || status=1
+  python3 -X faulthandler bench/run_bench_varlen.py --build "$build" --out "$OUT" || status=1
 fi
 if part jaxbench; then
   echo "== benchmark: fusedattn.jax against jax.nn.dot_product_attention"
