@@ -5,7 +5,7 @@
 #include <string>
 
 #include "exec/device.h"
-#include "exec/plan_store.h"
+#include "cache/plan_store.h"
 #include "fusedattn/errors.h"
 
 namespace fusedattn {

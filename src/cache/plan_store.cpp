@@ -1,6 +1,7 @@
-// The one process-wide plan cache: configuration from the environment (read once), the debug
-// event log, and the builder that turns a key into a support answer and a compiled plan.
-#include "exec/plan_store.h"
+// The one process-wide plan cache (keys: plan_key.cpp; the LRU: fusedattn/lru_cache.h): configuration
+// from the environment (read once), the debug event log, and the builder that turns a key into a
+// support answer and a compiled plan. Every adapter reaches plans through it alone.
+#include "cache/plan_store.h"
 
 #include <cstdio>
 #include <cstdlib>
