@@ -10,12 +10,11 @@ lengths, packed sequences (thd) and paged caches.
 import jax
 import jax.numpy as jnp
 
-from . import _layouts
-from ._jax_calls import STATS
+from ._jax_calls import AXES, STATS
 
 
 def _batch_axis(role, layout):
-    return 0 if role == STATS else _layouts.AXES[layout][0]
+    return 0 if role == STATS else AXES[layout][0]
 
 
 def fold(x, axis):
@@ -29,27 +28,29 @@ def unfold(x, n, axis):
     return jnp.moveaxis(x, axis, 0)
 
 
-def foldable(config):
-    return not (config.ragged or config.dropout or config.sink or config.bias != "none" or config.padding
-                or config.pages or config.max_logit)
+def foldable(call):
+    c = call.config
+    return not (call.ragged or c.dropout > 0.0 or c.softmax == "sink" or c.bias != "none" or c.padding
+                or c.kv_pages or c.max_logit != "none")
 
 
-def with_batching(call, kind, config):
-    """`call(*arrays)` (a call of `kind`) with its vmap rule."""
-    inputs, outputs = config.inputs(kind), config.outputs(kind)
+def with_batching(kernel, pass_, call):
+    """`kernel(*arrays)` (a call of `pass_`) with its vmap rule."""
+    inputs, outputs = call.inputs(pass_), call.outputs(pass_)
     single = len(outputs) == 1
+    layout = call.config.layout
 
     @jax.custom_batching.custom_vmap
     def batched(*args):
-        return call(*args)
+        return kernel(*args)
 
     @batched.def_vmap
     def rule(axis_size, in_batched, *args):
-        if foldable(config):
+        if foldable(call):
             args = [x if mapped else jnp.broadcast_to(x, (axis_size,) + x.shape) for x, mapped in zip(args, in_batched)]
-            out = batched(*(fold(x, _batch_axis(role, config.layout)) for x, role in zip(args, inputs)))
+            out = batched(*(fold(x, _batch_axis(role, layout)) for x, role in zip(args, inputs)))
             out = (out,) if single else out
-            out = tuple(unfold(y, axis_size, _batch_axis(role, config.layout)) for y, role in zip(out, outputs))
+            out = tuple(unfold(y, axis_size, _batch_axis(role, layout)) for y, role in zip(out, outputs))
         else:
             mapped = [x for x, m in zip(args, in_batched) if m]
 

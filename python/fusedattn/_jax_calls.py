@@ -1,13 +1,14 @@
-"""fusedattn.jax's calls into the core: what each call takes and returns, its spec, and the XLA
-FFI custom call itself (python/bindings/jax_ffi.cpp handles them).
+"""fusedattn.jax's calls into the core: what fixes a call (Call: the core Config and the little it
+cannot hold), what each pass takes and returns, and the XLA FFI custom call itself
+(python/bindings/jax_ffi.cpp handles them).
 
-A call's arrays come in a fixed order with roles, decided by its Config (the handler reads the
-same order from the spec):
-    inference, forward: q, k, v, [bias], [sink], [rng], [seq_len_q, seq_len_kv],
-                        [cu_seqlens_q, cu_seqlens_kv], [page_table_k, page_table_v]
-    backward:           q, k, v, o, stats, d_o, then the same optional ones (never paged)
-and it returns o (inference) or o and stats (forward), each then [max_logit], or d_q, d_k, d_v,
-[d_bias], [d_sink] (backward); every call also returns its workspace, which the kernels drop.
+A pass's arrays come in a fixed order with roles, decided by the Config (the handler reads the same
+order from the spec the Config makes):
+    forward:  q, k, v, [bias], [sink], [rng], [seq_len_q, seq_len_kv],
+              [cu_seqlens_q, cu_seqlens_kv], [page_table_k, page_table_v]
+    backward: q, k, v, o, stats, d_o, then the same optional ones (never paged)
+and it returns o, [stats], [max_logit] (forward) or d_q, d_k, d_v, [d_bias], [d_sink] (backward);
+every call also returns its workspace, which the kernels drop.
 """
 import dataclasses
 from typing import Tuple
@@ -16,50 +17,63 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _config
 from . import _core as core
-from . import _layouts
-from .errors import CudaError, SetupError, invalid_argument
+from .errors import CudaError, SetupError
 
-FORWARD, BACKWARD = "fusedattn_forward", "fusedattn_backward"
+FORWARD, BACKWARD = _config.FORWARD, _config.BACKWARD
+TARGETS = {FORWARD: "fusedattn_forward", BACKWARD: "fusedattn_backward"}
 STATS = "stats"
-_BATCHED_BIAS = ("bhss", "b1ss")  # bias kinds that have a batch dim
-_HEADED_BIAS = ("bhss", "1hss")   # bias kinds that have a heads dim
+
+# Per dense layout, the array axis that holds each logical axis (batch, heads, sequence, head dim):
+# for the axes vmap folds and a mesh splits. The core describes the arrays themselves.
+AXES = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}
+
+
+def view(x):
+    """An array as the core takes it: (dtype name, shape, element strides); JAX arrays are dense
+    and row-major."""
+    strides, step = [], 1
+    for size in reversed(x.shape):
+        strides.append(step)
+        step *= size
+    return jnp.dtype(x.dtype).name, tuple(x.shape), tuple(reversed(strides))
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
-    """What fixes a call's spec beyond the arrays' shapes (hashable: calls are cached by it)."""
-    layout: str                # bshd, sbhd, bhsd, or thd (packed sequences)
-    options: str               # the spec string's options (window, align, softmax, bias, ...)
+class Call:
+    """What fixes a call beyond its arrays' shapes: the core Config (every option, shared with
+    fusedattn.torch), the scale, and for thd the longest sequences (the plan's bucket: host values
+    the arrays do not carry). Hashable: calls are cached and traced by it."""
+    config: core.Config
     scale: float
-    bias: str = "none"         # the bias kind, or none
-    bias_grad: bool = False    # the backward also returns dBias
-    sink: bool = False         # softmax with a learnable sink: float32 [h_q] in, dSink out
-    dropout: bool = False      # dropout: the Philox seed and offset come as rng, uint32[4]
-    max_seqlen: Tuple[int, int] = (0, 0)  # thd: the longest query and key sequence
-    padding: bool = False      # runtime lengths seq_len_q, seq_len_kv (int32 [b]) of a dense or paged call
-    pages: int = 0             # paged K/V: pages a sequence (the page tables' width); k, v are the pools
-    cache_layout: str = ""     # paged: the pools' layout (bshd or sbhd)
-    max_logit: str = ""        # the forward also returns the max logit: "row" [b, h_q, s_q] or "head" [h_q]
+    max_seqlen: Tuple[int, int] = (0, 0)
 
     @property
     def ragged(self):
-        return self.layout == "thd"
+        """Sequences placed by cumulative offsets (cu_seqlens_q, cu_seqlens_kv)."""
+        return "thd" in (self.config.layout, self.config.kv_layout)
 
-    def inputs(self, kind):
-        fixed = ("q", "k", "v") if kind != "backward" else ("q", "k", "v", "o", STATS, "d_o")
-        return (fixed + (("bias",) if self.bias != "none" else ()) + (("sink",) if self.sink else ())
-                + (("rng",) if self.dropout else ()) + (("seq_len_q", "seq_len_kv") if self.padding else ())
+    def spec(self, q, k, v, sequences=0):
+        """The validated spec of this call on q, k, v (for paged calls k, v are the pools): the core
+        checks everything here, while tracing, with the words it uses for every adapter."""
+        return self.config.spec(view(q), view(k), view(v), sequences, *self.max_seqlen)
+
+    def inputs(self, pass_):
+        c = self.config
+        fixed = ("q", "k", "v") if pass_ == FORWARD else ("q", "k", "v", "o", STATS, "d_o")
+        return (fixed + (("bias",) if c.bias != "none" else ()) + (("sink",) if c.softmax == "sink" else ())
+                + (("rng",) if c.dropout > 0.0 else ())
+                + (("seq_len_q", "seq_len_kv") if c.padding and not self.ragged else ())
                 + (("cu_q", "cu_kv") if self.ragged else ())
-                + (("page_table_k", "page_table_v") if self.pages else ()))
+                + (("page_table_k", "page_table_v") if c.kv_pages else ()))
 
-    def outputs(self, kind):
-        max_logit = ("max_logit",) if self.max_logit else ()
-        if kind == "inference":
-            return ("o",) + max_logit
-        if kind == "forward":
-            return ("o", STATS) + max_logit
-        return ("d_q", "d_k", "d_v") + (("d_bias",) if self.bias_grad else ()) + (("d_sink",) if self.sink else ())
+    def outputs(self, pass_):
+        c = self.config
+        if pass_ == FORWARD:
+            return ("o",) + ((STATS,) if c.stats else ()) + (("max_logit",) if c.max_logit != "none" else ())
+        return (("d_q", "d_k", "d_v") + (("d_bias",) if c.bias_grad else ())
+                + (("d_sink",) if c.softmax == "sink" else ()))
 
 
 _registered = False
@@ -77,31 +91,6 @@ def register():
     _registered = True
 
 
-def _spec(q, k, v, config, sequences, stats, bias_grad=False):
-    """The spec of a call on these (row-major) arrays, validated: bad input fails at trace time."""
-    dtype = _layouts.DTYPES.get(jnp.dtype(q.dtype).name)
-    if dtype is None:
-        raise invalid_argument("q.dtype", q.dtype, "float16 or bfloat16")
-    for name, x in (("k", k), ("v", v)):
-        if x.dtype != q.dtype:
-            raise invalid_argument(f"{name}.dtype", x.dtype, f"q's ({q.dtype})")
-    o_shape = tuple(q.shape[:-1]) + (v.shape[-1],)
-    max_q, max_kv = config.max_seqlen
-
-    def described(shape, layout, max_seq):  # JAX arrays are dense and row-major
-        logical = _layouts.logical(shape, _layouts.row_major_strides(shape), layout, sequences, max_seq)
-        return _layouts.desc(dtype, logical)
-    kv_layout = config.cache_layout if config.pages else config.layout  # paged: k and v are the pools
-    descs = " ".join(f"{name}={described(shape, layout, max_seq)}" for name, shape, layout, max_seq in
-                     (("q", q.shape, config.layout, max_q), ("k", k.shape, kv_layout, max_kv),
-                      ("v", v.shape, kv_layout, max_kv), ("o", o_shape, config.layout, max_q)))
-    text = (f"{descs} {config.options} stats={int(stats)}" + (" bias_grad=1" if bias_grad else "")
-            + (f" kv_pages={config.pages}" if config.pages else ""))
-    spec = core.Spec.parse(text)
-    spec.validate()
-    return str(spec), spec
-
-
 def _workspace(spec, pass_):
     """The workspace result of a call: uint8 [bytes the plan needs], so XLA plans the memory.
     Where this process has a GPU the plan is built here, while tracing (raising NotSupportedError
@@ -114,37 +103,32 @@ def _workspace(spec, pass_):
     return jax.ShapeDtypeStruct((size,), jnp.uint8)
 
 
-def heads_q(q, config):
-    return q.shape[1] if config.ragged else q.shape[_layouts.AXES[config.layout][1]]
-
-
-def _stats_type(q, config):
-    """float32 statistics: [b, h_q, s_q], or [t, h_q] (by token) for packed sequences."""
-    if config.ragged:
-        return jax.ShapeDtypeStruct((q.shape[0], q.shape[1]), jnp.float32)
-    dims = _layouts.logical(q.shape, _layouts.row_major_strides(q.shape), config.layout)[0]
-    return jax.ShapeDtypeStruct(dims[:3], jnp.float32)
-
-
-def run(kind, config, *arrays):
-    """The custom call of `kind` ("inference", "forward" or "backward") on `arrays` (in the roles
-    Config.inputs gives); its results in the roles Config.outputs gives (one array for inference)."""
-    named = dict(zip(config.inputs(kind), arrays))
-    q, k, v = named["q"], named["k"], named["v"]
-    sequences = (named["cu_q"].shape[0] - 1 if config.ragged
-                 else named["page_table_k"].shape[0] if config.pages else 0)
-    backward = kind == "backward"
-    text, spec = _spec(q, k, v, config, sequences, stats=kind != "inference", bias_grad=backward and config.bias_grad)
-    workspace = _workspace(spec, "backward" if backward else "forward")
-    register()
-    types = {"o": jax.ShapeDtypeStruct(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype), STATS: _stats_type(q, config),
-             "max_logit": (_stats_type(q, config) if config.max_logit == "row"
-                           else jax.ShapeDtypeStruct((heads_q(q, config),), jnp.float32))}
+def _result_types(call, spec, named):
+    """Each result role's shape and dtype. Per query row (stats, a row max logit): float32
+    [b, h_q, s_q], or [t, h_q] by token for thd; a head's max logit: [h_q]."""
+    q, v = named["q"], named["v"]
+    rows = (q.shape[0], spec.heads_q) if call.config.layout == "thd" else (spec.batch, spec.heads_q, spec.seq_q)
+    types = {"o": jax.ShapeDtypeStruct(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype),
+             STATS: jax.ShapeDtypeStruct(rows, jnp.float32),
+             "max_logit": jax.ShapeDtypeStruct(rows if call.config.max_logit == "row" else (spec.heads_q,),
+                                               jnp.float32)}
     for role, source in (("d_q", "q"), ("d_k", "k"), ("d_v", "v"), ("d_bias", "bias"), ("d_sink", "sink")):
         if source in named:
             types[role] = jax.ShapeDtypeStruct(named[source].shape, named[source].dtype)
-    outputs = config.outputs(kind)
-    results = jax.ffi.ffi_call(BACKWARD if backward else FORWARD, tuple(types[r] for r in outputs) + (workspace,))(
-        *arrays, spec=text, sequences=np.int64(sequences), scale=np.float32(config.scale))
+    return types
+
+
+def run(pass_, call, *arrays):
+    """The custom call of `pass_` (FORWARD or BACKWARD) on `arrays` (in the roles Call.inputs
+    gives); its results in the roles Call.outputs gives (one array where there is one role)."""
+    named = dict(zip(call.inputs(pass_), arrays))
+    sequences = named["cu_q"].shape[0] - 1 if call.ragged else 0
+    spec = call.spec(named["q"], named["k"], named["v"], sequences)
+    workspace = _workspace(spec, pass_)
+    register()
+    types = _result_types(call, spec, named)
+    outputs = call.outputs(pass_)
+    results = jax.ffi.ffi_call(TARGETS[pass_], tuple(types[r] for r in outputs) + (workspace,))(
+        *arrays, spec=str(spec), sequences=np.int64(sequences), scale=np.float32(call.scale))
     results = results[:-1]
     return results[0] if len(outputs) == 1 else tuple(results)

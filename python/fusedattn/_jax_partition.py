@@ -19,18 +19,18 @@ import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
-from . import _layouts
-from ._jax_calls import _BATCHED_BIAS, _HEADED_BIAS, STATS
+from ._jax_calls import AXES, STATS
 
 _KV = ("k", "v", "d_k", "d_v")
 _V_DIM = ("v", "o", "d_o", "d_v")
 _REPLICATED = ("s", "t", "d", "e", "h", "bb", "hb", "sb", "z", "cq", "ck", "pages", "ps", "pg")  # never split
 
 
-def _axes(role, config, batch, heads, kv_heads):
+def _axes(role, call, batch, heads, kv_heads):
     """Per array axis of the role, what it holds: `batch`, `heads` (query heads), `kv_heads`
     (each given as whatever the caller maps them to) or a name of its own for an axis that is
     not split."""
+    config = call.config
     if role in ("sink", "d_sink") or (role == "max_logit" and config.max_logit == "head"):
         return (heads,)
     if role == "rng":
@@ -41,16 +41,17 @@ def _axes(role, config, batch, heads, kv_heads):
         return (batch,)
     if role in ("page_table_k", "page_table_v"):
         return (batch, "pg")
-    if config.pages and role in ("k", "v"):  # a pool of pages: split by heads only
-        return _in_layout_order(("pages", kv_heads, "ps", "e" if role == "v" else "d"), config.cache_layout)
-    if role in ("bias", "d_bias"):
-        return (batch if config.bias in _BATCHED_BIAS else "bb", heads if config.bias in _HEADED_BIAS else "hb",
-                "sb" if config.bias == "111s" else "s", "t")
+    if config.kv_pages and role in ("k", "v"):  # a pool of pages: split by heads only
+        return _in_layout_order(("pages", kv_heads, "ps", "e" if role == "v" else "d"), config.kv_layout)
+    if role in ("bias", "d_bias"):  # a bias kind spells its dims: b|1, h|1, s|1, s (bhss, 1hss, 111s, ...)
+        kind = config.bias
+        return (batch if kind[0] == "b" else "bb", heads if kind[1] == "h" else "hb", "s" if kind[2] == "s" else "sb",
+                "t")
     kv = role in _KV
     logical = (batch, kv_heads if kv else heads, "t" if kv else "s", "e" if role in _V_DIM else "d")
     if role in (STATS, "max_logit"):  # a row max logit is laid out like the statistics
-        return logical[1:3] if config.ragged else logical[:3]
-    if config.ragged:  # [tokens, heads, dim]
+        return logical[1:3] if call.ragged else logical[:3]
+    if call.ragged:  # [tokens, heads, dim]
         return (logical[2], logical[1], logical[3])
     return _in_layout_order(logical, config.layout)
 
@@ -58,12 +59,12 @@ def _axes(role, config, batch, heads, kv_heads):
 def _in_layout_order(logical, layout):
     """(batch, heads, seq, dim) entries placed on the array axes that hold them in `layout`."""
     order = [None] * 4
-    for index, axis in enumerate(_layouts.AXES[layout]):
+    for index, axis in enumerate(AXES[layout]):
         order[axis] = logical[index]
     return tuple(order)
 
 
-def sharding_rule(config, inputs, outputs, grouping):
+def sharding_rule(call, inputs, outputs, grouping):
     """The einsum-like rule Shardy propagates with: batch and heads pass through, everything else
     is replicated. `grouping`: "same" (h_q = h_kv), "grouped" (GQA: query heads = K/V heads x
     group size) or "single" (MQA: one K/V head, which Shardy cannot write as a compound factor of
@@ -71,7 +72,7 @@ def sharding_rule(config, inputs, outputs, grouping):
     q_heads = {"same": "g", "grouped": "(g r)", "single": "h"}[grouping]
 
     def operand(role):
-        return " ".join(_axes(role, config, "b", q_heads, "g"))
+        return " ".join(_axes(role, call, "b", q_heads, "g"))
     return f"{', '.join(map(operand, inputs))} -> {', '.join(map(operand, outputs))}"
 
 
@@ -85,23 +86,24 @@ def _names(axes):
     return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
 
 
-def _split_axes(mesh, config, q_sharding, heads_kv):
+def _split_axes(mesh, call, q_sharding, heads_kv):
     """The mesh axes q's batch and heads are split over, as this call can keep them."""
     spec = tuple(q_sharding.spec) + (None,) * 4 if isinstance(q_sharding, NamedSharding) else (None,) * 4
-    if config.ragged:
+    if call.config.layout == "thd":
         batch, heads = None, spec[1]
     else:
-        batch, heads = spec[_layouts.AXES[config.layout][0]], spec[_layouts.AXES[config.layout][1]]
+        axes = AXES[call.config.layout]
+        batch, heads = spec[axes[0]], spec[axes[1]]
     if heads is not None and heads_kv % math.prod(mesh.shape[n] for n in _names(heads)):
         heads = None
     return batch, heads
 
 
-def _shardings(mesh, config, roles, batch, heads):
+def _shardings(mesh, call, roles, batch, heads):
     """Each role's sharding: the mesh axes of q's batch and heads where the role has those, else
     nothing split."""
     split = {"BATCH": batch, "HEADS": heads}
-    return [NamedSharding(mesh, PartitionSpec(*(split.get(a) for a in _axes(role, config, "BATCH", "HEADS", "HEADS"))))
+    return [NamedSharding(mesh, PartitionSpec(*(split.get(a) for a in _axes(role, call, "BATCH", "HEADS", "HEADS"))))
             for role in roles]
 
 
@@ -114,34 +116,35 @@ def _shard_index(mesh, names):
 
 
 @functools.lru_cache(maxsize=None)
-def partitioned(kernels, kind, config, heads_q, heads_kv):
-    """The `kind` kernel, `kernels(kind)(config, *arrays)`, as a custom_partitioning function whose
+def partitioned(kernels, pass_, call, heads_q, heads_kv):
+    """The `pass_` kernel, `kernels(pass_)(call, *arrays)`, as a custom_partitioning function whose
     per-device call sees the device's shard. The kernel is looked up when the call is traced or
     lowered, so tests can substitute reference kernels."""
-    inputs, outputs = config.inputs(kind), config.outputs(kind)
+    inputs, outputs = call.inputs(pass_), call.outputs(pass_)
     single = len(outputs) == 1
+    dropout, head_max_logit = call.config.dropout > 0.0, call.config.max_logit == "head"
 
     @custom_partitioning
-    def call(*arrays):
-        return kernels(kind)(config, *arrays)
+    def kernel(*arrays):
+        return kernels(pass_)(call, *arrays)
 
     def choose(mesh, arg_shapes):
-        batch, heads = _split_axes(mesh, config, arg_shapes[0].sharding, heads_kv)
-        return (batch, heads, _shardings(mesh, config, inputs, batch, heads),
-                _shardings(mesh, config, outputs, batch, heads))
+        batch, heads = _split_axes(mesh, call, arg_shapes[0].sharding, heads_kv)
+        return (batch, heads, _shardings(mesh, call, inputs, batch, heads),
+                _shardings(mesh, call, outputs, batch, heads))
 
     def partition(mesh, arg_shapes, result_shape):
         batch, heads, arg_shardings, result_shardings = choose(mesh, arg_shapes)
         split = _names(batch) + _names(heads)
 
         def per_shard(*shards):
-            if config.dropout and split:  # rng: (seed, offset) as uint32 pairs; move the offset
+            if dropout and split:  # rng: (seed, offset) as uint32 pairs; move the offset
                 position = inputs.index("rng")
                 rng = shards[position]
                 rng = rng.at[2].add(_shard_index(mesh, split))
                 shards = shards[:position] + (rng,) + shards[position + 1:]
-            out = kernels(kind)(config, *shards)
-            if config.max_logit == "head" and _names(batch):  # each shard saw part of the batch
+            out = kernels(pass_)(call, *shards)
+            if head_max_logit and _names(batch):  # each shard saw part of the batch
                 out = out[:-1] + (jax.lax.pmax(out[-1], _names(batch)),)
             return out
         return (mesh, per_shard, result_shardings[0] if single else tuple(result_shardings), tuple(arg_shardings))
@@ -151,8 +154,8 @@ def partitioned(kernels, kind, config, heads_q, heads_kv):
         return result_shardings[0] if single else tuple(result_shardings)
 
     grouping = "same" if heads_q == heads_kv else "single" if heads_kv == 1 else "grouped"
-    rule = sharding_rule(config, inputs, outputs, grouping)
-    call.def_partition(partition, infer_sharding_from_operands=infer_sharding_from_operands, sharding_rule=rule,
-                       need_replication_factors=_in_rule_order(rule, _REPLICATED),
-                       **({"r": heads_q // heads_kv} if grouping == "grouped" else {}))
-    return call
+    rule = sharding_rule(call, inputs, outputs, grouping)
+    kernel.def_partition(partition, infer_sharding_from_operands=infer_sharding_from_operands, sharding_rule=rule,
+                         need_replication_factors=_in_rule_order(rule, _REPLICATED),
+                         **({"r": heads_q // heads_kv} if grouping == "grouped" else {}))
+    return kernel

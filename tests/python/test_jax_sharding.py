@@ -1,7 +1,9 @@
 """fusedattn.jax under a mesh, without a GPU: 8 host devices, q, k, v sharded over batch ("data")
 and heads ("model"). The partitioning is fusedattn's own; the per-device kernel is replaced by a
 plain-JAX reference (the FFI targets exist only for CUDA), so this checks the partitioning logic:
-the sharded program gathers nothing, keeps the shardings, and equals the unsharded one."""
+the sharded program gathers nothing, keeps the shardings, and equals the unsharded one. The arrays
+are bfloat16, as the core takes them (it validates each call while tracing); the reference computes
+in float32, so outputs agree to float32 rounding and bfloat16 gradients to one bfloat16 rounding."""
 import os
 import subprocess
 import sys
@@ -17,10 +19,12 @@ import jax, jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import fusedattn.jax as fj
+from fusedattn import _config
+from fusedattn._jax_calls import BACKWARD, FORWARD, Call
 
 LAYOUT, H_KV, EXTRA, AXES = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 WITH_BIAS = EXTRA == "bias"
-SHARDED = []  # (kind, q shape) each reference kernel was called with
+SHARDED = []  # (pass, q shape) each reference kernel was called with
 
 
 def to_bshd(x):
@@ -31,63 +35,56 @@ def from_bshd(x):
     return to_bshd(x)
 
 
-def ref_forward(q, k, v, config, bias=None):
+def ref_forward(q, k, v, call, bias=None):
     q, k, v = (to_bshd(x).astype(jnp.float32) for x in (q, k, v))
     group = q.shape[2] // k.shape[2]
     k, v = (jnp.repeat(x, group, axis=2) for x in (k, v))
-    logits = jnp.einsum("bshd,bthd->bhst", q, k) * config.scale
+    logits = jnp.einsum("bshd,bthd->bhst", q, k) * call.scale
     if bias is not None:
         logits = logits + bias
-    if "window=-1,0" in config.options:
+    if call.config.window == (-1, 0):
         logits = jnp.where(jnp.tril(jnp.ones(logits.shape[-2:], bool)), logits, -jnp.inf)
     stats = jax.nn.logsumexp(logits, axis=-1)
     o = jnp.einsum("bhst,bthd->bshd", jnp.exp(logits - stats[..., None]), v)
     return from_bshd(o), stats, logits.max(axis=-1)
 
 
-def named(config, kind, arrays):
-    return dict(zip(config.inputs(kind), arrays))
-
-
-def forward(config, *arrays):
-    a = named(config, "forward", arrays)
-    SHARDED.append(("forward", a["q"].shape))
-    o, stats, row_max = ref_forward(a["q"], a["k"], a["v"], config, a.get("bias"))
-    if config.dropout:  # no mask here: the output shows the offset each shard was given
+def forward(call, *arrays):  # in the roles and with the results the call's config gives
+    a = dict(zip(call.inputs(FORWARD), arrays))
+    SHARDED.append(("forward" if call.config.stats else "inference", a["q"].shape))
+    o, stats, row_max = ref_forward(a["q"], a["k"], a["v"], call, a.get("bias"))
+    if call.config.dropout > 0:  # no mask here: the output shows the offset each shard was given
         o = o + a["rng"][2].astype(o.dtype)
-    if config.max_logit:  # [b, h, s] per row, [h] per head (over this shard's batch)
-        return o, stats, row_max if config.max_logit == "row" else row_max.max(axis=(0, 2))
-    return o, stats
+    # A max logit: [b, h, s] per row, [h] per head (over this shard's batch).
+    max_logit = {"none": (), "row": (row_max,), "head": (row_max.max(axis=(0, 2)),)}[call.config.max_logit]
+    out = (o,) + ((stats,) if call.config.stats else ()) + max_logit
+    assert len(out) == len(call.outputs(FORWARD))
+    return out if len(out) > 1 else o
 
 
-def inference(config, *arrays):
-    out = forward(config, *arrays)
-    return (out[0], out[2]) if config.max_logit else out[0]
-
-
-def backward(config, *arrays):
-    a = named(config, "backward", arrays)
+def backward(call, *arrays):
+    a = dict(zip(call.inputs(BACKWARD), arrays))
     SHARDED.append(("backward", a["q"].shape))
     if "bias" not in a:
-        _, pullback = jax.vjp(lambda q, k, v: ref_forward(q, k, v, config)[0], a["q"], a["k"], a["v"])
+        _, pullback = jax.vjp(lambda q, k, v: ref_forward(q, k, v, call)[0], a["q"], a["k"], a["v"])
         return pullback(a["d_o"])
-    _, pullback = jax.vjp(lambda q, k, v, bias: ref_forward(q, k, v, config, bias)[0], a["q"], a["k"], a["v"],
+    _, pullback = jax.vjp(lambda q, k, v, bias: ref_forward(q, k, v, call, bias)[0], a["q"], a["k"], a["v"],
                           a["bias"])
     return pullback(a["d_o"])  # with the bias's gradient
 
 
-fj._KERNELS.update(forward=forward, inference=inference, backward=backward)
+fj._KERNELS.update({FORWARD: forward, BACKWARD: backward})
 mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto if AXES == "auto" else AxisType.Explicit,) * 2)
 b, s, h_q, h_kv, d = 4, 32, 8, H_KV, 16
 shape = {"bshd": lambda h: (b, s, h, d), "sbhd": lambda h: (s, b, h, d)}[LAYOUT]
 spec = P("data", None, "model", None) if LAYOUT == "bshd" else P(None, "data", "model", None)
 keys = jax.random.split(jax.random.key(0), 5)
-q, k, v = (jax.random.normal(key, shape(h)) for key, h in zip(keys, (h_q, h_kv, h_kv)))
+q, k, v = (jax.random.normal(key, shape(h)).astype(jnp.bfloat16) for key, h in zip(keys, (h_q, h_kv, h_kv)))
 d_o = jax.random.normal(keys[3], shape(h_q))
 kv_spec = spec if H_KV % 4 == 0 else P(*(None if axis == "model" else axis for axis in spec))  # whole heads
 sharded = [jax.device_put(x, NamedSharding(mesh, sp)) for x, sp in zip((q, k, v, d_o), (spec, kv_spec, kv_spec, spec))]
 
-bias = jax.random.normal(keys[4], (b, h_q, s, s)) if WITH_BIAS else None  # bhss: split like q
+bias = jax.random.normal(keys[4], (b, h_q, s, s)).astype(jnp.bfloat16) if WITH_BIAS else None  # bhss: split like q
 sharded_bias = jax.device_put(bias, NamedSharding(mesh, P("data", "model", None, None))) if WITH_BIAS else None
 
 
@@ -105,19 +102,20 @@ out = forward_fn(*sharded[:3], sharded_bias)
 grads = grad_fn(*sharded, sharded_bias)
 texts = [forward_fn.lower(*sharded[:3], sharded_bias).compile().as_text(),
          grad_fn.lower(*sharded, sharded_bias).compile().as_text()]
-config = fj._jax_calls.Config(layout=LAYOUT, options="window=-1,0", scale=1 / d ** 0.5)
-ref_out = ref_forward(q, k, v, config, bias)[0]
-ref_grads = jax.grad(lambda q, k, v, bias: (ref_forward(q, k, v, config, bias)[0] * d_o).sum(),
+call = Call(_config.config(LAYOUT, causal=True), 1 / d ** 0.5)
+ref_out = ref_forward(q, k, v, call, bias)[0]
+ref_grads = jax.grad(lambda q, k, v, bias: (ref_forward(q, k, v, call, bias)[0] * d_o).sum(),
                      (0, 1, 2, 3) if WITH_BIAS else (0, 1, 2))(q, k, v, bias)
 print("OUT_ERR", float(jnp.abs(out - ref_out).max()))
-print("GRAD_ERR", max(float(jnp.abs(g - r).max()) for g, r in zip(grads, ref_grads)))
+print("GRAD_ERR", max(float(jnp.abs(g.astype(jnp.float32) - r).max() / jnp.abs(r.astype(jnp.float32)).max())
+                      for g, r in zip(grads, ref_grads)))  # relative to the largest: a bfloat16 rounding apart
 print("OUT_SPEC", out.sharding.spec == spec, [g.sharding.spec == spec for g in grads[:3]])
 print("GATHERS", sum(t.count("all-gather") + t.count("all-to-all") + t.count("collective-permute") for t in texts))
 print("SHARD_SHAPES", sorted(set(SHARDED)))
 if EXTRA == "maxlogit":  # a head's max logit is a max over the whole batch, across the data shards
     _, heads_max = jax.jit(lambda q, k, v: fj.attention(q, k, v, layout=LAYOUT, causal=True,
                                                           return_max_logit="head"))(*sharded[:3])
-    expected = ref_forward(q, k, v, config)[2].max(axis=(0, 2))
+    expected = ref_forward(q, k, v, call)[2].max(axis=(0, 2))
     print("MAXLOGIT_ERR", float(jnp.abs(heads_max - expected).max()))
 if EXTRA == "dropout":  # the offset each device's shard was given, read back from the output
     dropped = jax.jit(lambda q, k, v: fj.attention(q, k, v, layout=LAYOUT, causal=True, dropout_rate=0.1,
@@ -135,7 +133,7 @@ def run_child(layout, h_kv, extra="none", axes="explicit"):
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
-    assert float(lines["OUT_ERR"]) < 1e-5 and float(lines["GRAD_ERR"]) < 1e-4, done.stdout
+    assert float(lines["OUT_ERR"]) < 1e-5 and float(lines["GRAD_ERR"]) < 1e-2, done.stdout
     return lines, done.stdout
 
 
