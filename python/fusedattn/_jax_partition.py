@@ -49,8 +49,8 @@ def _axes(role, call, batch, heads, kv_heads):
                 "t")
     kv = role in _KV
     logical = (batch, kv_heads if kv else heads, "t" if kv else "s", "e" if role in _V_DIM else "d")
-    if role in (STATS, "max_logit"):  # a row max logit is laid out like the statistics
-        return logical[1:3] if call.ragged else logical[:3]
+    if role in (STATS, "max_logit"):  # a row max logit is laid out like the statistics: [b, h, s], thd [t, h]
+        return (logical[2], logical[1]) if call.ragged else logical[:3]
     if call.ragged:  # [tokens, heads, dim]
         return (logical[2], logical[1], logical[3])
     return _in_layout_order(logical, config.layout)

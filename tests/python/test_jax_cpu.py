@@ -179,3 +179,12 @@ def test_max_logit_comes_with_o_and_is_not_differentiated(kind, shape):
         jnp.float32).sum()), q)
     assert grad.shape == q.shape
     assert f"max_logit={kind}" in exported_text(lambda q: fj.attention(q, q, q, return_max_logit=kind), q)
+
+
+def test_packed_statistics_are_split_by_their_heads_axis():
+    from fusedattn import _config
+    from fusedattn._jax_calls import FORWARD, Call
+    from fusedattn._jax_partition import sharding_rule
+    call = Call(_config.config("thd", padding=True), 0.125, (128, 128))
+    rule = sharding_rule(call, call.inputs(FORWARD), call.outputs(FORWARD), "same")
+    assert rule == "s g d, t g d, t g e, cq, ck -> s g e, s g"  # stats are [t, h_q], like q's first two axes
