@@ -12,10 +12,12 @@ or bfloat16, what the kernels take); parameters are kept in `param_dtype`.
 """
 from typing import Optional, Tuple
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .errors import invalid_argument
+from . import _config
+from ._jax_calls import view
 from .jax import attention
 
 __all__ = ["MultiHeadAttention"]
@@ -26,9 +28,11 @@ class MultiHeadAttention(nnx.Module):
                  head_dim: Optional[int] = None, causal: bool = False, window: Tuple[int, int] = (-1, -1),
                  use_bias: bool = False, dtype=jnp.bfloat16, param_dtype=jnp.float32, rngs: nnx.Rngs):
         num_kv_heads = num_kv_heads or num_heads
-        if num_heads % num_kv_heads:
-            raise invalid_argument("num_kv_heads", num_kv_heads, f"a divisor of num_heads ({num_heads})")
         head_dim = head_dim or in_features // num_heads
+        # The core checks the layer's call now, before any parameter exists, in the words it uses
+        # for every call (heads, head dim, dtype, window); one token stands for the sequences.
+        q, kv = (view(jax.ShapeDtypeStruct((1, 1, heads, head_dim), dtype)) for heads in (num_heads, num_kv_heads))
+        _config.config("bshd", causal=causal, window=tuple(window)).spec(q, kv, kv)
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.causal, self.window, self.dtype = causal, window, dtype
 

@@ -27,9 +27,15 @@ def test_shapes_and_parameters():
     assert cross.shape == (2, 100, 256)
 
 
-def test_heads_must_divide():
-    with pytest.raises(fusedattn.InvalidArgumentError):
+def test_the_core_checks_the_layer_before_its_parameters_exist():
+    with pytest.raises(fusedattn.InvalidArgumentError) as ours:
         MultiHeadAttention(num_heads=8, num_kv_heads=3, in_features=256, rngs=nnx.Rngs(0))
+    with pytest.raises(fusedattn.InvalidArgumentError) as theirs:  # the same words as for any call
+        fusedattn._core.Spec.parse("layout=bshd dtype=bf16 b=1 s_q=1 s_kv=1 h_q=8 h_kv=3 d_qk=32 d_v=32").validate()
+    assert str(ours.value) == str(theirs.value) == "h_q = 8: a multiple of h_kv = 3 (GQA/MQA)"
+    with pytest.raises(fusedattn.InvalidArgumentError) as caught:
+        MultiHeadAttention(num_heads=8, in_features=256, head_dim=12, rngs=nnx.Rngs(0))
+    assert caught.value.field == "d_qk"
 
 
 def test_exported_for_cuda_trains_through_fusedattn():
