@@ -181,6 +181,85 @@ def test_max_logit_comes_with_o_and_is_not_differentiated(kind, shape):
     assert f"max_logit={kind}" in exported_text(lambda q: fj.attention(q, q, q, return_max_logit=kind), q)
 
 
+# One wording for every adapter: a bad call raises, under jit tracing, exactly the message the
+# core gives for the same call as a spec string (or a Config), since fusedattn.jax checks nothing
+# the core checks.
+SHAPE = "layout=bshd dtype=bf16 b=2 s_q=64 s_kv=64"
+
+
+def core_error(check):
+    with pytest.raises(fusedattn.InvalidArgumentError) as caught:
+        check()
+    return caught.value
+
+
+def traced_error(q_shape, kv_shape, bias_shape=None, **options):
+    q, kv = shaped(*q_shape), shaped(*kv_shape)
+    bias = None if bias_shape is None else shaped(*bias_shape)
+    return core_error(lambda: jax.jit(lambda q, kv, bias: fj.attention(q, kv, kv, bias=bias, **options)).trace(
+        q, kv, bias))
+
+
+def same_error(ours, theirs):
+    assert type(ours) is type(theirs) and str(ours) == str(theirs)
+    assert (ours.field, ours.value, ours.requirement) == (theirs.field, theirs.value, theirs.requirement)
+
+
+@pytest.mark.parametrize("q_shape, kv_shape, spec_text, field", [
+    ((2, 64, 6, 64), (2, 64, 4, 64), f"{SHAPE} h_q=6 h_kv=4 d_qk=64 d_v=64", "h_q"),   # GQA: 4 does not divide 6
+    ((2, 64, 4, 12), (2, 64, 4, 12), f"{SHAPE} h_q=4 h_kv=4 d_qk=12 d_v=12", "d_qk"),  # head dim 12
+])
+def test_a_bad_shape_raises_the_cores_message_for_its_spec_string(q_shape, kv_shape, spec_text, field):
+    ours = traced_error(q_shape, kv_shape)
+    same_error(ours, core_error(lambda: fusedattn._core.Spec.parse(spec_text).validate()))
+    assert ours.field == field
+
+
+def test_a_bad_option_raises_the_cores_message_for_its_config_and_spec_string():
+    ours = traced_error((2, 64, 4, 64), (2, 64, 4, 64), align="diagonal")
+    same_error(ours, core_error(lambda: fusedattn._core.Config("bshd", align="diagonal")))
+    same_error(ours, core_error(lambda: fusedattn._core.Spec.parse(f"{SHAPE} h_q=4 h_kv=4 d_qk=64 d_v=64 "
+                                                                   "align=diagonal")))
+    assert str(ours) == "align = diagonal: one of top_left, bottom_right"
+
+
+def test_a_bias_of_a_wrong_shape_raises_the_cores_message():
+    q = ("bfloat16", (2, 64, 4, 64), (16384, 256, 64, 1))
+    ours = traced_error((2, 64, 4, 64), (2, 64, 4, 64), bias_shape=(2, 4, 1, 64))  # no broadcast of rows alone
+    theirs = core_error(lambda: fusedattn._core.Config("bshd").with_bias(
+        ("bfloat16", (2, 4, 1, 64), (256, 64, 64, 1)), q, q))
+    same_error(ours, theirs)
+    assert ours.field == "bias.shape"
+
+
+def test_what_the_core_cannot_see_is_checked_here_in_torchs_words():
+    q = shaped(2, 64, 4, 64)
+    ours = core_error(lambda: jax.eval_shape(lambda q: fj.attention(q, q, q, seq_len_q=jnp.ones(2, jnp.int32)), q))
+    assert str(ours) == "seq_len_q = given: seq_len_q and seq_len_kv together"
+    thd = shaped(64, 4, 64)
+    ours = core_error(lambda: jax.eval_shape(lambda q: fj.attention(q, q, q, layout="thd"), thd))
+    assert str(ours) == ("cu_seqlens_q = None: cu_seqlens_q, cu_seqlens_kv (int32 [n + 1]) and max_seqlen_q, "
+                         "max_seqlen_kv with thd")
+
+
+def test_the_call_is_the_core_config_plus_scale_and_bucket():
+    from fusedattn import _config
+    from fusedattn._jax_calls import BACKWARD, FORWARD, Call
+    config = _config.config("bshd", causal=True, softmax="sink", dropout=0.1, max_logit="row").with_bias(
+        ("bfloat16", (1, 4, 64, 80), (20480, 5120, 80, 1)), ("bfloat16", (2, 64, 4, 64), (16384, 256, 64, 1)),
+        ("bfloat16", (2, 80, 4, 64), (20480, 256, 64, 1)))
+    call, again = Call(config, 0.125), Call(_config.parse(str(config)), 0.125)  # hashable, by value
+    assert call == again and hash(call) == hash(again) and call != Call(config, 0.25)
+    assert call.inputs(FORWARD) == ("q", "k", "v", "bias", "sink", "rng")
+    assert call.outputs(FORWARD) == ("o", "stats", "max_logit")
+    assert call.inputs(BACKWARD) == ("q", "k", "v", "o", "stats", "d_o", "bias", "sink", "rng")
+    assert call.outputs(BACKWARD) == ("d_q", "d_k", "d_v", "d_sink")  # bias_grad off
+    ragged = Call(_config.config("thd", padding=True, stats=False), 0.125, (128, 128))
+    assert ragged.inputs(FORWARD) == ("q", "k", "v", "cu_q", "cu_kv") and ragged.outputs(FORWARD) == ("o",)
+    paged = Call(_config.config("bshd", "sbhd", padding=True, stats=False, kv_pages=8), 0.125)
+    assert paged.inputs(FORWARD) == ("q", "k", "v", "seq_len_q", "seq_len_kv", "page_table_k", "page_table_v")
+
+
 def test_packed_statistics_are_split_by_their_heads_axis():
     from fusedattn import _config
     from fusedattn._jax_calls import FORWARD, Call
