@@ -167,8 +167,8 @@ void count_capture(cudaStream_t stream) {
   }
 }
 
-// The operands and results of a call, in this order (fusedattn/jax.py builds them the same way);
-// which optional ones are there follows from the spec:
+// The operands and results of a call, in this order (fusedattn/_jax_calls.py's Call.inputs and
+// Call.outputs give the same order); which optional ones are there follows from the spec:
 //   forward:  q, k, v, [bias], [sink], [rng], [seq_len_q, seq_len_kv], [cu_seqlens_q, cu_seqlens_kv],
 //             [page_table_k, page_table_v] -> o, [stats], [max_logit], workspace
 //   backward: q, k, v, o, stats, d_o, then the same optional ones (never paged)
