@@ -83,8 +83,9 @@ TensorDesc describe(const TensorView& view, AxisOrder order, std::int64_t sequen
 AttentionSpec make_spec(const CallConfig& config, const CallShape& shape);
 
 /// The bias kind of a post-scale bias tensor of `bias`'s sizes beside q and k of `shape`:
-/// [b|1, h_q|1, s_q|1, s_kv] in logical order (a size-1 dim broadcasts). Throws InvalidArgument
-/// ("bias.shape") for any other shape.
+/// [b|1, h_q|1, s_q|1, s_kv] in logical order (a size-1 dim broadcasts), in q's dtype; for thd
+/// tensors b and s are `shape`'s sequences and longest lengths. Throws InvalidArgument
+/// ("bias.shape", "bias.dtype") otherwise.
 Bias bias_kind(const TensorView& bias, const CallConfig& config, const CallShape& shape);
 
 /// Names a config by a small integer for the adapters' hot paths (their C++ code receives the

@@ -216,15 +216,19 @@ NB_MODULE(_core, m) {
           "The validated spec of a call on q, k, v, each (dtype name, sizes, strides) in the config's layouts.")
       .def(
           "with_bias",
-          [](const fa::CallConfig& config, nb::handle bias, nb::handle q, nb::handle k) {
+          [](const fa::CallConfig& config, nb::handle bias, nb::handle q, nb::handle k, std::int64_t sequences,
+             std::int64_t max_seq_q, std::int64_t max_seq_kv) {
             fa::CallShape shape;
             shape.q = tensor_view(q, "q");
             shape.k = tensor_view(k, "k");
+            shape.sequences = sequences;
+            shape.max_seq_q = max_seq_q;
+            shape.max_seq_kv = max_seq_kv;
             fa::CallConfig biased = config;
             biased.options.bias = fa::bias_kind(tensor_view(bias, "bias"), config, shape);
             return biased;
           },
-          "bias"_a, "q"_a, "k"_a,
+          "bias"_a, "q"_a, "k"_a, "sequences"_a = 0, "max_seq_q"_a = 0, "max_seq_kv"_a = 0,
           "This config with the bias kind (bhss, b1ss, 1hss, 11ss, 111s) of a bias of this shape beside q and k; "
           "InvalidArgumentError for a shape that is none of them.");
 

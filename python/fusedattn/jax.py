@@ -129,9 +129,10 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False, align: str
                               dropout=dropout_rate, deterministic=deterministic,
                               padding=ragged or seq_len_q is not None, max_logit=return_max_logit, stats=stats)
                for stats in (False, True)]
-    if bias is not None:  # the core names the bias kind of its shape
-        configs = [config.with_bias(view(bias), view(q), view(k)) for config in configs]
     sequences = cu_seqlens_q.shape[0] - 1 if ragged else 0
+    if bias is not None:  # the core names the bias kind of its shape
+        configs = [config.with_bias(view(bias), view(q), view(k), sequences, max_seqlen_q, max_seqlen_kv)
+                   for config in configs]
     inference, spec = _traced(configs[0], scale, (max_seqlen_q, max_seqlen_kv), q, k, v, sequences)
     training = dataclasses.replace(inference, config=configs[1])
     rng = _dropout_rng(dropout_key) if inference.config.dropout > 0.0 else None

@@ -201,10 +201,12 @@ def _config_text(layout, kv_layout, causal, window, align, bias_grad, alibi, sof
                               padding=padding, max_logit=max_logit, stats=stats, kv_pages=kv_pages))
 
 
-def _call_config(text, q, k, bias):
+def _call_config(text, q, k, bias, extras, max_seqlen_q, max_seqlen_kv):
     """The Config an operator body runs: the call's, with the bias kind of `bias`'s shape."""
     config = _config.parse(text)
-    return config if bias is None else config.with_bias(_view(bias), _view(q), _view(k))
+    if bias is None:
+        return config
+    return config.with_bias(_view(bias), _view(q), _view(k), extras.sequences(), max_seqlen_q, max_seqlen_kv)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -302,7 +304,7 @@ def _run(plan, tensors, scale, device):
 
 def _forward_body(q, k, v, bias, sink, extras, config_text, scale, max_seqlen_q, max_seqlen_kv):
     """O, the statistics and the max logit (None where the config asks for none)."""
-    config = _call_config(config_text, q, k, bias)
+    config = _call_config(config_text, q, k, bias, extras, max_seqlen_q, max_seqlen_kv)
     spec = config.spec(_view(q), _view(k), _view(v), extras.sequences(), max_seqlen_q, max_seqlen_kv)
     with _on_device(q.device):
         o = q.new_empty(_out_shape(q, v))
@@ -320,7 +322,7 @@ def _forward_body(q, k, v, bias, sink, extras, config_text, scale, max_seqlen_q,
 def _backward_body(d_o, q, k, v, o, stats, bias, sink, extras, config_text, scale, max_seqlen_q, max_seqlen_kv):
     """dQ, dK, dV (with their inputs' strides: a view of a packed buffer gets a packed-strided
     gradient), dBias where the config asks for it, dSink with a sink (else None)."""
-    config = _call_config(config_text, q, k, bias)
+    config = _call_config(config_text, q, k, bias, extras, max_seqlen_q, max_seqlen_kv)
     spec = config.spec(_view(q), _view(k), _view(v), extras.sequences(), max_seqlen_q, max_seqlen_kv)
     with _on_device(q.device):
         d_q, d_k, d_v = (torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device) for t in (q, k, v))
@@ -386,8 +388,9 @@ def _check_while_tracing(q, k, v, bias, extras, config, max_seqlen_q, max_seqlen
     spec from the fake tensors' sizes, where they are plain numbers (not symbolic)."""
     tensors = [t for t in (q, k, v, bias, *extras) if t is not None]
     if all(isinstance(n, int) for t in tensors for n in (*t.shape, *t.stride())):
-        sequences = _Extras.of(extras).sequences()
-        _call_config(config, q, k, bias).spec(_view(q), _view(k), _view(v), sequences, max_seqlen_q, max_seqlen_kv)
+        extras = _Extras.of(extras)
+        _call_config(config, q, k, bias, extras, max_seqlen_q, max_seqlen_kv).spec(
+            _view(q), _view(k), _view(v), extras.sequences(), max_seqlen_q, max_seqlen_kv)
 
 
 @_forward_op.register_fake

@@ -158,8 +158,13 @@ AttentionSpec make_spec(const CallConfig& config, const CallShape& shape) {
 }
 
 Bias bias_kind(const TensorView& bias, const CallConfig& config, const CallShape& shape) {
-  const TensorDesc q = describe(shape.q, config.layout, shape.sequences, 1, "q");
-  const TensorDesc k = describe(shape.k, config.kv_layout, shape.sequences, 1, "k");
+  if (bias.dtype != shape.q.dtype) {
+    throw InvalidArgument("bias.dtype", to_string(bias.dtype),
+                          std::string("q's dtype (") + to_string(shape.q.dtype) + "): the bias is added in q's type");
+  }
+  const TensorDesc q = describe(shape.q, config.layout, shape.sequences, shape.max_seq_q > 0 ? shape.max_seq_q : 1, "q");
+  const TensorDesc k =
+      describe(shape.k, config.kv_layout, shape.sequences, shape.max_seq_kv > 0 ? shape.max_seq_kv : 1, "k");
   const std::int64_t b = q.batch(), h = q.heads(), s_q = q.seq(), s_kv = k.seq();
   const std::string wanted = "[b|1, h|1, s_q|1, s_kv] = [" + std::to_string(b) + "|1, " + std::to_string(h) + "|1, " +
                              std::to_string(s_q) + "|1, " + std::to_string(s_kv) + "]";

@@ -151,6 +151,13 @@ TEST(BiasKind, FollowsWhichDimsBroadcast) {
   EXPECT_NE(wrong.find("bias.shape = [2,4,10,11]"), std::string::npos) << wrong;
   EXPECT_NE(message_of([&] { bias_kind(dense({2, 4, 1, 12}), config, shape); }).find("[b,h,s_q,s_kv]"),
             std::string::npos);
+  EXPECT_NE(message_of([&] { bias_kind(dense({2, 4, 10, 12}, DType::f16), config, shape); }).find("bias.dtype"),
+            std::string::npos);
+  // Ragged: the batch and lengths are the call's sequences and longest lengths.
+  CallShape ragged = shape_of(dense({300, 4, 64}), dense({300, 4, 64}), dense({300, 4, 64}));
+  ragged.sequences = 3;
+  ragged.max_seq_q = ragged.max_seq_kv = 128;
+  EXPECT_EQ(bias_kind(dense({3, 4, 128, 128}), make_call_config("thd", "", {}), ragged), Bias::bhss);
 }
 
 TEST(ConfigRegistry, OneIdPerDistinctConfig) {
