@@ -139,9 +139,14 @@ CheckResult check_against_reference(const AttentionSpec& spec, const CheckOption
   // An error that was computed must be <= tolerance; NaN compares false, so it never passes.
   auto ok = [&](double err, bool computed) { return !computed || err <= result.tolerance; };
   const bool sink_grad = options.backward && p.spec.softmax == Softmax::sink;
-  // The kept fraction is binomial around 1 - p: within 5 standard deviations, or the RNG is off.
-  const bool keep_rate_ok = p.spec.dropout == 0.0 ||
-                            std::abs(result.keep_rate - (1.0 - p.spec.dropout)) <= 5.0 * result.keep_rate_sigma;
+  // The kept fraction centres on 1 - p, but cuDNN's draws are not independent: its masks correlate
+  // between tiles 128 rows or keys apart (up to +-0.15, H200, cuDNN 9.19), and over 60 seeds per
+  // configuration the fraction spread 1.9-2.0 times the binomial standard deviation. Five binomial
+  // sigmas were thus 2.5 real ones, and about one check in a hundred failed on a correct mask; five
+  // of the measured spread still refuse any rate that is off by a sizeable part of p.
+  constexpr double kDrawSpread = 2.0;  // measured spread / binomial standard deviation
+  const bool keep_rate_ok = p.spec.dropout == 0.0 || std::abs(result.keep_rate - (1.0 - p.spec.dropout)) <=
+                                                         5.0 * kDrawSpread * result.keep_rate_sigma;
   result.passed = ok(result.err_o, true) && ok(result.err_stats, p.spec.stats) &&
                   ok(result.err_max_logit, p.spec.max_logit != MaxLogit::none) &&
                   ok(result.err_dq, options.backward) && ok(result.err_dk, options.backward) &&
