@@ -3,14 +3,18 @@
 # the results file (DESIGN.md §8) and the benchmark outputs into $OUT (default: ./gpu-out).
 #
 #   bash scripts/gpu_run.sh                          # everything
-#   PARTS="gtest python" bash scripts/gpu_run.sh     # only the named parts
+#   PARTS="gtest torch" bash scripts/gpu_run.sh      # only the named parts
 #
 # Parts: gtest (the C++ GPU tier), torch and jax (the Python tiers on the GPU, each in its own
-# process), cli (CPU tier, demo and CLI checks on this machine), matrix (the support matrix from
-# this GPU), bench (PyTorch comparison), varlen (ragged step and paged decode), jaxbench (JAX
-# comparison). The results file covers the test parts that ran. BUILD_TARGETS names the ninja
-# targets to build (default: all); BENCH_ARGS goes to bench/run_bench.py; GTEST_FILTER and
-# PYTEST_FILTER (a pytest -k expression) narrow the test parts.
+# process), cli (CPU tier, demo and CLI checks on this machine), testsh (the README's own test
+# command, `bash scripts/test.sh`: its own build in build/ and every tier through
+# `ctest -j $(nproc)`, so GPU tests run in parallel on this one GPU; log in $OUT/test_sh.txt),
+# matrix (the support matrix from this GPU), bench (PyTorch comparison), varlen (ragged step and
+# paged decode), jaxbench (JAX comparison). The results file covers the gtest and Python parts
+# that ran; testsh reports its own counts (test.sh's closing "ctest:" line) and fails the run
+# when it fails. BUILD_TARGETS names the ninja targets to build (default: all; the benchmarks need
+# fusedattn_bench, the module they time the C++ API through); BENCH_ARGS goes to
+# bench/run_bench.py; GTEST_FILTER and PYTEST_FILTER (a pytest -k expression) narrow the test parts.
 #
 # FUSEDATTN_COMMIT=<sha> names the commit in the results file; pass it as a literal from the
 # checkout that was sent (the device's copy of .git can lag behind the working tree).
@@ -19,7 +23,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
-export PARTS=${PARTS:-gtest torch jax cli matrix bench varlen jaxbench}
+export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench varlen jaxbench}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_log.txt") 2>&1
 export PYTHONUNBUFFERED=1
@@ -85,6 +89,14 @@ if part cli; then
   "$build/fusedattn" support "layout=bshd b=1 s_q=64 s_kv=32 h=2 d=512 causal align=bottom_right" --pass both
   [ $? -eq 1 ] || status=1  # must be refused, with every reason
   "$build/fusedattn" bench "layout=bshd b=2 s=4096 h=16 d=128 causal" --iters 20 || status=1
+fi
+
+if part testsh; then
+  echo "== bash scripts/test.sh (the README's test command: every tier, ctest -j $(nproc))"
+  bash scripts/test.sh >"$OUT/test_sh.txt" 2>&1
+  rc=$?
+  grep -E "^ctest: |tests passed|\*\*\*Failed|\(Failed\)|\(Timeout\)|Exception" "$OUT/test_sh.txt" | tail -40
+  [ $rc -eq 0 ] || { echo "scripts/test.sh failed (exit $rc): see test_sh.txt"; status=1; }
 fi
 
 if part matrix; then

@@ -14,6 +14,7 @@
 #include "fusedattn/errors.h"
 #include "fusedattn/reference.h"
 #include "gpu_skip.h"
+#include "testing/cuda_check.h"
 
 namespace fusedattn {
 namespace {
@@ -25,12 +26,14 @@ namespace {
   } while (0)
 
 // A device allocation freed on scope exit, poisoned with NaN (all bits set) so that anything a
-// kernel forgets to write shows up in the comparison.
+// kernel forgets to write shows up in the comparison. A failed allocation throws CudaError with
+// its size (GPU tests share the device under ctest -j): a null buffer would fail later, obscurely.
 class DeviceBuffer {
  public:
   explicit DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
-    if (cudaMalloc(&ptr_, bytes) != cudaSuccess) ptr_ = nullptr;
-    if (ptr_ != nullptr) cudaMemset(ptr_, 0xff, bytes);
+    if (bytes == 0) return;  // an output the case does not ask for
+    check::check_cuda(cudaMalloc(&ptr_, bytes), ("cudaMalloc(" + std::to_string(bytes) + " bytes)").c_str());
+    check::check_cuda(cudaMemset(ptr_, 0xff, bytes), "cudaMemset(poison)");
   }
   ~DeviceBuffer() { cudaFree(ptr_); }
   DeviceBuffer(const DeviceBuffer&) = delete;
