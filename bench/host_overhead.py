@@ -16,6 +16,21 @@ TINY = Shape(1, 128, 8, 8, 64, True)  # ANCHORS.md's host-overhead shape
 KINDS = {"inference": ("", False), "training forward": ("_train_fwd", True), "forward + backward": ("_fwd_bwd", True)}
 
 
+class AutogradFloor:
+    """What any attention's forward + out.backward(dO) costs at least in PyTorch: one node of three
+    leaves (torch.addcmul, two tiny kernels each way) through the same autograd engine, whose
+    hand-off to its GPU thread and back is most of a tiny training step's host time."""
+
+    def __init__(self, t):
+        self.leaves = [x.detach().requires_grad_() for x in (t.q, t.k, t.v)]
+        self.d_o = t.do
+
+    def train_step(self):
+        for leaf in self.leaves:
+            leaf.grad = None
+        torch.addcmul(*self.leaves).backward(self.d_o)
+
+
 def python_loops(t, adapter):
     """Result key -> (call, the context its loop runs in, entered once around the loop)."""
     loops = {}
@@ -23,6 +38,7 @@ def python_loops(t, adapter):
         sdpa = TorchSdpa(t, backend)
         for call, (suffix, grad) in zip((sdpa.inference, sdpa.train_forward, sdpa.train_step), KINDS.values()):
             loops[f"{name}{suffix}_host_us"] = (call, lambda s=sdpa, g=grad: s.context(grad=g))
+    loops["autograd_floor_fwd_bwd_host_us"] = (AutogradFloor(t).train_step, torch.enable_grad)
     if adapter is not None:
         ours = AdapterCall(adapter, t)
         for call, (suffix, grad) in zip((ours.inference, ours.train_forward, ours.train_step), KINDS.values()):
@@ -95,6 +111,8 @@ def markdown(host):
             ("PyTorch SDPA, flash backend", "torch_flash{}_host_us"))
     for label, key in rows:
         lines.append(f"| {label} | " + " | ".join(fmt(host.get(key.format(s))) for s, _ in KINDS.values()) + " |")
+    lines.append("| autograd floor: torch.addcmul(q, k, v) (one node, three leaves) | – | – | "
+                 f"{fmt(host.get('autograd_floor_fwd_bwd_host_us'))} |")
     lines.append("| fusedattn.torch / PyTorch cuDNN | " + " | ".join(
         fmt(ratio(host.get(f"fusedattn_torch{s}_host_us"), host.get(f"torch_cudnn{s}_host_us"))) for s, _ in
         KINDS.values()) + " |")

@@ -381,6 +381,10 @@ def test_ten_thousand_shapes_keep_the_plans_at_the_cap():
     import random
     from fusedattn import _core as core
     core.clear_plan_cache()
+    gc.collect()
+    # Plans other holders still keep (an XLA executable of an earlier JAX test keeps its calls'
+    # plans while it lives) are not fusedattn.torch's: count from them.
+    held_elsewhere = core.plan_cache_stats()["live_plans"]
     core.set_plan_cache_capacity(4)
     try:
         kv = torch.rand(10_000, 2, 64, device="cuda", dtype=torch.bfloat16)
@@ -393,15 +397,16 @@ def test_ten_thousand_shapes_keep_the_plans_at_the_cap():
                 cu = torch.tensor([0, t], device="cuda", dtype=torch.int32)
                 fa.attention(q_all[:t], kv[:t], kv[:t], layout="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
                              max_seqlen_q=t, max_seqlen_kv=t, causal=True)
-                most_alive = max(most_alive, core.plan_cache_stats()["live_plans"])
+                most_alive = max(most_alive, core.plan_cache_stats()["live_plans"] - held_elsewhere)
             for s in range(40, 40 + 24 * 8, 8):
                 x = torch.rand(1, s, 2, 64, device="cuda", dtype=torch.bfloat16)
                 fa.attention(x, x, x)
-                most_alive = max(most_alive, core.plan_cache_stats()["live_plans"])
+                most_alive = max(most_alive, core.plan_cache_stats()["live_plans"] - held_elsewhere)
         torch.cuda.synchronize()
         gc.collect()
         stats = core.plan_cache_stats()
-        assert most_alive <= 4 and stats["size"] <= 4 and stats["live_plans"] <= 4, (most_alive, stats)
+        assert most_alive <= 4 and stats["size"] <= 4 and stats["live_plans"] - held_elsewhere <= 4, \
+            (most_alive, held_elsewhere, stats)
         assert stats["evictions"] >= 24 and stats["builds"] >= 24 + 8, stats
         assert fa._plain_config_id.cache_info().currsize <= 2 and len(fa._FALLBACK_LOGGED) == 0
     finally:
