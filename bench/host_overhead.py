@@ -111,7 +111,7 @@ def markdown(host):
             ("PyTorch SDPA, flash backend", "torch_flash{}_host_us"))
     for label, key in rows:
         lines.append(f"| {label} | " + " | ".join(fmt(host.get(key.format(s))) for s, _ in KINDS.values()) + " |")
-    lines.append("| autograd floor: torch.addcmul(q, k, v) (one node, three leaves) | – | – | "
+    lines.append("| for scale: torch.addcmul(q, k, v), a cheap op of the same three leaves | – | – | "
                  f"{fmt(host.get('autograd_floor_fwd_bwd_host_us'))} |")
     lines.append("| fusedattn.torch / PyTorch cuDNN | " + " | ".join(
         fmt(ratio(host.get(f"fusedattn_torch{s}_host_us"), host.get(f"torch_cudnn{s}_host_us"))) for s, _ in
