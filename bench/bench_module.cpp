@@ -199,20 +199,6 @@ nb::dict plan_build_ms(const std::string& spec) {
   return out;
 }
 
-nb::dict cache_stats() {
-  const fa::CacheStats stats = fa::plan_cache_stats();
-  nb::dict out;
-  out["builds"] = stats.builds;
-  out["failed_builds"] = stats.failed_builds;
-  out["hits"] = stats.hits;
-  out["misses"] = stats.misses;
-  out["evictions"] = stats.evictions;
-  out["build_ms"] = stats.build_ms;
-  out["size"] = stats.size;
-  out["capacity"] = stats.capacity;
-  return out;
-}
-
 }  // namespace
 
 NB_MODULE(fusedattn_bench, m) {
@@ -252,5 +238,4 @@ NB_MODULE(fusedattn_bench, m) {
   m.def("plan_build_ms", &plan_build_ms, "spec"_a,
         "Host milliseconds of building the forward and backward plans from a cleared cache: "
         "{'plan_build_fwd_ms', 'plan_build_bwd_ms'}.");
-  m.def("cache_stats", &cache_stats, "The process-wide plan cache's counters, as a dict.");
 }

@@ -147,7 +147,8 @@ class Bench:
         return self.module.plan_build_ms(spec)
 
     def cache_stats(self):
-        return self.module.cache_stats()
+        from fusedattn import _core  # the package's own counters: one plan cache for the process
+        return _core.plan_cache_stats()
 
 
 class TorchSdpa:

@@ -317,6 +317,7 @@ NB_MODULE(_core, m) {
         out["hits"] = s.hits;
         out["misses"] = s.misses;
         out["builds"] = s.builds;
+        out["failed_builds"] = s.failed_builds;
         out["build_ms"] = s.build_ms;
         out["evictions"] = s.evictions;
         out["size"] = s.size;
