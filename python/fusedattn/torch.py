@@ -76,8 +76,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     thd, statistics or max logit) raises as before.
     """
     window = tuple(window)
-    plain = (bias is None and sink is None and not dropout_p and seq_len_q is None and cu_seqlens_q is None
-             and softmax != "sink" and not return_stats and not return_max_logit and not fallback)
+    plain = (bias is None and sink is None and not dropout_p and seq_len_q is None and seq_len_kv is None
+             and cu_seqlens_q is None and cu_seqlens_kv is None and softmax != "sink" and not return_stats
+             and not return_max_logit and not fallback)
     if plain and _fast is not None and layout != "thd" and not torch.compiler.is_compiling():
         out = _fast.forward(q, k, v, _plain_config_id(layout, causal, window, align, alibi, softmax, deterministic),
                             scale)

@@ -134,6 +134,8 @@ def test_padding_lengths_come_in_pairs():
     assert fa.attention(q, q, q, seq_len_q=lengths, seq_len_kv=lengths).shape == q.shape
     with pytest.raises(InvalidArgumentError):
         fa.attention(q, q, q, seq_len_q=lengths)
+    with pytest.raises(InvalidArgumentError):
+        fa.attention(q, q, q, seq_len_kv=lengths)
 
 
 def test_max_logit_per_row_and_per_head():
