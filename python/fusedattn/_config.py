@@ -5,6 +5,7 @@ it (Config.spec); no adapter writes spec text or validation of its own. Framewor
 import functools
 
 from . import _core as core
+from .errors import invalid_argument
 
 FORWARD, BACKWARD = core.Pass.forward, core.Pass.backward
 
@@ -25,3 +26,21 @@ def config(layout="bshd", kv_layout="", *, causal=False, window=(-1, -1), align=
 def parse(text):
     """The Config that str(config) printed (compiled programs carry configs as this text)."""
     return core.Config.parse(text)
+
+
+def require_arrays(ragged, *, sink, softmax, seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
+                   max_seqlen_kv):
+    """What the core cannot see, since it never reaches a spec: which of a call's optional arrays
+    came, and with what. Both adapters ask here, so the checks and their words are the same."""
+    if (seq_len_q is None) != (seq_len_kv is None):
+        raise invalid_argument("seq_len_q", "given" if seq_len_q is not None else None,
+                               "seq_len_q and seq_len_kv together")
+    if ragged and (cu_seqlens_q is None or cu_seqlens_kv is None or max_seqlen_q <= 0 or max_seqlen_kv <= 0):
+        raise invalid_argument("cu_seqlens_q", cu_seqlens_q,
+                               "cu_seqlens_q, cu_seqlens_kv (int32 [n + 1]) and max_seqlen_q, max_seqlen_kv with thd")
+    if not ragged and (cu_seqlens_q is not None or cu_seqlens_kv is not None):
+        raise invalid_argument("cu_seqlens_q", "given", "layout='thd' (packed sequences)")
+    if ragged and seq_len_q is not None:
+        raise invalid_argument("seq_len_q", "given", "a dense layout (thd's lengths are its cu_seqlens)")
+    if (softmax == "sink") != (sink is not None):
+        raise invalid_argument("sink", "given" if sink is not None else None, "a sink exactly when softmax='sink'")

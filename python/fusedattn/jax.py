@@ -145,20 +145,11 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False, align: str
 
 def _require_arrays(ragged, sink, softmax, dropout_rate, dropout_key, seq_len_q, seq_len_kv, cu_seqlens_q,
                     cu_seqlens_kv, max_seqlen_q, max_seqlen_kv):
-    """What the core cannot see: which of the API's optional arrays came, and with what (the core
-    checks every option and shape; these never reach a spec). Worded as fusedattn.torch words them."""
-    if (seq_len_q is None) != (seq_len_kv is None):
-        raise invalid_argument("seq_len_q", "given" if seq_len_q is not None else None,
-                               "seq_len_q and seq_len_kv together")
-    if ragged and (cu_seqlens_q is None or cu_seqlens_kv is None or max_seqlen_q <= 0 or max_seqlen_kv <= 0):
-        raise invalid_argument("cu_seqlens_q", cu_seqlens_q,
-                               "cu_seqlens_q, cu_seqlens_kv (int32 [n + 1]) and max_seqlen_q, max_seqlen_kv with thd")
-    if not ragged and (cu_seqlens_q is not None or cu_seqlens_kv is not None):
-        raise invalid_argument("cu_seqlens_q", "given", "layout='thd' (packed sequences)")
-    if ragged and seq_len_q is not None:
-        raise invalid_argument("seq_len_q", "given", "a dense layout (thd's lengths are its cu_seqlens)")
-    if (softmax == "sink") != (sink is not None):
-        raise invalid_argument("sink", "given" if sink is not None else None, "a sink exactly when softmax='sink'")
+    """What the core cannot see: which of the API's optional arrays came (_config.require_arrays,
+    shared with fusedattn.torch), and a key for dropout."""
+    _config.require_arrays(ragged, sink=sink, softmax=softmax, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
+                           cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
+                           max_seqlen_kv=max_seqlen_kv)
     if dropout_rate > 0.0 and dropout_key is None:
         raise invalid_argument("dropout_key", None, "a JAX PRNG key when dropout_rate > 0")
 

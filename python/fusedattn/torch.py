@@ -85,11 +85,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
         if out is not NotImplemented:
             return out
     _require_one_cuda_device(q, k, v)
-    _require_together(seq_len_q, seq_len_kv, "seq_len_q", "seq_len_q and seq_len_kv together")
     ragged = layout == "thd"
-    if ragged and (cu_seqlens_q is None or cu_seqlens_kv is None or max_seqlen_q <= 0 or max_seqlen_kv <= 0):
-        raise invalid_argument("cu_seqlens_q", cu_seqlens_q,
-                               "cu_seqlens_q, cu_seqlens_kv (int32 [n + 1]) and max_seqlen_q, max_seqlen_kv with thd")
+    _config.require_arrays(ragged, sink=sink, softmax=softmax, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
+                           cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
+                           max_seqlen_kv=max_seqlen_kv)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias, sink))
     if bias is not None:
         bias = bias.contiguous()
@@ -185,11 +184,6 @@ def _require_one_cuda_device(q, k, v):
     for name, t in (("k", k), ("v", v)):
         if t.device != q.device:
             raise invalid_argument(f"{name}.device", t.device, f"q's device, {q.device}")
-
-
-def _require_together(a, b, field, requirement):
-    if (a is None) != (b is None):
-        raise invalid_argument(field, "given" if a is not None else None, requirement)
 
 
 @torch.compiler.assume_constant_result  # compiled code gets the text as a constant at trace time
