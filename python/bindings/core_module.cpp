@@ -173,7 +173,8 @@ NB_MODULE(_core, m) {
                      return dims_tuple(fa::bias_dims(spec.bias, spec.batch(), spec.heads_q(), spec.seq_q(),
                                                      spec.seq_kv()));
                    })
-      .def_prop_ro("max_logit", [](const fa::AttentionSpec& spec) { return std::string(fa::to_string(spec.max_logit)); })
+      .def_prop_ro("max_logit",
+                   [](const fa::AttentionSpec& spec) { return std::string(fa::to_string(spec.max_logit)); })
       .def_prop_ro("default_scale", &fa::default_scale);
 
   nb::class_<fa::CallConfig>(m, "Config",
@@ -182,7 +183,8 @@ NB_MODULE(_core, m) {
                              "max_logit, dropout, padding, deterministic, stats, kv_pages) plus causal.")
       .def(
           "__init__",
-          [](fa::CallConfig* config, const std::string& layout, const std::string& kv_layout, const nb::kwargs& options) {
+          [](fa::CallConfig* config, const std::string& layout, const std::string& kv_layout,
+             const nb::kwargs& options) {
             std::vector<std::pair<std::string, std::string>> texts;
             for (auto [name, value] : options) texts.emplace_back(nb::cast<std::string>(name), option_text(value));
             new (config) fa::CallConfig(fa::make_call_config(layout, kv_layout, texts));
@@ -194,14 +196,17 @@ NB_MODULE(_core, m) {
       .def("__eq__", [](const fa::CallConfig& a, const fa::CallConfig& b) { return a == b; })
       .def("__hash__", [](const fa::CallConfig& config) { return std::hash<std::string>{}(fa::to_string(config)); })
       .def_prop_ro("layout", [](const fa::CallConfig& config) { return std::string(fa::to_string(config.layout)); })
-      .def_prop_ro("kv_layout", [](const fa::CallConfig& config) { return std::string(fa::to_string(config.kv_layout)); })
-      .def_prop_ro("window", [](const fa::CallConfig& c) { return std::make_pair(c.options.window.left, c.options.window.right); })
+      .def_prop_ro("kv_layout",
+                   [](const fa::CallConfig& config) { return std::string(fa::to_string(config.kv_layout)); })
+      .def_prop_ro("window",
+                   [](const fa::CallConfig& c) { return std::make_pair(c.options.window.left, c.options.window.right); })
       .def_prop_ro("bias", [](const fa::CallConfig& c) { return std::string(fa::to_string(c.options.bias)); })
       .def_prop_ro("bias_grad", [](const fa::CallConfig& c) { return c.options.bias_grad; })
       .def_prop_ro("softmax", [](const fa::CallConfig& c) { return std::string(fa::to_string(c.options.softmax)); })
       .def_prop_ro("dropout", [](const fa::CallConfig& c) { return c.options.dropout; })
       .def_prop_ro("padding", [](const fa::CallConfig& c) { return c.options.padding; })
-      .def_prop_ro("max_logit", [](const fa::CallConfig& c) { return std::string(fa::to_string(c.options.max_logit)); })
+      .def_prop_ro("max_logit",
+                   [](const fa::CallConfig& c) { return std::string(fa::to_string(c.options.max_logit)); })
       .def_prop_ro("kv_pages", [](const fa::CallConfig& c) { return c.options.kv_pages; })
       .def_prop_ro("stats", [](const fa::CallConfig& c) { return c.options.stats; })
       .def_prop_ro("id", &fa::register_config,

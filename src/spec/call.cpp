@@ -1,6 +1,7 @@
 // The adapter boundary: framework tensors and a frozen config of options into the validated spec.
 #include "fusedattn/call.h"
 
+#include <algorithm>
 #include <deque>
 #include <mutex>
 
@@ -162,9 +163,11 @@ Bias bias_kind(const TensorView& bias, const CallConfig& config, const CallShape
     throw InvalidArgument("bias.dtype", to_string(bias.dtype),
                           std::string("q's dtype (") + to_string(shape.q.dtype) + "): the bias is added in q's type");
   }
-  const TensorDesc q = describe(shape.q, config.layout, shape.sequences, shape.max_seq_q > 0 ? shape.max_seq_q : 1, "q");
-  const TensorDesc k =
-      describe(shape.k, config.kv_layout, shape.sequences, shape.max_seq_kv > 0 ? shape.max_seq_kv : 1, "k");
+  // Dense tensors ignore the sequence arguments; thd ones take the call's (at least 1 to be described).
+  const std::int64_t max_q = std::max<std::int64_t>(shape.max_seq_q, 1);
+  const std::int64_t max_kv = std::max<std::int64_t>(shape.max_seq_kv, 1);
+  const TensorDesc q = describe(shape.q, config.layout, shape.sequences, max_q, "q");
+  const TensorDesc k = describe(shape.k, config.kv_layout, shape.sequences, max_kv, "k");
   const std::int64_t b = q.batch(), h = q.heads(), s_q = q.seq(), s_kv = k.seq();
   const std::string wanted = "[b|1, h|1, s_q|1, s_kv] = [" + std::to_string(b) + "|1, " + std::to_string(h) + "|1, " +
                              std::to_string(s_q) + "|1, " + std::to_string(s_kv) + "]";
