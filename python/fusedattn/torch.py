@@ -22,7 +22,6 @@ A call takes one of three roads:
 """
 import contextlib
 import functools
-import logging
 import math
 from typing import List, Optional, Tuple
 
@@ -31,6 +30,7 @@ from torch import Tensor
 
 from . import _config
 from . import _core as core
+from . import _torch_fallback
 from .errors import NotSupportedError, invalid_argument
 
 try:  # the C++ eager path, built where PyTorch with CUDA was at build time
@@ -39,9 +39,6 @@ except ImportError:
     _fast = None
 
 __all__ = ["attention", "paged_attention", "scaled_dot_product_attention", "Attention"]
-
-_LOG = logging.getLogger("fusedattn")
-
 
 # --- the functional API ----------------------------------------------------------------------
 
@@ -109,8 +106,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
         if not fallback or ragged or return_stats or return_max_logit or seq_len_q is not None or alibi or \
                 softmax != "vanilla":
             raise
-        _log_fallback_once(config, q, k, error)
-        return _torch_fallback(q, k, v, layout, *_config.parse(config).window, align, scale, bias, dropout_p)
+        _torch_fallback.log_once(config, q, k, error)
+        return _torch_fallback.run(q, k, v, layout, *_config.parse(config).window, align, scale, bias, dropout_p)
     extra = ((stats,) if return_stats else ()) + ((max_logit,) if return_max_logit else ())
     return (o,) + extra if extra else o
 
@@ -433,43 +430,3 @@ def _operator_gradients(ctx, d_o, _d_stats, _d_max_logit):
 
 
 torch.library.register_autograd("fusedattn::forward", _operator_gradients, setup_context=_setup_context)
-
-
-# --- the fallback to PyTorch's own attention ------------------------------------------------------
-
-_FALLBACK_LOGGED = set()
-
-
-def _log_fallback_once(config_text, q, k, error):
-    key = (config_text, q.dtype, tuple(q.shape), tuple(k.shape))
-    if key not in _FALLBACK_LOGGED and len(_FALLBACK_LOGGED) < 4096:
-        _FALLBACK_LOGGED.add(key)
-        _LOG.warning("fusedattn: falling back to torch.nn.functional.scaled_dot_product_attention: %s", error)
-
-
-def _torch_fallback(q, k, v, layout, left, right, align, scale, bias, dropout_p):
-    """PyTorch's own attention on [b, h, s, d] views, the result back in q's layout. The window
-    (left, right; -1 open) is the core's: with the diagonal at p (row i, shifted by s_kv - s_q when
-    bottom-right), keys p - left < j <= p + right are visible."""
-    to_bhsd = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}[layout]
-    qb, kb, vb = (t.permute(*to_bhsd) for t in (q, k, v))
-    mask = bias
-    # SDPA's own is_causal is top-left causal without a mask; anything else becomes the mask.
-    causal = bias is None and left < 0 and right == 0 and align == "top_left"
-    if (left >= 0 or right >= 0) and not causal:
-        s_q, s_kv = qb.shape[2], kb.shape[2]
-        p = torch.arange(s_q, device=q.device)[:, None] + (s_kv - s_q if align == "bottom_right" else 0)
-        j = torch.arange(s_kv, device=q.device)[None, :]
-        keep = torch.ones(s_q, s_kv, dtype=torch.bool, device=q.device)
-        if left >= 0:
-            keep &= j > p - left
-        if right >= 0:
-            keep &= j <= p + right
-        mask = keep if bias is None else bias.masked_fill(~keep, float("-inf"))
-    out = torch.nn.functional.scaled_dot_product_attention(
-        qb, kb, vb, attn_mask=mask, dropout_p=dropout_p, is_causal=causal, scale=scale,
-        enable_gqa=qb.shape[1] != kb.shape[1])
-    back = [0, 0, 0, 0]
-    for logical, axis in enumerate(to_bhsd):
-        back[axis] = logical
-    return out.permute(*back)

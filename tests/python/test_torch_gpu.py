@@ -385,7 +385,7 @@ def test_ten_thousand_shapes_keep_the_plans_at_the_cap():
     # Plans other holders still keep (an XLA executable of an earlier JAX test keeps its calls'
     # plans while it lives) are not fusedattn.torch's: count from them.
     held_elsewhere = core.plan_cache_stats()["live_plans"]
-    configs_before, fallbacks_before = fa._plain_config_id.cache_info().currsize, len(fa._FALLBACK_LOGGED)
+    configs_before, fallbacks_before = fa._plain_config_id.cache_info().currsize, len(fa._torch_fallback.LOGGED)
     core.set_plan_cache_capacity(4)
     try:
         kv = torch.rand(10_000, 2, 64, device="cuda", dtype=torch.bfloat16)
@@ -411,6 +411,6 @@ def test_ten_thousand_shapes_keep_the_plans_at_the_cap():
         assert stats["evictions"] >= 24 and stats["builds"] >= 24 + 8, stats
         # The adapter's only state (configs by option set, fallbacks logged) grew by the one plain config used here.
         assert fa._plain_config_id.cache_info().currsize <= configs_before + 1
-        assert len(fa._FALLBACK_LOGGED) == fallbacks_before
+        assert len(fa._torch_fallback.LOGGED) == fallbacks_before
     finally:
         core.set_plan_cache_capacity(512)

@@ -210,7 +210,7 @@ def test_the_fallback_applies_the_cores_window_rule(left, right, align, with_bia
     torch.manual_seed(3)
     q, k, v = torch.randn(2, 40, 4, 16), torch.randn(2, 56, 2, 16), torch.randn(2, 56, 2, 16)
     bias = torch.randn(2, 4, 40, 56) if with_bias else None
-    out = fa._torch_fallback(q, k, v, "bshd", left, right, align, 0.25, bias, 0.0)
+    out = fa._torch_fallback.run(q, k, v, "bshd", left, right, align, 0.25, bias, 0.0)
     qb, kb, vb = (t.transpose(1, 2) for t in (q, k, v))
     kb, vb = kb.repeat_interleave(2, 1), vb.repeat_interleave(2, 1)
     scores = qb @ kb.transpose(-1, -2) * 0.25 + (bias if with_bias else 0)
