@@ -4,7 +4,7 @@
 // Every adapter (PyTorch, JAX, and the C++ fast paths inside them) goes through these functions,
 // so each check is written once, here or in validate(), and a bad call gets the same message
 // from every entry point. The adapters' keyword arguments are set by their spec-string names
-// (set_option), which is also how the CLI's parser reads them.
+// (make_call_config), through the same field codecs as the CLI's parser.
 #pragma once
 
 #include <array>

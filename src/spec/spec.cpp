@@ -491,8 +491,23 @@ std::size_t hash_value(const AttentionSpec& spec) noexcept {
   return seed;
 }
 
-// Options at their default values are left out: the parser starts from the same defaults, so the
-// string stays an exact repro while saying only what differs from plain attention.
+namespace {
+
+// Appends "name=value" for each option of `spec` that differs from `defaults` (the parser starts
+// from the same defaults, so the string stays an exact repro while saying only what differs from
+// plain attention), and for the four tensors too when `with_tensors`.
+void append_fields(std::string& out, const AttentionSpec& spec, const AttentionSpec& defaults, bool with_tensors) {
+  visit_fields(
+      [&](const char* name, Reads, const auto& field, const auto& default_value) {
+        if (kIsTensor<decltype(field)> ? !with_tensors : field == default_value) return;
+        if (!out.empty()) out += ' ';
+        out += std::string(name) + "=" + format_value(field);
+      },
+      spec, defaults);
+}
+
+}  // namespace
+
 std::string to_string(const AttentionSpec& spec) {
   std::optional<Layout> layout = named_layout(spec);
   std::string out = layout ? short_form(*layout, problem_shape(spec)) : std::string();
@@ -501,17 +516,7 @@ std::string to_string(const AttentionSpec& spec) {
   // differs; a paged layout's sizes already say kv_pages.
   if (layout && (ragged_q(*layout) || ragged_kv(*layout) || paged_kv(*layout))) defaults.padding = true;
   if (layout && paged_kv(*layout)) defaults.kv_pages = spec.kv_pages;
-  visit_fields(
-      [&](const char* name, Reads, const auto& field, const auto& default_value) {
-        if (kIsTensor<decltype(field)>) {
-          if (layout) return;  // already said by the layout form
-        } else if (field == default_value) {
-          return;
-        }
-        if (!out.empty()) out += ' ';
-        out += std::string(name) + "=" + format_value(field);
-      },
-      spec, defaults);
+  append_fields(out, spec, defaults, /*with_tensors=*/!layout);  // a layout form already says the tensors
   return out;
 }
 
@@ -673,15 +678,8 @@ bool same_options(const AttentionOptions& a, const AttentionOptions& b) noexcept
 }
 
 std::string options_text(const AttentionOptions& options) {
-  const AttentionSpec spec = with_options(options);
-  const AttentionSpec defaults;
   std::string out;
-  visit_fields(
-      [&](const char* name, Reads, const auto& field, const auto& default_value) {
-        if (kIsTensor<decltype(field)> || field == default_value) return;
-        out += (out.empty() ? "" : " ") + std::string(name) + "=" + format_value(field);
-      },
-      spec, defaults);
+  append_fields(out, with_options(options), AttentionSpec(), /*with_tensors=*/false);
   return out;
 }
 
