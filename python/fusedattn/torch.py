@@ -188,6 +188,13 @@ def _config_text(layout, kv_layout, causal, window, align, bias_grad, alibi, sof
                  max_logit, stats, kv_pages):
     """A call's config (no bias kind yet: the operator bodies take it from the bias's shape) in its
     printed form, which is how the operators carry it."""
+    return _printed_config(layout, kv_layout, causal, window, align, bias_grad, alibi, softmax, dropout, deterministic,
+                           padding, max_logit, stats, kv_pages)
+
+
+@functools.lru_cache(maxsize=4096)  # printed once per option set, not on every eager call
+def _printed_config(layout, kv_layout, causal, window, align, bias_grad, alibi, softmax, dropout, deterministic,
+                    padding, max_logit, stats, kv_pages):
     return str(_config.config(layout, kv_layout, causal=causal, window=window, align=align, bias_grad=bias_grad,
                               alibi=alibi, softmax=softmax, dropout=dropout, deterministic=deterministic,
                               padding=padding, max_logit=max_logit, stats=stats, kv_pages=kv_pages))

@@ -27,20 +27,21 @@ def cli_message(spec_text):
     return (done.stdout + done.stderr).strip().removeprefix("invalid_argument: ")
 
 
-def torch_message(call):
-    torch = pytest.importorskip("torch", reason="PyTorch not installed")
-    fa = pytest.importorskip("fusedattn.torch")
+def adapter_message(framework, adapter, call):
+    """The message of the InvalidArgumentError that `call(framework module, adapter module)` raises."""
+    framework_module = pytest.importorskip(framework, reason=f"{framework} not installed")
+    adapter_module = pytest.importorskip(adapter)
     with pytest.raises(InvalidArgumentError) as caught:
-        call(torch, fa)
+        call(framework_module, adapter_module)
     return str(caught.value)
+
+
+def torch_message(call):
+    return adapter_message("torch", "fusedattn.torch", call)
 
 
 def jax_message(call):
-    jax = pytest.importorskip("jax", reason="JAX not installed")
-    fj = pytest.importorskip("fusedattn.jax")
-    with pytest.raises(InvalidArgumentError) as caught:
-        call(jax, fj)
-    return str(caught.value)
+    return adapter_message("jax", "fusedattn.jax", call)
 
 
 def torch_meta(torch, *shape, dtype=None):
