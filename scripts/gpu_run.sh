@@ -108,6 +108,7 @@ if part bench; then
   echo "== benchmark: fusedattn (C++ and fusedattn.torch) against PyTorch"
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments (--shapes none: the host section only)
   python3 -X faulthandler bench/run_bench.py --build "$build" --out "$OUT" --rounds 5 ${BENCH_ARGS:-} || status=1
+  python3 bench/host_breakdown.py --build "$build" --out "$OUT" || status=1
   FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 bench/profile_torch_call.py 2>&1 \
     | grep -E "^---|tottime|[0-9] +[0-9.]+ +[0-9.]+" | head -40
 fi

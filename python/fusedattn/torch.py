@@ -209,8 +209,10 @@ def _call_config(text, q, k, bias, extras, max_seqlen_q, max_seqlen_kv):
 
 
 @functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096)
 def _plain_config_id(layout, causal, window, align, alibi, softmax, deterministic):
-    """The registered id of a plain call's config, for the C++ path (one lookup per call)."""
+    """The registered id of a plain call's config, for the C++ path: one lookup per call, on
+    positional arguments (a keyword call into the config's own cache costs twice as much)."""
     return _config.config(layout, causal=causal, window=window, align=align, alibi=alibi, softmax=softmax,
                           deterministic=deterministic).id
 
