@@ -10,7 +10,8 @@ ctest --output-on-failure -j "$(nproc)" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 # One plain closing line, whatever ctest listed last.
-total=$(grep -oE 'tests failed out of [0-9]+' "$log" | grep -oE '[0-9]+$' || echo 0)
+# ctest says "N% tests passed, F tests failed out of T", or "100% tests passed out of T" when none failed.
+total=$(grep -oE 'tests (passed|failed) out of [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1 || echo 0)
 failed=$(grep -oE '[0-9]+ tests failed out of' "$log" | grep -oE '^[0-9]+' || echo 0)
 skipped=$(grep -c '(Skipped)$' "$log" || true)
 echo "ctest: $((total - failed - skipped)) passed, $failed failed, $skipped skipped"
