@@ -8,15 +8,20 @@
 
 namespace fusedattn {
 
-/// Element types of attention inputs and outputs.
-enum class DType : std::uint8_t { f16, bf16 };
+/// Element types of attention inputs and outputs: the 16-bit floats, and the two 8-bit floats of
+/// FP8 attention (OCP FP8: E4M3 with a largest finite value of 448 and no infinities, E5M2 with
+/// 57344 and IEEE-style infinities), which carry a per-tensor scale beside them (fusedattn/fp8.h).
+enum class DType : std::uint8_t { f16, bf16, e4m3, e5m2 };
 
 /// Bytes per element.
 std::size_t size_of(DType dtype) noexcept;
-/// "f16" / "bf16".
+/// "f16" / "bf16" / "e4m3" / "e5m2".
 const char* to_string(DType dtype) noexcept;
-/// Parses "f16"/"fp16"/"half" and "bf16"; throws InvalidArgument naming `field` otherwise.
+/// Parses "f16"/"fp16"/"half", "bf16", "e4m3"/"fp8_e4m3" and "e5m2"/"fp8_e5m2"; throws
+/// InvalidArgument naming `field` otherwise.
 DType parse_dtype(const std::string& text, const std::string& field);
+/// E4M3 or E5M2.
+constexpr bool is_fp8(DType dtype) noexcept { return dtype == DType::e4m3 || dtype == DType::e5m2; }
 
 /// Positions of the logical axes in `TensorDesc::dims` and `TensorDesc::strides`.
 enum Axis : int { kBatch = 0, kHead = 1, kSeq = 2, kDim = 3 };

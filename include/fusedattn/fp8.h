@@ -1,0 +1,54 @@
+// fusedattn/fp8.h — FP8 values and per-tensor scaling: host codecs, and the device kernels that
+// quantize 16-bit tensors into FP8 (and back) and measure or update their scales.
+//
+// Conventions (those of FP8 training as Transformer Engine and cuDNN use them): a tensor X is held
+// as X8 = fp8(X * scale), and descale = 1 / scale turns it back: X ~ X8 * descale. Every scale,
+// descale and amax ("absolute maximum", max |X| over the tensor) is a float32 scalar in device
+// memory, so CUDA graphs and replays see new values without being rebuilt. Conversions to FP8 round
+// to nearest, ties to even, and saturate: a finite value past the largest finite FP8 value (and an
+// infinity) becomes that value with its sign; NaN stays NaN.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "fusedattn/tensor.h"
+
+namespace fusedattn {
+
+/// Largest finite value of an FP8 type: 448 (E4M3), 57344 (E5M2); 0 for other types.
+float fp8_max(DType dtype) noexcept;
+
+/// Host codecs for one FP8 value of `dtype` (E4M3 or E5M2), as the device kernels convert.
+float fp8_bits_to_float(std::uint8_t bits, DType dtype) noexcept;
+std::uint8_t float_to_fp8_bits(float value, DType dtype) noexcept;
+
+// --- device kernels (enqueued on `stream`; tensors of any strides; pointers on the device) ------
+
+/// *amax = max |x| over the tensor (NaN if any element is NaN); 0 for an empty tensor.
+void measure_amax(const TensorDesc& desc, const void* data, float* amax, cudaStream_t stream);
+
+/// One pass: dst = fp8(src * *scale), src a 16-bit tensor and dst an FP8 one of the same dims (any
+/// strides each). When `amax` is not null it also gets max |src| (delayed scaling records the
+/// amax of what it quantized).
+void quantize_fp8(const TensorDesc& src_desc, const void* src, const TensorDesc& dst_desc, void* dst,
+                  const float* scale, float* amax, cudaStream_t stream);
+
+/// One pass: dst = src * *descale, src an FP8 tensor and dst a 16-bit tensor of
+/// the same dims.
+void dequantize_fp8(const TensorDesc& src_desc, const void* src, const TensorDesc& dst_desc, void* dst,
+                    const float* descale, cudaStream_t stream);
+
+/// Current scaling: *scale = fp8_max(dtype) / (*amax * 2^margin) and *descale = 1 / *scale, with
+/// scale 1 where the amax is 0 or not finite (nothing to scale; NaN is left for the data to show).
+void scale_from_amax(const float* amax, DType dtype, int margin, float* scale, float* descale, cudaStream_t stream);
+
+/// Delayed scaling's step: `history` (float32 [length], slot 0 the newest) shifts by one slot and
+/// takes *amax in slot 0; then *scale and *descale are set as by scale_from_amax from the largest
+/// amax in the history. `history_out` may be `history_in` (in place) or another buffer (functional
+/// state, as JAX keeps it).
+void update_delayed_scaling(const float* history_in, float* history_out, std::int64_t length, const float* amax,
+                            DType dtype, int margin, float* scale, float* descale, cudaStream_t stream);
+
+}  // namespace fusedattn
