@@ -13,6 +13,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "fusedattn/fp8_scales.h"
 #include "fusedattn/spec.h"
 #include "fusedattn/support.h"
 
@@ -64,6 +65,7 @@ struct ForwardTensors {
   /// sequence's length are not read, but their entries must still name a page of the pool.
   const std::int32_t* page_table_k = nullptr;
   const std::int32_t* page_table_v = nullptr;
+  Fp8ForwardScales fp8;  ///< FP8 specs (q, k, v in E4M3 or E5M2): the scaling tensors (fp8_scales.h)
 };
 
 /// Device pointers of a backward call. Gradients share their inputs' descriptors (so a packed
@@ -88,6 +90,7 @@ struct BackwardTensors {
   const std::int64_t* dropout_seed = nullptr;    ///< the forward's seed and offset: the backward
   const std::int64_t* dropout_offset = nullptr;  ///< regenerates exactly the forward's mask from them
   RaggedTensors ragged;                          ///< as in ForwardTensors (the forward's offsets)
+  Fp8BackwardScales fp8;                         ///< FP8 specs: the scaling tensors (fp8_scales.h)
 };
 
 /// Dropout's random stream: the same seed and offset give the same mask, in the forward and in

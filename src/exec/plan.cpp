@@ -35,6 +35,48 @@ void require_pointer(const char* field, const void* pointer) {
   }
 }
 
+// A float32 scalar in device memory (the FP8 scales, descales and amaxes).
+void require_scalar(const char* field, const float* pointer) {
+  if (pointer == nullptr) throw InvalidArgument(field, "null", "a device pointer to a float32 scalar");
+  if (reinterpret_cast<std::uintptr_t>(pointer) % alignof(float) != 0) {
+    throw InvalidArgument(field, "misaligned", "a 4-byte aligned device pointer to a float32 scalar");
+  }
+}
+
+void require_scales(const Fp8ForwardScales& f) {
+  for (auto [field, pointer] : {std::pair<const char*, const float*>{"tensors.fp8.descale_q", f.descale_q},
+                                {"tensors.fp8.descale_k", f.descale_k},
+                                {"tensors.fp8.descale_v", f.descale_v},
+                                {"tensors.fp8.descale_s", f.descale_s},
+                                {"tensors.fp8.scale_s", f.scale_s},
+                                {"tensors.fp8.scale_o", f.scale_o},
+                                {"tensors.fp8.amax_s", f.amax_s},
+                                {"tensors.fp8.amax_o", f.amax_o}}) {
+    require_scalar(field, pointer);
+  }
+}
+
+void require_scales(const Fp8BackwardScales& f) {
+  for (auto [field, pointer] : {std::pair<const char*, const float*>{"tensors.fp8.descale_q", f.descale_q},
+                                {"tensors.fp8.descale_k", f.descale_k},
+                                {"tensors.fp8.descale_v", f.descale_v},
+                                {"tensors.fp8.descale_o", f.descale_o},
+                                {"tensors.fp8.descale_d_o", f.descale_d_o},
+                                {"tensors.fp8.descale_s", f.descale_s},
+                                {"tensors.fp8.descale_d_p", f.descale_d_p},
+                                {"tensors.fp8.scale_s", f.scale_s},
+                                {"tensors.fp8.scale_d_p", f.scale_d_p},
+                                {"tensors.fp8.scale_d_q", f.scale_d_q},
+                                {"tensors.fp8.scale_d_k", f.scale_d_k},
+                                {"tensors.fp8.scale_d_v", f.scale_d_v},
+                                {"tensors.fp8.amax_d_q", f.amax_d_q},
+                                {"tensors.fp8.amax_d_k", f.amax_d_k},
+                                {"tensors.fp8.amax_d_v", f.amax_d_v},
+                                {"tensors.fp8.amax_d_p", f.amax_d_p}}) {
+    require_scalar(field, pointer);
+  }
+}
+
 void require_pass(Pass have, Pass want) {
   if (have != want) {
     throw InvalidArgument("plan", std::string(to_string(have)) + " plan",
@@ -220,6 +262,7 @@ void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const 
     require_pointer("tensors.page_table_v", t.page_table_v);
   }
   if (spec_.max_logit != MaxLogit::none) require_pointer("tensors.max_logit", t.max_logit);
+  if (is_fp8(spec_.q.dtype)) require_scales(t.fp8);
   detail::PointersByUid pointers = detail::forward_pointers(t, &scale);
   void** by_uid = pointers.at;
   if (zero_sink_) by_uid[graph::kUidSink] = zero_sink_.get();
@@ -265,6 +308,7 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
   require_dropout(t.dropout_seed, t.dropout_offset);
   if (spec_.bias_grad) require_pointer("tensors.d_bias", t.d_bias);
   if (spec_.softmax == Softmax::sink) require_pointer("tensors.d_sink", t.d_sink);
+  if (is_fp8(spec_.q.dtype)) require_scales(t.fp8);
   detail::PointersByUid pointers = detail::backward_pointers(t, &scale);
   void** by_uid = pointers.at;
   if (zero_sink_) by_uid[graph::kUidSink] = zero_sink_.get();

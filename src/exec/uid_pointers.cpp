@@ -22,6 +22,14 @@ PointersByUid forward_pointers(const ForwardTensors& t, float* scale) {
   p.at[graph::kUidDropoutMask] = t.dropout_mask;
   p.at[graph::kUidPageTableK] = const_cast<std::int32_t*>(t.page_table_k);
   p.at[graph::kUidPageTableV] = const_cast<std::int32_t*>(t.page_table_v);
+  p.at[graph::kUidDescaleQ] = const_cast<float*>(t.fp8.descale_q);
+  p.at[graph::kUidDescaleK] = const_cast<float*>(t.fp8.descale_k);
+  p.at[graph::kUidDescaleV] = const_cast<float*>(t.fp8.descale_v);
+  p.at[graph::kUidDescaleS] = const_cast<float*>(t.fp8.descale_s);
+  p.at[graph::kUidScaleS] = const_cast<float*>(t.fp8.scale_s);
+  p.at[graph::kUidScaleO] = const_cast<float*>(t.fp8.scale_o);
+  p.at[graph::kUidAmaxS] = t.fp8.amax_s;
+  p.at[graph::kUidAmaxO] = t.fp8.amax_o;
   return p;
 }
 
@@ -45,6 +53,23 @@ PointersByUid backward_pointers(const BackwardTensors& t, float* scale) {
   p.at[graph::kUidDSink] = t.d_sink;
   p.at[graph::kUidDropoutSeed] = const_cast<std::int64_t*>(t.dropout_seed);
   p.at[graph::kUidDropoutOffset] = const_cast<std::int64_t*>(t.dropout_offset);
+  const Fp8BackwardScales& f = t.fp8;
+  p.at[graph::kUidDescaleQ] = const_cast<float*>(f.descale_q);
+  p.at[graph::kUidDescaleK] = const_cast<float*>(f.descale_k);
+  p.at[graph::kUidDescaleV] = const_cast<float*>(f.descale_v);
+  p.at[graph::kUidDescaleO] = const_cast<float*>(f.descale_o);
+  p.at[graph::kUidDescaleDO] = const_cast<float*>(f.descale_d_o);
+  p.at[graph::kUidDescaleS] = const_cast<float*>(f.descale_s);
+  p.at[graph::kUidDescaleDP] = const_cast<float*>(f.descale_d_p);
+  p.at[graph::kUidScaleS] = const_cast<float*>(f.scale_s);
+  p.at[graph::kUidScaleDP] = const_cast<float*>(f.scale_d_p);
+  p.at[graph::kUidScaleDQ] = const_cast<float*>(f.scale_d_q);
+  p.at[graph::kUidScaleDK] = const_cast<float*>(f.scale_d_k);
+  p.at[graph::kUidScaleDV] = const_cast<float*>(f.scale_d_v);
+  p.at[graph::kUidAmaxDQ] = f.amax_d_q;
+  p.at[graph::kUidAmaxDK] = f.amax_d_k;
+  p.at[graph::kUidAmaxDV] = f.amax_d_v;
+  p.at[graph::kUidAmaxDP] = f.amax_d_p;
   return p;
 }
 

@@ -3,7 +3,9 @@
 #include "graph/sdpa_graph.h"
 
 #include <algorithm>
+#include <array>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 
@@ -19,7 +21,13 @@ namespace {
 using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
 
 fe::DataType_t frontend_type(DType dtype) {
-  return dtype == DType::f16 ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16;
+  switch (dtype) {
+    case DType::f16: return fe::DataType_t::HALF;
+    case DType::bf16: return fe::DataType_t::BFLOAT16;
+    case DType::e4m3: return fe::DataType_t::FP8_E4M3;
+    case DType::e5m2: return fe::DataType_t::FP8_E5M2;
+  }
+  return fe::DataType_t::NOT_SET;
 }
 
 std::vector<std::int64_t> to_vector(const std::array<std::int64_t, 4>& values) {
@@ -118,6 +126,28 @@ TensorPtr scale_tensor(fe::graph::Graph& graph) {
                           .set_stride({1, 1, 1, 1})
                           .set_is_pass_by_value(true)
                           .set_data_type(fe::DataType_t::FLOAT));
+}
+
+// FP8's scaling tensors: float32 scalars [1, 1, 1, 1] in device memory (fusedattn/fp8_scales.h).
+fe::graph::Tensor_attributes scalar_desc(const char* name, Uid uid) {
+  return fe::graph::Tensor_attributes()
+      .set_name(name)
+      .set_uid(uid)
+      .set_dim({1, 1, 1, 1})
+      .set_stride({1, 1, 1, 1})
+      .set_data_type(fe::DataType_t::FLOAT);
+}
+
+TensorPtr scalar_input(fe::graph::Graph& graph, const char* name, Uid uid, std::vector<std::int64_t>& uids) {
+  uids.push_back(uid);
+  return graph.tensor(scalar_desc(name, uid));
+}
+
+void mark_scalar_output(const TensorPtr& tensor, const char* name, Uid uid, std::vector<std::int64_t>& uids) {
+  const fe::graph::Tensor_attributes desc = scalar_desc(name, uid);
+  tensor->set_output(true).set_name(name).set_uid(uid).set_dim(desc.get_dim()).set_stride(desc.get_stride())
+      .set_data_type(fe::DataType_t::FLOAT);
+  uids.push_back(uid);
 }
 
 // Runtime lengths: int32 [b, 1, 1, 1], one per batch entry.
@@ -275,7 +305,25 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionSpec& spec, fe::A
     uids.push_back(kUidMaxLogit);
     uids.push_back(kUidSumExp);
   }
-  auto [o, stats] = graph->sdpa(q, k, v, attributes);
+  TensorPtr o, stats;
+  if (is_fp8(spec.q.dtype)) {
+    // Q, K and V come with their descales; the probabilities are quantized inside with scale_s
+    // (descale_s undoes it), O is written with scale_o, and the amaxes of S and O come out.
+    auto out = graph->sdpa_fp8(q, k, v, scalar_input(*graph, "descale_q", kUidDescaleQ, uids),
+                               scalar_input(*graph, "descale_k", kUidDescaleK, uids),
+                               scalar_input(*graph, "descale_v", kUidDescaleV, uids),
+                               scalar_input(*graph, "descale_s", kUidDescaleS, uids),
+                               scalar_input(*graph, "scale_s", kUidScaleS, uids),
+                               scalar_input(*graph, "scale_o", kUidScaleO, uids), attributes);
+    o = out[0];
+    stats = out[1];
+    mark_scalar_output(out[2], "amax_s", kUidAmaxS, uids);
+    mark_scalar_output(out[3], "amax_o", kUidAmaxO, uids);
+  } else {
+    auto out = graph->sdpa(q, k, v, attributes);
+    o = out[0];
+    stats = out[1];
+  }
   mark_output(o, "o", kUidO, spec.o);
   place(o, offsets.o);
   if (spec.stats && !wants_max) {
@@ -290,6 +338,50 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionSpec& spec, fe::A
   return graph;
 }
 
+// dQ, dK, dV of an FP8 backward: every FP8 input comes with its descale, the probabilities and dP
+// are quantized inside (scale_s, scale_dp, and their descales), and each gradient is written with
+// its scale; the amaxes of dQ, dK, dV and dP come out.
+std::array<TensorPtr, 3> fp8_gradients(fe::graph::Graph& graph, const std::array<TensorPtr, 6>& in,
+                                       fe::graph::SDPA_fp8_backward_attributes& attributes,
+                                       std::vector<std::int64_t>& uids) {
+  auto scalar = [&](const char* name, Uid uid) { return scalar_input(graph, name, uid, uids); };
+  auto out = graph.sdpa_fp8_backward(in[0], in[1], in[2], in[3], in[4], in[5], scalar("descale_q", kUidDescaleQ),
+                                     scalar("descale_k", kUidDescaleK), scalar("descale_v", kUidDescaleV),
+                                     scalar("descale_o", kUidDescaleO), scalar("descale_d_o", kUidDescaleDO),
+                                     scalar("descale_s", kUidDescaleS), scalar("descale_d_p", kUidDescaleDP),
+                                     scalar("scale_s", kUidScaleS), scalar("scale_d_q", kUidScaleDQ),
+                                     scalar("scale_d_k", kUidScaleDK), scalar("scale_d_v", kUidScaleDV),
+                                     scalar("scale_d_p", kUidScaleDP), attributes);
+  mark_scalar_output(out[3], "amax_d_q", kUidAmaxDQ, uids);
+  mark_scalar_output(out[4], "amax_d_k", kUidAmaxDK, uids);
+  mark_scalar_output(out[5], "amax_d_v", kUidAmaxDV, uids);
+  mark_scalar_output(out[6], "amax_d_p", kUidAmaxDP, uids);
+  return {out[0], out[1], out[2]};
+}
+
+// dQ, dK, dV of a 16-bit backward, with the score terms (bias, ALiBi, sink) and their gradients.
+std::array<TensorPtr, 3> gradients(fe::graph::Graph& graph, const std::array<TensorPtr, 6>& in, const AttentionSpec& spec,
+                                   fe::graph::SDPA_backward_attributes& attributes, std::vector<std::int64_t>& uids) {
+  apply_score_terms(graph, attributes, spec, Pass::backward, uids);
+  if (spec.bias_grad) {
+    auto d_bias = graph.tensor(describe("d_bias", kUidDBias, bias_desc(spec)));
+    d_bias->set_output(true);
+    attributes.set_dbias(d_bias);
+    uids.push_back(kUidDBias);
+  }
+  if (spec.softmax == Softmax::sink) {
+    auto d_sink = graph.tensor(per_head(spec, "d_sink", kUidDSink));
+    d_sink->set_output(true);
+    attributes.set_dsink_token(d_sink);
+    uids.push_back(kUidDSink);
+  }
+  auto out = graph.sdpa_backward(in[0], in[1], in[2], in[3], in[4], in[5], attributes);
+  return {out[0], out[1], out[2]};
+}
+
+// The backward of either kind: `Attributes` is SDPA_backward_attributes (f16/bf16) or
+// SDPA_fp8_backward_attributes (FP8), which share the mask, padding and dropout settings.
+template <class Attributes>
 std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionSpec& spec, std::vector<std::int64_t>& uids) {
   auto graph = new_graph(spec);
   auto q = graph->tensor(describe("q", kUidQ, spec.q));
@@ -298,7 +390,7 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionSpec& spec, std:
   auto o = graph->tensor(describe("o", kUidO, spec.o));
   auto d_o = graph->tensor(describe("d_o", kUidDO, spec.o));
   auto stats = graph->tensor(stats_tensor(spec));
-  auto attributes = fe::graph::SDPA_backward_attributes()
+  auto attributes = Attributes()
                         .set_name("fusedattn_backward")
                         .set_attn_scale(scale_tensor(*graph))
                         .set_deterministic_algorithm(spec.deterministic);
@@ -312,29 +404,22 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionSpec& spec, std:
   place(d_o, offsets.o);
   place(stats, offsets.stats);
   apply_padding(*graph, attributes, spec, uids);
-  apply_score_terms(*graph, attributes, spec, Pass::backward, uids);
   apply_dropout(*graph, attributes, spec, uids);
-  if (spec.bias_grad) {
-    auto d_bias = graph->tensor(describe("d_bias", kUidDBias, bias_desc(spec)));
-    d_bias->set_output(true);
-    attributes.set_dbias(d_bias);
-    uids.push_back(kUidDBias);
-  }
-  if (spec.softmax == Softmax::sink) {
-    auto d_sink = graph->tensor(per_head(spec, "d_sink", kUidDSink));
-    d_sink->set_output(true);
-    attributes.set_dsink_token(d_sink);
-    uids.push_back(kUidDSink);
+  const std::array<TensorPtr, 6> in = {q, k, v, o, d_o, stats};
+  std::array<TensorPtr, 3> grads;
+  if constexpr (std::is_same_v<Attributes, fe::graph::SDPA_fp8_backward_attributes>) {
+    grads = fp8_gradients(*graph, in, attributes, uids);
+  } else {
+    grads = gradients(*graph, in, spec, attributes, uids);
   }
   std::sort(uids.begin(), uids.end());  // execute() takes pointers in ascending UID order
-  auto [d_q, d_k, d_v] = graph->sdpa_backward(q, k, v, o, d_o, stats, attributes);
   // Gradients take their inputs' descriptors, so a packed input gets a packed gradient.
-  mark_output(d_q, "d_q", kUidDQ, spec.q);
-  mark_output(d_k, "d_k", kUidDK, spec.k);
-  mark_output(d_v, "d_v", kUidDV, spec.v);
-  place(d_q, offsets.q);
-  place(d_k, offsets.k);
-  place(d_v, offsets.v);
+  mark_output(grads[0], "d_q", kUidDQ, spec.q);
+  mark_output(grads[1], "d_k", kUidDK, spec.k);
+  mark_output(grads[2], "d_v", kUidDV, spec.v);
+  place(grads[0], offsets.q);
+  place(grads[1], offsets.k);
+  place(grads[2], offsets.v);
   return graph;
 }
 
@@ -410,7 +495,9 @@ BuildOutcome finish(Attempt attempt, std::vector<std::int64_t> uids) {
 BuildOutcome build_graph(const AttentionSpec& spec, Pass pass, cudnnHandle_t handle) {
   std::vector<std::int64_t> uids;
   if (pass == Pass::backward) {
-    Attempt attempt = compile(backward_graph(spec, uids), handle, "auto");
+    auto graph = is_fp8(spec.q.dtype) ? backward_graph<fe::graph::SDPA_fp8_backward_attributes>(spec, uids)
+                                      : backward_graph<fe::graph::SDPA_backward_attributes>(spec, uids);
+    Attempt attempt = compile(std::move(graph), handle, "auto");
     if (!attempt.graph) return BuildOutcome{nullptr, std::move(attempt.rejections)};
     return finish(std::move(attempt), std::move(uids));
   }

@@ -24,6 +24,10 @@ enum Uid : std::int64_t {
   kUidSumExp,  // with a max logit, cuDNN gives each row's max and sum of exponentials instead of stats
   kUidOffsetQ, kUidOffsetK, kUidOffsetV, kUidOffsetO, kUidOffsetStats,  // ragged: where each sequence starts
   kUidPageTableK, kUidPageTableV,                                        // paged caches: each sequence's pages
+  // FP8: the scaling tensors (fusedattn/fp8_scales.h), float32 scalars
+  kUidDescaleQ, kUidDescaleK, kUidDescaleV, kUidDescaleO, kUidDescaleDO, kUidDescaleS, kUidDescaleDP,
+  kUidScaleS, kUidScaleO, kUidScaleDP, kUidScaleDQ, kUidScaleDK, kUidScaleDV,
+  kUidAmaxS, kUidAmaxO, kUidAmaxDQ, kUidAmaxDK, kUidAmaxDV, kUidAmaxDP,
   kUidEnd  // one past the last
 };
 

@@ -560,8 +560,11 @@ void validate(const AttentionSpec& spec) {
       if (dim <= 0) throw InvalidArgument(std::string(t.name) + ".dims", detail::format_list(t.desc->dims), "every dim positive");
     }
   }
+  // q, k and v share one dtype; so does o, except that an FP8 call may write O in any dtype (the
+  // support policy says which cuDNN takes on which GPU).
   for (const NamedTensor& t : tensors) {
-    if (t.desc->dtype != spec.q.dtype) {
+    const bool fp8_output = t.desc == &spec.o && is_fp8(spec.q.dtype);
+    if (t.desc->dtype != spec.q.dtype && !fp8_output) {
       throw InvalidArgument(std::string(t.name) + ".dtype", to_string(t.desc->dtype),
                             std::string("the dtype of q (") + to_string(spec.q.dtype) + "): q, k, v and o share one");
     }
