@@ -1,5 +1,5 @@
 // fusedattn/mxfp8.h — MXFP8 block scaling: E8M0 scales shared by blocks of 32 elements, their
-// 128x4 swizzled layout and host references.
+// 128x4 swizzled layout, host references, and the device kernels that quantize 16-bit tensors.
 //
 // An MXFP8 tensor is FP8 data (E4M3 or E5M2) plus one E8M0 scale per 32 consecutive elements along
 // one axis, the "blocked" axis: x ~ fp8_value * 2^(e - 127). Unlike per-tensor FP8 (fusedattn/fp8.h)
@@ -46,6 +46,8 @@
 #include <array>
 #include <cstdint>
 #include <vector>
+
+#include <cuda_runtime_api.h>
 
 #include "fusedattn/tensor.h"
 
@@ -148,5 +150,22 @@ std::vector<std::uint8_t> mxfp8_swizzle_scales(const std::vector<std::uint8_t>& 
                                                std::int64_t blocks);
 std::vector<std::uint8_t> mxfp8_unswizzle_scales(const std::vector<std::uint8_t>& swizzled, std::int64_t rows,
                                                  std::int64_t blocks);
+
+// --- device kernels (enqueued on `stream`; pointers on the device) ---------------------------
+
+/// dst = the MXFP8 data of src blocked along `blocked` (kDim for Q, K, dO and the backward's V;
+/// kSeq for the forward's V and for Q_T, K_T, dO_T), and `scales` = its swizzled scales
+/// (mxfp8_scale_shape(src_desc.dims, blocked).swizzled_bytes() bytes, padding written as 0).
+/// src is f16 or bf16 and dst E4M3 or E5M2, of the same dims and any strides each (a Q_T copy is
+/// just a dst whose s stride is 1). Conversions saturate as in fusedattn/fp8.h. Bit for bit what
+/// mxfp8_quantize_host gives for each (b, h) matrix. Throws InvalidArgument before any GPU work for
+/// other dtypes, differing dims, a ragged tensor or another axis; CudaError if the launch fails.
+void quantize_mxfp8(const TensorDesc& src_desc, const void* src, const TensorDesc& dst_desc, void* dst, Axis blocked,
+                    std::uint8_t* scales, cudaStream_t stream);
+
+/// dst = src's MXFP8 values (with `scales` swizzled, blocked along `blocked`) as f16 or bf16,
+/// rounded to nearest even: fp8 * 2^(e - 127). Same checks as quantize_mxfp8.
+void dequantize_mxfp8(const TensorDesc& src_desc, const void* src, const std::uint8_t* scales, Axis blocked,
+                      const TensorDesc& dst_desc, void* dst, cudaStream_t stream);
 
 }  // namespace fusedattn
