@@ -14,6 +14,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include "fusedattn/errors.h"
@@ -445,7 +446,7 @@ __global__ void __launch_bounds__(kThreads) reference_dsink_kernel(Shape s, cons
   if (threadIdx.x == 0) d_sink[hq] = static_cast<float>(-partial[0]);
 }
 
-// --- strided 16-bit <-> contiguous float ------------------------------------------------------
+// --- strided 16-bit or FP8 <-> contiguous float ----------------------------------------------
 
 struct Strided {
   std::int64_t dims[4], strides[4];
@@ -479,6 +480,14 @@ template <>
 __device__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <>
 __device__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+// cuda_fp8.h's classes convert from float with __NV_SATFINITE (round to nearest even, saturating),
+// as float_to_fp8_bits does on the host; to float exactly.
+__device__ float to_float(__nv_fp8_e4m3 x) { return static_cast<float>(x); }
+__device__ float to_float(__nv_fp8_e5m2 x) { return static_cast<float>(x); }
+template <>
+__device__ __nv_fp8_e4m3 from_float<__nv_fp8_e4m3>(float x) { return __nv_fp8_e4m3(x); }
+template <>
+__device__ __nv_fp8_e5m2 from_float<__nv_fp8_e5m2>(float x) { return __nv_fp8_e5m2(x); }
 
 template <class T>
 __global__ void gather_kernel(Strided t, std::int64_t n, const T* src, float* dst) {
@@ -570,10 +579,19 @@ void gather_to_float_gpu(const TensorDesc& desc, const void* src, float* dst, cu
   if (n <= 0) return;
   const Strided t = make_strided(desc);
   const unsigned int blocks = grid_stride_blocks(n, kGatherThreads);
-  if (desc.dtype == DType::bf16) {
-    gather_kernel<<<blocks, kGatherThreads, 0, stream>>>(t, n, static_cast<const __nv_bfloat16*>(src), dst);
-  } else {
-    gather_kernel<<<blocks, kGatherThreads, 0, stream>>>(t, n, static_cast<const __half*>(src), dst);
+  switch (desc.dtype) {
+    case DType::bf16:
+      gather_kernel<<<blocks, kGatherThreads, 0, stream>>>(t, n, static_cast<const __nv_bfloat16*>(src), dst);
+      break;
+    case DType::f16:
+      gather_kernel<<<blocks, kGatherThreads, 0, stream>>>(t, n, static_cast<const __half*>(src), dst);
+      break;
+    case DType::e4m3:
+      gather_kernel<<<blocks, kGatherThreads, 0, stream>>>(t, n, static_cast<const __nv_fp8_e4m3*>(src), dst);
+      break;
+    case DType::e5m2:
+      gather_kernel<<<blocks, kGatherThreads, 0, stream>>>(t, n, static_cast<const __nv_fp8_e5m2*>(src), dst);
+      break;
   }
   check_launch("gather_kernel");
 }
@@ -583,10 +601,19 @@ void scatter_from_float_gpu(const TensorDesc& desc, const float* src, void* dst,
   if (n <= 0) return;
   const Strided t = make_strided(desc);
   const unsigned int blocks = grid_stride_blocks(n, kGatherThreads);
-  if (desc.dtype == DType::bf16) {
-    scatter_kernel<<<blocks, kGatherThreads, 0, stream>>>(t, n, src, static_cast<__nv_bfloat16*>(dst));
-  } else {
-    scatter_kernel<<<blocks, kGatherThreads, 0, stream>>>(t, n, src, static_cast<__half*>(dst));
+  switch (desc.dtype) {
+    case DType::bf16:
+      scatter_kernel<<<blocks, kGatherThreads, 0, stream>>>(t, n, src, static_cast<__nv_bfloat16*>(dst));
+      break;
+    case DType::f16:
+      scatter_kernel<<<blocks, kGatherThreads, 0, stream>>>(t, n, src, static_cast<__half*>(dst));
+      break;
+    case DType::e4m3:
+      scatter_kernel<<<blocks, kGatherThreads, 0, stream>>>(t, n, src, static_cast<__nv_fp8_e4m3*>(dst));
+      break;
+    case DType::e5m2:
+      scatter_kernel<<<blocks, kGatherThreads, 0, stream>>>(t, n, src, static_cast<__nv_fp8_e5m2*>(dst));
+      break;
   }
   check_launch("scatter_kernel");
 }
