@@ -25,8 +25,12 @@ float fp8_bits_to_float(std::uint8_t bits, DType dtype) noexcept;
 std::uint8_t float_to_fp8_bits(float value, DType dtype) noexcept;
 
 // --- device kernels (enqueued on `stream`; tensors of any strides; pointers on the device) ------
+// Each checks its inputs first and throws InvalidArgument, enqueuing nothing, for a wrong dtype,
+// mismatched dims, a null pointer, or a ragged tensor (batch stride 0: its run-time offsets are
+// not taken here, so pass the packed tokens as one dense entry [1, h, tokens, d]).
 
-/// *amax = max |x| over the tensor (NaN if any element is NaN); 0 for an empty tensor.
+/// *amax = max |x| over the tensor (NaN if any element is NaN); 0 for an empty tensor. Any dtype;
+/// for an FP8 tensor, of its stored values (before any descale).
 void measure_amax(const TensorDesc& desc, const void* data, float* amax, cudaStream_t stream);
 
 /// One pass: dst = fp8(src * *scale), src a 16-bit tensor and dst an FP8 one of the same dims (any
@@ -42,12 +46,14 @@ void dequantize_fp8(const TensorDesc& src_desc, const void* src, const TensorDes
 
 /// Current scaling: *scale = fp8_max(dtype) / (*amax * 2^margin) and *descale = 1 / *scale, with
 /// scale 1 where the amax is 0 or not finite (nothing to scale; NaN is left for the data to show).
+/// A scale past float's range (a tiny amax, a large margin) is clamped to [FLT_MIN, FLT_MAX], so
+/// that the descale stays finite and non-zero.
 void scale_from_amax(const float* amax, DType dtype, int margin, float* scale, float* descale, cudaStream_t stream);
 
 /// Delayed scaling's step: `history` (float32 [length], slot 0 the newest) shifts by one slot and
 /// takes *amax in slot 0; then *scale and *descale are set as by scale_from_amax from the largest
-/// amax in the history. `history_out` may be `history_in` (in place) or another buffer (functional
-/// state, as JAX keeps it).
+/// amax in the history (NaN if any is NaN, which gives scale 1). `history_out` may be `history_in`
+/// (in place) or a disjoint buffer (functional state, as JAX keeps it); length must be at least 1.
 void update_delayed_scaling(const float* history_in, float* history_out, std::int64_t length, const float* amax,
                             DType dtype, int margin, float* scale, float* descale, cudaStream_t stream);
 
