@@ -22,6 +22,7 @@
 #include "testing/attention_buffers.h"
 #include "testing/cuda_check.h"
 #include "testing/device_buffer.h"
+#include "testing/fp8_check.h"
 #include "testing/kernel_timing.h"
 #include "testing/reference_check.h"
 
@@ -204,6 +205,11 @@ int cmd_run(const CommandLine& line) {
     return kNoGpu;
   }
   try {
+    if (fa::is_fp8(spec.q.dtype)) {  // against the dequantized inputs' reference, and BF16's result
+      const fa::check::Fp8CheckResult result = fa::check::check_fp8_against_reference(spec, options.backward, options.seed);
+      std::cout << result.to_string() << "\n";
+      return result.passed ? kOk : kFailed;
+    }
     const fa::check::CheckResult result = fa::check::check_against_reference(spec, options);
     std::cout << result.to_string() << "\n";
     return result.passed ? kOk : kFailed;
@@ -221,7 +227,7 @@ double host_ms_since(std::chrono::steady_clock::time_point start) {
 
 struct BenchResult {
   double build_forward_ms = 0.0, build_backward_ms = 0.0;
-  double forward_ms = 0.0, forward_backward_ms = 0.0;
+  double forward_ms = 0.0, forward_backward_ms = 0.0, backward_ms = 0.0;
   double host_us_per_call = 0.0;
   fa::CacheStats cache;
 };
@@ -237,7 +243,9 @@ void measure_builds(const fa::AttentionSpec& train, BenchResult* r) {
   r->build_backward_ms = host_ms_since(start);
 }
 
-BenchResult run_bench(const fa::AttentionSpec& spec, int iters) {
+// `fwd` and `bwd`: the tensors of `spec` with statistics (the training forward's).
+BenchResult run_bench(const fa::AttentionSpec& spec, int iters, const fa::ForwardTensors& fwd,
+                      const fa::BackwardTensors& bwd) {
   fa::AttentionSpec train = spec;
   train.stats = true;  // backward needs the forward's statistics
   BenchResult r;
@@ -246,10 +254,6 @@ BenchResult run_bench(const fa::AttentionSpec& spec, int iters) {
                                         fa::get_plan(train, fa::Pass::backward)->workspace_bytes());
   fa::check::DeviceBuffer workspace_memory(ws_bytes);
   const fa::Workspace ws{workspace_memory.get(), ws_bytes};
-  fa::check::AttentionBuffers buffers(train, /*with_backward=*/true);
-  buffers.fill_inputs(std::random_device{}());
-  const fa::ForwardTensors fwd = buffers.forward_tensors();
-  const fa::BackwardTensors bwd = buffers.backward_tensors();
   fa::ForwardTensors inference = fwd;
   if (!spec.stats) inference.stats = nullptr;
   const float scale = fa::default_scale(spec);
@@ -261,6 +265,7 @@ BenchResult run_bench(const fa::AttentionSpec& spec, int iters) {
         fa::backward(train, bwd, scale, nullptr, ws);
       },
       3, iters, nullptr);
+  r.backward_ms = fa::check::median_kernel_ms([&] { fa::backward(train, bwd, scale, nullptr, ws); }, 3, iters, nullptr);
 
   // Enqueue cost of a cached call. Fewer calls than the launch queue holds (about a thousand
   // pending launches), so that enqueueing never waits for a kernel to finish, whatever the shape.
@@ -282,6 +287,7 @@ void print_bench(const fa::AttentionSpec& spec, const BenchResult& r, int iters)
   std::printf("  %-26s %12.4f %10.1f\n", "forward", r.forward_ms, tflops(fwd_flops, r.forward_ms));
   std::printf("  %-26s %12.4f %10.1f\n", "forward+backward", r.forward_backward_ms,
               tflops(3.5 * fwd_flops, r.forward_backward_ms));
+  std::printf("  %-26s %12.4f %10.1f\n", "backward", r.backward_ms, tflops(2.5 * fwd_flops, r.backward_ms));
   std::printf("  %-26s %12.2f us\n", "host time per cached call", r.host_us_per_call);
   std::printf("  %-26s %12.1f ms forward, %.1f ms backward\n", "plan build", r.build_forward_ms, r.build_backward_ms);
   std::printf("  %-26s builds=%llu build_ms=%.1f hits=%llu misses=%llu size=%zu\n", "plan cache",
@@ -300,7 +306,26 @@ int cmd_bench(const CommandLine& line) {
   }
   std::cout << fa::build_info().to_string() << "\n";
   try {
-    print_bench(spec, run_bench(spec, iters), iters);
+    fa::AttentionSpec train = spec;
+    train.stats = true;
+    if (fa::is_fp8(spec.q.dtype)) {  // FP8, then its BF16 twin on the same (unquantized) inputs
+      fa::check::Fp8Problem problem(train, /*with_backward=*/true, std::random_device{}());
+      problem.run_forward(fa::default_scale(spec));  // scales of S, O, dP and the gradients from their amaxes
+      problem.run_backward(fa::default_scale(spec));
+      const BenchResult fp8 = run_bench(spec, iters, problem.forward_tensors(), problem.backward_tensors());
+      fa::AttentionSpec bf16 = problem.bf16_spec();
+      bf16.stats = spec.stats;
+      const BenchResult twin = run_bench(bf16, iters, problem.bf16_forward_tensors(), problem.bf16_backward_tensors());
+      print_bench(spec, fp8, iters);
+      print_bench(bf16, twin, iters);
+      std::printf("FP8 / BF16 speed: forward %.3f, backward %.3f, forward+backward %.3f\n",
+                  twin.forward_ms / fp8.forward_ms, twin.backward_ms / fp8.backward_ms,
+                  twin.forward_backward_ms / fp8.forward_backward_ms);
+      return kOk;
+    }
+    fa::check::AttentionBuffers buffers(train, /*with_backward=*/true);
+    buffers.fill_inputs(std::random_device{}());
+    print_bench(spec, run_bench(spec, iters, buffers.forward_tensors(), buffers.backward_tensors()), iters);
   } catch (const fa::NotSupported& error) {
     print_not_supported(error, spec);
     return kNotSupported;
@@ -327,7 +352,11 @@ int demo_gpu() {
   standard.head_dim_qk = standard.head_dim_v = 128;
   const fa::AttentionSpec first = causal_spec(standard, fa::Alignment::top_left);
   bool ok = demo_check("1. standard problem (bf16, bshd, causal), forward + backward:", first);
-  const BenchResult timing = run_bench(first, 10);
+  fa::AttentionSpec first_train = first;
+  first_train.stats = true;
+  fa::check::AttentionBuffers first_buffers(first_train, /*with_backward=*/true);
+  first_buffers.fill_inputs(std::random_device{}());
+  const BenchResult timing = run_bench(first, 10, first_buffers.forward_tensors(), first_buffers.backward_tensors());
   std::printf("  forward %.3f ms = %.0f TFLOP/s, forward+backward %.3f ms = %.0f TFLOP/s  spec=%s\n\n",
               timing.forward_ms, first.forward_flops() / (timing.forward_ms * 1e9), timing.forward_backward_ms,
               3.5 * first.forward_flops() / (timing.forward_backward_ms * 1e9), quoted(first).c_str());

@@ -16,6 +16,10 @@ struct Fp8ForwardScales {
   const float* descale_k = nullptr;
   const float* descale_v = nullptr;
   const float* descale_s = nullptr;
+  /// The probabilities are at most 1: fp8_max(dtype) uses the format's whole range, and is the
+  /// scale to use. A scale from amax_s (the largest normalized probability, far below 1 without a
+  /// causal mask) saturates what cuDNN's kernels quantize: O came out with relative errors of 0.96
+  /// on the H200 with amax_s around 0.013.
   const float* scale_s = nullptr;
   const float* scale_o = nullptr;  ///< O is written as fp8(O * scale_o)
   float* amax_s = nullptr;

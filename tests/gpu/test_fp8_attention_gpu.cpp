@@ -1,0 +1,83 @@
+// GPU tier: FP8 attention (E4M3, E5M2) forward and backward against the float32 reference of the
+// dequantized inputs, with fusedattn's BF16 result beside it (testing/fp8_check.h), and the FP8
+// call's own input checks. Without a GPU, or on one older than Hopper, each test skips and says why.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+#include "fusedattn/attention.h"
+#include "fusedattn/errors.h"
+#include "gpu_skip.h"
+#include "testing/fp8_check.h"
+
+namespace fusedattn {
+namespace {
+
+#define FUSEDATTN_REQUIRE_FP8_GPU()                                                              \
+  do {                                                                                           \
+    FUSEDATTN_REQUIRE_GPU();                                                                     \
+    if (current_device_caps().sm() < 90) GTEST_SKIP() << "FP8 attention needs SM 9.0 or newer"; \
+  } while (0)
+
+struct Fp8Case {
+  const char* name;
+  const char* spec;
+  bool backward;
+};
+
+class Fp8Numerics : public ::testing::TestWithParam<Fp8Case> {};
+
+// Every case is one the support policy offers on Hopper with cuDNN 9.19, so a refusal by cuDNN
+// fails the test: it would mean the policy promises what cuDNN does not do.
+TEST_P(Fp8Numerics, MatchesTheReferenceOfTheDequantizedInputs) {
+  FUSEDATTN_REQUIRE_FP8_GPU();
+  const AttentionSpec spec = parse_spec(GetParam().spec);
+  for (Pass pass : {Pass::forward, Pass::backward}) {
+    if (pass == Pass::backward && !GetParam().backward) continue;
+    const Support answer = check_support(spec, pass);
+    ASSERT_TRUE(answer.ok()) << to_string(pass) << ": " << answer.to_string();
+  }
+  const check::Fp8CheckResult result = check::check_fp8_against_reference(spec, GetParam().backward, 0);
+  std::printf("%s\n", result.to_string().c_str());  // the errors per tensor, for the results file
+  EXPECT_TRUE(result.passed) << result.to_string();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Gpu, Fp8Numerics,
+    ::testing::Values(
+        Fp8Case{"causal_128", "layout=bshd dtype=e4m3 b=2 s=512 h=8 d=128 causal", true},
+        Fp8Case{"cross_64", "layout=bshd dtype=e4m3 b=2 s_q=256 s_kv=384 h=8 d=64", false},
+        Fp8Case{"gqa_16_4", "layout=bshd dtype=e4m3 b=1 s=1024 h_q=16 h_kv=4 d=128 causal", true},
+        Fp8Case{"sbhd_128", "layout=sbhd dtype=e4m3 b=2 s=256 h=4 d=128", true},
+        Fp8Case{"packed_qkv_128", "layout=bs3hd dtype=e4m3 b=2 s=384 h=4 d=128 causal", true},
+        Fp8Case{"window_128", "layout=bshd dtype=e4m3 b=2 s=512 h=4 d=128 window=128,0", true},
+        Fp8Case{"d256_forward", "layout=bshd dtype=e4m3 b=1 s=256 h=4 d=256 causal", false},
+        Fp8Case{"e5m2_128", "layout=bshd dtype=e5m2 b=2 s=256 h=4 d=128 causal", true}),
+    [](const ::testing::TestParamInfo<Fp8Case>& info) { return std::string(info.param.name); });
+
+TEST(Fp8Calls, AMissingScaleIsNamedAndNothingRuns) {
+  FUSEDATTN_REQUIRE_FP8_GPU();
+  const AttentionSpec spec = parse_spec("layout=bshd dtype=e4m3 b=1 s=128 h=2 d=128 causal");
+  check::Fp8Problem problem(spec, false, 7);
+  ForwardTensors t = problem.forward_tensors();
+  t.fp8.descale_k = nullptr;
+  try {
+    forward(problem.spec(), t, default_scale(spec), nullptr, problem.workspace());
+    FAIL() << "a forward without descale_k ran";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("tensors.fp8.descale_k"), std::string::npos) << error.what();
+  }
+}
+
+TEST(Fp8Calls, ABottomRightDiagonalIsRefusedOnHopperNamingBlackwell) {
+  FUSEDATTN_REQUIRE_FP8_GPU();
+  if (current_device_caps().sm_major != 9) GTEST_SKIP() << "the limit is Hopper's";
+  const Support answer = check_support(parse_spec("layout=bshd dtype=e4m3 b=1 s=128 h=2 d=128 causal align=bottom_right"),
+                                       Pass::forward);
+  ASSERT_FALSE(answer.ok());
+  EXPECT_NE(answer.to_string().find("Blackwell"), std::string::npos) << answer.to_string();
+}
+
+}  // namespace
+}  // namespace fusedattn
