@@ -164,8 +164,12 @@ TEST(GpuMxfp8, QuantizeMatchesTheHostReferenceBitForBit) {
                 << matrix[r * cols + k] << ", " << where;
             std::uint16_t got_bits;
             std::memcpy(&got_bits, got_back.data() + 2 * offset_of(c.back, b, h, s, d), 2);
-            ASSERT_EQ(got_bits, float_to_half_bits(ref_back[r * cols + k], c.source))
-                << "dequantized " << b << "," << h << "," << s << "," << d << ", " << where;
+            // NaN is NaN: the device's conversions write their own NaN payload (0x7fff).
+            const bool both_nan = std::isnan(ref_back[r * cols + k]) && std::isnan(half_bits_to_float(got_bits, c.source));
+            if (!both_nan) {
+              ASSERT_EQ(got_bits, float_to_half_bits(ref_back[r * cols + k], c.source))
+                  << "dequantized " << b << "," << h << "," << s << "," << d << ", " << where;
+            }
           }
         }
       }
