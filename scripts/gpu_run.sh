@@ -9,7 +9,8 @@
 # process), cli (CPU tier, demo and CLI checks on this machine), testsh (the README's own test
 # command, `bash scripts/test.sh`: its own build in build/ and every tier through
 # `ctest -j $(nproc)`, so GPU tests run in parallel on this one GPU; log in $OUT/test_sh.txt),
-# matrix (the support matrix from this GPU), bench (PyTorch comparison), varlen (ragged step and
+# matrix (the support matrix from this GPU), bench (PyTorch comparison), fp8bench (FP8 beside BF16,
+# the CLI's bench), varlen (ragged step and
 # paged decode), jaxbench (JAX comparison). The results file covers the gtest and Python parts
 # that ran; testsh reports its own counts (test.sh's closing "ctest:" line) and fails the run
 # when it fails. BUILD_TARGETS names the ninja targets to build (default: all; the benchmarks need
@@ -23,7 +24,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
-export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench varlen jaxbench}
+export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench varlen jaxbench}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_log.txt") 2>&1
 export PYTHONUNBUFFERED=1
@@ -111,6 +112,14 @@ if part bench; then
   python3 bench/host_breakdown.py --build "$build" --out "$OUT" || status=1
   FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 bench/profile_torch_call.py 2>&1 \
     | grep -E "^---|tottime|[0-9] +[0-9.]+ +[0-9.]+" | head -40
+fi
+if part fp8bench; then
+  echo "== benchmark: FP8 (E4M3) beside BF16 on the same inputs, head dim 128 (fusedattn bench)"
+  for shape in "b=2 s=8192 h=16 d=128" "b=2 s=8192 h=16 d=128 causal" "b=8 s=2048 h=32 d=128 causal" \
+               "b=1 s=32768 h_q=32 h_kv=8 d=128 causal" "b=1 s=8192 h_q=64 h_kv=8 d=128 causal"; do
+    "$build/fusedattn" bench "layout=bshd dtype=e4m3 $shape" --iters 20 | grep -v "^fusedattn\|^cuDNN\|^CUDA\|^GPU" \
+      | tee -a "$OUT/fp8_bench.txt" || status=1
+  done
 fi
 if part varlen; then
   echo "== benchmark: ragged training step and paged decode"
