@@ -1,6 +1,6 @@
 // fusedattn/options.h — AttentionOptions: everything a call computes beyond its four tensors.
 //
-// Masks, score terms, the softmax variant, extra outputs, dropout, runtime lengths. The adapters'
+// Masks, score terms, the softmax variant, extra outputs, dropout, runtime lengths, FP8 scaling. The adapters'
 // keyword arguments map onto these fields one to one (fusedattn/call.h); AttentionSpec adds the
 // tensors. The spec's one field table (spec.cpp) parses, prints, compares and hashes them.
 #pragma once
@@ -58,6 +58,12 @@ const char* to_string(Softmax softmax) noexcept;
 enum class MaxLogit : std::uint8_t { none, row, head };
 const char* to_string(MaxLogit max_logit) noexcept;
 
+/// How FP8 q, k, v (and the backward's dO) are scaled: one float32 scale per tensor
+/// (fusedattn/fp8_scales.h), or MXFP8, one E8M0 scale per block of 32 elements in cuDNN's 128x4
+/// layout (fusedattn/mxfp8.h). Only FP8 inputs take mxfp8 (validate()).
+enum class Fp8Scaling : std::uint8_t { tensor, mxfp8 };
+const char* to_string(Fp8Scaling fp8_scaling) noexcept;  ///< "tensor", "mxfp8"
+
 /// A call's options, every field at the value that plain attention has.
 struct AttentionOptions {
   Window window;                              ///< which keys each query sees (default: all)
@@ -79,6 +85,7 @@ struct AttentionOptions {
   std::int64_t kv_pages = 0;  ///< > 0: K and V are paged caches, k and v describe their pools of
                               ///< pages [pages, h_kv, page_size, d], and each sequence has kv_pages
                               ///< pages in its page table (layout.h paged_kv); 0: not paged
+  Fp8Scaling fp8_scaling = Fp8Scaling::tensor;  ///< FP8 inputs: per-tensor or MXFP8 block scales
 };
 
 }  // namespace fusedattn

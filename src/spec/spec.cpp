@@ -48,6 +48,7 @@ void visit_fields(F&& f, Specs&... specs) {
   // Whether the forward writes the statistics; the backward always reads them.
   f("stats", kForwardReads, specs.stats...);
   f("kv_pages", kBothRead, specs.kv_pages...);
+  f("fp8_scaling", kBothRead, specs.fp8_scaling...);  // which scale tensors both graphs take
 }
 
 template <class T>
@@ -67,11 +68,13 @@ constexpr Named<Bias> kBiasNames[] = {{Bias::none, "none"},       {Bias::bhss, "
 constexpr Named<Softmax> kSoftmaxNames[] = {
     {Softmax::vanilla, "vanilla"}, {Softmax::off_by_one, "off_by_one"}, {Softmax::sink, "sink"}};
 constexpr Named<MaxLogit> kMaxLogitNames[] = {{MaxLogit::none, "none"}, {MaxLogit::row, "row"}, {MaxLogit::head, "head"}};
+constexpr Named<Fp8Scaling> kFp8ScalingNames[] = {{Fp8Scaling::tensor, "tensor"}, {Fp8Scaling::mxfp8, "mxfp8"}};
 
 constexpr const auto& names_of(Alignment) { return kAlignmentNames; }
 constexpr const auto& names_of(Bias) { return kBiasNames; }
 constexpr const auto& names_of(Softmax) { return kSoftmaxNames; }
 constexpr const auto& names_of(MaxLogit) { return kMaxLogitNames; }
+constexpr const auto& names_of(Fp8Scaling) { return kFp8ScalingNames; }
 
 template <class E>
 const char* name_of(E value) noexcept {
@@ -459,6 +462,7 @@ std::string to_string(const Window& window) { return std::to_string(window.left)
 const char* to_string(Bias bias) noexcept { return name_of(bias); }
 const char* to_string(Softmax softmax) noexcept { return name_of(softmax); }
 const char* to_string(MaxLogit max_logit) noexcept { return name_of(max_logit); }
+const char* to_string(Fp8Scaling fp8_scaling) noexcept { return name_of(fp8_scaling); }
 
 // 2 matmuls (Q·K^T with d_qk, P·V with d_v) of 2 flops per multiply-add: 2·b·h·s_q·s_kv·(d_qk + d_v),
 // which is 4·b·h·s_q·s_kv·d for d the mean head dim. Causal halving is the usual approximation (it
@@ -637,6 +641,12 @@ void validate(const AttentionSpec& spec) {
   }
   if (spec.bias_grad && spec.bias == Bias::none) {
     throw InvalidArgument("bias_grad", "1", "a bias (bias=bhss, b1ss, 1hss, 11ss or 111s) to take the gradient of");
+  }
+  // Block scales need no head-dim multiple of 32: the last block of a row may be short (mxfp8.h).
+  if (spec.fp8_scaling == Fp8Scaling::mxfp8 && !is_fp8(spec.q.dtype)) {
+    throw InvalidArgument("fp8_scaling", "mxfp8",
+                          std::string("FP8 q, k and v (dtype=e4m3 or e5m2) for MXFP8 block scaling; q is ") +
+                              to_string(spec.q.dtype));
   }
 }
 

@@ -1,4 +1,4 @@
-// The pure support policy for cuDNN 9 fused flash attention (f16/bf16 and FP8): every rule, every reason.
+// The pure support policy for cuDNN 9 fused flash attention (f16/bf16, FP8 and MXFP8): every rule, every reason.
 //
 // Each rule is a small function that appends the reasons it finds; check_support_policy runs them
 // all, so a caller sees every limit at once rather than fixing them one by one. Versions are
@@ -406,6 +406,25 @@ void fp8_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, cons
   not_yet(pass == Pass::backward && spec.deterministic, "deterministic", "1");
 }
 
+// MXFP8 block scaling (fusedattn/mxfp8.h's notes on the frontend 1.32 headers): cuDNN 9.21 (92100)
+// or newer both ways, and for the forward a Blackwell data-center GPU, SM 10.x (the frontend
+// checks the major version, so SM 12.x is out too). The backward names no GPU there. What the
+// per-tensor FP8 rule above refuses (bias, dropout, paged caches, ...) holds for MXFP8 as well.
+void mxfp8_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions, Reasons& out) {
+  if (spec.fp8_scaling != Fp8Scaling::mxfp8) return;
+  const char* value = to_string(spec.fp8_scaling);
+  if (versions.cudnn_runtime < 92100) {
+    out.push_back({"fp8_scaling", value,
+                   "cuDNN 9.21 or newer for MXFP8 block scaling (loaded: " + version_text(versions.cudnn_runtime) + ")",
+                   "cuDNN 9.21"});
+  }
+  if (pass == Pass::forward && caps.sm_major != 10) {
+    out.push_back({"fp8_scaling", value,
+                   "an SM 10.x (Blackwell data-center) GPU for the MXFP8 forward, not " + sm_text(caps),
+                   "a Blackwell (SM 10.0) GPU"});
+  }
+}
+
 Support check_support_policy(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions) {
   Support support;
   Reasons& out = support.reasons;
@@ -427,6 +446,7 @@ Support check_support_policy(const AttentionSpec& spec, Pass pass, const DeviceC
   ragged_rule(spec, pass, caps, versions, out);
   paged_rule(spec, pass, versions, out);
   fp8_rule(spec, pass, caps, versions, out);
+  mxfp8_rule(spec, pass, caps, versions, out);
   return support;
 }
 

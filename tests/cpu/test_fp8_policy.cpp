@@ -131,5 +131,91 @@ TEST(Fp8Policy, SixteenBitSpecsGetNoFp8Reasons) {
   EXPECT_TRUE(check_support_policy(spec, Pass::backward, kSm90, kCudnn9_19).ok());
 }
 
+// --- MXFP8 block scaling (fp8_scaling=mxfp8) -------------------------------------------------------
+
+AttentionSpec mxfp8_spec() {
+  AttentionSpec spec = fp8_spec();
+  spec.fp8_scaling = Fp8Scaling::mxfp8;
+  return spec;
+}
+
+TEST(Mxfp8Spec, PrintsAndParsesBackAndIsOnlyPrintedWhenNotDefault) {
+  const AttentionSpec spec = mxfp8_spec();
+  const std::string text = to_string(spec);
+  EXPECT_NE(text.find("fp8_scaling=mxfp8"), std::string::npos) << text;
+  EXPECT_EQ(parse_spec(text), spec) << text;
+  EXPECT_EQ(parse_spec(text).fp8_scaling, Fp8Scaling::mxfp8);
+  EXPECT_EQ(to_string(parse_spec(text)), text);
+  EXPECT_NE(spec, fp8_spec());
+  EXPECT_NE(hash_value(spec), hash_value(fp8_spec()));
+  EXPECT_EQ(to_string(fp8_spec()).find("fp8_scaling"), std::string::npos) << to_string(fp8_spec());
+  EXPECT_EQ(parse_spec(to_string(fp8_spec()) + " fp8_scaling=tensor"), fp8_spec());
+  EXPECT_STREQ(to_string(Fp8Scaling::tensor), "tensor");
+  EXPECT_STREQ(to_string(Fp8Scaling::mxfp8), "mxfp8");
+  try {
+    parse_spec(to_string(fp8_spec()) + " fp8_scaling=nvfp4");
+    FAIL() << "fp8_scaling=nvfp4 parsed";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("fp8_scaling"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("one of tensor, mxfp8"), std::string::npos) << error.what();
+  }
+}
+
+TEST(Mxfp8Spec, ValidateNeedsFp8Inputs) {
+  EXPECT_NO_THROW(validate(mxfp8_spec()));
+  AttentionSpec e5m2 = mxfp8_spec();
+  e5m2.q.dtype = e5m2.k.dtype = e5m2.v.dtype = e5m2.o.dtype = DType::e5m2;
+  EXPECT_NO_THROW(validate(e5m2));
+  AttentionSpec odd = fp8_spec(48);  // no multiple of 32 asked: a row's last block may be short
+  odd.fp8_scaling = Fp8Scaling::mxfp8;
+  EXPECT_NO_THROW(validate(odd));
+  AttentionSpec half = mxfp8_spec();
+  half.q.dtype = half.k.dtype = half.v.dtype = half.o.dtype = DType::bf16;
+  try {
+    validate(half);
+    FAIL() << "fp8_scaling=mxfp8 with bf16 accepted";
+  } catch (const InvalidArgument& error) {
+    EXPECT_EQ(error.field(), "fp8_scaling");
+    EXPECT_EQ(error.value(), "mxfp8");
+    EXPECT_NE(std::string(error.what()).find("FP8 q, k and v"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("q is bf16"), std::string::npos) << error.what();
+  }
+}
+
+TEST(Mxfp8Policy, HopperWithCudnn9_19RefusesTheForwardTwiceNamingWhatLiftsEach) {
+  const Support support = check_support_policy(mxfp8_spec(), Pass::forward, kSm90, kCudnn9_19);
+  ASSERT_EQ(support.reasons.size(), 2u) << support.to_string();
+  EXPECT_EQ(fields(support), "fp8_scaling(cuDNN 9.21);fp8_scaling(a Blackwell (SM 10.0) GPU);");
+  for (const Reason& reason : support.reasons) EXPECT_EQ(reason.value, "mxfp8");
+  EXPECT_EQ(support.reasons[0].requirement, "cuDNN 9.21 or newer for MXFP8 block scaling (loaded: 9.19.0)");
+  EXPECT_EQ(support.reasons[1].requirement,
+            "an SM 10.x (Blackwell data-center) GPU for the MXFP8 forward, not SM 9.0");
+}
+
+TEST(Mxfp8Policy, HopperWithCudnn9_19RefusesTheBackwardForItsCudnn) {
+  // The headers' notes name no GPU for the MXFP8 backward; only its cuDNN version.
+  const Support support = check_support_policy(mxfp8_spec(), Pass::backward, kSm90, kCudnn9_19);
+  EXPECT_EQ(fields(support), "fp8_scaling(cuDNN 9.21);") << support.to_string();
+  EXPECT_TRUE(check_support_policy(mxfp8_spec(), Pass::backward, kSm90, made_up_versions(92100)).ok());
+}
+
+TEST(Mxfp8Policy, BlackwellWithCudnn9_21AcceptsTheForward) {
+  // The policy's yes; the graph layer then refuses, "not built yet" (needs a GPU to see).
+  const Versions cudnn9_21 = made_up_versions(92100);
+  EXPECT_TRUE(check_support_policy(mxfp8_spec(), Pass::forward, kSm100, cudnn9_21).ok());
+  EXPECT_TRUE(check_support_policy(mxfp8_spec(), Pass::backward, kSm100, cudnn9_21).ok());
+  // Either limit alone is one reason.
+  EXPECT_EQ(fields(check_support_policy(mxfp8_spec(), Pass::forward, kSm100, kCudnn9_19)), "fp8_scaling(cuDNN 9.21);");
+  EXPECT_EQ(fields(check_support_policy(mxfp8_spec(), Pass::forward, DeviceCaps{12, 0}, cudnn9_21)),
+            "fp8_scaling(a Blackwell (SM 10.0) GPU);");
+}
+
+TEST(Mxfp8Policy, PerTensorFp8RulesStillApply) {
+  AttentionSpec spec = mxfp8_spec();
+  spec.dropout = 0.1;
+  const Support support = check_support_policy(spec, Pass::forward, kSm100, made_up_versions(92100));
+  EXPECT_EQ(fields(support), "dropout();") << support.to_string();
+}
+
 }  // namespace
 }  // namespace fusedattn

@@ -75,6 +75,7 @@ TEST(PlanKey, EachOptionSplitsExactlyThePassesThatReadIt) {
   const char* const plain = "layout=bshd b=2 s=128 h=8 d=64 causal";
   const char* const biased = "layout=bshd b=2 s=128 h=8 d=64 causal bias=11ss";
   const char* const dropped = "layout=bshd b=2 s=128 h=8 d=64 causal dropout=0.1";
+  const char* const fp8 = "layout=bshd dtype=e4m3 b=2 s=128 h=8 d=64 causal";
   const Case cases[] = {
       {biased, "layout=bshd b=2 s=128 h=8 d=64 causal bias=11ss bias_grad=1", false, true},
       {plain, "layout=bshd b=2 s=128 h=8 d=64 causal deterministic=1", false, true},
@@ -87,6 +88,7 @@ TEST(PlanKey, EachOptionSplitsExactlyThePassesThatReadIt) {
       {plain, "layout=bshd b=2 s=128 h=8 d=64 causal padding=1", true, true},
       {plain, "layout=bshd b=2 s=128 h=8 d=64 window=16,0", true, true},
       {plain, "layout=bshd b=2 s=128 h=8 d=64 causal alibi=1", true, true},
+      {fp8, "layout=bshd dtype=e4m3 b=2 s=128 h=8 d=64 causal fp8_scaling=mxfp8", true, true},
   };
   for (const Case& c : cases) {
     for (Pass pass : {Pass::forward, Pass::backward}) {
