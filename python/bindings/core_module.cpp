@@ -24,6 +24,7 @@
 #include "fusedattn/errors.h"
 #include "fusedattn/plan_cache.h"
 #include "fusedattn/spec.h"
+#include "fp8_bindings.h"
 #include "python_errors.h"
 
 namespace nb = nanobind;
@@ -259,6 +260,8 @@ NB_MODULE(_core, m) {
   address_property<fa::BackwardTensors>(backward_tensors, "d_v", &fa::BackwardTensors::d_v);
   address_property<fa::BackwardTensors>(backward_tensors, "d_bias", &fa::BackwardTensors::d_bias);
   address_property<fa::BackwardTensors>(backward_tensors, "d_sink", &fa::BackwardTensors::d_sink);
+  fa::python::bind_fp8_scales(forward_tensors, backward_tensors);
+  fa::python::bind_fp8_kernels(m);
 
   nb::class_<fa::Plan>(m, "Plan", "A compiled, cached plan: run it with a tensor set.")
       .def_prop_ro("workspace_bytes", &fa::Plan::workspace_bytes)

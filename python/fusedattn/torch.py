@@ -38,7 +38,7 @@ try:  # the C++ eager path, built where PyTorch with CUDA was at build time
 except ImportError:
     _fast = None
 
-__all__ = ["attention", "paged_attention", "scaled_dot_product_attention", "Attention"]
+__all__ = ["attention", "paged_attention", "scaled_dot_product_attention", "Attention", "fp8_attention", "Fp8State"]
 
 # --- the functional API ----------------------------------------------------------------------
 
@@ -439,3 +439,6 @@ def _operator_gradients(ctx, d_o, _d_stats, _d_max_logit):
 
 
 torch.library.register_autograd("fusedattn::forward", _operator_gradients, setup_context=_setup_context)
+
+
+from ._torch_fp8 import Fp8State, fp8_attention  # noqa: E402  (it uses the helpers above)

@@ -13,15 +13,17 @@ namespace fusedattn {
 namespace {
 
 constexpr const char* kDtypeChoices =
-    "one of f16 (also fp16, half, float16), bf16 (also bfloat16), e4m3 (also fp8_e4m3) or e5m2 (also fp8_e5m2)";
+    "one of f16 (also fp16, half, float16), bf16 (also bfloat16), e4m3 (also fp8_e4m3, float8_e4m3fn) or e5m2 (also "
+    "fp8_e5m2, float8_e5m2)";
 constexpr const char* kDescForm = "the form bf16[b,h,s,d]/[stride_b,stride_h,stride_s,stride_d]";
 
 std::optional<DType> lookup_dtype(std::string text) {
   std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return std::tolower(c); });
   if (text == "f16" || text == "fp16" || text == "half" || text == "float16") return DType::f16;
   if (text == "bf16" || text == "bfloat16") return DType::bf16;
-  if (text == "e4m3" || text == "fp8_e4m3") return DType::e4m3;
-  if (text == "e5m2" || text == "fp8_e5m2") return DType::e5m2;
+  // float8_e4m3fn and float8_e5m2: PyTorch's and JAX's names.
+  if (text == "e4m3" || text == "fp8_e4m3" || text == "float8_e4m3fn") return DType::e4m3;
+  if (text == "e5m2" || text == "fp8_e5m2" || text == "float8_e5m2") return DType::e5m2;
   return std::nullopt;
 }
 

@@ -1,0 +1,141 @@
+// fusedattn._core's FP8 part: the scaling tensors of FP8 calls as named addresses on the tensor
+// sets, and the scaling kernels of fusedattn/fp8.h (quantize, amax, scales), for the adapters'
+// FP8 recipes. Tensors arrive as (dtype name, sizes, strides) views and device addresses.
+#include "fp8_bindings.h"
+
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "fusedattn/attention.h"
+#include "fusedattn/errors.h"
+#include "fusedattn/fp8.h"
+
+namespace nb = nanobind;
+namespace fa = fusedattn;
+using namespace nb::literals;
+
+namespace fusedattn::python {
+namespace {
+
+template <class T>
+T* pointer(std::uintptr_t address) {
+  return reinterpret_cast<T*>(address);
+}
+
+cudaStream_t stream_of(std::uintptr_t stream) { return reinterpret_cast<cudaStream_t>(stream); }
+
+// A framework tensor of 1 to 4 dims as the kernels' descriptor: the kernels work element by
+// element on two tensors of equal dims, so which axis is which does not matter, only that both
+// tensors of a call list them alike. Missing leading dims are 1 (with a non-zero stride: a zero
+// batch stride means ragged).
+fa::TensorDesc elementwise_desc(const nb::handle& described, const char* name) {
+  auto [dtype, sizes, strides] =
+      nb::cast<std::tuple<std::string, std::vector<std::int64_t>, std::vector<std::int64_t>>>(described);
+  if (sizes.empty() || sizes.size() > 4 || sizes.size() != strides.size()) {
+    throw fa::InvalidArgument(std::string(name) + ".shape", std::to_string(sizes.size()) + " dims",
+                              "1 to 4 dims, with as many strides");
+  }
+  fa::TensorDesc desc;
+  desc.dtype = fa::parse_dtype(dtype, std::string(name) + ".dtype");
+  const std::size_t pad = 4 - sizes.size();
+  std::int64_t extent = 1;
+  for (std::size_t i = 0; i < sizes.size(); ++i) extent += (sizes[i] - 1) * strides[i];
+  for (std::size_t axis = 0; axis < 4; ++axis) {
+    desc.dims[axis] = axis < pad ? 1 : sizes[axis - pad];
+    desc.strides[axis] = axis < pad ? extent : strides[axis - pad];
+  }
+  return desc;
+}
+
+template <class Set, class Class, class Scales, class T>
+void scale_property(Class& cls, const char* name, T* Scales::*member) {
+  cls.def_prop_rw(
+      name, [member](const Set& set) { return reinterpret_cast<std::uintptr_t>(set.fp8.*member); },
+      [member](Set& set, std::uintptr_t value) { set.fp8.*member = reinterpret_cast<T*>(value); });
+}
+
+}  // namespace
+
+void bind_fp8_scales(nb::class_<fa::ForwardTensors>& forward, nb::class_<fa::BackwardTensors>& backward) {
+  using F = fa::Fp8ForwardScales;
+  scale_property<fa::ForwardTensors>(forward, "descale_q", &F::descale_q);
+  scale_property<fa::ForwardTensors>(forward, "descale_k", &F::descale_k);
+  scale_property<fa::ForwardTensors>(forward, "descale_v", &F::descale_v);
+  scale_property<fa::ForwardTensors>(forward, "descale_s", &F::descale_s);
+  scale_property<fa::ForwardTensors>(forward, "scale_s", &F::scale_s);
+  scale_property<fa::ForwardTensors>(forward, "scale_o", &F::scale_o);
+  scale_property<fa::ForwardTensors>(forward, "amax_s", &F::amax_s);
+  scale_property<fa::ForwardTensors>(forward, "amax_o", &F::amax_o);
+  using B = fa::Fp8BackwardScales;
+  scale_property<fa::BackwardTensors>(backward, "descale_q", &B::descale_q);
+  scale_property<fa::BackwardTensors>(backward, "descale_k", &B::descale_k);
+  scale_property<fa::BackwardTensors>(backward, "descale_v", &B::descale_v);
+  scale_property<fa::BackwardTensors>(backward, "descale_o", &B::descale_o);
+  scale_property<fa::BackwardTensors>(backward, "descale_d_o", &B::descale_d_o);
+  scale_property<fa::BackwardTensors>(backward, "descale_s", &B::descale_s);
+  scale_property<fa::BackwardTensors>(backward, "descale_d_p", &B::descale_d_p);
+  scale_property<fa::BackwardTensors>(backward, "scale_s", &B::scale_s);
+  scale_property<fa::BackwardTensors>(backward, "scale_d_p", &B::scale_d_p);
+  scale_property<fa::BackwardTensors>(backward, "scale_d_q", &B::scale_d_q);
+  scale_property<fa::BackwardTensors>(backward, "scale_d_k", &B::scale_d_k);
+  scale_property<fa::BackwardTensors>(backward, "scale_d_v", &B::scale_d_v);
+  scale_property<fa::BackwardTensors>(backward, "amax_d_q", &B::amax_d_q);
+  scale_property<fa::BackwardTensors>(backward, "amax_d_k", &B::amax_d_k);
+  scale_property<fa::BackwardTensors>(backward, "amax_d_v", &B::amax_d_v);
+  scale_property<fa::BackwardTensors>(backward, "amax_d_p", &B::amax_d_p);
+}
+
+void bind_fp8_kernels(nb::module_& m) {
+  m.def("fp8_max", [](const std::string& dtype) { return fa::fp8_max(fa::parse_dtype(dtype, "dtype")); }, "dtype"_a,
+        "The largest finite value of an FP8 dtype (448 for E4M3, 57344 for E5M2).");
+  m.def(
+      "measure_amax",
+      [](nb::handle view, std::uintptr_t data, std::uintptr_t amax, std::uintptr_t stream) {
+        fa::measure_amax(elementwise_desc(view, "x"), pointer<const void>(data), pointer<float>(amax), stream_of(stream));
+      },
+      "x"_a, "data"_a, "amax"_a, "stream"_a, "*amax = max |x| on `stream` (NaN if any element is).");
+  m.def(
+      "quantize_fp8",
+      [](nb::handle src, std::uintptr_t src_data, nb::handle dst, std::uintptr_t dst_data, std::uintptr_t scale,
+         std::uintptr_t amax, std::uintptr_t stream) {
+        fa::quantize_fp8(elementwise_desc(src, "src"), pointer<const void>(src_data), elementwise_desc(dst, "dst"),
+                         pointer<void>(dst_data), pointer<const float>(scale), pointer<float>(amax), stream_of(stream));
+      },
+      "src"_a, "src_data"_a, "dst"_a, "dst_data"_a, "scale"_a, "amax"_a, "stream"_a,
+      "dst = fp8(src * *scale) in one pass; *amax = max |src| too where amax is not 0.");
+  m.def(
+      "dequantize_fp8",
+      [](nb::handle src, std::uintptr_t src_data, nb::handle dst, std::uintptr_t dst_data, std::uintptr_t descale,
+         std::uintptr_t stream) {
+        fa::dequantize_fp8(elementwise_desc(src, "src"), pointer<const void>(src_data), elementwise_desc(dst, "dst"),
+                           pointer<void>(dst_data), pointer<const float>(descale), stream_of(stream));
+      },
+      "src"_a, "src_data"_a, "dst"_a, "dst_data"_a, "descale"_a, "stream"_a, "dst = src * *descale in one pass.");
+  m.def(
+      "scale_from_amax",
+      [](std::uintptr_t amax, const std::string& dtype, int margin, std::uintptr_t scale, std::uintptr_t descale,
+         std::uintptr_t stream) {
+        fa::scale_from_amax(pointer<const float>(amax), fa::parse_dtype(dtype, "dtype"), margin, pointer<float>(scale),
+                            pointer<float>(descale), stream_of(stream));
+      },
+      "amax"_a, "dtype"_a, "margin"_a, "scale"_a, "descale"_a, "stream"_a,
+      "Current scaling: *scale = fp8_max / (*amax * 2^margin), *descale = 1 / *scale.");
+  m.def(
+      "update_delayed_scaling",
+      [](std::uintptr_t history_in, std::uintptr_t history_out, std::int64_t length, std::uintptr_t amax,
+         const std::string& dtype, int margin, std::uintptr_t scale, std::uintptr_t descale, std::uintptr_t stream) {
+        fa::update_delayed_scaling(pointer<const float>(history_in), pointer<float>(history_out), length,
+                                   pointer<const float>(amax), fa::parse_dtype(dtype, "dtype"), margin,
+                                   pointer<float>(scale), pointer<float>(descale), stream_of(stream));
+      },
+      "history_in"_a, "history_out"_a, "length"_a, "amax"_a, "dtype"_a, "margin"_a, "scale"_a, "descale"_a, "stream"_a,
+      "Delayed scaling's step: the history shifts and takes *amax; scale and descale from its largest amax.");
+}
+
+}  // namespace fusedattn::python

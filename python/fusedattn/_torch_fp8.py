@@ -1,0 +1,192 @@
+"""fusedattn.torch's FP8 attention: the scaling recipes and the autograd function around cuDNN's FP8
+kernels (fusedattn/fp8_scales.h).
+
+    state = fusedattn.torch.Fp8State(recipe="delayed", history=16)   # one per attention layer
+    out = fusedattn.torch.fp8_attention(q, k, v, state, causal=True)  # q, k, v: bf16 or f16 [b, s, h, d]
+
+The inputs stay in model precision: each is quantized inside, in one fused pass (fusedattn's
+quantize kernel), and O and the gradients come back in q's dtype. Where each scale comes from:
+  - Q, K, V (and dO in the backward): recipe "current" measures this call's amax before quantizing;
+    "delayed" quantizes with the scale from the tensor's amax history, records the amax it saw in
+    the same pass, and then updates the history and the scale for the next call.
+  - S, the probabilities: fixed at the format's largest value (they are at most 1).
+  - O: from V's amax (O is an average of V's rows, so it never exceeds it: no saturation).
+  - dP, dQ, dK, dV (written by the kernels, so they cannot be measured first): delayed scaling from
+    the amaxes the kernels report, under both recipes; a state's first backward runs twice, the
+    first time to measure them.
+backward="model" runs the backward in model precision (fusedattn's BF16/FP16 kernels) on the
+unquantized inputs, with the FP8 forward's O and statistics.
+
+Every scale, amax and history lives in one device buffer of the state, so a step captured in a
+CUDA graph replays with the values of each step. Eager calls only: torch.compile and the other
+adapters' FP8 paths are not there yet.
+"""
+import math
+
+import torch
+
+from . import _config
+from . import _core as core
+from . import torch as _adapter
+from .errors import invalid_argument
+
+__all__ = ["Fp8State", "fp8_attention"]
+
+# Slots of the state's scalars: a scale, a descale and an amax per tensor.
+_TENSORS = ("q", "k", "v", "s", "o", "d_o", "d_p", "d_q", "d_k", "d_v")
+_SLOT = {name: i for i, name in enumerate(_TENSORS)}
+_DTYPES = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
+# Delayed under both recipes: the kernels write these, so nothing can measure them first.
+_KERNEL_WRITTEN = ("d_p", "d_q", "d_k", "d_v")
+
+
+class Fp8State:
+    """The scaling state of one attention layer: scales, descales, amaxes and (delayed scaling)
+    amax histories, in one float32 device buffer. recipe: "current" or "delayed"; history: the
+    delayed recipe's amax history length; margin: scales are divided by 2^margin; dtype:
+    torch.float8_e4m3fn or torch.float8_e5m2."""
+
+    def __init__(self, recipe="delayed", *, history=16, margin=0, dtype=torch.float8_e4m3fn, device=None):
+        if recipe not in ("current", "delayed"):
+            raise invalid_argument("recipe", recipe, '"current" or "delayed"')
+        if dtype not in _DTYPES:
+            raise invalid_argument("dtype", dtype, "torch.float8_e4m3fn or torch.float8_e5m2")
+        if int(history) < 1:
+            raise invalid_argument("history", history, "at least 1")
+        self.recipe, self.history, self.margin, self.dtype = recipe, int(history), int(margin), dtype
+        self.name = _DTYPES[dtype]
+        device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        n = len(_TENSORS)
+        # [n, 3] scale, descale, amax; then [n, history] amax histories. Scales start at 1.
+        self.buffer = torch.zeros(n * 3 + n * self.history, dtype=torch.float32, device=device)
+        self.scalars = self.buffer[:n * 3].view(n, 3)
+        self.histories = self.buffer[n * 3:].view(n, self.history)
+        self.scalars[:, :2] = 1.0
+        largest = core.fp8_max(self.name)
+        self.scalars[_SLOT["s"], 0], self.scalars[_SLOT["s"], 1] = largest, 1.0 / largest
+        self.calibrated = False  # the kernel-written tensors' scales have been measured once
+
+    def _at(self, name, part):
+        return self.scalars[_SLOT[name], part].data_ptr()
+
+    def scale(self, name):
+        return self._at(name, 0)
+
+    def descale(self, name):
+        return self._at(name, 1)
+
+    def amax(self, name):
+        return self._at(name, 2)
+
+    def _stream(self):
+        return torch._C._cuda_getCurrentRawStream(self.buffer.device.index)
+
+    def quantize(self, name, x):
+        """x (model precision) in FP8, by the recipe; its scale and descale in the state."""
+        out = torch.empty_strided(x.size(), x.stride(), dtype=self.dtype, device=x.device)
+        stream = self._stream()
+        if self.recipe == "current":
+            core.measure_amax(_adapter._view(x), x.data_ptr(), self.amax(name), stream)
+            self.set_from_amax(name)
+            core.quantize_fp8(_adapter._view(x), x.data_ptr(), _adapter._view(out), out.data_ptr(), self.scale(name), 0,
+                              stream)
+        else:
+            core.quantize_fp8(_adapter._view(x), x.data_ptr(), _adapter._view(out), out.data_ptr(), self.scale(name),
+                              self.amax(name), stream)
+        return out
+
+    def set_from_amax(self, name, source=None):
+        """Current scaling of `name` from the amax of `source` (default: its own)."""
+        core.scale_from_amax(self.amax(source or name), self.name, self.margin, self.scale(name), self.descale(name),
+                             self._stream())
+
+    def advance(self, names):
+        """Delayed scaling's step for `names`: each history takes its amax, and the scale follows."""
+        stream = self._stream()
+        for name in names:
+            history = self.histories[_SLOT[name]].data_ptr()
+            core.update_delayed_scaling(history, history, self.history, self.amax(name), self.name, self.margin,
+                                        self.scale(name), self.descale(name), stream)
+
+
+def _dequantized(x8, descale, like):
+    out = torch.empty_strided(x8.size(), x8.stride(), dtype=like.dtype, device=x8.device)
+    core.dequantize_fp8(_adapter._view(x8), x8.data_ptr(), _adapter._view(out), out.data_ptr(), descale,
+                        torch._C._cuda_getCurrentRawStream(x8.device.index))
+    return out
+
+
+class _Fp8Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, state, config, scale, model_backward):
+        q8, k8, v8 = state.quantize("q", q), state.quantize("k", k), state.quantize("v", v)
+        state.set_from_amax("o", source="v")  # |O| <= max |V|
+        spec = config.spec(_adapter._view(q8), _adapter._view(k8), _adapter._view(v8), 0, 0, 0)
+        with _adapter._on_device(q.device):
+            o8 = torch.empty(_adapter._out_shape(q8, v8), dtype=state.dtype, device=q.device)
+            stats = torch.empty(_adapter._stats_shape(q, config.layout), dtype=torch.float32, device=q.device)
+            tensors = core.ForwardTensors(q=q8.data_ptr(), k=k8.data_ptr(), v=v8.data_ptr(), o=o8.data_ptr(),
+                                          stats=stats.data_ptr(), descale_q=state.descale("q"),
+                                          descale_k=state.descale("k"), descale_v=state.descale("v"),
+                                          descale_s=state.descale("s"), scale_s=state.scale("s"),
+                                          scale_o=state.scale("o"), amax_s=state.amax("s"), amax_o=state.amax("o"))
+            _adapter._run(core.get_plan(spec, _config.FORWARD), tensors, scale, q.device)
+            o = _dequantized(o8, state.descale("o"), q)
+        if state.recipe == "delayed":
+            state.advance(("q", "k", "v"))
+        ctx.state, ctx.config, ctx.scale, ctx.model_backward = state, config, scale, model_backward
+        saved = (q, k, v, o, stats) if model_backward else (q8, k8, v8, o8, stats, q)
+        ctx.save_for_backward(*saved)
+        return o
+
+    @staticmethod
+    def backward(ctx, d_o):
+        state, config = ctx.state, ctx.config
+        if ctx.model_backward:
+            q, k, v, o, stats = ctx.saved_tensors  # the config's spec on these is the model-precision one
+            d_q, d_k, d_v, _, _ = _adapter._backward_body(d_o, q, k, v, o, stats, None, None, _adapter._Extras(),
+                                                          str(config), ctx.scale, 0, 0)
+            return d_q, d_k, d_v, None, None, None, None
+        q8, k8, v8, o8, stats, q = ctx.saved_tensors
+        d_o8 = state.quantize("d_o", d_o.contiguous())
+        spec = config.spec(_adapter._view(q8), _adapter._view(k8), _adapter._view(v8), 0, 0, 0)
+        with _adapter._on_device(q8.device):
+            grads8 = [torch.empty_strided(t.size(), t.stride(), dtype=state.dtype, device=t.device) for t in (q8, k8, v8)]
+            tensors = core.BackwardTensors(
+                q=q8.data_ptr(), k=k8.data_ptr(), v=v8.data_ptr(), o=o8.data_ptr(), d_o=d_o8.data_ptr(),
+                stats=stats.data_ptr(), d_q=grads8[0].data_ptr(), d_k=grads8[1].data_ptr(), d_v=grads8[2].data_ptr(),
+                descale_q=state.descale("q"), descale_k=state.descale("k"), descale_v=state.descale("v"),
+                descale_o=state.descale("o"), descale_d_o=state.descale("d_o"), descale_s=state.descale("s"),
+                descale_d_p=state.descale("d_p"), scale_s=state.scale("s"), scale_d_p=state.scale("d_p"),
+                scale_d_q=state.scale("d_q"), scale_d_k=state.scale("d_k"), scale_d_v=state.scale("d_v"),
+                amax_d_q=state.amax("d_q"), amax_d_k=state.amax("d_k"), amax_d_v=state.amax("d_v"),
+                amax_d_p=state.amax("d_p"))
+            plan = core.get_plan(spec, _config.BACKWARD)
+            # A state's first backward measures the kernel-written tensors' amaxes, then runs again.
+            for _ in range(1 if state.calibrated else 2):
+                _adapter._run(plan, tensors, ctx.scale, q8.device)
+                state.advance(_KERNEL_WRITTEN)
+            state.calibrated = True
+            if state.recipe == "delayed":
+                state.advance(("d_o",))
+            grads = [_dequantized(g8, state.descale(name), q) for g8, name in zip(grads8, ("d_q", "d_k", "d_v"))]
+        return grads[0], grads[1], grads[2], None, None, None, None
+
+
+def fp8_attention(q, k, v, state, *, layout="bshd", causal=False, align="top_left", window=(-1, -1), scale=None,
+                  backward="fp8"):
+    """FP8 attention of q, k, v (bf16 or f16 in `layout`, dense: "bshd", "sbhd" or "bhsd") with the
+    scaling `state` (Fp8State); returns O in q's dtype. causal, window and align as in attention().
+    backward: "fp8" (cuDNN's FP8 backward) or "model" (the backward in q's dtype). What cuDNN's FP8
+    kernels do not take on this GPU raises NotSupportedError with every reason (on Hopper: head dim
+    128 for the backward, no bottom-right diagonal, no bias)."""
+    if not isinstance(state, Fp8State):
+        raise invalid_argument("state", type(state).__name__, "a fusedattn.torch.Fp8State")
+    if backward not in ("fp8", "model"):
+        raise invalid_argument("backward", backward, '"fp8" or "model"')
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise invalid_argument("q.dtype", q.dtype, "torch.bfloat16 or torch.float16 (quantized inside)")
+    _adapter._require_one_cuda_device(q, k, v)
+    config = _config.config(layout, causal=causal, window=tuple(window), align=align)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return _Fp8Attention.apply(q, k, v, state, config, scale, backward == "model")

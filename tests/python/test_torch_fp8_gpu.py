@@ -1,0 +1,80 @@
+"""fusedattn.torch.fp8_attention on a GPU: both scaling recipes, the FP8 and the model-precision
+backward, against float32 math attention of the unquantized inputs (so the errors include the
+inputs' quantization: the tolerances are about twice what the C++ FP8 check measured against
+fusedattn's BF16 result, results/gpu-results-fp8.md), the recipes' scales, and the refusals."""
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch not installed")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device: torch.cuda.is_available() is False", allow_module_level=True)
+if torch.cuda.get_device_capability() < (9, 0):
+    pytest.skip("FP8 attention needs SM 9.0 or newer", allow_module_level=True)
+fa = pytest.importorskip("fusedattn.torch")
+
+import fusedattn  # noqa: E402
+from test_torch_gpu import reference, rel  # noqa: E402
+
+O_TOLERANCE, GRAD_TOLERANCE = 0.1, 0.15
+
+
+def inputs(b=2, s=256, h=4, d=128, seed=0):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    return [(torch.rand(b, s, h, d, device="cuda", generator=generator) * 2 - 1).to(torch.bfloat16).requires_grad_()
+            for _ in range(3)]
+
+
+@pytest.mark.parametrize("recipe", ["current", "delayed"])
+@pytest.mark.parametrize("backward", ["fp8", "model"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_matches_float32_attention_over_steps(recipe, backward, causal):
+    state = fa.Fp8State(recipe, history=4)
+    for step in range(3):  # delayed scaling uses the history from the second step on
+        q, k, v = inputs(seed=step)
+        d_o = torch.rand_like(q) * 2 - 1
+        o = fa.fp8_attention(q, k, v, state, causal=causal, backward=backward)
+        assert o.dtype == torch.bfloat16 and o.shape == q.shape
+        o.backward(d_o)
+        ref, (qb, kb, vb) = reference(q, k, v, "bshd", causal=causal)
+        ref.backward(d_o.float())
+        errors = {"o": rel(o, ref)}
+        for name, got, want in (("dq", q.grad, qb.grad), ("dk", k.grad, kb.grad), ("dv", v.grad, vb.grad)):
+            errors[name] = rel(got.permute(0, 2, 1, 3), want)
+        assert errors["o"] < O_TOLERANCE, (step, errors)
+        assert max(errors[n] for n in ("dq", "dk", "dv")) < GRAD_TOLERANCE, (step, errors)
+
+
+def test_current_scaling_measures_this_calls_amax():
+    state = fa.Fp8State("current")
+    q, k, v = inputs(seed=3)
+    with torch.no_grad():
+        fa.fp8_attention(q, k, v, state, causal=True)
+    torch.cuda.synchronize()
+    slot = state.scalars[0]  # q: scale, descale, amax
+    assert slot[2].item() == q.abs().max().float().item()
+    assert slot[0].item() == pytest.approx(448.0 / slot[2].item(), rel=1e-6)
+    assert state.scalars[3, 0].item() == 448.0  # the probabilities' scale is fixed
+
+
+def test_delayed_scaling_keeps_a_history():
+    state = fa.Fp8State("delayed", history=3)
+    amaxes = []
+    for step in range(4):
+        q, k, v = inputs(seed=20 + step)
+        q = (q.detach() * (step + 1)).requires_grad_()  # a growing amax
+        amaxes.append(q.abs().max().float().item())
+        with torch.no_grad():
+            fa.fp8_attention(q, k, v, state, causal=True)
+    torch.cuda.synchronize()
+    assert state.histories[0].tolist() == pytest.approx(amaxes[::-1][:3])  # slot 0 the newest
+    assert state.scalars[0, 0].item() == pytest.approx(448.0 / max(amaxes[1:]), rel=1e-6)
+
+
+def test_refusals_name_the_field():
+    state = fa.Fp8State()
+    q, k, v = inputs(d=64)
+    with pytest.raises(fusedattn.errors.NotSupportedError, match="d_qk"):  # Hopper's FP8 backward: d = 128
+        fa.fp8_attention(q, k, v, state, causal=True).backward(torch.ones_like(q))
+    with pytest.raises(fusedattn.errors.InvalidArgumentError, match="state"):
+        fa.fp8_attention(q, k, v, None)
+    with pytest.raises(fusedattn.errors.InvalidArgumentError, match="recipe"):
+        fa.Fp8State("hybrid")
