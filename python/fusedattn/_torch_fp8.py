@@ -12,8 +12,10 @@ quantize kernel), and O and the gradients come back in q's dtype. Where each sca
   - S, the probabilities: fixed at the format's largest value (they are at most 1).
   - O: from V's amax (O is an average of V's rows, so it never exceeds it: no saturation).
   - dP, dQ, dK, dV (written by the kernels, so they cannot be measured first): delayed scaling from
-    the amaxes the kernels report, under both recipes; a state's first backward runs twice, the
-    first time to measure them.
+    the amaxes the kernels report, with two bits of headroom, under both recipes; a state's first
+    backward runs twice, the first time to measure them.
+The backward undoes the scales its saved FP8 tensors were made with (copied at the forward), so
+several forwards may run before their backwards.
 backward="model" runs the backward in model precision (fusedattn's BF16/FP16 kernels) on the
 unquantized inputs, with the FP8 forward's O and statistics.
 
@@ -36,8 +38,12 @@ __all__ = ["Fp8State", "fp8_attention"]
 _TENSORS = ("q", "k", "v", "s", "o", "d_o", "d_p", "d_q", "d_k", "d_v")
 _SLOT = {name: i for i, name in enumerate(_TENSORS)}
 _DTYPES = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
-# Delayed under both recipes: the kernels write these, so nothing can measure them first.
+# Delayed under both recipes: the kernels write these, so nothing can measure them first. Their
+# scales keep two bits of headroom over the amax history, so that a step whose gradients outgrow
+# the history does not saturate (FP8 is floating point: the headroom costs no relative precision
+# above the subnormals). Without it, dV saturated on the H200 in a third step of fresh inputs.
 _KERNEL_WRITTEN = ("d_p", "d_q", "d_k", "d_v")
+_HEADROOM_BITS = 2
 
 
 class Fp8State:
@@ -105,8 +111,15 @@ class Fp8State:
         stream = self._stream()
         for name in names:
             history = self.histories[_SLOT[name]].data_ptr()
-            core.update_delayed_scaling(history, history, self.history, self.amax(name), self.name, self.margin,
+            margin = self.margin + (_HEADROOM_BITS if name in _KERNEL_WRITTEN else 0)
+            core.update_delayed_scaling(history, history, self.history, self.amax(name), self.name, margin,
                                         self.scale(name), self.descale(name), stream)
+
+    def used_descales(self):
+        """This call's descales of Q, K, V and O, copied: the state's own move on with the next
+        forward (or, under delayed scaling, right after this one), but the backward must undo the
+        scales its saved FP8 tensors were made with."""
+        return self.scalars[[_SLOT[n] for n in ("q", "k", "v", "o")], 1].clone()
 
 
 def _dequantized(x8, descale, like):
@@ -132,10 +145,11 @@ class _Fp8Attention(torch.autograd.Function):
                                           scale_o=state.scale("o"), amax_s=state.amax("s"), amax_o=state.amax("o"))
             _adapter._run(core.get_plan(spec, _config.FORWARD), tensors, scale, q.device)
             o = _dequantized(o8, state.descale("o"), q)
+            used = state.used_descales()
         if state.recipe == "delayed":
             state.advance(("q", "k", "v"))
         ctx.state, ctx.config, ctx.scale, ctx.model_backward = state, config, scale, model_backward
-        saved = (q, k, v, o, stats) if model_backward else (q8, k8, v8, o8, stats, q)
+        saved = (q, k, v, o, stats) if model_backward else (q8, k8, v8, o8, stats, used, q)
         ctx.save_for_backward(*saved)
         return o
 
@@ -147,7 +161,8 @@ class _Fp8Attention(torch.autograd.Function):
             d_q, d_k, d_v, _, _ = _adapter._backward_body(d_o, q, k, v, o, stats, None, None, _adapter._Extras(),
                                                           str(config), ctx.scale, 0, 0)
             return d_q, d_k, d_v, None, None, None, None
-        q8, k8, v8, o8, stats, q = ctx.saved_tensors
+        q8, k8, v8, o8, stats, used, q = ctx.saved_tensors
+        descale_q, descale_k, descale_v, descale_o = (used[i].data_ptr() for i in range(4))
         d_o8 = state.quantize("d_o", d_o.contiguous())
         spec = config.spec(_adapter._view(q8), _adapter._view(k8), _adapter._view(v8), 0, 0, 0)
         with _adapter._on_device(q8.device):
@@ -155,8 +170,8 @@ class _Fp8Attention(torch.autograd.Function):
             tensors = core.BackwardTensors(
                 q=q8.data_ptr(), k=k8.data_ptr(), v=v8.data_ptr(), o=o8.data_ptr(), d_o=d_o8.data_ptr(),
                 stats=stats.data_ptr(), d_q=grads8[0].data_ptr(), d_k=grads8[1].data_ptr(), d_v=grads8[2].data_ptr(),
-                descale_q=state.descale("q"), descale_k=state.descale("k"), descale_v=state.descale("v"),
-                descale_o=state.descale("o"), descale_d_o=state.descale("d_o"), descale_s=state.descale("s"),
+                descale_q=descale_q, descale_k=descale_k, descale_v=descale_v, descale_o=descale_o,
+                descale_d_o=state.descale("d_o"), descale_s=state.descale("s"),
                 descale_d_p=state.descale("d_p"), scale_s=state.scale("s"), scale_d_p=state.scale("d_p"),
                 scale_d_q=state.scale("d_q"), scale_d_k=state.scale("d_k"), scale_d_v=state.scale("d_v"),
                 amax_d_q=state.amax("d_q"), amax_d_k=state.amax("d_k"), amax_d_v=state.amax("d_v"),

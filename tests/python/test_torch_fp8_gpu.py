@@ -78,3 +78,21 @@ def test_refusals_name_the_field():
         fa.fp8_attention(q, k, v, None)
     with pytest.raises(fusedattn.errors.InvalidArgumentError, match="recipe"):
         fa.Fp8State("hybrid")
+
+
+def test_two_forwards_before_their_backwards():
+    """The backward undoes the scales its own forward used, even after the state moved on."""
+    state = fa.Fp8State("delayed", history=2)
+    calls = []
+    for step in range(2):
+        q, k, v = inputs(seed=30 + step)
+        # The first forward quantizes with the initial scale 1, the second with 448 from the history.
+        q = (q.detach() * (0.25 if step else 1)).requires_grad_()
+        calls.append((q, k, v, fa.fp8_attention(q, k, v, state, causal=True)))
+    for q, k, v, o in reversed(calls):
+        d_o = torch.rand_like(q) * 2 - 1
+        o.backward(d_o)
+        ref, (qb, kb, vb) = reference(q, k, v, "bshd", causal=True)
+        ref.backward(d_o.float())
+        assert rel(q.grad.permute(0, 2, 1, 3), qb.grad) < GRAD_TOLERANCE
+        assert rel(v.grad.permute(0, 2, 1, 3), vb.grad) < GRAD_TOLERANCE
