@@ -177,14 +177,16 @@ class _Fp8Attention(torch.autograd.Function):
                 amax_d_q=state.amax("d_q"), amax_d_k=state.amax("d_k"), amax_d_v=state.amax("d_v"),
                 amax_d_p=state.amax("d_p"))
             plan = core.get_plan(spec, _config.BACKWARD)
-            # A state's first backward measures the kernel-written tensors' amaxes, then runs again.
-            for _ in range(1 if state.calibrated else 2):
+            # A state's first backward measures the kernel-written tensors' amaxes, then runs again
+            # with scales from them. The gradients are dequantized with the descales their run used,
+            # before the step moves the scales on.
+            for run in range(1 if state.calibrated else 2):
+                if run:
+                    state.advance(_KERNEL_WRITTEN)
                 _adapter._run(plan, tensors, ctx.scale, q8.device)
-                state.advance(_KERNEL_WRITTEN)
             state.calibrated = True
-            if state.recipe == "delayed":
-                state.advance(("d_o",))
             grads = [_dequantized(g8, state.descale(name), q) for g8, name in zip(grads8, ("d_q", "d_k", "d_v"))]
+            state.advance(_KERNEL_WRITTEN + (("d_o",) if state.recipe == "delayed" else ()))
         return grads[0], grads[1], grads[2], None, None, None, None
 
 
