@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include "exec/cuda_check.h"
+#include "exec/strided_elements.cuh"
 #include "fusedattn/errors.h"
 #include "fusedattn/fp8.h"
 
@@ -63,29 +64,9 @@ __device__ E4M3 from_float<E4M3>(float x) { return {__nv_cvt_float_to_fp8(x, __N
 template <>
 __device__ E5M2 from_float<E5M2>(float x) { return {__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2)}; }
 
-struct Strided {
-  std::int64_t dims[4], strides[4];
-};
-
-Strided make_strided(const TensorDesc& desc) {
-  Strided out{};
-  for (int axis = 0; axis < 4; ++axis) {
-    out.dims[axis] = desc.dims[axis];
-    out.strides[axis] = desc.strides[axis];
-  }
-  return out;
-}
-
-// Offset of the n-th element of the logical [b, h, s, d] order.
-__device__ std::int64_t strided_offset(const Strided& t, std::int64_t n) {
-  std::int64_t offset = 0;
-#pragma unroll
-  for (int axis = 3; axis >= 0; --axis) {
-    offset += (n % t.dims[axis]) * t.strides[axis];
-    n /= t.dims[axis];
-  }
-  return offset;
-}
+using detail::make_strided;
+using detail::Strided;
+using detail::strided_offset;
 
 __device__ unsigned int abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
 

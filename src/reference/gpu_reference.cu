@@ -17,6 +17,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include "exec/strided_elements.cuh"
 #include "fusedattn/errors.h"
 #include "fusedattn/reference.h"
 #include "spec/window_rule.h"
@@ -448,29 +449,9 @@ __global__ void __launch_bounds__(kThreads) reference_dsink_kernel(Shape s, cons
 
 // --- strided 16-bit or FP8 <-> contiguous float ----------------------------------------------
 
-struct Strided {
-  std::int64_t dims[4], strides[4];
-};
-
-Strided make_strided(const TensorDesc& desc) {
-  Strided out{};
-  for (int axis = 0; axis < 4; ++axis) {
-    out.dims[axis] = desc.dims[axis];
-    out.strides[axis] = desc.strides[axis];
-  }
-  return out;
-}
-
-// Offset of the n-th element of the logical [b, h, s, d] order in the strided tensor.
-__device__ std::int64_t strided_offset(const Strided& t, std::int64_t n) {
-  std::int64_t offset = 0;
-#pragma unroll
-  for (int axis = 3; axis >= 0; --axis) {
-    offset += (n % t.dims[axis]) * t.strides[axis];
-    n /= t.dims[axis];
-  }
-  return offset;
-}
+using detail::make_strided;
+using detail::Strided;
+using detail::strided_offset;
 
 __device__ float to_float(__half x) { return __half2float(x); }
 __device__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
