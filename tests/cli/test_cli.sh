@@ -80,6 +80,16 @@ expect "paged: forward only"     '^1$' 'kv_pages = 16: needs no backward through
 expect "paged needs whole pages" '^2$' 'invalid_argument.*s_kv = 1000.*multiple of page_size' -- support "${PAGED/s_kv=1024/s_kv=1000}"
 expect "page keys need paging"   '^2$' 'invalid_argument.*page_size.*paged layout' -- support "$VALID page_size=16 pages=4"
 
+# FP8: what Hopper's FP8 kernels take, with what lifts each limit (the policy answers the same with
+# and without a GPU here: each case is one the policy refuses before cuDNN is asked).
+FP8="layout=bshd dtype=e4m3 b=1 s=128 h=8 d=128 causal"
+expect "fp8 spec round-trips"    '^0$' 'spec="layout=bshd dtype=e4m3 b=1'         -- support "$FP8"
+expect "fp8 backward needs 128"  '^1$' 'd_qk = 64: needs 128 for the FP8 backward on SM 9.x.*Blackwell' \
+                                                                            -- support "${FP8/d=128/d=64}"
+expect "fp8 takes no bias"       '^1$' 'no bias with FP8'                         -- support "$FP8 bias=11ss"
+expect "mxfp8 needs cuDNN 9.21"  '^1$' 'fp8_scaling = mxfp8: needs cuDNN 9.21'    -- support "$FP8 fp8_scaling=mxfp8"
+expect "fp8 names torch's dtype" '^0$' 'dtype=e4m3'                               -- support "${FP8/e4m3/float8_e4m3fn}"
+
 # Commands that need a GPU say plainly when there is none.
 expect "info"                    '^0$' ''                       -- info
 if [[ "$has_gpu" == 1 ]]; then
@@ -87,6 +97,7 @@ if [[ "$has_gpu" == 1 ]]; then
 else
   expect "run without GPU"       '^4$' 'no GPU'                 -- run "$VALID"
   expect "bench without GPU"     '^4$' 'no GPU'                 -- bench "$VALID"
+  expect "fp8 run without GPU"   '^4$' 'no GPU'                 -- run "$FP8"
   expect "demo without GPU"      '^0$' 'no GPU found'           -- demo
   expect "demo self-checks pass" '^0$' 'finite differences.*PASS' -- demo
   expect "support matrix says policy only" '^0$' 'No GPU: these are the pure policy' -- support-matrix
