@@ -15,6 +15,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -174,12 +175,19 @@ void count_capture(cudaStream_t stream) {
 //   backward: q, k, v, o, stats, d_o, then the same optional ones (never paged)
 //             -> d_q, d_k, d_v, [d_bias], [d_sink], workspace
 // rng is uint32[4]: Philox seed and offset as two int64 (JAX has no 64-bit integers by default).
+// An FP8 spec (q in E4M3 or E5M2) adds float32 scalars (fusedattn/fp8_scales.h) after all operands
+// and the amaxes its kernels write after all results, before the workspace:
+//   forward:  ..., descale_q, descale_k, descale_v, descale_s, scale_s, scale_o -> ..., amax_s, amax_o
+//   backward: ..., descale_q, descale_k, descale_v, descale_o, descale_d_o, descale_s, descale_d_p, scale_s,
+//             scale_d_p, scale_d_q, scale_d_k, scale_d_v -> ..., amax_d_q, amax_d_k, amax_d_v, amax_d_p
 class Operands {
  public:
   Operands(const ffi::RemainingArgs& args, const ffi::RemainingRets& rets) : args_(args), rets_(rets) {}
 
   const void* arg() { return next_arg(); }
   void* ret() { return next_ret(); }
+  const float* scalar() { return static_cast<const float*>(next_arg()); }
+  float* amax() { return static_cast<float*>(next_ret()); }
   const void* arg_if(bool present) { return present ? next_arg() : nullptr; }
   void* ret_if(bool present) { return present ? next_ret() : nullptr; }
   ffi::AnyBuffer workspace() const {  // always the last result
@@ -225,6 +233,16 @@ void take_optional_inputs(const fa::AttentionSpec& spec, Operands& in, Tensors& 
   }
 }
 
+// XLA's result buffers start with whatever was there: the amaxes are zeroed first, so the call
+// does not depend on whether cuDNN stores its amax or takes the max with what the buffer holds.
+void zero(std::initializer_list<float*> amaxes, cudaStream_t stream) {
+  for (float* amax : amaxes) check_cuda(cudaMemsetAsync(amax, 0, sizeof(float), stream), "cudaMemsetAsync");
+}
+void zero_amaxes(const fa::Fp8ForwardScales& f, cudaStream_t stream) { zero({f.amax_s, f.amax_o}, stream); }
+void zero_amaxes(const fa::Fp8BackwardScales& f, cudaStream_t stream) {
+  zero({f.amax_d_q, f.amax_d_k, f.amax_d_v, f.amax_d_p}, stream);
+}
+
 ffi::Error mismatch(const fa::AttentionSpec& spec) {
   return ffi::Error::InvalidArgument("fusedattn: the call's operands do not match its spec [" + fa::to_string(spec) +
                                      "]");
@@ -243,6 +261,7 @@ ffi::Error run_pass(cudaStream_t stream, ffi::ScratchAllocator& scratch, std::in
     if (!io.all_taken()) return mismatch(state->spec);
     auto launch = prepare_launch(device, state, scratch, io.workspace());
     if (launch.has_error()) return launch.error();
+    if (fa::is_fp8(state->spec.q.dtype)) zero_amaxes(t.fp8, stream);
     launch->plan->run(t, scale, stream, launch->workspace);
     return ffi::Error::Success();
   } catch (const fa::Error& error) {
@@ -265,6 +284,15 @@ ffi::Error run_forward(cudaStream_t stream, ffi::ScratchAllocator scratch, std::
         t.o = io.ret();
         t.stats = static_cast<float*>(io.ret_if(spec.stats));
         t.max_logit = static_cast<float*>(io.ret_if(spec.max_logit != fa::MaxLogit::none));
+        if (fa::is_fp8(spec.q.dtype)) {
+          fa::Fp8ForwardScales& f = t.fp8;
+          for (const float** scalar :
+               {&f.descale_q, &f.descale_k, &f.descale_v, &f.descale_s, &f.scale_s, &f.scale_o}) {
+            *scalar = io.scalar();
+          }
+          f.amax_s = io.amax();
+          f.amax_o = io.amax();
+        }
       });
 }
 
@@ -286,6 +314,15 @@ ffi::Error run_backward(cudaStream_t stream, ffi::ScratchAllocator scratch, std:
         t.d_v = io.ret();
         t.d_bias = io.ret_if(spec.bias_grad);
         t.d_sink = static_cast<float*>(io.ret_if(has_sink(spec)));
+        if (fa::is_fp8(spec.q.dtype)) {
+          fa::Fp8BackwardScales& f = t.fp8;
+          for (const float** scalar : {&f.descale_q, &f.descale_k, &f.descale_v, &f.descale_o, &f.descale_d_o,
+                                       &f.descale_s, &f.descale_d_p, &f.scale_s, &f.scale_d_p, &f.scale_d_q,
+                                       &f.scale_d_k, &f.scale_d_v}) {
+            *scalar = io.scalar();
+          }
+          for (float** amax : {&f.amax_d_q, &f.amax_d_k, &f.amax_d_v, &f.amax_d_p}) *amax = io.amax();
+        }
       });
 }
 

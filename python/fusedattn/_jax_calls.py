@@ -8,7 +8,12 @@ order from the spec the Config makes):
               [cu_seqlens_q, cu_seqlens_kv], [page_table_k, page_table_v]
     backward: q, k, v, o, stats, d_o, then the same optional ones (never paged)
 and it returns o, [stats], [max_logit] (forward) or d_q, d_k, d_v, [d_bias], [d_sink] (backward);
-every call also returns its workspace, which the kernels drop.
+every call also returns its workspace, which the kernels drop. An FP8 call (Call.fp8: q, k, v in
+E4M3 or E5M2, fusedattn/fp8_scales.h) takes float32 scalars after all of those and returns the
+amaxes its kernels write after its other results:
+    forward:  ... descale_q, descale_k, descale_v, descale_s, scale_s, scale_o -> ... amax_s, amax_o
+    backward: ... descale_q, descale_k, descale_v, descale_o, descale_d_o, descale_s, descale_d_p,
+              scale_s, scale_d_p, scale_d_q, scale_d_k, scale_d_v -> ... amax_d_q, amax_d_k, amax_d_v, amax_d_p
 """
 import dataclasses
 from typing import Tuple
@@ -29,6 +34,12 @@ STATS = "stats"
 # for the axes vmap folds and a mesh splits. The core describes the arrays themselves.
 AXES = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}
 
+# An FP8 call's scalar operands and the amaxes it returns, in the order jax_ffi.cpp reads them.
+FP8_INPUTS = {FORWARD: ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"),
+              BACKWARD: ("descale_q", "descale_k", "descale_v", "descale_o", "descale_d_o", "descale_s",
+                         "descale_d_p", "scale_s", "scale_d_p", "scale_d_q", "scale_d_k", "scale_d_v")}
+FP8_OUTPUTS = {FORWARD: ("amax_s", "amax_o"), BACKWARD: ("amax_d_q", "amax_d_k", "amax_d_v", "amax_d_p")}
+
 
 def view(x):
     """An array as the core takes it: (dtype name, shape, element strides); JAX arrays are dense
@@ -44,10 +55,12 @@ def view(x):
 class Call:
     """What fixes a call beyond its arrays' shapes: the core Config (every option, shared with
     fusedattn.torch), the scale, and for thd the longest sequences (the plan's bucket: host values
-    the arrays do not carry). Hashable: calls are cached and traced by it."""
+    the arrays do not carry), and whether q, k, v are FP8 (then the call takes and returns its
+    scaling scalars). Hashable: calls are cached and traced by it."""
     config: core.Config
     scale: float
     max_seqlen: Tuple[int, int] = (0, 0)
+    fp8: bool = False
 
     @property
     def ragged(self):
@@ -66,14 +79,16 @@ class Call:
                 + (("rng",) if c.dropout > 0.0 else ())
                 + (("seq_len_q", "seq_len_kv") if c.padding and not self.ragged else ())
                 + (("cu_q", "cu_kv") if self.ragged else ())
-                + (("page_table_k", "page_table_v") if c.kv_pages else ()))
+                + (("page_table_k", "page_table_v") if c.kv_pages else ())
+                + (FP8_INPUTS[pass_] if self.fp8 else ()))
 
     def outputs(self, pass_):
         c = self.config
+        fp8 = FP8_OUTPUTS[pass_] if self.fp8 else ()
         if pass_ == FORWARD:
-            return ("o",) + ((STATS,) if c.stats else ()) + (("max_logit",) if c.max_logit != "none" else ())
+            return ("o",) + ((STATS,) if c.stats else ()) + (("max_logit",) if c.max_logit != "none" else ()) + fp8
         return (("d_q", "d_k", "d_v") + (("d_bias",) if c.bias_grad else ())
-                + (("d_sink",) if c.softmax == "sink" else ()))
+                + (("d_sink",) if c.softmax == "sink" else ()) + fp8)
 
 
 _registered = False
@@ -105,7 +120,7 @@ def _workspace(spec, pass_):
 
 def _result_types(call, spec, named):
     """Each result role's shape and dtype. Per query row (stats, a row max logit): float32
-    [b, h_q, s_q], or [t, h_q] by token for thd; a head's max logit: [h_q]."""
+    [b, h_q, s_q], or [t, h_q] by token for thd; a head's max logit: [h_q]; an FP8 amax: float32 []."""
     q, v = named["q"], named["v"]
     rows = (q.shape[0], spec.heads_q) if call.config.layout == "thd" else (spec.batch, spec.heads_q, spec.seq_q)
     types = {"o": jax.ShapeDtypeStruct(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype),
@@ -115,6 +130,8 @@ def _result_types(call, spec, named):
     for role, source in (("d_q", "q"), ("d_k", "k"), ("d_v", "v"), ("d_bias", "bias"), ("d_sink", "sink")):
         if source in named:
             types[role] = jax.ShapeDtypeStruct(named[source].shape, named[source].dtype)
+    for role in FP8_OUTPUTS[FORWARD] + FP8_OUTPUTS[BACKWARD]:  # float32 scalars
+        types[role] = jax.ShapeDtypeStruct((), jnp.float32)
     return types
 
 
