@@ -26,7 +26,7 @@ from . import _config, _jax_batching, _jax_calls, _jax_partition
 from ._jax_calls import BACKWARD, FORWARD, Call, view
 from .errors import invalid_argument
 
-__all__ = ["attention", "paged_attention"]
+__all__ = ["attention", "paged_attention", "Fp8State", "fp8_state", "fp8_attention"]
 
 # The kernel behind each pass; tests put plain-JAX references here to check batching and
 # partitioning without a GPU.
@@ -184,3 +184,6 @@ def paged_attention(q, k_cache, v_cache, page_table_k, page_table_v, seq_len_kv,
         extras = (jnp.full((batch,), spec.seq_q, jnp.int32) if seq_len_q is None else _int32(seq_len_q), seq_len_kv)
     tables = (_int32(page_table_k), _int32(page_table_v))
     return _call(FORWARD, call, (spec.heads_q, spec.heads_kv))(q, k_cache, v_cache, *extras, *tables)
+
+
+from ._jax_fp8 import Fp8State, fp8_attention, fp8_state  # noqa: E402  (FP8: _jax_fp8.py)

@@ -1,0 +1,230 @@
+"""fusedattn.jax's FP8 attention: the scaling recipes of fusedattn.torch.fp8_attention (_torch_fp8.py)
+as functional state, around the FP8 custom calls (fusedattn/fp8_scales.h).
+
+    state = fp8_state("delayed", history=16)                  # one per attention layer
+    o, state = fp8_attention(q, k, v, state, causal=True)      # inference: the forward's updates
+
+In training the gradient with respect to `state` IS the updated state (the forward's updates and the
+backward's): overwrite, do not add. A training step under jit:
+
+    @jax.jit
+    def step(params, state, x):
+        def loss_fn(params, state):
+            o, _ = fp8_attention(*project(params, x), state, causal=True)
+            return jnp.mean(o.astype(jnp.float32) ** 2)
+        loss, (grads, state) = jax.value_and_grad(loss_fn, argnums=(0, 1))(params, state)
+        return loss, update(params, grads), state          # `state` here is the next step's state
+
+(As Flax's FP8 ops do: the backward's amaxes can only leave a custom_vjp as a cotangent.) So use
+each state in one fp8_attention call per step, and differentiate with respect to it: a state that
+jax.grad does not reach keeps only its forward's updates, and a state used twice gets the sum.
+
+Where each scale comes from, as in _torch_fp8.py:
+  - Q, K, V (and dO in the backward): recipe "current" takes this call's amax; "delayed" takes the
+    scale from the amax history (slot 0 the newest), and the amax this call saw enters the history
+    after the step.
+  - S: fixed at the format's largest value (448 E4M3, 57344 E5M2); O: from V's amax (|O| <= max|V|).
+  - dP, dQ, dK, dV (written by the kernels): delayed scaling from the amaxes the kernels report,
+    with two bits of headroom, under both recipes. A state whose kernel-written histories are all
+    zero has never measured them: its backward runs twice (lax.cond), the first run to measure.
+  - O and the gradients are dequantized to q's dtype with the descales their kernels ran with.
+Quantizing is clip(x * scale, -max, max) in float32, converted to FP8 (XLA fuses it into one pass;
+the clip saturates as fusedattn's kernels do, NaN stays NaN).
+
+Not yet: vmap and mesh partitioning of the FP8 calls (a sharded amax would need a max over the
+shards), backward="model", and any run of the CUDA path on a GPU.
+"""
+import dataclasses
+import functools
+from typing import Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _config
+from . import _core as core
+from ._jax_calls import BACKWARD, FORWARD, Call, view
+from .errors import invalid_argument
+
+__all__ = ["Fp8State", "fp8_state", "fp8_attention"]
+
+TENSORS = ("q", "k", "v", "s", "o", "d_o", "d_p", "d_q", "d_k", "d_v")
+_SLOT = {name: i for i, name in enumerate(TENSORS)}
+_DTYPES = {jnp.dtype(d): core.fp8_max(jnp.dtype(d).name) for d in (jnp.float8_e4m3fn, jnp.float8_e5m2)}
+# Written by the kernels, so delayed under both recipes, with two bits of headroom over the history
+# (_torch_fp8.py: without it dV saturated on the H200 in a third step of fresh inputs).
+_KERNEL_WRITTEN = ("d_p", "d_q", "d_k", "d_v")
+_HEADROOM_BITS = 2
+_FLT_MIN, _FLT_MAX = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # eq on arrays would be ambiguous
+class Fp8State:
+    """The scaling state of one attention layer, a pytree of float32 arrays indexed by TENSORS:
+    scale, descale and amax [10] (the last amax seen), history [10, length] (slot 0 the newest).
+    recipe ("current" or "delayed"), margin (scales are divided by 2^margin) and dtype are static."""
+    scale: jax.Array
+    descale: jax.Array
+    amax: jax.Array
+    history: jax.Array
+    recipe: str = "delayed"
+    margin: int = 0
+    dtype: jnp.dtype = jnp.dtype(jnp.float8_e4m3fn)
+
+    @property
+    def fp8_max(self):
+        return _DTYPES[self.dtype]
+
+    def _set(self, field, names, values):
+        at = np.array([_SLOT[n] for n in names])
+        return dataclasses.replace(self, **{field: getattr(self, field).at[at].set(values)})
+
+    def _scaled(self, names, amaxes):
+        """`names`' scales and descales set from `amaxes`, as fusedattn's scale_from_amax: 1 where an
+        amax is 0 or not finite, and clamped to float's range. The margin is the state's, plus the
+        headroom for the kernel-written tensors."""
+        margin = np.array([self.margin + (_HEADROOM_BITS if n in _KERNEL_WRITTEN else 0) for n in names], np.int32)
+        ok = (amaxes > 0) & jnp.isfinite(amaxes)
+        scale = jnp.clip(jnp.ldexp(self.fp8_max / jnp.where(ok, amaxes, 1.0), -margin), _FLT_MIN, _FLT_MAX)
+        scale = jnp.where(ok, scale, 1.0)
+        return self._set("scale", names, scale)._set("descale", names, 1.0 / scale)
+
+    def _advance(self, names):
+        """Delayed scaling's step: each history takes its amax in slot 0, and the scale follows the
+        largest amax in it (NaN propagates, giving scale 1)."""
+        if not names:
+            return self
+        at = np.array([_SLOT[n] for n in names])
+        history = jnp.concatenate([self.amax[at][:, None], self.history[at, :-1]], axis=1)
+        state = dataclasses.replace(self, history=self.history.at[at].set(history))
+        return state._scaled(names, history.max(axis=1))
+
+    def _calibrated(self):
+        return jnp.any(self.history[np.array([_SLOT[n] for n in _KERNEL_WRITTEN])] != 0)
+
+
+jax.tree_util.register_dataclass(Fp8State, data_fields=["scale", "descale", "amax", "history"],
+                                 meta_fields=["recipe", "margin", "dtype"])
+
+
+def fp8_state(recipe="delayed", history=16, margin=0, dtype=jnp.float8_e4m3fn):
+    """A fresh Fp8State: scales 1, S's scale the format's largest value, histories zero."""
+    if recipe not in ("current", "delayed"):
+        raise invalid_argument("recipe", recipe, '"current" or "delayed"')
+    if _dtype(dtype) not in _DTYPES:
+        raise invalid_argument("dtype", dtype, "jnp.float8_e4m3fn or jnp.float8_e5m2")
+    if int(history) < 1:
+        raise invalid_argument("history", history, "at least 1")
+    dtype, n = jnp.dtype(dtype), len(TENSORS)
+    largest = _DTYPES[dtype]
+    scale = jnp.ones(n, jnp.float32).at[_SLOT["s"]].set(largest)
+    return Fp8State(scale, 1.0 / scale, jnp.zeros(n, jnp.float32), jnp.zeros((n, int(history)), jnp.float32),
+                    recipe, int(margin), dtype)
+
+
+def _dtype(dtype):
+    try:
+        return jnp.dtype(dtype)
+    except TypeError:  # not a dtype at all
+        return None
+
+
+def _quantize(state, name, x):
+    """x in FP8 by the recipe, and the state with its amax (and, current scaling, its scale)."""
+    amax = jnp.max(jnp.abs(x)).astype(jnp.float32)
+    state = state._set("amax", (name,), amax)
+    if state.recipe == "current":
+        state = state._scaled((name,), state.amax[_SLOT[name]][None])
+    scale = state.scale[_SLOT[name]]
+    x8 = jnp.clip(x.astype(jnp.float32) * scale, -state.fp8_max, state.fp8_max).astype(state.dtype)
+    return x8, state
+
+
+def _dequantize(x8, descale, dtype):
+    return (x8.astype(jnp.float32) * descale).astype(dtype)
+
+
+def _kernel(pass_):
+    from . import jax as adapter  # its _KERNELS: the CUDA call, or what a test put there
+    return adapter._kernel(pass_)
+
+
+def _forward(call, q, k, v, state):
+    q8, state = _quantize(state, "q", q)
+    k8, state = _quantize(state, "k", k)
+    v8, state = _quantize(state, "v", v)
+    state = state._scaled(("o",), state.amax[_SLOT["v"]][None])  # |O| <= max |V|
+    scale, descale = state.scale, state.descale
+    used = descale[np.array([_SLOT[n] for n in ("q", "k", "v", "o")])]  # the backward undoes these
+    o8, stats, amax_s, amax_o = _kernel(FORWARD)(call, q8, k8, v8, descale[_SLOT["q"]], descale[_SLOT["k"]],
+                                                 descale[_SLOT["v"]], descale[_SLOT["s"]], scale[_SLOT["s"]],
+                                                 scale[_SLOT["o"]])
+    state = state._set("amax", ("s", "o"), jnp.stack([amax_s, amax_o]))
+    o = _dequantize(o8, descale[_SLOT["o"]], q.dtype)
+    if state.recipe == "delayed":
+        state = state._advance(("q", "k", "v"))
+    return o, state, (q8, k8, v8, o8, stats, used)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fp8_attention(call, q, k, v, state):
+    o, state, _ = _forward(call, q, k, v, state)
+    return o, state
+
+
+def _fp8_attention_fwd(call, q, k, v, state):
+    o, state, residuals = _forward(call, q, k, v, state)
+    return (o, state), residuals + (state,)
+
+
+def _fp8_attention_bwd(call, residuals, cotangents):
+    d_o, _ = cotangents  # the returned state's cotangent is not used: the step's state comes out as `state`'s
+    q8, k8, v8, o8, stats, used, state = residuals
+    d_o8, state = _quantize(state, "d_o", d_o)
+
+    def run(state):
+        scale, descale = state.scale, state.descale
+        return _kernel(BACKWARD)(call, q8, k8, v8, o8, stats, d_o8, *used,
+                                 *(descale[_SLOT[n]] for n in ("d_o", "s", "d_p")),
+                                 *(scale[_SLOT[n]] for n in ("s", "d_p", "d_q", "d_k", "d_v")))
+
+    def measured(state):  # a first backward: its amaxes give the scales of the run that counts
+        return _kernel_amaxes(state, run(state)[3:])._advance(_KERNEL_WRITTEN)
+
+    state = jax.lax.cond(state._calibrated(), lambda state: state, measured, state)
+    d_q8, d_k8, d_v8, *amaxes = run(state)
+    # Dequantized with the descales this run used, before the step moves them on.
+    grads = [_dequantize(g8, state.descale[_SLOT[name]], d_o.dtype)
+             for g8, name in zip((d_q8, d_k8, d_v8), ("d_q", "d_k", "d_v"))]
+    state = _kernel_amaxes(state, amaxes)._advance(_KERNEL_WRITTEN + (("d_o",) if state.recipe == "delayed" else ()))
+    return grads[0], grads[1], grads[2], state
+
+
+def _kernel_amaxes(state, amaxes):
+    """The state with the amaxes a backward reported (amax_d_q, amax_d_k, amax_d_v, amax_d_p)."""
+    return state._set("amax", ("d_q", "d_k", "d_v", "d_p"), jnp.stack(list(amaxes)))
+
+
+_fp8_attention.defvjp(_fp8_attention_fwd, _fp8_attention_bwd)
+
+
+def fp8_attention(q, k, v, state, *, layout: str = "bshd", causal: bool = False, align: str = "top_left",
+                  window: Tuple[int, int] = (-1, -1), scale=None):
+    """FP8 attention of q, k, v (bfloat16 or float16, one dtype, in a dense `layout`: "bshd", "sbhd"
+    or "bhsd") with the scaling `state` (Fp8State, from fp8_state()); returns (O in q's dtype, the
+    state after the forward). Differentiable in q, k, v and `state`, whose gradient is the state
+    after the whole step (module docstring). causal, window, align and scale as in attention().
+    What cuDNN's FP8 kernels do not take on this GPU raises NotSupportedError with every reason
+    while tracing (on Hopper: head dim 128 for the backward, no bottom-right diagonal)."""
+    if not isinstance(state, Fp8State):
+        raise invalid_argument("state", type(state).__name__, "a fusedattn.jax.Fp8State")
+    if jnp.dtype(q.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        raise invalid_argument("q.dtype", q.dtype, "jnp.bfloat16 or jnp.float16 (quantized inside)")
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype != q.dtype:
+            raise invalid_argument(f"{name}.dtype", x.dtype, f"q's dtype, {q.dtype}")
+    config = _config.config(layout, causal=causal, window=tuple(window), align=align)
+    spec = config.spec(*((state.dtype.name,) + view(x)[1:] for x in (q, k, v)), 0, 0, 0)
+    call = Call(config, spec.default_scale if scale is None else float(scale), fp8=True)
+    return _fp8_attention(call, q, k, v, state)

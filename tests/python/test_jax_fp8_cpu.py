@@ -1,0 +1,242 @@
+"""fusedattn.jax.fp8_attention without a GPU: the scaling recipes and the functional state, with a
+plain-JAX FP8 kernel in jax.py's _KERNELS (dequantize the FP8 inputs with their descales, float32
+attention, the amaxes, O and the gradients quantized with their scales, as cuDNN's FP8 kernels take
+and return them); the program exported for CUDA with the real FFI calls and their FP8 operands."""
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax", reason="JAX not installed")
+fj = pytest.importorskip("fusedattn.jax")
+pytest.importorskip("fusedattn._jax_ffi", reason="the XLA FFI handlers were not built (jax was missing at configure)")
+import jax.numpy as jnp  # noqa: E402
+
+import fusedattn  # noqa: E402
+from fusedattn._jax_calls import BACKWARD, FORWARD  # noqa: E402
+from fusedattn._jax_fp8 import TENSORS  # noqa: E402
+
+SLOT = {name: i for i, name in enumerate(TENSORS)}
+E4M3_MAX, E5M2_MAX = 448.0, 57344.0
+
+
+def attend(q, k, v, scale, causal):
+    """float32 attention of [b, s, h, d] arrays (GQA by repeating K/V heads); O and the statistics."""
+    group = q.shape[2] // k.shape[2]
+    k, v = (jnp.repeat(x, group, axis=2) for x in (k, v))
+    logits = jnp.einsum("bshd,bthd->bhst", q, k) * scale
+    if causal:
+        logits = jnp.where(jnp.tril(jnp.ones(logits.shape[-2:], bool)), logits, -jnp.inf)
+    stats = jax.nn.logsumexp(logits, axis=-1)
+    p = jnp.exp(logits - stats[..., None])
+    return jnp.einsum("bhst,bthd->bshd", p, v), stats, p
+
+
+def quantized(x, scale, dtype):
+    fp8_max = float(jnp.finfo(dtype).max)
+    return jnp.clip(x * scale, -fp8_max, fp8_max).astype(dtype)
+
+
+def fp8_forward(call, *arrays):
+    """The FP8 forward as the FFI call takes and returns it (Call.inputs / Call.outputs)."""
+    assert call.fp8 and len(arrays) == len(call.inputs(FORWARD))
+    a = dict(zip(call.inputs(FORWARD), arrays))
+    q, k, v = (a[n].astype(jnp.float32) * a["descale_" + n] for n in "qkv")
+    o, stats, p = attend(q, k, v, call.scale, call.config.window == (-1, 0))
+    return quantized(o, a["scale_o"], a["q"].dtype), stats, p.max(), jnp.abs(o).max()
+
+
+def fp8_backward(call, *arrays):
+    assert call.fp8 and len(arrays) == len(call.inputs(BACKWARD))
+    a = dict(zip(call.inputs(BACKWARD), arrays))
+    q, k, v, d_o = (a[n].astype(jnp.float32) * a["descale_" + n] for n in ("q", "k", "v", "d_o"))
+    causal = call.config.window == (-1, 0)
+    _, pullback = jax.vjp(lambda q, k, v: attend(q, k, v, call.scale, causal)[0], q, k, v)
+    grads = pullback(d_o)
+    group = q.shape[2] // k.shape[2]
+    d_p = jnp.einsum("bshd,bthd->bhst", d_o, jnp.repeat(v, group, axis=2))
+    fp8 = a["q"].dtype
+    out = [quantized(g, a["scale_" + n], fp8) for g, n in zip(grads, ("d_q", "d_k", "d_v"))]
+    return (*out, *(jnp.abs(g).max() for g in grads), jnp.abs(d_p).max())
+
+
+@pytest.fixture
+def reference_kernels(monkeypatch):
+    monkeypatch.setitem(fj._KERNELS, FORWARD, fp8_forward)
+    monkeypatch.setitem(fj._KERNELS, BACKWARD, fp8_backward)
+
+
+def inputs(seed, shape=(2, 64, 4, 64), kv_heads=4, amax=(1.0, 1.0, 1.0)):
+    keys = jax.random.split(jax.random.key(seed), 4)
+    kv_shape = shape[:2] + (kv_heads,) + shape[3:]
+    q, k, v = (jax.random.normal(key, s) * a for key, s, a in zip(keys, (shape, kv_shape, kv_shape), amax))
+    w = jax.random.normal(keys[3], shape)  # the loss's weights: dO
+    return q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16), w
+
+
+def rel_l2(x, y):
+    x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
+    return float(np.linalg.norm(x - y) / np.linalg.norm(y))
+
+
+def training_step(causal):
+    def loss_fn(q, k, v, state, w):
+        o, _ = fj.fp8_attention(q, k, v, state, causal=causal)
+        return (o.astype(jnp.float32) * w).sum(), o
+
+    @jax.jit
+    def step(q, k, v, state, w):
+        (loss, o), grads = jax.value_and_grad(loss_fn, argnums=(0, 1, 2, 3), has_aux=True)(q, k, v, state, w)
+        return loss, o, grads[:3], grads[3]  # the state's gradient is the next state
+    return step
+
+
+def reference(q, k, v, w, causal):
+    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+    scale = 1 / np.sqrt(q.shape[-1])
+    o, pullback = jax.vjp(lambda q, k, v: attend(q, k, v, scale, causal)[0], q, k, v)
+    return o, pullback(w)
+
+
+@pytest.mark.parametrize("recipe", ["current", "delayed"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_jitted_training_step_over_three_steps_is_close_to_float32(reference_kernels, recipe, causal):
+    step, state = training_step(causal), fj.fp8_state(recipe, history=4)
+    for i in range(3):
+        q, k, v, w = inputs(i, kv_heads=2, amax=(1.0, 2.0, 3.0 + i))
+        _, o, grads, state = step(q, k, v, state, w)
+        ref_o, ref_grads = reference(q, k, v, w, causal)
+        assert o.dtype == jnp.bfloat16 and [g.dtype for g in grads] == [jnp.bfloat16] * 3
+        assert rel_l2(o, ref_o) < 0.1, (i, rel_l2(o, ref_o))
+        errors = [rel_l2(g, r) for g, r in zip(grads, ref_grads)]
+        assert max(errors) < 0.15, (i, errors)
+        assert isinstance(state, fj.Fp8State) and state.recipe == recipe
+    # The kernel-written tensors: measured once more in the first step (its backward ran twice).
+    assert int((state.history[SLOT["d_q"]] != 0).sum()) == 4
+    kernel_written = [SLOT[n] for n in ("d_p", "d_q", "d_k", "d_v")]
+    largest = state.history[np.array(kernel_written)].max(axis=1)
+    np.testing.assert_allclose(state.scale[np.array(kernel_written)], E4M3_MAX / (largest * 4), rtol=1e-6)
+
+
+def test_e5m2_runs_the_same_recipes(reference_kernels):
+    step, state = training_step(True), fj.fp8_state("delayed", dtype=jnp.float8_e5m2)
+    assert float(state.scale[SLOT["s"]]) == E5M2_MAX
+    for i in range(2):
+        q, k, v, w = inputs(i)
+        _, o, grads, state = step(q, k, v, state, w)
+    ref_o, ref_grads = reference(q, k, v, w, True)
+    assert rel_l2(o, ref_o) < 0.2 and max(rel_l2(g, r) for g, r in zip(grads, ref_grads)) < 0.3
+
+
+def test_current_scaling_takes_this_calls_amax(reference_kernels):
+    q, k, v, _ = inputs(0, amax=(1.0, 2.0, 3.0))
+    state = fj.fp8_state("current")
+    o, after = jax.jit(fj.fp8_attention)(q, k, v, state)
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        amax = float(jnp.abs(x.astype(jnp.float32)).max())
+        assert float(after.amax[SLOT[name]]) == amax
+        np.testing.assert_allclose(after.scale[SLOT[name]], E4M3_MAX / amax, rtol=1e-6)
+        np.testing.assert_allclose(after.descale[SLOT[name]], amax / E4M3_MAX, rtol=1e-6)
+    np.testing.assert_allclose(after.scale[SLOT["o"]], E4M3_MAX / float(jnp.abs(v.astype(jnp.float32)).max()),
+                               rtol=1e-6)  # O's from V's amax
+    assert float(after.scale[SLOT["s"]]) == E4M3_MAX  # fixed
+    assert not after.history.any()  # current scaling keeps no history of its own inputs
+
+
+def test_delayed_scaling_records_the_newest_amax_in_slot_0(reference_kernels):
+    state, seen = fj.fp8_state("delayed", history=4, margin=1), []
+    forward = jax.jit(fj.fp8_attention)
+    for i, amax in enumerate((1.0, 4.0, 2.0)):
+        q, k, v, _ = inputs(i, amax=(amax, 1.0, 1.0))
+        before = float(state.scale[SLOT["q"]])
+        _, state = forward(q, k, v, state)
+        seen.append(float(jnp.abs(q.astype(jnp.float32)).max()))
+        np.testing.assert_array_equal(state.history[SLOT["q"]], np.array(seen[::-1] + [0.0] * (4 - len(seen)),
+                                                                         np.float32))
+        np.testing.assert_allclose(state.scale[SLOT["q"]], E4M3_MAX / (max(seen) * 2), rtol=1e-6)  # margin 1
+        assert i > 0 or before == 1.0  # the first call quantized with scale 1
+    assert not state.history[SLOT["d_o"]].any()  # no backward ran
+
+
+def test_the_state_is_returned_not_changed(reference_kernels):
+    state = fj.fp8_state("delayed")
+    fresh = jax.tree_util.tree_map(np.array, state)
+    q, k, v, w = inputs(0)
+    _, _, _, after = training_step(False)(q, k, v, state, w)
+    for ours, kept in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(fresh)):
+        np.testing.assert_array_equal(ours, kept)
+    assert after.history[SLOT["q"]][0] > 0 and after.history[SLOT["d_o"]][0] > 0
+    assert jax.tree_util.tree_structure(after) == jax.tree_util.tree_structure(state)
+
+
+def test_a_states_first_backward_measures_the_gradients_before_the_run_that_counts(reference_kernels, monkeypatch):
+    # Gradients around 1e-4 at scale 1 round to zero in E4M3 (its smallest subnormal is 2^-9): the
+    # first backward of a fresh state runs once to measure them, then with scales from that.
+    q, k, v, w = inputs(0)
+    w = w * 1e-4
+    _, ref_grads = reference(q, k, v, w, False)
+    _, _, grads, state = training_step(False)(q, k, v, fj.fp8_state("current"), w)
+    assert max(rel_l2(g, r) for g, r in zip(grads, ref_grads)) < 0.15
+    assert int((state.history[SLOT["d_q"]] != 0).sum()) == 2  # the measuring run and the one that counts
+    monkeypatch.setattr(fj.Fp8State, "_calibrated", lambda self: jnp.bool_(True))  # as if measured before
+    _, _, grads, _ = training_step(False)(q, k, v, fj.fp8_state("current"), w)
+    assert min(rel_l2(g, r) for g, r in zip(grads, ref_grads)) > 0.5
+
+
+@pytest.mark.parametrize("kwargs, field, requirement", [
+    (dict(recipe="hybrid"), "recipe", '"current" or "delayed"'),
+    (dict(dtype=jnp.bfloat16), "dtype", "jnp.float8_e4m3fn or jnp.float8_e5m2"),
+    (dict(dtype="fp8"), "dtype", "jnp.float8_e4m3fn or jnp.float8_e5m2"),
+    (dict(history=0), "history", "at least 1"),
+])
+def test_a_bad_state_names_the_field(kwargs, field, requirement):
+    with pytest.raises(fusedattn.InvalidArgumentError) as caught:
+        fj.fp8_state(**kwargs)
+    assert caught.value.field == field and caught.value.requirement == requirement
+
+
+def test_bad_calls_name_the_field():
+    q = jnp.zeros((1, 64, 2, 64), jnp.bfloat16)
+    with pytest.raises(fusedattn.InvalidArgumentError) as caught:
+        fj.fp8_attention(q, q, q, object())
+    assert caught.value.field == "state"
+    with pytest.raises(fusedattn.InvalidArgumentError) as caught:
+        fj.fp8_attention(q.astype(jnp.float32), q, q, fj.fp8_state())
+    assert caught.value.field == "q.dtype"
+    with pytest.raises(fusedattn.InvalidArgumentError) as caught:
+        fj.fp8_attention(q, q.astype(jnp.float16), q, fj.fp8_state())
+    assert caught.value.field == "k.dtype"
+    with pytest.raises(fusedattn.InvalidArgumentError) as caught:  # the core's own check, on the FP8 spec
+        fj.fp8_attention(jnp.zeros((1, 64, 2, 60), jnp.bfloat16), q, q, fj.fp8_state())
+    assert caught.value.field in ("d_qk", "k.shape", "h_q")
+
+
+def test_the_fp8_call_takes_its_scalars_last_and_returns_its_amaxes_last():
+    from fusedattn import _config
+    from fusedattn._jax_calls import Call
+    call = Call(_config.config("bshd", causal=True), 0.125, fp8=True)
+    assert call != Call(call.config, 0.125) and hash(call) == hash(Call(call.config, 0.125, fp8=True))
+    assert call.inputs(FORWARD) == ("q", "k", "v", "descale_q", "descale_k", "descale_v", "descale_s", "scale_s",
+                                    "scale_o")
+    assert call.outputs(FORWARD) == ("o", "stats", "amax_s", "amax_o")
+    assert call.inputs(BACKWARD) == ("q", "k", "v", "o", "stats", "d_o", "descale_q", "descale_k", "descale_v",
+                                     "descale_o", "descale_d_o", "descale_s", "descale_d_p", "scale_s", "scale_d_p",
+                                     "scale_d_q", "scale_d_k", "scale_d_v")
+    assert call.outputs(BACKWARD) == ("d_q", "d_k", "d_v", "amax_d_q", "amax_d_k", "amax_d_v", "amax_d_p")
+
+
+def test_exported_for_cuda_the_step_calls_the_ffi_targets_with_the_fp8_spec():
+    q = jax.ShapeDtypeStruct((2, 128, 4, 128), jnp.bfloat16)
+    state = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), fj.fp8_state("delayed"))
+
+    def step(q, state):
+        return jax.grad(lambda q, state: fj.fp8_attention(q, q, q, state, causal=True)[0].astype(
+            jnp.float32).sum(), argnums=(0, 1))(q, state)
+    ours = [jax.export.DisabledSafetyCheck.custom_call(name) for name in ("fusedattn_forward", "fusedattn_backward")]
+    text = jax.export.export(jax.jit(step), platforms=["cuda"], disabled_checks=ours)(q, state).mlir_module()
+    assert "layout=bshd dtype=e4m3 b=2 s_q=128 s_kv=128 h_q=4 h_kv=4 d_qk=128 d_v=128 window=-1,0" in text
+    calls = [line for line in text.splitlines() if "stablehlo.custom_call @fusedattn_" in line]
+    forward = [line for line in calls if "@fusedattn_forward" in line]
+    backward = [line for line in calls if "@fusedattn_backward" in line]
+    assert len(forward) == 1 and len(backward) == 2  # the measuring backward, in a conditional
+    # 3 FP8 arrays and 6 scalars in; O, the statistics, 2 amaxes and the workspace out.
+    assert forward[0].count("tensor<f32>") == 6 + 2 and "f8E4M3FN" in forward[0]
+    assert backward[0].count("tensor<f32>") == 12 + 4
