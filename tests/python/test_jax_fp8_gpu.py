@@ -1,0 +1,86 @@
+"""fusedattn.jax.fp8_attention on a GPU: the CPU tests' recipes with cuDNN's FP8 kernels through the
+FFI calls, against float32 attention of the unquantized inputs (the tolerances of
+test_torch_fp8_gpu.py: the errors include the inputs' quantization), the recipes' scales from the
+kernels' amaxes, and Hopper's refusal of a d=64 FP8 backward."""
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax", reason="JAX not installed")
+if not any(d.platform == "gpu" for d in jax.devices()):
+    pytest.skip("no GPU visible to JAX", allow_module_level=True)
+fj = pytest.importorskip("fusedattn.jax")
+pytest.importorskip("fusedattn._jax_ffi", reason="the XLA FFI handlers were not built")
+import jax.numpy as jnp  # noqa: E402
+
+import fusedattn  # noqa: E402
+from test_jax_fp8_cpu import E4M3_MAX, SLOT, rel_l2, training_step  # noqa: E402
+from test_jax_fp8_cpu import reference as cpu_reference  # noqa: E402
+
+O_TOLERANCE, GRAD_TOLERANCE = 0.1, 0.15
+
+
+def reference(q, k, v, w, causal):
+    with jax.default_matmul_precision("highest"):  # no TF32 in the reference
+        return cpu_reference(q, k, v, w, causal)
+
+
+def inputs(seed, b=2, s=256, h=4, d=128, scale=1.0):
+    keys = jax.random.split(jax.random.key(seed), 4)
+    q, k, v, w = (jax.random.uniform(key, (b, s, h, d), minval=-1, maxval=1) for key in keys)
+    return (q * scale).astype(jnp.bfloat16), k.astype(jnp.bfloat16), v.astype(jnp.bfloat16), w
+
+
+@pytest.mark.parametrize("recipe", ["current", "delayed"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_jitted_training_step_matches_float32_attention_over_steps(recipe, causal):
+    step, state = training_step(causal), fj.fp8_state(recipe, history=4)
+    for i in range(3):  # delayed scaling uses the history from the second step on
+        q, k, v, w = inputs(i)
+        _, o, grads, state = step(q, k, v, state, w)
+        ref_o, ref_grads = reference(q, k, v, w, causal)
+        errors = {"o": rel_l2(o, ref_o), **{n: rel_l2(g, r) for n, g, r in zip(("dq", "dk", "dv"), grads, ref_grads)}}
+        assert errors["o"] < O_TOLERANCE, (i, errors)
+        assert max(errors[n] for n in ("dq", "dk", "dv")) < GRAD_TOLERANCE, (i, errors)
+    assert int((state.history[SLOT["d_q"]] != 0).sum()) == 4  # the first backward measured once more
+    for name in ("d_p", "d_q", "d_k", "d_v"):  # the kernels reported amaxes; scales keep two bits of headroom
+        largest = float(state.history[SLOT[name]].max())
+        assert largest > 0
+        np.testing.assert_allclose(state.scale[SLOT[name]], E4M3_MAX / (largest * 4), rtol=1e-6)
+
+
+def test_current_scaling_takes_this_calls_amax():
+    q, k, v, _ = inputs(3, scale=3.0)
+    _, state = jax.jit(lambda q, k, v, s: fj.fp8_attention(q, k, v, s, causal=True))(q, k, v, fj.fp8_state("current"))
+    amax = float(jnp.abs(q.astype(jnp.float32)).max())
+    assert float(state.amax[SLOT["q"]]) == amax
+    np.testing.assert_allclose(state.scale[SLOT["q"]], E4M3_MAX / amax, rtol=1e-6)
+    assert float(state.scale[SLOT["s"]]) == E4M3_MAX
+    assert 0 < float(state.amax[SLOT["s"]]) <= 1 and float(state.amax[SLOT["o"]]) > 0  # the forward's amaxes
+
+
+def test_delayed_scaling_keeps_a_history():
+    state, amaxes = fj.fp8_state("delayed", history=3), []
+    forward = jax.jit(lambda q, k, v, s: fj.fp8_attention(q, k, v, s, causal=True))
+    for i in range(4):
+        q, k, v, _ = inputs(20 + i, scale=i + 1.0)  # a growing amax
+        amaxes.append(float(jnp.abs(q.astype(jnp.float32)).max()))
+        _, state = forward(q, k, v, state)
+    np.testing.assert_allclose(state.history[SLOT["q"]], amaxes[::-1][:3], rtol=1e-6)  # slot 0 the newest
+    np.testing.assert_allclose(state.scale[SLOT["q"]], E4M3_MAX / max(amaxes[1:]), rtol=1e-6)
+
+
+def test_the_state_is_returned_not_changed():
+    state = fj.fp8_state("delayed")
+    q, k, v, w = inputs(5)
+    _, _, _, after = training_step(True)(q, k, v, state, w)
+    assert not np.asarray(state.history).any() and np.asarray(after.history[SLOT["d_o"]]).any()
+
+
+def test_hoppers_fp8_backward_at_d64_is_refused_naming_d_qk():
+    if jax.devices()[0].compute_capability != "9.0":
+        pytest.skip("the d=128 limit of the FP8 backward is Hopper's")
+    q, k, v, w = inputs(0, d=64)
+    o, _ = jax.jit(lambda q, k, v, s: fj.fp8_attention(q, k, v, s, causal=True))(q, k, v, fj.fp8_state())
+    assert o.shape == q.shape  # the forward takes d=64
+    with pytest.raises(fusedattn.NotSupportedError, match="d_qk"):
+        training_step(True)(q, k, v, fj.fp8_state(), w)
