@@ -233,16 +233,6 @@ void take_optional_inputs(const fa::AttentionSpec& spec, Operands& in, Tensors& 
   }
 }
 
-// XLA's result buffers start with whatever was there: the amaxes are zeroed first, so the call
-// does not depend on whether cuDNN stores its amax or takes the max with what the buffer holds.
-void zero(std::initializer_list<float*> amaxes, cudaStream_t stream) {
-  for (float* amax : amaxes) check_cuda(cudaMemsetAsync(amax, 0, sizeof(float), stream), "cudaMemsetAsync");
-}
-void zero_amaxes(const fa::Fp8ForwardScales& f, cudaStream_t stream) { zero({f.amax_s, f.amax_o}, stream); }
-void zero_amaxes(const fa::Fp8BackwardScales& f, cudaStream_t stream) {
-  zero({f.amax_d_q, f.amax_d_k, f.amax_d_v, f.amax_d_p}, stream);
-}
-
 ffi::Error mismatch(const fa::AttentionSpec& spec) {
   return ffi::Error::InvalidArgument("fusedattn: the call's operands do not match its spec [" + fa::to_string(spec) +
                                      "]");
@@ -261,7 +251,6 @@ ffi::Error run_pass(cudaStream_t stream, ffi::ScratchAllocator& scratch, std::in
     if (!io.all_taken()) return mismatch(state->spec);
     auto launch = prepare_launch(device, state, scratch, io.workspace());
     if (launch.has_error()) return launch.error();
-    if (fa::is_fp8(state->spec.q.dtype)) zero_amaxes(t.fp8, stream);
     launch->plan->run(t, scale, stream, launch->workspace);
     return ffi::Error::Success();
   } catch (const fa::Error& error) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <utility>
@@ -75,6 +76,14 @@ void require_scales(const Fp8BackwardScales& f) {
                                 {"tensors.fp8.amax_d_p", f.amax_d_p}}) {
     require_scalar(field, pointer);
   }
+}
+
+// The amaxes an FP8 call writes start at zero on the stream: cuDNN's FP8 kernels reduce into them,
+// and whether they store the amax or take the max with what the buffer holds is not documented,
+// so zeroing first makes each call's amax its own either way (an XLA result buffer, for one,
+// starts with whatever was there).
+void zero_amaxes(std::initializer_list<float*> amaxes, cudaStream_t stream) {
+  for (float* amax : amaxes) detail::check_cuda(cudaMemsetAsync(amax, 0, sizeof(float), stream), "cudaMemsetAsync(amax)");
 }
 
 void require_pass(Pass have, Pass want) {
@@ -264,6 +273,7 @@ void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const 
   if (spec_.max_logit != MaxLogit::none) require_pointer("tensors.max_logit", t.max_logit);
   if (is_fp8(spec_.q.dtype)) require_scales(t.fp8);
   detail::PointersByUid pointers = detail::forward_pointers(t, &scale);
+  if (is_fp8(spec_.q.dtype)) zero_amaxes({t.fp8.amax_s, t.fp8.amax_o}, stream);
   void** by_uid = pointers.at;
   if (zero_sink_) by_uid[graph::kUidSink] = zero_sink_.get();
   CallWorkspace scratch(workspace_bytes(), workspace, stream);
@@ -310,6 +320,7 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
   if (spec_.softmax == Softmax::sink) require_pointer("tensors.d_sink", t.d_sink);
   if (is_fp8(spec_.q.dtype)) require_scales(t.fp8);
   detail::PointersByUid pointers = detail::backward_pointers(t, &scale);
+  if (is_fp8(spec_.q.dtype)) zero_amaxes({t.fp8.amax_d_q, t.fp8.amax_d_k, t.fp8.amax_d_v, t.fp8.amax_d_p}, stream);
   void** by_uid = pointers.at;
   if (zero_sink_) by_uid[graph::kUidSink] = zero_sink_.get();
   CallWorkspace scratch(workspace_bytes(), workspace, stream);
