@@ -1,4 +1,5 @@
-// The pure support policy for cuDNN 9 fused flash attention (f16/bf16, FP8 and MXFP8): every rule, every reason.
+// The pure support policy for cuDNN 9 fused flash attention: every rule, every reason (the FP8
+// and MXFP8 rules are in fp8_rules.cpp).
 //
 // Each rule is a small function that appends the reasons it finds; check_support_policy runs them
 // all, so a caller sees every limit at once rather than fixing them one by one. Versions are
@@ -9,24 +10,17 @@
 #include <utility>
 
 #include "spec/text.h"
+#include "support/rules.h"
 
 namespace fusedattn {
 namespace {
 
-using Reasons = std::vector<Reason>;
+using detail::head_dims;
+using detail::kHopper;
+using detail::Reasons;
+using detail::sm_text;
 
 int cudnn_major(int version) noexcept { return version >= 10000 ? version / 10000 : version / 1000; }
-
-std::string sm_text(const DeviceCaps& caps) {
-  return "SM " + std::to_string(caps.sm_major) + "." + std::to_string(caps.sm_minor);
-}
-
-// The two head dims, named as the spec string names them, so a reason points at the key to change.
-std::pair<const char*, std::int64_t> head_dims(const AttentionSpec& spec, int which) {
-  return which == 0 ? std::make_pair("d_qk", spec.head_dim_qk()) : std::make_pair("d_v", spec.head_dim_v());
-}
-
-constexpr const char* kHopper = "a Hopper (SM 9.0) GPU";
 
 // cuDNN's fused flash-attention kernels start at Ampere: they rely on SM 8.0's asynchronous copies
 // and bf16 tensor cores, so SM 7.5 (Turing) and older are out whatever the cuDNN version.
@@ -346,85 +340,6 @@ void paged_rule(const AttentionSpec& spec, Pass pass, const Versions& versions, 
   score_features_not_offered_with(spec, "paged caches", out);
 }
 
-// FP8 (q, k, v in E4M3 or E5M2), as cuDNN 9's FP8 attention nodes take it (the frontend's
-// sdpa_support_surface.h and sdpa_fp8_bwd.h): Hopper or newer, from cuDNN 9.1 and never 9.10.0;
-// no bias; head dims multiples of 16 (on Hopper up to 256 forward, exactly 128 for the backward);
-// on Hopper no bottom-right diagonal, O and the gradients only in FP8, and no ragged backward (each
-// lifted by Blackwell: SM 10.x, with cuDNN 9.13 for 16-bit outputs). The other score and softmax
-// features, dropout, ragged inputs, paged caches and the deterministic backward are not offered
-// with FP8 yet: none has been checked on a GPU with it.
-void fp8_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions, Reasons& out) {
-  if (!is_fp8(spec.q.dtype)) return;
-  const std::string dtype = to_string(spec.q.dtype);
-  constexpr const char* kBlackwell = "a Blackwell (SM 10.0) GPU";
-  if (caps.sm() < 90) out.push_back({"dtype", dtype, "a Hopper (SM 9.0) or newer GPU for FP8 attention", kHopper});
-  if (versions.cudnn_runtime < 90100) {
-    out.push_back({"dtype", dtype, "cuDNN 9.1 or newer for FP8 attention", "cuDNN 9.1"});
-  } else if (versions.cudnn_runtime == 91000) {
-    out.push_back({"dtype", dtype, "a cuDNN other than 9.10.0 for FP8 attention (its FP8 kernels are broken)",
-                   "cuDNN 9.10.1"});
-  }
-  if (spec.bias != Bias::none) {
-    out.push_back({"bias", to_string(spec.bias), "no bias with FP8 (cuDNN's FP8 kernels take none)", ""});
-  }
-  for (int which = 0; which < 2; ++which) {
-    auto [field, dim] = head_dims(spec, which);
-    if (dim % 16 != 0) out.push_back({field, std::to_string(dim), "a multiple of 16 with FP8", ""});
-  }
-  const bool hopper = caps.sm_major == 9;
-  if (hopper && pass == Pass::backward && (spec.head_dim_qk() != 128 || spec.head_dim_v() != 128)) {
-    for (int which = 0; which < 2; ++which) {
-      auto [field, dim] = head_dims(spec, which);
-      if (dim != 128) {
-        out.push_back({field, std::to_string(dim), "128 for the FP8 backward on SM 9.x (d_qk = d_v = 128)",
-                       dim <= 128 && dim % 16 == 0 ? kBlackwell : ""});
-      }
-    }
-  }
-  if (hopper && spec.window.right >= 0 && spec.alignment == Alignment::bottom_right) {
-    out.push_back({"align", "bottom_right", "top_left with FP8 on SM 9.x (its FP8 kernels take no bottom-right diagonal)",
-                   kBlackwell});
-  }
-  if (hopper && !is_fp8(spec.o.dtype)) {
-    out.push_back({"o.dtype", to_string(spec.o.dtype), "an FP8 O with FP8 inputs on SM 9.x",
-                   "a Blackwell (SM 10.0) GPU with cuDNN 9.13"});
-  }
-  const bool ragged = spec.ragged_q() || spec.ragged_kv();
-  const bool ragged_backward_on_hopper = hopper && pass == Pass::backward && ragged;
-  if (ragged_backward_on_hopper) {
-    out.push_back({"layout", "ragged", "dense tensors for the FP8 backward on SM 9.x", kBlackwell});
-  }
-  auto not_yet = [&](bool used, const char* field, const std::string& value) {
-    if (used) out.push_back({field, value, "no " + std::string(field) + " with FP8 (not offered yet)", ""});
-  };
-  not_yet(spec.alibi, "alibi", "1");
-  not_yet(spec.softmax != Softmax::vanilla, "softmax", to_string(spec.softmax));
-  not_yet(spec.dropout > 0.0, "dropout", detail::format_double(spec.dropout));
-  not_yet(spec.max_logit != MaxLogit::none, "max_logit", to_string(spec.max_logit));
-  not_yet(ragged && !ragged_backward_on_hopper, "layout", "ragged");
-  not_yet(spec.paged_kv(), "kv_pages", std::to_string(spec.kv_pages));
-  not_yet(pass == Pass::backward && spec.deterministic, "deterministic", "1");
-}
-
-// MXFP8 block scaling (fusedattn/mxfp8.h's notes on the frontend 1.32 headers): cuDNN 9.21 (92100)
-// or newer both ways, and for the forward a Blackwell data-center GPU, SM 10.x (the frontend
-// checks the major version, so SM 12.x is out too). The backward names no GPU there. What the
-// per-tensor FP8 rule above refuses (bias, dropout, paged caches, ...) holds for MXFP8 as well.
-void mxfp8_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions, Reasons& out) {
-  if (spec.fp8_scaling != Fp8Scaling::mxfp8) return;
-  const char* value = to_string(spec.fp8_scaling);
-  if (versions.cudnn_runtime < 92100) {
-    out.push_back({"fp8_scaling", value,
-                   "cuDNN 9.21 or newer for MXFP8 block scaling (loaded: " + version_text(versions.cudnn_runtime) + ")",
-                   "cuDNN 9.21"});
-  }
-  if (pass == Pass::forward && caps.sm_major != 10) {
-    out.push_back({"fp8_scaling", value,
-                   "an SM 10.x (Blackwell data-center) GPU for the MXFP8 forward, not " + sm_text(caps),
-                   "a Blackwell (SM 10.0) GPU"});
-  }
-}
-
 Support check_support_policy(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions) {
   Support support;
   Reasons& out = support.reasons;
@@ -445,8 +360,8 @@ Support check_support_policy(const AttentionSpec& spec, Pass pass, const DeviceC
   dropout_rule(spec, pass, caps, versions, out);
   ragged_rule(spec, pass, caps, versions, out);
   paged_rule(spec, pass, versions, out);
-  fp8_rule(spec, pass, caps, versions, out);
-  mxfp8_rule(spec, pass, caps, versions, out);
+  detail::fp8_rule(spec, pass, caps, versions, out);
+  detail::mxfp8_rule(spec, pass, caps, versions, out);
   return support;
 }
 
