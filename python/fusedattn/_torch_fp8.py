@@ -1,4 +1,4 @@
-"""fusedattn.torch's FP8 attention: the scaling recipes and the autograd function around cuDNN's FP8
+"""fusedattn.torch's FP8 attention: the scaling recipes and the operator bodies around cuDNN's FP8
 kernels (fusedattn/fp8_scales.h).
 
     state = fusedattn.torch.Fp8State(recipe="delayed", history=16)   # one per attention layer
@@ -20,9 +20,11 @@ backward="model" runs the backward in model precision (fusedattn's BF16/FP16 ker
 unquantized inputs, with the FP8 forward's O and statistics.
 
 Every scale, amax and history lives in one device buffer of the state, so a step captured in a
-CUDA graph replays with the values of each step. Eager calls only: torch.compile and the other
-adapters' FP8 paths are not there yet.
+CUDA graph replays with the values of each step. The bodies below take that buffer as a tensor
+and find their slots in it (_Scaling), so that registered operators can run them too. Eager calls
+only: torch.compile and the other adapters' FP8 paths are not there yet.
 """
+import functools
 import math
 
 import torch
@@ -34,10 +36,13 @@ from .errors import invalid_argument
 
 __all__ = ["Fp8State", "fp8_attention"]
 
+# --- the state's buffer: the one place of its layout -----------------------------------------------
+
 # Slots of the state's scalars: a scale, a descale and an amax per tensor.
 _TENSORS = ("q", "k", "v", "s", "o", "d_o", "d_p", "d_q", "d_k", "d_v")
 _SLOT = {name: i for i, name in enumerate(_TENSORS)}
 _DTYPES = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
+_FORMATS = {name: dtype for dtype, name in _DTYPES.items()}
 # Delayed under both recipes: the kernels write these, so nothing can measure them first. Their
 # scales keep two bits of headroom over the amax history, so that a step whose gradients outgrow
 # the history does not saturate (FP8 is floating point: the headroom costs no relative precision
@@ -46,11 +51,22 @@ _KERNEL_WRITTEN = ("d_p", "d_q", "d_k", "d_v")
 _HEADROOM_BITS = 2
 
 
+def _buffer_size(history):
+    """[n, 3] scale, descale, amax; then [n, history] amax histories."""
+    return len(_TENSORS) * (3 + history)
+
+
+def _split(buffer):
+    """The buffer's scalars [n, 3] and histories [n, history] (the history length is its size's)."""
+    n = len(_TENSORS)
+    return buffer[:n * 3].view(n, 3), buffer[n * 3:].view(n, buffer.numel() // n - 3)
+
+
 class Fp8State:
     """The scaling state of one attention layer: scales, descales, amaxes and (delayed scaling)
     amax histories, in one float32 device buffer. recipe: "current" or "delayed"; history: the
     delayed recipe's amax history length; margin: scales are divided by 2^margin; dtype:
-    torch.float8_e4m3fn or torch.float8_e5m2."""
+    torch.float8_e4m3fn or torch.float8_e5m2; device: a CUDA device (default the current one)."""
 
     def __init__(self, recipe="delayed", *, history=16, margin=0, dtype=torch.float8_e4m3fn, device=None):
         if recipe not in ("current", "delayed"):
@@ -62,15 +78,23 @@ class Fp8State:
         self.recipe, self.history, self.margin, self.dtype = recipe, int(history), int(margin), dtype
         self.name = _DTYPES[dtype]
         device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-        n = len(_TENSORS)
-        # [n, 3] scale, descale, amax; then [n, history] amax histories. Scales start at 1.
-        self.buffer = torch.zeros(n * 3 + n * self.history, dtype=torch.float32, device=device)
-        self.scalars = self.buffer[:n * 3].view(n, 3)
-        self.histories = self.buffer[n * 3:].view(n, self.history)
-        self.scalars[:, :2] = 1.0
+        self.buffer = torch.zeros(_buffer_size(self.history), dtype=torch.float32, device=device)
+        self.scalars, self.histories = _split(self.buffer)
+        self.scalars[:, :2] = 1.0  # scales start at 1
         largest = core.fp8_max(self.name)
         self.scalars[_SLOT["s"], 0], self.scalars[_SLOT["s"], 1] = largest, 1.0 / largest
         self.calibrated = False  # the kernel-written tensors' scales have been measured once
+
+
+class _Scaling:
+    """A state's buffer as the operator bodies see it: its slots' device addresses and the recipes'
+    steps, enqueued on the current stream. CUDA only (it takes addresses)."""
+
+    def __init__(self, buffer, recipe, margin, name):
+        self.scalars, self.histories = _split(buffer)
+        self.recipe, self.margin, self.name, self.dtype = recipe, margin, name, _FORMATS[name]
+        self.history = self.histories.shape[1]
+        self.device = buffer.device
 
     def _at(self, name, part):
         return self.scalars[_SLOT[name], part].data_ptr()
@@ -85,7 +109,7 @@ class Fp8State:
         return self._at(name, 2)
 
     def _stream(self):
-        return torch._C._cuda_getCurrentRawStream(self.buffer.device.index)
+        return torch._C._cuda_getCurrentRawStream(self.device.index)
 
     def quantize(self, name, x):
         """x (model precision) in FP8, by the recipe; its scale and descale in the state."""
@@ -129,65 +153,106 @@ def _dequantized(x8, descale, like):
     return out
 
 
+# --- the operator bodies (eager and compiled code alike) -------------------------------------------
+
+def _forward_body(q, k, v, buffer, config_text, scale, recipe, margin, fp8_name):
+    """O in q's dtype, the FP8 tensors the backward takes (q8, k8, v8, o8), the statistics and the
+    descales of Q, K, V and O this call used. Updates the state in `buffer`."""
+    state, config = _Scaling(buffer, recipe, margin, fp8_name), _config.parse(config_text)
+    q8, k8, v8 = state.quantize("q", q), state.quantize("k", k), state.quantize("v", v)
+    state.set_from_amax("o", source="v")  # |O| <= max |V|
+    spec = config.spec(_adapter._view(q8), _adapter._view(k8), _adapter._view(v8), 0, 0, 0)
+    with _adapter._on_device(q.device):
+        o8 = torch.empty(_adapter._out_shape(q8, v8), dtype=state.dtype, device=q.device)
+        stats = torch.empty(_adapter._stats_shape(q, config.layout), dtype=torch.float32, device=q.device)
+        tensors = core.ForwardTensors(q=q8.data_ptr(), k=k8.data_ptr(), v=v8.data_ptr(), o=o8.data_ptr(),
+                                      stats=stats.data_ptr(), descale_q=state.descale("q"),
+                                      descale_k=state.descale("k"), descale_v=state.descale("v"),
+                                      descale_s=state.descale("s"), scale_s=state.scale("s"),
+                                      scale_o=state.scale("o"), amax_s=state.amax("s"), amax_o=state.amax("o"))
+        _adapter._run(core.get_plan(spec, _config.FORWARD), tensors, scale, q.device)
+        o = _dequantized(o8, state.descale("o"), q)
+        used = state.used_descales()
+    if state.recipe == "delayed":
+        state.advance(("q", "k", "v"))
+    return o, q8, k8, v8, o8, stats, used
+
+
+def _backward_body(d_o, q8, k8, v8, o8, stats, used, like, buffer, config_text, scale, recipe, margin, fp8_name,
+                   calibrated):
+    """dQ, dK, dV in like's dtype from cuDNN's FP8 backward, with the descales `used` of the forward
+    that made q8, k8, v8, o8. Not `calibrated`: the backward runs twice, the first run to measure the
+    kernel-written tensors' amaxes. Updates the state in `buffer`."""
+    state, config = _Scaling(buffer, recipe, margin, fp8_name), _config.parse(config_text)
+    descale_q, descale_k, descale_v, descale_o = (used[i].data_ptr() for i in range(4))
+    d_o8 = state.quantize("d_o", d_o.contiguous())
+    spec = config.spec(_adapter._view(q8), _adapter._view(k8), _adapter._view(v8), 0, 0, 0)
+    with _adapter._on_device(q8.device):
+        grads8 = [torch.empty_strided(t.size(), t.stride(), dtype=state.dtype, device=t.device) for t in (q8, k8, v8)]
+        tensors = core.BackwardTensors(
+            q=q8.data_ptr(), k=k8.data_ptr(), v=v8.data_ptr(), o=o8.data_ptr(), d_o=d_o8.data_ptr(),
+            stats=stats.data_ptr(), d_q=grads8[0].data_ptr(), d_k=grads8[1].data_ptr(), d_v=grads8[2].data_ptr(),
+            descale_q=descale_q, descale_k=descale_k, descale_v=descale_v, descale_o=descale_o,
+            descale_d_o=state.descale("d_o"), descale_s=state.descale("s"),
+            descale_d_p=state.descale("d_p"), scale_s=state.scale("s"), scale_d_p=state.scale("d_p"),
+            scale_d_q=state.scale("d_q"), scale_d_k=state.scale("d_k"), scale_d_v=state.scale("d_v"),
+            amax_d_q=state.amax("d_q"), amax_d_k=state.amax("d_k"), amax_d_v=state.amax("d_v"),
+            amax_d_p=state.amax("d_p"))
+        plan = core.get_plan(spec, _config.BACKWARD)
+        # A state's first backward measures the kernel-written tensors' amaxes, then runs again
+        # with scales from them. The gradients are dequantized with the descales their run used,
+        # before the step moves the scales on.
+        for run in range(1 if calibrated else 2):
+            if run:
+                state.advance(_KERNEL_WRITTEN)
+            _adapter._run(plan, tensors, scale, q8.device)
+        grads = [_dequantized(g8, state.descale(name), like) for g8, name in zip(grads8, ("d_q", "d_k", "d_v"))]
+        state.advance(_KERNEL_WRITTEN + (("d_o",) if state.recipe == "delayed" else ()))
+    return grads[0], grads[1], grads[2]
+
+
+def _model_backward(d_o, q, k, v, o, stats, config_text, scale):
+    """backward="model": fusedattn's BF16/FP16 backward on the unquantized inputs (the config's spec
+    on these is the model-precision one)."""
+    d_q, d_k, d_v, _, _ = _adapter._backward_body(d_o, q, k, v, o, stats, None, None, _adapter._Extras(), config_text,
+                                                  scale, 0, 0)
+    return d_q, d_k, d_v
+
+
 class _Fp8Attention(torch.autograd.Function):
+    """Eager calls: the bodies directly, without the dispatcher."""
+
     @staticmethod
-    def forward(ctx, q, k, v, state, config, scale, model_backward):
-        q8, k8, v8 = state.quantize("q", q), state.quantize("k", k), state.quantize("v", v)
-        state.set_from_amax("o", source="v")  # |O| <= max |V|
-        spec = config.spec(_adapter._view(q8), _adapter._view(k8), _adapter._view(v8), 0, 0, 0)
-        with _adapter._on_device(q.device):
-            o8 = torch.empty(_adapter._out_shape(q8, v8), dtype=state.dtype, device=q.device)
-            stats = torch.empty(_adapter._stats_shape(q, config.layout), dtype=torch.float32, device=q.device)
-            tensors = core.ForwardTensors(q=q8.data_ptr(), k=k8.data_ptr(), v=v8.data_ptr(), o=o8.data_ptr(),
-                                          stats=stats.data_ptr(), descale_q=state.descale("q"),
-                                          descale_k=state.descale("k"), descale_v=state.descale("v"),
-                                          descale_s=state.descale("s"), scale_s=state.scale("s"),
-                                          scale_o=state.scale("o"), amax_s=state.amax("s"), amax_o=state.amax("o"))
-            _adapter._run(core.get_plan(spec, _config.FORWARD), tensors, scale, q.device)
-            o = _dequantized(o8, state.descale("o"), q)
-            used = state.used_descales()
-        if state.recipe == "delayed":
-            state.advance(("q", "k", "v"))
-        ctx.state, ctx.config, ctx.scale, ctx.model_backward = state, config, scale, model_backward
+    def forward(ctx, q, k, v, state, config_text, scale, model_backward):
+        o, q8, k8, v8, o8, stats, used = _forward_body(q, k, v, state.buffer, config_text, scale, state.recipe,
+                                                       state.margin, state.name)
+        ctx.state, ctx.config, ctx.scale, ctx.model_backward = state, config_text, scale, model_backward
         saved = (q, k, v, o, stats) if model_backward else (q8, k8, v8, o8, stats, used, q)
         ctx.save_for_backward(*saved)
         return o
 
     @staticmethod
     def backward(ctx, d_o):
-        state, config = ctx.state, ctx.config
+        state = ctx.state
         if ctx.model_backward:
-            q, k, v, o, stats = ctx.saved_tensors  # the config's spec on these is the model-precision one
-            d_q, d_k, d_v, _, _ = _adapter._backward_body(d_o, q, k, v, o, stats, None, None, _adapter._Extras(),
-                                                          str(config), ctx.scale, 0, 0)
-            return d_q, d_k, d_v, None, None, None, None
-        q8, k8, v8, o8, stats, used, q = ctx.saved_tensors
-        descale_q, descale_k, descale_v, descale_o = (used[i].data_ptr() for i in range(4))
-        d_o8 = state.quantize("d_o", d_o.contiguous())
-        spec = config.spec(_adapter._view(q8), _adapter._view(k8), _adapter._view(v8), 0, 0, 0)
-        with _adapter._on_device(q8.device):
-            grads8 = [torch.empty_strided(t.size(), t.stride(), dtype=state.dtype, device=t.device) for t in (q8, k8, v8)]
-            tensors = core.BackwardTensors(
-                q=q8.data_ptr(), k=k8.data_ptr(), v=v8.data_ptr(), o=o8.data_ptr(), d_o=d_o8.data_ptr(),
-                stats=stats.data_ptr(), d_q=grads8[0].data_ptr(), d_k=grads8[1].data_ptr(), d_v=grads8[2].data_ptr(),
-                descale_q=descale_q, descale_k=descale_k, descale_v=descale_v, descale_o=descale_o,
-                descale_d_o=state.descale("d_o"), descale_s=state.descale("s"),
-                descale_d_p=state.descale("d_p"), scale_s=state.scale("s"), scale_d_p=state.scale("d_p"),
-                scale_d_q=state.scale("d_q"), scale_d_k=state.scale("d_k"), scale_d_v=state.scale("d_v"),
-                amax_d_q=state.amax("d_q"), amax_d_k=state.amax("d_k"), amax_d_v=state.amax("d_v"),
-                amax_d_p=state.amax("d_p"))
-            plan = core.get_plan(spec, _config.BACKWARD)
-            # A state's first backward measures the kernel-written tensors' amaxes, then runs again
-            # with scales from them. The gradients are dequantized with the descales their run used,
-            # before the step moves the scales on.
-            for run in range(1 if state.calibrated else 2):
-                if run:
-                    state.advance(_KERNEL_WRITTEN)
-                _adapter._run(plan, tensors, ctx.scale, q8.device)
+            d_q, d_k, d_v = _model_backward(d_o, *ctx.saved_tensors, ctx.config, ctx.scale)
+        else:
+            d_q, d_k, d_v = _backward_body(d_o, *ctx.saved_tensors, state.buffer, ctx.config, ctx.scale, state.recipe,
+                                           state.margin, state.name, state.calibrated)
             state.calibrated = True
-            grads = [_dequantized(g8, state.descale(name), q) for g8, name in zip(grads8, ("d_q", "d_k", "d_v"))]
-            state.advance(_KERNEL_WRITTEN + (("d_o",) if state.recipe == "delayed" else ()))
-        return grads[0], grads[1], grads[2], None, None, None, None
+        return d_q, d_k, d_v, None, None, None, None
+
+
+# --- the front door ---------------------------------------------------------------------------------
+
+@torch.compiler.assume_constant_result  # compiled code gets the text as a constant at trace time
+def _config_text(layout, causal, window, align):
+    return _printed_config(layout, causal, window, align)
+
+
+@functools.lru_cache(maxsize=4096)  # printed once per option set, not on every eager call
+def _printed_config(layout, causal, window, align):
+    return str(_config.config(layout, causal=causal, window=window, align=align))
 
 
 def fp8_attention(q, k, v, state, *, layout="bshd", causal=False, align="top_left", window=(-1, -1), scale=None,
@@ -204,6 +269,6 @@ def fp8_attention(q, k, v, state, *, layout="bshd", causal=False, align="top_lef
     if q.dtype not in (torch.bfloat16, torch.float16):
         raise invalid_argument("q.dtype", q.dtype, "torch.bfloat16 or torch.float16 (quantized inside)")
     _adapter._require_one_cuda_device(q, k, v)
-    config = _config.config(layout, causal=causal, window=tuple(window), align=align)
+    config_text = _config_text(layout, causal, tuple(window), align)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return _Fp8Attention.apply(q, k, v, state, config, scale, backward == "model")
+    return _Fp8Attention.apply(q, k, v, state, config_text, scale, backward == "model")
