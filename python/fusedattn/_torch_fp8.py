@@ -20,9 +20,23 @@ backward="model" runs the backward in model precision (fusedattn's BF16/FP16 ker
 unquantized inputs, with the FP8 forward's O and statistics.
 
 Every scale, amax and history lives in one device buffer of the state, so a step captured in a
-CUDA graph replays with the values of each step. The bodies below take that buffer as a tensor
-and find their slots in it (_Scaling), so that registered operators can run them too. Eager calls
-only: torch.compile and the other adapters' FP8 paths are not there yet.
+CUDA graph replays with the values of each step. The operator bodies below take that buffer as a
+tensor and find their slots in it (_Scaling), so the two roads of torch.py's docstring that are not
+C++ run the same bodies: eager calls through _Fp8Attention, and compiled code, meta tensors and
+dispatch modes through the operators fusedattn::fp8_forward / fusedattn::fp8_backward
+(_torch_fp8_ops.py), which mutate the buffer.
+
+Calls through the operators and the state's `calibrated` flag (whether its first backward has
+measured the kernel-written amaxes): an operator cannot reach the Python state, so such a call
+reads the flag at its forward and hands it to its backward as a constant (in compiled code Dynamo
+guards on it), and a call that will have an FP8 backward sets it then, since that backward
+measures. A program compiled on a fresh state therefore compiles once more on its second call, and
+from then on its backwards run once. Unlike eager calls, which read the flag at the backward, a
+fresh state's second forward made before the first backward has run counts as calibrated: its
+backward, if it runs first, runs once with the initial scales of dP and the gradients.
+Under AOTAutograd (backends aot_eager and inductor) PyTorch 2.11 checks the version of the state's
+buffer at a compiled call's backward, so another forward on the same state before that backward
+raises autograd's "modified by an inplace operation"; eager calls take any order.
 """
 import functools
 import math
@@ -66,7 +80,8 @@ class Fp8State:
     """The scaling state of one attention layer: scales, descales, amaxes and (delayed scaling)
     amax histories, in one float32 device buffer. recipe: "current" or "delayed"; history: the
     delayed recipe's amax history length; margin: scales are divided by 2^margin; dtype:
-    torch.float8_e4m3fn or torch.float8_e5m2; device: a CUDA device (default the current one)."""
+    torch.float8_e4m3fn or torch.float8_e5m2; device: a CUDA device (default the current one), or
+    "meta" for tracing without a GPU."""
 
     def __init__(self, recipe="delayed", *, history=16, margin=0, dtype=torch.float8_e4m3fn, device=None):
         if recipe not in ("current", "delayed"):
@@ -243,7 +258,7 @@ class _Fp8Attention(torch.autograd.Function):
         return d_q, d_k, d_v, None, None, None, None
 
 
-# --- the front door ---------------------------------------------------------------------------------
+# --- the front door: validation, then road 2 (eager) or road 3 (the operators) ---------------------
 
 @torch.compiler.assume_constant_result  # compiled code gets the text as a constant at trace time
 def _config_text(layout, causal, window, align):
@@ -261,7 +276,8 @@ def fp8_attention(q, k, v, state, *, layout="bshd", causal=False, align="top_lef
     scaling `state` (Fp8State); returns O in q's dtype. causal, window and align as in attention().
     backward: "fp8" (cuDNN's FP8 backward) or "model" (the backward in q's dtype). What cuDNN's FP8
     kernels do not take on this GPU raises NotSupportedError with every reason (on Hopper: head dim
-    128 for the backward, no bottom-right diagonal, no bias)."""
+    128 for the backward, no bottom-right diagonal, no bias). torch.compile traces it in one graph
+    (the module's docstring says how compiled code treats the state's calibration)."""
     if not isinstance(state, Fp8State):
         raise invalid_argument("state", type(state).__name__, "a fusedattn.torch.Fp8State")
     if backward not in ("fp8", "model"):
@@ -271,4 +287,16 @@ def fp8_attention(q, k, v, state, *, layout="bshd", causal=False, align="top_lef
     _adapter._require_one_cuda_device(q, k, v)
     config_text = _config_text(layout, causal, tuple(window), align)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    return _Fp8Attention.apply(q, k, v, state, config_text, scale, backward == "model")
+    model_backward = backward == "model"
+    plain_tensors = all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in (q, k, v))
+    if (not torch.compiler.is_compiling() and q.device.type == "cuda" and plain_tensors
+            and not torch._C._len_torch_dispatch_stack()):
+        return _Fp8Attention.apply(q, k, v, state, config_text, scale, model_backward)
+    calibrated = state.calibrated
+    if not model_backward and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        state.calibrated = True  # this call's backward measures (see the module's docstring)
+    return _ops.attention(q, k, v, state.buffer, config_text, scale, state.recipe, state.margin, state.name,
+                          model_backward, calibrated)
+
+
+from . import _torch_fp8_ops as _ops  # noqa: E402  (it registers the operators around the bodies above)

@@ -19,6 +19,8 @@ A call takes one of three roads:
   3. compiled code, meta tensors, tensor subclasses and calls under a dispatch mode go through the
      registered operators fusedattn::forward / fusedattn::backward, whose fake implementations
      give torch.compile the shapes without a graph break.
+fp8_attention takes roads 2 and 3 (its operators fusedattn::fp8_forward / fusedattn::fp8_backward
+are in _torch_fp8_ops.py).
 """
 import contextlib
 import functools

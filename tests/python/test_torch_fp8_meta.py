@@ -1,0 +1,194 @@
+"""fusedattn.torch.fp8_attention without a GPU: on meta tensors it goes through the registered
+operators fusedattn::fp8_forward / fusedattn::fp8_backward, whose fake implementations give every
+output's shape, strides and dtype; torch.compile(fullgraph=True) traces it in one graph, and
+compiles once more on a fresh state's second call (the first call's backward measures: the
+calibration flag). The operators' bodies need CUDA, so opcheck and the checks of what compiled code
+does with the state run here with CPU stand-in bodies: they test the schemas, the declared mutation,
+the fakes under dynamic shapes, the state's updates reaching its buffer and the gradients' wiring,
+not the bodies' numerics."""
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch not installed")
+fa = pytest.importorskip("fusedattn.torch")
+
+from fusedattn import InvalidArgumentError, _torch_fp8, _torch_fp8_ops  # noqa: E402
+
+
+def meta(*shape, dtype=torch.bfloat16, grad=True):
+    return torch.empty(*shape, device="meta", dtype=dtype, requires_grad=grad)
+
+
+def test_a_state_on_meta_has_the_buffer_layout():
+    state = fa.Fp8State("delayed", history=8, device="meta")
+    assert state.buffer.device.type == "meta" and state.buffer.shape == (10 * (3 + 8),)
+    assert state.scalars.shape == (10, 3) and state.histories.shape == (10, 8)
+    assert state.calibrated is False
+
+
+@pytest.mark.parametrize("layout, shape", [("bshd", (2, 64, 4, 128)), ("sbhd", (64, 2, 4, 128)),
+                                           ("bhsd", (2, 4, 64, 128))])
+@pytest.mark.parametrize("backward", ["fp8", "model"])
+def test_outputs_and_gradients_follow_the_inputs(layout, shape, backward):
+    state = fa.Fp8State("current", device="meta")
+    q, k, v = meta(*shape), meta(*shape), meta(*shape)
+    o = fa.fp8_attention(q, k, v, state, layout=layout, causal=True, backward=backward)
+    assert o.shape == q.shape and o.dtype == q.dtype and o.device.type == "meta"
+    o.sum().backward()
+    for x in (q, k, v):
+        assert x.grad.shape == x.shape and x.grad.dtype == x.dtype and x.grad.stride() == x.stride()
+    assert state.calibrated is (backward == "fp8")  # an FP8 backward traced: the next one runs once
+
+
+def test_packed_qkv_views_get_packed_strided_gradients():
+    qkv = meta(2, 64, 3, 4, 128)
+    q, k, v = qkv.unbind(2)
+    fa.fp8_attention(q, k, v, fa.Fp8State(device="meta")).sum().backward()
+    assert qkv.grad.shape == qkv.shape
+
+
+def test_the_fakes_give_fp8_tensors_statistics_and_descales():
+    q, k, v = meta(2, 64, 4, 128, grad=False), meta(2, 80, 2, 128, grad=False), meta(2, 80, 2, 64, grad=False)
+    state = fa.Fp8State(dtype=torch.float8_e5m2, device="meta")
+    config = _torch_fp8._config_text("bshd", True, (-1, -1), "top_left")
+    o, q8, k8, v8, o8, stats, used = torch.ops.fusedattn.fp8_forward(q, k, v, state.buffer, config, 0.125, "delayed",
+                                                                     0, "e5m2")
+    assert o.shape == (2, 64, 4, 64) and o.dtype == torch.bfloat16
+    assert (q8.shape, k8.shape, v8.shape, o8.shape) == (q.shape, k.shape, v.shape, o.shape)
+    assert {t.dtype for t in (q8, k8, v8, o8)} == {torch.float8_e5m2}
+    assert stats.shape == (2, 4, 64) and stats.dtype == torch.float32
+    assert used.shape == (4,) and used.dtype == torch.float32
+    grads = torch.ops.fusedattn.fp8_backward(o, q8, k8, v8, o8, stats, used, q, state.buffer, config, 0.125,
+                                             "delayed", 0, "e5m2", calibrated=False)
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    assert {g.dtype for g in grads} == {torch.bfloat16}
+
+
+def test_tracing_meets_bad_input_as_eager_calls_do():
+    state = fa.Fp8State(device="meta")
+    q = meta(2, 64, 4, 128)
+    with pytest.raises(InvalidArgumentError) as caught:
+        fa.fp8_attention(q, meta(2, 64, 4, 64), q, state)
+    assert (caught.value.field, caught.value.requirement) == ("d_qk", "k's head dim equal to q's (128)")
+    with pytest.raises(InvalidArgumentError) as caught:
+        fa.fp8_attention(q.float(), q.float(), q.float(), state)
+    assert caught.value.field == "q.dtype"
+    with pytest.raises(InvalidArgumentError) as caught:
+        fa.fp8_attention(q, q, q, state, backward="fp16")
+    assert caught.value.field == "backward"
+
+
+class Block(torch.nn.Module):
+    """Head dim 128: Hopper's FP8 backward takes no other (test_torch_fp8_gpu.py runs it too)."""
+
+    def __init__(self, dim=256, heads=2, backward="fp8", state=None):
+        super().__init__()
+        self.heads, self.backward = heads, backward
+        self.qkv, self.out = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+        self.state = state or fa.Fp8State("delayed", history=4, device="meta")
+
+    def forward(self, x):
+        b, s, dim = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, dim // self.heads).unbind(2)
+        o = fa.fp8_attention(q, k, v, self.state, causal=True, backward=self.backward)
+        return x + self.out(o.reshape(b, s, dim))
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("backward", ["fp8", "model"])
+def test_compiles_in_one_graph_and_once_more_after_calibration(backend, backward):
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    block = Block(backward=backward).to(device="meta", dtype=torch.bfloat16)
+    compiled = torch.compile(block, fullgraph=True, backend=backend)
+    for _ in range(3):
+        x = torch.empty(2, 64, 256, device="meta", dtype=torch.bfloat16, requires_grad=True)
+        y = compiled(x)
+        y.sum().backward()
+        assert y.shape == x.shape and y.dtype == x.dtype and x.grad.shape == x.shape
+        assert block.qkv.weight.grad.shape == block.qkv.weight.shape
+    assert not counters["graph_break"]
+    # The first graph's backward measures; the flag it set makes the second call compile once more.
+    assert counters["stats"]["unique_graphs"] == (2 if backward == "fp8" else 1)
+    assert block.state.calibrated is (backward == "fp8")
+
+
+def test_compiled_calls_see_the_flag_as_traced():
+    state = fa.Fp8State(device="meta")
+    state.calibrated = True  # e.g. measured by an eager step first: no second compilation
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    step = torch.compile(lambda q, k, v: fa.fp8_attention(q, k, v, state).sum(), fullgraph=True, backend="aot_eager")
+    for _ in range(2):
+        step(meta(2, 64, 4, 128), meta(2, 64, 4, 128), meta(2, 64, 4, 128)).backward()
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.fixture
+def stand_in_bodies(monkeypatch):
+    """CPU stand-ins for the CUDA bodies: outputs of the fakes' shapes and dtypes, the state written
+    the way the bodies write it (in place), and a record of the calibration flag each backward got."""
+    backwards = []
+
+    def forward(q, k, v, buffer, config, scale, recipe, margin, name):
+        buffer[0] += 1
+        fp8 = _torch_fp8._FORMATS[name]
+        o = q * 2
+        stats = torch.zeros(_torch_fp8._adapter._stats_shape(q, "bshd"), dtype=torch.float32)
+        return o, q.to(fp8), k.to(fp8), v.to(fp8), o.to(fp8), stats, buffer[:4].clone()
+
+    def backward(d_o, q8, k8, v8, o8, stats, used, like, buffer, config, scale, recipe, margin, name, calibrated):
+        backwards.append(calibrated)
+        buffer[1] += 1
+        return d_o * 2, d_o * 3, d_o * 4
+
+    monkeypatch.setattr(_torch_fp8, "_forward_body", forward)
+    monkeypatch.setattr(_torch_fp8, "_backward_body", backward)
+    return backwards
+
+
+def call(q, k, v, state):
+    config = _torch_fp8._config_text("bshd", False, (-1, -1), "top_left")
+    return _torch_fp8_ops.attention(q, k, v, state.buffer, config, 0.125, state.recipe, state.margin, state.name,
+                                    False, state.calibrated)
+
+
+def test_opcheck_with_stand_in_bodies(stand_in_bodies):
+    q = torch.randn(2, 16, 2, 32, dtype=torch.bfloat16)
+    buffer = fa.Fp8State(device="cpu").buffer
+    config = _torch_fp8._config_text("bshd", False, (-1, -1), "top_left")
+    torch.library.opcheck(torch.ops.fusedattn.fp8_forward.default, (q, q, q, buffer, config, 0.125, "delayed", 0,
+                                                                     "e4m3"))
+    o, _, _, _, _, stats, used = torch.ops.fusedattn.fp8_forward(q, q, q, buffer, config, 0.125, "delayed", 0, "e4m3")
+    # bf16 where the FP8 tensors go: SchemaCheckMode compares inputs before and after with a CPU mul
+    # that float8 lacks, and the schema takes any dtype.
+    torch.library.opcheck(torch.ops.fusedattn.fp8_backward.default,
+                          (o, q, q, q, o, stats, used, q, buffer, config, 0.125, "delayed", 0, "e4m3"),
+                          {"calibrated": True})
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_state_updates_reach_the_buffer(stand_in_bodies, backend):
+    torch._dynamo.reset()
+    state = fa.Fp8State(device="cpu", history=2)
+    step = torch.compile(call, fullgraph=True, backend=backend)
+    for _ in range(2):
+        q, k = (torch.randn(2, 16, 2, 32, requires_grad=True) for _ in range(2))
+        step(q, k, k, state).sum().backward()
+        # The slots' gradients accumulate as in eager, even with one tensor in two of them.
+        assert torch.equal(q.grad, torch.full_like(q, 2)) and torch.equal(k.grad, torch.full_like(k, 7))
+    assert state.buffer[0].item() == 1 + 2 and state.buffer[1].item() == 1 + 2  # both forwards, both backwards
+    assert stand_in_bodies == [False, False]  # the flag as traced: `call` does not set it, fp8_attention does
+
+
+def test_aot_autograd_refuses_a_forward_between_a_compiled_forward_and_its_backward(stand_in_bodies):
+    """The limit _torch_fp8.py's docstring states (PyTorch 2.11 checks the buffer's version)."""
+    torch._dynamo.reset()
+    state = fa.Fp8State(device="cpu")
+    step = torch.compile(call, fullgraph=True, backend="aot_eager")
+    q = torch.randn(2, 16, 2, 32, requires_grad=True)
+    first = step(q, q, q, state)
+    step(q, q, q, state)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        first.sum().backward()
