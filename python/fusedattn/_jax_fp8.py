@@ -43,19 +43,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _config
+from . import _fp8_recipe as _recipe
 from . import _core as core
 from ._jax_calls import BACKWARD, FORWARD, Call, view
 from .errors import invalid_argument
 
 __all__ = ["Fp8State", "fp8_state", "fp8_attention"]
 
-TENSORS = ("q", "k", "v", "s", "o", "d_o", "d_p", "d_q", "d_k", "d_v")
-_SLOT = {name: i for i, name in enumerate(TENSORS)}
+TENSORS, _SLOT, _KERNEL_WRITTEN = _recipe.TENSORS, _recipe.SLOT, _recipe.KERNEL_WRITTEN
 _DTYPES = {jnp.dtype(d): core.fp8_max(jnp.dtype(d).name) for d in (jnp.float8_e4m3fn, jnp.float8_e5m2)}
-# Written by the kernels, so delayed under both recipes, with two bits of headroom over the history
-# (_torch_fp8.py: without it dV saturated on the H200 in a third step of fresh inputs).
-_KERNEL_WRITTEN = ("d_p", "d_q", "d_k", "d_v")
-_HEADROOM_BITS = 2
 _FLT_MIN, _FLT_MAX = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
 
 
@@ -84,7 +80,7 @@ class Fp8State:
         """`names`' scales and descales set from `amaxes`, as fusedattn's scale_from_amax: 1 where an
         amax is 0 or not finite, and clamped to float's range. The margin is the state's, plus the
         headroom for the kernel-written tensors."""
-        margin = np.array([self.margin + (_HEADROOM_BITS if n in _KERNEL_WRITTEN else 0) for n in names], np.int32)
+        margin = np.array([_recipe.margin_of(n, self.margin) for n in names], np.int32)
         ok = (amaxes > 0) & jnp.isfinite(amaxes)
         scale = jnp.clip(jnp.ldexp(self.fp8_max / jnp.where(ok, amaxes, 1.0), -margin), _FLT_MIN, _FLT_MAX)
         scale = jnp.where(ok, scale, 1.0)
@@ -110,12 +106,10 @@ jax.tree_util.register_dataclass(Fp8State, data_fields=["scale", "descale", "ama
 
 def fp8_state(recipe="delayed", history=16, margin=0, dtype=jnp.float8_e4m3fn):
     """A fresh Fp8State: scales 1, S's scale the format's largest value, histories zero."""
-    if recipe not in ("current", "delayed"):
-        raise invalid_argument("recipe", recipe, '"current" or "delayed"')
+    _recipe.require_recipe(recipe)
     if _dtype(dtype) not in _DTYPES:
         raise invalid_argument("dtype", dtype, "jnp.float8_e4m3fn or jnp.float8_e5m2")
-    if int(history) < 1:
-        raise invalid_argument("history", history, "at least 1")
+    _recipe.require_history(history)
     dtype, n = jnp.dtype(dtype), len(TENSORS)
     largest = _DTYPES[dtype]
     scale = jnp.ones(n, jnp.float32).at[_SLOT["s"]].set(largest)
@@ -197,7 +191,7 @@ def _fp8_attention_bwd(call, residuals, cotangents):
     # Dequantized with the descales this run used, before the step moves them on.
     grads = [_dequantize(g8, state.descale[_SLOT[name]], d_o.dtype)
              for g8, name in zip((d_q8, d_k8, d_v8), ("d_q", "d_k", "d_v"))]
-    state = _kernel_amaxes(state, amaxes)._advance(_KERNEL_WRITTEN + (("d_o",) if state.recipe == "delayed" else ()))
+    state = _kernel_amaxes(state, amaxes)._advance(_recipe.moved_after_backward(state.recipe))
     return grads[0], grads[1], grads[2], state
 
 

@@ -44,6 +44,7 @@ import math
 import torch
 
 from . import _config
+from . import _fp8_recipe as _recipe
 from . import _core as core
 from . import torch as _adapter
 from .errors import invalid_argument
@@ -52,17 +53,9 @@ __all__ = ["Fp8State", "fp8_attention"]
 
 # --- the state's buffer: the one place of its layout -----------------------------------------------
 
-# Slots of the state's scalars: a scale, a descale and an amax per tensor.
-_TENSORS = ("q", "k", "v", "s", "o", "d_o", "d_p", "d_q", "d_k", "d_v")
-_SLOT = {name: i for i, name in enumerate(_TENSORS)}
+_TENSORS, _SLOT, _KERNEL_WRITTEN = _recipe.TENSORS, _recipe.SLOT, _recipe.KERNEL_WRITTEN
 _DTYPES = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _FORMATS = {name: dtype for dtype, name in _DTYPES.items()}
-# Delayed under both recipes: the kernels write these, so nothing can measure them first. Their
-# scales keep two bits of headroom over the amax history, so that a step whose gradients outgrow
-# the history does not saturate (FP8 is floating point: the headroom costs no relative precision
-# above the subnormals). Without it, dV saturated on the H200 in a third step of fresh inputs.
-_KERNEL_WRITTEN = ("d_p", "d_q", "d_k", "d_v")
-_HEADROOM_BITS = 2
 
 
 def _buffer_size(history):
@@ -84,12 +77,10 @@ class Fp8State:
     "meta" for tracing without a GPU."""
 
     def __init__(self, recipe="delayed", *, history=16, margin=0, dtype=torch.float8_e4m3fn, device=None):
-        if recipe not in ("current", "delayed"):
-            raise invalid_argument("recipe", recipe, '"current" or "delayed"')
+        _recipe.require_recipe(recipe)
         if dtype not in _DTYPES:
             raise invalid_argument("dtype", dtype, "torch.float8_e4m3fn or torch.float8_e5m2")
-        if int(history) < 1:
-            raise invalid_argument("history", history, "at least 1")
+        _recipe.require_history(history)
         self.recipe, self.history, self.margin, self.dtype = recipe, int(history), int(margin), dtype
         self.name = _DTYPES[dtype]
         device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
@@ -150,8 +141,8 @@ class _Scaling:
         stream = self._stream()
         for name in names:
             history = self.histories[_SLOT[name]].data_ptr()
-            margin = self.margin + (_HEADROOM_BITS if name in _KERNEL_WRITTEN else 0)
-            core.update_delayed_scaling(history, history, self.history, self.amax(name), self.name, margin,
+            core.update_delayed_scaling(history, history, self.history, self.amax(name), self.name,
+                                        _recipe.margin_of(name, self.margin),
                                         self.scale(name), self.descale(name), stream)
 
     def used_descales(self):
@@ -222,7 +213,7 @@ def _backward_body(d_o, q8, k8, v8, o8, stats, used, like, buffer, config_text, 
                 state.advance(_KERNEL_WRITTEN)
             _adapter._run(plan, tensors, scale, q8.device)
         grads = [_dequantized(g8, state.descale(name), like) for g8, name in zip(grads8, ("d_q", "d_k", "d_v"))]
-        state.advance(_KERNEL_WRITTEN + (("d_o",) if state.recipe == "delayed" else ()))
+        state.advance(_recipe.moved_after_backward(state.recipe))
     return grads[0], grads[1], grads[2]
 
 
