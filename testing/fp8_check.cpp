@@ -31,10 +31,12 @@ AttentionSpec in_bf16(AttentionSpec spec) {
   return spec;
 }
 
-std::vector<float> to_host(const float* device, std::int64_t n) {
+// n floats from the device, each times `factor` (a descale, or the chain rule's factors).
+std::vector<float> to_host(const float* device, std::int64_t n, double factor = 1.0) {
   std::vector<float> out(static_cast<std::size_t>(n));
   check_cuda(cudaMemcpy(out.data(), device, out.size() * sizeof(float), cudaMemcpyDeviceToHost),
              "cudaMemcpy(device to host)");
+  for (float& x : out) x = static_cast<float>(x * factor);
   return out;
 }
 
@@ -42,9 +44,7 @@ std::vector<float> to_host(const float* device, std::int64_t n) {
 std::vector<float> decoded(const TensorDesc& desc, const void* data, double factor) {
   DeviceBuffer dense(static_cast<std::size_t>(desc.elements()) * sizeof(float));
   gather_to_float_gpu(desc, data, dense.as<float>(), nullptr);
-  std::vector<float> out = to_host(dense.as<float>(), desc.elements());
-  for (float& x : out) x = static_cast<float>(x * factor);
-  return out;
+  return to_host(dense.as<float>(), desc.elements(), factor);
 }
 
 double error_of(const std::vector<float>& out, const std::vector<float>& ref) {
@@ -261,8 +261,7 @@ Fp8CheckResult check_fp8_against_reference(const AttentionSpec& spec, bool backw
   gather_to_float_gpu(spec.k, s.k.get(), kf.as<float>(), nullptr);
   gather_to_float_gpu(spec.v, s.v.get(), vf.as<float>(), nullptr);
   reference_forward_gpu(p, qf.as<float>(), kf.as<float>(), vf.as<float>(), of.as<float>(), lse.as<float>(), nullptr);
-  std::vector<float> o_ref = to_host(of.as<float>(), spec.o.elements());
-  for (float& x : o_ref) x = static_cast<float>(x * dv);
+  const std::vector<float> o_ref = to_host(of.as<float>(), spec.o.elements(), dv);
 
   const std::vector<float> o = decoded(spec.o, s.o.get(), s.host(kO, kDescale));
   result.err_o = error_of(o, o_ref);
@@ -284,17 +283,12 @@ Fp8CheckResult check_fp8_against_reference(const AttentionSpec& spec, bool backw
     gather_to_float_gpu(spec.o, s.d_o.get(), dof.as<float>(), nullptr);
     reference_backward_gpu(p, qf.as<float>(), kf.as<float>(), vf.as<float>(), of.as<float>(), lse.as<float>(),
                            dof.as<float>(), dqf.as<float>(), dkf.as<float>(), dvf.as<float>(), nullptr);
-    auto reference = [&](const DeviceBuffer& raw, const TensorDesc& desc, double factor) {
-      std::vector<float> out = to_host(raw.as<float>(), desc.elements());
-      for (float& x : out) x = static_cast<float>(x * factor);
-      return out;
-    };
     const std::vector<float> d_q = decoded(spec.q, s.d_q.get(), s.host(kDQ, kDescale));
     const std::vector<float> d_k = decoded(spec.k, s.d_k.get(), s.host(kDK, kDescale));
     const std::vector<float> d_v = decoded(spec.v, s.d_v.get(), s.host(kDV, kDescale));
-    result.err_dq = error_of(d_q, reference(dqf, spec.q, dv * ddo / dq));
-    result.err_dk = error_of(d_k, reference(dkf, spec.k, dv * ddo / dk));
-    result.err_dv = error_of(d_v, reference(dvf, spec.v, ddo));
+    result.err_dq = error_of(d_q, to_host(dqf.as<float>(), spec.q.elements(), dv * ddo / dq));
+    result.err_dk = error_of(d_k, to_host(dkf.as<float>(), spec.k.elements(), dv * ddo / dk));
+    result.err_dv = error_of(d_v, to_host(dvf.as<float>(), spec.v.elements(), ddo));
     const BackwardTensors bf16 = problem.bf16_backward_tensors();
     fusedattn::backward(twin, bf16, scale, nullptr, problem.workspace());
     result.bf16_dq = error_of(d_q, decoded(twin.q, bf16.d_q, 1.0));
