@@ -115,11 +115,21 @@ if part bench; then
 fi
 if part fp8bench; then
   echo "== benchmark: FP8 (E4M3) beside BF16 on the same inputs, head dim 128 (fusedattn bench)"
-  for shape in "b=2 s=8192 h=16 d=128" "b=2 s=8192 h=16 d=128 causal" "b=8 s=2048 h=32 d=128 causal" \
-               "b=1 s=32768 h_q=32 h_kv=8 d=128 causal" "b=1 s=8192 h_q=64 h_kv=8 d=128 causal"; do
+  # FP8_BENCH_SHAPES (one shape per line) replaces the benchmark's five shapes, for experiments.
+  shapes=${FP8_BENCH_SHAPES:-"b=2 s=8192 h=16 d=128
+b=2 s=8192 h=16 d=128 causal
+b=8 s=2048 h=32 d=128 causal
+b=1 s=32768 h_q=32 h_kv=8 d=128 causal
+b=1 s=8192 h_q=64 h_kv=8 d=128 causal"}
+  while IFS= read -r shape; do
     "$build/fusedattn" bench "layout=bshd dtype=e4m3 $shape" --iters 20 | grep -v "^fusedattn\|^cuDNN\|^CUDA\|^GPU" \
       | tee -a "$OUT/fp8_bench.txt" || status=1
-  done
+  done <<<"$shapes"
+  if [ -z "${FP8_BENCH_SHAPES:-}" ]; then
+    echo "-- the grouped-heads shape with its FP8 backward kept grouped (FUSEDATTN_KV_EXPANSION=0), beside the above"
+    FUSEDATTN_KV_EXPANSION=0 "$build/fusedattn" bench "layout=bshd dtype=e4m3 b=1 s=8192 h_q=64 h_kv=8 d=128 causal" \
+      --iters 20 | grep -v "^fusedattn\|^cuDNN\|^CUDA\|^GPU" | tee -a "$OUT/fp8_bench.txt" || status=1
+  fi
 fi
 if part varlen; then
   echo "== benchmark: ragged training step and paged decode"

@@ -54,6 +54,11 @@ double error_of(const std::vector<float>& out, const std::vector<float>& ref) {
 
 int mantissa_bits(DType dtype) { return dtype == DType::e4m3 ? 3 : 2; }
 
+double max_abs(const std::vector<float>& x) {
+  double largest = 0.0;
+  for (float v : x) largest = std::max(largest, static_cast<double>(std::fabs(v)));
+  return largest;
+}
 
 }  // namespace
 
@@ -224,14 +229,19 @@ void Fp8Problem::run_backward(float scale) {
 }
 
 std::string Fp8CheckResult::to_string() const {
-  char text[640];
-  std::snprintf(text, sizeof text,
-                "%s | seed %llu | vs f32 of dequantized inputs: O %.2e dQ %.2e dK %.2e dV %.2e (tolerance %.3g / %.3g) | "
-                "vs BF16: O %.2e dQ %.2e dK %.2e dV %.2e | amax_o %.6g (reference %.6g) amax_s %.6g | %s",
-                spec.c_str(), static_cast<unsigned long long>(seed), err_o, err_dq, err_dk, err_dv, tolerance_forward,
-                tolerance_backward, bf16_o, bf16_dq, bf16_dk, bf16_dv, amax_o, reference_amax_o, amax_s,
-                passed ? "PASS" : "FAIL");
-  return text;
+  char text[800];
+  int length = std::snprintf(
+      text, sizeof text,
+      "%s | seed %llu | vs f32 of dequantized inputs: O %.2e dQ %.2e dK %.2e dV %.2e (tolerance %.3g / %.3g) | "
+      "vs BF16: O %.2e dQ %.2e dK %.2e dV %.2e | amax_o %.6g (reference %.6g) amax_s %.6g",
+      spec.c_str(), static_cast<unsigned long long>(seed), err_o, err_dq, err_dk, err_dv, tolerance_forward,
+      tolerance_backward, bf16_o, bf16_dq, bf16_dk, bf16_dv, amax_o, reference_amax_o, amax_s);
+  if (backward && length > 0 && static_cast<std::size_t>(length) < sizeof text) {
+    length += std::snprintf(text + length, sizeof text - static_cast<std::size_t>(length),
+                            " amax_dq %.6g (%.6g) amax_dk %.6g (%.6g) amax_dv %.6g (%.6g)", amax_dq,
+                            reference_amax_dq, amax_dk, reference_amax_dk, amax_dv, reference_amax_dv);
+  }
+  return std::string(text) + (passed ? " | PASS" : " | FAIL");
 }
 
 Fp8CheckResult check_fp8_against_reference(const AttentionSpec& spec, bool backward, std::uint64_t seed) {
@@ -267,15 +277,17 @@ Fp8CheckResult check_fp8_against_reference(const AttentionSpec& spec, bool backw
   result.err_o = error_of(o, o_ref);
   result.amax_o = s.host(kO, kAmax);
   result.amax_s = s.host(kS, kAmax);
-  result.reference_amax_o = 0.0;
-  for (float x : o_ref) result.reference_amax_o = std::max(result.reference_amax_o, static_cast<double>(std::fabs(x)));
+  result.reference_amax_o = max_abs(o_ref);
 
   const AttentionSpec& twin = problem.bf16_spec();
   fusedattn::forward(twin, problem.bf16_forward_tensors(), scale, nullptr, problem.workspace());
   result.bf16_o = error_of(o, decoded(twin.o, problem.bf16_forward_tensors().o, 1.0));
 
+  auto amax_close = [](double amax, double reference, double tolerance) {
+    return std::fabs(amax - reference) <= tolerance * reference;  // false for NaN
+  };
   bool passed = result.err_o <= result.tolerance_forward &&
-                std::fabs(result.amax_o - result.reference_amax_o) <= result.tolerance_forward * result.reference_amax_o &&
+                amax_close(result.amax_o, result.reference_amax_o, result.tolerance_forward) &&
                 result.amax_s >= 1.0 / static_cast<double>(spec.seq_kv()) && result.amax_s <= 1.0 + 1e-6;
   if (backward) {
     const double ddo = s.host(kDO, kDescale);
@@ -286,16 +298,27 @@ Fp8CheckResult check_fp8_against_reference(const AttentionSpec& spec, bool backw
     const std::vector<float> d_q = decoded(spec.q, s.d_q.get(), s.host(kDQ, kDescale));
     const std::vector<float> d_k = decoded(spec.k, s.d_k.get(), s.host(kDK, kDescale));
     const std::vector<float> d_v = decoded(spec.v, s.d_v.get(), s.host(kDV, kDescale));
-    result.err_dq = error_of(d_q, to_host(dqf.as<float>(), spec.q.elements(), dv * ddo / dq));
-    result.err_dk = error_of(d_k, to_host(dkf.as<float>(), spec.k.elements(), dv * ddo / dk));
-    result.err_dv = error_of(d_v, to_host(dvf.as<float>(), spec.v.elements(), ddo));
+    const std::vector<float> d_q_ref = to_host(dqf.as<float>(), spec.q.elements(), dv * ddo / dq);
+    const std::vector<float> d_k_ref = to_host(dkf.as<float>(), spec.k.elements(), dv * ddo / dk);
+    const std::vector<float> d_v_ref = to_host(dvf.as<float>(), spec.v.elements(), ddo);
+    result.err_dq = error_of(d_q, d_q_ref);
+    result.err_dk = error_of(d_k, d_k_ref);
+    result.err_dv = error_of(d_v, d_v_ref);
+    result.amax_dq = s.host(kDQ, kAmax);
+    result.amax_dk = s.host(kDK, kAmax);
+    result.amax_dv = s.host(kDV, kAmax);
+    result.reference_amax_dq = max_abs(d_q_ref);
+    result.reference_amax_dk = max_abs(d_k_ref);
+    result.reference_amax_dv = max_abs(d_v_ref);
     const BackwardTensors bf16 = problem.bf16_backward_tensors();
     fusedattn::backward(twin, bf16, scale, nullptr, problem.workspace());
     result.bf16_dq = error_of(d_q, decoded(twin.q, bf16.d_q, 1.0));
     result.bf16_dk = error_of(d_k, decoded(twin.k, bf16.d_k, 1.0));
     result.bf16_dv = error_of(d_v, decoded(twin.v, bf16.d_v, 1.0));
-    passed = passed && result.err_dq <= result.tolerance_backward && result.err_dk <= result.tolerance_backward &&
-             result.err_dv <= result.tolerance_backward;
+    const double t = result.tolerance_backward;
+    passed = passed && result.err_dq <= t && result.err_dk <= t && result.err_dv <= t &&
+             amax_close(result.amax_dq, result.reference_amax_dq, t) &&
+             amax_close(result.amax_dk, result.reference_amax_dk, t) && amax_close(result.amax_dv, result.reference_amax_dv, t);
   }
   check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize(FP8 check)");
   result.passed = passed;  // NaN compares false everywhere above

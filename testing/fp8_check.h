@@ -58,6 +58,9 @@ struct Fp8CheckResult {
   double bf16_o = kNotComputed, bf16_dq = kNotComputed, bf16_dk = kNotComputed, bf16_dv = kNotComputed;
   double amax_o = kNotComputed, reference_amax_o = kNotComputed;  ///< cuDNN's amax of O, and max |O_ref|
   double amax_s = kNotComputed;                                    ///< cuDNN's amax of the probabilities
+  /// The backward's amaxes of dQ, dK, dV, and the reference gradients' max |x|.
+  double amax_dq = kNotComputed, amax_dk = kNotComputed, amax_dv = kNotComputed;
+  double reference_amax_dq = kNotComputed, reference_amax_dk = kNotComputed, reference_amax_dv = kNotComputed;
   double tolerance_forward = 0.0, tolerance_backward = 0.0;
   bool backward = false;
   bool passed = false;
@@ -68,7 +71,8 @@ struct Fp8CheckResult {
 /// against the float32 reference of the dequantized inputs within the format's tolerance (forward:
 /// 2^-(m+1) with m the mantissa bits, the largest relative rounding of one FP8 value, 1/16 for
 /// E4M3; backward: twice that, for the second quantized product dP); amax_o equal to max |O_ref|
-/// within the forward tolerance; amax_s in [1/s_kv, 1]. The errors against fusedattn's BF16 result (which also see
+/// within the forward tolerance, and the gradients' amaxes equal to the reference's within the
+/// backward tolerance; amax_s in [1/s_kv, 1]. The errors against fusedattn's BF16 result (which also see
 /// the inputs' quantization) are reported, not judged. NaN never passes.
 Fp8CheckResult check_fp8_against_reference(const AttentionSpec& spec, bool backward, std::uint64_t seed);
 

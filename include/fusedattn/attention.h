@@ -136,11 +136,14 @@ class CompiledGraph;
 }
 namespace detail {
 class ReplayCache;
+class KvExpansion;
 }
 
 /// A compiled cuDNN plan for one spec, pass and device. Immutable and shareable across threads.
 class Plan {
  public:
+  /// `graph` is the one built for the spec, except for an FP8 backward that runs its grouped K/V
+  /// heads ungrouped (src/support/kv_expansion.h), whose graph is that of the ungrouped spec.
   Plan(AttentionSpec spec, Pass pass, int device, std::shared_ptr<const graph::CompiledGraph> graph);
   ~Plan();
   const AttentionSpec& spec() const noexcept { return spec_; }
@@ -170,8 +173,9 @@ class Plan {
   AttentionSpec spec_;
   Pass pass_;
   int device_;
+  std::unique_ptr<const detail::KvExpansion> kv_expansion_;  // grouped K/V heads run ungrouped, or null
+  std::size_t scratch_bytes_;          // ours after cuDNN's (ragged arrays, max logit rows, K/V expansion)
   std::size_t graph_workspace_bytes_;  // what cuDNN asks for
-  std::size_t scratch_bytes_;          // ours after it (max logit: row maxima, sums of exponentials)
   std::shared_ptr<const graph::CompiledGraph> graph_;
   std::shared_ptr<float> zero_sink_;   // off_by_one: a sink of logit 0 per head, made at build time
   std::unique_ptr<detail::ReplayCache> replays_;  // recorded calls (src/exec/replay.h); goes before graph_

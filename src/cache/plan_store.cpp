@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "exec/device.h"
+#include "exec/kv_expansion.h"
 #include "fusedattn/build_info.h"
 #include "fusedattn/errors.h"
 #include "graph/sdpa_graph.h"
@@ -71,7 +72,9 @@ std::shared_ptr<const detail::CacheEntry> build_entry(const PlanKey& key) {
                                         detail::versions());
   if (!entry->support.ok()) return entry;
   cudnnHandle_t handle = detail::handle_for(key.device, nullptr);
-  graph::BuildOutcome outcome = graph::build_graph(key.spec, key.pass, handle);
+  const bool ungrouped = detail::expands_kv_heads_on(key.spec, key.pass, key.device);
+  graph::BuildOutcome outcome =
+      graph::build_graph(ungrouped ? detail::kv_expanded_spec(key.spec) : key.spec, key.pass, handle);
   if (!outcome.graph) {
     entry->support.reasons = std::move(outcome.rejections);
     return entry;

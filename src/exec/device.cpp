@@ -51,6 +51,16 @@ const DeviceCaps& device_caps(int device) {
   return caps[device];
 }
 
+int multiprocessor_count(int device) {
+  check_device_index(device);
+  static std::array<int, kMaxDevices> counts;
+  static std::array<std::once_flag, kMaxDevices> once;
+  std::call_once(once[device], [device] {
+    check_cuda(cudaDeviceGetAttribute(&counts[device], cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  });
+  return counts[device];
+}
+
 const Versions& versions() {
   static const Versions cached{static_cast<int>(cudnnGetVersion()), CUDNN_VERSION, graph::frontend_version()};
   return cached;

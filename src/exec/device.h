@@ -14,6 +14,9 @@ int current_device();
 /// Capabilities of `device`, queried once per device and then served from memory.
 const DeviceCaps& device_caps(int device);
 
+/// Streaming multiprocessors of `device`, queried once per device.
+int multiprocessor_count(int device);
+
 /// Versions of cuDNN (compiled and loaded) and of the frontend; queried once.
 const Versions& versions();
 

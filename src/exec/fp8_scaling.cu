@@ -5,10 +5,8 @@
 // consecutive addresses. Conversions are cuda_fp8.h's with __NV_SATFINITE, which the host codecs
 // (src/reference/fp8_codec.cpp) reproduce bit for bit.
 //
-// Amax is reduced on the bits of |x|: non-negative floats order like their bit patterns, and every
-// NaN's bits (above 0x7f800000) lie above infinity's, so an unsigned max propagates NaN where a
-// float max (fmaxf drops NaN) would hide it. Each block reduces to one value and does one
-// atomicMax into the output, which is zeroed on the stream first.
+// Amax is reduced on the bits of |x| (abs_bits: NaN propagates). Each block reduces to one value and
+// does one atomicMax into the output, which is zeroed on the stream first.
 //
 // A ragged tensor (batch stride 0) is refused: its sequences sit at run-time offsets these calls do
 // not take, and read as written (every entry at offset 0, as gather_to_float_gpu reads it) a
@@ -23,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include "exec/cuda_check.h"
+#include "exec/element_conversions.cuh"
 #include "exec/strided_elements.cuh"
 #include "fusedattn/errors.h"
 #include "fusedattn/fp8.h"
@@ -32,59 +31,20 @@ namespace fusedattn {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
 // Enough blocks to fill an H200 several times over; the grid-stride loop takes the rest, and fewer
 // blocks mean fewer atomics on the amax.
 constexpr std::int64_t kMaxBlocks = 4096;
 
-// One FP8 element, tagged with its interpretation so that a kernel template picks the conversion.
-template <__nv_fp8_interpretation_t kKind>
-struct Fp8 {
-  __nv_fp8_storage_t bits;
-};
-using E4M3 = Fp8<__NV_E4M3>;
-using E5M2 = Fp8<__NV_E5M2>;
-static_assert(sizeof(E4M3) == 1 && sizeof(E5M2) == 1, "FP8 elements are one byte");
-
-__device__ float to_float(__half x) { return __half2float(x); }
-__device__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <__nv_fp8_interpretation_t kKind>
-__device__ float to_float(Fp8<kKind> x) {  // exact: every FP8 value is a half
-  return __half2float(__half(__nv_cvt_fp8_to_halfraw(x.bits, kKind)));
-}
-
-template <class T>
-__device__ T from_float(float x);
-template <>
-__device__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <>
-__device__ E4M3 from_float<E4M3>(float x) { return {__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)}; }
-template <>
-__device__ E5M2 from_float<E5M2>(float x) { return {__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2)}; }
-
+using detail::abs_bits;
+using detail::E4M3;
+using detail::E5M2;
+using detail::from_float;
 using detail::make_strided;
 using detail::Strided;
 using detail::strided_offset;
+using detail::to_float;
 
-__device__ unsigned int abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
-
-// The block's largest value into *out, by one atomicMax. Every thread of the block must call it.
-__device__ void block_max_into(unsigned int mine, unsigned int* out) {
-  __shared__ unsigned int warp_max[kWarps];
-  // Shuffles rather than __reduce_max_sync, which needs sm_80 (the build may target older GPUs).
-  for (int lane_mask = 16; lane_mask > 0; lane_mask /= 2) {
-    mine = max(mine, __shfl_xor_sync(0xffffffffu, mine, lane_mask));
-  }
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = mine;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    unsigned int best = 0;
-    for (int w = 0; w < kWarps; ++w) best = max(best, warp_max[w]);
-    if (best != 0) atomicMax(out, best);  // the output starts at 0
-  }
-}
+__device__ void block_max_into(unsigned int mine, unsigned int* out) { detail::block_max_into<kThreads>(mine, out); }
 
 template <class T>
 __global__ void amax_kernel(Strided t, std::int64_t n, const T* data, unsigned int* amax) {

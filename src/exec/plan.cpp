@@ -11,6 +11,7 @@
 
 #include "exec/cuda_check.h"
 #include "exec/device.h"
+#include "exec/kv_expansion.h"
 #include "exec/max_logit.h"
 #include "exec/padding_fill.h"
 #include "exec/ragged_offsets.h"
@@ -243,8 +244,11 @@ std::atomic<std::size_t> g_live_plans{0};
 
 Plan::Plan(AttentionSpec spec, Pass pass, int device, std::shared_ptr<const graph::CompiledGraph> graph)
     : spec_(std::move(spec)), pass_(pass), device_(device),
-      graph_workspace_bytes_(scratch_for(spec_, pass) ? round_up(graph->workspace_bytes()) : graph->workspace_bytes()),
-      scratch_bytes_(scratch_for(spec_, pass)), graph_(std::move(graph)), zero_sink_(zero_sink(spec_)),
+      kv_expansion_(detail::expands_kv_heads_on(spec_, pass, device) ? std::make_unique<const detail::KvExpansion>(spec_)
+                                                                     : nullptr),
+      scratch_bytes_(scratch_for(spec_, pass) + (kv_expansion_ ? kv_expansion_->workspace_bytes() : 0)),
+      graph_workspace_bytes_(scratch_bytes_ ? round_up(graph->workspace_bytes()) : graph->workspace_bytes()),
+      graph_(std::move(graph)), zero_sink_(zero_sink(spec_)),
       replays_(std::make_unique<detail::ReplayCache>()) {
   g_live_plans.fetch_add(1, std::memory_order_relaxed);
 }
@@ -324,11 +328,12 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
   void** by_uid = pointers.at;
   if (zero_sink_) by_uid[graph::kUidSink] = zero_sink_.get();
   CallWorkspace scratch(workspace_bytes(), workspace, stream);
+  char* ours = static_cast<char*>(scratch.data()) + graph_workspace_bytes_;  // ragged and expansion never meet
   detail::RaggedArrays ragged;
-  if (is_ragged(spec_)) {
-    ragged = place_ragged(spec_, t.ragged, static_cast<char*>(scratch.data()) + graph_workspace_bytes_, by_uid, stream);
-  }
+  if (is_ragged(spec_)) ragged = place_ragged(spec_, t.ragged, ours, by_uid, stream);
+  if (kv_expansion_) kv_expansion_->before(t, ours, by_uid, stream);
   execute(by_uid, stream, scratch.data());
+  if (kv_expansion_) kv_expansion_->after(t, ours, stream);
   const std::int32_t* kv_lengths = lengths_kv(spec_, t, ragged);
   const std::int32_t* kv_padded = t.ragged.cu_seqlens_kv_padded;
   zero_past_lengths(spec_, spec_.q, t.d_q, lengths_q(spec_, t, ragged), ragged.offset_q, t.ragged.cu_seqlens_q_padded,

@@ -17,6 +17,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include "exec/element_conversions.cuh"
 #include "exec/strided_elements.cuh"
 #include "fusedattn/errors.h"
 #include "fusedattn/reference.h"
@@ -453,22 +454,10 @@ using detail::make_strided;
 using detail::Strided;
 using detail::strided_offset;
 
-__device__ float to_float(__half x) { return __half2float(x); }
-__device__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <class T>
-__device__ T from_float(float x);
-template <>
-__device__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-// cuda_fp8.h's classes convert from float with __NV_SATFINITE (round to nearest even, saturating),
-// as float_to_fp8_bits does on the host; to float exactly.
-__device__ float to_float(__nv_fp8_e4m3 x) { return static_cast<float>(x); }
-__device__ float to_float(__nv_fp8_e5m2 x) { return static_cast<float>(x); }
-template <>
-__device__ __nv_fp8_e4m3 from_float<__nv_fp8_e4m3>(float x) { return __nv_fp8_e4m3(x); }
-template <>
-__device__ __nv_fp8_e5m2 from_float<__nv_fp8_e5m2>(float x) { return __nv_fp8_e5m2(x); }
+using detail::E4M3;
+using detail::E5M2;
+using detail::from_float;
+using detail::to_float;
 
 template <class T>
 __global__ void gather_kernel(Strided t, std::int64_t n, const T* src, float* dst) {
@@ -568,10 +557,10 @@ void gather_to_float_gpu(const TensorDesc& desc, const void* src, float* dst, cu
       gather_kernel<<<blocks, kGatherThreads, 0, stream>>>(t, n, static_cast<const __half*>(src), dst);
       break;
     case DType::e4m3:
-      gather_kernel<<<blocks, kGatherThreads, 0, stream>>>(t, n, static_cast<const __nv_fp8_e4m3*>(src), dst);
+      gather_kernel<<<blocks, kGatherThreads, 0, stream>>>(t, n, static_cast<const E4M3*>(src), dst);
       break;
     case DType::e5m2:
-      gather_kernel<<<blocks, kGatherThreads, 0, stream>>>(t, n, static_cast<const __nv_fp8_e5m2*>(src), dst);
+      gather_kernel<<<blocks, kGatherThreads, 0, stream>>>(t, n, static_cast<const E5M2*>(src), dst);
       break;
   }
   check_launch("gather_kernel");
@@ -590,10 +579,10 @@ void scatter_from_float_gpu(const TensorDesc& desc, const float* src, void* dst,
       scatter_kernel<<<blocks, kGatherThreads, 0, stream>>>(t, n, src, static_cast<__half*>(dst));
       break;
     case DType::e4m3:
-      scatter_kernel<<<blocks, kGatherThreads, 0, stream>>>(t, n, src, static_cast<__nv_fp8_e4m3*>(dst));
+      scatter_kernel<<<blocks, kGatherThreads, 0, stream>>>(t, n, src, static_cast<E4M3*>(dst));
       break;
     case DType::e5m2:
-      scatter_kernel<<<blocks, kGatherThreads, 0, stream>>>(t, n, src, static_cast<__nv_fp8_e5m2*>(dst));
+      scatter_kernel<<<blocks, kGatherThreads, 0, stream>>>(t, n, src, static_cast<E5M2*>(dst));
       break;
   }
   check_launch("scatter_kernel");

@@ -48,7 +48,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         Fp8Case{"causal_128", "layout=bshd dtype=e4m3 b=2 s=512 h=8 d=128 causal", true},
         Fp8Case{"cross_64", "layout=bshd dtype=e4m3 b=2 s_q=256 s_kv=384 h=8 d=64", false},
+        // Grouped heads: the first two backwards run ungrouped (src/support/kv_expansion.h), the
+        // third has enough key tiles (9 * 8 * 16 = 1152 on an H200's 132 SMs) to stay grouped.
         Fp8Case{"gqa_16_4", "layout=bshd dtype=e4m3 b=1 s=1024 h_q=16 h_kv=4 d=128 causal", true},
+        Fp8Case{"gqa_sbhd_e5m2", "layout=sbhd dtype=e5m2 b=2 s=512 h_q=8 h_kv=2 d=128", true},
+        Fp8Case{"gqa_grouped", "layout=bshd dtype=e4m3 b=9 s=2048 h_q=16 h_kv=8 d=128 causal", true},
         Fp8Case{"sbhd_128", "layout=sbhd dtype=e4m3 b=2 s=256 h=4 d=128", true},
         Fp8Case{"packed_qkv_128", "layout=bs3hd dtype=e4m3 b=2 s=384 h=4 d=128 causal", true},
         Fp8Case{"window_128", "layout=bshd dtype=e4m3 b=2 s=512 h=4 d=128 window=128,0", true},
