@@ -1,6 +1,6 @@
 // The copies around an FP8 backward whose grouped K/V heads run ungrouped (kv_expansion.h): K and V
-// repeated per query head before, each group's dK and dV summed after. Grid-stride loops over the
-// logical [b, h, s, d] order of the output, d fastest, so a warp reads and writes consecutive bytes.
+// repeated per query head before, each group's dK and dV summed after: grid-stride loops over the
+// output in chunks of 16 bytes where the layout allows (see Chunk).
 #include "exec/kv_expansion.h"
 
 #include <cstdint>
@@ -25,46 +25,108 @@ unsigned int blocks_for(std::int64_t n) {
   return static_cast<unsigned int>(wanted < kMaxBlocks ? wanted : kMaxBlocks);
 }
 
-// Offset of (b, h, s, d) in a strided tensor.
-__device__ std::int64_t offset_of(const Strided& t, std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d) {
-  return b * t.strides[kBatch] + h * t.strides[kHead] + s * t.strides[kSeq] + d * t.strides[kDim];
+// The kernels move chunks of 16 consecutive bytes along d (one 128-bit access each), which the
+// policy makes sure every stride but d's, the head dim and the pointers allow. Strides are in chunks.
+constexpr int kBytes = 16;
+struct alignas(kBytes) Chunk {
+  std::uint8_t bytes[kBytes];
+};
+
+struct ChunkedShape {
+  std::int64_t heads, seq, chunks;  // chunks per row of d
+  std::int64_t n;                   // chunks in all
+};
+
+// Chunk x of the [b, s, h, chunk] order (heads before positions: a bshd tensor's own order, so a
+// warp's accesses are consecutive there) as its indices.
+struct ChunkIndex {
+  std::int64_t b, h, s, c;
+};
+__device__ ChunkIndex chunk_index(const ChunkedShape& shape, std::int64_t x) {
+  ChunkIndex i;
+  i.c = x % shape.chunks;
+  x /= shape.chunks;
+  i.h = x % shape.heads;
+  x /= shape.heads;
+  i.s = x % shape.seq;
+  i.b = x / shape.seq;
+  return i;
 }
 
-template <class T>
-__global__ void expand_kernel(Strided src_t, Strided dst_t, std::int64_t n, std::int64_t group, const T* src, T* dst) {
+__device__ std::int64_t offset_of(const Strided& t, std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t c) {
+  return b * t.strides[kBatch] + h * t.strides[kHead] + s * t.strides[kSeq] + c;
+}
+
+__global__ void expand_kernel(Strided src_t, Strided dst_t, ChunkedShape shape, std::int64_t group,
+                              const Chunk* src, Chunk* dst) {
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t x = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; x < n; x += step) {
-    std::int64_t rest = x;
-    const std::int64_t d = rest % dst_t.dims[kDim];
-    rest /= dst_t.dims[kDim];
-    const std::int64_t s = rest % dst_t.dims[kSeq];
-    rest /= dst_t.dims[kSeq];
-    const std::int64_t h = rest % dst_t.dims[kHead];
-    const std::int64_t b = rest / dst_t.dims[kHead];
-    dst[offset_of(dst_t, b, h, s, d)] = src[offset_of(src_t, b, h / group, s, d)];
+  for (std::int64_t x = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; x < shape.n; x += step) {
+    const ChunkIndex i = chunk_index(shape, x);
+    dst[offset_of(dst_t, i.b, i.h, i.s, i.c)] = src[offset_of(src_t, i.b, i.h / group, i.s, i.c)];
   }
 }
 
 template <class T>
-__global__ void sum_groups_kernel(Strided src_t, Strided dst_t, std::int64_t n, std::int64_t group, const T* src,
-                                  T* dst, const float* scale, unsigned int* amax) {
+__global__ void sum_groups_kernel(Strided src_t, Strided dst_t, ChunkedShape shape, std::int64_t group,
+                                  const Chunk* src, Chunk* dst, const float* scale, unsigned int* amax) {
+  static_assert(sizeof(T) == 1, "FP8 elements");
   const float descale = 1.0f / *scale;
   unsigned int mine = 0;
   const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t x = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; x < n; x += step) {
-    std::int64_t rest = x;
-    const std::int64_t d = rest % dst_t.dims[kDim];
-    rest /= dst_t.dims[kDim];
-    const std::int64_t s = rest % dst_t.dims[kSeq];
-    rest /= dst_t.dims[kSeq];
-    const std::int64_t h = rest % dst_t.dims[kHead];
-    const std::int64_t b = rest / dst_t.dims[kHead];
-    float sum = 0.0f;  // of the stored values: every group member is at the same scale as dst
-    for (std::int64_t g = 0; g < group; ++g) sum += to_float(src[offset_of(src_t, b, h * group + g, s, d)]);
-    mine = max(mine, abs_bits(sum * descale));
-    dst[offset_of(dst_t, b, h, s, d)] = from_float<T>(sum);
+  for (std::int64_t x = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; x < shape.n; x += step) {
+    const ChunkIndex i = chunk_index(shape, x);
+    float sum[kBytes] = {};  // of the stored values: every group member is at dst's scale
+    for (std::int64_t g = 0; g < group; ++g) {
+      const Chunk part = src[offset_of(src_t, i.b, i.h * group + g, i.s, i.c)];
+#pragma unroll
+      for (int e = 0; e < kBytes; ++e) sum[e] += to_float(T{part.bytes[e]});
+    }
+    Chunk out;
+#pragma unroll
+    for (int e = 0; e < kBytes; ++e) {
+      mine = max(mine, abs_bits(sum[e] * descale));
+      out.bytes[e] = from_float<T>(sum[e]).bits;
+    }
+    dst[offset_of(dst_t, i.b, i.h, i.s, i.c)] = out;
   }
   block_max_into<kThreads>(mine, amax);
+}
+
+void require_chunks(const char* field, const TensorDesc& desc, const void* data) {
+  if (!in_16_byte_rows(desc) || reinterpret_cast<std::uintptr_t>(data) % kBytes != 0) {
+    throw InvalidArgument(field, to_string(desc),
+                          "rows of d in 16-byte units: 16-byte aligned data, head dim and strides (but d's)");
+  }
+}
+
+// A descriptor's strides in chunks (d's stride is 1: validate requires it).
+Strided in_chunks(const TensorDesc& desc) {
+  Strided t = make_strided(desc);
+  const std::int64_t size = static_cast<std::int64_t>(size_of(desc.dtype));
+  for (int axis : {kBatch, kHead, kSeq}) t.strides[axis] = t.strides[axis] * size / kBytes;
+  return t;
+}
+
+ChunkedShape chunked(const TensorDesc& out) {
+  const std::int64_t chunks = out.head_dim() * static_cast<std::int64_t>(size_of(out.dtype)) / kBytes;
+  return ChunkedShape{out.heads(), out.seq(), chunks, out.batch() * out.heads() * out.seq() * chunks};
+}
+
+void launch_expand(const TensorDesc& src_desc, const void* src, const TensorDesc& dst_desc, void* dst, std::int64_t group,
+                   cudaStream_t stream) {
+  const ChunkedShape shape = chunked(dst_desc);
+  expand_kernel<<<blocks_for(shape.n), kThreads, 0, stream>>>(
+      in_chunks(src_desc), in_chunks(dst_desc), shape, group, static_cast<const Chunk*>(src),
+      static_cast<Chunk*>(dst));
+}
+
+template <class T>
+void launch_sum(const TensorDesc& src_desc, const void* src, const TensorDesc& dst_desc, void* dst, std::int64_t group,
+                const float* scale, float* amax, cudaStream_t stream) {
+  const ChunkedShape shape = chunked(dst_desc);
+  sum_groups_kernel<T><<<blocks_for(shape.n), kThreads, 0, stream>>>(
+      in_chunks(src_desc), in_chunks(dst_desc), shape, group, static_cast<const Chunk*>(src),
+      static_cast<Chunk*>(dst), scale, reinterpret_cast<unsigned int*>(amax));
 }
 
 void require_grouping(const TensorDesc& grouped, const TensorDesc& ungrouped, const char* field) {
@@ -83,17 +145,10 @@ void require_grouping(const TensorDesc& grouped, const TensorDesc& ungrouped, co
 void expand_kv_heads(const TensorDesc& src_desc, const void* src, const TensorDesc& dst_desc, void* dst,
                      cudaStream_t stream) {
   require_grouping(src_desc, dst_desc, "dst_desc");
-  const std::int64_t n = dst_desc.elements();
-  if (n == 0) return;
-  const std::int64_t group = dst_desc.heads() / src_desc.heads();
-  const Strided s = make_strided(src_desc), d = make_strided(dst_desc);
-  if (size_of(src_desc.dtype) == 1) {
-    expand_kernel<<<blocks_for(n), kThreads, 0, stream>>>(s, d, n, group, static_cast<const std::uint8_t*>(src),
-                                                          static_cast<std::uint8_t*>(dst));
-  } else {
-    expand_kernel<<<blocks_for(n), kThreads, 0, stream>>>(s, d, n, group, static_cast<const std::uint16_t*>(src),
-                                                          static_cast<std::uint16_t*>(dst));
-  }
+  require_chunks("src_desc", src_desc, src);
+  require_chunks("dst_desc", dst_desc, dst);
+  if (dst_desc.elements() == 0) return;
+  launch_expand(src_desc, src, dst_desc, dst, dst_desc.heads() / src_desc.heads(), stream);
   check_cuda(cudaGetLastError(), "expand_kv_heads");
 }
 
@@ -101,17 +156,14 @@ void sum_kv_head_groups(const TensorDesc& src_desc, const void* src, const Tenso
                         const float* scale, float* amax, cudaStream_t stream) {
   require_grouping(dst_desc, src_desc, "src_desc");
   if (!is_fp8(src_desc.dtype)) throw InvalidArgument("src_desc.dtype", to_string(src_desc.dtype), "e4m3 or e5m2");
-  const std::int64_t n = dst_desc.elements();
-  if (n == 0) return;
+  require_chunks("src_desc", src_desc, src);
+  require_chunks("dst_desc", dst_desc, dst);
+  if (dst_desc.elements() == 0) return;
   const std::int64_t group = src_desc.heads() / dst_desc.heads();
-  const Strided s = make_strided(src_desc), d = make_strided(dst_desc);
-  auto* bits = reinterpret_cast<unsigned int*>(amax);
   if (src_desc.dtype == DType::e4m3) {
-    sum_groups_kernel<<<blocks_for(n), kThreads, 0, stream>>>(s, d, n, group, static_cast<const E4M3*>(src),
-                                                              static_cast<E4M3*>(dst), scale, bits);
+    launch_sum<E4M3>(src_desc, src, dst_desc, dst, group, scale, amax, stream);
   } else {
-    sum_groups_kernel<<<blocks_for(n), kThreads, 0, stream>>>(s, d, n, group, static_cast<const E5M2*>(src),
-                                                              static_cast<E5M2*>(dst), scale, bits);
+    launch_sum<E5M2>(src_desc, src, dst_desc, dst, group, scale, amax, stream);
   }
   check_cuda(cudaGetLastError(), "sum_kv_head_groups");
 }

@@ -19,9 +19,19 @@ TensorDesc with_heads(const TensorDesc& desc, std::int64_t heads) {
 
 }  // namespace
 
+bool in_16_byte_rows(const TensorDesc& desc) noexcept {
+  const std::int64_t size = static_cast<std::int64_t>(size_of(desc.dtype));
+  if ((desc.head_dim() * size) % 16 != 0) return false;
+  for (int axis : {kBatch, kHead, kSeq}) {
+    if ((desc.strides[axis] * size) % 16 != 0) return false;
+  }
+  return true;
+}
+
 bool expands_kv_heads(const AttentionSpec& spec, Pass pass, int multiprocessors) noexcept {
   if (pass != Pass::backward || !is_fp8(spec.q.dtype) || spec.heads_q() <= spec.heads_kv()) return false;
   if (spec.ragged_q() || spec.ragged_kv() || spec.paged_kv() || multiprocessors <= 0) return false;
+  if (!in_16_byte_rows(spec.k) || !in_16_byte_rows(spec.v)) return false;
   const std::int64_t tiles =
       spec.batch() * spec.heads_kv() * ((spec.seq_kv() + kExpansionKeyTile - 1) / kExpansionKeyTile);
   return tiles < kExpansionMinWaves * multiprocessors;

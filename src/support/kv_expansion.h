@@ -22,8 +22,12 @@ constexpr std::int64_t kExpansionKeyTile = 128;
 constexpr std::int64_t kExpansionMinWaves = 8;
 
 /// True for a dense FP8 backward with grouped heads (h_q > h_kv) whose b * h_kv * ceil(s_kv / 128)
-/// key tiles make fewer than kExpansionMinWaves waves over `multiprocessors` SMs.
+/// key tiles make fewer than kExpansionMinWaves waves over `multiprocessors` SMs, and whose K and V
+/// have rows in 16-byte units (in_16_byte_rows), which the copies move at once.
 bool expands_kv_heads(const AttentionSpec& spec, Pass pass, int multiprocessors) noexcept;
+
+/// The head dim and every stride but d's a multiple of 16 bytes.
+bool in_16_byte_rows(const TensorDesc& desc) noexcept;
 
 /// The spec the expanded backward's graph is built for: K and V (and so dK, dV) with h_q heads,
 /// contiguous [b, s_kv, h_q, d]; everything else as in `spec`.

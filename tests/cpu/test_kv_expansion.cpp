@@ -53,6 +53,19 @@ TEST(KvExpansion, OnlyGroupedDenseFp8Backwards) {
   EXPECT_TRUE(expands_kv_heads(spec_of(1, 8192, 64, 8, DType::e5m2), Pass::backward, kH200));
 }
 
+TEST(KvExpansion, OnlyKvRowsIn16ByteUnits) {
+  // The copies move 16 bytes at once: a K/V head stride of 136 FP8 elements keeps the backward grouped.
+  AttentionSpec spec = spec_of(1, 8192, 64, 8);
+  ASSERT_TRUE(in_16_byte_rows(spec.k));
+  spec.k.strides = {8192 * 8 * 136, 136, 8 * 136, 1};
+  spec.v = spec.k;
+  EXPECT_FALSE(in_16_byte_rows(spec.k));
+  EXPECT_FALSE(expands_kv_heads(spec, Pass::backward, kH200));
+  spec.k.strides = {8192 * 8 * 144, 144, 8 * 144, 1};  // 144 bytes: nine chunks
+  spec.v = spec.k;
+  EXPECT_TRUE(expands_kv_heads(spec, Pass::backward, kH200));
+}
+
 TEST(KvExpansion, TheUngroupedSpecHasOneKvHeadPerQueryHead) {
   const AttentionSpec spec = spec_of(2, 1024, 16, 4, DType::e4m3, Layout::sbhd);
   const AttentionSpec expanded = kv_expanded_spec(spec);
