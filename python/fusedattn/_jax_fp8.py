@@ -31,8 +31,12 @@ Where each scale comes from, as in _torch_fp8.py:
 Quantizing is clip(x * scale, -max, max) in float32, converted to FP8 (XLA fuses it into one pass;
 the clip saturates as fusedattn's kernels do, NaN stays NaN).
 
+Inputs already in FP8 (the state's dtype) come with their descales and run the forward only:
+    o, state = fp8_attention(q8, k8, v8, state, descales=(dq, dk, dv))   # O in bfloat16
+    (o8, descale_o), state = fp8_attention(q8, k8, v8, state, descales=(dq, dk, dv), out_dtype=state.dtype)
+
 Not yet: vmap and mesh partitioning of the FP8 calls (a sharded amax would need a max over the
-shards), backward="model", and any run of the CUDA path on a GPU.
+shards), and backward="model".
 """
 import dataclasses
 import functools
@@ -203,22 +207,65 @@ def _kernel_amaxes(state, amaxes):
 _fp8_attention.defvjp(_fp8_attention_fwd, _fp8_attention_bwd)
 
 
+def _fp8_inputs_forward(call, q8, k8, v8, descales, state, out_dtype):
+    """The forward of inputs already in FP8: (O in out_dtype, or (o8, descale_o)), and the state
+    with V's amax (of the values the FP8 tensor holds), O's scale from it, and the kernel's amaxes."""
+    descale_q, descale_k, descale_v = (jnp.asarray(d, jnp.float32).reshape(()) for d in descales)
+    amax_v = jnp.max(jnp.abs(v8.astype(jnp.float32))) * descale_v
+    state = state._set("amax", ("v",), amax_v[None])._scaled(("o",), amax_v[None])  # |O| <= max |V|
+    scale, descale = state.scale, state.descale
+    o8, _, amax_s, amax_o = _kernel(FORWARD)(call, q8, k8, v8, descale_q, descale_k, descale_v, descale[_SLOT["s"]],
+                                             scale[_SLOT["s"]], scale[_SLOT["o"]])
+    state = state._set("amax", ("s", "o"), jnp.stack([amax_s, amax_o]))
+    if jnp.dtype(out_dtype) == state.dtype:
+        return (o8, descale[_SLOT["o"]]), state
+    return _dequantize(o8, descale[_SLOT["o"]], out_dtype), state
+
+
+def _require_fp8_inputs(q, k, v, state, descales, out_dtype):
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if jnp.dtype(x.dtype) != state.dtype:
+            raise invalid_argument(f"{name}.dtype", x.dtype, f"{state.dtype}, the state's format, for every input")
+    if not (isinstance(descales, (tuple, list)) and len(descales) == 3):
+        raise invalid_argument("descales", type(descales).__name__,
+                               "(descale_q, descale_k, descale_v) for FP8 inputs: float32 scalars")
+    for name, d in zip(("descale_q", "descale_k", "descale_v"), descales):
+        if jnp.size(d) != 1 or jnp.dtype(jnp.result_type(d)) != jnp.dtype(jnp.float32):
+            raise invalid_argument(f"descales.{name}", f"{jnp.result_type(d)} {jnp.shape(d)}", "a float32 scalar")
+    if _dtype(out_dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), state.dtype):
+        raise invalid_argument("out_dtype", out_dtype, f"jnp.bfloat16, jnp.float16 or {state.dtype}")
+
+
 def fp8_attention(q, k, v, state, *, layout: str = "bshd", causal: bool = False, align: str = "top_left",
-                  window: Tuple[int, int] = (-1, -1), scale=None):
+                  window: Tuple[int, int] = (-1, -1), scale=None, descales=None, out_dtype=None):
     """FP8 attention of q, k, v (bfloat16 or float16, one dtype, in a dense `layout`: "bshd", "sbhd"
     or "bhsd") with the scaling `state` (Fp8State, from fp8_state()); returns (O in q's dtype, the
     state after the forward). Differentiable in q, k, v and `state`, whose gradient is the state
     after the whole step (module docstring). causal, window, align and scale as in attention().
     What cuDNN's FP8 kernels do not take on this GPU raises NotSupportedError with every reason
-    while tracing (on Hopper: head dim 128 for the backward, no bottom-right diagonal)."""
+    while tracing (on Hopper: head dim 128 for the backward, no bottom-right diagonal).
+
+    Inputs already in FP8 (the state's dtype) take descales=(descale_q, descale_k, descale_v),
+    float32 scalars (x = x8 * descale), and run the forward only (no gradient): O comes back in
+    out_dtype (default bfloat16), or, with out_dtype the state's dtype, as (o8, descale_o)."""
     if not isinstance(state, Fp8State):
         raise invalid_argument("state", type(state).__name__, "a fusedattn.jax.Fp8State")
-    if jnp.dtype(q.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-        raise invalid_argument("q.dtype", q.dtype, "jnp.bfloat16 or jnp.float16 (quantized inside)")
+    fp8_inputs = jnp.dtype(q.dtype) in _DTYPES
+    if fp8_inputs:
+        out_dtype = jnp.bfloat16 if out_dtype is None else out_dtype
+        _require_fp8_inputs(q, k, v, state, descales, out_dtype)
+    elif jnp.dtype(q.dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        raise invalid_argument("q.dtype", q.dtype,
+                               "jnp.bfloat16 or jnp.float16 (quantized inside), or the state's FP8 dtype with descales")
+    elif descales is not None or out_dtype not in (None, q.dtype):
+        field = "descales" if descales is not None else "out_dtype"
+        raise invalid_argument(field, "given", f"not given for {q.dtype} inputs (O comes back in q's dtype)")
     for name, x in (("k", k), ("v", v)):
         if x.dtype != q.dtype:
             raise invalid_argument(f"{name}.dtype", x.dtype, f"q's dtype, {q.dtype}")
     config = _config.config(layout, causal=causal, window=tuple(window), align=align)
     spec = config.spec(*((state.dtype.name,) + view(x)[1:] for x in (q, k, v)), 0, 0, 0)
     call = Call(config, spec.default_scale if scale is None else float(scale), fp8=True)
+    if fp8_inputs:
+        return _fp8_inputs_forward(call, q, k, v, descales, state, out_dtype)
     return _fp8_attention(call, q, k, v, state)

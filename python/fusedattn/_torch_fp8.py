@@ -152,8 +152,8 @@ class _Scaling:
         return self.scalars[[_SLOT[n] for n in ("q", "k", "v", "o")], 1].clone()
 
 
-def _dequantized(x8, descale, like):
-    out = torch.empty_strided(x8.size(), x8.stride(), dtype=like.dtype, device=x8.device)
+def _dequantized(x8, descale, dtype):
+    out = torch.empty_strided(x8.size(), x8.stride(), dtype=dtype, device=x8.device)
     core.dequantize_fp8(_adapter._view(x8), x8.data_ptr(), _adapter._view(out), out.data_ptr(), descale,
                         torch._C._cuda_getCurrentRawStream(x8.device.index))
     return out
@@ -177,11 +177,36 @@ def _forward_body(q, k, v, buffer, config_text, scale, recipe, margin, fp8_name)
                                       descale_s=state.descale("s"), scale_s=state.scale("s"),
                                       scale_o=state.scale("o"), amax_s=state.amax("s"), amax_o=state.amax("o"))
         _adapter._run(core.get_plan(spec, _config.FORWARD), tensors, scale, q.device)
-        o = _dequantized(o8, state.descale("o"), q)
+        o = _dequantized(o8, state.descale("o"), q.dtype)
         used = state.used_descales()
     if state.recipe == "delayed":
         state.advance(("q", "k", "v"))
     return o, q8, k8, v8, o8, stats, used
+
+
+def _fp8_inputs_forward_body(q8, k8, v8, descale_q, descale_k, descale_v, buffer, config_text, scale, recipe, margin,
+                             fp8_name, out_dtype):
+    """Inputs already in FP8, with their descales (float32 one-element tensors): (O in out_dtype, the
+    descale of O's FP8 form, [1]). O's scale comes from V's amax, measured here (max |V| bounds |O|).
+    Updates the state's slots of V (its amax) and O in `buffer`; Q's, K's and V's scales are the caller's."""
+    state, config = _Scaling(buffer, recipe, margin, fp8_name), _config.parse(config_text)
+    stream = state._stream()
+    core.measure_amax(_adapter._view(v8), v8.data_ptr(), state.amax("v"), stream)  # of the stored values
+    state.scalars[_SLOT["v"], 2].mul_(descale_v.reshape(()))
+    state.set_from_amax("o", source="v")
+    spec = config.spec(_adapter._view(q8), _adapter._view(k8), _adapter._view(v8), 0, 0, 0)
+    with _adapter._on_device(q8.device):
+        o8 = torch.empty(_adapter._out_shape(q8, v8), dtype=state.dtype, device=q8.device)
+        stats = torch.empty(_adapter._stats_shape(q8, config.layout), dtype=torch.float32, device=q8.device)
+        tensors = core.ForwardTensors(q=q8.data_ptr(), k=k8.data_ptr(), v=v8.data_ptr(), o=o8.data_ptr(),
+                                      stats=stats.data_ptr(), descale_q=descale_q.data_ptr(),
+                                      descale_k=descale_k.data_ptr(), descale_v=descale_v.data_ptr(),
+                                      descale_s=state.descale("s"), scale_s=state.scale("s"),
+                                      scale_o=state.scale("o"), amax_s=state.amax("s"), amax_o=state.amax("o"))
+        _adapter._run(core.get_plan(spec, _config.FORWARD), tensors, scale, q8.device)
+        descale_o = state.scalars[_SLOT["o"], 1:2].clone()
+        o = o8 if out_dtype == state.dtype else _dequantized(o8, state.descale("o"), out_dtype)
+    return o, descale_o
 
 
 def _backward_body(d_o, q8, k8, v8, o8, stats, used, like, buffer, config_text, scale, recipe, margin, fp8_name,
@@ -212,7 +237,7 @@ def _backward_body(d_o, q8, k8, v8, o8, stats, used, like, buffer, config_text, 
             if run:
                 state.advance(_KERNEL_WRITTEN)
             _adapter._run(plan, tensors, scale, q8.device)
-        grads = [_dequantized(g8, state.descale(name), like) for g8, name in zip(grads8, ("d_q", "d_k", "d_v"))]
+        grads = [_dequantized(g8, state.descale(name), like.dtype) for g8, name in zip(grads8, ("d_q", "d_k", "d_v"))]
         state.advance(_recipe.moved_after_backward(state.recipe))
     return grads[0], grads[1], grads[2]
 
@@ -261,23 +286,67 @@ def _printed_config(layout, causal, window, align):
     return str(_config.config(layout, causal=causal, window=window, align=align))
 
 
+def _require_descales(descales, q):
+    if not (isinstance(descales, (tuple, list)) and len(descales) == 3):
+        raise invalid_argument("descales", type(descales).__name__,
+                               "(descale_q, descale_k, descale_v) for FP8 inputs: float32 one-element tensors")
+    for name, t in zip(("descale_q", "descale_k", "descale_v"), descales):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.numel() != 1 or t.device != q.device:
+            shown = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise invalid_argument(f"descales.{name}", shown, f"a float32 one-element tensor on {q.device}")
+
+
+def _fp8_inputs_attention(q, k, v, state, descales, config_text, scale, out_dtype):
+    """fp8_attention of inputs already in FP8: forward only."""
+    for name, t in zip("qkv", (q, k, v)):
+        if t.dtype != state.dtype:
+            raise invalid_argument(f"{name}.dtype", t.dtype, f"{state.dtype}, the state's format, for every input")
+        if t.requires_grad:
+            raise invalid_argument(f"{name}.requires_grad", True,
+                                   "False: FP8 inputs run the forward only (pass bf16/f16 inputs for a backward)")
+    _require_descales(descales, q)
+    if out_dtype not in (torch.bfloat16, torch.float16, state.dtype):
+        raise invalid_argument("out_dtype", out_dtype, f"torch.bfloat16, torch.float16 or {state.dtype}")
+    plain_tensors = all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in (q, k, v, *descales))
+    if (not torch.compiler.is_compiling() and q.device.type == "cuda" and plain_tensors
+            and not torch._C._len_torch_dispatch_stack()):
+        o, descale_o = _fp8_inputs_forward_body(q, k, v, *descales, state.buffer, config_text, scale, state.recipe,
+                                                state.margin, state.name, out_dtype)
+    else:
+        o, descale_o = _ops.fp8_inputs_forward(q, k, v, *descales, state.buffer, config_text, scale, state.recipe,
+                                               state.margin, state.name, out_dtype)
+    return (o, descale_o) if out_dtype == state.dtype else o
+
+
 def fp8_attention(q, k, v, state, *, layout="bshd", causal=False, align="top_left", window=(-1, -1), scale=None,
-                  backward="fp8"):
+                  backward="fp8", descales=None, out_dtype=None):
     """FP8 attention of q, k, v (bf16 or f16 in `layout`, dense: "bshd", "sbhd" or "bhsd") with the
     scaling `state` (Fp8State); returns O in q's dtype. causal, window and align as in attention().
     backward: "fp8" (cuDNN's FP8 backward) or "model" (the backward in q's dtype). What cuDNN's FP8
     kernels do not take on this GPU raises NotSupportedError with every reason (on Hopper: head dim
     128 for the backward, no bottom-right diagonal, no bias). torch.compile traces it in one graph
-    (the module's docstring says how compiled code treats the state's calibration)."""
+    (the module's docstring says how compiled code treats the state's calibration).
+
+    Inputs already in FP8 (the state's dtype, for example from an FP8 projection or cache) come with
+    descales=(descale_q, descale_k, descale_v), float32 one-element tensors (x = x8 * descale), and
+    run the forward only. O comes back in out_dtype (default torch.bfloat16), or, with out_dtype the
+    state's FP8 dtype, as (o8, descale_o). O's scale comes from V's amax, measured in the call."""
     if not isinstance(state, Fp8State):
         raise invalid_argument("state", type(state).__name__, "a fusedattn.torch.Fp8State")
     if backward not in ("fp8", "model"):
         raise invalid_argument("backward", backward, '"fp8" or "model"')
-    if q.dtype not in (torch.bfloat16, torch.float16):
-        raise invalid_argument("q.dtype", q.dtype, "torch.bfloat16 or torch.float16 (quantized inside)")
     _adapter._require_one_cuda_device(q, k, v)
     config_text = _config_text(layout, causal, tuple(window), align)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if q.dtype in _DTYPES:
+        return _fp8_inputs_attention(q, k, v, state, descales, config_text, scale,
+                                     torch.bfloat16 if out_dtype is None else out_dtype)
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise invalid_argument("q.dtype", q.dtype,
+                               "torch.bfloat16 or torch.float16 (quantized inside), or the state's FP8 dtype with descales")
+    if descales is not None or out_dtype not in (None, q.dtype):
+        field = "descales" if descales is not None else "out_dtype"
+        raise invalid_argument(field, "given", f"not given for {q.dtype} inputs (O comes back in q's dtype)")
     model_backward = backward == "model"
     plain_tensors = all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in (q, k, v))
     if (not torch.compiler.is_compiling() and q.device.type == "cuda" and plain_tensors

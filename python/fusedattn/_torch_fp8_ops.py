@@ -46,6 +46,21 @@ def _(q, k, v, state, config, scale, recipe, margin, fp8_dtype):
     return _like(o8, q.dtype), q8, k8, v8, o8, stats, q.new_empty((4,), dtype=torch.float32)
 
 
+@torch.library.custom_op("fusedattn::fp8_inputs_forward", mutates_args=("state",))
+def fp8_inputs_forward(q8: Tensor, k8: Tensor, v8: Tensor, descale_q: Tensor, descale_k: Tensor, descale_v: Tensor,
+                       state: Tensor, config: str, scale: float, recipe: str, margin: int, fp8_dtype: str,
+                       out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
+    """(o, descale_o): the forward of inputs already in FP8 (no backward)."""
+    return _fp8._fp8_inputs_forward_body(q8, k8, v8, descale_q, descale_k, descale_v, state, config, scale, recipe,
+                                         margin, fp8_dtype, out_dtype)
+
+
+@fp8_inputs_forward.register_fake
+def _(q8, k8, v8, descale_q, descale_k, descale_v, state, config, scale, recipe, margin, fp8_dtype, out_dtype):
+    _check_while_tracing(q8, k8, v8, _config.parse(config))
+    return q8.new_empty(_adapter._out_shape(q8, v8), dtype=out_dtype), q8.new_empty((1,), dtype=torch.float32)
+
+
 @torch.library.custom_op("fusedattn::fp8_backward", mutates_args=("state",))
 def fp8_backward(d_o: Tensor, q8: Tensor, k8: Tensor, v8: Tensor, o8: Tensor, stats: Tensor, used: Tensor,
                  like: Tensor, state: Tensor, config: str, scale: float, recipe: str, margin: int, fp8_dtype: str, *,

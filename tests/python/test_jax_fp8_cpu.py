@@ -2,6 +2,8 @@
 plain-JAX FP8 kernel in jax.py's _KERNELS (dequantize the FP8 inputs with their descales, float32
 attention, the amaxes, O and the gradients quantized with their scales, as cuDNN's FP8 kernels take
 and return them); the program exported for CUDA with the real FFI calls and their FP8 operands."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -243,3 +245,62 @@ def test_exported_for_cuda_the_step_calls_the_ffi_targets_with_the_fp8_spec():
     # 3 FP8 arrays and 6 scalars in; O, the statistics, 2 amaxes and the workspace out.
     assert forward[0].count("tensor<f32>") == 6 + 2 and "f8E4M3FN" in forward[0]
     assert backward[0].count("tensor<f32>") == 12 + 4
+
+
+# --- inputs already in FP8 (forward only) ------------------------------------------------------------
+
+def fp8_inputs(seed, dtype=jnp.float8_e4m3fn):
+    """Q, K, V in FP8 by current scaling, as an FP8 projection hands them on, their descales, and the
+    values they hold."""
+    q, k, v, _ = inputs(seed, kv_heads=2, amax=(1.0, 2.0, 3.0))
+    fp8_max = float(jnp.finfo(dtype).max)
+    out = []
+    for x in (q, k, v):
+        scale = fp8_max / jnp.max(jnp.abs(x.astype(jnp.float32)))
+        x8 = (x.astype(jnp.float32) * scale).astype(dtype)
+        out.append((x8, 1.0 / scale, x8.astype(jnp.float32) / scale))
+    return [t[0] for t in out], tuple(t[1] for t in out), [t[2] for t in out]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_inputs_run_the_forward_on_their_values(reference_kernels, causal, dtype):
+    (q8, k8, v8), descales, values = fp8_inputs(0, dtype)
+    want = attend(*values, 1 / np.sqrt(q8.shape[-1]), causal)[0]
+    state = fj.fp8_state("current", dtype=dtype)
+    tolerance = 2.0 ** -4 if dtype == jnp.float8_e4m3fn else 2.0 ** -3  # O's rounding: the stand-in rounds nothing else
+    def forward(out_dtype=None):  # a dtype is static: one jitted function per out_dtype
+        return jax.jit(functools.partial(fj.fp8_attention, causal=causal, out_dtype=out_dtype))
+    o, after = forward()(q8, k8, v8, state, descales=descales)
+    assert o.dtype == jnp.bfloat16 and rel_l2(o, want) < tolerance
+    amax_v = float(jnp.max(jnp.abs(values[2])))
+    np.testing.assert_allclose(after.amax[SLOT["v"]], amax_v, rtol=1e-6)
+    np.testing.assert_allclose(after.scale[SLOT["o"]], float(jnp.finfo(dtype).max) / amax_v, rtol=1e-6)
+    (o8, descale_o), _ = forward(dtype)(q8, k8, v8, state, descales=descales)
+    assert o8.dtype == dtype and rel_l2(o8.astype(jnp.float32) * descale_o, want) < tolerance
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(descales=None), "descales"),
+    (dict(descales=(1.0, 1.0)), "descales"),
+    (dict(descales=(jnp.ones(2), 1.0, 1.0)), "descales.descale_q"),
+    (dict(descales=(jnp.float16(1), 1.0, 1.0)), "descales.descale_q"),
+    (dict(out_dtype=jnp.float32), "out_dtype"),
+])
+def test_fp8_inputs_refuse_bad_arguments_naming_the_field(change, field):
+    (q8, k8, v8), descales, _ = fp8_inputs(0)
+    kwargs = {"descales": tuple(jnp.float32(d) for d in descales), **change}
+    with pytest.raises(fusedattn.InvalidArgumentError) as caught:
+        fj.fp8_attention(q8, k8, v8, fj.fp8_state("current"), **kwargs)
+    assert caught.value.field == field
+
+
+def test_fp8_inputs_must_be_the_states_format():
+    (q8, k8, v8), descales, _ = fp8_inputs(0, jnp.float8_e5m2)
+    with pytest.raises(fusedattn.InvalidArgumentError) as caught:
+        fj.fp8_attention(q8, k8, v8, fj.fp8_state("current"), descales=descales)  # an E4M3 state
+    assert caught.value.field == "q.dtype"
+    q, k, v, _ = inputs(0)
+    with pytest.raises(fusedattn.InvalidArgumentError) as caught:  # descales belong to FP8 inputs
+        fj.fp8_attention(q, k, v, fj.fp8_state("current"), descales=descales)
+    assert caught.value.field == "descales"

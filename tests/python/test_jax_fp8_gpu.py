@@ -13,7 +13,7 @@ pytest.importorskip("fusedattn._jax_ffi", reason="the XLA FFI handlers were not 
 import jax.numpy as jnp  # noqa: E402
 
 import fusedattn  # noqa: E402
-from test_jax_fp8_cpu import E4M3_MAX, SLOT, rel_l2, training_step  # noqa: E402
+from test_jax_fp8_cpu import E4M3_MAX, SLOT, attend, fp8_inputs, rel_l2, training_step  # noqa: E402
 from test_jax_fp8_cpu import reference as cpu_reference  # noqa: E402
 
 O_TOLERANCE, GRAD_TOLERANCE = 0.1, 0.15
@@ -84,3 +84,21 @@ def test_hoppers_fp8_backward_at_d64_is_refused_naming_d_qk():
     assert o.shape == q.shape  # the forward takes d=64
     with pytest.raises(fusedattn.NotSupportedError, match="d_qk"):
         training_step(True)(q, k, v, fj.fp8_state(), w)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
+@pytest.mark.parametrize("causal", [True, False])
+def test_fp8_inputs_match_float32_attention_of_their_values(causal, dtype):
+    # Against the FP8 inputs' own values the errors are the kernel's (the probabilities and O
+    # rounded to FP8): the C++ check's forward tolerance, 2^-(m+1).
+    tolerance = 2.0 ** -4 if dtype == jnp.float8_e4m3fn else 2.0 ** -3
+    (q8, k8, v8), descales, values = fp8_inputs(1, dtype)
+    with jax.default_matmul_precision("highest"):
+        want = attend(*values, 1 / np.sqrt(q8.shape[-1]), causal)[0]
+    state = fj.fp8_state("current", dtype=dtype)
+    o, after = jax.jit(lambda *a: fj.fp8_attention(*a[:4], causal=causal, descales=a[4:]))(q8, k8, v8, state, *descales)
+    assert o.dtype == jnp.bfloat16 and rel_l2(o, want) < tolerance
+    (o8, descale_o), _ = jax.jit(lambda *a: fj.fp8_attention(*a[:4], causal=causal, descales=a[4:], out_dtype=dtype))(
+        q8, k8, v8, state, *descales)
+    assert o8.dtype == dtype and rel_l2(o8.astype(jnp.float32) * descale_o, want) < tolerance
+    assert 0 < float(after.amax[SLOT["o"]]) <= float(after.amax[SLOT["v"]]) * (1 + tolerance)  # the kernel's amax of O

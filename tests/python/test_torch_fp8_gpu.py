@@ -135,3 +135,60 @@ def test_compiled_training_steps_match_eager(recipe, backend):
     assert twin.state.calibrated and eager.state.calibrated
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert counters["stats"]["unique_graphs"] == 2
+
+
+# --- inputs already in FP8 (forward only) ------------------------------------------------------------
+
+def quantized(x, dtype=torch.float8_e4m3fn):
+    """x in FP8 by current scaling, as an FP8 projection hands it on: (x8, descale [1])."""
+    scale = torch.finfo(dtype).max / x.detach().abs().max().float()
+    return (x.detach().float() * scale).to(dtype), (1.0 / scale).reshape(1)
+
+
+def fp8_problem(layout, seed, dtype=torch.float8_e4m3fn):
+    q, k, v = inputs(seed=seed)
+    if layout == "sbhd":
+        q, k, v = (t.detach().transpose(0, 1).contiguous() for t in (q, k, v))
+    pairs = [quantized(t, dtype) for t in (q, k, v)]
+    values = [x8.float() * descale for x8, descale in pairs]  # what the FP8 tensors hold
+    return [x8 for x8, _ in pairs], tuple(descale for _, descale in pairs), values
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("layout", ["bshd", "sbhd"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_fp8_inputs_match_float32_attention_of_their_values(causal, layout, dtype):
+    # Against float32 attention of the FP8 inputs' own values, the errors are the kernel's (the
+    # probabilities and O rounded to FP8): the C++ check's forward tolerance, 2^-(m+1).
+    tolerance = 2.0 ** -4 if dtype == torch.float8_e4m3fn else 2.0 ** -3
+    (q8, k8, v8), descales, values = fp8_problem(layout, seed=11, dtype=dtype)
+    want, _ = reference(*values, layout, causal=causal)
+    state = fa.Fp8State("current", dtype=dtype)
+    o = fa.fp8_attention(q8, k8, v8, state, layout=layout, causal=causal, descales=descales)
+    assert o.dtype == torch.bfloat16 and o.shape == q8.shape
+    assert rel(o, want) < tolerance
+    o8, descale_o = fa.fp8_attention(q8, k8, v8, state, layout=layout, causal=causal, descales=descales,
+                                     out_dtype=dtype)
+    assert o8.dtype == dtype and descale_o.shape == (1,)
+    assert rel(o8.float() * descale_o, want) < tolerance
+    amax_v = values[2].abs().max()
+    assert descale_o.item() == pytest.approx(amax_v.item() / torch.finfo(dtype).max, rel=1e-5)  # O's scale from V
+
+
+def test_fp8_inputs_replay_in_a_cuda_graph_with_new_values_and_scales():
+    (q8, k8, v8), descales, _ = fp8_problem("bshd", seed=12)
+    state = fa.Fp8State("current")
+    static = [t.clone() for t in (q8, k8, v8)], tuple(t.clone() for t in descales)
+    fa.fp8_attention(*static[0], state, causal=True, descales=static[1])  # plans built outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fa.fp8_attention(*static[0], state, causal=True, descales=static[1])
+    for seed in (13, 14):
+        (q8, k8, v8), descales, values = fp8_problem("bshd", seed=seed)
+        for dst, src in zip((*static[0], *static[1]), (q8, k8, v8, *descales)):
+            dst.copy_(src)
+        out.fill_(float("nan"))
+        graph.replay()
+        want, _ = reference(*values, "bshd", causal=True)
+        assert rel(out, want) < 2.0 ** -4, seed

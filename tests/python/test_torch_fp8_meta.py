@@ -192,3 +192,58 @@ def test_aot_autograd_refuses_a_forward_between_a_compiled_forward_and_its_backw
     step(q, q, q, state)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         first.sum().backward()
+
+
+# --- inputs already in FP8 (forward only) ------------------------------------------------------------
+
+def fp8_inputs(shape=(2, 64, 4, 128), dtype=torch.float8_e4m3fn):
+    q, k, v = (meta(*shape, dtype=dtype, grad=False) for _ in range(3))
+    return q, k, v, tuple(torch.empty(1, device="meta") for _ in range(3))
+
+
+@pytest.mark.parametrize("out_dtype", [None, torch.float16, torch.float8_e4m3fn])
+def test_fp8_inputs_give_o_in_the_asked_dtype(out_dtype):
+    q, k, v, descales = fp8_inputs()
+    out = fa.fp8_attention(q, k, v, fa.Fp8State(device="meta"), causal=True, descales=descales, out_dtype=out_dtype)
+    if out_dtype == torch.float8_e4m3fn:
+        o8, descale_o = out
+        assert o8.dtype == torch.float8_e4m3fn and o8.shape == q.shape and descale_o.shape == (1,)
+    else:
+        assert out.dtype == (out_dtype or torch.bfloat16) and out.shape == q.shape
+
+
+def test_fp8_inputs_compile_in_one_graph():
+    q, k, v, descales = fp8_inputs()
+    state = fa.Fp8State(device="meta")
+    compiled = torch.compile(lambda q, k, v: fa.fp8_attention(q, k, v, state, causal=True, descales=descales),
+                             fullgraph=True, backend="eager")
+    assert compiled(q, k, v).shape == q.shape
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(descales=None), "descales"),
+    (dict(descales=(torch.empty(1, device="meta"),) * 2), "descales"),
+    (dict(descales=(torch.empty(2, device="meta"),) * 3), "descales.descale_q"),
+    (dict(descales=(torch.empty(1, device="meta", dtype=torch.float16),) * 3), "descales.descale_q"),
+    (dict(out_dtype=torch.float32), "out_dtype"),
+])
+def test_fp8_inputs_refuse_bad_arguments_naming_the_field(change, field):
+    q, k, v, descales = fp8_inputs()
+    kwargs = dict(descales=descales, **change) if "descales" not in change else change
+    with pytest.raises(InvalidArgumentError) as caught:
+        fa.fp8_attention(q, k, v, fa.Fp8State(device="meta"), **kwargs)
+    assert caught.value.field == field
+
+
+def test_fp8_inputs_must_be_the_states_format_and_need_no_gradient():
+    q, k, v, descales = fp8_inputs(dtype=torch.float8_e5m2)
+    with pytest.raises(InvalidArgumentError) as caught:
+        fa.fp8_attention(q, k, v, fa.Fp8State(device="meta"), descales=descales)  # an E4M3 state
+    assert caught.value.field == "q.dtype"
+    q, k, v, descales = fp8_inputs()
+    with pytest.raises(InvalidArgumentError) as caught:
+        fa.fp8_attention(q, k, v.requires_grad_(), fa.Fp8State(device="meta"), descales=descales)
+    assert caught.value.field == "v.requires_grad"
+    with pytest.raises(InvalidArgumentError) as caught:  # descales belong to FP8 inputs
+        fa.fp8_attention(*(meta(2, 64, 4, 128) for _ in range(3)), fa.Fp8State(device="meta"), descales=descales)
+    assert caught.value.field == "descales"
