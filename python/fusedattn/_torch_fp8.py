@@ -18,6 +18,9 @@ The backward undoes the scales its saved FP8 tensors were made with (copied at t
 several forwards may run before their backwards.
 backward="model" runs the backward in model precision (fusedattn's BF16/FP16 kernels) on the
 unquantized inputs, with the FP8 forward's O and statistics.
+Inputs already in FP8 (the state's dtype) come with their descales and run the forward only
+(_fp8_inputs_forward_body; the operator fusedattn::fp8_inputs_forward for compiled code):
+    o = fusedattn.torch.fp8_attention(q8, k8, v8, state, descales=(dq, dk, dv))   # O in bf16
 
 Every scale, amax and history lives in one device buffer of the state, so a step captured in a
 CUDA graph replays with the values of each step. The operator bodies below take that buffer as a

@@ -1,6 +1,6 @@
 // The copies around an FP8 backward whose grouped K/V heads run ungrouped (kv_expansion.h): K and V
 // repeated per query head before, each group's dK and dV summed after: grid-stride loops over the
-// output in chunks of 16 bytes where the layout allows (see Chunk).
+// output in chunks of 16 bytes (the policy keeps K and V of other layouts grouped).
 #include "exec/kv_expansion.h"
 
 #include <cstdint>

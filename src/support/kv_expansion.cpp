@@ -30,7 +30,9 @@ bool in_16_byte_rows(const TensorDesc& desc) noexcept {
 
 bool expands_kv_heads(const AttentionSpec& spec, Pass pass, int multiprocessors) noexcept {
   if (pass != Pass::backward || !is_fp8(spec.q.dtype) || spec.heads_q() <= spec.heads_kv()) return false;
-  if (spec.ragged_q() || spec.ragged_kv() || spec.paged_kv() || multiprocessors <= 0) return false;
+  // Padding stays grouped: rows past a length may be left unwritten in the ungrouped dK, dV, and
+  // the sums (and their amaxes) would read them.
+  if (spec.padding || spec.ragged_q() || spec.ragged_kv() || spec.paged_kv() || multiprocessors <= 0) return false;
   if (!in_16_byte_rows(spec.k) || !in_16_byte_rows(spec.v)) return false;
   const std::int64_t tiles =
       spec.batch() * spec.heads_kv() * ((spec.seq_kv() + kExpansionKeyTile - 1) / kExpansionKeyTile);

@@ -50,6 +50,9 @@ TEST(KvExpansion, OnlyGroupedDenseFp8Backwards) {
   EXPECT_FALSE(expands_kv_heads(spec_of(1, 8192, 64, 64), Pass::backward, kH200));               // not grouped
   EXPECT_FALSE(expands_kv_heads(spec_of(1, 8192, 64, 8, DType::e4m3, Layout::thd_thd_thd), Pass::backward, kH200));
   EXPECT_FALSE(expands_kv_heads(grouped, Pass::backward, 0));  // no SM count
+  AttentionSpec padded = grouped;
+  padded.padding = true;  // rows past the lengths: the sums would read what cuDNN left there
+  EXPECT_FALSE(expands_kv_heads(padded, Pass::backward, kH200));
   EXPECT_TRUE(expands_kv_heads(spec_of(1, 8192, 64, 8, DType::e5m2), Pass::backward, kH200));
 }
 
