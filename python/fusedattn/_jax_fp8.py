@@ -35,8 +35,11 @@ Inputs already in FP8 (the state's dtype) come with their descales and run the f
     o, state = fp8_attention(q8, k8, v8, state, descales=(dq, dk, dv))   # O in bfloat16
     (o8, descale_o), state = fp8_attention(q8, k8, v8, state, descales=(dq, dk, dv), out_dtype=state.dtype)
 
+backward="model" runs the backward in q's dtype (fusedattn's BF16/FP16 kernels) on the unquantized
+inputs, with the FP8 forward's O and statistics.
+
 Not yet: vmap and mesh partitioning of the FP8 calls (a sharded amax would need a max over the
-shards), and backward="model".
+shards).
 """
 import dataclasses
 import functools
@@ -165,19 +168,28 @@ def _forward(call, q, k, v, state):
     return o, state, (q8, k8, v8, o8, stats, used)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _fp8_attention(call, q, k, v, state):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _fp8_attention(call, model_backward, q, k, v, state):
+    """model_backward: None (the FP8 backward), or (the model-precision Call, its (h_q, h_kv))."""
     o, state, _ = _forward(call, q, k, v, state)
     return o, state
 
 
-def _fp8_attention_fwd(call, q, k, v, state):
+def _fp8_attention_fwd(call, model_backward, q, k, v, state):
     o, state, residuals = _forward(call, q, k, v, state)
+    if model_backward is not None:  # the unquantized inputs, with the FP8 forward's O and statistics
+        return (o, state), (q, k, v, o, residuals[4], state)
     return (o, state), residuals + (state,)
 
 
-def _fp8_attention_bwd(call, residuals, cotangents):
+def _fp8_attention_bwd(call, model_backward, residuals, cotangents):
     d_o, _ = cotangents  # the returned state's cotangent is not used: the step's state comes out as `state`'s
+    if model_backward is not None:
+        from . import jax as adapter
+        q, k, v, o, stats, state = residuals
+        model_call, heads = model_backward
+        d_q, d_k, d_v = adapter._call(BACKWARD, model_call, heads)(q, k, v, o, stats, d_o.astype(o.dtype))[:3]
+        return d_q, d_k, d_v, state  # the state after the forward: this backward moves nothing
     q8, k8, v8, o8, stats, used, state = residuals
     d_o8, state = _quantize(state, "d_o", d_o)
 
@@ -237,19 +249,25 @@ def _require_fp8_inputs(q, k, v, state, descales, out_dtype):
 
 
 def fp8_attention(q, k, v, state, *, layout: str = "bshd", causal: bool = False, align: str = "top_left",
-                  window: Tuple[int, int] = (-1, -1), scale=None, descales=None, out_dtype=None):
+                  window: Tuple[int, int] = (-1, -1), scale=None, backward: str = "fp8", descales=None,
+                  out_dtype=None):
     """FP8 attention of q, k, v (bfloat16 or float16, one dtype, in a dense `layout`: "bshd", "sbhd"
     or "bhsd") with the scaling `state` (Fp8State, from fp8_state()); returns (O in q's dtype, the
     state after the forward). Differentiable in q, k, v and `state`, whose gradient is the state
     after the whole step (module docstring). causal, window, align and scale as in attention().
     What cuDNN's FP8 kernels do not take on this GPU raises NotSupportedError with every reason
     while tracing (on Hopper: head dim 128 for the backward, no bottom-right diagonal).
+    backward: "fp8" (cuDNN's FP8 backward) or "model" (fusedattn's backward in q's dtype on the
+    unquantized inputs, with the FP8 forward's O and statistics; the state then keeps the forward's
+    updates only).
 
     Inputs already in FP8 (the state's dtype) take descales=(descale_q, descale_k, descale_v),
     float32 scalars (x = x8 * descale), and run the forward only (no gradient): O comes back in
     out_dtype (default bfloat16), or, with out_dtype the state's dtype, as (o8, descale_o)."""
     if not isinstance(state, Fp8State):
         raise invalid_argument("state", type(state).__name__, "a fusedattn.jax.Fp8State")
+    if backward not in ("fp8", "model"):
+        raise invalid_argument("backward", backward, '"fp8" or "model"')
     fp8_inputs = jnp.dtype(q.dtype) in _DTYPES
     if fp8_inputs:
         out_dtype = jnp.bfloat16 if out_dtype is None else out_dtype
@@ -268,4 +286,8 @@ def fp8_attention(q, k, v, state, *, layout: str = "bshd", causal: bool = False,
     call = Call(config, spec.default_scale if scale is None else float(scale), fp8=True)
     if fp8_inputs:
         return _fp8_inputs_forward(call, q, k, v, descales, state, out_dtype)
-    return _fp8_attention(call, q, k, v, state)
+    model_backward = None
+    if backward == "model":
+        model_spec = config.spec(view(q), view(k), view(v), 0, 0, 0)  # the same call in q's dtype
+        model_backward = (Call(config, call.scale), (model_spec.heads_q, model_spec.heads_kv))
+    return _fp8_attention(call, model_backward, q, k, v, state)

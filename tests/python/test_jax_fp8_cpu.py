@@ -50,8 +50,12 @@ def fp8_forward(call, *arrays):
 
 
 def fp8_backward(call, *arrays):
-    assert call.fp8 and len(arrays) == len(call.inputs(BACKWARD))
     a = dict(zip(call.inputs(BACKWARD), arrays))
+    assert len(arrays) == len(call.inputs(BACKWARD))
+    if not call.fp8:  # backward="model": float32 math on the unquantized inputs, in their dtype
+        q, k, v, d_o = (a[n].astype(jnp.float32) for n in ("q", "k", "v", "d_o"))
+        _, pullback = jax.vjp(lambda q, k, v: attend(q, k, v, call.scale, call.config.window == (-1, 0))[0], q, k, v)
+        return tuple(g.astype(a["q"].dtype) for g in pullback(d_o))
     q, k, v, d_o = (a[n].astype(jnp.float32) * a["descale_" + n] for n in ("q", "k", "v", "d_o"))
     causal = call.config.window == (-1, 0)
     _, pullback = jax.vjp(lambda q, k, v: attend(q, k, v, call.scale, causal)[0], q, k, v)
@@ -82,9 +86,9 @@ def rel_l2(x, y):
     return float(np.linalg.norm(x - y) / np.linalg.norm(y))
 
 
-def training_step(causal):
+def training_step(causal, backward="fp8"):
     def loss_fn(q, k, v, state, w):
-        o, _ = fj.fp8_attention(q, k, v, state, causal=causal)
+        o, _ = fj.fp8_attention(q, k, v, state, causal=causal, backward=backward)
         return (o.astype(jnp.float32) * w).sum(), o
 
     @jax.jit
@@ -119,6 +123,28 @@ def test_a_jitted_training_step_over_three_steps_is_close_to_float32(reference_k
     kernel_written = [SLOT[n] for n in ("d_p", "d_q", "d_k", "d_v")]
     largest = state.history[np.array(kernel_written)].max(axis=1)
     np.testing.assert_allclose(state.scale[np.array(kernel_written)], E4M3_MAX / (largest * 4), rtol=1e-6)
+
+
+@pytest.mark.parametrize("recipe", ["current", "delayed"])
+def test_the_model_precision_backward_takes_the_unquantized_inputs(reference_kernels, recipe):
+    step, state = training_step(True, backward="model"), fj.fp8_state(recipe, history=4)
+    for i in range(2):
+        q, k, v, w = inputs(i, kv_heads=2)
+        _, o, grads, state = step(q, k, v, state, w)
+        ref_o, ref_grads = reference(q, k, v, w, True)
+        assert rel_l2(o, ref_o) < 0.1 and [g.dtype for g in grads] == [jnp.bfloat16] * 3
+        # The stand-in's model backward is float32 math in bfloat16: only bfloat16's rounding is left.
+        assert max(rel_l2(g, r) for g, r in zip(grads, ref_grads)) < 0.01, i
+    kernel_written = np.array([SLOT[n] for n in ("d_o", "d_p", "d_q", "d_k", "d_v")])
+    assert not state.history[kernel_written].any() and not state.amax[kernel_written].any()  # no FP8 backward ran
+    assert recipe == "current" or state.history[SLOT["q"]][1] > 0  # the forward's updates are kept
+
+
+def test_a_bad_backward_names_the_field():
+    q, k, v, _ = inputs(0)
+    with pytest.raises(fusedattn.InvalidArgumentError) as caught:
+        fj.fp8_attention(q, k, v, fj.fp8_state(), backward="bf16")
+    assert caught.value.field == "backward"
 
 
 def test_e5m2_runs_the_same_recipes(reference_kernels):
@@ -245,6 +271,23 @@ def test_exported_for_cuda_the_step_calls_the_ffi_targets_with_the_fp8_spec():
     # 3 FP8 arrays and 6 scalars in; O, the statistics, 2 amaxes and the workspace out.
     assert forward[0].count("tensor<f32>") == 6 + 2 and "f8E4M3FN" in forward[0]
     assert backward[0].count("tensor<f32>") == 12 + 4
+
+
+def test_exported_for_cuda_the_model_backward_calls_the_bf16_backward():
+    q = jax.ShapeDtypeStruct((2, 128, 4, 128), jnp.bfloat16)
+    state = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), fj.fp8_state("delayed"))
+
+    def step(q, state):
+        return jax.grad(lambda q, state: fj.fp8_attention(q, q, q, state, causal=True, backward="model")[0].astype(
+            jnp.float32).sum(), argnums=(0, 1))(q, state)
+    ours = [jax.export.DisabledSafetyCheck.custom_call(name) for name in ("fusedattn_forward", "fusedattn_backward")]
+    text = jax.export.export(jax.jit(step), platforms=["cuda"], disabled_checks=ours)(q, state).mlir_module()
+    calls = [line for line in text.splitlines() if "stablehlo.custom_call @fusedattn_" in line]
+    forward = [line for line in calls if "@fusedattn_forward" in line]
+    backward = [line for line in calls if "@fusedattn_backward" in line]
+    assert len(forward) == 1 and "f8E4M3FN" in forward[0]  # the FP8 forward
+    assert len(backward) == 1 and "f8E4M3FN" not in backward[0] and "bf16" in backward[0]  # one BF16 backward
+    assert "layout=bshd dtype=bf16 b=2 s_q=128 s_kv=128 h_q=4 h_kv=4 d_qk=128 d_v=128 window=-1,0" in text
 
 
 # --- inputs already in FP8 (forward only) ------------------------------------------------------------

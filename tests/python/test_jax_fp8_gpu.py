@@ -48,6 +48,18 @@ def test_a_jitted_training_step_matches_float32_attention_over_steps(recipe, cau
         np.testing.assert_allclose(state.scale[SLOT[name]], E4M3_MAX / (largest * 4), rtol=1e-6)
 
 
+@pytest.mark.parametrize("recipe", ["current", "delayed"])
+def test_the_model_precision_backward_matches_float32_attention(recipe):
+    step, state = training_step(True, backward="model"), fj.fp8_state(recipe, history=4)
+    for i in range(2):
+        q, k, v, w = inputs(i)
+        _, o, grads, state = step(q, k, v, state, w)
+        ref_o, ref_grads = reference(q, k, v, w, True)
+        assert rel_l2(o, ref_o) < O_TOLERANCE
+        assert max(rel_l2(g, r) for g, r in zip(grads, ref_grads)) < GRAD_TOLERANCE, i
+    assert not state.history[np.array([SLOT[n] for n in ("d_p", "d_q", "d_k", "d_v")])].any()  # no FP8 backward
+
+
 def test_current_scaling_takes_this_calls_amax():
     q, k, v, _ = inputs(3, scale=3.0)
     _, state = jax.jit(lambda q, k, v, s: fj.fp8_attention(q, k, v, s, causal=True))(q, k, v, fj.fp8_state("current"))
