@@ -1,0 +1,140 @@
+// Tier 1: score modifiers (fusedattn/score_mod.h): the text form round-trips, equality is by
+// structure, every malformed text is refused naming where and what, and the host evaluator computes
+// the named modifiers of FlexAttention's users.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "fusedattn/errors.h"
+#include "fusedattn/score_mod.h"
+
+namespace fusedattn {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// The named modifiers, in their canonical text.
+const char* const kSoftcap = "mul(tanh(div(score,$0)),$0)";               // cap * tanh(score / cap)
+const char* const kAlibi = "add(score,mul(t0[h],sub(kv,q)))";             // slope[h] * (kv - q)
+const char* const kPrefixLm = "select(or(le(kv,q),lt(kv,$0)),score,-inf)";  // causal past a prefix of $0
+const char* const kSlidingWindow = "select(and(le(kv,q),gt(kv,sub(q,$0))),score,-inf)";  // the last $0 keys
+const char* const kPerQueryKey = "add(score,t0[q,kv])";                   // a bias over (q, kv)
+
+TEST(ScoreMod, NamedModifiersRoundTrip) {
+  for (const char* text : {kSoftcap, kAlibi, kPrefixLm, kSlidingWindow, kPerQueryKey, "score",
+                           "select(ne(b,1),exp(score),sigmoid(abs(score)))", "pow(max(min(score,2.5),-1e-07),0.5)"}) {
+    const ScoreMod mod = parse_score_mod(text);
+    EXPECT_EQ(to_string(mod), text);
+    EXPECT_EQ(parse_score_mod(to_string(mod)), mod) << text;
+    EXPECT_EQ(hash_value(parse_score_mod(text)), hash_value(mod)) << text;
+  }
+  EXPECT_TRUE(parse_score_mod("").empty());
+  EXPECT_EQ(to_string(ScoreMod{}), "");
+}
+
+TEST(ScoreMod, EqualExactlyWhenTheTreesAre) {
+  EXPECT_EQ(parse_score_mod("mul(score,2)"), parse_score_mod("mul(score,2.0)"));  // the same value
+  EXPECT_EQ(to_string(parse_score_mod("mul(score,2.000)")), "mul(score,2)");
+  EXPECT_NE(parse_score_mod("mul(score,2)"), parse_score_mod("mul(score,3)"));  // a constant is structure
+  EXPECT_NE(parse_score_mod("mul(score,2)"), parse_score_mod("mul(2,score)"));
+  EXPECT_NE(parse_score_mod("mul(score,$0)"), parse_score_mod("div(score,$0)"));
+  EXPECT_NE(parse_score_mod("add(score,0)"), parse_score_mod("add(score,-0)"));  // they print apart
+  EXPECT_NE(parse_score_mod("add(score,t0[h])"), parse_score_mod("add(score,t0[q])"));
+  EXPECT_NE(parse_score_mod("score"), ScoreMod{});
+}
+
+TEST(ScoreMod, CountsItsScalarsAndTensors) {
+  const ScoreMod softcap = parse_score_mod(kSoftcap);
+  EXPECT_EQ(softcap.scalars(), 1);
+  EXPECT_EQ(softcap.tensors(), 0);
+  const ScoreMod both = parse_score_mod("add(mul(t1[b,kv],$1),mul(t0[h],$0))");
+  EXPECT_EQ(both.scalars(), 2);
+  ASSERT_EQ(both.tensors(), 2);
+  EXPECT_EQ(both.tensor_axes(0), kAxisH);
+  EXPECT_EQ(both.tensor_axes(1), kAxisB | kAxisKv);
+  EXPECT_EQ(both.nodes().back().op, ScoreOp::add);  // post-order: the root last
+}
+
+struct Refusal {
+  const char* text;
+  const char* wanted;  // in the requirement
+};
+
+TEST(ScoreMod, MalformedTextIsRefusedNamingWhereAndWhat) {
+  for (const Refusal& r : std::vector<Refusal>{
+           {"tanh", "'('"},                            // an operation without arguments
+           {"mul(score)", "','"},                      // too few
+           {"tanh(score,1)", "tanh takes 1"},          // too many
+           {"mul(score,2", "')'"},                     // unclosed
+           {"score)", "the end of the expression"},    // trailing text
+           {"mul(score, 2)", "an operation"},          // no spaces
+           {"softcap(score)", "an operation"},         // unknown
+           {"mul(score,nan)", "an operation"},         // nan reads as a name, and is none
+           {"mul(score,-nan)", "nan is not"},
+           {"mul(score,$)", "a slot number"},
+           {"mul(score,$1)", "$0 is missing"},         // slots without gaps
+           {"add(t1[h],score)", "t0 is missing"},
+           {"add(t0[h],t0[q])", "one set of axes for t0"},
+           {"add(t0[q,h],score)", "in that order"},
+           {"add(t0[],score)", "one of the axes"},
+       }) {
+    try {
+      parse_score_mod(r.text);
+      ADD_FAILURE() << r.text << " was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(e.field(), "score_mod") << r.text;
+      EXPECT_NE(e.requirement().find(r.wanted), std::string::npos) << r.text << ": " << e.what();
+      EXPECT_NE(e.value().find(r.text), std::string::npos) << r.text;
+    }
+  }
+  std::string deep = "score";
+  for (int i = 0; i < 300; ++i) deep = "neg(" + deep + ")";
+  EXPECT_THROW(parse_score_mod(deep), InvalidArgument);  // at most 256 nodes
+}
+
+double at(const char* text, double score, std::array<std::int64_t, 4> index, std::vector<float> scalars = {},
+          std::vector<const float*> tensors = {}) {
+  ScoreModPoint p;
+  p.score = score;
+  p.index = index;
+  p.sizes = {2, 4, 8, 16};  // b, h_q, s_q, s_kv
+  p.scalars = scalars.data();
+  p.tensors = tensors.data();
+  return evaluate(parse_score_mod(text), p);
+}
+
+TEST(ScoreMod, EvaluatesTheNamedModifiers) {
+  EXPECT_DOUBLE_EQ(at(kSoftcap, 10.0, {0, 0, 0, 0}, {5.0f}), 5.0 * std::tanh(2.0));
+  const std::vector<float> slopes = {0.5f, 0.25f, 0.125f, 0.0625f};
+  EXPECT_DOUBLE_EQ(at(kAlibi, 1.0, {1, 2, 7, 3}, {}, {slopes.data()}), 1.0 + 0.125 * (3 - 7));
+  EXPECT_EQ(at(kPrefixLm, 1.5, {0, 0, 2, 5}, {4.0f}), -kInf);  // past q and past the prefix
+  EXPECT_EQ(at(kPrefixLm, 1.5, {0, 0, 2, 3}, {4.0f}), 1.5);    // inside the prefix
+  EXPECT_EQ(at(kPrefixLm, 1.5, {0, 0, 6, 5}, {4.0f}), 1.5);    // causal
+  EXPECT_EQ(at(kSlidingWindow, 1.5, {0, 0, 6, 4}, {3.0f}), 1.5);  // keys 4, 5, 6 for query 6
+  EXPECT_EQ(at(kSlidingWindow, 1.5, {0, 0, 6, 3}, {3.0f}), -kInf);
+  EXPECT_EQ(at(kSlidingWindow, 1.5, {0, 0, 6, 7}, {3.0f}), -kInf);
+  EXPECT_DOUBLE_EQ(at("sigmoid(score)", 0.0, {}), 0.5);
+  EXPECT_EQ(at("select(ne(b,1),7,8)", 0.0, {1, 0, 0, 0}), 8.0);
+  EXPECT_EQ(at("not(h)", 0.0, {0, 0, 0, 0}), 1.0);
+}
+
+TEST(ScoreMod, TensorsAreContiguousOverTheirAxesInOrder) {
+  std::vector<float> bias(8 * 16);  // [s_q, s_kv]
+  for (std::size_t i = 0; i < bias.size(); ++i) bias[i] = static_cast<float>(i);
+  EXPECT_EQ(at(kPerQueryKey, 0.0, {1, 3, 2, 5}, {}, {bias.data()}), 2 * 16 + 5);
+  std::vector<float> per_batch_key(2 * 16);  // [b, s_kv]
+  for (std::size_t i = 0; i < per_batch_key.size(); ++i) per_batch_key[i] = static_cast<float>(i);
+  EXPECT_EQ(at("t0[b,kv]", 0.0, {1, 3, 2, 5}, {}, {per_batch_key.data()}), 16 + 5);
+}
+
+TEST(ScoreMod, TheEmptyModifierLeavesTheScore) {
+  ScoreModPoint p;
+  p.score = 3.25;
+  EXPECT_EQ(evaluate(ScoreMod{}, p), 3.25);
+}
+
+}  // namespace
+}  // namespace fusedattn
