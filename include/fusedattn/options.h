@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string>
 
+#include "fusedattn/score_mod.h"
+
 namespace fusedattn {
 
 /// Where the causal diagonal starts: row 0 sees key 0 (top-left), or the last row sees the last
@@ -86,6 +88,8 @@ struct AttentionOptions {
                               ///< pages [pages, h_kv, page_size, d], and each sequence has kv_pages
                               ///< pages in its page table (layout.h paged_kv); 0: not paged
   Fp8Scaling fp8_scaling = Fp8Scaling::tensor;  ///< FP8 inputs: per-tensor or MXFP8 block scales
+  ScoreMod score_mod;  ///< an element-wise expression applied to each scaled score (score_mod.h);
+                       ///< empty: none. Its runtime scalars' values do not belong to the spec
 };
 
 }  // namespace fusedattn

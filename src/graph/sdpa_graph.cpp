@@ -499,6 +499,11 @@ BuildOutcome build_graph(const AttentionSpec& spec, Pass pass, cudnnHandle_t han
     return BuildOutcome{nullptr, {Reason{"fp8_scaling", to_string(spec.fp8_scaling),
                                          "per-tensor FP8 scaling (the MXFP8 graph is not built yet)", ""}}};
   }
+  // Nor does any graph below apply a score modifier: refused here too, never built without it.
+  if (!spec.score_mod.empty()) {
+    return BuildOutcome{
+        nullptr, {Reason{"score_mod", to_string(spec.score_mod), "the score_mod graph, which is not built yet", ""}}};
+  }
   std::vector<std::int64_t> uids;
   if (pass == Pass::backward) {
     auto graph = is_fp8(spec.q.dtype) ? backward_graph<fe::graph::SDPA_fp8_backward_attributes>(spec, uids)

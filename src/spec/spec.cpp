@@ -49,6 +49,7 @@ void visit_fields(F&& f, Specs&... specs) {
   f("stats", kForwardReads, specs.stats...);
   f("kv_pages", kBothRead, specs.kv_pages...);
   f("fp8_scaling", kBothRead, specs.fp8_scaling...);  // which scale tensors both graphs take
+  f("score_mod", kBothRead, specs.score_mod...);      // by structure: its scalars' values are not here
 }
 
 template <class T>
@@ -95,6 +96,7 @@ std::string format_value(E value) {
   return name_of(value);
 }
 std::string format_value(const Window& window) { return to_string(window); }
+std::string format_value(const ScoreMod& mod) { return to_string(mod); }
 
 void parse_value(const std::string& text, const std::string& key, TensorDesc& out) {
   out = parse_tensor_desc(text, key);
@@ -130,6 +132,8 @@ void parse_value(const std::string& text, const std::string& key, Window& out) {
   out = Window{*left, *right};
 }
 
+void parse_value(const std::string& text, const std::string&, ScoreMod& out) { out = parse_score_mod(text); }
+
 template <class E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
 void parse_value(const std::string& text, const std::string& key, E& out) {
   std::string known;
@@ -156,6 +160,7 @@ template <class E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
 std::size_t hash_of(E value) noexcept {
   return static_cast<std::size_t>(value);
 }
+std::size_t hash_of(const ScoreMod& mod) noexcept { return hash_value(mod); }
 std::size_t hash_of(const Window& window) noexcept {
   std::size_t seed = std::hash<std::int64_t>{}(window.left);
   detail::hash_combine(seed, std::hash<std::int64_t>{}(window.right));

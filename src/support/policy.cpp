@@ -340,6 +340,12 @@ void paged_rule(const AttentionSpec& spec, Pass pass, const Versions& versions, 
   score_features_not_offered_with(spec, "paged caches", out);
 }
 
+// Score modifiers parse, print and key plans (score_mod.h), but no graph applies them yet.
+void score_mod_rule(const AttentionSpec& spec, Reasons& out) {
+  if (spec.score_mod.empty()) return;
+  out.push_back({"score_mod", to_string(spec.score_mod), "the score_mod graph, which is not built yet", ""});
+}
+
 Support check_support_policy(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions) {
   Support support;
   Reasons& out = support.reasons;
@@ -362,6 +368,7 @@ Support check_support_policy(const AttentionSpec& spec, Pass pass, const DeviceC
   paged_rule(spec, pass, versions, out);
   detail::fp8_rule(spec, pass, caps, versions, out);
   detail::mxfp8_rule(spec, pass, caps, versions, out);
+  score_mod_rule(spec, out);
   return support;
 }
 

@@ -9,7 +9,11 @@
 #include <vector>
 
 #include "fusedattn/errors.h"
+#include "fusedattn/layout.h"
 #include "fusedattn/score_mod.h"
+#include "fusedattn/spec.h"
+#include "fusedattn/support.h"
+#include "made_up_versions.h"
 
 namespace fusedattn {
 namespace {
@@ -134,6 +138,49 @@ TEST(ScoreMod, TheEmptyModifierLeavesTheScore) {
   ScoreModPoint p;
   p.score = 3.25;
   EXPECT_EQ(evaluate(ScoreMod{}, p), 3.25);
+}
+
+// --- in the spec -----------------------------------------------------------------------------------
+
+AttentionSpec softcapped() {
+  AttentionSpec spec = parse_spec("layout=bshd b=2 s=512 h=8 d=128 causal");
+  spec.score_mod = parse_score_mod(kSoftcap);
+  return spec;
+}
+
+TEST(ScoreModSpec, PrintsParsesComparesAndHashesInTheSpec) {
+  const AttentionSpec spec = softcapped();
+  const std::string text = to_string(spec);
+  EXPECT_NE(text.find(std::string("score_mod=") + kSoftcap), std::string::npos) << text;
+  EXPECT_EQ(parse_spec(text), spec);
+  EXPECT_EQ(hash_value(parse_spec(text)), hash_value(spec));
+  AttentionSpec other = spec;
+  other.score_mod = parse_score_mod("mul(tanh(div(score,$0)),$1)");
+  EXPECT_NE(other, spec);  // another structure, another plan
+  AttentionSpec plain = spec;
+  plain.score_mod = ScoreMod{};
+  EXPECT_NE(plain, spec);
+  EXPECT_EQ(to_string(plain).find("score_mod"), std::string::npos);  // the default is not printed
+  EXPECT_NO_THROW(validate(spec));
+}
+
+TEST(ScoreModSpec, ABadExpressionInTheSpecNamesTheField) {
+  try {
+    parse_spec("layout=bshd b=1 s=64 h=2 d=64 score_mod=mul(score)");
+    ADD_FAILURE() << "accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.field(), "score_mod");
+  }
+}
+
+TEST(ScoreModSpec, TheSupportPolicyRefusesItUntilTheGraphExists) {
+  for (Pass pass : {Pass::forward, Pass::backward}) {
+    const Support support = check_support_policy(softcapped(), pass, DeviceCaps{9, 0}, made_up_versions(91900));
+    ASSERT_FALSE(support.ok());
+    ASSERT_EQ(support.reasons.size(), 1u);
+    EXPECT_EQ(support.reasons[0].field, "score_mod");
+    EXPECT_EQ(support.reasons[0].value, kSoftcap);
+  }
 }
 
 }  // namespace
