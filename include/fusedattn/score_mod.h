@@ -103,4 +103,14 @@ struct ScoreModPoint {
 /// The modified score, in double precision (the host reference's). Comparisons give 1 or 0.
 double evaluate(const ScoreMod& mod, const ScoreModPoint& point);
 
+/// The modified score and its derivative with respect to the score (what the backward multiplies
+/// dS by), each operation's own rule applied along the expression. Where a rule has a kink it
+/// takes one side: abs has 0 at 0, min and max follow their first argument on a tie, comparisons,
+/// logic and select's condition have derivative 0.
+struct ScoreModValue {
+  double value = 0.0;
+  double d_score = 0.0;
+};
+ScoreModValue evaluate_with_derivative(const ScoreMod& mod, const ScoreModPoint& point);
+
 }  // namespace fusedattn

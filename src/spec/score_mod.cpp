@@ -297,17 +297,22 @@ std::size_t hash_value(const ScoreMod& mod) noexcept {
   return seed;
 }
 
-double evaluate(const ScoreMod& mod, const ScoreModPoint& p) {
-  if (mod.empty()) return p.score;
-  std::vector<double> value(mod.nodes().size());
+double evaluate(const ScoreMod& mod, const ScoreModPoint& p) { return evaluate_with_derivative(mod, p).value; }
+
+ScoreModValue evaluate_with_derivative(const ScoreMod& mod, const ScoreModPoint& p) {
+  if (mod.empty()) return {p.score, 1.0};
+  std::vector<double> value(mod.nodes().size()), slope(mod.nodes().size());
   for (std::size_t i = 0; i < mod.nodes().size(); ++i) {
     const ScoreModNode& n = mod.nodes()[i];
-    const double x = n.args[0] >= 0 ? value[static_cast<std::size_t>(n.args[0])] : 0.0;
-    const double y = n.args[1] >= 0 ? value[static_cast<std::size_t>(n.args[1])] : 0.0;
-    const double z = n.args[2] >= 0 ? value[static_cast<std::size_t>(n.args[2])] : 0.0;
+    auto arg = [&](int k, const std::vector<double>& of) {
+      return n.args[static_cast<std::size_t>(k)] >= 0 ? of[static_cast<std::size_t>(n.args[static_cast<std::size_t>(k)])] : 0.0;
+    };
+    const double x = arg(0, value), y = arg(1, value), z = arg(2, value);
+    const double dx = arg(0, slope), dy = arg(1, slope), dz = arg(2, slope);
     double& v = value[i];
+    double& dv = slope[i];  // stays 0 for the leaves but the score, and for comparisons and logic
     switch (n.op) {
-      case ScoreOp::score: v = p.score; break;
+      case ScoreOp::score: v = p.score; dv = 1.0; break;
       case ScoreOp::batch: v = static_cast<double>(p.index[0]); break;
       case ScoreOp::head: v = static_cast<double>(p.index[1]); break;
       case ScoreOp::q_index: v = static_cast<double>(p.index[2]); break;
@@ -315,21 +320,24 @@ double evaluate(const ScoreMod& mod, const ScoreModPoint& p) {
       case ScoreOp::constant: v = n.value; break;
       case ScoreOp::scalar: v = p.scalars[n.slot]; break;
       case ScoreOp::tensor: v = tensor_element(n, p); break;
-      case ScoreOp::neg: v = -x; break;
-      case ScoreOp::abs: v = std::fabs(x); break;
-      case ScoreOp::exp: v = std::exp(x); break;
-      case ScoreOp::log: v = std::log(x); break;
-      case ScoreOp::sqrt: v = std::sqrt(x); break;
-      case ScoreOp::tanh: v = std::tanh(x); break;
-      case ScoreOp::sigmoid: v = 1.0 / (1.0 + std::exp(-x)); break;
+      case ScoreOp::neg: v = -x; dv = -dx; break;
+      case ScoreOp::abs: v = std::fabs(x); dv = x > 0 ? dx : x < 0 ? -dx : 0.0; break;
+      case ScoreOp::exp: v = std::exp(x); dv = v * dx; break;
+      case ScoreOp::log: v = std::log(x); dv = dx / x; break;
+      case ScoreOp::sqrt: v = std::sqrt(x); dv = dx / (2.0 * v); break;
+      case ScoreOp::tanh: v = std::tanh(x); dv = (1.0 - v * v) * dx; break;
+      case ScoreOp::sigmoid: v = 1.0 / (1.0 + std::exp(-x)); dv = v * (1.0 - v) * dx; break;
       case ScoreOp::logical_not: v = x == 0.0 ? 1.0 : 0.0; break;
-      case ScoreOp::add: v = x + y; break;
-      case ScoreOp::sub: v = x - y; break;
-      case ScoreOp::mul: v = x * y; break;
-      case ScoreOp::div: v = x / y; break;
-      case ScoreOp::pow: v = std::pow(x, y); break;
-      case ScoreOp::min: v = std::fmin(x, y); break;
-      case ScoreOp::max: v = std::fmax(x, y); break;
+      case ScoreOp::add: v = x + y; dv = dx + dy; break;
+      case ScoreOp::sub: v = x - y; dv = dx - dy; break;
+      case ScoreOp::mul: v = x * y; dv = dx * y + x * dy; break;
+      case ScoreOp::div: v = x / y; dv = (dx - v * dy) / y; break;
+      case ScoreOp::pow:  // the exponent's term only where it moves (x^y's log needs x > 0)
+        v = std::pow(x, y);
+        dv = y * std::pow(x, y - 1.0) * dx + (dy != 0.0 ? v * std::log(x) * dy : 0.0);
+        break;
+      case ScoreOp::min: v = std::fmin(x, y); dv = x <= y ? dx : dy; break;
+      case ScoreOp::max: v = std::fmax(x, y); dv = x >= y ? dx : dy; break;
       case ScoreOp::logical_and: v = (x != 0.0 && y != 0.0) ? 1.0 : 0.0; break;
       case ScoreOp::logical_or: v = (x != 0.0 || y != 0.0) ? 1.0 : 0.0; break;
       case ScoreOp::lt: v = x < y ? 1.0 : 0.0; break;
@@ -338,10 +346,10 @@ double evaluate(const ScoreMod& mod, const ScoreModPoint& p) {
       case ScoreOp::ge: v = x >= y ? 1.0 : 0.0; break;
       case ScoreOp::eq: v = x == y ? 1.0 : 0.0; break;
       case ScoreOp::ne: v = x != y ? 1.0 : 0.0; break;
-      case ScoreOp::select: v = x != 0.0 ? y : z; break;
+      case ScoreOp::select: v = x != 0.0 ? y : z; dv = x != 0.0 ? dy : dz; break;
     }
   }
-  return value.back();
+  return {value.back(), slope.back()};
 }
 
 }  // namespace fusedattn

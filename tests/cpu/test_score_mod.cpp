@@ -3,6 +3,7 @@
 // the named modifiers of FlexAttention's users.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -138,6 +139,40 @@ TEST(ScoreMod, TheEmptyModifierLeavesTheScore) {
   ScoreModPoint p;
   p.score = 3.25;
   EXPECT_EQ(evaluate(ScoreMod{}, p), 3.25);
+  EXPECT_EQ(evaluate_with_derivative(ScoreMod{}, p).d_score, 1.0);
+}
+
+TEST(ScoreMod, DerivativesMatchCentralDifferences) {
+  const std::vector<float> scalars = {0.75f};
+  const std::vector<float> slopes = {0.5f, 0.25f, 0.125f, 0.0625f};
+  const std::vector<const float*> tensors = {slopes.data()};
+  for (const char* text : {kSoftcap, kAlibi, kPrefixLm, "mul(exp(neg(score)),sigmoid(score))",
+                           "div(log(add(abs(score),2)),sqrt(add(mul(score,score),1)))", "pow(add(score,3),1.5)",
+                           "pow(2,score)", "pow(add(score,3),score)", "select(gt(score,0),mul(score,score),neg(score))",
+                           "max(score,mul(score,0.5))", "min(tanh(score),$0)", "mul(sub(score,t0[h]),$0)"}) {
+    const ScoreMod mod = parse_score_mod(text);
+    for (double score : {-1.3, -0.2, 0.35, 1.7}) {
+      ScoreModPoint p;
+      p.index = {1, 2, 6, 3};
+      p.sizes = {2, 4, 8, 16};
+      p.scalars = scalars.data();
+      p.tensors = tensors.data();
+      p.score = score;
+      const ScoreModValue got = evaluate_with_derivative(mod, p);
+      EXPECT_EQ(got.value, evaluate(mod, p));
+      const double h = 1e-6;
+      p.score = score + h;
+      const double up = evaluate(mod, p);
+      p.score = score - h;
+      const double down = evaluate(mod, p);
+      if (!std::isfinite(up) || !std::isfinite(down)) {  // a masked score: no gradient flows there
+        EXPECT_EQ(got.d_score, 0.0) << text << " at " << score;
+        continue;
+      }
+      EXPECT_NEAR(got.d_score, (up - down) / (2 * h), 1e-6 * std::max(1.0, std::fabs(got.d_score)))
+          << text << " at " << score;
+    }
+  }
 }
 
 // --- in the spec -----------------------------------------------------------------------------------
