@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <stdexcept>
 #include <string_view>
 
@@ -164,6 +165,12 @@ class Parser {
         node.op = leaf.op;
         return add(node);
       }
+    }
+    if (name == "inf") {  // as +inf prints
+      ScoreModNode node;
+      node.op = ScoreOp::constant;
+      node.value = std::numeric_limits<double>::infinity();
+      return add(node);
     }
     const OpName* op = op_named(name);
     if (op == nullptr) {

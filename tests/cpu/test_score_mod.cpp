@@ -30,7 +30,8 @@ const char* const kPerQueryKey = "add(score,t0[q,kv])";                   // a b
 
 TEST(ScoreMod, NamedModifiersRoundTrip) {
   for (const char* text : {kSoftcap, kAlibi, kPrefixLm, kSlidingWindow, kPerQueryKey, "score",
-                           "select(ne(b,1),exp(score),sigmoid(abs(score)))", "pow(max(min(score,2.5),-1e-07),0.5)"}) {
+                           "select(ne(b,1),exp(score),sigmoid(abs(score)))", "pow(max(min(score,2.5),-1e-07),0.5)",
+                           "min(score,inf)"}) {
     const ScoreMod mod = parse_score_mod(text);
     EXPECT_EQ(to_string(mod), text);
     EXPECT_EQ(parse_score_mod(to_string(mod)), mod) << text;
@@ -49,6 +50,7 @@ TEST(ScoreMod, EqualExactlyWhenTheTreesAre) {
   EXPECT_NE(parse_score_mod("add(score,0)"), parse_score_mod("add(score,-0)"));  // they print apart
   EXPECT_NE(parse_score_mod("add(score,t0[h])"), parse_score_mod("add(score,t0[q])"));
   EXPECT_NE(parse_score_mod("score"), ScoreMod{});
+  EXPECT_EQ(parse_score_mod("min(score,+inf)"), parse_score_mod("min(score,inf)"));
 }
 
 TEST(ScoreMod, CountsItsScalarsAndTensors) {
