@@ -80,7 +80,7 @@ struct Fp8Problem::State {
   // Current scaling of one BF16 original into its FP8 copy.
   void quantize(Scaled t, const TensorDesc& from_desc, const void* from, const TensorDesc& to_desc, void* to) const {
     measure_amax(from_desc, from, amax(t), nullptr);
-    scale_from_amax(amax(t), to_desc.dtype, 0, at(t, kScale), at(t, kDescale), nullptr);
+    rescale_from_amax({t}, to_desc.dtype);
     quantize_fp8(from_desc, from, to_desc, to, scale(t), nullptr, nullptr);
   }
 

@@ -151,17 +151,23 @@ def _kernel(pass_):
     return adapter._kernel(pass_)
 
 
+def _kernel_forward(call, q8, k8, v8, descales, state):
+    """cuDNN's FP8 forward of q8, k8, v8 with their descales: (o8, the statistics, the state with O's
+    scale from V's amax, |O| <= max |V|, and the kernel's amaxes of S and O)."""
+    state = state._scaled(("o",), state.amax[_SLOT["v"]][None])
+    scale, descale = state.scale, state.descale
+    o8, stats, amax_s, amax_o = _kernel(FORWARD)(call, q8, k8, v8, *descales, descale[_SLOT["s"]], scale[_SLOT["s"]],
+                                                 scale[_SLOT["o"]])
+    return o8, stats, state._set("amax", ("s", "o"), jnp.stack([amax_s, amax_o]))
+
+
 def _forward(call, q, k, v, state):
     q8, state = _quantize(state, "q", q)
     k8, state = _quantize(state, "k", k)
     v8, state = _quantize(state, "v", v)
-    state = state._scaled(("o",), state.amax[_SLOT["v"]][None])  # |O| <= max |V|
-    scale, descale = state.scale, state.descale
+    o8, stats, state = _kernel_forward(call, q8, k8, v8, [state.descale[_SLOT[n]] for n in "qkv"], state)
+    descale = state.descale
     used = descale[np.array([_SLOT[n] for n in ("q", "k", "v", "o")])]  # the backward undoes these
-    o8, stats, amax_s, amax_o = _kernel(FORWARD)(call, q8, k8, v8, descale[_SLOT["q"]], descale[_SLOT["k"]],
-                                                 descale[_SLOT["v"]], descale[_SLOT["s"]], scale[_SLOT["s"]],
-                                                 scale[_SLOT["o"]])
-    state = state._set("amax", ("s", "o"), jnp.stack([amax_s, amax_o]))
     o = _dequantize(o8, descale[_SLOT["o"]], q.dtype)
     if state.recipe == "delayed":
         state = state._advance(("q", "k", "v"))
@@ -224,14 +230,12 @@ def _fp8_inputs_forward(call, q8, k8, v8, descales, state, out_dtype):
     with V's amax (of the values the FP8 tensor holds), O's scale from it, and the kernel's amaxes."""
     descale_q, descale_k, descale_v = (jnp.asarray(d, jnp.float32).reshape(()) for d in descales)
     amax_v = jnp.max(jnp.abs(v8.astype(jnp.float32))) * descale_v
-    state = state._set("amax", ("v",), amax_v[None])._scaled(("o",), amax_v[None])  # |O| <= max |V|
-    scale, descale = state.scale, state.descale
-    o8, _, amax_s, amax_o = _kernel(FORWARD)(call, q8, k8, v8, descale_q, descale_k, descale_v, descale[_SLOT["s"]],
-                                             scale[_SLOT["s"]], scale[_SLOT["o"]])
-    state = state._set("amax", ("s", "o"), jnp.stack([amax_s, amax_o]))
+    state = state._set("amax", ("v",), amax_v[None])
+    o8, _, state = _kernel_forward(call, q8, k8, v8, (descale_q, descale_k, descale_v), state)
+    descale_o = state.descale[_SLOT["o"]]
     if jnp.dtype(out_dtype) == state.dtype:
-        return (o8, descale[_SLOT["o"]]), state
-    return _dequantize(o8, descale[_SLOT["o"]], out_dtype), state
+        return (o8, descale_o), state
+    return _dequantize(o8, descale_o, out_dtype), state
 
 
 def _require_fp8_inputs(q, k, v, state, descales, out_dtype):

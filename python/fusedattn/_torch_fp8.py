@@ -164,22 +164,31 @@ def _dequantized(x8, descale, dtype):
 
 # --- the operator bodies (eager and compiled code alike) -------------------------------------------
 
+def _kernel_forward(state, config, q8, k8, v8, descales, scale):
+    """cuDNN's FP8 forward of q8, k8, v8 with their descales (device addresses): (o8, the statistics).
+    O's scale is set from V's amax in the state first (|O| <= max |V|); the kernel writes the amaxes
+    of S and O there."""
+    state.set_from_amax("o", source="v")
+    spec = config.spec(_adapter._view(q8), _adapter._view(k8), _adapter._view(v8), 0, 0, 0)
+    with _adapter._on_device(q8.device):
+        o8 = torch.empty(_adapter._out_shape(q8, v8), dtype=state.dtype, device=q8.device)
+        stats = torch.empty(_adapter._stats_shape(q8, config.layout), dtype=torch.float32, device=q8.device)
+        descale_q, descale_k, descale_v = descales
+        tensors = core.ForwardTensors(q=q8.data_ptr(), k=k8.data_ptr(), v=v8.data_ptr(), o=o8.data_ptr(),
+                                      stats=stats.data_ptr(), descale_q=descale_q, descale_k=descale_k,
+                                      descale_v=descale_v, descale_s=state.descale("s"), scale_s=state.scale("s"),
+                                      scale_o=state.scale("o"), amax_s=state.amax("s"), amax_o=state.amax("o"))
+        _adapter._run(core.get_plan(spec, _config.FORWARD), tensors, scale, q8.device)
+    return o8, stats
+
+
 def _forward_body(q, k, v, buffer, config_text, scale, recipe, margin, fp8_name):
     """O in q's dtype, the FP8 tensors the backward takes (q8, k8, v8, o8), the statistics and the
     descales of Q, K, V and O this call used. Updates the state in `buffer`."""
     state, config = _Scaling(buffer, recipe, margin, fp8_name), _config.parse(config_text)
     q8, k8, v8 = state.quantize("q", q), state.quantize("k", k), state.quantize("v", v)
-    state.set_from_amax("o", source="v")  # |O| <= max |V|
-    spec = config.spec(_adapter._view(q8), _adapter._view(k8), _adapter._view(v8), 0, 0, 0)
+    o8, stats = _kernel_forward(state, config, q8, k8, v8, [state.descale(n) for n in "qkv"], scale)
     with _adapter._on_device(q.device):
-        o8 = torch.empty(_adapter._out_shape(q8, v8), dtype=state.dtype, device=q.device)
-        stats = torch.empty(_adapter._stats_shape(q, config.layout), dtype=torch.float32, device=q.device)
-        tensors = core.ForwardTensors(q=q8.data_ptr(), k=k8.data_ptr(), v=v8.data_ptr(), o=o8.data_ptr(),
-                                      stats=stats.data_ptr(), descale_q=state.descale("q"),
-                                      descale_k=state.descale("k"), descale_v=state.descale("v"),
-                                      descale_s=state.descale("s"), scale_s=state.scale("s"),
-                                      scale_o=state.scale("o"), amax_s=state.amax("s"), amax_o=state.amax("o"))
-        _adapter._run(core.get_plan(spec, _config.FORWARD), tensors, scale, q.device)
         o = _dequantized(o8, state.descale("o"), q.dtype)
         used = state.used_descales()
     if state.recipe == "delayed":
@@ -196,17 +205,9 @@ def _fp8_inputs_forward_body(q8, k8, v8, descale_q, descale_k, descale_v, buffer
     stream = state._stream()
     core.measure_amax(_adapter._view(v8), v8.data_ptr(), state.amax("v"), stream)  # of the stored values
     state.scalars[_SLOT["v"], 2].mul_(descale_v.reshape(()))
-    state.set_from_amax("o", source="v")
-    spec = config.spec(_adapter._view(q8), _adapter._view(k8), _adapter._view(v8), 0, 0, 0)
+    o8, _ = _kernel_forward(state, config, q8, k8, v8, [d.data_ptr() for d in (descale_q, descale_k, descale_v)],
+                            scale)
     with _adapter._on_device(q8.device):
-        o8 = torch.empty(_adapter._out_shape(q8, v8), dtype=state.dtype, device=q8.device)
-        stats = torch.empty(_adapter._stats_shape(q8, config.layout), dtype=torch.float32, device=q8.device)
-        tensors = core.ForwardTensors(q=q8.data_ptr(), k=k8.data_ptr(), v=v8.data_ptr(), o=o8.data_ptr(),
-                                      stats=stats.data_ptr(), descale_q=descale_q.data_ptr(),
-                                      descale_k=descale_k.data_ptr(), descale_v=descale_v.data_ptr(),
-                                      descale_s=state.descale("s"), scale_s=state.scale("s"),
-                                      scale_o=state.scale("o"), amax_s=state.amax("s"), amax_o=state.amax("o"))
-        _adapter._run(core.get_plan(spec, _config.FORWARD), tensors, scale, q8.device)
         descale_o = state.scalars[_SLOT["o"], 1:2].clone()
         o = o8 if out_dtype == state.dtype else _dequantized(o8, state.descale("o"), out_dtype)
     return o, descale_o
@@ -310,9 +311,7 @@ def _fp8_inputs_attention(q, k, v, state, descales, config_text, scale, out_dtyp
     _require_descales(descales, q)
     if out_dtype not in (torch.bfloat16, torch.float16, state.dtype):
         raise invalid_argument("out_dtype", out_dtype, f"torch.bfloat16, torch.float16 or {state.dtype}")
-    plain_tensors = all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in (q, k, v, *descales))
-    if (not torch.compiler.is_compiling() and q.device.type == "cuda" and plain_tensors
-            and not torch._C._len_torch_dispatch_stack()):
+    if _adapter._eager_road(q, k, v, *descales):
         o, descale_o = _fp8_inputs_forward_body(q, k, v, *descales, state.buffer, config_text, scale, state.recipe,
                                                 state.margin, state.name, out_dtype)
     else:
@@ -351,9 +350,7 @@ def fp8_attention(q, k, v, state, *, layout="bshd", causal=False, align="top_lef
         field = "descales" if descales is not None else "out_dtype"
         raise invalid_argument(field, "given", f"not given for {q.dtype} inputs (O comes back in q's dtype)")
     model_backward = backward == "model"
-    plain_tensors = all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in (q, k, v))
-    if (not torch.compiler.is_compiling() and q.device.type == "cuda" and plain_tensors
-            and not torch._C._len_torch_dispatch_stack()):
+    if _adapter._eager_road(q, k, v):
         return _Fp8Attention.apply(q, k, v, state, config_text, scale, model_backward)
     calibrated = state.calibrated
     if not model_backward and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):

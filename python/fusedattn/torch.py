@@ -340,11 +340,17 @@ def _backward_body(d_o, q, k, v, o, stats, bias, sink, extras, config_text, scal
     return d_q, d_k, d_v, d_bias, d_sink
 
 
+def _eager_road(*tensors):
+    """Road 2 of the module's docstring (the bodies directly): plain CUDA tensors (the first one's
+    device decides), outside compiled code and dispatch modes. Otherwise road 3, the operators."""
+    plain_tensors = all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in tensors)
+    return (not torch.compiler.is_compiling() and tensors[0].device.type == "cuda" and plain_tensors
+            and not torch._C._len_torch_dispatch_stack())
+
+
 def _attend(q, k, v, bias, sink, extras, config, scale, max_seqlen_q, max_seqlen_kv, needs_grad):
     """Roads 2 and 3 of the module's docstring: the bodies directly, or the registered operators."""
-    plain_tensors = all(type(t) in (torch.Tensor, torch.nn.Parameter) for t in (q, k, v))
-    if (torch.compiler.is_compiling() or q.device.type != "cuda" or not plain_tensors
-            or torch._C._len_torch_dispatch_stack()):
+    if not _eager_road(q, k, v):
         o, stats, max_logit = _forward_op(q, k, v, bias, sink, extras.as_list(), config, scale, max_seqlen_q,
                                           max_seqlen_kv)
         return o, stats, max_logit

@@ -178,9 +178,11 @@ bool expands_kv_heads_on(const AttentionSpec& spec, Pass pass, int device) {
   return allowed && expands_kv_heads(spec, pass, multiprocessor_count(device));
 }
 
-KvExpansion::KvExpansion(const AttentionSpec& spec)
-    : k_(spec.k), v_(spec.v), expanded_k_(kv_expanded_spec(spec).k), expanded_v_(kv_expanded_spec(spec).v),
-      layout_(kv_expansion_layout(spec)) {}
+KvExpansion::KvExpansion(const AttentionSpec& spec) : k_(spec.k), v_(spec.v), layout_(kv_expansion_layout(spec)) {
+  const AttentionSpec expanded = kv_expanded_spec(spec);
+  expanded_k_ = expanded.k;
+  expanded_v_ = expanded.v;
+}
 
 void KvExpansion::before(const BackwardTensors& t, char* scratch, void** by_uid, cudaStream_t stream) const {
   expand_kv_heads(k_, t.k, expanded_k_, scratch + layout_.k, stream);
