@@ -10,7 +10,7 @@
 # command, `bash scripts/test.sh`: its own build in build/ and every tier through
 # `ctest -j $(nproc)`, so GPU tests run in parallel on this one GPU; log in $OUT/test_sh.txt),
 # matrix (the support matrix from this GPU), bench (PyTorch comparison), fp8bench (FP8 beside BF16,
-# the CLI's bench), varlen (ragged step and
+# the CLI's bench), modbench (a softcap score modifier beside plain attention), varlen (ragged step and
 # paged decode), jaxbench (JAX comparison). The results file covers the gtest and Python parts
 # that ran; testsh reports its own counts (test.sh's closing "ctest:" line) and fails the run
 # when it fails. BUILD_TARGETS names the ninja targets to build (default: all; the benchmarks need
@@ -24,7 +24,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
-export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench varlen jaxbench}
+export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench modbench varlen jaxbench}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_log.txt") 2>&1
 export PYTHONUNBUFFERED=1
@@ -130,6 +130,18 @@ b=1 s=8192 h_q=64 h_kv=8 d=128 causal"}
     FUSEDATTN_KV_EXPANSION=0 "$build/fusedattn" bench "layout=bshd dtype=e4m3 b=1 s=8192 h_q=64 h_kv=8 d=128 causal" \
       --iters 20 | grep -v "^fusedattn\|^cuDNN\|^CUDA\|^GPU" | tee -a "$OUT/fp8_bench.txt" || status=1
   fi
+fi
+if part modbench; then
+  echo "== benchmark: a softcap score modifier beside plain attention, same shapes (fusedattn bench)"
+  # MODBENCH_SHAPES (one spec per line, without the modifier) replaces the default shapes.
+  shapes=${MODBENCH_SHAPES:-"layout=bshd b=2 s=8192 h=16 d=128 causal
+layout=bshd b=2 s=8192 h=16 d=128"}
+  while IFS= read -r shape; do
+    for mod in "" " score_mod=mul(tanh(div(score,\$0)),\$0)"; do
+      "$build/fusedattn" bench "$shape$mod" --iters 20 | grep -v "^fusedattn\|^cuDNN\|^CUDA\|^GPU" \
+        | tee -a "$OUT/score_mod_bench.txt" || status=1
+    done
+  done <<<"$shapes"
 fi
 if part varlen; then
   echo "== benchmark: ragged training step and paged decode"

@@ -85,6 +85,10 @@ struct AttentionBuffers::State {
   DeviceBuffer dropout_seed, dropout_offset, dropout_mask;
   std::vector<float> sink;               // Softmax::sink logits, host copy
   DeviceBuffer sink_device, d_sink, max_logit;
+  std::vector<float> mod_scalars;               // spec.score_mod's values, host copies
+  std::vector<std::vector<float>> mod_tensors;
+  DeviceBuffer mod_scalars_device;
+  std::vector<DeviceBuffer> mod_tensors_device;
 
   void allocate16(Buffer16& buffer, std::int64_t elements) {
     buffer.elements = elements;
@@ -158,6 +162,16 @@ AttentionBuffers::AttentionBuffers(const AttentionSpec& spec, bool with_backward
     s.dropout_offset = DeviceBuffer(sizeof(std::int64_t));
   }
   if (spec.dropout_mask_out) s.dropout_mask = DeviceBuffer(mask_elements(spec) * sizeof(float));
+  const ScoreMod& mod = spec.score_mod;
+  if (mod.scalars() > 0) s.mod_scalars_device = DeviceBuffer(static_cast<std::size_t>(mod.scalars()) * sizeof(float));
+  const std::int64_t sizes[4] = {spec.batch(), spec.heads_q(), spec.seq_q(), spec.seq_kv()};
+  const std::uint8_t axes[4] = {kAxisB, kAxisH, kAxisQ, kAxisKv};
+  for (int i = 0; i < mod.tensors(); ++i) {
+    std::int64_t elements = 1;
+    for (int a = 0; a < 4; ++a) elements *= (mod.tensor_axes(i) & axes[a]) ? sizes[a] : 1;
+    s.mod_tensors.emplace_back(static_cast<std::size_t>(elements));
+    s.mod_tensors_device.emplace_back(static_cast<std::size_t>(elements) * sizeof(float));
+  }
 }
 
 AttentionBuffers::~AttentionBuffers() = default;
@@ -181,6 +195,18 @@ void AttentionBuffers::fill_inputs(std::uint64_t seed) {
     for (float& x : s.sink) x = uniform(rng);
     check_cuda(cudaMemcpy(s.sink_device.get(), s.sink.data(), s.sink.size() * sizeof(float), cudaMemcpyHostToDevice),
                "cudaMemcpy(sink, host to device)");
+  }
+  if (s.spec.score_mod.scalars() > 0) {
+    std::uniform_real_distribution<float> positive(0.5f, 2.0f);
+    std::vector<float> scalars(static_cast<std::size_t>(s.spec.score_mod.scalars()));
+    for (float& x : scalars) x = positive(rng);
+    set_score_mod_scalars(scalars);
+  }
+  for (std::size_t i = 0; i < s.mod_tensors.size(); ++i) {
+    for (float& x : s.mod_tensors[i]) x = uniform(rng);
+    check_cuda(cudaMemcpy(s.mod_tensors_device[i].get(), s.mod_tensors[i].data(), s.mod_tensors_device[i].bytes(),
+                          cudaMemcpyHostToDevice),
+               "cudaMemcpy(score_mod tensor, host to device)");
   }
   if (s.spec.dropout > 0.0) {
     // A fresh seed and offset per check: the same seed then gives the same mask (replay tests).
@@ -239,6 +265,33 @@ void AttentionBuffers::poison_outputs() {
   check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize(after poisoning outputs)");
 }
 
+void AttentionBuffers::set_score_mod_scalars(const std::vector<float>& scalars) {
+  State& s = *state_;
+  if (scalars.size() != static_cast<std::size_t>(s.spec.score_mod.scalars())) {
+    throw InvalidArgument("score_mod_scalars", "size " + std::to_string(scalars.size()),
+                          "one value per scalar of the modifier (" + std::to_string(s.spec.score_mod.scalars()) + ")");
+  }
+  s.mod_scalars = scalars;
+  if (scalars.empty()) return;
+  check_cuda(cudaMemcpy(s.mod_scalars_device.get(), scalars.data(), scalars.size() * sizeof(float), cudaMemcpyHostToDevice),
+             "cudaMemcpy(score_mod scalars, host to device)");
+}
+
+const std::vector<float>& AttentionBuffers::score_mod_scalars() const noexcept { return state_->mod_scalars; }
+const std::vector<std::vector<float>>& AttentionBuffers::score_mod_tensors() const noexcept {
+  return state_->mod_tensors;
+}
+
+namespace {
+// The modifier's device values as a call takes them.
+ScoreModTensors score_mod_pointers(const std::vector<DeviceBuffer>& tensors, const DeviceBuffer& scalars) {
+  ScoreModTensors t;
+  t.scalars = scalars.as<float>();
+  for (std::size_t i = 0; i < tensors.size(); ++i) t.tensors[i] = tensors[i].as<float>();
+  return t;
+}
+}  // namespace
+
 ForwardTensors AttentionBuffers::forward_tensors() const {
   const State& s = *state_;
   ForwardTensors t;
@@ -255,6 +308,7 @@ ForwardTensors AttentionBuffers::forward_tensors() const {
   t.dropout_seed = s.dropout_seed.as<std::int64_t>();
   t.dropout_offset = s.dropout_offset.as<std::int64_t>();
   t.dropout_mask = s.dropout_mask.as<float>();
+  t.score_mod = score_mod_pointers(s.mod_tensors_device, s.mod_scalars_device);
   return t;
 }
 
@@ -275,6 +329,7 @@ BackwardTensors AttentionBuffers::backward_tensors() const {
   t.d_sink = s.d_sink.as<float>();
   t.dropout_seed = s.dropout_seed.as<std::int64_t>();
   t.dropout_offset = s.dropout_offset.as<std::int64_t>();
+  t.score_mod = score_mod_pointers(s.mod_tensors_device, s.mod_scalars_device);
   if (s.with_backward) {
     t.d_q = s.dq.device();
     t.d_k = s.dk.device();

@@ -44,6 +44,11 @@ class AttentionBuffers {
   /// Writes dropout's seed and offset (int64, device) for the next calls; fill_inputs draws fresh
   /// ones. Synchronous.
   void set_dropout_state(std::int64_t seed, std::int64_t offset);
+  /// A score modifier's values (spec.score_mod): fill_inputs draws its scalars uniformly from
+  /// [0.5, 2] and its tensors from [-1, 1]; set_score_mod_scalars replaces the scalars. Synchronous.
+  void set_score_mod_scalars(const std::vector<float>& scalars);
+  const std::vector<float>& score_mod_scalars() const noexcept;
+  const std::vector<std::vector<float>>& score_mod_tensors() const noexcept;
   /// The sink logits drawn by fill_inputs (Softmax::sink), empty otherwise.
   const std::vector<float>& sink() const noexcept;
   /// Sets every byte of O, stats and the gradient buffers to 0xFF, which is NaN in bf16, f16 and

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "fusedattn/tensor.h"
 
@@ -15,6 +16,8 @@ struct CheckOptions {
   bool backward = true;                                    ///< also run and check dQ, dK, dV
   double scale = std::numeric_limits<double>::quiet_NaN();  ///< NaN: default_scale(spec)
   std::uint64_t seed = 0;                                  ///< 0: draw one from std::random_device
+  /// A score modifier's scalars ($0, $1, ...); empty: drawn uniformly from [0.5, 2] per check.
+  std::vector<float> score_mod_scalars;
 };
 
 /// Outcome of one check. Errors are relative L2 errors; NaN means "not computed".

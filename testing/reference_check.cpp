@@ -117,10 +117,18 @@ CheckResult check_against_reference(const AttentionSpec& spec, const CheckOption
   result.backward = options.backward;
   result.tolerance = tolerance_for(spec.q.dtype);
   result.reference = use_cpu_reference(spec) ? "cpu-f64" : "gpu-f32";
+  if (!spec.score_mod.empty() && result.reference != "cpu-f64") {
+    throw InvalidArgument("score_mod", to_string(spec.score_mod),
+                          "a problem small enough for the CPU reference (at most ~3e8 multiply-adds per forward), "
+                          "the one that applies score modifiers");
+  }
 
   try {
     AttentionBuffers buffers(p.spec, options.backward);
     buffers.fill_inputs(p.options.seed);
+    if (!options.score_mod_scalars.empty()) buffers.set_score_mod_scalars(options.score_mod_scalars);
+    p.ref.score_mod_scalars = buffers.score_mod_scalars();
+    p.ref.score_mod_tensors = buffers.score_mod_tensors();
     if (ragged) set_ragged_lengths(p.run_spec, buffers);
     p.ref.seq_len_q.assign(buffers.seq_len_q().begin(), buffers.seq_len_q().end());
     p.ref.seq_len_kv.assign(buffers.seq_len_kv().begin(), buffers.seq_len_kv().end());

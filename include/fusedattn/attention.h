@@ -7,6 +7,7 @@
 // A cached run allocates nothing and never synchronizes, so it can be captured in a CUDA graph.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -35,6 +36,15 @@ struct RaggedTensors {
   const std::int32_t* cu_seqlens_kv = nullptr;
   const std::int32_t* cu_seqlens_q_padded = nullptr;   ///< optional: sequence starts with gaps
   const std::int32_t* cu_seqlens_kv_padded = nullptr;  ///< optional: sequence starts with gaps
+};
+
+/// A score modifier's runtime values (spec.score_mod, fusedattn/score_mod.h), on the device, so a
+/// captured call replays with whatever they hold then: `scalars` points at its scalars() float32
+/// values ($0, $1, ... in order), and tensors[i] at tensor i, float32, contiguous over the axes it
+/// spans in b, h, q, kv order (sizes b, h_q, s_q, s_kv), 16-byte aligned.
+struct ScoreModTensors {
+  const float* scalars = nullptr;
+  std::array<const float*, kMaxScoreModTensors> tensors{};
 };
 
 /// Device pointers of a forward call. Each points at the tensor's first element (for packed
@@ -66,6 +76,7 @@ struct ForwardTensors {
   const std::int32_t* page_table_k = nullptr;
   const std::int32_t* page_table_v = nullptr;
   Fp8ForwardScales fp8;  ///< FP8 specs (q, k, v in E4M3 or E5M2): the scaling tensors (fp8_scales.h)
+  ScoreModTensors score_mod;  ///< a score modifier's scalars and tensors
 };
 
 /// Device pointers of a backward call. Gradients share their inputs' descriptors (so a packed
@@ -91,6 +102,7 @@ struct BackwardTensors {
   const std::int64_t* dropout_offset = nullptr;  ///< regenerates exactly the forward's mask from them
   RaggedTensors ragged;                          ///< as in ForwardTensors (the forward's offsets)
   Fp8BackwardScales fp8;                         ///< FP8 specs: the scaling tensors (fp8_scales.h)
+  ScoreModTensors score_mod;                     ///< as in ForwardTensors
 };
 
 /// Dropout's random stream: the same seed and offset give the same mask, in the forward and in
@@ -165,7 +177,7 @@ class Plan {
   void execute(void* const* by_uid, cudaStream_t stream, void* workspace) const;
   void require_lengths(const std::int32_t* seq_len_q, const std::int32_t* seq_len_kv) const;
 
-  void require_score_terms(const void* bias, const float* sink) const;
+  void require_score_terms(const void* bias, const float* sink, const ScoreModTensors& score_mod) const;
   void require_dropout(const std::int64_t* seed, const std::int64_t* offset) const;
   void require_device() const;
   void require_ragged(const RaggedTensors& ragged) const;

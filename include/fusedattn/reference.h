@@ -48,6 +48,12 @@ struct ReferenceProblem {
   bool alibi = false;                  ///< adds alibi_slopes(h_q)[h] * (j - i) to the scaled scores
   Softmax softmax = Softmax::vanilla;  ///< off_by_one / sink add e^0 / e^sink[h] to the denominator
   double dropout = 0.0;                ///< probability of dropping a probability; 0 = none (mask in extras)
+  /// A score modifier (score_mod.h), applied to each scaled score before the bias and ALiBi, with
+  /// its runtime scalars and its tensors (host memory, each contiguous over its axes). Only the CPU
+  /// reference applies one; the backward multiplies dS by the modifier's derivative.
+  ScoreMod score_mod;
+  std::vector<float> score_mod_scalars;
+  std::vector<std::vector<float>> score_mod_tensors;
 };
 
 /// Optional inputs and outputs of a reference call, contiguous, in the call's precision. What the
@@ -74,7 +80,8 @@ struct ReferenceExtras {
 /// are not powers of two), as cuDNN computes them.
 std::vector<double> alibi_slopes(std::int64_t heads);
 
-/// The spec's sizes and mask, without padding: lengths are runtime data, which callers set.
+/// The spec's sizes, mask and score modifier, without padding: lengths and the modifier's values are
+/// runtime data, which callers set.
 ReferenceProblem reference_problem(const AttentionSpec& spec, double scale);
 
 /// True when query row i of batch entry b may see key column j under the problem's mask and that

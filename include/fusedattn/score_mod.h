@@ -21,7 +21,8 @@
 //         | lt le gt ge eq ne                           (two; 1 where true, else 0)
 //         | select                                      (three: the second where the first is not
 //                                                        0, else the third)
-// Scalars and tensors are numbered from 0 without gaps, and a tensor keeps one set of axes.
+// Scalars and tensors are numbered from 0 without gaps (at most kMaxScoreModScalars and
+// kMaxScoreModTensors of them), and a tensor keeps one set of axes.
 // Two modifiers are equal exactly when their expressions are the same tree.
 #pragma once
 
@@ -32,6 +33,10 @@
 #include <vector>
 
 namespace fusedattn {
+
+/// How many runtime scalars and tensors one modifier may use (slots $0 .. and t0 ..).
+constexpr int kMaxScoreModScalars = 8;
+constexpr int kMaxScoreModTensors = 4;
 
 /// One node's operation. The leaves first, then by number of arguments.
 enum class ScoreOp : std::uint8_t {

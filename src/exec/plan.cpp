@@ -267,7 +267,7 @@ void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const 
   if (spec_.stats) require_pointer("tensors.stats", t.stats);
   require_lengths(t.seq_len_q, t.seq_len_kv);
   require_ragged(t.ragged);
-  require_score_terms(t.bias, t.sink);
+  require_score_terms(t.bias, t.sink, t.score_mod);
   require_dropout(t.dropout_seed, t.dropout_offset);
   if (spec_.dropout_mask_out) require_pointer("tensors.dropout_mask", t.dropout_mask);
   if (spec_.paged_kv()) {
@@ -318,7 +318,7 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
   require_pointer("tensors.d_v", t.d_v);
   require_lengths(t.seq_len_q, t.seq_len_kv);
   require_ragged(t.ragged);
-  require_score_terms(t.bias, t.sink);
+  require_score_terms(t.bias, t.sink, t.score_mod);
   require_dropout(t.dropout_seed, t.dropout_offset);
   if (spec_.bias_grad) require_pointer("tensors.d_bias", t.d_bias);
   if (spec_.softmax == Softmax::sink) require_pointer("tensors.d_sink", t.d_sink);
@@ -344,9 +344,16 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
 
 ReplayStats Plan::replay_stats() const { return replays_->stats(); }
 
-void Plan::require_score_terms(const void* bias, const float* sink) const {
+void Plan::require_score_terms(const void* bias, const float* sink, const ScoreModTensors& score_mod) const {
   if (spec_.bias != Bias::none) require_pointer("tensors.bias", bias);
   if (spec_.softmax == Softmax::sink) require_pointer("tensors.sink", sink);
+  if (spec_.score_mod.scalars() > 0) require_scalar("tensors.score_mod.scalars", score_mod.scalars);
+  static const char* const kTensorFields[] = {"tensors.score_mod.tensors[0]", "tensors.score_mod.tensors[1]",
+                                              "tensors.score_mod.tensors[2]", "tensors.score_mod.tensors[3]"};
+  static_assert(sizeof kTensorFields / sizeof kTensorFields[0] == kMaxScoreModTensors);
+  for (int i = 0; i < spec_.score_mod.tensors(); ++i) {
+    require_pointer(kTensorFields[i], score_mod.tensors[static_cast<std::size_t>(i)]);
+  }
 }
 
 void Plan::require_dropout(const std::int64_t* seed, const std::int64_t* offset) const {

@@ -2,6 +2,18 @@
 #include "exec/uid_pointers.h"
 
 namespace fusedattn::detail {
+namespace {
+
+void place_score_mod(const ScoreModTensors& t, PointersByUid& p) {
+  for (int i = 0; i < kMaxScoreModScalars; ++i) {
+    p.at[graph::kUidScoreModScalar0 + i] = t.scalars ? const_cast<float*>(t.scalars + i) : nullptr;
+  }
+  for (int i = 0; i < kMaxScoreModTensors; ++i) {
+    p.at[graph::kUidScoreModTensor0 + i] = const_cast<float*>(t.tensors[static_cast<std::size_t>(i)]);
+  }
+}
+
+}  // namespace
 
 PointersByUid forward_pointers(const ForwardTensors& t, float* scale) {
   PointersByUid p;
@@ -30,6 +42,7 @@ PointersByUid forward_pointers(const ForwardTensors& t, float* scale) {
   p.at[graph::kUidScaleO] = const_cast<float*>(t.fp8.scale_o);
   p.at[graph::kUidAmaxS] = t.fp8.amax_s;
   p.at[graph::kUidAmaxO] = t.fp8.amax_o;
+  place_score_mod(t.score_mod, p);
   return p;
 }
 
@@ -70,6 +83,7 @@ PointersByUid backward_pointers(const BackwardTensors& t, float* scale) {
   p.at[graph::kUidAmaxDK] = f.amax_d_k;
   p.at[graph::kUidAmaxDV] = f.amax_d_v;
   p.at[graph::kUidAmaxDP] = f.amax_d_p;
+  place_score_mod(t.score_mod, p);
   return p;
 }
 

@@ -12,6 +12,7 @@
 #include <cudnn_frontend.h>
 
 #include "fusedattn/errors.h"
+#include "graph/score_mod_lowering.h"
 
 namespace fe = cudnn_frontend;
 
@@ -162,15 +163,23 @@ TensorPtr length_tensor(fe::graph::Graph& graph, const AttentionSpec& spec, cons
 
 // Padding: cuDNN masks keys past seq_len_kv[b] and ignores queries past seq_len_q[b], and a
 // bottom-right diagonal follows each entry's actual lengths.
+// Beside a score modifier cuDNN switches its padding mask off: the lengths then still bound its
+// loops, and the modifier's lowering writes the mask in.
+struct Lengths {
+  TensorPtr q, kv;  // null without padding
+};
+
 template <class Attributes>
-void apply_padding(fe::graph::Graph& graph, Attributes& attributes, const AttentionSpec& spec,
-                   std::vector<std::int64_t>& uids) {
-  if (!spec.padding) return;
-  attributes.set_padding_mask(true)
-      .set_seq_len_q(length_tensor(graph, spec, "seq_len_q", kUidSeqLenQ))
-      .set_seq_len_kv(length_tensor(graph, spec, "seq_len_kv", kUidSeqLenKV));
+Lengths apply_padding(fe::graph::Graph& graph, Attributes& attributes, const AttentionSpec& spec,
+                      std::vector<std::int64_t>& uids) {
+  if (!spec.padding) return {};
+  const Lengths lengths{length_tensor(graph, spec, "seq_len_q", kUidSeqLenQ),
+                        length_tensor(graph, spec, "seq_len_kv", kUidSeqLenKV)};
+  attributes.set_seq_len_q(lengths.q).set_seq_len_kv(lengths.kv);
+  if (spec.score_mod.empty()) attributes.set_padding_mask(true);
   uids.push_back(kUidSeqLenQ);
   uids.push_back(kUidSeqLenKV);
+  return lengths;
 }
 
 // Per-head float32 [1, h_q, 1, 1] tensors: the sink logits and their gradient.
@@ -242,14 +251,61 @@ void apply_paging(fe::graph::Graph& graph, fe::graph::SDPA_attributes& attribute
       .set_paged_attention_max_seq_len_kv(static_cast<int>(spec.seq_kv()));
 }
 
-// The window becomes cuDNN's diagonal band: the same "p - left < j <= p + right" (spec.h).
+// The window becomes cuDNN's diagonal band: the same "p - left < j <= p + right" (spec.h). Beside
+// a score modifier, which switches cuDNN's band off, the modifier's lowering writes it in.
 template <class Attributes>
 void apply_window(Attributes& attributes, const AttentionSpec& spec) {
-  if (!spec.window.bounded()) return;
+  if (!spec.window.bounded() || !spec.score_mod.empty()) return;
   attributes.set_diagonal_alignment(spec.alignment == Alignment::bottom_right ? fe::DiagonalAlignment_t::BOTTOM_RIGHT
                                                                              : fe::DiagonalAlignment_t::TOP_LEFT);
   if (spec.window.left >= 0) attributes.set_diagonal_band_left_bound(static_cast<int>(spec.window.left));
   if (spec.window.right >= 0) attributes.set_diagonal_band_right_bound(static_cast<int>(spec.window.right));
+}
+
+// A score modifier: its scalars and tensors become inputs of the graph, and callbacks lower its
+// expression where cuDNN forms the scores (and, in the backward, where it forms dS); the masks it
+// writes in read apply_padding's lengths.
+template <class Attributes>
+void apply_score_mod(fe::graph::Graph& graph, Attributes& attributes, const AttentionSpec& spec, const Lengths& lengths,
+                     std::vector<std::int64_t>& uids) {
+  if (spec.score_mod.empty()) return;
+  const ScoreMod& mod = spec.score_mod;
+  ScoreModInputs inputs;
+  for (int i = 0; i < mod.scalars(); ++i) {
+    const std::string name = "score_mod_scalar_" + std::to_string(i);
+    inputs.scalars.push_back(scalar_input(graph, name.c_str(), static_cast<Uid>(kUidScoreModScalar0 + i), uids));
+  }
+  const std::array<std::int64_t, 4> sizes = {spec.batch(), spec.heads_q(), spec.seq_q(), spec.seq_kv()};
+  const std::uint8_t bits[4] = {kAxisB, kAxisH, kAxisQ, kAxisKv};
+  for (int i = 0; i < mod.tensors(); ++i) {
+    // float32, contiguous over the axes it spans, size 1 (broadcast) along the others
+    std::vector<std::int64_t> dims(4), strides(4);
+    std::int64_t stride = 1;
+    for (int axis = 3; axis >= 0; --axis) {
+      dims[axis] = (mod.tensor_axes(i) & bits[axis]) ? sizes[axis] : 1;
+      strides[axis] = stride;
+      stride *= dims[axis];
+    }
+    const auto uid = static_cast<Uid>(kUidScoreModTensor0 + i);
+    inputs.tensors.push_back(graph.tensor(fe::graph::Tensor_attributes()
+                                              .set_name("score_mod_tensor_" + std::to_string(i))
+                                              .set_uid(uid)
+                                              .set_dim(dims)
+                                              .set_stride(strides)
+                                              .set_data_type(fe::DataType_t::FLOAT)));
+    uids.push_back(uid);
+  }
+  inputs.seq_len_q = lengths.q;
+  inputs.seq_len_kv = lengths.kv;
+  auto lowering = std::make_shared<ScoreModLowering>(spec, std::move(inputs));
+  attributes.set_score_mod([lowering](std::shared_ptr<fe::graph::Graph> g, TensorPtr score) {
+    return lowering->forward(*g, score);
+  });
+  if constexpr (std::is_same_v<Attributes, fe::graph::SDPA_backward_attributes>) {
+    attributes.set_score_mod_bprop([lowering](std::shared_ptr<fe::graph::Graph> g, TensorPtr d_score) {
+      return lowering->backward(*g, d_score);
+    });
+  }
 }
 
 std::shared_ptr<fe::graph::Graph> new_graph(const AttentionSpec& spec) {
@@ -278,7 +334,8 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionSpec& spec, fe::A
   place(q, offsets.q);
   place(k, offsets.k);
   place(v, offsets.v);
-  apply_padding(*graph, attributes, spec, uids);
+  const Lengths lengths = apply_padding(*graph, attributes, spec, uids);
+  apply_score_mod(*graph, attributes, spec, lengths, uids);
   apply_paging(*graph, attributes, spec, uids);
   apply_score_terms(*graph, attributes, spec, Pass::forward, uids);
   apply_dropout(*graph, attributes, spec, uids);
@@ -359,9 +416,12 @@ std::array<TensorPtr, 3> fp8_gradients(fe::graph::Graph& graph, const std::array
   return {out[0], out[1], out[2]};
 }
 
-// dQ, dK, dV of a 16-bit backward, with the score terms (bias, ALiBi, sink) and their gradients.
+// dQ, dK, dV of a 16-bit backward, with the score terms (bias, ALiBi, sink, a score modifier) and
+// their gradients.
 std::array<TensorPtr, 3> gradients(fe::graph::Graph& graph, const std::array<TensorPtr, 6>& in, const AttentionSpec& spec,
-                                   fe::graph::SDPA_backward_attributes& attributes, std::vector<std::int64_t>& uids) {
+                                   const Lengths& lengths, fe::graph::SDPA_backward_attributes& attributes,
+                                   std::vector<std::int64_t>& uids) {
+  apply_score_mod(graph, attributes, spec, lengths, uids);
   apply_score_terms(graph, attributes, spec, Pass::backward, uids);
   if (spec.bias_grad) {
     auto d_bias = graph.tensor(describe("d_bias", kUidDBias, bias_desc(spec)));
@@ -403,14 +463,14 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionSpec& spec, std:
   place(o, offsets.o);
   place(d_o, offsets.o);
   place(stats, offsets.stats);
-  apply_padding(*graph, attributes, spec, uids);
+  const Lengths lengths = apply_padding(*graph, attributes, spec, uids);
   apply_dropout(*graph, attributes, spec, uids);
   const std::array<TensorPtr, 6> in = {q, k, v, o, d_o, stats};
   std::array<TensorPtr, 3> grads;
   if constexpr (std::is_same_v<Attributes, fe::graph::SDPA_fp8_backward_attributes>) {
     grads = fp8_gradients(*graph, in, attributes, uids);
   } else {
-    grads = gradients(*graph, in, spec, attributes, uids);
+    grads = gradients(*graph, in, spec, lengths, attributes, uids);
   }
   std::sort(uids.begin(), uids.end());  // execute() takes pointers in ascending UID order
   // Gradients take their inputs' descriptors, so a packed input gets a packed gradient.
@@ -499,10 +559,10 @@ BuildOutcome build_graph(const AttentionSpec& spec, Pass pass, cudnnHandle_t han
     return BuildOutcome{nullptr, {Reason{"fp8_scaling", to_string(spec.fp8_scaling),
                                          "per-tensor FP8 scaling (the MXFP8 graph is not built yet)", ""}}};
   }
-  // Nor does any graph below apply a score modifier: refused here too, never built without it.
-  if (!spec.score_mod.empty()) {
-    return BuildOutcome{
-        nullptr, {Reason{"score_mod", to_string(spec.score_mod), "the score_mod graph, which is not built yet", ""}}};
+  // The FP8 graphs below take no score modifier: refused here too, never built without it.
+  if (!spec.score_mod.empty() && is_fp8(spec.q.dtype)) {
+    return BuildOutcome{nullptr, {Reason{"score_mod", to_string(spec.score_mod),
+                                         "f16 or bf16 inputs (fusedattn's FP8 graphs take no score modifier)", ""}}};
   }
   std::vector<std::int64_t> uids;
   if (pass == Pass::backward) {

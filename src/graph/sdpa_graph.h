@@ -28,7 +28,10 @@ enum Uid : std::int64_t {
   kUidDescaleQ, kUidDescaleK, kUidDescaleV, kUidDescaleO, kUidDescaleDO, kUidDescaleS, kUidDescaleDP,
   kUidScaleS, kUidScaleO, kUidScaleDP, kUidScaleDQ, kUidScaleDK, kUidScaleDV,
   kUidAmaxS, kUidAmaxO, kUidAmaxDQ, kUidAmaxDK, kUidAmaxDV, kUidAmaxDP,
-  kUidEnd  // one past the last
+  // A score modifier's runtime scalars and tensors, by slot (fusedattn/score_mod.h)
+  kUidScoreModScalar0,
+  kUidScoreModTensor0 = kUidScoreModScalar0 + kMaxScoreModScalars,
+  kUidEnd = kUidScoreModTensor0 + kMaxScoreModTensors  // one past the last
 };
 
 /// A built and compiled graph, ready to execute on any thread.

@@ -29,6 +29,7 @@ ReferenceProblem reference_problem(const AttentionSpec& spec, double scale) {
   p.alibi = spec.alibi;
   p.softmax = spec.softmax;
   p.dropout = spec.dropout;
+  p.score_mod = spec.score_mod;
   p.scale = scale;
   return p;
 }
@@ -78,10 +79,23 @@ struct ScoreTerms {
   const ReferenceExtras<double>& extras;
   detail::BiasIndex bias_at;
   std::vector<double> slopes;
+  std::vector<const float*> mod_tensors;
 
   ScoreTerms(const ReferenceProblem& problem, const ReferenceExtras<double>& e)
       : p(problem), extras(e), bias_at(detail::bias_index(problem)) {
     if (p.alibi) slopes = alibi_slopes(p.heads_q);
+    for (const auto& tensor : p.score_mod_tensors) mod_tensors.push_back(tensor.data());
+  }
+  // The score modifier at (b, h, i, j) of scaled score `score`: its value and its derivative.
+  ScoreModValue modified(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j, double score) const {
+    if (p.score_mod.empty()) return {score, 1.0};
+    ScoreModPoint point;
+    point.score = score;
+    point.index = {b, h, i, j};
+    point.sizes = {p.batch, p.heads_q, p.seq_q, p.seq_kv};
+    point.scalars = p.score_mod_scalars.data();
+    point.tensors = mod_tensors.data();
+    return evaluate_with_derivative(p.score_mod, point);
   }
   // bias[b', h', i', j] + slope_h * (j - i)
   double added(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
@@ -137,7 +151,8 @@ RowStats softmax_row(const ScoreTerms& terms, std::int64_t b, std::int64_t h, st
   std::fill(probs.begin(), probs.end(), 0.0);
   if (i >= entry_len_q(p, b)) return stats;  // padding
   for (std::int64_t j = keys.first; j <= keys.last; ++j) {
-    probs[j] = p.scale * dot(q_row, k_head + j * p.head_dim_qk, p.head_dim_qk) + terms.added(b, h, i, j);
+    const double score = p.scale * dot(q_row, k_head + j * p.head_dim_qk, p.head_dim_qk);
+    probs[j] = terms.modified(b, h, i, j, score).value + terms.added(b, h, i, j);
   }
   if (!keys.empty()) stats.max_logit = *std::max_element(probs.begin() + keys.first, probs.begin() + keys.last + 1);
   const double max = terms.has_extra() ? std::max(stats.max_logit, terms.extra_logit(h)) : stats.max_logit;
@@ -266,8 +281,13 @@ void reference_backward_cpu(const ReferenceProblem& p, const double* q, const do
           const double* v_row = v + v_off + j * p.head_dim_v;
           const double d_p = dot(do_row, v_row, p.head_dim_v);
           const double d_s = probs[j] * (d_p * dropout.factor(b, hq, i, j) - d_row);
-          axpy(p.scale * d_s, k_row, dq_row, p.head_dim_qk);
-          axpy(p.scale * d_s, q_row, d_k + k_off + j * p.head_dim_qk, p.head_dim_qk);
+          // dS before the modifier: times its derivative at this score (1 without one).
+          const double d_score =
+              p.score_mod.empty()
+                  ? d_s
+                  : d_s * terms.modified(b, hq, i, j, p.scale * dot(q_row, k_row, p.head_dim_qk)).d_score;
+          axpy(p.scale * d_score, k_row, dq_row, p.head_dim_qk);
+          axpy(p.scale * d_score, q_row, d_k + k_off + j * p.head_dim_qk, p.head_dim_qk);
           axpy(dropped[j], do_row, d_v + v_off + j * p.head_dim_v, p.head_dim_v);
           if (d_bias != nullptr) d_bias[terms.bias_at.at(b, hq, i, j)] += d_s;  // summed over broadcast dims
         }

@@ -75,6 +75,9 @@ class StreamScratch {
 
 void check_gpu_problem(const ReferenceProblem& p) {
   detail::check_reference_problem(p);
+  if (!p.score_mod.empty()) {
+    throw InvalidArgument("score_mod", to_string(p.score_mod), "none for the GPU reference (the CPU one applies it)");
+  }
   const std::string limit = "must be at most " + std::to_string(kMaxHeadDim) + " for the GPU reference";
   if (p.head_dim_qk > kMaxHeadDim) throw InvalidArgument("head_dim_qk", std::to_string(p.head_dim_qk), limit);
   if (p.head_dim_v > kMaxHeadDim) throw InvalidArgument("head_dim_v", std::to_string(p.head_dim_v), limit);

@@ -37,6 +37,30 @@ inline void check_lengths(const char* field, const std::vector<std::int64_t>& le
   }
 }
 
+/// A modifier's scalars and tensors must all be there, each tensor with its axes' element count.
+inline void check_score_mod_values(const ReferenceProblem& p) {
+  const ScoreMod& mod = p.score_mod;
+  if (p.score_mod_scalars.size() != static_cast<std::size_t>(mod.scalars())) {
+    throw InvalidArgument("score_mod_scalars", "size " + std::to_string(p.score_mod_scalars.size()),
+                          "one value per scalar of the modifier (" + std::to_string(mod.scalars()) + ")");
+  }
+  if (p.score_mod_tensors.size() != static_cast<std::size_t>(mod.tensors())) {
+    throw InvalidArgument("score_mod_tensors", "size " + std::to_string(p.score_mod_tensors.size()),
+                          "one tensor per tensor of the modifier (" + std::to_string(mod.tensors()) + ")");
+  }
+  const std::int64_t sizes[4] = {p.batch, p.heads_q, p.seq_q, p.seq_kv};
+  const std::uint8_t bits[4] = {kAxisB, kAxisH, kAxisQ, kAxisKv};
+  for (int i = 0; i < mod.tensors(); ++i) {
+    std::int64_t elements = 1;
+    for (int axis = 0; axis < 4; ++axis) elements *= (mod.tensor_axes(i) & bits[axis]) ? sizes[axis] : 1;
+    const std::size_t have = p.score_mod_tensors[static_cast<std::size_t>(i)].size();
+    if (have != static_cast<std::size_t>(elements)) {
+      throw InvalidArgument("score_mod_tensors[" + std::to_string(i) + "]", "size " + std::to_string(have),
+                            std::to_string(elements) + " elements, as its axes span");
+    }
+  }
+}
+
 /// Sizes must be positive, the query heads must split evenly into groups over the kv heads, and
 /// padding lengths, if any, must fit the padded sizes.
 inline void check_reference_problem(const ReferenceProblem& p) {
@@ -56,6 +80,7 @@ inline void check_reference_problem(const ReferenceProblem& p) {
   if (!(p.dropout >= 0.0 && p.dropout < 1.0)) {  // NaN fails too
     throw InvalidArgument("dropout", std::to_string(p.dropout), "must be a probability in [0, 1)");
   }
+  check_score_mod_values(p);
 }
 
 /// The extra inputs the problem asks for must be there: the bias values when p.bias != none, the

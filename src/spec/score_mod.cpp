@@ -259,6 +259,12 @@ void number_slots(const std::string& text, const std::vector<ScoreModNode>& node
       }
     }
   }
+  if (scalar_seen.size() > static_cast<std::size_t>(kMaxScoreModScalars) ||
+      tensor_seen.size() > static_cast<std::size_t>(kMaxScoreModTensors)) {
+    throw InvalidArgument("score_mod", "\"" + text + "\"",
+                          "at most " + std::to_string(kMaxScoreModScalars) + " scalars and " +
+                              std::to_string(kMaxScoreModTensors) + " tensors");
+  }
   scalars = static_cast<int>(scalar_seen.size());
 }
 

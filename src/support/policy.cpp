@@ -340,10 +340,25 @@ void paged_rule(const AttentionSpec& spec, Pass pass, const Versions& versions, 
   score_features_not_offered_with(spec, "paged caches", out);
 }
 
-// Score modifiers parse, print and key plans (score_mod.h), but no graph applies them yet.
-void score_mod_rule(const AttentionSpec& spec, Reasons& out) {
+// Score modifiers (score_mod.h) go into cuDNN's flexible graphs, which arrived in 9.6 (90600).
+// Beside a modifier cuDNN switches off its own masks and ALiBi: the graph layer writes the window
+// and padding into the modifier, and ALiBi, whose slopes cuDNN makes itself, is the user's to
+// write in. The FP8 graphs take none.
+void score_mod_rule(const AttentionSpec& spec, const Versions& versions, Reasons& out) {
   if (spec.score_mod.empty()) return;
-  out.push_back({"score_mod", to_string(spec.score_mod), "the score_mod graph, which is not built yet", ""});
+  const std::string mod = to_string(spec.score_mod);
+  if (versions.cudnn_runtime < 90600) {
+    out.push_back({"score_mod", mod, "cuDNN 9.6 or newer (cuDNN's flexible attention graphs)", "cuDNN 9.6"});
+  }
+  if (is_fp8(spec.q.dtype)) {
+    out.push_back({"score_mod", mod, "f16 or bf16 inputs (fusedattn's FP8 graphs take no score modifier)", ""});
+  }
+  if (spec.alibi) {
+    out.push_back({"alibi", "1",
+                   "no alibi beside a score modifier (cuDNN turns ALiBi off there): write it into the modifier, "
+                   "add(score,mul(t0[h],sub(kv,q))) with the slopes as t0",
+                   ""});
+  }
 }
 
 Support check_support_policy(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions) {
@@ -368,7 +383,7 @@ Support check_support_policy(const AttentionSpec& spec, Pass pass, const DeviceC
   paged_rule(spec, pass, versions, out);
   detail::fp8_rule(spec, pass, caps, versions, out);
   detail::mxfp8_rule(spec, pass, caps, versions, out);
-  score_mod_rule(spec, out);
+  score_mod_rule(spec, versions, out);
   return support;
 }
 

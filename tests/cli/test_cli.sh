@@ -88,8 +88,10 @@ expect "fp8 backward needs 128"  '^1$' 'd_qk = 64: needs 128 for the FP8 backwar
                                                                             -- support "${FP8/d=128/d=64}"
 expect "fp8 takes no bias"       '^1$' 'no bias with FP8'                         -- support "$FP8 bias=11ss"
 expect "mxfp8 needs cuDNN 9.21"  '^1$' 'fp8_scaling = mxfp8: needs cuDNN 9.21'    -- support "$FP8 fp8_scaling=mxfp8"
-expect "score_mod refused, named" '^1$' 'score_mod = mul\(tanh\(div\(score,\$0\)\),\$0\): needs the score_mod graph, which is not built yet' \
-  -- support "layout=bshd b=1 s=64 h=2 d=64 score_mod=mul(tanh(div(score,\$0)),\$0)"
+expect "fp8 takes no score_mod"   '^1$' 'score_mod = mul\(tanh\(div\(score,\$0\)\),\$0\): needs f16 or bf16 inputs' \
+  -- support "$FP8 score_mod=mul(tanh(div(score,\$0)),\$0)"
+expect "alibi beside a score_mod" '^1$' 'alibi = 1: needs no alibi beside a score modifier.*add\(score,mul\(t0\[h\],sub\(kv,q\)\)\)' \
+  -- support "layout=bshd b=1 s=64 h=2 d=64 causal alibi=1 score_mod=mul(tanh(div(score,\$0)),\$0)"
 expect "a bad score_mod, named"  '^2$' 'score_mod = "mul\(score\)" at character 9' -- support "layout=bshd b=1 s=64 h=2 d=64 score_mod=mul(score)"
 expect "fp8 names torch's dtype" '^0$' 'dtype=e4m3'                               -- support "${FP8/e4m3/float8_e4m3fn}"
 

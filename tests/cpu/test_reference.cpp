@@ -1635,5 +1635,105 @@ TEST(ReferenceGather, StridedRoundTripLeavesPaddingAlone) {
   }
 }
 
+// --- score modifiers ---------------------------------------------------------------------------
+
+// ALiBi written as a modifier, with the standard slopes as its per-head tensor, is ALiBi.
+TEST(ReferenceScoreMod, AlibiWrittenInIsAlibi) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  for (Alignment alignment : {Alignment::top_left, Alignment::bottom_right}) {
+    ReferenceProblem p = make_problem(6, 2, 4, 7, 8, 8, kCausal, alignment);
+    p.batch = 2;
+    p.alibi = true;
+    ReferenceProblem written = p;
+    written.alibi = false;
+    written.score_mod = parse_score_mod("add(score,mul(t0[h],sub(kv,q)))");
+    const std::vector<double> slopes = alibi_slopes(p.heads_q);
+    written.score_mod_tensors = {std::vector<float>(slopes.begin(), slopes.end())};
+    // float32 slopes against ALiBi's double ones: equal to about 1e-8.
+    const std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
+    const std::vector<double> d_o = rng.normal(o_size(p));
+    const FullForward a = run_forward_full(p, q, k, v, {}), b = run_forward_full(written, q, k, v, {});
+    EXPECT_LT(relative_error(b.o.data(), a.o.data(), o_size(p)), 1e-7);
+    EXPECT_LT(relative_error(b.lse.data(), a.lse.data(), lse_size(p)), 1e-7);
+    const FullGradients ga = run_backward_full(p, q, k, v, d_o, {}), gb = run_backward_full(written, q, k, v, d_o, {});
+    EXPECT_LT(relative_error(gb.d_q.data(), ga.d_q.data(), q_size(p)), 1e-7);
+    EXPECT_LT(relative_error(gb.d_k.data(), ga.d_k.data(), k_size(p)), 1e-7);
+    EXPECT_EQ(gb.d_v.size(), ga.d_v.size());
+    EXPECT_LT(relative_error(gb.d_v.data(), ga.d_v.data(), v_size(p)), 1e-7);
+  }
+}
+
+// A causal mask written as a modifier (select to -inf) gives what the causal window gives.
+TEST(ReferenceScoreMod, MaskWrittenInIsTheMask) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  ReferenceProblem masked = make_problem(4, 2, 6, 6, 8, 8, kCausal, Alignment::top_left);
+  ReferenceProblem written = make_problem(4, 2, 6, 6, 8, 8);
+  written.score_mod = parse_score_mod("select(le(kv,q),score,-inf)");
+  const std::vector<double> q = rng.normal(q_size(masked)), k = rng.normal(k_size(masked)), v = rng.normal(v_size(masked));
+  const std::vector<double> d_o = rng.normal(o_size(masked));
+  const FullForward a = run_forward_full(masked, q, k, v, {}), b = run_forward_full(written, q, k, v, {});
+  EXPECT_EQ(a.o, b.o);
+  EXPECT_EQ(a.lse, b.lse);
+  const FullGradients ga = run_backward_full(masked, q, k, v, d_o, {});
+  const FullGradients gb = run_backward_full(written, q, k, v, d_o, {});
+  EXPECT_EQ(ga.d_q, gb.d_q);
+  EXPECT_EQ(ga.d_k, gb.d_k);
+  EXPECT_EQ(ga.d_v, gb.d_v);
+}
+
+// The backward with modifiers that bend the scores (a softcap, a per-query-row tensor scaling them
+// where the distance is small, a square root of a shifted score) against central differences.
+TEST(ReferenceScoreMod, BackwardMatchesFiniteDifferences) {
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const std::pair<const char*, float> modifiers[] = {
+      {"mul(tanh(div(score,$0)),$0)", 1.5f},  // a cap the scores reach
+      {"select(lt(abs(sub(kv,q)),2),mul(score,t0[q]),sub(score,$0))", 3.0f},
+      {"sqrt(add(score,$0))", 12.0f},  // the shift keeps the root's argument positive
+  };
+  for (auto [text, scalar] : modifiers) {
+    for (ReferenceProblem p : backward_problems()) {
+      p.score_mod = parse_score_mod(text);
+      p.score_mod_scalars = {scalar};
+      if (p.score_mod.tensors() > 0) {
+        std::vector<float> rows;
+        for (double x : rng.normal(p.seq_q)) rows.push_back(static_cast<float>(1.0 + 0.5 * x));
+        p.score_mod_tensors = {rows};
+      }
+      SCOPED_TRACE(std::string(text) + " " + describe(p));
+      std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
+      const std::vector<double> d_o = rng.normal(o_size(p));
+      std::vector<double> d_q(q.size()), d_k(k.size()), d_v(v.size());
+      reference_backward_cpu(p, q.data(), k.data(), v.data(), d_o.data(), d_q.data(), d_k.data(), d_v.data());
+      const auto eval = [&] { return loss(p, q, k, v, d_o); };
+      const std::vector<double> num_q = numeric_gradient(q, eval);
+      const std::vector<double> num_k = numeric_gradient(k, eval);
+      const std::vector<double> num_v = numeric_gradient(v, eval);
+      EXPECT_LT(relative_error(d_q.data(), num_q.data(), q_size(p)), 1e-6) << "dQ";
+      EXPECT_LT(relative_error(d_k.data(), num_k.data(), k_size(p)), 1e-6) << "dK";
+      EXPECT_LT(relative_error(d_v.data(), num_v.data(), v_size(p)), 1e-6) << "dV";
+    }
+  }
+}
+
+TEST(ReferenceScoreMod, RejectsMissingValues) {
+  ReferenceProblem p = make_problem(2, 1, 4, 4, 8, 8);
+  p.score_mod = parse_score_mod("add(mul(score,$0),t0[h,kv])");
+  p.score_mod_scalars = {1.0f};
+  p.score_mod_tensors = {std::vector<float>(7)};  // h * s_kv = 8 wanted
+  std::vector<double> q(q_size(p)), k(k_size(p)), v(v_size(p)), o(o_size(p)), lse(lse_size(p));
+  try {
+    reference_forward_cpu(p, q.data(), k.data(), v.data(), o.data(), lse.data());
+    ADD_FAILURE() << "accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.field(), "score_mod_tensors[0]");
+    EXPECT_NE(std::string(e.what()).find("8 elements"), std::string::npos) << e.what();
+  }
+  p.score_mod_scalars.clear();
+  EXPECT_THROW(reference_forward_cpu(p, q.data(), k.data(), v.data(), o.data(), lse.data()), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace fusedattn

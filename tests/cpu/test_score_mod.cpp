@@ -210,14 +210,46 @@ TEST(ScoreModSpec, ABadExpressionInTheSpecNamesTheField) {
   }
 }
 
-TEST(ScoreModSpec, TheSupportPolicyRefusesItUntilTheGraphExists) {
+TEST(ScoreModSpec, ThePolicyTakesItWithMasksPaddingAndGroupedHeads) {
+  AttentionSpec grouped = parse_spec("layout=bshd b=2 s_q=300 s_kv=500 h_q=8 h_kv=2 d=128 window=64,0 "
+                                     "align=bottom_right padding=1");
+  grouped.score_mod = parse_score_mod(kSoftcap);
   for (Pass pass : {Pass::forward, Pass::backward}) {
-    const Support support = check_support_policy(softcapped(), pass, DeviceCaps{9, 0}, made_up_versions(91900));
-    ASSERT_FALSE(support.ok());
-    ASSERT_EQ(support.reasons.size(), 1u);
-    EXPECT_EQ(support.reasons[0].field, "score_mod");
-    EXPECT_EQ(support.reasons[0].value, kSoftcap);
+    for (const AttentionSpec& spec : {softcapped(), grouped}) {
+      const Support support = check_support_policy(spec, pass, DeviceCaps{9, 0}, made_up_versions(91900));
+      EXPECT_TRUE(support.ok()) << to_string(spec) << ": " << support.to_string();
+    }
   }
+}
+
+TEST(ScoreModSpec, ThePolicyNamesWhatAModifierExcludes) {
+  // Too old a cuDNN and FP8 inputs: two reasons at once.
+  AttentionSpec fp8 = parse_spec("layout=bshd dtype=e4m3 b=1 s=256 h=4 d=128 causal");
+  fp8.score_mod = parse_score_mod(kSoftcap);
+  const Support old_fp8 = check_support_policy(fp8, Pass::forward, DeviceCaps{9, 0}, made_up_versions(90500));
+  std::string fields;
+  for (const Reason& reason : old_fp8.reasons) {
+    if (reason.field == "score_mod") fields += reason.requirement.substr(0, 9) + "(" + reason.lifted_by + ");";
+  }
+  EXPECT_EQ(fields, "cuDNN 9.6(cuDNN 9.6);f16 or bf();") << old_fp8.to_string();
+  // ALiBi beside a modifier: refused with the way to write it in.
+  AttentionSpec alibi = parse_spec("layout=bshd b=1 s=256 h=4 d=128 causal alibi=1");
+  alibi.score_mod = parse_score_mod(kSoftcap);
+  const Support refused = check_support_policy(alibi, Pass::backward, DeviceCaps{9, 0}, made_up_versions(91900));
+  ASSERT_EQ(refused.reasons.size(), 1u) << refused.to_string();
+  EXPECT_EQ(refused.reasons[0].field, "alibi");
+  EXPECT_NE(refused.reasons[0].requirement.find("add(score,mul(t0[h],sub(kv,q)))"), std::string::npos);
+}
+
+TEST(ScoreModSpec, MoreSlotsThanAGraphTakesAreRefused) {
+  EXPECT_NO_THROW(parse_score_mod("add(add(add(add(add(add(add($0,$1),$2),$3),$4),$5),$6),$7)"));
+  try {
+    parse_score_mod("add(add(add(add(add(add(add(add($0,$1),$2),$3),$4),$5),$6),$7),$8)");
+    ADD_FAILURE() << "nine scalars accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("at most 8 scalars and 4 tensors"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_score_mod("add(add(add(add(t0[h],t1[h]),t2[h]),t3[h]),t4[h])"), InvalidArgument);
 }
 
 }  // namespace
