@@ -164,11 +164,10 @@ AttentionBuffers::AttentionBuffers(const AttentionSpec& spec, bool with_backward
   if (spec.dropout_mask_out) s.dropout_mask = DeviceBuffer(mask_elements(spec) * sizeof(float));
   const ScoreMod& mod = spec.score_mod;
   if (mod.scalars() > 0) s.mod_scalars_device = DeviceBuffer(static_cast<std::size_t>(mod.scalars()) * sizeof(float));
-  const std::int64_t sizes[4] = {spec.batch(), spec.heads_q(), spec.seq_q(), spec.seq_kv()};
-  const std::uint8_t axes[4] = {kAxisB, kAxisH, kAxisQ, kAxisKv};
+  const std::array<std::int64_t, 4> sizes = {spec.batch(), spec.heads_q(), spec.seq_q(), spec.seq_kv()};
   for (int i = 0; i < mod.tensors(); ++i) {
-    std::int64_t elements = 1;
-    for (int a = 0; a < 4; ++a) elements *= (mod.tensor_axes(i) & axes[a]) ? sizes[a] : 1;
+    const std::array<std::int64_t, 4> dims = tensor_dims(mod, i, sizes);
+    const std::int64_t elements = dims[0] * dims[1] * dims[2] * dims[3];
     s.mod_tensors.emplace_back(static_cast<std::size_t>(elements));
     s.mod_tensors_device.emplace_back(static_cast<std::size_t>(elements) * sizeof(float));
   }

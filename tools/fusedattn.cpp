@@ -230,17 +230,19 @@ struct BenchResult {
   double forward_ms = 0.0, forward_backward_ms = 0.0, backward_ms = 0.0;
   double host_us_per_call = 0.0;
   fa::CacheStats cache;
+  std::string backward_refused;  // the reasons, where the backward is not supported (forward timed alone)
 };
 
-// Builds both plans from a cold cache, timing each on the host.
+// Builds both plans from a cold cache, timing each on the host (the backward where supported).
 void measure_builds(const fa::AttentionSpec& train, BenchResult* r) {
   fa::clear_plan_cache();
   auto start = std::chrono::steady_clock::now();
   fa::get_plan(train, fa::Pass::forward);
   r->build_forward_ms = host_ms_since(start);
   start = std::chrono::steady_clock::now();
-  fa::get_plan(train, fa::Pass::backward);
+  const fa::Support backward = fa::check_support(train, fa::Pass::backward);
   r->build_backward_ms = host_ms_since(start);
+  if (!backward.ok()) r->backward_refused = backward.to_string();
 }
 
 // `fwd` and `bwd`: the tensors of `spec` with statistics (the training forward's).
@@ -250,8 +252,10 @@ BenchResult run_bench(const fa::AttentionSpec& spec, int iters, const fa::Forwar
   train.stats = true;  // backward needs the forward's statistics
   BenchResult r;
   measure_builds(train, &r);
-  const std::size_t ws_bytes = std::max(fa::get_plan(spec, fa::Pass::forward)->workspace_bytes(),
-                                        fa::get_plan(train, fa::Pass::backward)->workspace_bytes());
+  const bool with_backward = r.backward_refused.empty();
+  const std::size_t ws_bytes =
+      std::max(fa::get_plan(spec, fa::Pass::forward)->workspace_bytes(),
+               with_backward ? fa::get_plan(train, fa::Pass::backward)->workspace_bytes() : std::size_t{0});
   fa::check::DeviceBuffer workspace_memory(ws_bytes);
   const fa::Workspace ws{workspace_memory.get(), ws_bytes};
   fa::ForwardTensors inference = fwd;
@@ -259,13 +263,15 @@ BenchResult run_bench(const fa::AttentionSpec& spec, int iters, const fa::Forwar
   const float scale = fa::default_scale(spec);
 
   r.forward_ms = fa::check::median_kernel_ms([&] { fa::forward(spec, inference, scale, nullptr, ws); }, 3, iters, nullptr);
-  r.forward_backward_ms = fa::check::median_kernel_ms(
-      [&] {
-        fa::forward(train, fwd, scale, nullptr, ws);
-        fa::backward(train, bwd, scale, nullptr, ws);
-      },
-      3, iters, nullptr);
-  r.backward_ms = fa::check::median_kernel_ms([&] { fa::backward(train, bwd, scale, nullptr, ws); }, 3, iters, nullptr);
+  if (with_backward) {
+    r.forward_backward_ms = fa::check::median_kernel_ms(
+        [&] {
+          fa::forward(train, fwd, scale, nullptr, ws);
+          fa::backward(train, bwd, scale, nullptr, ws);
+        },
+        3, iters, nullptr);
+    r.backward_ms = fa::check::median_kernel_ms([&] { fa::backward(train, bwd, scale, nullptr, ws); }, 3, iters, nullptr);
+  }
 
   // Enqueue cost of a cached call. Fewer calls than the launch queue holds (about a thousand
   // pending launches), so that enqueueing never waits for a kernel to finish, whatever the shape.
@@ -285,9 +291,13 @@ void print_bench(const fa::AttentionSpec& spec, const BenchResult& r, int iters)
   std::printf("bench spec=%s  (median of %d calls, CUDA events)\n", quoted(spec).c_str(), iters);
   std::printf("  %-26s %12s %10s\n", "pass", "kernel ms", "TFLOP/s");
   std::printf("  %-26s %12.4f %10.1f\n", "forward", r.forward_ms, tflops(fwd_flops, r.forward_ms));
-  std::printf("  %-26s %12.4f %10.1f\n", "forward+backward", r.forward_backward_ms,
-              tflops(3.5 * fwd_flops, r.forward_backward_ms));
-  std::printf("  %-26s %12.4f %10.1f\n", "backward", r.backward_ms, tflops(2.5 * fwd_flops, r.backward_ms));
+  if (r.backward_refused.empty()) {
+    std::printf("  %-26s %12.4f %10.1f\n", "forward+backward", r.forward_backward_ms,
+                tflops(3.5 * fwd_flops, r.forward_backward_ms));
+    std::printf("  %-26s %12.4f %10.1f\n", "backward", r.backward_ms, tflops(2.5 * fwd_flops, r.backward_ms));
+  } else {
+    std::printf("  backward not supported: %s\n", r.backward_refused.substr(0, 300).c_str());
+  }
   std::printf("  %-26s %12.2f us\n", "host time per cached call", r.host_us_per_call);
   std::printf("  %-26s %12.1f ms forward, %.1f ms backward\n", "plan build", r.build_forward_ms, r.build_backward_ms);
   std::printf("  %-26s builds=%llu build_ms=%.1f hits=%llu misses=%llu size=%zu\n", "plan cache",

@@ -95,6 +95,10 @@ std::string to_string(const ScoreMod& mod);
 /// Hash over the structure (equal modifiers hash equal).
 std::size_t hash_value(const ScoreMod& mod) noexcept;
 
+/// The dims of tensor `slot` of `mod` for a problem of sizes [b, h_q, s_q, s_kv]: those sizes along
+/// the axes it spans, 1 (broadcast) along the others. It is contiguous in that shape.
+std::array<std::int64_t, 4> tensor_dims(const ScoreMod& mod, int slot, const std::array<std::int64_t, 4>& sizes);
+
 /// What one score's modification reads: its indices, the problem's sizes [b, h_q, s_q, s_kv] (which
 /// place a tensor's elements), the runtime scalars and the tensors (float32, as their axes say).
 struct ScoreModPoint {

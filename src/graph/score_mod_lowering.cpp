@@ -1,12 +1,19 @@
 // Score modifiers as frontend pointwise operations (score_mod_lowering.h).
 //
-// Each node of the expression becomes one operation on the [b, h_q, s_q, s_kv] score tensor (or on
-// tensors that broadcast to it). Values have one of three kinds: int32 (the indices and integer
-// arithmetic on them, exact as in the host evaluator), boolean (comparisons and logic) and float32
-// (everything else); a use that needs another kind converts (a boolean as a number is 1 or 0, a
-// number as a condition is "not 0"). The backward walks the expression from the root to the
-// score leaves, multiplying dS by each operation's local derivative: every operation there
-// involves the score-shaped gradient, the form cuDNN's fused backward takes.
+// Each node of the expression becomes operations on the [b, h_q, s_q, s_kv] score tensor (or on
+// tensors that broadcast to it). What cuDNN 9.19's fused kernels take, as measured on the H200,
+// shapes the lowering:
+//   - every operation's first input must be a virtual tensor (one the kernel computes: the score,
+//     an index, another operation's result), never a constant, a scalar or a tensor of the call;
+//     emit() reorders commutative operations, mirrors comparisons, rewrites c - x and c / x, and
+//     otherwise first makes the operand virtual (0 * score + c);
+//   - there is no logical and / or / not: conditions are lowered where a select uses them, as
+//     nested selects (and(a, b) ? x : y is a ? (b ? x : y) : y), and a condition used as a number
+//     is a select of 1 and 0.
+// Values have one of three kinds: int32 (the indices and integer arithmetic on them, exact as in
+// the host evaluator), conditions, and float32 (everything else). The backward walks the
+// expression from the root to the score leaves, multiplying dS by each operation's local
+// derivative; the window and padding conditions mask the forward's scores with -inf and dS with 0.
 #include "graph/score_mod_lowering.h"
 
 #include <cmath>
@@ -17,12 +24,14 @@
 namespace fusedattn::graph {
 
 namespace fe = cudnn_frontend;
-using Mode = fe::PointwiseMode_t;
+using Mode = ScoreModLowering::Mode;
 using TensorPtr = ScoreModLowering::TensorPtr;
 
 namespace {
 
 constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
+
+bool is_virtual(const TensorPtr& tensor) { return tensor && tensor->get_is_virtual(); }
 
 int index_axis(ScoreOp op) {
   switch (op) {
@@ -33,14 +42,13 @@ int index_axis(ScoreOp op) {
   }
 }
 
-// The derivative flows through every operation but comparisons, logic and a select's condition.
-bool carries_derivative(ScoreOp op) {
+bool is_condition(ScoreOp op) {
   switch (op) {
     case ScoreOp::logical_not: case ScoreOp::logical_and: case ScoreOp::logical_or:
     case ScoreOp::lt: case ScoreOp::le: case ScoreOp::gt: case ScoreOp::ge: case ScoreOp::eq: case ScoreOp::ne:
-      return false;
-    default:
       return true;
+    default:
+      return false;
   }
 }
 
@@ -55,90 +63,217 @@ Mode comparison_mode(ScoreOp op) {
   }
 }
 
-}  // namespace
-
-std::string ScoreModLowering::next_name(const char* what) {
-  return "score_mod_" + std::to_string(names_++) + "_" + what;
+// x op y == y mirrored(op) x
+Mode mirrored(Mode mode) {
+  switch (mode) {
+    case Mode::CMP_LT: return Mode::CMP_GT;
+    case Mode::CMP_LE: return Mode::CMP_GE;
+    case Mode::CMP_GT: return Mode::CMP_LT;
+    case Mode::CMP_GE: return Mode::CMP_LE;
+    default: return mode;  // eq, ne and the commutative arithmetic
+  }
 }
 
-TensorPtr ScoreModLowering::constant(double value, Kind kind) const {
-  if (kind == Kind::integer) return std::make_shared<fe::graph::Tensor_attributes>(static_cast<std::int32_t>(value));
+// not (x op y) == x negated(op) y
+Mode negated(Mode mode) {
+  switch (mode) {
+    case Mode::CMP_LT: return Mode::CMP_GE;
+    case Mode::CMP_LE: return Mode::CMP_GT;
+    case Mode::CMP_GT: return Mode::CMP_LE;
+    case Mode::CMP_GE: return Mode::CMP_LT;
+    case Mode::CMP_EQ: return Mode::CMP_NEQ;
+    default: return Mode::CMP_EQ;
+  }
+}
+
+bool commutes(Mode mode) {
+  return mode == Mode::ADD || mode == Mode::MUL || mode == Mode::MIN || mode == Mode::MAX || mode == Mode::CMP_EQ ||
+         mode == Mode::CMP_NEQ || mode == Mode::CMP_LT || mode == Mode::CMP_LE || mode == Mode::CMP_GT ||
+         mode == Mode::CMP_GE;
+}
+
+TensorPtr constant(double value, bool integer) {
+  if (integer) return std::make_shared<fe::graph::Tensor_attributes>(static_cast<std::int32_t>(value));
   return std::make_shared<fe::graph::Tensor_attributes>(static_cast<float>(value));
 }
 
-TensorPtr ScoreModLowering::pointwise(Graph& graph, Mode mode, std::vector<TensorPtr> in, Kind compute, Kind out) {
+bool whole(double value) {
+  return std::isfinite(value) && value == std::trunc(value) && std::fabs(value) < 2147483648.0;
+}
+
+// An arithmetic operation on constants, as the host evaluator computes it.
+double fold(ScoreOp op, double x, double y) {
+  switch (op) {
+    case ScoreOp::neg: return -x;
+    case ScoreOp::abs: return std::fabs(x);
+    case ScoreOp::exp: return std::exp(x);
+    case ScoreOp::log: return std::log(x);
+    case ScoreOp::sqrt: return std::sqrt(x);
+    case ScoreOp::tanh: return std::tanh(x);
+    case ScoreOp::sigmoid: return 1.0 / (1.0 + std::exp(-x));
+    case ScoreOp::add: return x + y;
+    case ScoreOp::sub: return x - y;
+    case ScoreOp::mul: return x * y;
+    case ScoreOp::div: return x / y;
+    case ScoreOp::pow: return std::pow(x, y);
+    case ScoreOp::min: return std::fmin(x, y);
+    case ScoreOp::max: return std::fmax(x, y);
+    default: throw std::logic_error("score_mod lowering: folding a non-arithmetic operation");
+  }
+}
+
+}  // namespace
+
+// One operation, its first input made virtual (see the top of the file).
+TensorPtr ScoreModLowering::emit(Mode mode, std::vector<TensorPtr> in, Kind compute, Kind out) {
+  if (!is_virtual(in[0])) {
+    if (in.size() == 2 && is_virtual(in[1]) && commutes(mode)) {
+      std::swap(in[0], in[1]);
+      mode = mirrored(mode);
+    } else if (in.size() == 2 && is_virtual(in[1]) && mode == Mode::SUB) {  // c - x = -x + c
+      return emit(Mode::ADD, {emit(Mode::NEG, {in[1]}, compute, compute), in[0]}, compute, out);
+    } else if (in.size() == 2 && is_virtual(in[1]) && mode == Mode::DIV) {  // c / x = (1 / x) * c
+      return emit(Mode::MUL, {emit(Mode::RECIPROCAL, {in[1]}, Kind::real, Kind::real), in[0]}, Kind::real, out);
+    } else {
+      in[0] = materialized(in[0]);
+      if (compute == Kind::integer) compute = Kind::real;  // the operand is float32 now
+      if (out == Kind::integer) out = Kind::real;
+    }
+  }
   static constexpr fe::DataType_t kTypes[] = {fe::DataType_t::INT32, fe::DataType_t::BOOLEAN, fe::DataType_t::FLOAT};
   auto attributes = fe::graph::Pointwise_attributes()
-                        .set_name(next_name("op"))
+                        .set_name("score_mod_" + std::to_string(names_++))
                         .set_mode(mode)
                         .set_compute_data_type(kTypes[static_cast<int>(compute)]);
   TensorPtr result;
   if (in.size() == 1) {
-    result = graph.pointwise(in[0], attributes);
+    result = graph_->pointwise(in[0], attributes);
   } else if (in.size() == 2) {
-    result = graph.pointwise(in[0], in[1], attributes);
+    result = graph_->pointwise(in[0], in[1], attributes);
   } else {
-    result = graph.pointwise(in[0], in[1], in[2], attributes);
+    result = graph_->pointwise(in[0], in[1], in[2], attributes);
   }
   result->set_data_type(kTypes[static_cast<int>(out)]);
   return result;
 }
 
-// `value` in the kind a use needs: constants are made in it; a boolean becomes 1 or 0 and a
-// number a condition (not 0); an int32 index serves a float operation as it is (cuDNN converts).
-TensorPtr ScoreModLowering::as(Graph& graph, const Value& value, Kind kind) {
-  if (!value.tensor) {
-    if (kind == Kind::boolean) return constant(value.constant != 0.0 ? 1.0 : 0.0, Kind::integer);
-    return constant(value.constant, kind);
-  }
-  if (kind == value.kind || (kind == Kind::real && value.kind == Kind::integer)) return value.tensor;
-  if (kind == Kind::boolean) {
-    return pointwise(graph, Mode::CMP_NEQ, {value.tensor, constant(0.0, value.kind)}, Kind::boolean, Kind::boolean);
-  }
-  // A boolean as a number, in the kind asked for.
-  return pointwise(graph, Mode::BINARY_SELECT, {constant(1.0, kind), constant(0.0, kind), value.tensor}, kind, kind);
+// Zero in the score's shape, virtual: anchor * 0 (the anchor is finite).
+TensorPtr ScoreModLowering::zero() {
+  if (!zero_) zero_ = emit(Mode::MUL, {anchor_, constant(0.0, false)}, Kind::real, Kind::real);
+  return zero_;
 }
 
-ScoreModLowering::Value ScoreModLowering::lower_node(Graph& graph, std::size_t i, const TensorPtr& score) {
+// A constant, scalar or tensor as a virtual float32 tensor: 0 * anchor + it.
+TensorPtr ScoreModLowering::materialized(const TensorPtr& tensor) {
+  return emit(Mode::ADD, {zero(), tensor}, Kind::real, Kind::real);
+}
+
+bool ScoreModLowering::small_power(const Value& exponent) {
+  return !exponent.tensor && exponent.kind != Kind::condition && whole(exponent.constant) && exponent.constant >= 2.0 &&
+         exponent.constant <= 8.0;
+}
+
+// x^n, n >= 1, as products (x^4 = (x x)(x x)).
+TensorPtr ScoreModLowering::product(const TensorPtr& x, int n) {
+  if (n == 1) return x;
+  const TensorPtr half = product(x, n / 2);
+  const TensorPtr square = real(Mode::MUL, {half, half});
+  return n % 2 ? real(Mode::MUL, {square, x}) : square;
+}
+
+TensorPtr ScoreModLowering::index(int axis) {
+  auto attributes = fe::graph::Pointwise_attributes()
+                        .set_name("score_mod_" + std::to_string(names_++))
+                        .set_mode(Mode::GEN_INDEX)
+                        .set_axis(axis)
+                        .set_compute_data_type(fe::DataType_t::INT32);
+  auto out = graph_->pointwise(anchor_, attributes);
+  out->set_data_type(fe::DataType_t::INT32);
+  return out;
+}
+
+// Node `node`'s value as a number of `kind` (int32 only where it is one): constants are made in
+// that kind, a condition becomes a select of 1 and 0.
+TensorPtr ScoreModLowering::number(const Value& value, Kind kind, std::size_t node) {
+  if (value.kind == Kind::condition) return select_on(node, materialized(constant(1.0, false)), zero());
+  if (!value.tensor) return constant(value.constant, kind == Kind::integer);
+  return value.tensor;
+}
+
+TensorPtr ScoreModLowering::value_of(std::int32_t node) {
+  const auto i = static_cast<std::size_t>(node);
+  return number(values_[i], Kind::real, i);
+}
+
+// A comparison node as a boolean tensor, in integer compute where both sides are integers.
+TensorPtr ScoreModLowering::compare(Mode mode, std::size_t node) {
+  const ScoreModNode& n = spec_.score_mod.nodes()[node];
+  const Value& a = values_[static_cast<std::size_t>(n.args[0])];
+  const Value& b = values_[static_cast<std::size_t>(n.args[1])];
+  auto integral = [](const Value& v) { return v.tensor ? v.kind == Kind::integer : whole(v.constant); };
+  const bool integer = integral(a) && integral(b) && a.kind != Kind::condition && b.kind != Kind::condition;
+  const Kind kind = integer ? Kind::integer : Kind::real;
+  return emit(mode, {number(a, kind, static_cast<std::size_t>(n.args[0])), number(b, kind, static_cast<std::size_t>(n.args[1]))},
+              integer ? Kind::condition : Kind::real, Kind::condition);
+}
+
+// condition ? yes : no, the condition's logic lowered into selects on comparisons.
+TensorPtr ScoreModLowering::select_on(std::size_t condition, TensorPtr yes, TensorPtr no) {
+  const ScoreModNode& n = spec_.score_mod.nodes()[condition];
+  const Value& c = values_[condition];
+  if (c.kind != Kind::condition) {  // a number: "not 0"
+    if (!c.tensor) return c.constant != 0.0 ? yes : no;
+    const TensorPtr zero = constant(0.0, c.kind == Kind::integer);
+    const Kind compute = c.kind == Kind::integer ? Kind::condition : Kind::real;
+    if (!is_virtual(yes) && is_virtual(no)) {
+      return emit(Mode::BINARY_SELECT, {no, yes, emit(Mode::CMP_EQ, {c.tensor, zero}, compute, Kind::condition)},
+                  Kind::real, Kind::real);
+    }
+    return emit(Mode::BINARY_SELECT, {yes, no, emit(Mode::CMP_NEQ, {c.tensor, zero}, compute, Kind::condition)},
+                Kind::real, Kind::real);
+  }
+  const auto arg = [&](int k) { return static_cast<std::size_t>(n.args[static_cast<std::size_t>(k)]); };
+  switch (n.op) {
+    case ScoreOp::logical_and: return select_on(arg(0), select_on(arg(1), yes, no), no);
+    case ScoreOp::logical_or: return select_on(arg(0), yes, select_on(arg(1), yes, no));
+    case ScoreOp::logical_not: return select_on(arg(0), no, yes);
+    default: break;
+  }
+  // A comparison: with a virtual first branch as it is, else negated with the branches swapped.
+  if (!is_virtual(yes) && is_virtual(no)) {
+    return emit(Mode::BINARY_SELECT, {no, yes, compare(negated(comparison_mode(n.op)), condition)}, Kind::real,
+                Kind::real);
+  }
+  return emit(Mode::BINARY_SELECT, {yes, no, c.tensor}, Kind::real, Kind::real);
+}
+
+ScoreModLowering::Value ScoreModLowering::lower_node(std::size_t i) {
   const ScoreModNode& node = spec_.score_mod.nodes()[i];
-  auto arg = [&](int k) -> const Value& { return values_[static_cast<std::size_t>(node.args[static_cast<std::size_t>(k)])]; };
+  auto arg_index = [&](int k) { return static_cast<std::size_t>(node.args[static_cast<std::size_t>(k)]); };
+  auto arg = [&](int k) -> const Value& { return values_[arg_index(k)]; };
   const int arity = node.args[2] >= 0 ? 3 : node.args[1] >= 0 ? 2 : node.args[0] >= 0 ? 1 : 0;
   // Integer arithmetic stays integer where every argument is an index or a whole constant.
   bool integral = arity > 0;
+  bool constant_only = arity > 0;
   for (int k = 0; k < arity; ++k) {
     const Value& a = arg(k);
-    integral = integral && (a.tensor ? a.kind == Kind::integer
-                                     : std::isfinite(a.constant) && a.constant == std::trunc(a.constant) &&
-                                           std::fabs(a.constant) < 2147483648.0);
+    integral = integral && (a.tensor ? a.kind == Kind::integer : a.kind != Kind::condition && whole(a.constant));
+    constant_only = constant_only && !a.tensor && a.kind != Kind::condition;
   }
   const Kind arithmetic = integral ? Kind::integer : Kind::real;
-  auto unary = [&](Mode mode, Kind compute) {
-    return Value{compute, pointwise(graph, mode, {as(graph, arg(0), compute)}, compute, compute)};
+  auto operand = [&](int k, Kind kind) { return number(arg(k), kind, arg_index(k)); };
+  auto unary = [&](Mode mode, Kind kind) { return Value{kind, emit(mode, {operand(0, kind)}, kind, kind)}; };
+  auto binary = [&](Mode mode, Kind kind) {
+    return Value{kind, emit(mode, {operand(0, kind), operand(1, kind)}, kind, kind)};
   };
-  auto binary = [&](Mode mode, Kind compute) {
-    return Value{compute, pointwise(graph, mode, {as(graph, arg(0), compute), as(graph, arg(1), compute)}, compute, compute)};
-  };
-  auto compare = [&](Mode mode) {
-    return Value{Kind::boolean, pointwise(graph, mode, {as(graph, arg(0), arithmetic), as(graph, arg(1), arithmetic)},
-                                          integral ? Kind::boolean : Kind::real, Kind::boolean)};
-  };
-  auto logic = [&](Mode mode) {
-    std::vector<TensorPtr> in;
-    for (int k = 0; k < arity; ++k) in.push_back(as(graph, arg(k), Kind::boolean));
-    return Value{Kind::boolean, pointwise(graph, mode, std::move(in), Kind::boolean, Kind::boolean)};
-  };
+  if (constant_only && !is_condition(node.op) && node.op != ScoreOp::select) {
+    // Folded: no operation on constants alone reaches cuDNN.
+    return Value{Kind::real, nullptr, fold(node.op, arg(0).constant, arity > 1 ? arg(1).constant : 0.0)};
+  }
   switch (node.op) {
-    case ScoreOp::score: return Value{Kind::real, score};
-    case ScoreOp::batch: case ScoreOp::head: case ScoreOp::q_index: case ScoreOp::kv_index: {
-      auto attributes = fe::graph::Pointwise_attributes()
-                            .set_name(next_name("index"))
-                            .set_mode(Mode::GEN_INDEX)
-                            .set_axis(index_axis(node.op))
-                            .set_compute_data_type(fe::DataType_t::INT32);
-      auto index = graph.pointwise(score, attributes);
-      index->set_data_type(fe::DataType_t::INT32);
-      return Value{Kind::integer, index};
-    }
+    case ScoreOp::score: return Value{Kind::real, anchor_};
+    case ScoreOp::batch: case ScoreOp::head: case ScoreOp::q_index: case ScoreOp::kv_index:
+      return Value{Kind::integer, index(index_axis(node.op))};
     case ScoreOp::constant: return Value{Kind::real, nullptr, node.value};
     case ScoreOp::scalar: return Value{Kind::real, inputs_.scalars.at(static_cast<std::size_t>(node.slot))};
     case ScoreOp::tensor: return Value{Kind::real, inputs_.tensors.at(static_cast<std::size_t>(node.slot))};
@@ -149,102 +284,78 @@ ScoreModLowering::Value ScoreModLowering::lower_node(Graph& graph, std::size_t i
     case ScoreOp::sqrt: return unary(Mode::SQRT, Kind::real);
     case ScoreOp::tanh: return unary(Mode::TANH_FWD, Kind::real);
     case ScoreOp::sigmoid: return unary(Mode::SIGMOID_FWD, Kind::real);
-    case ScoreOp::logical_not: return logic(Mode::LOGICAL_NOT);
     case ScoreOp::add: return binary(Mode::ADD, arithmetic);
     case ScoreOp::sub: return binary(Mode::SUB, arithmetic);
     case ScoreOp::mul: return binary(Mode::MUL, arithmetic);
     case ScoreOp::div: return binary(Mode::DIV, Kind::real);  // the evaluator's division is real
-    case ScoreOp::pow: return binary(Mode::POW, Kind::real);
+    case ScoreOp::pow:
+      // Whole powers 2 .. 8 as products: cuDNN's power takes no negative base (exp2(y log2 x)).
+      if (small_power(arg(1))) return Value{Kind::real, product(operand(0, Kind::real), static_cast<int>(arg(1).constant))};
+      return binary(Mode::POW, Kind::real);
     case ScoreOp::min: return binary(Mode::MIN, arithmetic);
     case ScoreOp::max: return binary(Mode::MAX, arithmetic);
-    case ScoreOp::logical_and: return logic(Mode::LOGICAL_AND);
-    case ScoreOp::logical_or: return logic(Mode::LOGICAL_OR);
     case ScoreOp::lt: case ScoreOp::le: case ScoreOp::gt: case ScoreOp::ge: case ScoreOp::eq: case ScoreOp::ne:
-      return compare(comparison_mode(node.op));
+      return Value{Kind::condition, compare(comparison_mode(node.op), i)};
+    case ScoreOp::logical_and: case ScoreOp::logical_or: case ScoreOp::logical_not:
+      return Value{Kind::condition, nullptr};  // lowered where used (select_on)
     case ScoreOp::select: {
-      // Integer where both branches are; the branches' kinds decide, the condition is boolean.
-      const Value& yes = arg(1);
-      const Value& no = arg(2);
-      auto whole = [](const Value& v) {
-        return v.tensor ? v.kind == Kind::integer : std::isfinite(v.constant) && v.constant == std::trunc(v.constant);
-      };
-      const Kind kind = whole(yes) && whole(no) ? Kind::integer : Kind::real;
-      return Value{kind, pointwise(graph, Mode::BINARY_SELECT,
-                                   {as(graph, yes, kind), as(graph, no, kind), as(graph, arg(0), Kind::boolean)}, kind,
-                                   kind)};
+      // float32 (int32 branches convert): a select's compute type is one for both branches.
+      TensorPtr chosen = select_on(arg_index(0), operand(1, Kind::real), operand(2, Kind::real));
+      if (!is_virtual(chosen) && chosen->get_is_pass_by_value()) {
+        // A constant condition picked a constant branch: keep it a constant.
+        const Value& picked = chosen == operand(1, Kind::real) ? arg(1) : arg(2);
+        return picked;
+      }
+      return Value{Kind::real, chosen};
     }
   }
   throw std::logic_error("score_mod lowering: an operation without a rule");
 }
 
 TensorPtr ScoreModLowering::forward(Graph& graph, const TensorPtr& score) {
+  graph_ = &graph;
+  anchor_ = score;
+  zero_ = nullptr;
   values_.clear();
-  keep_ = nullptr;
   const auto& nodes = spec_.score_mod.nodes();
-  for (std::size_t i = 0; i < nodes.size(); ++i) values_.push_back(lower_node(graph, i, score));
-  TensorPtr modified = as(graph, values_.back(), Kind::real);
-  if (!values_.back().tensor) {
-    // A constant expression still needs the score's shape: score * 0 + c.
-    modified = pointwise(graph, Mode::MUL, {score, constant(0.0, Kind::real)}, Kind::real, Kind::real);
-    modified = pointwise(graph, Mode::ADD, {modified, constant(values_.back().constant, Kind::real)}, Kind::real, Kind::real);
+  for (std::size_t i = 0; i < nodes.size(); ++i) values_.push_back(lower_node(i));
+  TensorPtr modified = number(values_.back(), Kind::real, nodes.size() - 1);
+  if (!is_virtual(modified)) modified = materialized(modified);  // a constant expression, score-shaped
+  keep_ = visibility();
+  for (const TensorPtr& keep : keep_) {
+    modified = emit(Mode::BINARY_SELECT, {modified, constant(kNegativeInfinity, false), keep}, Kind::real, Kind::real);
   }
-  keep_ = visible(graph, score);
-  if (!keep_) return modified;
-  return pointwise(graph, Mode::BINARY_SELECT, {modified, constant(kNegativeInfinity, Kind::real), keep_}, Kind::real,
-                   Kind::real);
+  return modified;
 }
 
-// Which keys each query sees, as a boolean over the scores, or null when it sees every key: the
-// window "p - left < j <= p + right" of spec.h with p = i, or p = i + len_kv - len_q bottom-right
-// (each entry's own lengths under padding), and the padding rows and keys.
-TensorPtr ScoreModLowering::visible(Graph& graph, const TensorPtr& score) {
-  auto index = [&](int axis) {
-    auto attributes = fe::graph::Pointwise_attributes()
-                          .set_name(next_name("mask_index"))
-                          .set_mode(Mode::GEN_INDEX)
-                          .set_axis(axis)
-                          .set_compute_data_type(fe::DataType_t::INT32);
-    auto out = graph.pointwise(score, attributes);
-    out->set_data_type(fe::DataType_t::INT32);
-    return out;
-  };
-  auto both = [&](const TensorPtr& a, const TensorPtr& b) {
-    if (!a) return b;
-    return pointwise(graph, Mode::LOGICAL_AND, {a, b}, Kind::boolean, Kind::boolean);
-  };
-  auto integer = [&](Mode mode, const TensorPtr& a, const TensorPtr& b) {
-    return pointwise(graph, mode, {a, b}, Kind::integer, Kind::integer);
-  };
-  auto compare = [&](Mode mode, const TensorPtr& a, const TensorPtr& b) {
-    return pointwise(graph, mode, {a, b}, Kind::boolean, Kind::boolean);
-  };
+// The window "p - left < j <= p + right" of spec.h (p = i, or i + len_kv - len_q bottom-right,
+// each entry's own lengths under padding) and the padding's rows and keys, as conditions that
+// each keep the visible scores.
+std::vector<TensorPtr> ScoreModLowering::visibility() {
+  std::vector<TensorPtr> keep;
   const bool padded = inputs_.seq_len_q && inputs_.seq_len_kv;
-  TensorPtr keep;
-  TensorPtr row, column;
-  if (padded || spec_.window.bounded()) {
-    row = index(2);
-    column = index(3);
-  }
+  if (!padded && !spec_.window.bounded()) return keep;
+  const TensorPtr row = index(2), column = index(3);
+  auto integer = [&](Mode mode, const TensorPtr& a, const TensorPtr& b) { return emit(mode, {a, b}, Kind::integer, Kind::integer); };
+  auto condition = [&](Mode mode, const TensorPtr& a, const TensorPtr& b) {
+    return emit(mode, {a, b}, Kind::condition, Kind::condition);
+  };
   if (spec_.window.bounded()) {
-    // j - i - shift, shift = 0 top-left, len_kv - len_q bottom-right.
-    TensorPtr offset = integer(Mode::SUB, column, row);
-    if (spec_.alignment == Alignment::bottom_right) {
-      if (padded) {
-        offset = integer(Mode::SUB, integer(Mode::ADD, offset, inputs_.seq_len_q), inputs_.seq_len_kv);
-      } else {
-        offset = integer(Mode::SUB, offset, constant(static_cast<double>(spec_.seq_kv() - spec_.seq_q()), Kind::integer));
-      }
+    TensorPtr offset = integer(Mode::SUB, column, row);  // j - i - shift, shift = 0 top-left
+    if (spec_.alignment == Alignment::bottom_right) {    // shift = len_kv - len_q
+      offset = padded ? integer(Mode::SUB, integer(Mode::ADD, offset, inputs_.seq_len_q), inputs_.seq_len_kv)
+                      : integer(Mode::SUB, offset, constant(static_cast<double>(spec_.seq_kv() - spec_.seq_q()), true));
     }
     if (spec_.window.right >= 0) {
-      keep = both(keep, compare(Mode::CMP_LE, offset, constant(static_cast<double>(spec_.window.right), Kind::integer)));
+      keep.push_back(condition(Mode::CMP_LE, offset, constant(static_cast<double>(spec_.window.right), true)));
     }
     if (spec_.window.left >= 0) {
-      keep = both(keep, compare(Mode::CMP_GT, offset, constant(static_cast<double>(-spec_.window.left), Kind::integer)));
+      keep.push_back(condition(Mode::CMP_GT, offset, constant(static_cast<double>(-spec_.window.left), true)));
     }
   }
   if (padded) {
-    keep = both(keep, compare(Mode::CMP_LT, row, inputs_.seq_len_q));
-    keep = both(keep, compare(Mode::CMP_LT, column, inputs_.seq_len_kv));
+    keep.push_back(condition(Mode::CMP_LT, row, inputs_.seq_len_q));
+    keep.push_back(condition(Mode::CMP_LT, column, inputs_.seq_len_kv));
   }
   return keep;
 }
@@ -252,109 +363,122 @@ TensorPtr ScoreModLowering::visible(Graph& graph, const TensorPtr& score) {
 TensorPtr ScoreModLowering::backward(Graph& graph, const TensorPtr& d_modified) {
   const auto& nodes = spec_.score_mod.nodes();
   if (values_.size() != nodes.size()) throw std::logic_error("score_mod lowering: backward before forward");
-  // Which nodes the score reaches through operations that carry a derivative.
+  graph_ = &graph;
+  anchor_ = d_modified;
+  zero_ = nullptr;
+  // Which nodes the score reaches through operations that carry a derivative (conditions and a
+  // select's condition carry none).
   std::vector<bool> live(nodes.size(), false);
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     const ScoreModNode& n = nodes[i];
     if (n.op == ScoreOp::score) live[i] = true;
-    if (!carries_derivative(n.op)) continue;
-    const int first = n.op == ScoreOp::select ? 1 : 0;  // a select's condition carries none
-    for (int k = first; k < 3; ++k) {
-      if (n.args[static_cast<std::size_t>(k)] >= 0 && live[static_cast<std::size_t>(n.args[static_cast<std::size_t>(k)])]) {
-        live[i] = true;
-      }
+    if (is_condition(n.op)) continue;
+    for (int k = n.op == ScoreOp::select ? 1 : 0; k < 3; ++k) {
+      const std::int32_t a = n.args[static_cast<std::size_t>(k)];
+      if (a >= 0 && live[static_cast<std::size_t>(a)]) live[i] = true;
     }
   }
-  auto real = [&](Mode mode, std::vector<TensorPtr> in) {
-    return pointwise(graph, mode, std::move(in), Kind::real, Kind::real);
-  };
-  auto value = [&](std::int32_t node) { return as(graph, values_[static_cast<std::size_t>(node)], Kind::real); };
-  auto boolean = [&](std::int32_t node) { return as(graph, values_[static_cast<std::size_t>(node)], Kind::boolean); };
-  const TensorPtr zero = constant(0.0, Kind::real);
-
+  const TensorPtr zero_constant = constant(0.0, false);
   // Masked scores have P = 0 and so dS = 0, but the local derivatives there may not be finite (a
-  // division by a distance that is 0 on the diagonal of a masked-out band, say): the gradient
-  // is masked again, so that 0 * inf cannot leak into dQ and dK.
+  // division by a distance that is 0 on a masked diagonal, say): dS is masked again, so that
+  // 0 * inf cannot reach dQ and dK.
   TensorPtr root = d_modified;
-  if (keep_) root = real(Mode::BINARY_SELECT, {d_modified, zero, keep_});
+  for (const TensorPtr& keep : keep_) root = real(Mode::BINARY_SELECT, {root, zero_constant, keep});
   std::vector<TensorPtr> adjoint(nodes.size());
   adjoint.back() = root;
-  auto add_to = [&](std::int32_t node, TensorPtr d) {
-    auto& slot = adjoint[static_cast<std::size_t>(node)];
-    if (!live[static_cast<std::size_t>(node)]) return;
-    slot = slot ? real(Mode::ADD, {slot, d}) : std::move(d);
+  // Adds the contribution `make()` to a live argument's adjoint; nothing is built for the others
+  // (an unused operation would still be part of cuDNN's graph).
+  auto add_to = [&](std::int32_t node, auto make) {
+    if (node < 0 || !live[static_cast<std::size_t>(node)]) return;
+    TensorPtr d = make();
+    TensorPtr& slot = adjoint[static_cast<std::size_t>(node)];
+    slot = slot ? real(Mode::ADD, {slot, d}) : d;
   };
+  auto one = [&] { return constant(1.0, false); };
   TensorPtr d_score;
   for (std::size_t i = nodes.size(); i-- > 0;) {
-    const TensorPtr& a = adjoint[i];
+    const TensorPtr a = adjoint[i];
     if (!a || !live[i]) continue;
     const ScoreModNode& n = nodes[i];
     const std::int32_t x = n.args[0], y = n.args[1], z = n.args[2];
+    const auto self = static_cast<std::int32_t>(i);
     switch (n.op) {
       case ScoreOp::score: d_score = d_score ? real(Mode::ADD, {d_score, a}) : a; break;
-      case ScoreOp::neg: add_to(x, real(Mode::NEG, {a})); break;
-      case ScoreOp::abs: {
-        // sign(x) * a, with 0 at 0 as the evaluator has it.
-        TensorPtr positive = pointwise(graph, Mode::CMP_GT, {value(x), zero}, Kind::real, Kind::boolean);
-        TensorPtr negative = pointwise(graph, Mode::CMP_LT, {value(x), zero}, Kind::real, Kind::boolean);
-        add_to(x, real(Mode::BINARY_SELECT, {a, real(Mode::BINARY_SELECT, {real(Mode::NEG, {a}), zero, negative}), positive}));
+      case ScoreOp::neg: add_to(x, [&] { return real(Mode::NEG, {a}); }); break;
+      case ScoreOp::abs:  // sign(x) * a, with 0 at 0 as the evaluator has it
+        add_to(x, [&] {
+          const TensorPtr negative = emit(Mode::CMP_LT, {value_of(x), zero_constant}, Kind::real, Kind::condition);
+          const TensorPtr positive = emit(Mode::CMP_GT, {value_of(x), zero_constant}, Kind::real, Kind::condition);
+          return real(Mode::BINARY_SELECT, {a, real(Mode::BINARY_SELECT, {real(Mode::NEG, {a}), zero_constant, negative}), positive});
+        });
         break;
-      }
-      case ScoreOp::exp: add_to(x, real(Mode::MUL, {a, value(static_cast<std::int32_t>(i))})); break;
-      case ScoreOp::log: add_to(x, real(Mode::DIV, {a, value(x)})); break;
+      case ScoreOp::exp: add_to(x, [&] { return real(Mode::MUL, {a, value_of(self)}); }); break;
+      case ScoreOp::log: add_to(x, [&] { return real(Mode::DIV, {a, value_of(x)}); }); break;
       case ScoreOp::sqrt:
-        add_to(x, real(Mode::DIV, {real(Mode::MUL, {a, constant(0.5, Kind::real)}), value(static_cast<std::int32_t>(i))}));
+        add_to(x, [&] { return real(Mode::DIV, {real(Mode::MUL, {a, constant(0.5, false)}), value_of(self)}); });
         break;
-      case ScoreOp::tanh: {
-        const TensorPtr t = value(static_cast<std::int32_t>(i));
-        add_to(x, real(Mode::MUL, {a, real(Mode::SUB, {constant(1.0, Kind::real), real(Mode::MUL, {t, t})})}));
+      case ScoreOp::tanh:  // a * (1 - t^2) = a - a t^2
+        add_to(x, [&] {
+          const TensorPtr t = value_of(self);
+          return real(Mode::SUB, {a, real(Mode::MUL, {real(Mode::MUL, {a, t}), t})});
+        });
         break;
-      }
-      case ScoreOp::sigmoid: {
-        const TensorPtr s = value(static_cast<std::int32_t>(i));
-        add_to(x, real(Mode::MUL, {real(Mode::MUL, {a, s}), real(Mode::SUB, {constant(1.0, Kind::real), s})}));
+      case ScoreOp::sigmoid:  // a * s * (1 - s) = a s - a s^2
+        add_to(x, [&] {
+          const TensorPtr s = value_of(self);
+          const TensorPtr as = real(Mode::MUL, {a, s});
+          return real(Mode::SUB, {as, real(Mode::MUL, {as, s})});
+        });
         break;
-      }
-      case ScoreOp::add: add_to(x, a); add_to(y, a); break;
-      case ScoreOp::sub: add_to(x, a); add_to(y, real(Mode::NEG, {a})); break;
+      case ScoreOp::add: add_to(x, [&] { return a; }); add_to(y, [&] { return a; }); break;
+      case ScoreOp::sub: add_to(x, [&] { return a; }); add_to(y, [&] { return real(Mode::NEG, {a}); }); break;
       case ScoreOp::mul:
-        if (live[static_cast<std::size_t>(x)]) add_to(x, real(Mode::MUL, {a, value(y)}));
-        if (live[static_cast<std::size_t>(y)]) add_to(y, real(Mode::MUL, {a, value(x)}));
+        add_to(x, [&] { return real(Mode::MUL, {a, value_of(y)}); });
+        add_to(y, [&] { return real(Mode::MUL, {a, value_of(x)}); });
         break;
       case ScoreOp::div:
-        if (live[static_cast<std::size_t>(x)]) add_to(x, real(Mode::DIV, {a, value(y)}));
-        if (live[static_cast<std::size_t>(y)]) {
-          add_to(y, real(Mode::NEG, {real(Mode::DIV, {real(Mode::MUL, {a, value(static_cast<std::int32_t>(i))}), value(y)})}));
-        }
+        add_to(x, [&] { return real(Mode::DIV, {a, value_of(y)}); });
+        add_to(y, [&] { return real(Mode::NEG, {real(Mode::DIV, {real(Mode::MUL, {a, value_of(self)}), value_of(y)})}); });
         break;
       case ScoreOp::pow:
-        if (live[static_cast<std::size_t>(x)]) {
-          // y * x^(y - 1) * a
-          TensorPtr lowered = real(Mode::POW, {value(x), real(Mode::SUB, {value(y), constant(1.0, Kind::real)})});
-          add_to(x, real(Mode::MUL, {real(Mode::MUL, {a, value(y)}), lowered}));
-        }
-        if (live[static_cast<std::size_t>(y)]) {
-          add_to(y, real(Mode::MUL, {real(Mode::MUL, {a, value(static_cast<std::int32_t>(i))}), real(Mode::LOG, {value(x)})}));
-        }
+        add_to(x, [&] {  // y x^(y - 1) a; with a constant y, y - 1 is folded (n x^(n-1) a, a product, for whole n)
+          const Value& exponent = values_[static_cast<std::size_t>(y)];
+          if (small_power(exponent)) {
+            const int n = static_cast<int>(exponent.constant);
+            const TensorPtr scaled = real(Mode::MUL, {a, constant(exponent.constant, false)});
+            return n == 2 ? real(Mode::MUL, {scaled, value_of(x)}) : real(Mode::MUL, {scaled, product(value_of(x), n - 1)});
+          }
+          if (!exponent.tensor && exponent.kind != Kind::condition) {
+            const TensorPtr lowered = real(Mode::POW, {value_of(x), constant(exponent.constant - 1.0, false)});
+            return real(Mode::MUL, {real(Mode::MUL, {a, lowered}), constant(exponent.constant, false)});
+          }
+          const TensorPtr lowered = real(Mode::POW, {value_of(x), real(Mode::SUB, {value_of(y), one()})});
+          return real(Mode::MUL, {real(Mode::MUL, {a, value_of(y)}), lowered});
+        });
+        add_to(y, [&] { return real(Mode::MUL, {real(Mode::MUL, {a, value_of(self)}), real(Mode::LOG, {value_of(x)})}); });
         break;
       case ScoreOp::min: case ScoreOp::max: {
-        // To the first argument on a tie, as the evaluator.
-        TensorPtr first = pointwise(graph, n.op == ScoreOp::min ? Mode::CMP_LE : Mode::CMP_GE, {value(x), value(y)},
-                                    Kind::real, Kind::boolean);
-        if (live[static_cast<std::size_t>(x)]) add_to(x, real(Mode::BINARY_SELECT, {a, zero, first}));
-        if (live[static_cast<std::size_t>(y)]) add_to(y, real(Mode::BINARY_SELECT, {zero, a, first}));
+        // To the first argument on a tie, as the evaluator; to the second where it is strictly chosen.
+        const Mode first = n.op == ScoreOp::min ? Mode::CMP_LE : Mode::CMP_GE;
+        add_to(x, [&] {
+          return real(Mode::BINARY_SELECT, {a, zero_constant, emit(first, {value_of(x), value_of(y)}, Kind::real, Kind::condition)});
+        });
+        add_to(y, [&] {
+          return real(Mode::BINARY_SELECT,
+                      {a, zero_constant, emit(negated(first), {value_of(x), value_of(y)}, Kind::real, Kind::condition)});
+        });
         break;
       }
       case ScoreOp::select:
-        if (live[static_cast<std::size_t>(y)]) add_to(y, real(Mode::BINARY_SELECT, {a, zero, boolean(x)}));
-        if (live[static_cast<std::size_t>(z)]) add_to(z, real(Mode::BINARY_SELECT, {zero, a, boolean(x)}));
+        add_to(y, [&] { return select_on(static_cast<std::size_t>(x), a, zero_constant); });
+        add_to(z, [&] { return select_on(static_cast<std::size_t>(x), zero_constant, a); });
         break;
       default:
-        break;  // leaves other than the score, comparisons and logic carry no derivative
+        break;  // leaves other than the score, and conditions, carry no derivative
     }
   }
   // An expression that ignores the score has dS = 0 before it.
-  return d_score ? d_score : real(Mode::MUL, {d_modified, zero});
+  return d_score ? d_score : zero();
 }
 
 }  // namespace fusedattn::graph

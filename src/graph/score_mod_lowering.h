@@ -30,6 +30,7 @@ class ScoreModLowering {
  public:
   using Graph = cudnn_frontend::graph::Graph;
   using TensorPtr = std::shared_ptr<cudnn_frontend::graph::Tensor_attributes>;
+  using Mode = cudnn_frontend::PointwiseMode_t;
 
   ScoreModLowering(const AttentionSpec& spec, ScoreModInputs inputs) : spec_(spec), inputs_(std::move(inputs)) {}
 
@@ -39,25 +40,36 @@ class ScoreModLowering {
   TensorPtr backward(Graph& graph, const TensorPtr& d_modified);
 
  private:
-  enum class Kind { integer, boolean, real };  // int32 indices, comparisons, float32 values
+  // int32 (indices, integer arithmetic on them), a condition (comparisons and logic, lowered
+  // into selects where used) or float32.
+  enum class Kind { integer, condition, real };
   struct Value {
     Kind kind = Kind::real;
-    TensorPtr tensor;       // null for a constant, made at each use in the type that use needs
+    TensorPtr tensor;       // null for a constant (made at each use) and for and / or / not
     double constant = 0.0;  // a constant's value
   };
 
-  Value lower_node(Graph& graph, std::size_t i, const TensorPtr& score);
-  TensorPtr as(Graph& graph, const Value& value, Kind kind);
-  TensorPtr pointwise(Graph& graph, cudnn_frontend::PointwiseMode_t mode, std::vector<TensorPtr> in, Kind compute,
-                      Kind out);
-  TensorPtr constant(double value, Kind kind) const;
-  TensorPtr visible(Graph& graph, const TensorPtr& score);
-  std::string next_name(const char* what);
+  Value lower_node(std::size_t i);
+  TensorPtr number(const Value& value, Kind kind, std::size_t node);
+  TensorPtr select_on(std::size_t condition, TensorPtr yes, TensorPtr no);
+  TensorPtr compare(Mode mode, std::size_t node);
+  TensorPtr emit(Mode mode, std::vector<TensorPtr> in, Kind compute, Kind out);
+  TensorPtr real(Mode mode, std::vector<TensorPtr> in) { return emit(mode, std::move(in), Kind::real, Kind::real); }
+  TensorPtr materialized(const TensorPtr& tensor);
+  TensorPtr zero();
+  TensorPtr index(int axis);
+  static bool small_power(const Value& exponent);
+  TensorPtr product(const TensorPtr& x, int n);
+  TensorPtr value_of(std::int32_t node);
+  std::vector<TensorPtr> visibility();
 
   AttentionSpec spec_;
   ScoreModInputs inputs_;
+  Graph* graph_ = nullptr;     // the subgraph being built (forward or backward callback)
+  TensorPtr anchor_;           // a score-shaped tensor of that subgraph (the score, or dS)
+  TensorPtr zero_;             // anchor * 0, made once per subgraph where needed
   std::vector<Value> values_;  // the forward's node values, in the expression's post-order
-  TensorPtr keep_;             // which scores the masks keep (boolean), or null without masks
+  std::vector<TensorPtr> keep_;  // the masks' conditions (boolean), each keeping the visible scores
   int names_ = 0;
 };
 

@@ -276,15 +276,15 @@ void apply_score_mod(fe::graph::Graph& graph, Attributes& attributes, const Atte
     inputs.scalars.push_back(scalar_input(graph, name.c_str(), static_cast<Uid>(kUidScoreModScalar0 + i), uids));
   }
   const std::array<std::int64_t, 4> sizes = {spec.batch(), spec.heads_q(), spec.seq_q(), spec.seq_kv()};
-  const std::uint8_t bits[4] = {kAxisB, kAxisH, kAxisQ, kAxisKv};
   for (int i = 0; i < mod.tensors(); ++i) {
-    // float32, contiguous over the axes it spans, size 1 (broadcast) along the others
-    std::vector<std::int64_t> dims(4), strides(4);
-    std::int64_t stride = 1;
-    for (int axis = 3; axis >= 0; --axis) {
-      dims[axis] = (mod.tensor_axes(i) & bits[axis]) ? sizes[axis] : 1;
-      strides[axis] = stride;
-      stride *= dims[axis];
+    // float32, contiguous in its dims (size 1, broadcast, along the axes it does not span)
+    std::vector<std::int64_t> dims = to_vector(tensor_dims(mod, i, sizes));
+    std::vector<std::int64_t> strides = {dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1};
+    if ((mod.tensor_axes(i) & kAxisKv) && !(mod.tensor_axes(i) & kAxisQ)) {
+      // Along the keys but not the queries: cuDNN 9.19's backward misreads a size-1 query dim of
+      // such a tensor (the forward is right), so it gets the full query dim with stride 0.
+      dims[2] = spec.seq_q();
+      strides[2] = 0;
     }
     const auto uid = static_cast<Uid>(kUidScoreModTensor0 + i);
     inputs.tensors.push_back(graph.tensor(fe::graph::Tensor_attributes()

@@ -48,11 +48,9 @@ inline void check_score_mod_values(const ReferenceProblem& p) {
     throw InvalidArgument("score_mod_tensors", "size " + std::to_string(p.score_mod_tensors.size()),
                           "one tensor per tensor of the modifier (" + std::to_string(mod.tensors()) + ")");
   }
-  const std::int64_t sizes[4] = {p.batch, p.heads_q, p.seq_q, p.seq_kv};
-  const std::uint8_t bits[4] = {kAxisB, kAxisH, kAxisQ, kAxisKv};
   for (int i = 0; i < mod.tensors(); ++i) {
-    std::int64_t elements = 1;
-    for (int axis = 0; axis < 4; ++axis) elements *= (mod.tensor_axes(i) & bits[axis]) ? sizes[axis] : 1;
+    const std::array<std::int64_t, 4> dims = tensor_dims(mod, i, {p.batch, p.heads_q, p.seq_q, p.seq_kv});
+    const std::int64_t elements = dims[0] * dims[1] * dims[2] * dims[3];
     const std::size_t have = p.score_mod_tensors[static_cast<std::size_t>(i)].size();
     if (have != static_cast<std::size_t>(elements)) {
       throw InvalidArgument("score_mod_tensors[" + std::to_string(i) + "]", "size " + std::to_string(have),

@@ -310,6 +310,13 @@ std::size_t hash_value(const ScoreMod& mod) noexcept {
   return seed;
 }
 
+std::array<std::int64_t, 4> tensor_dims(const ScoreMod& mod, int slot, const std::array<std::int64_t, 4>& sizes) {
+  static constexpr std::uint8_t kBits[4] = {kAxisB, kAxisH, kAxisQ, kAxisKv};
+  std::array<std::int64_t, 4> dims{};
+  for (int axis = 0; axis < 4; ++axis) dims[axis] = (mod.tensor_axes(slot) & kBits[axis]) ? sizes[axis] : 1;
+  return dims;
+}
+
 double evaluate(const ScoreMod& mod, const ScoreModPoint& p) { return evaluate_with_derivative(mod, p).value; }
 
 ScoreModValue evaluate_with_derivative(const ScoreMod& mod, const ScoreModPoint& p) {

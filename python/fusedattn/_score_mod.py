@@ -1,0 +1,255 @@
+"""Score modifiers from Python functions: FlexAttention's score_mod(score, b, h, q_idx, kv_idx)
+traced once with symbolic values into the core's expression text (fusedattn/score_mod.h).
+Framework-free: the adapters say what a tensor is (fusedattn.torch through __torch_function__,
+fusedattn.jax through its own hooks) and get back a Traced modifier.
+
+Numbers in the function become runtime scalars ($0, $1, ...; one per distinct value), so changing a
+softcap's cap or a window's width keeps the plan; 0, 1 and the infinities stay in the structure.
+Captured tensors become tensor leaves, indexed by the plain indices b, h, q_idx, kv_idx in that
+order (t0[h] for table[h]); any other index (a gather) and any operation the core's expressions
+lack raise NotSupportedError naming it."""
+import math
+
+from .errors import NotSupportedError
+
+_LEAVES = ("score", "b", "h", "q", "kv")
+_AXIS_ORDER = ("b", "h", "q", "kv")
+_STRUCTURAL = (0.0, 1.0, math.inf, -math.inf)
+
+
+def not_covered(what):
+    return NotSupportedError(f"score_mod: {what} is not covered by fusedattn's score modifiers "
+                             "(the operations of fusedattn/score_mod.h: arithmetic, tanh, exp, log, sqrt, "
+                             "sigmoid, abs, min, max, comparisons, logic and where)")
+
+
+class Traced:
+    """A traced modifier: its expression text, its scalars' values and its captured tensors (each
+    with the axes that index it), in slot order."""
+    __slots__ = ("text", "scalars", "tensors", "axes")
+
+    def __init__(self, text, scalars, tensors, axes):
+        self.text, self.scalars, self.tensors, self.axes = text, tuple(scalars), tuple(tensors), tuple(axes)
+
+
+class _Tracer:
+    def __init__(self, is_tensor, sym_class):
+        self.is_tensor, self.sym_class = is_tensor, sym_class
+        self.scalars = []  # values, in slot order
+        self.tensors = []  # (tensor, axes)
+
+    def number(self, value):
+        value = float(value)
+        if math.isnan(value):
+            raise not_covered("a NaN constant")
+        if value in _STRUCTURAL:
+            return "inf" if value == math.inf else "-inf" if value == -math.inf else ("1" if value == 1.0 else "0")
+        for slot, seen in enumerate(self.scalars):
+            if seen == value:
+                return f"${slot}"
+        self.scalars.append(value)
+        return f"${len(self.scalars) - 1}"
+
+    def operand(self, x):
+        if isinstance(x, Sym):
+            return x.text
+        if isinstance(x, bool):
+            return "1" if x else "0"
+        if isinstance(x, (int, float)):
+            return self.number(x)
+        if self.is_tensor(x) and _numel(x) == 1 and getattr(x, "ndim", 1) == 0:
+            raise not_covered("a 0-d tensor operand (pass a Python number, or index a tensor by b, h, q_idx, kv_idx)")
+        raise not_covered(f"an operand of type {type(x).__name__}")
+
+    def index(self, tensor, index):
+        """tensor[index] with plain indices in b, h, q, kv order, one per dimension."""
+        index = index if isinstance(index, tuple) else (index,)
+        names = []
+        for i in index:
+            if not (isinstance(i, Sym) and i.text in _AXIS_ORDER):
+                shown = i.text if isinstance(i, Sym) else repr(i)
+                raise not_covered(f"indexing a tensor by {shown} (a gather; index by b, h, q_idx, kv_idx)")
+            names.append(i.text)
+        if len(names) != len(tuple(tensor.shape)):
+            raise not_covered(f"indexing a {len(tuple(tensor.shape))}-d tensor by {len(names)} indices "
+                              "(one plain index per dimension)")
+        if sorted(names, key=_AXIS_ORDER.index) != names or len(set(names)) != len(names):
+            raise not_covered(f"indexing a tensor by [{', '.join(names)}] (the indices go in b, h, q_idx, kv_idx "
+                              "order, each once)")
+        axes = ",".join(names)
+        for slot, (seen, seen_axes) in enumerate(self.tensors):
+            if seen is tensor:
+                if seen_axes != axes:
+                    raise not_covered("one tensor indexed by two sets of indices")
+                return self.sym_class(self, f"t{slot}[{axes}]")
+        self.tensors.append((tensor, axes))
+        return self.sym_class(self, f"t{len(self.tensors) - 1}[{axes}]")
+
+
+def _numel(x):
+    n = 1
+    for d in tuple(getattr(x, "shape", ())):
+        n *= d
+    return n
+
+
+def _call(tracer, op, *args):
+    return tracer.sym_class(tracer, f"{op}({','.join(tracer.operand(a) for a in args)})")
+
+
+class Sym:
+    """A symbolic value of the traced function: operators build the expression."""
+    __slots__ = ("tracer", "text")
+
+    def __init__(self, tracer, text):
+        self.tracer, self.text = tracer, text
+
+    def _op(self, op, *others):
+        return _call(self.tracer, op, self, *others)
+
+    def _rop(self, op, other):
+        return _call(self.tracer, op, other, self)
+
+    __add__ = lambda self, o: self._op("add", o)
+    __radd__ = lambda self, o: self._rop("add", o)
+    __sub__ = lambda self, o: self._op("sub", o)
+    __rsub__ = lambda self, o: self._rop("sub", o)
+    __mul__ = lambda self, o: self._op("mul", o)
+    __rmul__ = lambda self, o: self._rop("mul", o)
+    __truediv__ = lambda self, o: self._op("div", o)
+    __rtruediv__ = lambda self, o: self._rop("div", o)
+    __pow__ = lambda self, o: self._op("pow", o)
+    __rpow__ = lambda self, o: self._rop("pow", o)
+    __neg__ = lambda self: self._op("neg")
+    __pos__ = lambda self: self
+    __abs__ = lambda self: self._op("abs")
+    __lt__ = lambda self, o: self._op("lt", o)
+    __le__ = lambda self, o: self._op("le", o)
+    __gt__ = lambda self, o: self._op("gt", o)
+    __ge__ = lambda self, o: self._op("ge", o)
+    __eq__ = lambda self, o: self._op("eq", o)
+    __ne__ = lambda self, o: self._op("ne", o)
+    __and__ = lambda self, o: self._op("and", o)
+    __rand__ = lambda self, o: self._rop("and", o)
+    __or__ = lambda self, o: self._op("or", o)
+    __ror__ = lambda self, o: self._rop("or", o)
+    __invert__ = lambda self: self._op("not")
+    __hash__ = None
+
+    def __bool__(self):
+        raise not_covered("Python control flow on a traced value (if, and, or, not: use torch.where, &, |, ~)")
+
+    def __floordiv__(self, other):
+        raise not_covered("floor division")
+
+    __rfloordiv__ = __mod__ = __rmod__ = __floordiv__
+
+    def __getattr__(self, name):
+        # Tensor methods (score.tanh(), score.clamp(max=...)) as the functions of the same name.
+        if name in _FUNCTIONS:
+            return lambda *args, **kwargs: apply(name, (self,) + args, kwargs)
+        if name in ("float", "to", "type_as", "contiguous", "clone", "detach"):
+            return lambda *args, **kwargs: self
+        raise not_covered(f"the method .{name}()")
+
+
+def _clamp(tracer, x, lo=None, hi=None):
+    out = x
+    if lo is not None:
+        out = _call(tracer, "max", out, lo)
+    if hi is not None:
+        out = _call(tracer, "min", out, hi)
+    return out
+
+
+def _where(tracer, cond, a, b):
+    return _call(tracer, "select", cond, a, b)
+
+
+def _unary(op):
+    return lambda tracer, x: _call(tracer, op, x)
+
+
+def _binary(op):
+    return lambda tracer, x, y: _call(tracer, op, x, y)
+
+
+# Functions by name (torch.tanh, Tensor.tanh and their jax.numpy namesakes) and what they become.
+_FUNCTIONS = {
+    "tanh": _unary("tanh"), "exp": _unary("exp"), "log": _unary("log"), "sqrt": _unary("sqrt"),
+    "sigmoid": _unary("sigmoid"), "abs": _unary("abs"), "absolute": _unary("abs"), "neg": _unary("neg"),
+    "negative": _unary("neg"), "logical_not": _unary("not"), "bitwise_not": _unary("not"),
+    "rsqrt": lambda tracer, x: _call(tracer, "div", 1.0, _call(tracer, "sqrt", x)),
+    "square": lambda tracer, x: _call(tracer, "mul", x, x),
+    "add": _binary("add"), "sub": _binary("sub"), "subtract": _binary("sub"), "mul": _binary("mul"),
+    "multiply": _binary("mul"), "div": _binary("div"), "divide": _binary("div"), "true_divide": _binary("div"),
+    "pow": _binary("pow"), "power": _binary("pow"), "minimum": _binary("min"), "maximum": _binary("max"),
+    "fmin": _binary("min"), "fmax": _binary("max"), "logical_and": _binary("and"), "logical_or": _binary("or"),
+    "bitwise_and": _binary("and"), "bitwise_or": _binary("or"),
+    "lt": _binary("lt"), "less": _binary("lt"), "le": _binary("le"), "less_equal": _binary("le"),
+    "gt": _binary("gt"), "greater": _binary("gt"), "ge": _binary("ge"), "greater_equal": _binary("ge"),
+    "eq": _binary("eq"), "equal": _binary("eq"), "ne": _binary("ne"), "not_equal": _binary("ne"),
+    "where": _where, "clamp": _clamp, "clip": _clamp,
+    "clamp_min": lambda tracer, x, lo: _clamp(tracer, x, lo=lo),
+    "clamp_max": lambda tracer, x, hi: _clamp(tracer, x, hi=hi),
+}
+
+# Dunder names some frameworks dispatch under (torch.Tensor.__add__ and the like).
+_DUNDERS = {"__add__": "add", "__radd__": "add", "__sub__": "sub", "__mul__": "mul", "__rmul__": "mul",
+            "__truediv__": "div", "__pow__": "pow", "__neg__": "neg", "__abs__": "abs", "__lt__": "lt",
+            "__le__": "le", "__gt__": "gt", "__ge__": "ge", "__eq__": "eq", "__ne__": "ne", "__and__": "and",
+            "__or__": "or", "__invert__": "not"}
+
+
+def _tracer_of(args):
+    for a in args:
+        if isinstance(a, Sym):
+            return a.tracer
+        if isinstance(a, (tuple, list)):
+            found = _tracer_of(a)
+            if found is not None:
+                return found
+    return None
+
+
+def apply(name, args, kwargs):
+    """A framework function `name` called on traced values (the adapters route their dispatch here)."""
+    tracer = _tracer_of(args)
+    if name == "__getitem__":
+        return tracer.index(args[0], args[1])
+    if name in ("__rsub__", "__rtruediv__", "__rpow__"):
+        return _call(tracer, {"__rsub__": "sub", "__rtruediv__": "div", "__rpow__": "pow"}[name], args[1], args[0])
+    if name in _DUNDERS:
+        return _call(tracer, _DUNDERS[name], *args)
+    rule = _FUNCTIONS.get(name)
+    kwargs = dict(kwargs or {})
+    if name in ("div", "divide", "true_divide") and kwargs.pop("rounding_mode", None) is not None:
+        raise not_covered("division with a rounding mode")
+    if name in ("clamp", "clip"):
+        lo = args[1] if len(args) > 1 else kwargs.pop("min", kwargs.pop("a_min", None))
+        hi = args[2] if len(args) > 2 else kwargs.pop("max", kwargs.pop("a_max", None))
+        if kwargs:
+            raise not_covered(f"{name} with {sorted(kwargs)}")
+        return _clamp(tracer, args[0], lo, hi)
+    if rule is None or kwargs:
+        raise not_covered(f"{name}({', '.join(sorted(kwargs))})" if kwargs and rule else f"{name}()")
+    return rule(tracer, *args)
+
+
+def trace(fn, is_tensor, sym_class=None):
+    """Traces fn(score, b, h, q_idx, kv_idx) into a Traced modifier; `is_tensor` says which Python
+    objects are the framework's tensors (the ones fn may capture and index), and `sym_class` (a
+    subclass of Sym) may add the framework's dispatch hook."""
+    tracer = _Tracer(is_tensor, sym_class or Sym)
+    leaves = [tracer.sym_class(tracer, name) for name in _LEAVES]
+    try:
+        out = fn(*leaves)
+    except NotSupportedError:
+        raise
+    except TypeError as error:  # an operation with no rule, met by the framework
+        raise not_covered(f"an operation in the function ({error})") from None
+    if not isinstance(out, Sym):
+        text = tracer.operand(out)  # a function that ignores its arguments: a constant
+    else:
+        text = out.text
+    return Traced(text, tracer.scalars, [t for t, _ in tracer.tensors], [a for _, a in tracer.tensors])
