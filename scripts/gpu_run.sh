@@ -142,6 +142,9 @@ layout=bshd b=2 s=8192 h=16 d=128"}
         | tee -a "$OUT/score_mod_bench.txt" || status=1
     done
   done <<<"$shapes"
+  echo "-- the same softcap through fusedattn.torch beside compiled FlexAttention (bench/run_bench_score_mod.py)"
+  FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 -X faulthandler bench/run_bench_score_mod.py --build "$build" \
+    --out "$OUT" || status=1
 fi
 if part varlen; then
   echo "== benchmark: ragged training step and paged decode"

@@ -127,6 +127,25 @@ void common_properties(Class& cls) {
   cls.def_prop_rw(
       "sequences", [](const Set& set) { return set.ragged.sequences; },
       [](Set& set, std::int64_t value) { set.ragged.sequences = value; });
+  // A score modifier's values: its scalars (float32 [n]) and its tensors, by slot.
+  cls.def_prop_rw(
+      "score_mod_scalars", [](const Set& set) { return address(set.score_mod.scalars); },
+      [](Set& set, std::uintptr_t value) { set.score_mod.scalars = reinterpret_cast<const float*>(value); });
+  cls.def_prop_rw(
+      "score_mod_tensors",
+      [](const Set& set) {
+        std::vector<std::uintptr_t> out;
+        for (const float* t : set.score_mod.tensors) out.push_back(address(t));
+        return out;
+      },
+      [](Set& set, const std::vector<std::uintptr_t>& values) {
+        if (values.size() > set.score_mod.tensors.size()) {
+          throw fa::InvalidArgument("score_mod_tensors", std::to_string(values.size()) + " tensors",
+                                    "at most " + std::to_string(fa::kMaxScoreModTensors));
+        }
+        set.score_mod.tensors = {};
+        for (std::size_t i = 0; i < values.size(); ++i) set.score_mod.tensors[i] = reinterpret_cast<const float*>(values[i]);
+      });
 }
 
 nb::tuple dims_tuple(const std::array<std::int64_t, 4>& values) {
@@ -176,7 +195,26 @@ NB_MODULE(_core, m) {
                    })
       .def_prop_ro("max_logit",
                    [](const fa::AttentionSpec& spec) { return std::string(fa::to_string(spec.max_logit)); })
-      .def_prop_ro("default_scale", &fa::default_scale);
+      .def_prop_ro("default_scale", &fa::default_scale)
+      .def_prop_ro("score_mod", [](const fa::AttentionSpec& spec) { return fa::to_string(spec.score_mod); })
+      .def(
+          "score_mod_tensor_shape",
+          [](const fa::AttentionSpec& spec, int slot) {
+            const fa::ScoreMod& mod = spec.score_mod;
+            if (slot < 0 || slot >= mod.tensors()) {
+              throw fa::InvalidArgument("slot", std::to_string(slot),
+                                        "a tensor of the modifier (0 .. " + std::to_string(mod.tensors() - 1) + ")");
+            }
+            const std::array<std::int64_t, 4> dims =
+                fa::tensor_dims(mod, slot, {spec.batch(), spec.heads_q(), spec.seq_q(), spec.seq_kv()});
+            const std::uint8_t bits[4] = {fa::kAxisB, fa::kAxisH, fa::kAxisQ, fa::kAxisKv};
+            std::vector<std::int64_t> shape;
+            for (int axis = 0; axis < 4; ++axis) {
+              if (mod.tensor_axes(slot) & bits[axis]) shape.push_back(dims[static_cast<std::size_t>(axis)]);
+            }
+            return shape;
+          },
+          "slot"_a, "The shape the modifier's tensor `slot` has in this call: the sizes of the axes it spans.");
 
   nb::class_<fa::CallConfig>(m, "Config",
                              "The frozen configuration of a call: its layouts and every option (fusedattn/call.h). "

@@ -4,7 +4,8 @@ Framework-free: the adapters say what a tensor is (fusedattn.torch through __tor
 fusedattn.jax through its own hooks) and get back a Traced modifier.
 
 Numbers in the function become runtime scalars ($0, $1, ...; one per distinct value), so changing a
-softcap's cap or a window's width keeps the plan; 0, 1 and the infinities stay in the structure.
+softcap's cap or a window's width keeps the plan; 0, 1, the infinities and whole exponents 2 .. 8
+stay in the structure.
 Captured tensors become tensor leaves, indexed by the plain indices b, h, q_idx, kv_idx in that
 order (t0[h] for table[h]); any other index (a gather) and any operation the core's expressions
 lack raise NotSupportedError naming it."""
@@ -94,7 +95,15 @@ def _numel(x):
 
 
 def _call(tracer, op, *args):
+    if op == "pow" and _small_whole(args[1]):
+        # A whole power 2 .. 8 stays in the structure: the graph layer makes it a product, which takes
+        # negative bases (cuDNN's own power does not).
+        return tracer.sym_class(tracer, f"pow({tracer.operand(args[0])},{int(args[1])})")
     return tracer.sym_class(tracer, f"{op}({','.join(tracer.operand(a) for a in args)})")
+
+
+def _small_whole(x):
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and float(x).is_integer() and 2 <= x <= 8
 
 
 class Sym:

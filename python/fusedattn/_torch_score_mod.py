@@ -69,33 +69,80 @@ def traced(fn):
     return entry
 
 
-def call_tensors(entry, device):
-    """The call's score_mod tensors, as fusedattn.torch's extras carry them: the scalars (float32
-    [n], made once per device) and each captured tensor as float32, contiguous, on `device`."""
-    if entry is None:
-        return {}
-    out = {}
-    if entry.traced.scalars:
-        scalars = entry.scalars.get(device)
-        if scalars is None:
-            scalars = torch.tensor(entry.traced.scalars, dtype=torch.float32, device=device)
-            entry.scalars[device] = scalars
-        out["mod_scalars"] = scalars
-    for slot, tensor in enumerate(entry.traced.tensors):
-        if tensor.requires_grad:
-            raise NotSupportedError(f"score_mod: tensor t{slot} ({entry.traced.axes[slot]}) requires grad: gradients "
-                                    "of tensors inside a score modifier are not built yet (detach it, or pass it "
-                                    "as bias=)")
-        out[f"mod_t{slot}"] = tensor.detach().to(device=device, dtype=torch.float32).contiguous()
-    return out
+def _place(fn, tensor):
+    """Where `fn` holds a tensor it captured: a closure cell, a global, or an attribute of the object
+    a bound method belongs to, so that compiled code fetches it as a graph input."""
+    for index, cell in enumerate(getattr(fn, "__closure__", None) or ()):
+        try:
+            if cell.cell_contents is tensor:
+                return ("closure", index)
+        except ValueError:
+            continue
+    code = getattr(fn, "__code__", None)
+    for name in code.co_names if code is not None else ():
+        if getattr(fn, "__globals__", {}).get(name) is tensor:
+            return ("global", name)
+        owner = getattr(fn, "__self__", None)
+        if owner is not None and getattr(owner, name, None) is tensor:
+            return ("attribute", name)
+    raise NotSupportedError("score_mod under torch.compile: a captured tensor that the function holds neither in "
+                            "its closure, its globals nor its object's attributes")
 
 
-def check_tensors(spec, extras, axes):
-    """Each captured tensor spans exactly its axes' sizes in this call ([b, h_q, s_q, s_kv])."""
-    sizes = {"b": spec.batch, "h": spec.heads_q, "q": spec.seq_q, "kv": spec.seq_kv}
-    for slot, names in enumerate(axes):
+@torch.compiler.assume_constant_result  # compiled code gets the trace as constants
+def _constant_trace(fn):
+    entry = traced(fn)
+    return entry.traced.text, entry.traced.scalars, tuple(_place(fn, t) for t in entry.traced.tensors)
+
+
+def _fetch(fn, place):
+    kind, key = place
+    if kind == "closure":
+        return fn.__closure__[key].cell_contents
+    if kind == "global":
+        return fn.__globals__[key]
+    return getattr(fn.__self__, key)
+
+
+def _converted(slot, tensor, device):
+    if tensor.requires_grad:
+        raise NotSupportedError(f"score_mod: captured tensor t{slot} requires grad: gradients of tensors inside a "
+                                "score modifier are not built yet (detach it, or pass it as bias=)")
+    return tensor.to(device=device, dtype=torch.float32).contiguous()
+
+
+def prepare(fn, device):
+    """(expression text, the call's score_mod tensors as fusedattn.torch's extras carry them): the
+    scalars (float32 [n], made once per device in eager calls) and each captured tensor as float32,
+    contiguous, on `device`. In compiled code the trace comes in as constants and the tensors as
+    graph inputs."""
+    if torch.compiler.is_compiling():
+        text, scalars, places = _constant_trace(fn)
+        tensors = [_fetch(fn, place) for place in places]
+        # One op per value (torch.tensor of constants would be a tensor outside the graph).
+        out = {"mod_scalars": torch.stack([torch.full((), x, dtype=torch.float32, device=device) for x in scalars])} \
+            if scalars else {}
+    else:
+        entry = traced(fn)
+        text, tensors, out = entry.traced.text, entry.traced.tensors, {}
+        if entry.traced.scalars:
+            scalars = entry.scalars.get(device)
+            if scalars is None:
+                scalars = torch.tensor(entry.traced.scalars, dtype=torch.float32, device=device)
+                entry.scalars[device] = scalars
+            out["mod_scalars"] = scalars
+    for slot, tensor in enumerate(tensors):
+        out[f"mod_t{slot}"] = _converted(slot, tensor, device)
+    return text, out
+
+
+def check_tensors(spec, extras):
+    """Each captured tensor has the shape its axes span in this call (the core says which)."""
+    for slot in range(4):
         tensor = getattr(extras, f"mod_t{slot}")
-        want = tuple(sizes[name] for name in names.split(","))
+        if tensor is None:
+            break
+        want = tuple(spec.score_mod_tensor_shape(slot))
         if tuple(tensor.shape) != want:
             raise invalid_argument(f"score_mod.t{slot}.shape", tuple(tensor.shape),
-                                   f"{want}, the sizes of [{names}] in this call")
+                                   f"shape {want}, the sizes its indices span in this call")

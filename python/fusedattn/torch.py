@@ -33,6 +33,7 @@ from torch import Tensor
 from . import _config
 from . import _core as core
 from . import _torch_fallback
+from . import _torch_score_mod
 from .errors import NotSupportedError, invalid_argument
 
 try:  # the C++ eager path, built where PyTorch with CUDA was at build time
@@ -51,7 +52,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
               cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_kv: Optional[Tensor] = None,
               max_seqlen_q: int = 0, max_seqlen_kv: int = 0, seq_len_q: Optional[Tensor] = None,
               seq_len_kv: Optional[Tensor] = None, return_stats: bool = False, return_max_logit: str = "",
-              fallback: bool = False):
+              score_mod=None, fallback: bool = False):
     """Fused attention of q, k, v in `layout` ("bshd", "sbhd", "bhsd", or "thd" with cumulative
     sequence offsets). Any strides: views into packed QKV or KV buffers work as they are.
 
@@ -63,6 +64,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     dropout_p > 0 drops attention probabilities with a Philox seed and offset that PyTorch's CUDA
     generator draws on the device: CUDA graph replays draw anew, torch.manual_seed replays a mask,
     and the backward uses the forward's.
+
+    score_mod is FlexAttention's: a function (score, b, h, q_idx, kv_idx) -> score applied to each
+    scaled score before the masks, traced once into the core's expression (numbers in it become
+    runtime scalars; tensors it indexes by b, h, q_idx, kv_idx are read at each call). It combines
+    with every mask, lengths and grouped heads; an operation it cannot express raises
+    NotSupportedError naming it.
 
     Returns O in q's layout with d_v; with return_stats also the statistics (float32 [b, h_q, s_q],
     or [t, h_q] for thd), and with return_max_logit="row" / "head" also the max logit (float32
@@ -77,7 +84,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     window = tuple(window)
     plain = (bias is None and sink is None and not dropout_p and seq_len_q is None and seq_len_kv is None
              and cu_seqlens_q is None and cu_seqlens_kv is None and softmax != "sink" and not return_stats
-             and not return_max_logit and not fallback)
+             and not return_max_logit and not fallback and score_mod is None)
     if plain and _fast is not None and layout != "thd" and not torch.compiler.is_compiling():
         out = _fast.forward(q, k, v, _plain_config_id(layout, causal, window, align, alibi, softmax, deterministic),
                             scale)
@@ -91,22 +98,23 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias, sink))
     if bias is not None:
         bias = bias.contiguous()
+    mod_text, mod_tensors = _torch_score_mod.prepare(score_mod, q.device) if score_mod is not None else ("", {})
     config = _config_text(layout, "", causal, window, align, bias is not None and bias.requires_grad, alibi, softmax,
                           float(dropout_p), deterministic, ragged or seq_len_q is not None, return_max_logit,
-                          needs_grad or return_stats, 0)
+                          needs_grad or return_stats, 0, mod_text)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     # Dropout's seed and offset, drawn on the device by PyTorch's own CUDA generator: a replayed
     # CUDA graph draws fresh ones, torch.manual_seed gives the same mask again, and the backward
     # reuses the forward's pair.
     rng = torch.randint(0, 2 ** 62, (2,), device=q.device, dtype=torch.int64) if dropout_p > 0.0 else None
     extras = _Extras(rng=rng, cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, seq_len_q=seq_len_q,
-                     seq_len_kv=seq_len_kv)
+                     seq_len_kv=seq_len_kv, **mod_tensors)
     try:
         o, stats, max_logit = _attend(q, k, v, bias, sink, extras, config, scale, max_seqlen_q, max_seqlen_kv,
                                       needs_grad)
     except NotSupportedError as error:
         if not fallback or ragged or return_stats or return_max_logit or seq_len_q is not None or alibi or \
-                softmax != "vanilla":
+                softmax != "vanilla" or score_mod is not None:
             raise
         _torch_fallback.log_once(config, q, k, error)
         return _torch_fallback.run(q, k, v, layout, *_config.parse(config).window, align, scale, bias, dropout_p)
@@ -187,19 +195,20 @@ def _require_one_cuda_device(q, k, v):
 
 @torch.compiler.assume_constant_result  # compiled code gets the text as a constant at trace time
 def _config_text(layout, kv_layout, causal, window, align, bias_grad, alibi, softmax, dropout, deterministic, padding,
-                 max_logit, stats, kv_pages):
+                 max_logit, stats, kv_pages, score_mod=""):
     """A call's config (no bias kind yet: the operator bodies take it from the bias's shape) in its
     printed form, which is how the operators carry it."""
     return _printed_config(layout, kv_layout, causal, window, align, bias_grad, alibi, softmax, dropout, deterministic,
-                           padding, max_logit, stats, kv_pages)
+                           padding, max_logit, stats, kv_pages, score_mod)
 
 
 @functools.lru_cache(maxsize=4096)  # printed once per option set, not on every eager call
 def _printed_config(layout, kv_layout, causal, window, align, bias_grad, alibi, softmax, dropout, deterministic,
-                    padding, max_logit, stats, kv_pages):
+                    padding, max_logit, stats, kv_pages, score_mod):
     return str(_config.config(layout, kv_layout, causal=causal, window=window, align=align, bias_grad=bias_grad,
                               alibi=alibi, softmax=softmax, dropout=dropout, deterministic=deterministic,
-                              padding=padding, max_logit=max_logit, stats=stats, kv_pages=kv_pages))
+                              padding=padding, max_logit=max_logit, stats=stats, kv_pages=kv_pages,
+                              score_mod=score_mod))
 
 
 def _call_config(text, q, k, bias, extras, max_seqlen_q, max_seqlen_kv):
@@ -237,8 +246,10 @@ def _addr(t: Optional[Tensor]) -> int:
 
 class _Extras:
     """The tensors a call may carry beside q, k, v, bias and sink; none of them differentiable. They
-    travel through the operators as one list in this order."""
-    NAMES = ("rng", "cu_seqlens_q", "cu_seqlens_kv", "seq_len_q", "seq_len_kv", "page_table_k", "page_table_v")
+    travel through the operators as one list in this order (mod_*: a score modifier's scalars and
+    tensors)."""
+    NAMES = ("rng", "cu_seqlens_q", "cu_seqlens_kv", "seq_len_q", "seq_len_kv", "page_table_k", "page_table_v",
+             "mod_scalars", "mod_t0", "mod_t1", "mod_t2", "mod_t3")
     __slots__ = NAMES
 
     def __init__(self, **tensors):
@@ -259,10 +270,14 @@ class _Extras:
     def addresses(self):
         """The tensor set's fields these fill, as device addresses (0 where absent)."""
         rng = self.rng
-        return dict(seq_len_q=_addr(self.seq_len_q), seq_len_kv=_addr(self.seq_len_kv),
-                    cu_seqlens_q=_addr(self.cu_seqlens_q), cu_seqlens_kv=_addr(self.cu_seqlens_kv),
-                    sequences=self.sequences() if self.cu_seqlens_q is not None else 0,
-                    dropout_seed=_addr(rng), dropout_offset=_addr(rng) + rng.element_size() if rng is not None else 0)
+        out = dict(seq_len_q=_addr(self.seq_len_q), seq_len_kv=_addr(self.seq_len_kv),
+                   cu_seqlens_q=_addr(self.cu_seqlens_q), cu_seqlens_kv=_addr(self.cu_seqlens_kv),
+                   sequences=self.sequences() if self.cu_seqlens_q is not None else 0,
+                   dropout_seed=_addr(rng), dropout_offset=_addr(rng) + rng.element_size() if rng is not None else 0)
+        if self.mod_scalars is not None or self.mod_t0 is not None:
+            out.update(score_mod_scalars=_addr(self.mod_scalars),
+                       score_mod_tensors=[_addr(self.mod_t0), _addr(self.mod_t1), _addr(self.mod_t2), _addr(self.mod_t3)])
+        return out
 
 
 def _out_shape(q: Tensor, v: Tensor):
@@ -309,6 +324,7 @@ def _forward_body(q, k, v, bias, sink, extras, config_text, scale, max_seqlen_q,
     """O, the statistics and the max logit (None where the config asks for none)."""
     config = _call_config(config_text, q, k, bias, extras, max_seqlen_q, max_seqlen_kv)
     spec = config.spec(_view(q), _view(k), _view(v), extras.sequences(), max_seqlen_q, max_seqlen_kv)
+    _torch_score_mod.check_tensors(spec, extras)
     with _on_device(q.device):
         o = q.new_empty(_out_shape(q, v))
         stats = q.new_empty(_stats_shape(q, config.layout), dtype=torch.float32) if spec.stats else None
@@ -327,6 +343,7 @@ def _backward_body(d_o, q, k, v, o, stats, bias, sink, extras, config_text, scal
     gradient), dBias where the config asks for it, dSink with a sink (else None)."""
     config = _call_config(config_text, q, k, bias, extras, max_seqlen_q, max_seqlen_kv)
     spec = config.spec(_view(q), _view(k), _view(v), extras.sequences(), max_seqlen_q, max_seqlen_kv)
+    _torch_score_mod.check_tensors(spec, extras)
     with _on_device(q.device):
         d_q, d_k, d_v = (torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device) for t in (q, k, v))
         d_bias = torch.empty_like(bias) if config.bias_grad else None
@@ -398,8 +415,9 @@ def _check_while_tracing(q, k, v, bias, extras, config, max_seqlen_q, max_seqlen
     tensors = [t for t in (q, k, v, bias, *extras) if t is not None]
     if all(isinstance(n, int) for t in tensors for n in (*t.shape, *t.stride())):
         extras = _Extras.of(extras)
-        _call_config(config, q, k, bias, extras, max_seqlen_q, max_seqlen_kv).spec(
+        spec = _call_config(config, q, k, bias, extras, max_seqlen_q, max_seqlen_kv).spec(
             _view(q), _view(k), _view(v), extras.sequences(), max_seqlen_q, max_seqlen_kv)
+        _torch_score_mod.check_tensors(spec, extras)
 
 
 @_forward_op.register_fake

@@ -281,7 +281,13 @@ ScoreModLowering::Value ScoreModLowering::lower_node(std::size_t i) {
     case ScoreOp::abs: return unary(Mode::ABS, arithmetic);
     case ScoreOp::exp: return unary(Mode::EXP, Kind::real);
     case ScoreOp::log: return unary(Mode::LOG, Kind::real);
-    case ScoreOp::sqrt: return unary(Mode::SQRT, Kind::real);
+    case ScoreOp::sqrt: {
+      // sqrt(0) is 0 where x is 0 exactly: cuDNN 9.19's backward recomputes SQRT(0) as NaN (its
+      // forward gives 0), so the zeros are selected past it. Negative x still gives NaN.
+      const TensorPtr x = operand(0, Kind::real);
+      const TensorPtr root = emit(Mode::SQRT, {x}, Kind::real, Kind::real);
+      return Value{Kind::real, emit(Mode::BINARY_SELECT, {root, x, emit(Mode::CMP_NEQ, {x, constant(0.0, false)}, Kind::real, Kind::condition)}, Kind::real, Kind::real)};
+    }
     case ScoreOp::tanh: return unary(Mode::TANH_FWD, Kind::real);
     case ScoreOp::sigmoid: return unary(Mode::SIGMOID_FWD, Kind::real);
     case ScoreOp::add: return binary(Mode::ADD, arithmetic);

@@ -163,8 +163,8 @@ TensorPtr length_tensor(fe::graph::Graph& graph, const AttentionSpec& spec, cons
 
 // Padding: cuDNN masks keys past seq_len_kv[b] and ignores queries past seq_len_q[b], and a
 // bottom-right diagonal follows each entry's actual lengths.
-// Beside a score modifier cuDNN switches its padding mask off: the lengths then still bound its
-// loops, and the modifier's lowering writes the mask in.
+// Beside a score modifier cuDNN switches its padding mask off: the modifier's lowering writes the
+// mask in, reading the lengths as inputs of its own.
 struct Lengths {
   TensorPtr q, kv;  // null without padding
 };
@@ -175,7 +175,11 @@ Lengths apply_padding(fe::graph::Graph& graph, Attributes& attributes, const Att
   if (!spec.padding) return {};
   const Lengths lengths{length_tensor(graph, spec, "seq_len_q", kUidSeqLenQ),
                         length_tensor(graph, spec, "seq_len_kv", kUidSeqLenKV)};
-  attributes.set_seq_len_q(lengths.q).set_seq_len_kv(lengths.kv);
+  // Beside a modifier the lengths reach cuDNN's node only where ragged tensors need them: given
+  // to a dense node without its padding mask, cuDNN 9.19 computes wrong rows (measured on the H200).
+  if (spec.score_mod.empty() || spec.ragged_q() || spec.ragged_kv()) {
+    attributes.set_seq_len_q(lengths.q).set_seq_len_kv(lengths.kv);
+  }
   if (spec.score_mod.empty()) attributes.set_padding_mask(true);
   uids.push_back(kUidSeqLenQ);
   uids.push_back(kUidSeqLenKV);
@@ -285,6 +289,16 @@ void apply_score_mod(fe::graph::Graph& graph, Attributes& attributes, const Atte
       // such a tensor (the forward is right), so it gets the full query dim with stride 0.
       dims[2] = spec.seq_q();
       strides[2] = 0;
+    }
+    if (mod.tensor_axes(i) & kAxisB) {
+      // Along the batch: a per-batch [b, 1, 1, 1] tensor reads wrong values in cuDNN 9.19 (the
+      // H200 run of c50bb3f), so every axis it lacks gets its full size with stride 0.
+      for (int axis = 1; axis < 4; ++axis) {
+        if (!(mod.tensor_axes(i) & (1 << axis))) {
+          dims[static_cast<std::size_t>(axis)] = sizes[static_cast<std::size_t>(axis)];
+          strides[static_cast<std::size_t>(axis)] = 0;
+        }
+      }
     }
     const auto uid = static_cast<Uid>(kUidScoreModTensor0 + i);
     inputs.tensors.push_back(graph.tensor(fe::graph::Tensor_attributes()

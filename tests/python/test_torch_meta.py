@@ -222,3 +222,78 @@ def test_the_fallback_applies_the_cores_window_rule(left, right, align, with_bia
                 scores[:, :, i, j] = float("-inf")
     expected = (torch.softmax(scores, -1) @ vb).transpose(1, 2)
     assert torch.allclose(out, expected, atol=1e-5)
+
+
+# --- score_mod: FlexAttention's functions traced into the core's expressions ----------------------
+
+SLOPES = torch.rand(4)
+
+
+def test_score_mod_functions_trace_into_expressions():
+    from fusedattn._torch_score_mod import traced
+    cases = [
+        (lambda s, b, h, q, kv: 30.0 * torch.tanh(s / 30.0), "mul($0,tanh(div(score,$0)))", (30.0,)),
+        (lambda s, b, h, q, kv: s + SLOPES[h] * (kv - q), "add(score,mul(t0[h],sub(kv,q)))", ()),
+        (lambda s, b, h, q, kv: torch.where((kv <= q) | (kv < 16), s, -float("inf")),
+         "select(or(le(kv,q),lt(kv,$0)),score,-inf)", (16.0,)),
+        (lambda s, b, h, q, kv: s.tanh().clamp(max=0.5) * 2, "mul(min(tanh(score),$0),$1)", (0.5, 2.0)),
+        (lambda s, b, h, q, kv: torch.sigmoid(s) - 1 + abs(s) ** 2.5 + s ** 2,
+         "add(add(sub(sigmoid(score),1),pow(abs(score),$0)),pow(score,2))", (2.5,)),
+    ]
+    for fn, text, scalars in cases:
+        entry = traced(fn)
+        assert (entry.traced.text, entry.traced.scalars) == (text, scalars)
+        core_text = str(fa._config.config(score_mod=entry.traced.text))  # the core parses it back
+        assert text in core_text
+
+
+def test_score_mod_closure_numbers_retrace_and_tensors_are_kept():
+    from fusedattn._torch_score_mod import traced
+
+    def capped(cap):
+        return lambda s, b, h, q, kv: cap * torch.tanh(s / cap)
+
+    fn = capped(5.0)
+    assert traced(fn) is traced(fn)  # traced once
+    assert traced(fn).traced.scalars == (5.0,)
+    assert traced(lambda s, b, h, q, kv: s + SLOPES[h]).traced.tensors[0] is SLOPES
+
+
+def test_score_mod_operations_it_cannot_express_are_named():
+    from fusedattn import NotSupportedError
+    q = meta(2, 64, 4, 64)
+    for fn, words in [(lambda s, b, h, qi, kv: s + SLOPES[kv - qi], "indexing a tensor by sub(kv,q)"),
+                      (lambda s, b, h, qi, kv: torch.erf(s), "erf()"),
+                      (lambda s, b, h, qi, kv: s if s > 0 else -s, "Python control flow"),
+                      (lambda s, b, h, qi, kv: s // 2, "floor division")]:
+        with pytest.raises(NotSupportedError) as caught:
+            fa.attention(q, q, q, score_mod=fn)
+        assert words in str(caught.value)
+
+
+def test_score_mod_tensor_shapes_are_checked():
+    from fusedattn import InvalidArgumentError
+    q = meta(2, 64, 4, 64)
+    wrong = torch.rand(3)
+    with pytest.raises(InvalidArgumentError) as caught:
+        fa.attention(q, q, q, score_mod=lambda s, b, h, qi, kv: s + wrong[h])
+    assert caught.value.field == "score_mod.t0.shape"
+
+
+@pytest.mark.parametrize("where", ["global", "closure"])
+def test_score_mod_compiles_in_one_graph(where):
+    slopes = torch.rand(4, device="meta")
+    fn = (lambda s, b, h, qi, kv: s + SLOPES_META[h] * (kv - qi)) if where == "global" else \
+        (lambda s, b, h, qi, kv: 2.0 * torch.tanh(s / 2.0) + slopes[h])
+
+    def step(q):
+        return fa.attention(q, q, q, causal=True, score_mod=fn)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    q = meta(2, 64, 4, 64)
+    y = compiled(q)
+    y.sum().backward()
+    assert y.shape == q.shape and q.grad.shape == q.shape
+
+
+SLOPES_META = torch.rand(4, device="meta")

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""bench/run_bench_score_mod.py — a softcap score modifier (30·tanh(x/30), FlexAttention's example)
+through fusedattn.torch beside compiled FlexAttention with the same function and beside
+fusedattn.torch's plain attention, in one process on the same tensors; writes JSON and markdown.
+
+    python bench/run_bench_score_mod.py --build build --out bench/results
+
+TFLOP/s as ANCHORS.md counts them (forward 4·b·h·s²·d, halved when causal; forward+backward 3.5x),
+the modifier's work not counted.
+"""
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from harness import cuda_median_ms, short
+
+SHAPES = [(2, 8192, 16, 128, True), (2, 8192, 16, 128, False)]
+
+
+def softcap(score, b, h, q_idx, kv_idx):
+    return 30.0 * torch.tanh(score / 30.0)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", default="build")
+    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    sys.path.insert(0, str(Path(args.build) / "python"))
+    import fusedattn.torch as fa
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    flex = torch.compile(flex_attention)
+    rows = []
+    for b, s, h, d, causal in SHAPES:
+        make = lambda: (torch.rand(b, s, h, d, device="cuda", dtype=torch.bfloat16) * 2 - 1).requires_grad_()
+        q, k, v = make(), make(), make()
+        d_o = torch.rand(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+        # FlexAttention takes [b, h, s, d]: the same tensors, transposed views.
+        qt, kt, vt = (x.detach().transpose(1, 2).requires_grad_() for x in (q, k, v))
+        mask = create_block_mask(lambda b_, h_, q_, kv_: q_ >= kv_, None, None, s, s) if causal else None
+        calls = {
+            "fusedattn softcap": lambda: fa.attention(q, k, v, causal=causal, score_mod=softcap),
+            "fusedattn plain": lambda: fa.attention(q, k, v, causal=causal),
+            "FlexAttention softcap": lambda: flex(qt, kt, vt, score_mod=softcap, block_mask=mask),
+        }
+        grads = {"fusedattn softcap": d_o, "fusedattn plain": d_o, "FlexAttention softcap": d_o.transpose(1, 2)}
+        flops = 4 * b * h * s * s * d / (2 if causal else 1)
+        ms = {}
+        for _ in range(args.rounds):
+            for name, call in calls.items():
+                for p, timed in enumerate((call, lambda c=call, g=grads[name]: c().backward(g))):
+                    try:
+                        with torch.no_grad() if p == 0 else torch.enable_grad():
+                            ms.setdefault((name, p), []).append(cuda_median_ms(timed, args.warmup, args.iters))
+                    except Exception as error:  # one failing must not hide the others
+                        ms[(name, p)] = short(error)
+        for p, pass_name in enumerate(("fwd", "fwd+bwd")):
+            row = {"shape": f"{b},{s},{h},{d}" + (",causal" if causal else ""), "pass": pass_name}
+            for name in calls:
+                value = ms[(name, p)]
+                if isinstance(value, str):
+                    row[name] = value
+                else:
+                    best = sorted(value)[len(value) // 2]
+                    row[name] = {"ms": best, "tflops": flops * (3.5 if p else 1) / (best * 1e-3) / 1e12}
+            ours, plain, theirs = row["fusedattn softcap"], row["fusedattn plain"], row["FlexAttention softcap"]
+            if all(isinstance(x, dict) for x in (ours, plain, theirs)):
+                row["softcap / Flex"] = theirs["ms"] / ours["ms"]
+                row["softcap / plain"] = plain["ms"] / ours["ms"]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stamp}_score_mod.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows},
+                                                            indent=1))
+    lines = ["| shape | pass | fusedattn softcap | fusedattn plain | FlexAttention softcap | vs Flex | vs plain |",
+             "|---|---|---|---|---|---|---|"]
+    cell = lambda x: f"{x['ms']:.3f} ms, {x['tflops']:.0f}" if isinstance(x, dict) else x
+    for r in rows:
+        lines.append(f"| {r['shape']} | {r['pass']} | {cell(r['fusedattn softcap'])} | {cell(r['fusedattn plain'])} | "
+                     f"{cell(r['FlexAttention softcap'])} | {r.get('softcap / Flex', 0):.2f} | "
+                     f"{r.get('softcap / plain', 0):.2f} |")
+    (out / f"{stamp}_score_mod.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
