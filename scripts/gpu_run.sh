@@ -142,6 +142,11 @@ layout=bshd b=2 s=8192 h=16 d=128"}
         | tee -a "$OUT/score_mod_bench.txt" || status=1
     done
   done <<<"$shapes"
+  if [ -z "${MODBENCH_SHAPES:-}" ]; then
+    echo "-- the causal softcap as one call (FUSEDATTN_CAUSAL_BLOCKS=0), beside its blocks above"
+    FUSEDATTN_CAUSAL_BLOCKS=0 "$build/fusedattn" bench "layout=bshd b=2 s=8192 h=16 d=128 causal score_mod=mul(tanh(div(score,\$0)),\$0)" \
+      --iters 20 | grep -v "^fusedattn\|^cuDNN\|^CUDA\|^GPU" | tee -a "$OUT/score_mod_bench.txt" || status=1
+  fi
   echo "-- the same softcap through fusedattn.torch beside compiled FlexAttention (bench/run_bench_score_mod.py)"
   FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 -X faulthandler bench/run_bench_score_mod.py --build "$build" \
     --out "$OUT" || status=1

@@ -149,6 +149,7 @@ class CompiledGraph;
 namespace detail {
 class ReplayCache;
 class KvExpansion;
+class CausalComposite;
 }
 
 /// A compiled cuDNN plan for one spec, pass and device. Immutable and shareable across threads.
@@ -157,6 +158,8 @@ class Plan {
   /// `graph` is the one built for the spec, except for an FP8 backward that runs its grouped K/V
   /// heads ungrouped (src/support/kv_expansion.h), whose graph is that of the ungrouped spec.
   Plan(AttentionSpec spec, Pass pass, int device, std::shared_ptr<const graph::CompiledGraph> graph);
+  /// A causal score-modified spec run as blocks, each a plan of its own (src/support/causal_blocks.h).
+  Plan(AttentionSpec spec, Pass pass, int device, std::unique_ptr<const detail::CausalComposite> blocks);
   ~Plan();
   const AttentionSpec& spec() const noexcept { return spec_; }
   Pass pass() const noexcept { return pass_; }
@@ -186,6 +189,7 @@ class Plan {
   Pass pass_;
   int device_;
   std::unique_ptr<const detail::KvExpansion> kv_expansion_;  // grouped K/V heads run ungrouped, or null
+  std::unique_ptr<const detail::CausalComposite> blocks_;    // a causal modified call run as blocks, or null
   std::size_t scratch_bytes_;          // ours after cuDNN's (ragged arrays, max logit rows, K/V expansion)
   std::size_t graph_workspace_bytes_;  // what cuDNN asks for
   std::shared_ptr<const graph::CompiledGraph> graph_;

@@ -89,6 +89,10 @@ class ScoreMod {
 /// "score_mod", with the place it stopped and what it wanted there.
 ScoreMod parse_score_mod(const std::string& text);
 
+/// `mod` with q read as q + q_offset and kv as kv + kv_offset: the modifier of a block of a larger
+/// problem (its rows start at q_offset, its keys at kv_offset) written in that block's own indices.
+ScoreMod shift_indices(const ScoreMod& mod, std::int64_t q_offset, std::int64_t kv_offset);
+
 /// The text form (parses back to an equal modifier); "" for the empty one.
 std::string to_string(const ScoreMod& mod);
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "exec/causal_composite.h"
 #include "exec/device.h"
 #include "exec/kv_expansion.h"
 #include "fusedattn/build_info.h"
@@ -71,6 +72,23 @@ std::shared_ptr<const detail::CacheEntry> build_entry(const PlanKey& key) {
   entry->support = check_support_policy(key.spec, key.pass, DeviceCaps{key.sm / 10, key.sm % 10},
                                         detail::versions());
   if (!entry->support.ok()) return entry;
+  const detail::CausalBlocks blocks = detail::causal_blocks_in_use(key.spec);
+  if (blocks.split()) {
+    // Each block's plan and answer are cached under its own spec; the first refusal is the answer.
+    const std::int64_t count = key.pass == Pass::forward ? blocks.count : detail::backward_count(key.spec, blocks);
+    for (std::int64_t i = 0; i < count; ++i) {
+      const AttentionSpec block = key.pass == Pass::forward ? detail::forward_block(key.spec, blocks, i)
+                                                           : detail::backward_block(key.spec, blocks, i);
+      Support answer = check_support(block, key.pass);
+      if (!answer.ok()) {
+        entry->support = std::move(answer);
+        return entry;
+      }
+    }
+    entry->plan = std::make_shared<Plan>(key.spec, key.pass, key.device,
+                                         std::make_unique<const detail::CausalComposite>(key.spec, key.pass, blocks));
+    return entry;
+  }
   cudnnHandle_t handle = detail::handle_for(key.device, nullptr);
   const bool ungrouped = detail::expands_kv_heads_on(key.spec, key.pass, key.device);
   graph::BuildOutcome outcome =

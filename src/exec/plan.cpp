@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "exec/causal_composite.h"
 #include "exec/cuda_check.h"
 #include "exec/device.h"
 #include "exec/kv_expansion.h"
@@ -163,8 +164,8 @@ detail::RaggedArrays place_ragged(const AttentionSpec& spec, const RaggedTensors
                                   cudaStream_t stream) {
   const detail::RaggedArrays arrays = detail::RaggedArrays::in(scratch, spec.batch());
   detail::prepare_ragged(ragged, spec.batch(), token_strides(spec), arrays, stream);
-  by_uid[graph::kUidSeqLenQ] = arrays.seq_len_q;
-  by_uid[graph::kUidSeqLenKV] = arrays.seq_len_kv;
+  by_uid[graph::kUidSeqLenQ] = by_uid[graph::kUidScoreModSeqLenQ] = arrays.seq_len_q;
+  by_uid[graph::kUidSeqLenKV] = by_uid[graph::kUidScoreModSeqLenKV] = arrays.seq_len_kv;
   by_uid[graph::kUidOffsetQ] = arrays.offset_q;
   by_uid[graph::kUidOffsetK] = arrays.offset_k;
   by_uid[graph::kUidOffsetV] = arrays.offset_v;
@@ -253,6 +254,13 @@ Plan::Plan(AttentionSpec spec, Pass pass, int device, std::shared_ptr<const grap
   g_live_plans.fetch_add(1, std::memory_order_relaxed);
 }
 
+Plan::Plan(AttentionSpec spec, Pass pass, int device, std::unique_ptr<const detail::CausalComposite> blocks)
+    : spec_(std::move(spec)), pass_(pass), device_(device), blocks_(std::move(blocks)),
+      scratch_bytes_(blocks_->workspace_bytes()), graph_workspace_bytes_(0),
+      replays_(std::make_unique<detail::ReplayCache>()) {
+  g_live_plans.fetch_add(1, std::memory_order_relaxed);
+}
+
 Plan::~Plan() { g_live_plans.fetch_sub(1, std::memory_order_relaxed); }
 
 std::size_t live_plans() noexcept { return g_live_plans.load(std::memory_order_relaxed); }
@@ -276,6 +284,11 @@ void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const 
   }
   if (spec_.max_logit != MaxLogit::none) require_pointer("tensors.max_logit", t.max_logit);
   if (is_fp8(spec_.q.dtype)) require_scales(t.fp8);
+  if (blocks_) {
+    CallWorkspace scratch(workspace_bytes(), workspace, stream);
+    blocks_->forward(t, scale, stream, static_cast<char*>(scratch.data()));
+    return;
+  }
   detail::PointersByUid pointers = detail::forward_pointers(t, &scale);
   if (is_fp8(spec_.q.dtype)) zero_amaxes({t.fp8.amax_s, t.fp8.amax_o}, stream);
   void** by_uid = pointers.at;
@@ -323,6 +336,11 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
   if (spec_.bias_grad) require_pointer("tensors.d_bias", t.d_bias);
   if (spec_.softmax == Softmax::sink) require_pointer("tensors.d_sink", t.d_sink);
   if (is_fp8(spec_.q.dtype)) require_scales(t.fp8);
+  if (blocks_) {
+    CallWorkspace scratch(workspace_bytes(), workspace, stream);
+    blocks_->backward(t, scale, stream, static_cast<char*>(scratch.data()));
+    return;
+  }
   detail::PointersByUid pointers = detail::backward_pointers(t, &scale);
   if (is_fp8(spec_.q.dtype)) zero_amaxes({t.fp8.amax_d_q, t.fp8.amax_d_k, t.fp8.amax_d_v, t.fp8.amax_d_p}, stream);
   void** by_uid = pointers.at;

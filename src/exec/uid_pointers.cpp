@@ -25,6 +25,8 @@ PointersByUid forward_pointers(const ForwardTensors& t, float* scale) {
   p.at[graph::kUidScale] = scale;
   p.at[graph::kUidSeqLenQ] = const_cast<std::int32_t*>(t.seq_len_q);
   p.at[graph::kUidSeqLenKV] = const_cast<std::int32_t*>(t.seq_len_kv);
+  p.at[graph::kUidScoreModSeqLenQ] = p.at[graph::kUidSeqLenQ];
+  p.at[graph::kUidScoreModSeqLenKV] = p.at[graph::kUidSeqLenKV];
   p.at[graph::kUidBias] = const_cast<void*>(t.bias);
   p.at[graph::kUidSink] = const_cast<float*>(t.sink);
   p.at[graph::kUidMaxLogit] = t.max_logit;
@@ -60,6 +62,8 @@ PointersByUid backward_pointers(const BackwardTensors& t, float* scale) {
   p.at[graph::kUidScale] = scale;
   p.at[graph::kUidSeqLenQ] = const_cast<std::int32_t*>(t.seq_len_q);
   p.at[graph::kUidSeqLenKV] = const_cast<std::int32_t*>(t.seq_len_kv);
+  p.at[graph::kUidScoreModSeqLenQ] = p.at[graph::kUidSeqLenQ];
+  p.at[graph::kUidScoreModSeqLenKV] = p.at[graph::kUidSeqLenKV];
   p.at[graph::kUidBias] = const_cast<void*>(t.bias);
   p.at[graph::kUidSink] = const_cast<float*>(t.sink);
   p.at[graph::kUidDBias] = t.d_bias;

@@ -282,11 +282,11 @@ ScoreModLowering::Value ScoreModLowering::lower_node(std::size_t i) {
     case ScoreOp::exp: return unary(Mode::EXP, Kind::real);
     case ScoreOp::log: return unary(Mode::LOG, Kind::real);
     case ScoreOp::sqrt: {
-      // sqrt(0) is 0 where x is 0 exactly: cuDNN 9.19's backward recomputes SQRT(0) as NaN (its
-      // forward gives 0), so the zeros are selected past it. Negative x still gives NaN.
-      const TensorPtr x = operand(0, Kind::real);
-      const TensorPtr root = emit(Mode::SQRT, {x}, Kind::real, Kind::real);
-      return Value{Kind::real, emit(Mode::BINARY_SELECT, {root, x, emit(Mode::CMP_NEQ, {x, constant(0.0, false)}, Kind::real, Kind::condition)}, Kind::real, Kind::real)};
+      // exp(log(x) / 2): cuDNN 9.19's backward recomputes SQRT wrongly (infinite gradients where
+      // its forward is right, measured on the H200); this gives 0 at 0 and NaN below, as sqrt does.
+      const TensorPtr half_log = emit(Mode::MUL, {emit(Mode::LOG, {operand(0, Kind::real)}, Kind::real, Kind::real),
+                                                  constant(0.5, false)}, Kind::real, Kind::real);
+      return Value{Kind::real, emit(Mode::EXP, {half_log}, Kind::real, Kind::real)};
     }
     case ScoreOp::tanh: return unary(Mode::TANH_FWD, Kind::real);
     case ScoreOp::sigmoid: return unary(Mode::SIGMOID_FWD, Kind::real);

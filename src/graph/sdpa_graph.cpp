@@ -166,24 +166,39 @@ TensorPtr length_tensor(fe::graph::Graph& graph, const AttentionSpec& spec, cons
 // Beside a score modifier cuDNN switches its padding mask off: the modifier's lowering writes the
 // mask in, reading the lengths as inputs of its own.
 struct Lengths {
-  TensorPtr q, kv;  // null without padding
+  TensorPtr q, kv;  // a score modifier's padding mask reads these; null without one or without padding
 };
 
 template <class Attributes>
 Lengths apply_padding(fe::graph::Graph& graph, Attributes& attributes, const AttentionSpec& spec,
                       std::vector<std::int64_t>& uids) {
   if (!spec.padding) return {};
-  const Lengths lengths{length_tensor(graph, spec, "seq_len_q", kUidSeqLenQ),
-                        length_tensor(graph, spec, "seq_len_kv", kUidSeqLenKV)};
-  // Beside a modifier the lengths reach cuDNN's node only where ragged tensors need them: given
-  // to a dense node without its padding mask, cuDNN 9.19 computes wrong rows (measured on the H200).
-  if (spec.score_mod.empty() || spec.ragged_q() || spec.ragged_kv()) {
-    attributes.set_seq_len_q(lengths.q).set_seq_len_kv(lengths.kv);
+  const bool node_takes_lengths = spec.score_mod.empty() || spec.ragged_q() || spec.ragged_kv();
+  if (node_takes_lengths) {
+    attributes.set_seq_len_q(length_tensor(graph, spec, "seq_len_q", kUidSeqLenQ))
+        .set_seq_len_kv(length_tensor(graph, spec, "seq_len_kv", kUidSeqLenKV));
+    uids.push_back(kUidSeqLenQ);
+    uids.push_back(kUidSeqLenKV);
   }
-  if (spec.score_mod.empty()) attributes.set_padding_mask(true);
-  uids.push_back(kUidSeqLenQ);
-  uids.push_back(kUidSeqLenKV);
-  return lengths;
+  if (spec.score_mod.empty()) {
+    attributes.set_padding_mask(true);
+    return {};
+  }
+  // Beside a modifier the lengths reach cuDNN's node only where ragged tensors need them (given to
+  // a dense node without its padding mask, cuDNN 9.19 computes wrong rows), and the mask written
+  // into the modifier reads them as [b, h_q, s_q, s_kv] with stride 0 past the batch: cuDNN 9.19
+  // misreads a [b, 1, 1, 1] tensor there (both measured on the H200).
+  auto expanded = [&](const char* name, Uid uid) {
+    uids.push_back(uid);
+    return graph.tensor(fe::graph::Tensor_attributes()
+                            .set_name(name)
+                            .set_uid(uid)
+                            .set_dim({spec.batch(), spec.heads_q(), spec.seq_q(), spec.seq_kv()})
+                            .set_stride({1, 0, 0, 0})
+                            .set_data_type(fe::DataType_t::INT32));
+  };
+  return Lengths{expanded("score_mod_seq_len_q", kUidScoreModSeqLenQ),
+                 expanded("score_mod_seq_len_kv", kUidScoreModSeqLenKV)};
 }
 
 // Per-head float32 [1, h_q, 1, 1] tensors: the sink logits and their gradient.

@@ -28,6 +28,9 @@ enum Uid : std::int64_t {
   kUidDescaleQ, kUidDescaleK, kUidDescaleV, kUidDescaleO, kUidDescaleDO, kUidDescaleS, kUidDescaleDP,
   kUidScaleS, kUidScaleO, kUidScaleDP, kUidScaleDQ, kUidScaleDK, kUidScaleDV,
   kUidAmaxS, kUidAmaxO, kUidAmaxDQ, kUidAmaxDK, kUidAmaxDV, kUidAmaxDP,
+  // The lengths again, as a score modifier's padding mask reads them (the same memory as
+  // kUidSeqLenQ / kUidSeqLenKV, described for that mask's own use)
+  kUidScoreModSeqLenQ, kUidScoreModSeqLenKV,
   // A score modifier's runtime scalars and tensors, by slot (fusedattn/score_mod.h)
   kUidScoreModScalar0,
   kUidScoreModTensor0 = kUidScoreModScalar0 + kMaxScoreModScalars,

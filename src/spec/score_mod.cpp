@@ -194,14 +194,23 @@ class Parser {
   std::vector<ScoreModNode> nodes_;
 };
 
-void print(const std::vector<ScoreModNode>& nodes, std::int32_t at, std::string& out) {
+// The offsets shift_indices() adds to the query and key indices (0: printed as they are).
+struct IndexOffsets {
+  std::int64_t q = 0, kv = 0;
+};
+
+void print_index(const char* name, std::int64_t offset, std::string& out) {
+  out += offset == 0 ? std::string(name) : std::string("add(") + name + "," + std::to_string(offset) + ")";
+}
+
+void print(const std::vector<ScoreModNode>& nodes, std::int32_t at, std::string& out, IndexOffsets offsets = {}) {
   const ScoreModNode& node = nodes[static_cast<std::size_t>(at)];
   switch (node.op) {
     case ScoreOp::score: out += "score"; return;
     case ScoreOp::batch: out += "b"; return;
     case ScoreOp::head: out += "h"; return;
-    case ScoreOp::q_index: out += "q"; return;
-    case ScoreOp::kv_index: out += "kv"; return;
+    case ScoreOp::q_index: print_index("q", offsets.q, out); return;
+    case ScoreOp::kv_index: print_index("kv", offsets.kv, out); return;
     case ScoreOp::constant: out += detail::format_double(node.value); return;
     case ScoreOp::scalar: out += "$" + std::to_string(node.slot); return;
     case ScoreOp::tensor: {
@@ -223,7 +232,7 @@ void print(const std::vector<ScoreModNode>& nodes, std::int32_t at, std::string&
   out += '(';
   for (int i = 0; i < op.arity; ++i) {
     if (i > 0) out += ',';
-    print(nodes, node.args[static_cast<std::size_t>(i)], out);
+    print(nodes, node.args[static_cast<std::size_t>(i)], out, offsets);
   }
   out += ')';
 }
@@ -291,6 +300,13 @@ ScoreMod parse_score_mod(const std::string& text) {
   mod.nodes_ = Parser(text).parse();
   number_slots(text, mod.nodes_, mod.scalars_, mod.tensor_axes_);
   return mod;
+}
+
+ScoreMod shift_indices(const ScoreMod& mod, std::int64_t q_offset, std::int64_t kv_offset) {
+  if (mod.empty()) return mod;
+  std::string text;
+  print(mod.nodes(), static_cast<std::int32_t>(mod.nodes().size() - 1), text, IndexOffsets{q_offset, kv_offset});
+  return parse_score_mod(text);
 }
 
 std::string to_string(const ScoreMod& mod) {

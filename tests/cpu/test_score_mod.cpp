@@ -241,6 +241,23 @@ TEST(ScoreModSpec, ThePolicyNamesWhatAModifierExcludes) {
   EXPECT_NE(refused.reasons[0].requirement.find("add(score,mul(t0[h],sub(kv,q)))"), std::string::npos);
 }
 
+TEST(ScoreMod, ShiftedIndicesReadTheWholeProblemsPositions) {
+  const ScoreMod mod = parse_score_mod("add(score,mul(t0[h],sub(kv,q)))");
+  const ScoreMod shifted = shift_indices(mod, 3072, 16);
+  EXPECT_EQ(to_string(shifted), "add(score,mul(t0[h],sub(add(kv,16),add(q,3072))))");
+  const float slopes[2] = {0.5f, 0.25f};
+  const float* tensors[1] = {slopes};
+  ScoreModPoint local;
+  local.score = 1.0;
+  local.index = {0, 1, 5, 7};
+  local.sizes = {1, 2, 100, 100};
+  local.tensors = tensors;
+  ScoreModPoint whole = local;
+  whole.index = {0, 1, 3077, 23};
+  EXPECT_EQ(evaluate(shifted, local), evaluate(mod, whole));
+  EXPECT_EQ(shift_indices(mod, 0, 0), mod);
+}
+
 TEST(ScoreModSpec, MoreSlotsThanAGraphTakesAreRefused) {
   EXPECT_NO_THROW(parse_score_mod("add(add(add(add(add(add(add($0,$1),$2),$3),$4),$5),$6),$7)"));
   try {
