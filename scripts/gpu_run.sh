@@ -148,8 +148,9 @@ layout=bshd b=2 s=8192 h=16 d=128"}
       --iters 20 | grep -v "^fusedattn\|^cuDNN\|^CUDA\|^GPU" | tee -a "$OUT/score_mod_bench.txt" || status=1
   fi
   echo "-- the same softcap through fusedattn.torch beside compiled FlexAttention (bench/run_bench_score_mod.py)"
+  # shellcheck disable=SC2086  # MODBENCH_ARGS is a list of arguments (--causal-only)
   FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 -X faulthandler bench/run_bench_score_mod.py --build "$build" \
-    --out "$OUT" || status=1
+    --out "$OUT" ${MODBENCH_ARGS:-} || status=1
 fi
 if part varlen; then
   echo "== benchmark: ragged training step and paged decode"

@@ -248,6 +248,23 @@ NB_MODULE(_core, m) {
                    [](const fa::CallConfig& c) { return std::string(fa::to_string(c.options.max_logit)); })
       .def_prop_ro("kv_pages", [](const fa::CallConfig& c) { return c.options.kv_pages; })
       .def_prop_ro("stats", [](const fa::CallConfig& c) { return c.options.stats; })
+      .def_prop_ro("score_mod", [](const fa::CallConfig& c) { return fa::to_string(c.options.score_mod); })
+      .def_prop_ro("score_mod_scalars", [](const fa::CallConfig& c) { return c.options.score_mod.scalars(); })
+      .def_prop_ro(
+          "score_mod_tensor_axes",
+          [](const fa::CallConfig& c) {
+            static const char* const kNames[4] = {"b", "h", "q", "kv"};
+            std::vector<std::string> out;
+            for (int i = 0; i < c.options.score_mod.tensors(); ++i) {
+              std::string axes;
+              for (int axis = 0; axis < 4; ++axis) {
+                if (c.options.score_mod.tensor_axes(i) & (1u << axis)) axes += (axes.empty() ? "" : ",") + std::string(kNames[axis]);
+              }
+              out.push_back(axes);
+            }
+            return out;
+          },
+          "Per tensor of the modifier, the axes it spans, as \"h,kv\".")
       .def_prop_ro("id", &fa::register_config,
                    "A small integer naming this config for the adapters' C++ fast paths (registered on first use).")
       .def(

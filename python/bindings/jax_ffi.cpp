@@ -171,7 +171,7 @@ void count_capture(cudaStream_t stream) {
 // The operands and results of a call, in this order (fusedattn/_jax_calls.py's Call.inputs and
 // Call.outputs give the same order); which optional ones are there follows from the spec:
 //   forward:  q, k, v, [bias], [sink], [rng], [seq_len_q, seq_len_kv], [cu_seqlens_q, cu_seqlens_kv],
-//             [page_table_k, page_table_v] -> o, [stats], [max_logit], workspace
+//             [page_table_k, page_table_v], [mod_scalars], [mod_t0 ..] -> o, [stats], [max_logit], workspace
 //   backward: q, k, v, o, stats, d_o, then the same optional ones (never paged)
 //             -> d_q, d_k, d_v, [d_bias], [d_sink], workspace
 // rng is uint32[4]: Philox seed and offset as two int64 (JAX has no 64-bit integers by default).
@@ -233,6 +233,13 @@ void take_optional_inputs(const fa::AttentionSpec& spec, Operands& in, Tensors& 
   }
 }
 
+// A score modifier's scalars (float32 [n]) and tensors, after every other input of the pass.
+template <class Tensors>
+void take_score_mod(const fa::AttentionSpec& spec, Operands& in, Tensors& t) {
+  if (spec.score_mod.scalars() > 0) t.score_mod.scalars = in.scalar();
+  for (int i = 0; i < spec.score_mod.tensors(); ++i) t.score_mod.tensors[static_cast<std::size_t>(i)] = in.scalar();
+}
+
 ffi::Error mismatch(const fa::AttentionSpec& spec) {
   return ffi::Error::InvalidArgument("fusedattn: the call's operands do not match its spec [" + fa::to_string(spec) +
                                      "]");
@@ -270,6 +277,7 @@ ffi::Error run_forward(cudaStream_t stream, ffi::ScratchAllocator scratch, std::
         take_optional_inputs(spec, io, t, sequences);
         t.page_table_k = static_cast<const std::int32_t*>(io.arg_if(spec.kv_pages > 0));
         t.page_table_v = static_cast<const std::int32_t*>(io.arg_if(spec.kv_pages > 0));
+        take_score_mod(spec, io, t);
         t.o = io.ret();
         t.stats = static_cast<float*>(io.ret_if(spec.stats));
         t.max_logit = static_cast<float*>(io.ret_if(spec.max_logit != fa::MaxLogit::none));
@@ -298,6 +306,7 @@ ffi::Error run_backward(cudaStream_t stream, ffi::ScratchAllocator scratch, std:
         t.stats = static_cast<const float*>(io.arg());
         t.d_o = io.arg();
         take_optional_inputs(spec, io, t, sequences);
+        take_score_mod(spec, io, t);
         t.d_q = io.ret();
         t.d_k = io.ret();
         t.d_v = io.ret();

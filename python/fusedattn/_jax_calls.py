@@ -5,8 +5,9 @@ cannot hold), what each pass takes and returns, and the XLA FFI custom call itse
 A pass's arrays come in a fixed order with roles, decided by the Config (the handler reads the same
 order from the spec the Config makes):
     forward:  q, k, v, [bias], [sink], [rng], [seq_len_q, seq_len_kv],
-              [cu_seqlens_q, cu_seqlens_kv], [page_table_k, page_table_v]
+              [cu_seqlens_q, cu_seqlens_kv], [page_table_k, page_table_v], [mod_scalars], [mod_t0 ..]
     backward: q, k, v, o, stats, d_o, then the same optional ones (never paged)
+(mod_*: a score modifier's float32 scalars [n] and its tensors, fusedattn/score_mod.h)
 and it returns o, [stats], [max_logit] (forward) or d_q, d_k, d_v, [d_bias], [d_sink] (backward);
 every call also returns its workspace, which the kernels drop. An FP8 call (Call.fp8: q, k, v in
 E4M3 or E5M2, fusedattn/fp8_scales.h) takes float32 scalars after all of those and returns the
@@ -80,6 +81,8 @@ class Call:
                 + (("seq_len_q", "seq_len_kv") if c.padding and not self.ragged else ())
                 + (("cu_q", "cu_kv") if self.ragged else ())
                 + (("page_table_k", "page_table_v") if c.kv_pages else ())
+                + (("mod_scalars",) if c.score_mod_scalars else ())
+                + tuple(f"mod_t{i}" for i in range(len(c.score_mod_tensor_axes)))
                 + (FP8_INPUTS[pass_] if self.fp8 else ()))
 
     def outputs(self, pass_):

@@ -23,7 +23,7 @@ from ._jax_calls import AXES, STATS
 
 _KV = ("k", "v", "d_k", "d_v")
 _V_DIM = ("v", "o", "d_o", "d_v")
-_REPLICATED = ("s", "t", "d", "e", "h", "bb", "hb", "sb", "z", "cq", "ck", "pages", "ps", "pg")  # never split
+_REPLICATED = ("s", "t", "d", "e", "h", "bb", "hb", "sb", "z", "cq", "ck", "pages", "ps", "pg", "ms")  # never split
 
 
 def _axes(role, call, batch, heads, kv_heads):
@@ -35,6 +35,11 @@ def _axes(role, call, batch, heads, kv_heads):
         return (heads,)
     if role == "rng":
         return ("z",)
+    if role == "mod_scalars":
+        return ("ms",)
+    if role.startswith("mod_t"):  # a modifier's tensor: its axes, the batch and heads split as q's
+        names = {"b": batch, "h": heads, "q": "s", "kv": "t"}
+        return tuple(names[axis] for axis in config.score_mod_tensor_axes[int(role[len("mod_t"):])].split(","))
     if role in ("cu_q", "cu_kv"):
         return ("cq" if role == "cu_q" else "ck",)
     if role in ("seq_len_q", "seq_len_kv"):

@@ -10,6 +10,7 @@ Captured tensors become tensor leaves, indexed by the plain indices b, h, q_idx,
 order (t0[h] for table[h]); any other index (a gather) and any operation the core's expressions
 lack raise NotSupportedError naming it."""
 import math
+import re
 
 from .errors import NotSupportedError
 
@@ -34,6 +35,8 @@ class Traced:
 
 
 class _Tracer:
+    stopped = frozenset()  # ids of tensors taken through stop_gradient (fusedattn.jax)
+
     def __init__(self, is_tensor, sym_class):
         self.is_tensor, self.sym_class = is_tensor, sym_class
         self.scalars = []  # values, in slot order
@@ -257,8 +260,27 @@ def trace(fn, is_tensor, sym_class=None):
         raise
     except TypeError as error:  # an operation with no rule, met by the framework
         raise not_covered(f"an operation in the function ({error})") from None
-    if not isinstance(out, Sym):
-        text = tracer.operand(out)  # a function that ignores its arguments: a constant
-    else:
-        text = out.text
-    return Traced(text, tracer.scalars, [t for t, _ in tracer.tensors], [a for _, a in tracer.tensors])
+    return finish(tracer, out)
+
+
+def finish(tracer, out):
+    """The Traced modifier of `out`, its slots renumbered in the order the text first uses them
+    (a framework's own steps may have made numbers or tensors that the result does not use)."""
+    text = out.text if isinstance(out, Sym) else tracer.operand(out)  # a function of nothing: a constant
+    scalars, tensors = [], []
+
+    def scalar(match):
+        value = tracer.scalars[int(match.group(1))]
+        if value not in scalars:
+            scalars.append(value)
+        return f"${scalars.index(value)}"
+
+    def tensor(match):
+        entry = tracer.tensors[int(match.group(1))]
+        if all(entry[0] is not seen for seen, _ in tensors):
+            tensors.append(entry)
+        return f"t{next(i for i, (seen, _) in enumerate(tensors) if seen is entry[0])}["
+
+    text = re.sub(r"\$(\d+)", scalar, text)
+    text = re.sub(r"\bt(\d+)\[", tensor, text)
+    return Traced(text, scalars, [t for t, _ in tensors], [a for _, a in tensors])

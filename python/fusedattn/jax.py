@@ -22,9 +22,9 @@ from typing import Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from . import _config, _jax_batching, _jax_calls, _jax_partition
+from . import _config, _jax_batching, _jax_calls, _jax_partition, _jax_score_mod
 from ._jax_calls import BACKWARD, FORWARD, Call, view
-from .errors import invalid_argument
+from .errors import NotSupportedError, invalid_argument
 
 __all__ = ["attention", "paged_attention", "Fp8State", "fp8_state", "fp8_attention"]
 
@@ -57,23 +57,25 @@ def _present(*arrays):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _attention(calls, heads, q, k, v, bias, sink, rng, lengths, offsets):
+def _attention(calls, heads, q, k, v, bias, sink, rng, lengths, offsets, mods):
     """O, and the max logit where asked for (else None). `calls`: the Call of a forward nobody
-    differentiates (no statistics) and the Call the forward and backward of training share."""
-    out = _call(FORWARD, calls[0], heads)(q, k, v, *_present(bias, sink, rng, *lengths, *offsets))
+    differentiates (no statistics) and the Call the forward and backward of training share.
+    `mods`: a score modifier's scalars and tensors (not differentiated)."""
+    out = _call(FORWARD, calls[0], heads)(q, k, v, *_present(bias, sink, rng, *lengths, *offsets, *mods))
     return tuple(out) if calls[0].config.max_logit != "none" else (out, None)
 
 
-def _attention_fwd(calls, heads, q, k, v, bias, sink, rng, lengths, offsets):
-    o, stats, *max_logit = _call(FORWARD, calls[1], heads)(q, k, v, *_present(bias, sink, rng, *lengths, *offsets))
-    return (o, max_logit[0] if max_logit else None), (q, k, v, o, stats, bias, sink, rng, lengths, offsets)
+def _attention_fwd(calls, heads, q, k, v, bias, sink, rng, lengths, offsets, mods):
+    o, stats, *max_logit = _call(FORWARD, calls[1], heads)(q, k, v,
+                                                           *_present(bias, sink, rng, *lengths, *offsets, *mods))
+    return (o, max_logit[0] if max_logit else None), (q, k, v, o, stats, bias, sink, rng, lengths, offsets, mods)
 
 
 def _attention_bwd(calls, heads, residuals, cotangents):
     d_o, _ = cotangents  # the max logit is not differentiated
-    q, k, v, o, stats, bias, sink, rng, lengths, offsets = residuals
+    q, k, v, o, stats, bias, sink, rng, lengths, offsets, mods = residuals
     grads = _call(BACKWARD, calls[1], heads)(q, k, v, o, stats, d_o.astype(o.dtype),
-                                            *_present(bias, sink, rng, *lengths, *offsets))
+                                            *_present(bias, sink, rng, *lengths, *offsets, *mods))
     d_q, d_k, d_v, *rest = grads
     d_bias = rest.pop(0) if calls[1].config.bias_grad else (None if bias is None else jnp.zeros_like(bias))
     d_sink = rest.pop(0) if sink is not None else None
@@ -81,7 +83,7 @@ def _attention_bwd(calls, heads, residuals, cotangents):
     def no_gradient(x):  # integer inputs (dropout's rng, lengths, offsets) take float0 cotangents
         return None if x is None else jnp.zeros(x.shape, jax.dtypes.float0)
     return (d_q, d_k, d_v, d_bias, d_sink, no_gradient(rng), tuple(map(no_gradient, lengths)),
-            tuple(map(no_gradient, offsets)))
+            tuple(map(no_gradient, offsets)), tuple(jnp.zeros_like(x) for x in mods))
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)
@@ -99,7 +101,7 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False, align: str
               alibi: bool = False, softmax: str = "vanilla", sink=None, dropout_rate: float = 0.0,
               dropout_key=None, deterministic: bool = False, seq_len_q=None, seq_len_kv=None,
               cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q: int = 0, max_seqlen_kv: int = 0,
-              return_max_logit: str = ""):
+              return_max_logit: str = "", score_mod=None):
     """Fused attention of q, k, v in `layout`: "bshd" (JAX's usual [batch, seq, heads, dim]),
     "sbhd", "bhsd", or "thd" for packed sequences ([tokens, heads, dim] with cu_seqlens_q and
     cu_seqlens_kv, int32 [n + 1] cumulative offsets, and max_seqlen_q / max_seqlen_kv, the
@@ -115,6 +117,11 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False, align: str
     [b], together) make each entry's lengths runtime data: O and the gradients are zero past them.
     return_max_logit="row" or "head" also returns the max logit (float32 [b, h_q, s_q] or [h_q];
     [t, h_q] by token for thd), not differentiated: (O, max_logit).
+    score_mod: a function (score, b, h, q_idx, kv_idx) -> score written with jax.numpy, applied to
+    each scaled score before the masks (FlexAttention's score_mod), traced by JAX into the core's
+    expression: numbers become runtime scalars, arrays it captures and indexes by b, h, q_idx,
+    kv_idx are read at each call (not differentiated: a captured array under differentiation
+    raises NotSupportedError), and a primitive the expressions lack raises NotSupportedError.
 
     Errors raise fusedattn.errors classes while tracing, worded by the core as for every adapter;
     where the tracing process has a GPU, an unsupported configuration raises NotSupportedError
@@ -123,11 +130,13 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False, align: str
     ragged = layout == "thd"
     _require_arrays(ragged, sink, softmax, dropout_rate, dropout_key, seq_len_q, seq_len_kv, cu_seqlens_q,
                     cu_seqlens_kv, max_seqlen_q, max_seqlen_kv)
+    mod, stopped = _jax_score_mod.trace(score_mod) if score_mod is not None else (None, ())
     # A forward nobody differentiates writes no statistics; training's forward and backward share the other.
     configs = [_config.config(layout, causal=causal, window=tuple(window), align=align,
                               bias_grad=bias is not None and bias_grad, alibi=alibi, softmax=softmax,
                               dropout=dropout_rate, deterministic=deterministic,
-                              padding=ragged or seq_len_q is not None, max_logit=return_max_logit, stats=stats)
+                              padding=ragged or seq_len_q is not None, max_logit=return_max_logit, stats=stats,
+                              score_mod=mod.text if mod is not None else "")
                for stats in (False, True)]
     sequences = cu_seqlens_q.shape[0] - 1 if ragged else 0
     if bias is not None:  # the core names the bias kind of its shape
@@ -138,9 +147,29 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False, align: str
     rng = _dropout_rng(dropout_key) if inference.config.dropout > 0.0 else None
     lengths = tuple(map(_int32, (seq_len_q, seq_len_kv))) if seq_len_q is not None else ()
     offsets = tuple(map(_int32, (cu_seqlens_q, cu_seqlens_kv))) if ragged else ()
+    mods = _score_mod_arrays(mod, stopped, spec)
     o, max_logit = _attention((inference, training), (spec.heads_q, spec.heads_kv), q, k, v, bias,
-                              None if sink is None else jnp.asarray(sink, jnp.float32), rng, lengths, offsets)
+                              None if sink is None else jnp.asarray(sink, jnp.float32), rng, lengths, offsets, mods)
     return (o, max_logit) if max_logit is not None else o
+
+
+def _score_mod_arrays(mod, stopped, spec):
+    """A traced modifier's operands: its scalars (float32 [n]) and its captured arrays (float32),
+    each of the shape its indices span in this call, not differentiated (an array under
+    differentiation that the function did not stop_gradient is refused)."""
+    if mod is None:
+        return ()
+    arrays = (jnp.asarray(mod.scalars, jnp.float32),) if mod.scalars else ()
+    for slot, array in enumerate(mod.tensors):
+        if type(array).__name__ in ("JVPTracer", "LinearizeTracer") and id(array) not in stopped:
+            raise NotSupportedError(f"score_mod: captured array t{slot} is being differentiated: gradients of arrays "
+                                    "inside a score modifier are not built yet (stop_gradient it, or pass it as bias=)")
+        want = tuple(spec.score_mod_tensor_shape(slot))
+        if tuple(array.shape) != want:
+            raise invalid_argument(f"score_mod.t{slot}.shape", tuple(array.shape),
+                                   f"shape {want}, the sizes its indices span in this call")
+        arrays += (jax.lax.stop_gradient(jnp.asarray(array, jnp.float32)),)
+    return arrays
 
 
 def _require_arrays(ragged, sink, softmax, dropout_rate, dropout_key, seq_len_q, seq_len_kv, cu_seqlens_q,

@@ -30,6 +30,7 @@ using TensorPtr = ScoreModLowering::TensorPtr;
 namespace {
 
 constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
+constexpr double kSqrtGuard = 1e-30;
 
 bool is_virtual(const TensorPtr& tensor) { return tensor && tensor->get_is_virtual(); }
 
@@ -282,11 +283,12 @@ ScoreModLowering::Value ScoreModLowering::lower_node(std::size_t i) {
     case ScoreOp::exp: return unary(Mode::EXP, Kind::real);
     case ScoreOp::log: return unary(Mode::LOG, Kind::real);
     case ScoreOp::sqrt: {
-      // exp(log(x) / 2): cuDNN 9.19's backward recomputes SQRT wrongly (infinite gradients where
-      // its forward is right, measured on the H200); this gives 0 at 0 and NaN below, as sqrt does.
-      const TensorPtr half_log = emit(Mode::MUL, {emit(Mode::LOG, {operand(0, Kind::real)}, Kind::real, Kind::real),
-                                                  constant(0.5, false)}, Kind::real, Kind::real);
-      return Value{Kind::real, emit(Mode::EXP, {half_log}, Kind::real, Kind::real)};
+      // sqrt(x + 1e-30) - 1e-15: cuDNN 9.19's backward meets sqrt(0) with infinite gradients (its
+      // forward is right; a select past the zeros and exp(log(x) / 2) do no better, measured on the
+      // H200), and this is sqrt(x) to float32 precision for x = 0 and x >= 1e-22, NaN below 0.
+      const TensorPtr root = emit(Mode::SQRT, {emit(Mode::ADD, {operand(0, Kind::real), constant(kSqrtGuard, false)},
+                                                    Kind::real, Kind::real)}, Kind::real, Kind::real);
+      return Value{Kind::real, emit(Mode::SUB, {root, constant(std::sqrt(kSqrtGuard), false)}, Kind::real, Kind::real)};
     }
     case ScoreOp::tanh: return unary(Mode::TANH_FWD, Kind::real);
     case ScoreOp::sigmoid: return unary(Mode::SIGMOID_FWD, Kind::real);
@@ -420,8 +422,11 @@ TensorPtr ScoreModLowering::backward(Graph& graph, const TensorPtr& d_modified) 
         break;
       case ScoreOp::exp: add_to(x, [&] { return real(Mode::MUL, {a, value_of(self)}); }); break;
       case ScoreOp::log: add_to(x, [&] { return real(Mode::DIV, {a, value_of(x)}); }); break;
-      case ScoreOp::sqrt:
-        add_to(x, [&] { return real(Mode::DIV, {real(Mode::MUL, {a, constant(0.5, false)}), value_of(self)}); });
+      case ScoreOp::sqrt:  // a / (2 sqrt(x + 1e-30)), the root before its guard is taken off
+        add_to(x, [&] {
+          const TensorPtr root = real(Mode::ADD, {value_of(self), constant(std::sqrt(kSqrtGuard), false)});
+          return real(Mode::DIV, {real(Mode::MUL, {a, constant(0.5, false)}), root});
+        });
         break;
       case ScoreOp::tanh:  // a * (1 - t^2) = a - a t^2
         add_to(x, [&] {

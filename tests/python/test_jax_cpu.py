@@ -267,3 +267,55 @@ def test_packed_statistics_are_split_by_their_heads_axis():
     call = Call(_config.config("thd", padding=True), 0.125, (128, 128))
     rule = sharding_rule(call, call.inputs(FORWARD), call.outputs(FORWARD), "same")
     assert rule == "s g d, t g d, t g e, cq, ck -> s g e, s g"  # stats are [t, h_q], like q's first two axes
+
+
+# --- score_mod: jax.numpy functions traced into the core's expressions ------------------------------
+
+SLOPES = jnp.linspace(0.0, 0.5, 4)
+
+
+def test_score_mod_functions_trace_into_expressions():
+    from fusedattn._jax_score_mod import trace
+    cases = [
+        (lambda s, b, h, q, kv: 30.0 * jnp.tanh(s / 30.0), "mul($0,tanh(div(score,$0)))", (30.0,)),
+        (lambda s, b, h, q, kv: s + SLOPES[h] * (kv - q), "add(score,mul(t0[h],sub(kv,q)))", ()),
+        (lambda s, b, h, q, kv: jnp.where((kv <= q) | (kv < 16), s, -jnp.inf),
+         "select(or(le(kv,q),lt(kv,$0)),score,-inf)", (16.0,)),
+        (lambda s, b, h, q, kv: s ** 2 + jax.nn.sigmoid(s), "add(pow(score,2),sigmoid(score))", ()),
+    ]
+    for fn, text, scalars in cases:
+        traced, _ = trace(fn)
+        assert (traced.text, traced.scalars) == (text, scalars)
+
+
+def test_score_mod_primitives_it_cannot_express_are_named():
+    q = shaped(2, 64, 4, 64)
+    for fn, words in [(lambda s, b, h, qi, kv: jax.scipy.special.erf(s), "the JAX primitive erf"),
+                      (lambda s, b, h, qi, kv: s + SLOPES[kv - qi], "indexing a tensor by")]:
+        with pytest.raises(fusedattn.NotSupportedError) as caught:
+            jax.eval_shape(lambda q: fj.attention(q, q, q, score_mod=fn), q)
+        assert words in str(caught.value)
+
+
+def test_score_mod_reaches_the_spec_and_its_arrays_the_calls():
+    q = shaped(2, 64, 4, 64)
+
+    def loss(q, slopes):
+        fn = lambda s, b, h, qi, kv: 2.0 * jnp.tanh(s / 2.0) + jax.lax.stop_gradient(slopes)[h] * (kv - qi)
+        return fj.attention(q, q, q, causal=True, score_mod=fn).astype(jnp.float32).sum()
+    grads = jax.eval_shape(jax.grad(loss), q, shaped(4, dtype=jnp.float32))
+    assert grads.shape == q.shape
+    text = exported_text(jax.grad(loss), q, shaped(4, dtype=jnp.float32))
+    assert "score_mod=add(mul($0,tanh(div(score,$0))),mul(t0[h],sub(kv,q)))" in text
+    # the scalars (float32 [1]) and the slopes (float32 [4]) are operands of both calls
+    assert text.count("tensor<1xf32>, tensor<4xf32>") >= 2
+
+
+def test_score_mod_arrays_under_differentiation_are_refused():
+    q = shaped(2, 64, 4, 64)
+
+    def loss(q, slopes):
+        return fj.attention(q, q, q, score_mod=lambda s, b, h, qi, kv: s + slopes[h]).astype(jnp.float32).sum()
+    with pytest.raises(fusedattn.NotSupportedError) as caught:
+        jax.eval_shape(jax.grad(loss, argnums=1), q, shaped(4, dtype=jnp.float32))
+    assert "being differentiated" in str(caught.value)

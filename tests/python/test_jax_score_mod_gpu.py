@@ -1,0 +1,67 @@
+"""fusedattn.jax's score_mod on a GPU under jit: jax.numpy score functions against a float32
+reference that applies the same function to the whole score matrix, outputs and gradients."""
+import pytest
+
+jax = pytest.importorskip("jax", reason="JAX not installed")
+fj = pytest.importorskip("fusedattn.jax")
+pytest.importorskip("fusedattn._jax_ffi", reason="the XLA FFI handlers were not built")
+if not any(d.platform == "gpu" for d in jax.devices()):
+    pytest.skip("no CUDA device visible to JAX", allow_module_level=True)
+import jax.numpy as jnp  # noqa: E402
+
+import fusedattn  # noqa: E402
+
+SLOPES = jnp.linspace(0.0, 0.2, 8)
+
+
+def softcap(s, b, h, q, kv):
+    return 2.0 * jnp.tanh(s / 2.0)
+
+
+def alibi(s, b, h, q, kv):
+    return s + SLOPES[h] * (kv - q)
+
+
+def prefix_lm(s, b, h, q, kv):
+    return jnp.where((kv <= q) | (kv < 40), s, -jnp.inf)
+
+
+def reference(q, k, v, fn, scale, causal):
+    qb, kb, vb = (x.astype(jnp.float32).transpose(0, 2, 1, 3) for x in (q, k, v))
+    b, h, s_q, s_kv = qb.shape[0], qb.shape[1], qb.shape[2], kb.shape[2]
+    kb, vb = (jnp.repeat(x, h // x.shape[1], axis=1) for x in (kb, vb))
+    scores = jnp.einsum("bhqd,bhkd->bhqk", qb, kb) * scale
+    idx = [jnp.arange(n).reshape([n if a == axis else 1 for a in range(4)]) for axis, n in enumerate((b, h, s_q, s_kv))]
+    scores = fn(scores, *idx)
+    if causal:
+        scores = jnp.where(idx[3] <= idx[2], scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1)
+    return jnp.einsum("bhqk,bhkd->bhqd", probs, vb).transpose(0, 2, 1, 3)
+
+
+def rel(a, b):
+    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+
+
+@pytest.mark.parametrize("fn", [softcap, alibi, prefix_lm], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("causal", [False, True])
+def test_matches_the_function_applied_to_the_scores(fn, causal):
+    keys = jax.random.split(jax.random.PRNGKey(7), 4)
+    q, k, v, d_o = (jax.random.uniform(key, (2, 256, 8, 64), jnp.float32, -1, 1).astype(jnp.bfloat16) for key in keys)
+    scale = 0.5
+
+    def ours(q, k, v):
+        return fj.attention(q, k, v, causal=causal, scale=scale, score_mod=fn)
+
+    def theirs(q, k, v):
+        return reference(q, k, v, fn, scale, causal)
+
+    try:
+        o, vjp = jax.vjp(jax.jit(ours), q, k, v)
+    except fusedattn.NotSupportedError as error:
+        pytest.skip(f"not supported on this GPU: {error}")
+    ref, ref_vjp = jax.vjp(theirs, *(x.astype(jnp.float32) for x in (q, k, v)))
+    assert rel(o, ref) < 1e-2
+    for ours_grad, ref_grad in zip(vjp(d_o), ref_vjp(d_o.astype(jnp.float32))):
+        assert rel(ours_grad, ref_grad) < 1e-2
