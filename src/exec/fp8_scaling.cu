@@ -33,12 +33,12 @@ namespace {
 constexpr int kThreads = 256;
 // Enough blocks to fill an H200 several times over; the grid-stride loop takes the rest, and fewer
 // blocks mean fewer atomics on the amax.
-constexpr std::int64_t kMaxBlocks = 4096;
 
 using detail::abs_bits;
 using detail::E4M3;
 using detail::E5M2;
 using detail::from_float;
+using detail::grid_stride_blocks;
 using detail::make_strided;
 using detail::Strided;
 using detail::strided_offset;
@@ -126,11 +126,6 @@ __global__ void delayed_scaling_kernel(const float* history_in, float* history_o
   }
 }
 
-unsigned int blocks_for(std::int64_t n) {
-  const std::int64_t wanted = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned int>(wanted < kMaxBlocks ? wanted : kMaxBlocks);
-}
-
 // --- input checks: each names the field, the value and the requirement, before anything is enqueued
 
 bool is_16_bit(DType dtype) { return dtype == DType::f16 || dtype == DType::bf16; }
@@ -170,7 +165,7 @@ void zero_amax(float* amax, cudaStream_t stream) {
 template <class T>
 void launch_amax(const TensorDesc& desc, const void* data, float* amax, cudaStream_t stream) {
   const std::int64_t n = desc.elements();
-  amax_kernel<<<blocks_for(n), kThreads, 0, stream>>>(make_strided(desc), n, static_cast<const T*>(data),
+  amax_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(make_strided(desc), n, static_cast<const T*>(data),
                                                       reinterpret_cast<unsigned int*>(amax));
   detail::check_cuda(cudaGetLastError(), "measure_amax's kernel launch");
 }
@@ -179,7 +174,7 @@ template <class Src, class Dst>
 void launch_quantize(const TensorDesc& src_desc, const void* src, const TensorDesc& dst_desc, void* dst,
                      const float* scale, float* amax, cudaStream_t stream) {
   const std::int64_t n = src_desc.elements();
-  quantize_kernel<<<blocks_for(n), kThreads, 0, stream>>>(make_strided(src_desc), make_strided(dst_desc), n,
+  quantize_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(make_strided(src_desc), make_strided(dst_desc), n,
                                                           static_cast<const Src*>(src), static_cast<Dst*>(dst), scale,
                                                           reinterpret_cast<unsigned int*>(amax));
   detail::check_cuda(cudaGetLastError(), "quantize_fp8's kernel launch");
@@ -189,7 +184,7 @@ template <class Src, class Dst>
 void launch_dequantize(const TensorDesc& src_desc, const void* src, const TensorDesc& dst_desc, void* dst,
                        const float* descale, cudaStream_t stream) {
   const std::int64_t n = src_desc.elements();
-  dequantize_kernel<<<blocks_for(n), kThreads, 0, stream>>>(make_strided(src_desc), make_strided(dst_desc), n,
+  dequantize_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(make_strided(src_desc), make_strided(dst_desc), n,
                                                             static_cast<const Src*>(src), static_cast<Dst*>(dst),
                                                             descale);
   detail::check_cuda(cudaGetLastError(), "dequantize_fp8's kernel launch");

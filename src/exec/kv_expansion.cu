@@ -18,12 +18,6 @@ namespace fusedattn::detail {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr std::int64_t kMaxBlocks = 4096;
-
-unsigned int blocks_for(std::int64_t n) {
-  const std::int64_t wanted = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned int>(wanted < kMaxBlocks ? wanted : kMaxBlocks);
-}
 
 // The kernels move chunks of 16 consecutive bytes along d (one 128-bit access each), which the
 // policy makes sure every stride but d's, the head dim and the pointers allow. Strides are in chunks.
@@ -115,7 +109,7 @@ ChunkedShape chunked(const TensorDesc& out) {
 void launch_expand(const TensorDesc& src_desc, const void* src, const TensorDesc& dst_desc, void* dst, std::int64_t group,
                    cudaStream_t stream) {
   const ChunkedShape shape = chunked(dst_desc);
-  expand_kernel<<<blocks_for(shape.n), kThreads, 0, stream>>>(
+  expand_kernel<<<grid_stride_blocks(shape.n, kThreads), kThreads, 0, stream>>>(
       in_chunks(src_desc), in_chunks(dst_desc), shape, group, static_cast<const Chunk*>(src),
       static_cast<Chunk*>(dst));
 }
@@ -124,7 +118,7 @@ template <class T>
 void launch_sum(const TensorDesc& src_desc, const void* src, const TensorDesc& dst_desc, void* dst, std::int64_t group,
                 const float* scale, float* amax, cudaStream_t stream) {
   const ChunkedShape shape = chunked(dst_desc);
-  sum_groups_kernel<T><<<blocks_for(shape.n), kThreads, 0, stream>>>(
+  sum_groups_kernel<T><<<grid_stride_blocks(shape.n, kThreads), kThreads, 0, stream>>>(
       in_chunks(src_desc), in_chunks(dst_desc), shape, group, static_cast<const Chunk*>(src),
       static_cast<Chunk*>(dst), scale, reinterpret_cast<unsigned int*>(amax));
 }

@@ -16,12 +16,6 @@ namespace fusedattn::detail {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr std::int64_t kMaxGrid = 8192;
-
-unsigned int grid_for(std::int64_t n) {
-  const std::int64_t wanted = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned int>(wanted < kMaxGrid ? wanted : kMaxGrid);
-}
 
 // Element n of the block's logical [b, h, rows, d] order lands in row first_row + s of the
 // accumulator, a contiguous [b, h, acc_rows, d].
@@ -91,10 +85,10 @@ void launch_accumulate(const TensorDesc& block, const T* src, float* acc, std::i
     const RowShape shape{block.dims[1], block.dims[2], block.dims[3] / 8, block.strides[0], block.strides[1],
                          block.strides[2]};
     const std::int64_t n = block.dims[0] * block.dims[1] * block.dims[2] * shape.chunks;
-    accumulate_chunks_kernel<<<grid_for(n), kThreads, 0, stream>>>(shape, src, acc, acc_rows, first_row, assign, n);
+    accumulate_chunks_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(shape, src, acc, acc_rows, first_row, assign, n);
   } else {
     const std::int64_t n = block.dims[0] * block.dims[1] * block.dims[2] * block.dims[3];
-    accumulate_kernel<<<grid_for(n), kThreads, 0, stream>>>(make_strided(block), src, acc, acc_rows, first_row,
+    accumulate_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(make_strided(block), src, acc, acc_rows, first_row,
                                                             assign, n);
   }
 }
@@ -135,10 +129,10 @@ void launch_store(const float* acc, const TensorDesc& dst, T* out, cudaStream_t 
   if (chunked(dst, out)) {
     const RowShape shape{dst.dims[1], dst.dims[2], dst.dims[3] / 8, dst.strides[0], dst.strides[1], dst.strides[2]};
     const std::int64_t n = dst.dims[0] * dst.dims[1] * dst.dims[2] * shape.chunks;
-    store_chunks_kernel<<<grid_for(n), kThreads, 0, stream>>>(acc, shape, out, n);
+    store_chunks_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(acc, shape, out, n);
   } else {
     const std::int64_t n = dst.dims[0] * dst.dims[1] * dst.dims[2] * dst.dims[3];
-    store_kernel<<<grid_for(n), kThreads, 0, stream>>>(acc, make_strided(dst), out, n);
+    store_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(acc, make_strided(dst), out, n);
   }
 }
 

@@ -1,5 +1,6 @@
 // Internal: element n of the logical [b, h, s, d] order of a strided tensor, for the element-wise
-// kernels (the FP8 scaling kernels and the GPU reference's gather and scatter).
+// kernels (the FP8 scaling kernels, the row sums, the GPU reference's gather and scatter), and the
+// grid their grid-stride loops take.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +8,13 @@
 #include "fusedattn/tensor.h"
 
 namespace fusedattn::detail {
+
+/// Blocks of `threads` for a grid-stride loop over n elements: one element a thread, up to
+/// `max_blocks` (4096 blocks of 256 fill an H200 many times over; the loop does the rest).
+inline unsigned int grid_stride_blocks(std::int64_t n, int threads, std::int64_t max_blocks = 4096) {
+  const std::int64_t wanted = (n + threads - 1) / threads;
+  return static_cast<unsigned int>(wanted < max_blocks ? wanted : max_blocks);
+}
 
 /// A descriptor's dims and strides, passed to kernels by value.
 struct Strided {

@@ -30,7 +30,6 @@ using TensorPtr = ScoreModLowering::TensorPtr;
 namespace {
 
 constexpr float kNegativeInfinity = -std::numeric_limits<float>::infinity();
-constexpr double kSqrtGuard = 1e-30;
 
 bool is_virtual(const TensorPtr& tensor) { return tensor && tensor->get_is_virtual(); }
 
@@ -62,6 +61,21 @@ Mode comparison_mode(ScoreOp op) {
     case ScoreOp::eq: return Mode::CMP_EQ;
     default: return Mode::CMP_NEQ;
   }
+}
+
+// Whether some operation's derivative can be infinite at finite arguments: log, sqrt and pow near
+// 0, and a division by something that varies over the scores (by a constant, a runtime scalar or a
+// tensor of the call it is as finite as the forward).
+bool derivatives_may_overflow(const ScoreMod& mod) {
+  const auto& nodes = mod.nodes();
+  for (const ScoreModNode& n : nodes) {
+    if (n.op == ScoreOp::log || n.op == ScoreOp::sqrt || n.op == ScoreOp::pow) return true;
+    if (n.op == ScoreOp::div) {
+      const ScoreOp divisor = nodes[static_cast<std::size_t>(n.args[1])].op;
+      if (divisor != ScoreOp::constant && divisor != ScoreOp::scalar && divisor != ScoreOp::tensor) return true;
+    }
+  }
+  return false;
 }
 
 // x op y == y mirrored(op) x
@@ -279,17 +293,13 @@ ScoreModLowering::Value ScoreModLowering::lower_node(std::size_t i) {
     case ScoreOp::scalar: return Value{Kind::real, inputs_.scalars.at(static_cast<std::size_t>(node.slot))};
     case ScoreOp::tensor: return Value{Kind::real, inputs_.tensors.at(static_cast<std::size_t>(node.slot))};
     case ScoreOp::neg: return unary(Mode::NEG, arithmetic);
-    case ScoreOp::abs: return unary(Mode::ABS, arithmetic);
+    // In float32 even on integers: in cuDNN 9.19's backward an int32 ABS that feeds a float
+    // operation gives infinite gradients (sqrt(|kv - q|), written three ways, on the H200), while
+    // an int32 ABS that feeds int32 arithmetic, and every other int32 operation, is right.
+    case ScoreOp::abs: return unary(Mode::ABS, Kind::real);
     case ScoreOp::exp: return unary(Mode::EXP, Kind::real);
     case ScoreOp::log: return unary(Mode::LOG, Kind::real);
-    case ScoreOp::sqrt: {
-      // sqrt(x + 1e-30) - 1e-15: cuDNN 9.19's backward meets sqrt(0) with infinite gradients (its
-      // forward is right; a select past the zeros and exp(log(x) / 2) do no better, measured on the
-      // H200), and this is sqrt(x) to float32 precision for x = 0 and x >= 1e-22, NaN below 0.
-      const TensorPtr root = emit(Mode::SQRT, {emit(Mode::ADD, {operand(0, Kind::real), constant(kSqrtGuard, false)},
-                                                    Kind::real, Kind::real)}, Kind::real, Kind::real);
-      return Value{Kind::real, emit(Mode::SUB, {root, constant(std::sqrt(kSqrtGuard), false)}, Kind::real, Kind::real)};
-    }
+    case ScoreOp::sqrt: return unary(Mode::SQRT, Kind::real);
     case ScoreOp::tanh: return unary(Mode::TANH_FWD, Kind::real);
     case ScoreOp::sigmoid: return unary(Mode::SIGMOID_FWD, Kind::real);
     case ScoreOp::add: return binary(Mode::ADD, arithmetic);
@@ -387,11 +397,15 @@ TensorPtr ScoreModLowering::backward(Graph& graph, const TensorPtr& d_modified) 
     }
   }
   const TensorPtr zero_constant = constant(0.0, false);
-  // Masked scores have P = 0 and so dS = 0, but the local derivatives there may not be finite (a
-  // division by a distance that is 0 on a masked diagonal, say): dS is masked again, so that
-  // 0 * inf cannot reach dQ and dK.
+  // Masked scores have P = 0 and so dS = 0, but where a local derivative there may not be finite
+  // (a division by a distance that is 0 on a masked diagonal, a log or root of one) dS is masked
+  // again, so that 0 * inf cannot reach dQ and dK. Only then: a causal softcap's one-call
+  // backward took 8.65 ms against 5.75 without its mask on the H200, and the masks' conditions,
+  // kept alive from the recomputed forward into this callback, are the likely part of that.
   TensorPtr root = d_modified;
-  for (const TensorPtr& keep : keep_) root = real(Mode::BINARY_SELECT, {root, zero_constant, keep});
+  if (derivatives_may_overflow(spec_.score_mod)) {
+    for (const TensorPtr& keep : keep_) root = real(Mode::BINARY_SELECT, {root, zero_constant, keep});
+  }
   std::vector<TensorPtr> adjoint(nodes.size());
   adjoint.back() = root;
   // Adds the contribution `make()` to a live argument's adjoint; nothing is built for the others
@@ -422,11 +436,8 @@ TensorPtr ScoreModLowering::backward(Graph& graph, const TensorPtr& d_modified) 
         break;
       case ScoreOp::exp: add_to(x, [&] { return real(Mode::MUL, {a, value_of(self)}); }); break;
       case ScoreOp::log: add_to(x, [&] { return real(Mode::DIV, {a, value_of(x)}); }); break;
-      case ScoreOp::sqrt:  // a / (2 sqrt(x + 1e-30)), the root before its guard is taken off
-        add_to(x, [&] {
-          const TensorPtr root = real(Mode::ADD, {value_of(self), constant(std::sqrt(kSqrtGuard), false)});
-          return real(Mode::DIV, {real(Mode::MUL, {a, constant(0.5, false)}), root});
-        });
+      case ScoreOp::sqrt:
+        add_to(x, [&] { return real(Mode::DIV, {real(Mode::MUL, {a, constant(0.5, false)}), value_of(self)}); });
         break;
       case ScoreOp::tanh:  // a * (1 - t^2) = a - a t^2
         add_to(x, [&] {

@@ -400,22 +400,27 @@ std::vector<ReferenceProblem> backward_problems() {
   return out;
 }
 
+// dQ, dK, dV of the reference against central differences of L, on fresh inputs.
+void expect_gradients_match_differences(const ReferenceProblem& p, Rng& rng) {
+  std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
+  const std::vector<double> d_o = rng.normal(o_size(p));
+  std::vector<double> d_q(q.size()), d_k(k.size()), d_v(v.size());
+  reference_backward_cpu(p, q.data(), k.data(), v.data(), d_o.data(), d_q.data(), d_k.data(), d_v.data());
+  const auto eval = [&] { return loss(p, q, k, v, d_o); };
+  const std::vector<double> num_q = numeric_gradient(q, eval);
+  const std::vector<double> num_k = numeric_gradient(k, eval);
+  const std::vector<double> num_v = numeric_gradient(v, eval);
+  EXPECT_LT(relative_error(d_q.data(), num_q.data(), q_size(p)), 1e-6) << "dQ";
+  EXPECT_LT(relative_error(d_k.data(), num_k.data(), k_size(p)), 1e-6) << "dK";
+  EXPECT_LT(relative_error(d_v.data(), num_v.data(), v_size(p)), 1e-6) << "dV";
+}
+
 TEST(ReferenceBackward, MatchesFiniteDifferences) {
   Rng rng;
   SCOPED_TRACE(rng.trace());
   for (const ReferenceProblem& p : backward_problems()) {
     SCOPED_TRACE(describe(p));
-    std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
-    const std::vector<double> d_o = rng.normal(o_size(p));
-    std::vector<double> d_q(q.size()), d_k(k.size()), d_v(v.size());
-    reference_backward_cpu(p, q.data(), k.data(), v.data(), d_o.data(), d_q.data(), d_k.data(), d_v.data());
-    const auto eval = [&] { return loss(p, q, k, v, d_o); };
-    const std::vector<double> num_q = numeric_gradient(q, eval);
-    const std::vector<double> num_k = numeric_gradient(k, eval);
-    const std::vector<double> num_v = numeric_gradient(v, eval);
-    EXPECT_LT(relative_error(d_q.data(), num_q.data(), q_size(p)), 1e-6) << "dQ";
-    EXPECT_LT(relative_error(d_k.data(), num_k.data(), k_size(p)), 1e-6) << "dK";
-    EXPECT_LT(relative_error(d_v.data(), num_v.data(), v_size(p)), 1e-6) << "dV";
+    expect_gradients_match_differences(p, rng);
   }
 }
 
@@ -1703,17 +1708,7 @@ TEST(ReferenceScoreMod, BackwardMatchesFiniteDifferences) {
         p.score_mod_tensors = {rows};
       }
       SCOPED_TRACE(std::string(text) + " " + describe(p));
-      std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
-      const std::vector<double> d_o = rng.normal(o_size(p));
-      std::vector<double> d_q(q.size()), d_k(k.size()), d_v(v.size());
-      reference_backward_cpu(p, q.data(), k.data(), v.data(), d_o.data(), d_q.data(), d_k.data(), d_v.data());
-      const auto eval = [&] { return loss(p, q, k, v, d_o); };
-      const std::vector<double> num_q = numeric_gradient(q, eval);
-      const std::vector<double> num_k = numeric_gradient(k, eval);
-      const std::vector<double> num_v = numeric_gradient(v, eval);
-      EXPECT_LT(relative_error(d_q.data(), num_q.data(), q_size(p)), 1e-6) << "dQ";
-      EXPECT_LT(relative_error(d_k.data(), num_k.data(), k_size(p)), 1e-6) << "dK";
-      EXPECT_LT(relative_error(d_v.data(), num_v.data(), v_size(p)), 1e-6) << "dV";
+      expect_gradients_match_differences(p, rng);
     }
   }
 }
