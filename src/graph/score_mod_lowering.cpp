@@ -317,14 +317,10 @@ ScoreModLowering::Value ScoreModLowering::lower_node(std::size_t i) {
     case ScoreOp::logical_and: case ScoreOp::logical_or: case ScoreOp::logical_not:
       return Value{Kind::condition, nullptr};  // lowered where used (select_on)
     case ScoreOp::select: {
+      const Value& condition = arg(0);
+      if (!condition.tensor && condition.kind != Kind::condition) return condition.constant != 0.0 ? arg(1) : arg(2);
       // float32 (int32 branches convert): a select's compute type is one for both branches.
-      TensorPtr chosen = select_on(arg_index(0), operand(1, Kind::real), operand(2, Kind::real));
-      if (!is_virtual(chosen) && chosen->get_is_pass_by_value()) {
-        // A constant condition picked a constant branch: keep it a constant.
-        const Value& picked = chosen == operand(1, Kind::real) ? arg(1) : arg(2);
-        return picked;
-      }
-      return Value{Kind::real, chosen};
+      return Value{Kind::real, select_on(arg_index(0), operand(1, Kind::real), operand(2, Kind::real))};
     }
   }
   throw std::logic_error("score_mod lowering: an operation without a rule");
