@@ -160,6 +160,7 @@ TensorPtr ScoreModLowering::emit(Mode mode, std::vector<TensorPtr> in, Kind comp
                         .set_name("score_mod_" + std::to_string(names_++))
                         .set_mode(mode)
                         .set_compute_data_type(kTypes[static_cast<int>(compute)]);
+  emitted_.push_back(Emitted{mode, is_virtual(in[0])});
   TensorPtr result;
   if (in.size() == 1) {
     result = graph_->pointwise(in[0], attributes);
@@ -202,6 +203,7 @@ TensorPtr ScoreModLowering::index(int axis) {
                         .set_mode(Mode::GEN_INDEX)
                         .set_axis(axis)
                         .set_compute_data_type(fe::DataType_t::INT32);
+  emitted_.push_back(Emitted{Mode::GEN_INDEX, is_virtual(anchor_)});
   auto out = graph_->pointwise(anchor_, attributes);
   out->set_data_type(fe::DataType_t::INT32);
   return out;

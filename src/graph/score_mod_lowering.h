@@ -39,6 +39,14 @@ class ScoreModLowering {
   /// dS with respect to the scaled score, from `d_modified`, dS with respect to the modified one.
   TensorPtr backward(Graph& graph, const TensorPtr& d_modified);
 
+  /// Every operation emitted so far, in order, with whether its first input is virtual (cuDNN
+  /// 9.19's rule), for the tests of the lowering's shape.
+  struct Emitted {
+    Mode mode;
+    bool first_input_virtual;
+  };
+  const std::vector<Emitted>& emitted() const noexcept { return emitted_; }
+
  private:
   // int32 (indices, integer arithmetic on them), a condition (comparisons and logic, lowered
   // into selects where used) or float32.
@@ -71,6 +79,7 @@ class ScoreModLowering {
   std::vector<Value> values_;  // the forward's node values, in the expression's post-order
   std::vector<TensorPtr> keep_;  // the masks' conditions (boolean), each keeping the visible scores
   int names_ = 0;
+  std::vector<Emitted> emitted_;
 };
 
 }  // namespace fusedattn::graph
