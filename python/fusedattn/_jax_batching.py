@@ -31,7 +31,7 @@ def unfold(x, n, axis):
 def foldable(call):
     c = call.config
     return not (call.ragged or c.dropout > 0.0 or c.softmax == "sink" or c.bias != "none" or c.padding
-                or c.kv_pages or c.max_logit != "none")
+                or c.kv_pages or c.max_logit != "none" or c.score_mod)  # a modifier's b index: its own batch
 
 
 def with_batching(kernel, pass_, call):

@@ -319,3 +319,15 @@ def test_score_mod_arrays_under_differentiation_are_refused():
     with pytest.raises(fusedattn.NotSupportedError) as caught:
         jax.eval_shape(jax.grad(loss, argnums=1), q, shaped(4, dtype=jnp.float32))
     assert "being differentiated" in str(caught.value)
+
+
+def test_vmap_of_a_score_modified_call_runs_per_element():
+    # Folding the mapped axis into the batch would move each element's b index: one call each.
+    q = shaped(3, 2, 64, 4, 64)
+    fn = lambda s, b, h, qi, kv: s + 0.5 * b
+
+    def each(q):
+        return fj.attention(q, q, q, score_mod=fn)
+    assert jax.eval_shape(jax.vmap(each), q).shape == q.shape
+    text = exported_text(jax.vmap(each), q)
+    assert "score_mod=add(score,mul($0,b))" in text and "while" in text  # lax.map, not one larger call
