@@ -13,6 +13,7 @@ the forward's as long as q comes to it sharded as it came to the forward).
 """
 import functools
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -101,7 +102,18 @@ def _split_axes(mesh, call, q_sharding, heads_kv):
         batch, heads = spec[axes[0]], spec[axes[1]]
     if heads is not None and heads_kv % math.prod(mesh.shape[n] for n in _names(heads)):
         heads = None
+    # A modifier that reads the batch or head index as a number sees each shard's own indices:
+    # that axis stays whole (its tensors are split with q, so indexing them is right either way).
+    if _reads_index(call.config.score_mod, "b"):
+        batch = None
+    if _reads_index(call.config.score_mod, "h"):
+        heads = None
     return batch, heads
+
+
+def _reads_index(expression, name):
+    """Whether a modifier's expression uses index `name` other than to index its tensors."""
+    return re.search(rf"\b{name}\b", re.sub(r"t\d+\[[^\]]*\]", "", expression)) is not None
 
 
 def _shardings(mesh, call, roles, batch, heads):

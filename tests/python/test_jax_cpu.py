@@ -331,3 +331,13 @@ def test_vmap_of_a_score_modified_call_runs_per_element():
     assert jax.eval_shape(jax.vmap(each), q).shape == q.shape
     text = exported_text(jax.vmap(each), q)
     assert "score_mod=add(score,mul($0,b))" in text and "while" in text  # lax.map, not one larger call
+
+
+def test_a_modifier_reading_the_batch_or_head_index_keeps_that_axis_whole_under_a_mesh():
+    # Each shard would see its own b and h: only their use as numbers forbids the split; indexing
+    # the modifier's tensors by them is right (the tensors are split with q).
+    from fusedattn._jax_partition import _reads_index
+    assert not _reads_index("add(score,mul(t0[h],sub(kv,q)))", "h")
+    assert _reads_index("select(ne(h,1),score,abs(score))", "h")
+    assert _reads_index("add(score,mul($0,b))", "b") and not _reads_index("add(score,t0[b,h])", "b")
+    assert not _reads_index("mul(tanh(div(score,$0)),$0)", "h")  # tanh and abs hold no index
