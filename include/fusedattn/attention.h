@@ -156,10 +156,10 @@ class CausalComposite;
 class Plan {
  public:
   /// `graph` is the one built for the spec, except for an FP8 backward that runs its grouped K/V
-  /// heads ungrouped (src/support/kv_expansion.h), whose graph is that of the ungrouped spec.
+  /// heads ungrouped (src/support/kv_expansion.h), whose graph is that of the ungrouped spec; null
+  /// for a causal score-modified spec that runs as blocks (src/support/causal_blocks.h), which the
+  /// plan then finds or builds, each a cached plan of its own.
   Plan(AttentionSpec spec, Pass pass, int device, std::shared_ptr<const graph::CompiledGraph> graph);
-  /// A causal score-modified spec run as blocks, each a plan of its own (src/support/causal_blocks.h).
-  Plan(AttentionSpec spec, Pass pass, int device, std::unique_ptr<const detail::CausalComposite> blocks);
   ~Plan();
   const AttentionSpec& spec() const noexcept { return spec_; }
   Pass pass() const noexcept { return pass_; }

@@ -85,8 +85,7 @@ std::shared_ptr<const detail::CacheEntry> build_entry(const PlanKey& key) {
         return entry;
       }
     }
-    entry->plan = std::make_shared<Plan>(key.spec, key.pass, key.device,
-                                         std::make_unique<const detail::CausalComposite>(key.spec, key.pass, blocks));
+    entry->plan = std::make_shared<Plan>(key.spec, key.pass, key.device, nullptr);  // the blocks' plans
     return entry;
   }
   cudnnHandle_t handle = detail::handle_for(key.device, nullptr);

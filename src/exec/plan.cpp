@@ -6,6 +6,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -243,20 +244,26 @@ namespace {
 std::atomic<std::size_t> g_live_plans{0};
 }  // namespace
 
+namespace {
+// Without a graph the spec runs as causal blocks (support/causal_blocks.h), each a plan of its own.
+std::unique_ptr<const detail::CausalComposite> blocks_of(const AttentionSpec& spec, Pass pass, bool has_graph) {
+  if (has_graph) return nullptr;
+  const detail::CausalBlocks blocks = detail::causal_blocks_in_use(spec);
+  if (!blocks.split()) throw std::logic_error("fusedattn: a plan without a graph for a spec that is not split");
+  return std::make_unique<const detail::CausalComposite>(spec, pass, blocks);
+}
+}  // namespace
+
 Plan::Plan(AttentionSpec spec, Pass pass, int device, std::shared_ptr<const graph::CompiledGraph> graph)
     : spec_(std::move(spec)), pass_(pass), device_(device),
-      kv_expansion_(detail::expands_kv_heads_on(spec_, pass, device) ? std::make_unique<const detail::KvExpansion>(spec_)
-                                                                     : nullptr),
-      scratch_bytes_(scratch_for(spec_, pass) + (kv_expansion_ ? kv_expansion_->workspace_bytes() : 0)),
-      graph_workspace_bytes_(scratch_bytes_ ? round_up(graph->workspace_bytes()) : graph->workspace_bytes()),
+      kv_expansion_(graph && detail::expands_kv_heads_on(spec_, pass, device)
+                        ? std::make_unique<const detail::KvExpansion>(spec_)
+                        : nullptr),
+      blocks_(blocks_of(spec_, pass, graph != nullptr)),
+      scratch_bytes_(blocks_ ? blocks_->workspace_bytes()
+                             : scratch_for(spec_, pass) + (kv_expansion_ ? kv_expansion_->workspace_bytes() : 0)),
+      graph_workspace_bytes_(!graph ? 0 : scratch_bytes_ ? round_up(graph->workspace_bytes()) : graph->workspace_bytes()),
       graph_(std::move(graph)), zero_sink_(zero_sink(spec_)),
-      replays_(std::make_unique<detail::ReplayCache>()) {
-  g_live_plans.fetch_add(1, std::memory_order_relaxed);
-}
-
-Plan::Plan(AttentionSpec spec, Pass pass, int device, std::unique_ptr<const detail::CausalComposite> blocks)
-    : spec_(std::move(spec)), pass_(pass), device_(device), blocks_(std::move(blocks)),
-      scratch_bytes_(blocks_->workspace_bytes()), graph_workspace_bytes_(0),
       replays_(std::make_unique<detail::ReplayCache>()) {
   g_live_plans.fetch_add(1, std::memory_order_relaxed);
 }
