@@ -161,14 +161,13 @@ TensorPtr length_tensor(fe::graph::Graph& graph, const AttentionSpec& spec, cons
                           .set_data_type(fe::DataType_t::INT32));
 }
 
-// Padding: cuDNN masks keys past seq_len_kv[b] and ignores queries past seq_len_q[b], and a
-// bottom-right diagonal follows each entry's actual lengths.
-// Beside a score modifier cuDNN switches its padding mask off: the modifier's lowering writes the
-// mask in, reading the lengths as inputs of its own.
 struct Lengths {
   TensorPtr q, kv;  // a score modifier's padding mask reads these; null without one or without padding
 };
 
+// Padding: cuDNN masks keys past seq_len_kv[b] and ignores queries past seq_len_q[b], and a
+// bottom-right diagonal follows each entry's actual lengths. Beside a score modifier cuDNN switches
+// its padding mask off: the modifier's lowering writes the mask in, reading the lengths it returns.
 template <class Attributes>
 Lengths apply_padding(fe::graph::Graph& graph, Attributes& attributes, const AttentionSpec& spec,
                       std::vector<std::int64_t>& uids) {
@@ -281,6 +280,32 @@ void apply_window(Attributes& attributes, const AttentionSpec& spec) {
   if (spec.window.right >= 0) attributes.set_diagonal_band_right_bound(static_cast<int>(spec.window.right));
 }
 
+// Tensor `slot` of the modifier: float32, contiguous in its dims (size 1, broadcast, along the axes
+// it does not span), except where cuDNN 9.19 misreads such a tensor (both measured on the H200):
+// one along the keys but not the queries gets the full query dim with stride 0 (its backward read
+// the size-1 dim wrongly), and one along the batch its full sizes with stride 0 past the batch.
+fe::graph::Tensor_attributes score_mod_tensor(const AttentionSpec& spec, int slot) {
+  const ScoreMod& mod = spec.score_mod;
+  const std::array<std::int64_t, 4> sizes = {spec.batch(), spec.heads_q(), spec.seq_q(), spec.seq_kv()};
+  const std::uint8_t axes = mod.tensor_axes(slot);
+  std::vector<std::int64_t> dims = to_vector(tensor_dims(mod, slot, sizes));
+  std::vector<std::int64_t> strides = {dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1};
+  for (int axis = 1; axis < 4; ++axis) {
+    const bool spanned = axes & (1u << axis);
+    const bool key_only = axis == 2 && (axes & kAxisKv) && !(axes & kAxisQ);  // 2: the query axis
+    if (!spanned && (key_only || (axes & kAxisB))) {
+      dims[static_cast<std::size_t>(axis)] = sizes[static_cast<std::size_t>(axis)];
+      strides[static_cast<std::size_t>(axis)] = 0;
+    }
+  }
+  return fe::graph::Tensor_attributes()
+      .set_name("score_mod_tensor_" + std::to_string(slot))
+      .set_uid(kUidScoreModTensor0 + slot)
+      .set_dim(dims)
+      .set_stride(strides)
+      .set_data_type(fe::DataType_t::FLOAT);
+}
+
 // A score modifier: its scalars and tensors become inputs of the graph, and callbacks lower its
 // expression where cuDNN forms the scores (and, in the backward, where it forms dS); the masks it
 // writes in read apply_padding's lengths.
@@ -294,35 +319,9 @@ void apply_score_mod(fe::graph::Graph& graph, Attributes& attributes, const Atte
     const std::string name = "score_mod_scalar_" + std::to_string(i);
     inputs.scalars.push_back(scalar_input(graph, name.c_str(), static_cast<Uid>(kUidScoreModScalar0 + i), uids));
   }
-  const std::array<std::int64_t, 4> sizes = {spec.batch(), spec.heads_q(), spec.seq_q(), spec.seq_kv()};
   for (int i = 0; i < mod.tensors(); ++i) {
-    // float32, contiguous in its dims (size 1, broadcast, along the axes it does not span)
-    std::vector<std::int64_t> dims = to_vector(tensor_dims(mod, i, sizes));
-    std::vector<std::int64_t> strides = {dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1};
-    if ((mod.tensor_axes(i) & kAxisKv) && !(mod.tensor_axes(i) & kAxisQ)) {
-      // Along the keys but not the queries: cuDNN 9.19's backward misreads a size-1 query dim of
-      // such a tensor (the forward is right), so it gets the full query dim with stride 0.
-      dims[2] = spec.seq_q();
-      strides[2] = 0;
-    }
-    if (mod.tensor_axes(i) & kAxisB) {
-      // Along the batch: a per-batch [b, 1, 1, 1] tensor reads wrong values in cuDNN 9.19 (the
-      // H200 run of c50bb3f), so every axis it lacks gets its full size with stride 0.
-      for (int axis = 1; axis < 4; ++axis) {
-        if (!(mod.tensor_axes(i) & (1 << axis))) {
-          dims[static_cast<std::size_t>(axis)] = sizes[static_cast<std::size_t>(axis)];
-          strides[static_cast<std::size_t>(axis)] = 0;
-        }
-      }
-    }
-    const auto uid = static_cast<Uid>(kUidScoreModTensor0 + i);
-    inputs.tensors.push_back(graph.tensor(fe::graph::Tensor_attributes()
-                                              .set_name("score_mod_tensor_" + std::to_string(i))
-                                              .set_uid(uid)
-                                              .set_dim(dims)
-                                              .set_stride(strides)
-                                              .set_data_type(fe::DataType_t::FLOAT)));
-    uids.push_back(uid);
+    inputs.tensors.push_back(graph.tensor(score_mod_tensor(spec, i)));
+    uids.push_back(kUidScoreModTensor0 + i);
   }
   inputs.seq_len_q = lengths.q;
   inputs.seq_len_kv = lengths.kv;
