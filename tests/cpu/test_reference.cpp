@@ -724,6 +724,22 @@ FullGradients run_backward_full(const ReferenceProblem& p, const std::vector<dou
   return g;
 }
 
+// Problems `a` and `b` (with their extra inputs) compute the same attention, bit for bit: O, the
+// statistics, the max logit and dQ, dK, dV, on the same fresh inputs.
+void expect_same_attention(const ReferenceProblem& a, const ExtraInputs& in_a, const ReferenceProblem& b,
+                           const ExtraInputs& in_b, Rng& rng) {
+  const std::vector<double> q = rng.normal(q_size(a)), k = rng.normal(k_size(a)), v = rng.normal(v_size(a));
+  const std::vector<double> d_o = rng.normal(o_size(a));
+  const FullForward fa = run_forward_full(a, q, k, v, in_a), fb = run_forward_full(b, q, k, v, in_b);
+  EXPECT_EQ(fa.o, fb.o);
+  EXPECT_EQ(fa.lse, fb.lse);
+  EXPECT_EQ(fa.max_logit, fb.max_logit);
+  const FullGradients ga = run_backward_full(a, q, k, v, d_o, in_a), gb = run_backward_full(b, q, k, v, d_o, in_b);
+  EXPECT_EQ(ga.d_q, gb.d_q);
+  EXPECT_EQ(ga.d_k, gb.d_k);
+  EXPECT_EQ(ga.d_v, gb.d_v);
+}
+
 double loss_full(const ReferenceProblem& p, const std::vector<double>& q, const std::vector<double>& k,
                  const std::vector<double>& v, const std::vector<double>& d_o, const ExtraInputs& in) {
   const FullForward f = run_forward_full(p, q, k, v, in);
@@ -985,16 +1001,7 @@ TEST(ReferenceAlibi, EqualsTheBiasItStandsFor) {
         for (std::int64_t j = 0; j < p.seq_kv; ++j) in.bias.push_back(slopes[h] * static_cast<double>(j - i));
       }
     }
-    const std::vector<double> q = rng.normal(q_size(p)), k = rng.normal(k_size(p)), v = rng.normal(v_size(p));
-    const std::vector<double> d_o = rng.normal(o_size(p));
-    const FullForward a = run_forward_full(p, q, k, v, {}), b = run_forward_full(as_bias, q, k, v, in);
-    EXPECT_EQ(a.o, b.o);
-    EXPECT_EQ(a.lse, b.lse);
-    EXPECT_EQ(a.max_logit, b.max_logit);
-    const FullGradients ga = run_backward_full(p, q, k, v, d_o, {}), gb = run_backward_full(as_bias, q, k, v, d_o, in);
-    EXPECT_EQ(ga.d_q, gb.d_q);
-    EXPECT_EQ(ga.d_k, gb.d_k);
-    EXPECT_EQ(ga.d_v, gb.d_v);
+    expect_same_attention(p, {}, as_bias, in, rng);
   }
 }
 
@@ -1676,16 +1683,7 @@ TEST(ReferenceScoreMod, MaskWrittenInIsTheMask) {
   ReferenceProblem masked = make_problem(4, 2, 6, 6, 8, 8, kCausal, Alignment::top_left);
   ReferenceProblem written = make_problem(4, 2, 6, 6, 8, 8);
   written.score_mod = parse_score_mod("select(le(kv,q),score,-inf)");
-  const std::vector<double> q = rng.normal(q_size(masked)), k = rng.normal(k_size(masked)), v = rng.normal(v_size(masked));
-  const std::vector<double> d_o = rng.normal(o_size(masked));
-  const FullForward a = run_forward_full(masked, q, k, v, {}), b = run_forward_full(written, q, k, v, {});
-  EXPECT_EQ(a.o, b.o);
-  EXPECT_EQ(a.lse, b.lse);
-  const FullGradients ga = run_backward_full(masked, q, k, v, d_o, {});
-  const FullGradients gb = run_backward_full(written, q, k, v, d_o, {});
-  EXPECT_EQ(ga.d_q, gb.d_q);
-  EXPECT_EQ(ga.d_k, gb.d_k);
-  EXPECT_EQ(ga.d_v, gb.d_v);
+  expect_same_attention(masked, {}, written, {}, rng);
 }
 
 // The backward with modifiers that bend the scores (a softcap, a per-query-row tensor scaling them
