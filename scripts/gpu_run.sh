@@ -11,7 +11,8 @@
 # `ctest -j $(nproc)`, so GPU tests run in parallel on this one GPU; log in $OUT/test_sh.txt),
 # matrix (the support matrix from this GPU), bench (PyTorch comparison), fp8bench (FP8 beside BF16,
 # the CLI's bench), modbench (a softcap score modifier beside plain attention), varlen (ragged step and
-# paged decode), jaxbench (JAX comparison). The results file covers the gtest and Python parts
+# paged decode), jaxbench (JAX comparison), kernels (the kernels each side of a training step launches,
+# fusedattn.torch beside PyTorch's cuDNN backend, with the cuDNN frontend's log of both graphs). The results file covers the gtest and Python parts
 # that ran; testsh reports its own counts (test.sh's closing "ctest:" line) and fails the run
 # when it fails. BUILD_TARGETS names the ninja targets to build (default: all; the benchmarks need
 # fusedattn_bench, the module they time the C++ API through); BENCH_ARGS goes to
@@ -24,7 +25,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
-export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench modbench varlen jaxbench}
+export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench modbench varlen jaxbench kernels}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_log.txt") 2>&1
 export PYTHONUNBUFFERED=1
@@ -151,6 +152,15 @@ layout=bshd b=2 s=8192 h=16 d=128"}
   # shellcheck disable=SC2086  # MODBENCH_ARGS is a list of arguments (--causal-only)
   FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 -X faulthandler bench/run_bench_score_mod.py --build "$build" \
     --out "$OUT" ${MODBENCH_ARGS:-} || status=1
+fi
+if part kernels; then
+  echo "== kernels of a training step: fusedattn.torch beside PyTorch's cuDNN backend"
+  # KERNEL_SHAPES (b,s,h_q[/h_kv],d[,causal] ...) replaces the default shapes.
+  # shellcheck disable=SC2086  # KERNEL_SHAPES is a list of shapes
+  CUDNN_FRONTEND_LOG_INFO=1 CUDNN_FRONTEND_LOG_FILE="$OUT/frontend_log.txt" FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" \
+    python3 -X faulthandler bench/profile_backward_kernels.py ${KERNEL_SHAPES:+--shapes $KERNEL_SHAPES} \
+    | tee "$OUT/kernels.txt" || status=1
+  gzip -f "$OUT/frontend_log.txt" 2>/dev/null || true
 fi
 if part varlen; then
   echo "== benchmark: ragged training step and paged decode"
