@@ -14,6 +14,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "fusedattn/autotune.h"
 #include "fusedattn/fp8_scales.h"
 #include "fusedattn/spec.h"
 #include "fusedattn/support.h"
@@ -210,9 +211,12 @@ Versions current_versions();
 /// the backward pass works without ever having built or run a forward.
 Support check_support(const AttentionSpec& spec, Pass pass);
 
-/// The cached plan for `spec` and `pass` on the current device, built on first use.
+/// The cached plan for `spec` and `pass` on the current device: from memory, else restored from
+/// the disk cache (fusedattn/disk_cache.h), else built on this first use and written there.
 /// Throws InvalidArgument, NotSupported (every reason), CudnnError, CudaError or SetupError.
 std::shared_ptr<const Plan> get_plan(const AttentionSpec& spec, Pass pass);
+/// The same, with the plan chosen as `options` say (autotune: fusedattn/autotune.h).
+std::shared_ptr<const Plan> get_plan(const AttentionSpec& spec, Pass pass, const PlanOptions& options);
 
 /// One-call forms: look up (or build) the plan, then run it.
 void forward(const AttentionSpec& spec, const ForwardTensors& tensors, float scale, cudaStream_t stream,

@@ -23,10 +23,11 @@ struct PlanKey {
   int sm = 0;
   int cudnn_runtime = 0;
   int frontend = 0;
+  bool tuned = false;  ///< the plan autotune chose (PlanOptions), kept apart from the heuristics' choice
 
   friend bool operator==(const PlanKey& a, const PlanKey& b) noexcept {
     return a.pass == b.pass && a.spec == b.spec && a.device == b.device && a.sm == b.sm &&
-           a.cudnn_runtime == b.cudnn_runtime && a.frontend == b.frontend;
+           a.cudnn_runtime == b.cudnn_runtime && a.frontend == b.frontend && a.tuned == b.tuned;
   }
   friend bool operator!=(const PlanKey& a, const PlanKey& b) noexcept { return !(a == b); }
 };
@@ -35,7 +36,8 @@ struct PlanKey {
 /// not split backward entries) and fills in the device and versions.
 PlanKey make_plan_key(const AttentionSpec& spec, Pass pass, int device, const DeviceCaps& caps, const Versions& versions);
 
-/// "forward device=0 sm=90 cudnn=91900 fe=13200 <spec string>": the form the debug log prints.
+/// "forward device=0 sm=90 cudnn=91900 fe=13200 <spec string>" ("forward tuned device=0 ..." for
+/// an autotuned plan): the form the debug log prints.
 std::string to_string(const PlanKey& key);
 
 struct PlanKeyHash {

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "fusedattn/spec.h"
 
@@ -33,5 +34,12 @@ std::int64_t sequence_bucket(std::int64_t seq) noexcept;
 /// `spec` with the sequence dims of its ragged tensors rounded up to their buckets, and its batch
 /// too when every tensor is ragged; a spec with no ragged tensor is returned as it is.
 AttentionSpec bucketed(const AttentionSpec& spec);
+
+/// Every plan a ragged training loop up to `spec`'s batch and longest sequences can meet
+/// (above): each batch bucket up to the spec's, times each sequence bucket up to its
+/// (Q and K/V buckets together when the spec's are equal, as in self-attention; every pair
+/// otherwise). Only what bucketed() moves is varied: the batch when every tensor is ragged, the
+/// ragged sequence dims. A spec without ragged tensors comes back alone.
+std::vector<AttentionSpec> ragged_buckets(const AttentionSpec& spec);
 
 }  // namespace fusedattn

@@ -5,6 +5,7 @@
 // What crosses: Config (the frozen configuration of a call, fusedattn/call.h), Spec (the
 // validated spec), Pass, ForwardTensors / BackwardTensors (named device addresses), Plan.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -13,6 +14,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -21,9 +23,11 @@
 #include "fusedattn/attention.h"
 #include "fusedattn/build_info.h"
 #include "fusedattn/call.h"
+#include "fusedattn/disk_cache.h"
 #include "fusedattn/errors.h"
 #include "fusedattn/plan_cache.h"
 #include "fusedattn/spec.h"
+#include "fusedattn/warmup.h"
 #include "fp8_bindings.h"
 #include "python_errors.h"
 
@@ -364,8 +368,58 @@ NB_MODULE(_core, m) {
       "spec"_a, "pass_"_a,
       "(supported, [(field, value, requirement, lifted_by)], text) on the current device: the policy, then "
       "cuDNN's own check, which builds and caches the plan.");
-  m.def("get_plan", &fa::get_plan, "spec"_a, "pass_"_a,
-        "The cached plan (built on first use); raises NotSupportedError with every reason.");
+  m.def(
+      "get_plan",
+      [](const fa::AttentionSpec& spec, fa::Pass pass, std::optional<bool> autotune) {
+        fa::PlanOptions options;
+        if (autotune) options.autotune = *autotune ? fa::Autotune::on : fa::Autotune::off;
+        return fa::get_plan(spec, pass, options);
+      },
+      "spec"_a, "pass_"_a, "autotune"_a = nb::none(),
+      "The cached plan (from memory, the disk cache, or built on first use); autotune=None takes the "
+      "process default (set_autotune). Raises NotSupportedError with every reason.");
+  m.def("set_autotune", &fa::set_autotune, "enabled"_a,
+        "Sets the process default of autotune (FUSEDATTN_AUTOTUNE=1 starts it on); returns the previous one.");
+  m.def("plan_dir", &fa::plan_dir, "The disk cache's folder, '' when it is off.");
+  m.def("set_plan_dir", &fa::set_plan_dir, "folder"_a, "Changes the disk cache's folder ('' turns it off).");
+  m.def("default_plan_dir", &fa::default_plan_dir, "The folder used when FUSEDATTN_PLAN_DIR is not set.");
+  m.def("reset_disk_cache_stats", &fa::reset_disk_cache_stats, "Zeroes the disk cache's counters.");
+  m.def(
+      "disk_cache_stats",
+      [] {
+        const fa::DiskCacheStats s = fa::disk_cache_stats();
+        nb::dict out;
+        out["loaded"] = s.loaded;
+        out["missing"] = s.missing;
+        out["rejected"] = s.rejected;
+        out["stored"] = s.stored;
+        out["store_failures"] = s.store_failures;
+        out["pruned"] = s.pruned;
+        out["load_ms"] = s.load_ms;
+        return out;
+      },
+      "The disk cache's counters (fusedattn/disk_cache.h).");
+  m.def(
+      "warm_up",
+      [](const std::vector<fa::AttentionSpec>& specs, const std::vector<fa::Pass>& passes, int threads,
+         std::optional<bool> autotune) {
+        fa::WarmupOptions options;
+        options.threads = threads;
+        if (autotune) options.plan.autotune = *autotune ? fa::Autotune::on : fa::Autotune::off;
+        std::vector<std::tuple<std::string, std::string, bool, std::string, double>> out;
+        {
+          nb::gil_scoped_release unlocked;  // the builds take seconds; other Python threads may run
+          for (const fa::WarmupResult& r : fa::warm_up(specs, passes, options)) {
+            out.emplace_back(fa::to_string(r.spec), fa::to_string(r.pass), r.ok, r.message, r.ms);
+          }
+        }
+        return out;
+      },
+      "specs"_a, "passes"_a, "threads"_a = 0, "autotune"_a = nb::none(),
+      "Builds (or restores) the plan of every spec for every pass in parallel threads: "
+      "[(spec string, pass, ok, message, ms)].");
+  m.def("ragged_buckets", &fa::ragged_buckets, "spec"_a,
+        "Every bucketed spec a ragged training loop up to this spec's sizes can meet.");
   m.def("build_info", [] { return fa::build_info().to_string(); }, "Versions compiled and loaded, and the GPU.");
   m.def("set_replay", &fa::set_replay, "enabled"_a,
         "Turns replay of repeated calls on or off for the process; returns the previous setting.");

@@ -28,7 +28,7 @@ PlanKey make_plan_key(const AttentionSpec& spec, Pass pass, int device, const De
 }
 
 std::string to_string(const PlanKey& key) {
-  return std::string(to_string(key.pass)) + " device=" + std::to_string(key.device) + " sm=" + std::to_string(key.sm) +
+  return std::string(to_string(key.pass)) + (key.tuned ? " tuned" : "") + " device=" + std::to_string(key.device) + " sm=" + std::to_string(key.sm) +
          " cudnn=" + std::to_string(key.cudnn_runtime) + " fe=" + std::to_string(key.frontend) + " " + to_string(key.spec);
 }
 
@@ -39,6 +39,7 @@ std::size_t PlanKeyHash::operator()(const PlanKey& key) const noexcept {
   detail::hash_combine(seed, std::hash<int>{}(key.sm));
   detail::hash_combine(seed, std::hash<int>{}(key.cudnn_runtime));
   detail::hash_combine(seed, std::hash<int>{}(key.frontend));
+  detail::hash_combine(seed, static_cast<std::size_t>(key.tuned));
   return seed;
 }
 

@@ -3,18 +3,27 @@
 // support answer and a compiled plan. Every adapter reaches plans through it alone.
 #include "cache/plan_store.h"
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
 #include <utility>
 
+#include "cache/disk_cache.h"
+#include "exec/autotune.h"
 #include "exec/causal_composite.h"
 #include "exec/device.h"
 #include "exec/kv_expansion.h"
 #include "fusedattn/build_info.h"
+#include "fusedattn/disk_cache.h"
 #include "fusedattn/errors.h"
 #include "graph/sdpa_graph.h"
+
+#ifndef FUSEDATTN_VERSION
+#define FUSEDATTN_VERSION "unknown"
+#endif
 
 namespace fusedattn {
 namespace {
@@ -31,6 +40,8 @@ LogState& log_state() {
   return state;
 }
 
+std::atomic<bool> g_logging{false};  // mirrors whether the cache has its listener
+
 void write_log_line(const std::string& line) {
   LogState& state = log_state();
   std::lock_guard<std::mutex> lock(state.mutex);
@@ -39,6 +50,11 @@ void write_log_line(const std::string& line) {
   } else {
     std::fprintf(stderr, "%s\n", line.c_str());  // only when the user asked for the log
   }
+}
+
+// The disk cache's and autotune's events, in the same log as the cache's: "fusedattn: <what> <key>".
+void log_line(const std::string& what, const PlanKey& key) {
+  if (g_logging.load(std::memory_order_relaxed)) write_log_line("fusedattn: " + what + " " + to_string(key));
 }
 
 void log_event(CacheEvent event, const PlanKey& key, double ms) {
@@ -61,10 +77,72 @@ PlanCache& plan_cache() {
   static PlanCache* cache = [] {
     const char* cap = std::getenv("FUSEDATTN_PLAN_CACHE_CAP");
     auto* created = new PlanCache(cap ? parse_cache_capacity(cap, "FUSEDATTN_PLAN_CACHE_CAP") : kDefaultPlanCacheCapacity);
-    if (logging_requested_by_environment()) created->set_listener(log_event);
+    if (logging_requested_by_environment()) {
+      created->set_listener(log_event);
+      g_logging = true;
+    }
     return created;  // never destroyed: plans may be used from static destructors of callers
   }();
   return *cache;
+}
+
+double ms_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The disk cache's key of a plan: everything that makes it valid, on one line. The device ordinal
+// is left out (a plan serves any device of the same model), the GPU's model, SM count and driver
+// and this build of the graph layer are in.
+std::string disk_key(const PlanKey& key) {
+  return std::string("fusedattn=") + FUSEDATTN_VERSION + " graph=" + graph::build_stamp() + " " +
+         detail::device_fingerprint(key.device) + " sm=" + std::to_string(key.sm) + " cudnn=" +
+         std::to_string(key.cudnn_runtime) + " fe=" + std::to_string(key.frontend) + " " + to_string(key.pass) +
+         (key.tuned ? " tuned " : " ") + to_string(key.spec);
+}
+
+// The plan from the disk cache, or null (missing, off, or unusable: then counted, logged, and
+// deleted, to be rewritten after the build).
+std::shared_ptr<const graph::CompiledGraph> restored(const std::string& disk, const PlanKey& key, cudnnHandle_t handle) {
+  const auto start = std::chrono::steady_clock::now();
+  detail::DiskLookup lookup = detail::disk_lookup(disk);
+  if (lookup.check == detail::PlanFileCheck::missing) return nullptr;
+  if (lookup.check != detail::PlanFileCheck::loaded) {
+    log_line(std::string("disk_reject ") + detail::to_string(lookup.check), key);
+    return nullptr;
+  }
+  graph::LoadOutcome loaded = graph::load_graph(lookup.payload, handle);
+  if (!loaded.graph) {
+    detail::note_unusable(lookup);
+    log_line("disk_reject " + loaded.error, key);
+    return nullptr;
+  }
+  const double ms = ms_since(start);
+  detail::note_loaded(ms);
+  char text[48];
+  std::snprintf(text, sizeof text, "disk_load %.1f ms", ms);
+  log_line(text, key);
+  return loaded.graph;
+}
+
+// Built now: the heuristics' first choice, or with autotune the fastest candidate.
+graph::BuildOutcome built(const AttentionSpec& spec, const PlanKey& key, cudnnHandle_t handle) {
+  if (!key.tuned) return graph::build_graph(spec, key.pass, handle);
+  graph::CandidatesOutcome candidates = graph::build_candidates(spec, key.pass, handle);
+  if (!candidates.candidates) return graph::BuildOutcome{nullptr, std::move(candidates.rejections)};
+  detail::Tuning tuning = detail::autotune(*candidates.candidates, spec, key.device);
+  log_line(detail::to_string(tuning), key);
+  return graph::BuildOutcome{std::move(tuning.graph), {}};
+}
+
+void store(const std::string& disk, const PlanKey& key, const graph::CompiledGraph& graph) {
+  if (plan_dir().empty()) return;
+  const std::vector<std::uint8_t> bytes = graph.serialize();
+  if (bytes.empty()) {
+    log_line("disk_skip (cuDNN cannot serialize this plan)", key);
+    return;
+  }
+  const std::string error = detail::disk_store(disk, bytes);
+  log_line(error.empty() ? "disk_store" : "disk_store_failed " + error, key);
 }
 
 std::shared_ptr<const detail::CacheEntry> build_entry(const PlanKey& key) {
@@ -89,14 +167,19 @@ std::shared_ptr<const detail::CacheEntry> build_entry(const PlanKey& key) {
     return entry;
   }
   cudnnHandle_t handle = detail::handle_for(key.device, nullptr);
-  const bool ungrouped = detail::expands_kv_heads_on(key.spec, key.pass, key.device);
-  graph::BuildOutcome outcome =
-      graph::build_graph(ungrouped ? detail::kv_expanded_spec(key.spec) : key.spec, key.pass, handle);
-  if (!outcome.graph) {
-    entry->support.reasons = std::move(outcome.rejections);
-    return entry;
+  const std::string disk = disk_key(key);
+  std::shared_ptr<const graph::CompiledGraph> graph = restored(disk, key, handle);
+  if (!graph) {
+    const bool ungrouped = detail::expands_kv_heads_on(key.spec, key.pass, key.device);
+    graph::BuildOutcome outcome = built(ungrouped ? detail::kv_expanded_spec(key.spec) : key.spec, key, handle);
+    if (!outcome.graph) {
+      entry->support.reasons = std::move(outcome.rejections);
+      return entry;
+    }
+    graph = std::move(outcome.graph);
+    store(disk, key, *graph);
   }
-  entry->plan = std::make_shared<Plan>(key.spec, key.pass, key.device, std::move(outcome.graph));
+  entry->plan = std::make_shared<Plan>(key.spec, key.pass, key.device, std::move(graph));
   return entry;
 }
 
@@ -104,13 +187,14 @@ std::shared_ptr<const detail::CacheEntry> build_entry(const PlanKey& key) {
 
 namespace detail {
 
-std::shared_ptr<const CacheEntry> find_or_build(const AttentionSpec& spec, Pass pass) {
+std::shared_ptr<const CacheEntry> find_or_build(const AttentionSpec& spec, Pass pass, const PlanOptions& options) {
   validate(spec);
   int device = current_device();
   const Versions& v = versions();
   static const bool versions_checked = (require_matching_cudnn(), true);
   (void)versions_checked;
   PlanKey key = make_plan_key(spec, pass, device, device_caps(device), v);
+  key.tuned = options.autotune == Autotune::on || (options.autotune == Autotune::process_default && autotune_default());
   return plan_cache().get_or_build(key, build_entry);
 }
 
@@ -128,6 +212,7 @@ void set_log_sink(std::function<void(const std::string&)> sink) {
 
 void set_logging(bool enabled) {
   plan_cache().set_listener(enabled ? PlanCache::Listener(log_event) : PlanCache::Listener());
+  g_logging = enabled;
 }
 
 }  // namespace fusedattn

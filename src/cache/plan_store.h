@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "fusedattn/attention.h"
+#include "fusedattn/autotune.h"
 #include "fusedattn/plan_cache.h"
 
 namespace fusedattn::detail {
@@ -14,8 +15,9 @@ struct CacheEntry {
   std::shared_ptr<const Plan> plan;
 };
 
-/// The entry for `spec` and `pass` on the current device, built on the first request.
+/// The entry for `spec` and `pass` on the current device: from memory, else from the disk cache
+/// (fusedattn/disk_cache.h), else built (and tuned, with options.autotune) and written there.
 /// Validates the spec first (InvalidArgument) and checks cuDNN's versions (SetupError).
-std::shared_ptr<const CacheEntry> find_or_build(const AttentionSpec& spec, Pass pass);
+std::shared_ptr<const CacheEntry> find_or_build(const AttentionSpec& spec, Pass pass, const PlanOptions& options = {});
 
 }  // namespace fusedattn::detail

@@ -20,8 +20,10 @@ Versions current_versions() { return detail::versions(); }
 
 Support check_support(const AttentionSpec& spec, Pass pass) { return detail::find_or_build(spec, pass)->support; }
 
-std::shared_ptr<const Plan> get_plan(const AttentionSpec& spec, Pass pass) {
-  auto entry = detail::find_or_build(spec, pass);
+std::shared_ptr<const Plan> get_plan(const AttentionSpec& spec, Pass pass) { return get_plan(spec, pass, PlanOptions{}); }
+
+std::shared_ptr<const Plan> get_plan(const AttentionSpec& spec, Pass pass, const PlanOptions& options) {
+  auto entry = detail::find_or_build(spec, pass, options);
   if (!entry->support.ok()) {
     throw NotSupported(std::string(to_string(pass)) + " not supported: " + to_string(spec) + "\n" +
                        entry->support.to_string());

@@ -61,6 +61,23 @@ int multiprocessor_count(int device) {
   return counts[device];
 }
 
+const std::string& device_fingerprint(int device) {
+  check_device_index(device);
+  static std::array<std::string, kMaxDevices> fingerprints;
+  static std::array<std::once_flag, kMaxDevices> once;
+  std::call_once(once[device], [device] {
+    cudaDeviceProp properties{};
+    check_cuda(cudaGetDeviceProperties(&properties, device), "cudaGetDeviceProperties");
+    int driver = 0;
+    check_cuda(cudaDriverGetVersion(&driver), "cudaDriverGetVersion");
+    std::string name = properties.name;
+    for (char& c : name) c = c == ' ' ? '_' : c;  // one token in the key's line
+    fingerprints[device] = "gpu=" + name + " sms=" + std::to_string(properties.multiProcessorCount) +
+                           " driver=" + std::to_string(driver);
+  });
+  return fingerprints[device];
+}
+
 const Versions& versions() {
   static const Versions cached{static_cast<int>(cudnnGetVersion()), CUDNN_VERSION, graph::frontend_version()};
   return cached;

@@ -1,6 +1,8 @@
 // Internal: the current device, its capabilities, per-thread cuDNN handles, library versions.
 #pragma once
 
+#include <string>
+
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
@@ -16,6 +18,10 @@ const DeviceCaps& device_caps(int device);
 
 /// Streaming multiprocessors of `device`, queried once per device.
 int multiprocessor_count(int device);
+
+/// What a compiled plan depends on besides its key's versions: "gpu=NAME sms=N driver=V" for
+/// `device`, queried once per device (the disk cache's keys carry it).
+const std::string& device_fingerprint(int device);
 
 /// Versions of cuDNN (compiled and loaded) and of the frontend; queried once.
 const Versions& versions();

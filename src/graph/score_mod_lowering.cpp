@@ -501,4 +501,6 @@ TensorPtr ScoreModLowering::backward(Graph& graph, const TensorPtr& d_modified) 
   return d_score ? d_score : zero();
 }
 
+const char* score_mod_lowering_build_stamp() noexcept { return __DATE__ " " __TIME__; }
+
 }  // namespace fusedattn::graph

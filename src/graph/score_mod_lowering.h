@@ -82,4 +82,7 @@ class ScoreModLowering {
   std::vector<Emitted> emitted_;
 };
 
+/// When this file was compiled (part of graph::build_stamp()).
+const char* score_mod_lowering_build_stamp() noexcept;
+
 }  // namespace fusedattn::graph

@@ -1,5 +1,5 @@
-// The graph layer: AttentionSpec -> cuDNN SDPA graph, compiled. The only file that includes
-// cudnn_frontend.h, so the heavy headers compile once.
+// The graph layer: AttentionSpec -> cuDNN SDPA graph, compiled. With score_mod_lowering.cpp and
+// plan_choice.cpp, the only files that include cudnn_frontend.h (through frontend_graph.h).
 #include "graph/sdpa_graph.h"
 
 #include <algorithm>
@@ -9,14 +9,12 @@
 #include <unordered_map>
 #include <utility>
 
-#include <cudnn_frontend.h>
-
 #include "fusedattn/errors.h"
+#include "graph/frontend_graph.h"
 #include "graph/score_mod_lowering.h"
 
-namespace fe = cudnn_frontend;
-
 namespace fusedattn::graph {
+namespace fe = cudnn_frontend;
 namespace {
 
 using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
@@ -511,43 +509,98 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionSpec& spec, std:
   return graph;
 }
 
-class FrontendGraph final : public CompiledGraph {
- public:
-  FrontendGraph(std::shared_ptr<fe::graph::Graph> graph, std::vector<std::int64_t> uids, std::size_t workspace)
-      : graph_(std::move(graph)), uids_(std::move(uids)), workspace_(workspace) {}
-
-  std::size_t workspace_bytes() const noexcept override { return workspace_; }
-  const std::vector<std::int64_t>& uids() const noexcept override { return uids_; }
-
-  void execute(cudnnHandle_t handle, void** sorted_pointers, void* workspace) const override {
-    auto status = graph_->execute(handle, sorted_pointers, static_cast<int>(uids_.size()), workspace);
-    if (status.is_bad()) throw CudnnError("cuDNN execute failed: " + status.get_message());
-  }
-
-  bool record(cudnnHandle_t handle, void** sorted_pointers, void* workspace, cudaGraph_t into) const override {
-    std::unordered_map<std::int64_t, void*> by_uid;
-    for (std::size_t i = 0; i < uids_.size(); ++i) by_uid.emplace(uids_[i], sorted_pointers[i]);
-    // Straight into `into` where the frontend adds no copy or memset nodes of its own: the graph is
-    // then the backend's, without a child-graph level around it.
-    auto status = graph_->cuda_graph_direct_population_eligible()
-                      ? graph_->populate_cuda_graph_direct(handle, by_uid, workspace, into)
-                      : graph_->populate_cuda_graph(handle, by_uid, workspace, into);
-    if (status.get_code() == fe::error_code_t::GRAPH_NOT_SUPPORTED) return false;  // a frontend-owned engine
-    if (status.is_bad()) throw CudnnError("cuDNN populate_cuda_graph failed: " + status.get_message());
-    return true;
-  }
-
- private:
-  std::shared_ptr<fe::graph::Graph> graph_;
-  std::vector<std::int64_t> uids_;
-  std::size_t workspace_;
-};
-
 // Runs the build stages in order; the first failure becomes a reason naming the stage.
 struct Attempt {
   std::shared_ptr<fe::graph::Graph> graph;
   std::vector<Reason> rejections;
+  std::vector<std::int64_t> built;  // every_candidate: the indices of the plans that compiled
 };
+
+// The heuristics' first choice that cuDNN supports, compiled; or, for autotune, every plan the
+// heuristics offer (modes A and B) that compiles.
+Attempt compile(std::shared_ptr<fe::graph::Graph> graph, cudnnHandle_t handle, const char* implementation,
+                bool every_candidate) {
+  Attempt attempt;
+  auto& r = attempt.rejections;
+  if (!detail::lower(*graph, handle, implementation, r)) return attempt;
+  if (!every_candidate) {
+    bool ok = detail::stage_ok(graph->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans",
+                               implementation, r) &&
+              detail::stage_ok(graph->check_support(handle), "check_support", implementation, r) &&
+              detail::stage_ok(graph->build_plans(handle), "build_plans", implementation, r);
+    if (ok) attempt.graph = std::move(graph);
+    return attempt;
+  }
+  if (!detail::stage_ok(graph->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::B}),
+                        "create_execution_plans", implementation, r)) {
+    return attempt;
+  }
+  fe::error_t last;
+  for (std::int64_t i = 0; i < graph->get_execution_plan_count(); ++i) {
+    fe::error_t status = graph->build_plan_at_index(handle, i);
+    if (status.is_good()) {
+      attempt.built.push_back(i);
+    } else {
+      last = status;
+    }
+  }
+  if (attempt.built.empty()) {
+    detail::stage_ok(last.is_bad() ? last : fe::error_t{fe::error_code_t::GRAPH_EXECUTION_PLAN_CREATION_FAILED,
+                                                         "the heuristics offered no plan"},
+                     "build_plan_at_index", implementation, r);
+    return attempt;
+  }
+  attempt.graph = std::move(graph);
+  return attempt;
+}
+
+// The spec's graph through every stage: the automatic implementation and, for a forward that it
+// cannot serve, the composite one (the frontend's automatic choice can pick an implementation
+// the backend then refuses; the composite one covers more configurations).
+Attempt attempt_build(const AttentionSpec& spec, Pass pass, cudnnHandle_t handle, bool every_candidate,
+                      std::vector<std::int64_t>& uids) {
+  // The graphs below take per-tensor scales only: an MXFP8 spec the policy lets through (cuDNN
+  // 9.21 on SM 10.x) gets a refusal here rather than a per-tensor graph that would misread its scales.
+  if (spec.fp8_scaling == Fp8Scaling::mxfp8) {
+    return Attempt{nullptr, {Reason{"fp8_scaling", to_string(spec.fp8_scaling),
+                                    "per-tensor FP8 scaling (the MXFP8 graph is not built yet)", ""}}, {}};
+  }
+  // The FP8 graphs below take no score modifier: refused here too, never built without it.
+  if (!spec.score_mod.empty() && is_fp8(spec.q.dtype)) {
+    return Attempt{nullptr, {Reason{"score_mod", to_string(spec.score_mod),
+                                    "f16 or bf16 inputs (fusedattn's FP8 graphs take no score modifier)", ""}}, {}};
+  }
+  Attempt automatic = compile(detail::frontend_graph(spec, pass, fe::AttentionImplementation_t::AUTO, uids), handle,
+                              "auto", every_candidate);
+  if (automatic.graph || pass == Pass::backward) return automatic;
+  uids.clear();
+  Attempt composite = compile(detail::frontend_graph(spec, pass, fe::AttentionImplementation_t::COMPOSITE, uids),
+                              handle, "composite", every_candidate);
+  if (composite.graph) return composite;
+  for (auto& reason : composite.rejections) {
+    if (reason.requirement != automatic.rejections.front().requirement) automatic.rejections.push_back(std::move(reason));
+  }
+  return automatic;
+}
+
+BuildOutcome finish(Attempt attempt, std::vector<std::int64_t> uids) {
+  BuildOutcome outcome;
+  const std::size_t workspace = detail::workspace_of(*attempt.graph);
+  outcome.graph = std::make_shared<detail::FrontendGraph>(std::move(attempt.graph), std::move(uids), workspace);
+  return outcome;
+}
+
+}  // namespace
+
+namespace detail {
+
+std::shared_ptr<fe::graph::Graph> frontend_graph(const AttentionSpec& spec, Pass pass,
+                                                 fe::AttentionImplementation_t implementation,
+                                                 std::vector<std::int64_t>& uids) {
+  if (pass == Pass::forward) return forward_graph(spec, implementation, uids);
+  return is_fp8(spec.q.dtype) ? backward_graph<fe::graph::SDPA_fp8_backward_attributes>(spec, uids)
+                              : backward_graph<fe::graph::SDPA_backward_attributes>(spec, uids);
+}
 
 bool stage_ok(fe::error_t status, const char* stage, const char* implementation, std::vector<Reason>& rejections) {
   if (status.is_good()) return true;
@@ -556,64 +609,54 @@ bool stage_ok(fe::error_t status, const char* stage, const char* implementation,
   return false;
 }
 
-Attempt compile(std::shared_ptr<fe::graph::Graph> graph, cudnnHandle_t handle, const char* implementation) {
-  Attempt attempt;
-  auto& r = attempt.rejections;
-  bool ok = stage_ok(graph->validate(), "validate", implementation, r) &&
-            stage_ok(graph->build_operation_graph(handle), "build_operation_graph", implementation, r) &&
-            stage_ok(graph->create_execution_plans({fe::HeurMode_t::A}), "create_execution_plans", implementation, r) &&
-            stage_ok(graph->check_support(handle), "check_support", implementation, r) &&
-            stage_ok(graph->build_plans(handle), "build_plans", implementation, r);
-  if (ok) attempt.graph = std::move(graph);
-  return attempt;
+bool lower(fe::graph::Graph& graph, cudnnHandle_t handle, const char* implementation, std::vector<Reason>& rejections) {
+  return stage_ok(graph.validate(), "validate", implementation, rejections) &&
+         stage_ok(graph.build_operation_graph(handle), "build_operation_graph", implementation, rejections);
 }
 
-BuildOutcome finish(Attempt attempt, std::vector<std::int64_t> uids) {
-  BuildOutcome outcome;
+std::size_t workspace_of(const fe::graph::Graph& graph) {
   std::int64_t workspace = 0;
-  auto status = attempt.graph->get_workspace_size(workspace);
+  auto status = graph.get_workspace_size(workspace);
   if (status.is_bad()) throw CudnnError("cuDNN get_workspace_size failed: " + status.get_message());
-  outcome.graph = std::make_shared<FrontendGraph>(std::move(attempt.graph), std::move(uids),
-                                                  static_cast<std::size_t>(workspace));
-  return outcome;
+  return static_cast<std::size_t>(workspace);
 }
 
-}  // namespace
+void FrontendGraph::execute(cudnnHandle_t handle, void** sorted_pointers, void* workspace) const {
+  auto status = graph_->execute(handle, sorted_pointers, static_cast<int>(uids_.size()), workspace);
+  if (status.is_bad()) throw CudnnError("cuDNN execute failed: " + status.get_message());
+}
+
+bool FrontendGraph::record(cudnnHandle_t handle, void** sorted_pointers, void* workspace, cudaGraph_t into) const {
+  std::unordered_map<std::int64_t, void*> by_uid;
+  for (std::size_t i = 0; i < uids_.size(); ++i) by_uid.emplace(uids_[i], sorted_pointers[i]);
+  // Straight into `into` where the frontend adds no copy or memset nodes of its own: the graph is
+  // then the backend's, without a child-graph level around it.
+  auto status = graph_->cuda_graph_direct_population_eligible()
+                    ? graph_->populate_cuda_graph_direct(handle, by_uid, workspace, into)
+                    : graph_->populate_cuda_graph(handle, by_uid, workspace, into);
+  if (status.get_code() == fe::error_code_t::GRAPH_NOT_SUPPORTED) return false;  // a frontend-owned engine
+  if (status.is_bad()) throw CudnnError("cuDNN populate_cuda_graph failed: " + status.get_message());
+  return true;
+}
+
+}  // namespace detail
 
 BuildOutcome build_graph(const AttentionSpec& spec, Pass pass, cudnnHandle_t handle) {
-  // The graphs below take per-tensor scales only: an MXFP8 spec the policy lets through (cuDNN
-  // 9.21 on SM 10.x) gets a refusal here rather than a per-tensor graph that would misread its scales.
-  if (spec.fp8_scaling == Fp8Scaling::mxfp8) {
-    return BuildOutcome{nullptr, {Reason{"fp8_scaling", to_string(spec.fp8_scaling),
-                                         "per-tensor FP8 scaling (the MXFP8 graph is not built yet)", ""}}};
-  }
-  // The FP8 graphs below take no score modifier: refused here too, never built without it.
-  if (!spec.score_mod.empty() && is_fp8(spec.q.dtype)) {
-    return BuildOutcome{nullptr, {Reason{"score_mod", to_string(spec.score_mod),
-                                         "f16 or bf16 inputs (fusedattn's FP8 graphs take no score modifier)", ""}}};
-  }
   std::vector<std::int64_t> uids;
-  if (pass == Pass::backward) {
-    auto graph = is_fp8(spec.q.dtype) ? backward_graph<fe::graph::SDPA_fp8_backward_attributes>(spec, uids)
-                                      : backward_graph<fe::graph::SDPA_backward_attributes>(spec, uids);
-    Attempt attempt = compile(std::move(graph), handle, "auto");
-    if (!attempt.graph) return BuildOutcome{nullptr, std::move(attempt.rejections)};
-    return finish(std::move(attempt), std::move(uids));
-  }
-  // The frontend's automatic choice can pick an implementation the backend then refuses;
-  // the composite one covers more configurations, so it is tried before saying no.
-  Attempt automatic = compile(forward_graph(spec, fe::AttentionImplementation_t::AUTO, uids), handle, "auto");
-  if (automatic.graph) return finish(std::move(automatic), std::move(uids));
-  Attempt composite = compile(forward_graph(spec, fe::AttentionImplementation_t::COMPOSITE, uids), handle, "composite");
-  if (composite.graph) return finish(std::move(composite), std::move(uids));
-  BuildOutcome refused;
-  refused.rejections = std::move(automatic.rejections);
-  for (auto& reason : composite.rejections) {
-    if (reason.requirement != refused.rejections.front().requirement) refused.rejections.push_back(std::move(reason));
-  }
-  return refused;
+  Attempt attempt = attempt_build(spec, pass, handle, false, uids);
+  if (!attempt.graph) return BuildOutcome{nullptr, std::move(attempt.rejections)};
+  return finish(std::move(attempt), std::move(uids));
+}
+
+CandidatesOutcome build_candidates(const AttentionSpec& spec, Pass pass, cudnnHandle_t handle) {
+  std::vector<std::int64_t> uids;
+  Attempt attempt = attempt_build(spec, pass, handle, true, uids);
+  if (!attempt.graph) return CandidatesOutcome{nullptr, std::move(attempt.rejections)};
+  return CandidatesOutcome{detail::make_candidates(std::move(attempt.graph), std::move(uids), std::move(attempt.built)), {}};
 }
 
 int frontend_version() noexcept { return CUDNN_FRONTEND_VERSION; }
+
+std::string build_stamp() { return std::string(__DATE__ " " __TIME__ "/") + score_mod_lowering_build_stamp(); }
 
 }  // namespace fusedattn::graph

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -51,7 +52,51 @@ class CompiledGraph {
   /// cannot be recorded this way; throws CudnnError on any other failure. Not to be called on
   /// one graph from two threads at once (the frontend keeps per-graph recording state).
   virtual bool record(cudnnHandle_t handle, void** sorted_pointers, void* workspace, cudaGraph_t into) const = 0;
+  /// The plan as bytes that load_graph restores in another process (the disk cache); empty when
+  /// cuDNN cannot serialize its engine.
+  virtual std::vector<std::uint8_t> serialize() const = 0;
 };
+
+/// A serialize()d plan back on `handle`'s device, or null with cuDNN's or the format's reason.
+struct LoadOutcome {
+  std::shared_ptr<const CompiledGraph> graph;
+  std::string error;
+};
+LoadOutcome load_graph(const std::vector<std::uint8_t>& bytes, cudnnHandle_t handle);
+
+/// A tensor of a graph as autotune needs it to stand in data: its UID, the bytes its dims and
+/// strides reach, and whether it is a host value (the scale) rather than device memory.
+struct TensorExtent {
+  std::int64_t uid = 0;
+  std::size_t bytes = 0;
+  bool by_value = false;
+};
+
+/// Every plan cuDNN's heuristics offer for one spec and pass, each compiled, for autotune to time
+/// (src/exec/autotune.h). Candidate 0 is the one build_graph would have chosen.
+class Candidates {
+ public:
+  virtual ~Candidates() = default;
+  virtual int count() const noexcept = 0;
+  /// cuDNN's name of the candidate's engine and knobs.
+  virtual std::string name(int candidate) const = 0;
+  virtual std::size_t workspace_bytes(int candidate) const = 0;
+  /// As CompiledGraph::uids(); the same for every candidate.
+  virtual const std::vector<std::int64_t>& uids() const noexcept = 0;
+  virtual std::vector<TensorExtent> extents() const = 0;
+  virtual void execute(int candidate, cudnnHandle_t handle, void** sorted_pointers, void* workspace) const = 0;
+  /// The candidate as the plan. Spends the candidates: call it once, last.
+  virtual std::shared_ptr<const CompiledGraph> choose(int candidate, cudnnHandle_t handle) = 0;
+};
+
+/// The candidates, or cuDNN's reasons for refusing the configuration (never both).
+struct CandidatesOutcome {
+  std::unique_ptr<Candidates> candidates;
+  std::vector<Reason> rejections;
+};
+
+/// As build_graph, but compiles every plan the heuristics offer instead of the first one.
+CandidatesOutcome build_candidates(const AttentionSpec& spec, Pass pass, cudnnHandle_t handle);
 
 /// The graph, or cuDNN's reasons for refusing the configuration (never both).
 struct BuildOutcome {
@@ -66,5 +111,9 @@ BuildOutcome build_graph(const AttentionSpec& spec, Pass pass, cudnnHandle_t han
 
 /// CUDNN_FRONTEND_VERSION of the headers this layer was compiled with (1.32.0 -> 13200).
 int frontend_version() noexcept;
+
+/// When this layer's graph code was compiled: a plan written by another build of it may describe
+/// another graph under the same spec, so the disk cache's keys carry this.
+std::string build_stamp();
 
 }  // namespace fusedattn::graph

@@ -2,6 +2,7 @@
 #include "fusedattn/ragged.h"
 
 #include <algorithm>
+#include <vector>
 
 namespace fusedattn {
 namespace {
@@ -33,6 +34,45 @@ AttentionSpec bucketed(const AttentionSpec& spec) {
     if (desc->ragged()) desc->dims[kSeq] = sequence_bucket(desc->dims[kSeq]);
   }
   return out;
+}
+
+namespace {
+
+// The buckets up to (and including) the one `largest` falls in.
+std::vector<std::int64_t> buckets_up_to(std::int64_t largest, std::int64_t smallest) {
+  std::vector<std::int64_t> buckets;
+  for (std::int64_t b = smallest; b < largest; b *= 2) buckets.push_back(b);
+  buckets.push_back(largest);
+  return buckets;
+}
+
+}  // namespace
+
+std::vector<AttentionSpec> ragged_buckets(const AttentionSpec& spec) {
+  if (!spec.ragged_q() && !spec.ragged_kv()) return {spec};
+  const AttentionSpec top = bucketed(spec);
+  const bool all_ragged = spec.ragged_q() && spec.ragged_kv();
+  const auto batches = all_ragged ? buckets_up_to(top.batch(), 1) : std::vector<std::int64_t>{top.batch()};
+  const auto seqs_q = spec.ragged_q() ? buckets_up_to(top.q.seq(), kSmallestSequenceBucket)
+                                      : std::vector<std::int64_t>{top.q.seq()};
+  const auto seqs_kv = spec.ragged_kv() ? buckets_up_to(top.k.seq(), kSmallestSequenceBucket)
+                                        : std::vector<std::int64_t>{top.k.seq()};
+  const bool paired = all_ragged && top.q.seq() == top.k.seq();  // self-attention: one length per sequence
+  std::vector<AttentionSpec> specs;
+  for (std::int64_t batch : batches) {
+    for (std::int64_t seq_q : seqs_q) {
+      for (std::int64_t seq_kv : seqs_kv) {
+        if (paired && seq_kv != seq_q) continue;
+        AttentionSpec out = top;
+        for (TensorDesc* desc : {&out.q, &out.k, &out.v, &out.o}) {
+          if (all_ragged) desc->dims[kBatch] = batch;
+          if (desc->ragged()) desc->dims[kSeq] = desc == &out.q || desc == &out.o ? seq_q : seq_kv;
+        }
+        specs.push_back(out);
+      }
+    }
+  }
+  return specs;
 }
 
 }  // namespace fusedattn
