@@ -22,6 +22,8 @@
 
 #include "forward_call.h"
 #include "fusedattn/attention.h"
+#include "fusedattn/autotune.h"
+#include "fusedattn/disk_cache.h"
 #include "fusedattn/build_info.h"
 #include "fusedattn/errors.h"
 #include "fusedattn/layout.h"
@@ -184,18 +186,25 @@ void enqueue_paged_forward(const std::string& spec, Address q, Address k_pool, A
   for (int i = 0; i < calls; ++i) c.plan->run(c.tensors, c.scale, c.stream, c.workspace);
 }
 
-// Host milliseconds of building the forward and backward plans from a cold cache (it clears it).
+// Host milliseconds of building the forward and backward plans from a cold cache (it clears it)
+// with the disk cache off, then of restoring them from the disk cache (when on) after clearing
+// it again, as a new process would.
 nb::dict plan_build_ms(const std::string& spec) {
   const fa::AttentionSpec s = fa::bench::spec_for(spec, /*stats=*/true);
-  fa::clear_plan_cache();
-  auto start = std::chrono::steady_clock::now();
-  fa::get_plan(s, fa::Pass::forward);
-  const double forward_ms = ms_since(start);
-  start = std::chrono::steady_clock::now();
-  fa::get_plan(s, fa::Pass::backward);
+  const std::string folder = fa::plan_dir();
   nb::dict out;
-  out["plan_build_fwd_ms"] = forward_ms;
-  out["plan_build_bwd_ms"] = ms_since(start);
+  for (const char* what : {"build", "restore", "restore"}) {  // the first restore writes missing entries
+    fa::set_plan_dir(std::string(what) == "build" ? "" : folder);
+    if (std::string(what) == "restore" && folder.empty()) break;
+    fa::clear_plan_cache();
+    auto start = std::chrono::steady_clock::now();
+    fa::get_plan(s, fa::Pass::forward);
+    out[(std::string("plan_") + what + "_fwd_ms").c_str()] = ms_since(start);
+    start = std::chrono::steady_clock::now();
+    fa::get_plan(s, fa::Pass::backward);
+    out[(std::string("plan_") + what + "_bwd_ms").c_str()] = ms_since(start);
+  }
+  fa::set_plan_dir(folder);
   return out;
 }
 
@@ -214,6 +223,8 @@ NB_MODULE(fusedattn_bench, m) {
   m.def("build_info", [] { return fa::build_info().to_string(); }, "fusedattn's build info, multi-line.");
   m.def("set_replay", &fa::set_replay, "enabled"_a,
         "Turns replay of repeated calls on or off for the whole process; returns the previous setting.");
+  m.def("set_autotune", &fa::set_autotune, "enabled"_a,
+        "Sets the process default of autotune (plans timed and chosen); returns the previous setting.");
   m.def("make_spec", &make_spec, "layout"_a, nb::kw_only(), "dtype"_a = "bf16", "b"_a, "s_q"_a, "s_kv"_a, "h_q"_a,
         "h_kv"_a, "d_qk"_a, "d_v"_a, "causal"_a = false, "bottom_right"_a = false, "page_size"_a = 0, "pages"_a = 0,
         "The spec string of a problem in a named layout, statistics on (so Python need not know the grammar); "

@@ -102,6 +102,16 @@ class Bench:
         finally:
             self.module.set_replay(was)
 
+    @contextlib.contextmanager
+    def tuned(self):
+        """Autotuned plans inside the block (the process default restored after it): get_plan then
+        reaches the tuned entries, separate from the heuristics' ones."""
+        was = self.module.set_autotune(True)
+        try:
+            yield
+        finally:
+            self.module.set_autotune(was)
+
     def build_info(self):
         return self.module.build_info()
 

@@ -25,18 +25,28 @@ import host_overhead
 from harness import BACKENDS, AdapterCall, Bench, Shape, Tensors, TorchSdpa, cuda_median_ms, load, short
 
 TARGET = 0.98  # fusedattn / PyTorch-cuDNN throughput: the same cuDNN kernels run (DESIGN.md §9)
-# fusedattn through its C++ API (fusedattn_bench) and through its PyTorch adapter, then PyTorch's own.
-IMPLS = ["fusedattn", "fusedattn_torch", *BACKENDS]
+TUNED_TARGET = 1.03  # autotuned fusedattn / PyTorch-cuDNN wherever autotune picks another plan (issue 16)
+# fusedattn through its C++ API (fusedattn_bench) with the heuristics' plans and with autotuned
+# ones, through its PyTorch adapter, then PyTorch's own.
+IMPLS = ["fusedattn", "fusedattn_tuned", "fusedattn_torch", *BACKENDS]
 
+# ANCHORS.md's five, then many short sequences and grouped heads 64/8.
 SHAPES = [Shape(2, 8192, 16, 16, 128, False), Shape(2, 8192, 16, 16, 128, True),
           Shape(8, 2048, 32, 32, 128, True), Shape(1, 32768, 32, 8, 128, True),
-          Shape(4, 4096, 16, 16, 64, False)]
+          Shape(4, 4096, 16, 16, 64, False), Shape(16, 1024, 16, 16, 128, True),
+          Shape(1, 8192, 64, 8, 128, True)]
 
 
 def make_timers(bench, adapter, spec, t, errors, notes):
     """(forward, forward+backward) timers per implementation, each called with (warmup, iters)."""
+    def tuned(fn):
+        def timed(w, n):
+            with bench.tuned():
+                return fn(spec, t, w, n)
+        return timed
     fns = {"fusedattn": (lambda w, n: bench.forward_ms(spec, t, w, n),
-                         lambda w, n: bench.forward_backward_ms(spec, t, w, n))}
+                         lambda w, n: bench.forward_backward_ms(spec, t, w, n)),
+           "fusedattn_tuned": (tuned(bench.forward_ms), tuned(bench.forward_backward_ms))}
     if adapter is None:
         errors[("fusedattn_torch", 0)] = errors[("fusedattn_torch", 1)] = "fusedattn.torch not importable"
     else:
@@ -88,6 +98,8 @@ def bench_shape(bench, adapter, shape, args):
         row["ratio_vs_cudnn"] = ours / theirs if ours and theirs else None
         row["torch_adapter_ratio_vs_cudnn"] = through_torch / theirs if through_torch and theirs else None
         row["meets_target"] = bool(row["ratio_vs_cudnn"] and row["ratio_vs_cudnn"] >= TARGET)
+        tuned = row["fusedattn_tuned_tflops"]
+        row["tuned_ratio_vs_cudnn"] = tuned / theirs if tuned and theirs else None
         rows.append(row)
     rows[0].update(bench.plan_build_ms(spec))  # rebuilt from a cleared cache, after the timings
     return rows
@@ -125,14 +137,27 @@ def fmt(x, form="{:.1f}"):
 
 
 def markdown(rows, host, check):
-    lines = [f"| shape (b, s, h_q[/h_kv], d) | pass | fusedattn | fusedattn.torch | PyTorch cuDNN | PyTorch flash | "
-             f"fusedattn / cuDNN (target ≥ {TARGET}) | fusedattn.torch / cuDNN |", "|---|---|---|---|---|---|---|---|"]
+    lines = [f"| shape (b, s, h_q[/h_kv], d) | pass | fusedattn | fusedattn autotuned | fusedattn.torch | PyTorch cuDNN | "
+             f"PyTorch flash | fusedattn / cuDNN (target ≥ {TARGET}) | autotuned / cuDNN | fusedattn.torch / cuDNN |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         mark = " ✓" if r["meets_target"] else " ✗"
         lines.append(f"| {r['shape']} | {r['pass']} | " + " | ".join(fmt(r[f"{n}_tflops"]) for n in IMPLS) +
-                     f" | {fmt(r['ratio_vs_cudnn'], '{:.3f}')}{mark} | "
+                     f" | {fmt(r['ratio_vs_cudnn'], '{:.3f}')}{mark} | {fmt(r.get('tuned_ratio_vs_cudnn'), '{:.3f}')} | "
                      f"{fmt(r.get('torch_adapter_ratio_vs_cudnn'), '{:.3f}')} |")
-    lines.append("\nTFLOP/s, BF16, bshd; median over interleaved rounds of medians of event-timed calls.")
+    lines.append("\nTFLOP/s, BF16, bshd; median over interleaved rounds of medians of event-timed calls. "
+                 f"Autotuned: plans timed and chosen (fusedattn/autotune.h); target ≥ {TUNED_TARGET} where it "
+                 "picks another plan than the heuristics (the autotune log lines in the run's log say which).")
+    builds = [r for r in rows if r.get("plan_build_fwd_ms") is not None]
+    if builds:
+        lines += ["", "| shape | plan build fwd / bwd (ms) | restored from disk fwd / bwd (ms) | restore / build |",
+                  "|---|---|---|---|"]
+        for r in builds:
+            build = r["plan_build_fwd_ms"] + r["plan_build_bwd_ms"]
+            restore = (r.get("plan_restore_fwd_ms") or 0) + (r.get("plan_restore_bwd_ms") or 0)
+            lines.append(f"| {r['shape']} | {fmt(r['plan_build_fwd_ms'])} / {fmt(r['plan_build_bwd_ms'])} | "
+                         f"{fmt(r.get('plan_restore_fwd_ms'), '{:.2f}')} / {fmt(r.get('plan_restore_bwd_ms'), '{:.2f}')} | "
+                         f"{fmt(restore / build if restore else None, '{:.3f}')} |")
     if host:
         lines += host_overhead.markdown(host)
     if check:

@@ -12,7 +12,8 @@
 # matrix (the support matrix from this GPU), bench (PyTorch comparison), fp8bench (FP8 beside BF16,
 # the CLI's bench), modbench (a softcap score modifier beside plain attention), varlen (ragged step and
 # paged decode), jaxbench (JAX comparison), kernels (the kernels each side of a training step launches,
-# fusedattn.torch beside PyTorch's cuDNN backend, with the cuDNN frontend's log of both graphs). The results file covers the gtest and Python parts
+# fusedattn.torch beside PyTorch's cuDNN backend, with the cuDNN frontend's log of both graphs), plans
+# (plans built cold and restored from the disk cache in new processes, with and without autotune). The results file covers the gtest and Python parts
 # that ran; testsh reports its own counts (test.sh's closing "ctest:" line) and fails the run
 # when it fails. BUILD_TARGETS names the ninja targets to build (default: all; the benchmarks need
 # fusedattn_bench, the module they time the C++ API through); BENCH_ARGS goes to
@@ -25,7 +26,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
-export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench modbench varlen jaxbench kernels}
+export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench modbench varlen jaxbench kernels plans}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_log.txt") 2>&1
 export PYTHONUNBUFFERED=1
@@ -152,6 +153,10 @@ layout=bshd b=2 s=8192 h=16 d=128"}
   # shellcheck disable=SC2086  # MODBENCH_ARGS is a list of arguments (--causal-only)
   FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 -X faulthandler bench/run_bench_score_mod.py --build "$build" \
     --out "$OUT" ${MODBENCH_ARGS:-} || status=1
+fi
+if part plans; then
+  echo "== plans: cold builds against restores from the disk cache, in new processes (bench/run_bench_plans.py)"
+  python3 bench/run_bench_plans.py --build "$build" --out "$OUT" || status=1
 fi
 if part kernels; then
   echo "== kernels of a training step: fusedattn.torch beside PyTorch's cuDNN backend"

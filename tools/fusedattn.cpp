@@ -14,11 +14,15 @@
 
 #include "support_matrix.h"
 #include "fusedattn/attention.h"
+#include "fusedattn/autotune.h"
 #include "fusedattn/build_info.h"
+#include "fusedattn/disk_cache.h"
 #include "fusedattn/errors.h"
 #include "fusedattn/layout.h"
 #include "fusedattn/plan_cache.h"
+#include "fusedattn/ragged.h"
 #include "fusedattn/reference.h"
+#include "fusedattn/warmup.h"
 #include "testing/attention_buffers.h"
 #include "testing/cuda_check.h"
 #include "testing/device_buffer.h"
@@ -35,16 +39,22 @@ enum Exit : int { kOk = 0, kFailed = 1, kUsage = 2, kNotSupported = 3, kNoGpu = 
 
 const char* const kUsageLine =
     "usage: fusedattn {info | support SPEC [--pass forward|backward|both] | run SPEC [--no-backward] [--seed N]"
-    " [--scale X] | bench SPEC [--iters N] | demo | support-matrix [--out FILE] | --help}";
+    " [--scale X] [--autotune] | bench SPEC [--iters N] [--autotune] | warmup [SPEC] [--file FILE] [--buckets]"
+    " [--pass P] [--threads N] [--autotune] | demo | support-matrix [--out FILE] | --help}";
 
 const char* const kHelp = R"(
   info       build, cuDNN and GPU information
   support    is SPEC supported here, and if not, every reason (exit 0 yes, 1 no)
   run        run SPEC on the GPU and compare with a reference (exit 0 pass, 1 fail)
   bench      kernel time, TFLOP/s, host time per call and plan build time of SPEC
+  warmup     build the plans of SPEC (and of each line of FILE, '-' for standard input) in parallel
+             threads into the disk cache, each ragged spec's buckets too with --buckets; prints the
+             time each plan took (restored, built or tuned) and the disk cache's counters
   demo       a checked forward+backward on a standard problem (CPU reference only without a GPU)
   support-matrix  check_support over features x masks x head dims x layouts x dtypes, as markdown
              (to FILE with --out; the pure policy for SM 9.0 without a GPU, and it says so)
+  --autotune (run, bench, warmup) time every plan cuDNN offers and keep the fastest, remembered in
+             the disk cache (FUSEDATTN_PLAN_DIR, default ~/.cache/fusedattn/plans; =off turns it off)
 
 SPEC is the one-line string every fusedattn error and log prints, for example
   "layout=bshd b=2 s=1024 h=16 d=128 causal"
@@ -68,7 +78,7 @@ struct CommandLine {
 CommandLine parse_command_line(int argc, char** argv) {
   static const std::map<std::string, bool> kTakesValue = {
       {"--pass", true}, {"--no-backward", false}, {"--seed", true}, {"--scale", true}, {"--iters", true},
-      {"--out", true}};
+      {"--out", true}, {"--autotune", false}, {"--file", true}, {"--buckets", false}, {"--threads", true}};
   CommandLine line;
   if (argc < 2) throw UsageError{"missing command"};
   line.command = argv[1];
@@ -227,14 +237,19 @@ double host_ms_since(std::chrono::steady_clock::time_point start) {
 
 struct BenchResult {
   double build_forward_ms = 0.0, build_backward_ms = 0.0;
+  double restore_forward_ms = -1.0, restore_backward_ms = -1.0;  // from the disk cache; < 0: off
   double forward_ms = 0.0, forward_backward_ms = 0.0, backward_ms = 0.0;
   double host_us_per_call = 0.0;
   fa::CacheStats cache;
   std::string backward_refused;  // the reasons, where the backward is not supported (forward timed alone)
 };
 
-// Builds both plans from a cold cache, timing each on the host (the backward where supported).
+// Builds both plans from a cold cache with the disk cache off, timing each on the host (the
+// backward where supported); then, with the disk cache on, restores them from it as a new
+// process would (their entries written first where missing), timed too.
 void measure_builds(const fa::AttentionSpec& train, BenchResult* r) {
+  const std::string folder = fa::plan_dir();
+  fa::set_plan_dir("");
   fa::clear_plan_cache();
   auto start = std::chrono::steady_clock::now();
   fa::get_plan(train, fa::Pass::forward);
@@ -243,6 +258,18 @@ void measure_builds(const fa::AttentionSpec& train, BenchResult* r) {
   const fa::Support backward = fa::check_support(train, fa::Pass::backward);
   r->build_backward_ms = host_ms_since(start);
   if (!backward.ok()) r->backward_refused = backward.to_string();
+  fa::set_plan_dir(folder);
+  if (folder.empty()) return;
+  for (int round = 0; round < 2; ++round) {  // the first writes what is missing, the second is timed
+    fa::clear_plan_cache();
+    start = std::chrono::steady_clock::now();
+    fa::get_plan(train, fa::Pass::forward);
+    r->restore_forward_ms = host_ms_since(start);
+    if (!backward.ok()) continue;
+    start = std::chrono::steady_clock::now();
+    fa::get_plan(train, fa::Pass::backward);
+    r->restore_backward_ms = host_ms_since(start);
+  }
 }
 
 // `fwd` and `bwd`: the tensors of `spec` with statistics (the training forward's).
@@ -300,6 +327,10 @@ void print_bench(const fa::AttentionSpec& spec, const BenchResult& r, int iters)
   }
   std::printf("  %-26s %12.2f us\n", "host time per cached call", r.host_us_per_call);
   std::printf("  %-26s %12.1f ms forward, %.1f ms backward\n", "plan build", r.build_forward_ms, r.build_backward_ms);
+  if (r.restore_forward_ms >= 0) {
+    std::printf("  %-26s %12.1f ms forward, %.1f ms backward (%s)\n", "plan restored from disk", r.restore_forward_ms,
+                r.restore_backward_ms, fa::plan_dir().c_str());
+  }
   std::printf("  %-26s builds=%llu build_ms=%.1f hits=%llu misses=%llu size=%zu\n", "plan cache",
               static_cast<unsigned long long>(r.cache.builds), r.cache.build_ms,
               static_cast<unsigned long long>(r.cache.hits), static_cast<unsigned long long>(r.cache.misses),
@@ -536,10 +567,76 @@ int cmd_demo() {
   return no_gpu.empty() ? demo_gpu() : demo_cpu(no_gpu);
 }
 
+// --- warmup -----------------------------------------------------------------------------------
+
+std::vector<fa::AttentionSpec> warmup_specs(const CommandLine& line) {
+  std::vector<std::string> texts;
+  if (!line.spec.empty()) texts.push_back(line.spec);
+  if (line.has("--file")) {
+    const std::string& path = line.options.at("--file");
+    std::ifstream file;
+    if (path != "-") {
+      file.open(path);
+      if (!file) throw UsageError{"--file: cannot read '" + path + "'"};
+    }
+    std::istream& in = path == "-" ? std::cin : file;
+    for (std::string text; std::getline(in, text);) {
+      if (text.find_first_not_of(" \t") == std::string::npos || text[text.find_first_not_of(" \t")] == '#') continue;
+      texts.push_back(text);
+    }
+  }
+  if (texts.empty()) throw UsageError{"'warmup' needs a spec string or --file"};
+  std::vector<fa::AttentionSpec> specs;
+  for (const std::string& text : texts) {
+    fa::AttentionSpec spec = fa::parse_spec(text);
+    fa::validate(spec);
+    if (!line.has("--buckets")) {
+      specs.push_back(spec);
+      continue;
+    }
+    for (const fa::AttentionSpec& bucket : fa::ragged_buckets(spec)) specs.push_back(bucket);
+  }
+  return specs;
+}
+
+int cmd_warmup(const CommandLine& line) {
+  const std::vector<fa::Pass> passes = passes_of(line);
+  const std::vector<fa::AttentionSpec> specs = warmup_specs(line);
+  const std::string no_gpu = gpu_unavailable();
+  if (!no_gpu.empty()) {
+    std::cout << "no GPU (" << no_gpu << "): " << specs.size() << " specs parsed, nothing built\n";
+    return kNoGpu;
+  }
+  fa::WarmupOptions options;
+  options.threads = static_cast<int>(parse_unsigned(line, "--threads", 0));
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<fa::WarmupResult> results = fa::warm_up(specs, passes, options);
+  const double total_ms = host_ms_since(start);
+  int ready = 0;
+  for (const fa::WarmupResult& r : results) {
+    char head[64];
+    std::snprintf(head, sizeof head, "%-13s %9.1f ms  %-8s ", r.ok ? "ready" : "not supported", r.ms,
+                  fa::to_string(r.pass));
+    std::cout << head << quoted(r.spec) << "\n";
+    if (!r.ok) std::cout << "  " << r.message << "\n";
+    ready += r.ok ? 1 : 0;
+  }
+  const fa::DiskCacheStats disk = fa::disk_cache_stats();
+  const std::string folder = fa::plan_dir();
+  std::cout << "warmup: " << ready << " of " << results.size() << " plans ready in " << total_ms << " ms"
+            << (fa::autotune_default() ? " (autotuned)" : "") << "\n"
+            << "disk cache " << (folder.empty() ? std::string("off") : folder) << ": loaded=" << disk.loaded
+            << " (" << disk.load_ms << " ms) stored=" << disk.stored << " missing=" << disk.missing
+            << " rejected=" << disk.rejected << " store_failures=" << disk.store_failures << "\n";
+  return ready == static_cast<int>(results.size()) ? kOk : kFailed;
+}
+
 // --- main -------------------------------------------------------------------------------------
 
 int dispatch(const CommandLine& line) {
+  if (line.has("--autotune")) fa::set_autotune(true);
   if (line.command == "info") return cmd_info();
+  if (line.command == "warmup") return cmd_warmup(line);
   if (line.command == "support") return cmd_support(line);
   if (line.command == "run") return cmd_run(line);
   if (line.command == "bench") return cmd_bench(line);

@@ -47,6 +47,7 @@ std::vector<WarmupResult> warm_up(const std::vector<AttentionSpec>& specs, const
   std::atomic<std::size_t> next{0};
   auto work = [&] {
     detail::check_cuda(cudaSetDevice(device), "cudaSetDevice(warm-up thread)");
+    detail::handle_for(device, nullptr);  // the thread's cuDNN handle, so that no plan's time includes it
     for (std::size_t i = next++; i < results.size(); i = next++) {
       results[i] = warm(specs[i / passes.size()], passes[i % passes.size()], options.plan);
     }

@@ -53,6 +53,11 @@ TEST(PlanKey, EachPartSplitsEntries) {
       {"frontend", make_plan_key(spec_of(kSpec), Pass::forward, 0, DeviceCaps{9, 0}, versions(91900, 13300))},
       {"spec", make_plan_key(spec_of("layout=bshd b=2 s=128 h=8 d=64"), Pass::forward, 0, DeviceCaps{9, 0},
                              versions(91900, 13200))},
+      {"tuned", [] {
+         PlanKey key = base_key();
+         key.tuned = true;  // autotune's choice and the heuristics' are separate entries
+         return key;
+       }()},
   };
   std::unordered_set<PlanKey, PlanKeyHash> all = {base};
   for (const auto& [name, key] : variants) {
@@ -155,6 +160,9 @@ TEST(PlanKey, AlignmentMattersOnlyWhenCausal) {
 TEST(PlanKey, PrintsPassDeviceVersionsThenSpec) {
   EXPECT_EQ(to_string(base_key()), std::string("forward device=0 sm=90 cudnn=91900 fe=13200 ") + kSpec);
   EXPECT_EQ(to_string(base_key(Pass::backward)).rfind("backward device=0 sm=90 cudnn=91900 fe=13200 layout=bshd", 0), 0u);
+  PlanKey tuned = base_key();
+  tuned.tuned = true;
+  EXPECT_EQ(to_string(tuned), std::string("forward tuned device=0 sm=90 cudnn=91900 fe=13200 ") + kSpec);
 }
 
 TEST(PlanKeyCapacity, ParsesPositiveIntegers) {

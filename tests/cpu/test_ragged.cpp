@@ -139,5 +139,41 @@ TEST(RaggedBuckets, ABatchIsBucketedOnlyWhenEveryTensorIsRagged) {
   EXPECT_EQ(bucketed(paged).k.batch(), 80);  // the pool keeps its pages
 }
 
+// What a warm-up of a ragged training configuration builds (fusedattn/ragged.h ragged_buckets):
+// worked numbers, as in the header's comment.
+TEST(RaggedBuckets, SelfAttentionBucketsPairQueriesWithKeys) {
+  const std::vector<AttentionSpec> specs = ragged_buckets(thd(64, 4096, 4096));
+  ASSERT_EQ(specs.size(), 7u * 7u);  // batches 1..64, sequences 64..4096, Q and K/V together
+  EXPECT_EQ(specs.front().batch(), 1);
+  EXPECT_EQ(specs.front().seq_q(), 64);
+  EXPECT_EQ(specs.back().batch(), 64);
+  EXPECT_EQ(specs.back().seq_kv(), 4096);
+  for (const AttentionSpec& spec : specs) {
+    EXPECT_EQ(spec.seq_q(), spec.seq_kv());
+    EXPECT_EQ(bucketed(spec), spec) << "a warm-up spec must be a plan's own (bucketed) spec";
+    EXPECT_NO_THROW(validate(spec)) << to_string(spec);
+  }
+}
+
+TEST(RaggedBuckets, IndependentLengthsTakeEveryPair) {
+  // Batches {1, 2} x Q buckets {64, 128} x K/V buckets {64, 128, 256}.
+  const std::vector<AttentionSpec> specs = ragged_buckets(thd(2, 100, 200));
+  EXPECT_EQ(specs.size(), 2u * 2u * 3u);
+}
+
+TEST(RaggedBuckets, OnlyWhatBucketingMovesIsVaried) {
+  const AttentionSpec paged = parse_spec(
+      "layout=thd_paged_bshd dtype=bf16 b=5 s_q=300 s_kv=1024 h_q=8 h_kv=2 d=128 page_size=64 pages=80");
+  const std::vector<AttentionSpec> specs = ragged_buckets(paged);
+  ASSERT_EQ(specs.size(), 4u);  // Q buckets 64, 128, 256, 512; the batch stays 5, the cache as it is
+  for (const AttentionSpec& spec : specs) {
+    EXPECT_EQ(spec.batch(), 5);
+    EXPECT_EQ(spec.k, paged.k);
+  }
+  const AttentionSpec dense = parse_spec("layout=bshd b=3 s=1000 h=8 d=64");
+  ASSERT_EQ(ragged_buckets(dense).size(), 1u);
+  EXPECT_EQ(ragged_buckets(dense)[0], dense);
+}
+
 }  // namespace
 }  // namespace fusedattn

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""bench/run_bench_plans.py — what a plan costs a new process: built cold, then restored from the
+disk cache (fusedattn/disk_cache.h), each in a fresh `fusedattn warmup` process on one thread, so
+every number is one plan's own time; then the same with autotune (tuned cold, restored warm), and
+a ragged training configuration's buckets warmed up on one thread and on eight.
+
+    python bench/run_bench_plans.py --build build --out bench/results
+
+Writes a markdown table and JSON. Target (issue 16): a restored plan in at most 5% of its cold build.
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+LINE = re.compile(r"^(ready|not supported)\s+([0-9.]+) ms\s+(\w+)\s+\"(.*)\"$")
+RAGGED = "layout=thd_thd_thd b=16 s=2048 h=16 d=128 causal padding=1"
+
+
+def warmup(cli, folder, args, echo):
+    """{(spec, pass): ms} of one `fusedattn warmup` process, and its total line."""
+    run = subprocess.run([str(cli), "warmup", *args], capture_output=True, text=True,
+                         env=dict(os.environ, FUSEDATTN_PLAN_DIR=folder))
+    echo.write(run.stdout + run.stderr)
+    times = {}
+    for line in run.stdout.splitlines():
+        m = LINE.match(line.strip())
+        if m and m.group(1) == "ready":
+            times[(m.group(4), m.group(3))] = float(m.group(2))
+    total = next((line for line in run.stdout.splitlines() if line.startswith("warmup:")), "")
+    return times, total
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--build", default="build")
+    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--specs", default=str(Path(__file__).with_name("plan_specs.txt")))
+    args = parser.parse_args()
+    cli = Path(args.build) / "fusedattn"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"{datetime.datetime.now():%Y%m%d-%H%M}_plans"
+    log = open(out / f"{name}.log", "w")
+    rows, sections = [], {}
+    for label, extra in (("heuristics", []), ("autotune", ["--autotune"])):
+        with tempfile.TemporaryDirectory() as folder:
+            cold, _ = warmup(cli, folder, ["--file", args.specs, "--pass", "both", "--threads", "1", *extra], log)
+            warm, _ = warmup(cli, folder, ["--file", args.specs, "--pass", "both", "--threads", "1", *extra], log)
+        for key, ms in cold.items():
+            rows.append({"plans": label, "spec": key[0], "pass": key[1], "cold_ms": ms, "warm_ms": warm.get(key),
+                         "ratio": warm[key] / ms if warm.get(key) else None})
+    for threads in (1, 8):
+        with tempfile.TemporaryDirectory() as folder:
+            _, total = warmup(cli, folder, [RAGGED, "--buckets", "--pass", "both", "--threads", str(threads)], log)
+        sections[f"ragged buckets, {threads} thread(s)"] = total
+    lines = ["| plans | spec | pass | cold (ms) | restored in a new process (ms) | restored / cold (target ≤ 0.05) |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = r["ratio"]
+        mark = "" if ratio is None else (" ✓" if ratio <= 0.05 else " ✗")
+        warm = "–" if r["warm_ms"] is None else f"{r['warm_ms']:.2f}"
+        ratio_text = "–" if ratio is None else f"{ratio:.3f}{mark}"
+        lines.append(f"| {r['plans']} | `{r['spec']}` | {r['pass']} | {r['cold_ms']:.1f} | {warm} | {ratio_text} |")
+    lines.append("")
+    lines += [f"- {k} (`fusedattn warmup \"{RAGGED}\" --buckets --pass both`): {v}" for k, v in sections.items()]
+    table = "\n".join(lines)
+    (out / f"{name}.md").write_text(table + "\n")
+    (out / f"{name}.json").write_text(json.dumps({"rows": rows, "ragged": sections, "argv": sys.argv}, indent=2))
+    print(table)
+    return 0 if rows and all(r["warm_ms"] is not None for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
