@@ -11,7 +11,15 @@ from .errors import (CudaError, CudnnError, FusedAttnError, InvalidArgumentError
 
 __version__ = "0.1.0"
 __all__ = ["FusedAttnError", "InvalidArgumentError", "NotSupportedError", "CudnnError", "CudaError", "SetupError",
-           "Spec", "Config", "Pass", "check_support", "build_info", "plan_cache_stats"]
+           "Spec", "Config", "Pass", "check_support", "build_info", "plan_cache_stats", "set_autotune", "plan_dir",
+           "set_plan_dir", "default_plan_dir", "disk_cache_stats", "reset_disk_cache_stats", "warm_up",
+           "ragged_buckets"]
+
+# Plans across processes (the C++ headers fusedattn/disk_cache.h, autotune.h and warmup.h say more):
+# set_plan_dir(folder) ('' turns the disk cache off; FUSEDATTN_PLAN_DIR sets it at start-up),
+# set_autotune(True) (FUSEDATTN_AUTOTUNE=1) for every adapter's plans, warm_up() ahead of time.
+_CORE_NAMES = ("Spec", "Config", "Pass", "Plan", "get_plan", "build_info", "plan_cache_stats", "set_autotune",
+               "plan_dir", "set_plan_dir", "default_plan_dir", "disk_cache_stats", "reset_disk_cache_stats")
 
 
 def _load_core():
@@ -21,19 +29,43 @@ def _load_core():
 
 
 def __getattr__(name):  # fusedattn.Spec and friends come from the compiled module, lazily
-    if name in ("Spec", "Config", "Pass", "Plan", "get_plan", "build_info", "plan_cache_stats"):
+    if name in _CORE_NAMES:
         return getattr(_load_core(), name)
     raise AttributeError(f"module 'fusedattn' has no attribute {name!r}")
+
+
+def _pass_of(core, pass_):
+    if isinstance(pass_, str):
+        if pass_ not in core.Pass.__members__:
+            from .errors import invalid_argument
+            raise invalid_argument("pass", pass_, "forward or backward")
+        return core.Pass.__members__[pass_]
+    return pass_
+
+
+def _spec_of(core, spec):
+    return core.Spec.parse(spec) if isinstance(spec, str) else spec
+
+
+def warm_up(specs, passes=("forward", "backward"), threads=0, autotune=None):
+    """Builds (or restores from the disk cache) the plan of every spec for every pass, `threads` at a
+    time (0: the machine's, at most 8), before a training or serving loop needs them. Specs are
+    strings or Specs; autotune=None takes the process default. Returns [(spec string, pass, ok,
+    message, ms)], message saying why where not ok."""
+    core = _load_core()
+    return core.warm_up([_spec_of(core, s) for s in specs], [_pass_of(core, p) for p in passes], threads, autotune)
+
+
+def ragged_buckets(spec):
+    """Every bucketed spec (as strings) a ragged training loop up to `spec`'s batch and longest
+    sequences can meet: what warm_up needs to build so that such a loop never waits for a plan."""
+    core = _load_core()
+    return [str(s) for s in core.ragged_buckets(_spec_of(core, spec))]
 
 
 def check_support(spec, pass_="forward"):
     """(supported, reasons) on the current GPU for a spec string or Spec: the policy, then cuDNN's own
     check. Each reason is (field, value, requirement, lifted_by)."""
     core = _load_core()
-    if isinstance(pass_, str):
-        if pass_ not in core.Pass.__members__:
-            from .errors import invalid_argument
-            raise invalid_argument("pass", pass_, "forward or backward")
-        pass_ = core.Pass.__members__[pass_]
-    ok, reasons, _ = core.check_support(core.Spec.parse(spec) if isinstance(spec, str) else spec, pass_)
+    ok, reasons, _ = core.check_support(_spec_of(core, spec), _pass_of(core, pass_))
     return ok, reasons

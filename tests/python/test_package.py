@@ -47,3 +47,33 @@ def test_check_support_answers_or_says_there_is_no_gpu():
         return
     assert not ok
     assert {field for field, *_ in reasons} >= {"d_qk", "d_v"}
+
+
+def test_plan_folder_setting_round_trips(tmp_path):
+    was = fusedattn.plan_dir()
+    try:
+        fusedattn.set_plan_dir(str(tmp_path / "plans"))
+        assert fusedattn.plan_dir() == str(tmp_path / "plans")
+        fusedattn.set_plan_dir("")
+        assert fusedattn.plan_dir() == ""
+    finally:
+        fusedattn.set_plan_dir(was)
+    assert fusedattn.default_plan_dir().endswith("fusedattn/plans")
+    assert set(fusedattn.disk_cache_stats()) >= {"loaded", "missing", "rejected", "stored", "store_failures"}
+
+
+def test_ragged_buckets_of_a_training_configuration():
+    buckets = fusedattn.ragged_buckets("layout=thd_thd_thd b=4 s=256 h=4 d=64 causal padding=1")
+    assert len(buckets) == 3 * 3  # batches 1, 2, 4 times sequences 64, 128, 256
+    assert all(fusedattn.Spec.parse(b) for b in buckets)
+
+
+def test_warm_up_builds_or_says_there_is_no_gpu():
+    try:
+        results = fusedattn.warm_up(["layout=bshd b=1 s=128 h=2 d=64 causal"], ["forward"], threads=1)
+    except fusedattn.CudaError as error:  # no GPU here
+        assert "cudaGetDevice" in str(error)
+        return
+    ((spec, pass_, ok, message, ms),) = results
+    assert ok, message
+    assert pass_ == "forward" and ms > 0
