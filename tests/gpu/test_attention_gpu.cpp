@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cctype>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <new>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "fusedattn/attention.h"
+#include "fusedattn/disk_cache.h"
 #include "fusedattn/build_info.h"
 #include "fusedattn/errors.h"
 #include "fusedattn/layout.h"
@@ -592,6 +594,11 @@ TEST(Execution, BadPointersAreRejectedBeforeAnyWork) {
 
 TEST(Execution, DebugLogReportsMissBuildAndHit) {
   FUSEDATTN_REQUIRE_GPU();
+  // A fresh disk cache folder, so that the plan is built (and written) rather than restored.
+  const std::string was = plan_dir();
+  char folder[] = "/tmp/fusedattn-log-plans-XXXXXX";
+  ASSERT_NE(mkdtemp(folder), nullptr);
+  set_plan_dir(folder);
   std::vector<std::string> lines;
   set_log_sink([&](const std::string& line) { lines.push_back(line); });
   set_logging(true);
@@ -600,12 +607,15 @@ TEST(Execution, DebugLogReportsMissBuildAndHit) {
   check_support(spec, Pass::forward);
   set_logging(false);
   set_log_sink(nullptr);
-  ASSERT_EQ(lines.size(), 3u);
+  set_plan_dir(was);
+  std::filesystem::remove_all(folder);
+  ASSERT_EQ(lines.size(), 4u);
   EXPECT_EQ(lines[0].rfind("fusedattn: miss forward", 0), 0u) << lines[0];
-  EXPECT_EQ(lines[1].rfind("fusedattn: build ", 0), 0u) << lines[1];
-  EXPECT_NE(lines[1].find(" ms forward"), std::string::npos) << lines[1];
-  EXPECT_EQ(lines[2].rfind("fusedattn: hit forward", 0), 0u) << lines[2];
-  EXPECT_NE(lines[2].find(to_string(spec)), std::string::npos) << lines[2];
+  EXPECT_EQ(lines[1].rfind("fusedattn: disk_store forward", 0), 0u) << lines[1];  // written inside the build
+  EXPECT_EQ(lines[2].rfind("fusedattn: build ", 0), 0u) << lines[2];
+  EXPECT_NE(lines[2].find(" ms forward"), std::string::npos) << lines[2];
+  EXPECT_EQ(lines[3].rfind("fusedattn: hit forward", 0), 0u) << lines[3];
+  EXPECT_NE(lines[3].find(to_string(spec)), std::string::npos) << lines[3];
 }
 
 }  // namespace
