@@ -5,7 +5,8 @@ n·b entries instead of n calls, split apart again after; nested vmaps fold in t
 per-call state that folding would change runs once per mapped element instead (jax.lax.map):
 dropout (each element must get the mask its key gives it alone), bias and sink (their gradients
 are sums over the batch, per element), a max logit (a head's is a max over the batch), runtime
-lengths, packed sequences (thd) and paged caches.
+lengths, packed sequences (thd), paged caches and FP8 calls (the amaxes their kernels write are
+each element's own, and so are the scales a mapped state gives them).
 """
 import jax
 import jax.numpy as jnp
@@ -31,7 +32,8 @@ def unfold(x, n, axis):
 def foldable(call):
     c = call.config
     return not (call.ragged or c.dropout > 0.0 or c.softmax == "sink" or c.bias != "none" or c.padding
-                or c.kv_pages or c.max_logit != "none" or c.score_mod)  # a modifier's b index: its own batch
+                or c.kv_pages or c.max_logit != "none" or c.score_mod  # a modifier's b index: its own batch
+                or call.fp8)
 
 
 def with_batching(kernel, pass_, call):

@@ -38,8 +38,10 @@ Inputs already in FP8 (the state's dtype) come with their descales and run the f
 backward="model" runs the backward in q's dtype (fusedattn's BF16/FP16 kernels) on the unquantized
 inputs, with the FP8 forward's O and statistics.
 
-Not yet: vmap and mesh partitioning of the FP8 calls (a sharded amax would need a max over the
-shards).
+Under vmap each mapped element runs its own FP8 calls, with its own amaxes and scales (a state
+that meets mapped inputs comes back mapped); under a mesh each call runs on its device's shard of the
+batch and heads, as attention() does, and the amaxes its kernels write are the max over the shards,
+so the state is the same as unsharded (_jax_partition.py, _jax_batching.py).
 """
 import dataclasses
 import functools
@@ -52,7 +54,7 @@ import numpy as np
 from . import _config
 from . import _fp8_recipe as _recipe
 from . import _core as core
-from ._jax_calls import BACKWARD, FORWARD, Call, view
+from ._jax_calls import AXES, BACKWARD, FORWARD, Call, view
 from .errors import invalid_argument
 
 __all__ = ["Fp8State", "fp8_state", "fp8_attention"]
@@ -146,9 +148,12 @@ def _dequantize(x8, descale, dtype):
     return (x8.astype(jnp.float32) * descale).astype(dtype)
 
 
-def _kernel(pass_):
-    from . import jax as adapter  # its _KERNELS: the CUDA call, or what a test put there
-    return adapter._kernel(pass_)
+def _kernel(pass_, call, q, k):
+    """The FP8 `pass_` of `call` on q and k's heads, with attention()'s vmap rule and partitioning
+    (its kernel from jax.py's _KERNELS: the CUDA call, or what a test put there)."""
+    from . import jax as adapter
+    heads = AXES[call.config.layout][1]
+    return adapter._call(pass_, call, (q.shape[heads], k.shape[heads]))
 
 
 def _kernel_forward(call, q8, k8, v8, descales, state):
@@ -156,8 +161,8 @@ def _kernel_forward(call, q8, k8, v8, descales, state):
     scale from V's amax, |O| <= max |V|, and the kernel's amaxes of S and O)."""
     state = state._scaled(("o",), state.amax[_SLOT["v"]][None])
     scale, descale = state.scale, state.descale
-    o8, stats, amax_s, amax_o = _kernel(FORWARD)(call, q8, k8, v8, *descales, descale[_SLOT["s"]], scale[_SLOT["s"]],
-                                                 scale[_SLOT["o"]])
+    o8, stats, amax_s, amax_o = _kernel(FORWARD, call, q8, k8)(q8, k8, v8, *descales, descale[_SLOT["s"]],
+                                                               scale[_SLOT["s"]], scale[_SLOT["o"]])
     return o8, stats, state._set("amax", ("s", "o"), jnp.stack([amax_s, amax_o]))
 
 
@@ -201,7 +206,7 @@ def _fp8_attention_bwd(call, model_backward, residuals, cotangents):
 
     def run(state):
         scale, descale = state.scale, state.descale
-        return _kernel(BACKWARD)(call, q8, k8, v8, o8, stats, d_o8, *used,
+        return _kernel(BACKWARD, call, q8, k8)(q8, k8, v8, o8, stats, d_o8, *used,
                                  *(descale[_SLOT[n]] for n in ("d_o", "s", "d_p")),
                                  *(scale[_SLOT[n]] for n in ("s", "d_p", "d_q", "d_k", "d_v")))
 

@@ -9,7 +9,9 @@ split by heads only; paged caches by heads (the page tables and lengths follow t
 bias follows q on the batch and heads it has; a sink follows q's heads;
 the offsets of packed sequences and dropout's seed are replicated, and dropout's offset is moved
 per shard, so that no two shards draw the same mask (the backward moves it alike, so its mask is
-the forward's as long as q comes to it sharded as it came to the forward).
+the forward's as long as q comes to it sharded as it came to the forward). An FP8 call's scales
+are replicated scalars, and the amaxes its kernels write are the max over the shards (each shard
+measured its part), so every device holds the amax of the whole tensor.
 """
 import functools
 import math
@@ -20,11 +22,12 @@ import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ._jax_calls import AXES, STATS
+from ._jax_calls import AXES, FP8_INPUTS, FP8_OUTPUTS, STATS
 
 _KV = ("k", "v", "d_k", "d_v")
 _V_DIM = ("v", "o", "d_o", "d_v")
 _REPLICATED = ("s", "t", "d", "e", "h", "bb", "hb", "sb", "z", "cq", "ck", "pages", "ps", "pg", "ms")  # never split
+_FP8_SCALARS = frozenset(role for roles in (*FP8_INPUTS.values(), *FP8_OUTPUTS.values()) for role in roles)
 
 
 def _axes(role, call, batch, heads, kv_heads):
@@ -32,6 +35,8 @@ def _axes(role, call, batch, heads, kv_heads):
     (each given as whatever the caller maps them to) or a name of its own for an axis that is
     not split."""
     config = call.config
+    if role in _FP8_SCALARS:  # float32 []
+        return ()
     if role in ("sink", "d_sink") or (role == "max_logit" and config.max_logit == "head"):
         return (heads,)
     if role == "rng":
@@ -140,6 +145,7 @@ def partitioned(kernels, pass_, call, heads_q, heads_kv):
     inputs, outputs = call.inputs(pass_), call.outputs(pass_)
     single = len(outputs) == 1
     dropout, head_max_logit = call.config.dropout > 0.0, call.config.max_logit == "head"
+    amaxes = len(FP8_OUTPUTS[pass_]) if call.fp8 else 0  # the last results
 
     @custom_partitioning
     def kernel(*arrays):
@@ -163,6 +169,8 @@ def partitioned(kernels, pass_, call, heads_q, heads_kv):
             out = kernels(pass_)(call, *shards)
             if head_max_logit and _names(batch):  # each shard saw part of the batch
                 out = out[:-1] + (jax.lax.pmax(out[-1], _names(batch)),)
+            if amaxes and split:  # each shard measured its part of the tensor
+                out = tuple(out[:-amaxes]) + tuple(jax.lax.pmax(a, split) for a in out[-amaxes:])
             return out
         return (mesh, per_shard, result_shardings[0] if single else tuple(result_shardings), tuple(arg_shardings))
 

@@ -114,3 +114,18 @@ def test_fp8_inputs_match_float32_attention_of_their_values(causal, dtype):
         q8, k8, v8, state, *descales)
     assert o8.dtype == dtype and rel_l2(o8.astype(jnp.float32) * descale_o, want) < tolerance
     assert 0 < float(after.amax[SLOT["o"]]) <= float(after.amax[SLOT["v"]]) * (1 + tolerance)  # the kernel's amax of O
+
+
+def test_vmap_with_cudnns_kernels_gives_each_element_its_own_call():
+    # Two problems of different ranges mapped at once, each against its own call and float32.
+    elements = [inputs(i, s=128, scale=1.0 + 3 * i) for i in range(2)]
+    q, k, v, w = (jnp.stack(x) for x in zip(*elements))
+    step, state = training_step(True), fj.fp8_state("current", history=4)
+    _, o, grads, after = jax.vmap(step, in_axes=(0, 0, 0, None, 0))(q, k, v, state, w)
+    for i, element in enumerate(elements):
+        _, want_o, want_grads, want_state = step(*element[:3], state, element[3])
+        assert rel_l2(o[i], want_o) < 1e-3 and max(rel_l2(g[i], r) for g, r in zip(grads, want_grads)) < 1e-3
+        np.testing.assert_allclose(after.amax[i], want_state.amax, rtol=1e-5)
+        ref_o, ref_grads = reference(*element, True)
+        assert rel_l2(o[i], ref_o) < O_TOLERANCE
+        assert max(rel_l2(g[i], r) for g, r in zip(grads, ref_grads)) < GRAD_TOLERANCE
