@@ -192,3 +192,44 @@ def test_fp8_inputs_replay_in_a_cuda_graph_with_new_values_and_scales():
         graph.replay()
         want, _ = reference(*values, "bshd", causal=True)
         assert rel(out, want) < 2.0 ** -4, seed
+
+
+@pytest.mark.parametrize("recipe", ["current", "delayed"])
+def test_a_training_step_replays_in_a_cuda_graph_with_each_steps_values_and_scales(recipe):
+    # Quantizing, the FP8 forward and backward and the recipe's updates, captured once after two eager
+    # steps (which build the plans and calibrate the state), then replayed on new inputs: each replay
+    # must give what an eager step gives on a twin of the state as it was before that replay.
+    state, static = fa.Fp8State(recipe, history=4), inputs(seed=20)
+    d_o = torch.rand_like(static[0]) * 2 - 1
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fa.fp8_attention(*static, state, causal=True).backward(d_o)
+    torch.cuda.current_stream().wait_stream(side)
+    for t in static:
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fa.fp8_attention(*static, state, causal=True)
+        out.backward(d_o)
+    for seed in (21, 22, 23):
+        fresh = inputs(seed=seed)
+        twin = fa.Fp8State(recipe, history=4)
+        twin.buffer.copy_(state.buffer)
+        twin.calibrated = True
+        want = fa.fp8_attention(*fresh, twin, causal=True)
+        want.backward(d_o)
+        with torch.no_grad():
+            for dst, src in zip(static, fresh):
+                dst.copy_(src)
+                dst.grad.fill_(float("nan"))
+            out.fill_(float("nan"))
+        graph.replay()
+        assert rel(out, want) < 1e-2, seed
+        assert max(rel(t.grad, f.grad) for t, f in zip(static, fresh)) < 1e-2, seed
+        torch.testing.assert_close(state.buffer, twin.buffer, rtol=1e-5, atol=0)  # the same updates
+        ref, bhsd = reference(*fresh, "bshd", causal=True)
+        ref.backward(d_o.float())
+        assert rel(out, ref) < O_TOLERANCE
+        assert max(rel(t.grad.permute(0, 2, 1, 3), b.grad) for t, b in zip(static, bhsd)) < GRAD_TOLERANCE
