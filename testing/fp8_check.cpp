@@ -28,6 +28,7 @@ std::size_t bytes_of(const TensorDesc& desc) { return static_cast<std::size_t>(d
 AttentionSpec in_bf16(AttentionSpec spec) {
   for (TensorDesc* t : {&spec.q, &spec.k, &spec.v, &spec.o}) t->dtype = DType::bf16;
   spec.stats = true;  // the BF16 comparison's backward reads them
+  spec.fp8_gradients = Fp8Gradients::as_inputs;
   return spec;
 }
 
@@ -137,7 +138,9 @@ Fp8Problem::Fp8Problem(const AttentionSpec& spec, bool with_backward, std::uint6
   s.quantize(kQ, s.twin.q, in.q, spec.q, s.q.get());
   s.quantize(kK, s.twin.k, in.k, spec.k, s.k.get());
   s.quantize(kV, s.twin.v, in.v, spec.v, s.v.get());
-  if (with_backward) s.quantize(kDO, s.twin.o, s.originals->backward_tensors().d_o, spec.o, s.d_o.get());
+  if (with_backward) {
+    s.quantize(kDO, s.twin.o, s.originals->backward_tensors().d_o, gradient_desc(spec.o, spec), s.d_o.get());
+  }
   std::size_t bytes = 0;
   for (const AttentionSpec* plan_spec : {&s.spec, &s.twin}) {
     bytes = std::max(bytes, get_plan(*plan_spec, Pass::forward)->workspace_bytes());
@@ -223,7 +226,7 @@ void Fp8Problem::run_backward(float scale) {
       check_cuda(cudaMemset(grad->get(), 0xFF, grad->bytes()), "cudaMemset(poison gradients)");
     }
     backward(s.spec, backward_tensors(), scale, nullptr, s.workspace);
-    if (call == 0) s.rescale_from_amax({kDP, kDQ, kDK, kDV}, s.spec.q.dtype);
+    if (call == 0) s.rescale_from_amax({kDP, kDQ, kDK, kDV}, gradient_dtype(s.spec));  // dP in dO's format
   }
   check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize(FP8 backward)");
 }
@@ -257,7 +260,7 @@ Fp8CheckResult check_fp8_against_reference(const AttentionSpec& spec, bool backw
   result.seed = seed;
   result.backward = backward;
   result.tolerance_forward = std::ldexp(1.0, -(mantissa_bits(spec.q.dtype) + 1));
-  result.tolerance_backward = 2 * result.tolerance_forward;
+  result.tolerance_backward = std::ldexp(2.0, -(mantissa_bits(gradient_dtype(spec)) + 1));
 
   // The reference runs on the FP8 values as stored, with the descales folded in exactly: the
   // scores' scale takes descale_q * descale_k, O takes descale_v, and the gradients the factors of
@@ -292,12 +295,12 @@ Fp8CheckResult check_fp8_against_reference(const AttentionSpec& spec, bool backw
   if (backward) {
     const double ddo = s.host(kDO, kDescale);
     DeviceBuffer dof = dense(spec.o), dqf = dense(spec.q), dkf = dense(spec.k), dvf = dense(spec.v);
-    gather_to_float_gpu(spec.o, s.d_o.get(), dof.as<float>(), nullptr);
+    gather_to_float_gpu(gradient_desc(spec.o, spec), s.d_o.get(), dof.as<float>(), nullptr);
     reference_backward_gpu(p, qf.as<float>(), kf.as<float>(), vf.as<float>(), of.as<float>(), lse.as<float>(),
                            dof.as<float>(), dqf.as<float>(), dkf.as<float>(), dvf.as<float>(), nullptr);
-    const std::vector<float> d_q = decoded(spec.q, s.d_q.get(), s.host(kDQ, kDescale));
-    const std::vector<float> d_k = decoded(spec.k, s.d_k.get(), s.host(kDK, kDescale));
-    const std::vector<float> d_v = decoded(spec.v, s.d_v.get(), s.host(kDV, kDescale));
+    const std::vector<float> d_q = decoded(gradient_desc(spec.q, spec), s.d_q.get(), s.host(kDQ, kDescale));
+    const std::vector<float> d_k = decoded(gradient_desc(spec.k, spec), s.d_k.get(), s.host(kDK, kDescale));
+    const std::vector<float> d_v = decoded(gradient_desc(spec.v, spec), s.d_v.get(), s.host(kDV, kDescale));
     const std::vector<float> d_q_ref = to_host(dqf.as<float>(), spec.q.elements(), dv * ddo / dq);
     const std::vector<float> d_k_ref = to_host(dkf.as<float>(), spec.k.elements(), dv * ddo / dk);
     const std::vector<float> d_v_ref = to_host(dvf.as<float>(), spec.v.elements(), ddo);

@@ -70,7 +70,7 @@ struct Fp8CheckResult {
 /// Runs `spec` (FP8, see Fp8Problem) forward, and backward when asked, and checks: O, dQ, dK, dV
 /// against the float32 reference of the dequantized inputs within the format's tolerance (forward:
 /// 2^-(m+1) with m the mantissa bits, the largest relative rounding of one FP8 value, 1/16 for
-/// E4M3; backward: twice that, for the second quantized product dP); amax_o equal to max |O_ref|
+/// E4M3; backward: twice the gradients' format's, for the second quantized product dP); amax_o equal to max |O_ref|
 /// within the forward tolerance, and the gradients' amaxes equal to the reference's within the
 /// backward tolerance; amax_s in [1/s_kv, 1]. The errors against fusedattn's BF16 result (which also see
 /// the inputs' quantization) are reported, not judged. NaN never passes.

@@ -66,6 +66,12 @@ const char* to_string(MaxLogit max_logit) noexcept;
 enum class Fp8Scaling : std::uint8_t { tensor, mxfp8 };
 const char* to_string(Fp8Scaling fp8_scaling) noexcept;  ///< "tensor", "mxfp8"
 
+/// The format of an FP8 backward's dO, dP and gradients (dQ, dK, dV): the inputs' own, or E5M2
+/// beside E4M3 inputs, the "hybrid" recipe of FP8 training (gradients need range more than
+/// precision: E5M2 reaches 57344, E4M3 448). Only E4M3 inputs take e5m2 (validate()).
+enum class Fp8Gradients : std::uint8_t { as_inputs, e5m2 };
+const char* to_string(Fp8Gradients fp8_gradients) noexcept;  ///< "as_inputs", "e5m2"
+
 /// A call's options, every field at the value that plain attention has.
 struct AttentionOptions {
   Window window;                              ///< which keys each query sees (default: all)
@@ -88,6 +94,7 @@ struct AttentionOptions {
                               ///< pages [pages, h_kv, page_size, d], and each sequence has kv_pages
                               ///< pages in its page table (layout.h paged_kv); 0: not paged
   Fp8Scaling fp8_scaling = Fp8Scaling::tensor;  ///< FP8 inputs: per-tensor or MXFP8 block scales
+  Fp8Gradients fp8_gradients = Fp8Gradients::as_inputs;  ///< FP8 backward: the format of dO and the gradients
   ScoreMod score_mod;  ///< an element-wise expression applied to each scaled score (score_mod.h);
                        ///< empty: none. Its runtime scalars' values do not belong to the spec
 };

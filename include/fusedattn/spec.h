@@ -22,7 +22,8 @@ namespace fusedattn {
 /// attention scale is deliberately absent: it is a runtime value, so one compiled plan serves every scale.
 struct AttentionSpec : AttentionOptions {
   TensorDesc q, k, v;  ///< inputs; q is [b, h_q, s_q, d_qk], k [b, h_kv, s_kv, d_qk], v [b, h_kv, s_kv, d_v]
-  TensorDesc o;        ///< output [b, h_q, s_q, d_v]; its gradient dO shares this descriptor
+  TensorDesc o;        ///< output [b, h_q, s_q, d_v]; its gradient dO shares this descriptor (in the
+                       ///< gradients' dtype, gradient_desc())
 
   std::int64_t batch() const noexcept { return q.batch(); }
   std::int64_t heads_q() const noexcept { return q.heads(); }
@@ -63,6 +64,12 @@ AttentionSpec spec_for_layout(Layout layout, const ProblemShape& shape);
 
 /// The bias tensor of `spec` (q's dtype, contiguous in its broadcast shape); dBias shares it.
 TensorDesc bias_desc(const AttentionSpec& spec);
+
+/// The dtype of the backward's dO and gradients dQ, dK, dV: q's, or E5M2 where the spec's
+/// fp8_gradients asks for it (E4M3 inputs, the hybrid recipe).
+DType gradient_dtype(const AttentionSpec& spec) noexcept;
+/// `desc` (o, q, k or v) with the gradients' dtype: the descriptor of dO, dQ, dK or dV.
+TensorDesc gradient_desc(const TensorDesc& desc, const AttentionSpec& spec) noexcept;
 
 /// The sizes of `spec` (batch, lengths, heads, head dims, dtype of q).
 ProblemShape problem_shape(const AttentionSpec& spec);

@@ -13,12 +13,15 @@ FORWARD, BACKWARD = core.Pass.forward, core.Pass.backward
 @functools.lru_cache(maxsize=4096)  # configs, not plans: a program uses a handful of option sets
 def config(layout="bshd", kv_layout="", *, causal=False, window=(-1, -1), align="top_left", bias="none",
            bias_grad=False, alibi=False, softmax="vanilla", dropout=0.0, deterministic=False, padding=False,
-           max_logit="", stats=True, kv_pages=0, score_mod=""):
+           max_logit="", stats=True, kv_pages=0, score_mod="", fp8_grads=""):
     """The frozen Config of a call's options. `window` is (left, right), -1 open; `causal` closes it
     on the right; `bias` is a bias kind (core.Config.bias_kind gives it from a bias's shape);
     `padding` makes the lengths runtime data; `max_logit` is "", "row" or "head"; `score_mod` is a
-    modifier's expression text (_score_mod.py traces it from a function)."""
+    modifier's expression text (_score_mod.py traces it from a function); `fp8_grads` is "e5m2" for an
+    FP8 backward with E5M2 gradients beside E4M3 inputs (_fp8_recipe.py's hybrid format)."""
     extra = {"score_mod": score_mod} if score_mod else {}
+    if fp8_grads:
+        extra["fp8_grads"] = fp8_grads
     return core.Config(layout, kv_layout, causal=causal, window=window, align=align, bias=bias, bias_grad=bias_grad,
                        alibi=alibi, softmax=softmax, dropout=float(dropout), deterministic=deterministic,
                        padding=padding, max_logit=max_logit or "none", stats=stats, kv_pages=kv_pages, **extra)

@@ -14,6 +14,28 @@ SLOT = {name: i for i, name in enumerate(TENSORS)}
 KERNEL_WRITTEN = ("d_p", "d_q", "d_k", "d_v")
 HEADROOM_BITS = 2
 
+# A state's formats, by the name the adapters' operators carry: the format of the forward's tensors
+# (Q, K, V, S, O) and of the backward's (dO, dP, dQ, dK, dV). "hybrid" is FP8 training's usual
+# choice: E4M3 forward, E5M2 gradients, which need range (57344 against 448) more than precision.
+FORMATS = {"e4m3": ("e4m3", "e4m3"), "e5m2": ("e5m2", "e5m2"), "hybrid": ("e4m3", "e5m2")}
+GRADIENTS = ("d_o", "d_p", "d_q", "d_k", "d_v")
+
+
+def format_name(forward, gradients):
+    """The name of the format of these two dtype names ("e4m3", "e5m2"), or None where there is none
+    (the adapters raise, in their dtypes' words)."""
+    return next((name for name, pair in FORMATS.items() if pair == (forward, gradients)), None)
+
+
+def dtype_name(tensor, format):
+    """The dtype name of `tensor`'s slot ("q", "d_o", ...) in a state of `format`."""
+    return FORMATS[format][1 if tensor in GRADIENTS else 0]
+
+
+def fp8_grads(format):
+    """The config option of a state of `format`'s FP8 backward: "e5m2" for hybrid, else none ("")."""
+    return "e5m2" if format == "hybrid" else ""
+
 
 def margin_of(name, margin):
     """The margin (scale divided by 2^margin) of `name`'s scale in a state of `margin`."""

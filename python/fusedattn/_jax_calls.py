@@ -132,7 +132,10 @@ def _result_types(call, spec, named):
                                                jnp.float32)}
     for role, source in (("d_q", "q"), ("d_k", "k"), ("d_v", "v"), ("d_bias", "bias"), ("d_sink", "sink")):
         if source in named:
-            types[role] = jax.ShapeDtypeStruct(named[source].shape, named[source].dtype)
+            # An FP8 backward writes its gradients in dO's format (E5M2 beside E4M3 inputs: hybrid).
+            fp8_gradient = call.fp8 and "d_o" in named and role in ("d_q", "d_k", "d_v")
+            dtype = named["d_o"].dtype if fp8_gradient else named[source].dtype
+            types[role] = jax.ShapeDtypeStruct(named[source].shape, dtype)
     for role in FP8_OUTPUTS[FORWARD] + FP8_OUTPUTS[BACKWARD]:  # float32 scalars
         types[role] = jax.ShapeDtypeStruct((), jnp.float32)
     return types

@@ -36,7 +36,8 @@ Inputs already in FP8 (the state's dtype) come with their descales and run the f
     (o8, descale_o), state = fp8_attention(q8, k8, v8, state, descales=(dq, dk, dv), out_dtype=state.dtype)
 
 backward="model" runs the backward in q's dtype (fusedattn's BF16/FP16 kernels) on the unquantized
-inputs, with the FP8 forward's O and statistics.
+inputs, with the FP8 forward's O and statistics. fp8_state(grad_dtype=jnp.float8_e5m2) beside E4M3 is
+the hybrid recipe: dO, dP and the gradients in E5M2 (their scales from E5M2's largest value).
 
 Under vmap each mapped element runs its own FP8 calls, with its own amaxes and scales (a state
 that meets mapped inputs comes back mapped); under a mesh each call runs on its device's shard of the
@@ -61,6 +62,7 @@ __all__ = ["Fp8State", "fp8_state", "fp8_attention"]
 
 TENSORS, _SLOT, _KERNEL_WRITTEN = _recipe.TENSORS, _recipe.SLOT, _recipe.KERNEL_WRITTEN
 _DTYPES = {jnp.dtype(d): core.fp8_max(jnp.dtype(d).name) for d in (jnp.float8_e4m3fn, jnp.float8_e5m2)}
+_NAMES = {jnp.dtype(jnp.float8_e4m3fn): "e4m3", jnp.dtype(jnp.float8_e5m2): "e5m2"}  # _fp8_recipe.FORMATS' words
 _FLT_MIN, _FLT_MAX = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
 
 
@@ -68,7 +70,8 @@ _FLT_MIN, _FLT_MAX = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32
 class Fp8State:
     """The scaling state of one attention layer, a pytree of float32 arrays indexed by TENSORS:
     scale, descale and amax [10] (the last amax seen), history [10, length] (slot 0 the newest).
-    recipe ("current" or "delayed"), margin (scales are divided by 2^margin) and dtype are static."""
+    recipe ("current" or "delayed"), margin (scales are divided by 2^margin), dtype and grad_dtype
+    (the FP8 backward's dO and gradients) are static."""
     scale: jax.Array
     descale: jax.Array
     amax: jax.Array
@@ -76,10 +79,19 @@ class Fp8State:
     recipe: str = "delayed"
     margin: int = 0
     dtype: jnp.dtype = jnp.dtype(jnp.float8_e4m3fn)
+    grad_dtype: jnp.dtype = jnp.dtype(jnp.float8_e4m3fn)
 
     @property
-    def fp8_max(self):
-        return _DTYPES[self.dtype]
+    def format(self):
+        """The format's name (_fp8_recipe.FORMATS): "e4m3", "e5m2" or "hybrid"."""
+        return _recipe.format_name(_NAMES[self.dtype], _NAMES[self.grad_dtype])
+
+    def dtype_of(self, name):
+        """The FP8 dtype of tensor `name`'s slot: the gradients' for dO, dP and the gradients."""
+        return self.grad_dtype if name in _recipe.GRADIENTS else self.dtype
+
+    def fp8_max(self, names):
+        return np.array([_DTYPES[self.dtype_of(n)] for n in names], np.float32)
 
     def _set(self, field, names, values):
         at = np.array([_SLOT[n] for n in names])
@@ -91,7 +103,7 @@ class Fp8State:
         headroom for the kernel-written tensors."""
         margin = np.array([_recipe.margin_of(n, self.margin) for n in names], np.int32)
         ok = (amaxes > 0) & jnp.isfinite(amaxes)
-        scale = jnp.clip(jnp.ldexp(self.fp8_max / jnp.where(ok, amaxes, 1.0), -margin), _FLT_MIN, _FLT_MAX)
+        scale = jnp.clip(jnp.ldexp(self.fp8_max(names) / jnp.where(ok, amaxes, 1.0), -margin), _FLT_MIN, _FLT_MAX)
         scale = jnp.where(ok, scale, 1.0)
         return self._set("scale", names, scale)._set("descale", names, 1.0 / scale)
 
@@ -110,20 +122,26 @@ class Fp8State:
 
 
 jax.tree_util.register_dataclass(Fp8State, data_fields=["scale", "descale", "amax", "history"],
-                                 meta_fields=["recipe", "margin", "dtype"])
+                                 meta_fields=["recipe", "margin", "dtype", "grad_dtype"])
 
 
-def fp8_state(recipe="delayed", history=16, margin=0, dtype=jnp.float8_e4m3fn):
-    """A fresh Fp8State: scales 1, S's scale the format's largest value, histories zero."""
+def fp8_state(recipe="delayed", history=16, margin=0, dtype=jnp.float8_e4m3fn, grad_dtype=None):
+    """A fresh Fp8State: scales 1, S's scale the format's largest value, histories zero. grad_dtype:
+    the FP8 backward's dO and gradients, dtype's by default, or jnp.float8_e5m2 beside E4M3 (the
+    hybrid recipe)."""
     _recipe.require_recipe(recipe)
     if _dtype(dtype) not in _DTYPES:
         raise invalid_argument("dtype", dtype, "jnp.float8_e4m3fn or jnp.float8_e5m2")
+    grad_dtype = dtype if grad_dtype is None else grad_dtype
+    if _recipe.format_name(_NAMES[jnp.dtype(dtype)], _NAMES.get(_dtype(grad_dtype))) is None:
+        raise invalid_argument("grad_dtype", grad_dtype,
+                               "jnp.float8_e5m2 beside jnp.float8_e4m3fn (the hybrid recipe), or dtype")
     _recipe.require_history(history)
     dtype, n = jnp.dtype(dtype), len(TENSORS)
     largest = _DTYPES[dtype]
     scale = jnp.ones(n, jnp.float32).at[_SLOT["s"]].set(largest)
     return Fp8State(scale, 1.0 / scale, jnp.zeros(n, jnp.float32), jnp.zeros((n, int(history)), jnp.float32),
-                    recipe, int(margin), dtype)
+                    recipe, int(margin), dtype, jnp.dtype(grad_dtype))
 
 
 def _dtype(dtype):
@@ -139,8 +157,8 @@ def _quantize(state, name, x):
     state = state._set("amax", (name,), amax)
     if state.recipe == "current":
         state = state._scaled((name,), state.amax[_SLOT[name]][None])
-    scale = state.scale[_SLOT[name]]
-    x8 = jnp.clip(x.astype(jnp.float32) * scale, -state.fp8_max, state.fp8_max).astype(state.dtype)
+    scale, largest = state.scale[_SLOT[name]], float(state.fp8_max((name,))[0])
+    x8 = jnp.clip(x.astype(jnp.float32) * scale, -largest, largest).astype(state.dtype_of(name))
     return x8, state
 
 
@@ -290,7 +308,8 @@ def fp8_attention(q, k, v, state, *, layout: str = "bshd", causal: bool = False,
     for name, x in (("k", k), ("v", v)):
         if x.dtype != q.dtype:
             raise invalid_argument(f"{name}.dtype", x.dtype, f"q's dtype, {q.dtype}")
-    config = _config.config(layout, causal=causal, window=tuple(window), align=align)
+    fp8_grads = _recipe.fp8_grads(state.format) if backward == "fp8" else ""  # the model backward has none
+    config = _config.config(layout, causal=causal, window=tuple(window), align=align, fp8_grads=fp8_grads)
     spec = config.spec(*((state.dtype.name,) + view(x)[1:] for x in (q, k, v)), 0, 0, 0)
     call = Call(config, spec.default_scale if scale is None else float(scale), fp8=True)
     if fp8_inputs:

@@ -15,7 +15,8 @@ quantize kernel), and O and the gradients come back in q's dtype. Where each sca
     the amaxes the kernels report, with two bits of headroom, under both recipes; a state's first
     backward runs twice, the first time to measure them.
 The backward undoes the scales its saved FP8 tensors were made with (copied at the forward), so
-several forwards may run before their backwards.
+several forwards may run before their backwards. Fp8State(grad_dtype=torch.float8_e5m2) beside E4M3
+is the hybrid recipe: dO, dP and the gradients in E5M2 (their scales from E5M2's largest value).
 backward="model" runs the backward in model precision (fusedattn's BF16/FP16 kernels) on the
 unquantized inputs, with the FP8 forward's O and statistics.
 Inputs already in FP8 (the state's dtype) come with their descales and run the forward only
@@ -58,7 +59,9 @@ __all__ = ["Fp8State", "fp8_attention"]
 
 _TENSORS, _SLOT, _KERNEL_WRITTEN = _recipe.TENSORS, _recipe.SLOT, _recipe.KERNEL_WRITTEN
 _DTYPES = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
-_FORMATS = {name: dtype for dtype, name in _DTYPES.items()}
+_BY_NAME = {name: dtype for dtype, name in _DTYPES.items()}
+# Each format's (forward dtype, gradients' dtype), by the name the operators carry (_fp8_recipe.py).
+_FORMATS = {name: (_BY_NAME[a], _BY_NAME[b]) for name, (a, b) in _recipe.FORMATS.items()}
 
 
 def _buffer_size(history):
@@ -76,21 +79,28 @@ class Fp8State:
     """The scaling state of one attention layer: scales, descales, amaxes and (delayed scaling)
     amax histories, in one float32 device buffer. recipe: "current" or "delayed"; history: the
     delayed recipe's amax history length; margin: scales are divided by 2^margin; dtype:
-    torch.float8_e4m3fn or torch.float8_e5m2; device: a CUDA device (default the current one), or
-    "meta" for tracing without a GPU."""
+    torch.float8_e4m3fn or torch.float8_e5m2; grad_dtype: the FP8 backward's dO and gradients,
+    dtype's by default, or torch.float8_e5m2 beside E4M3 (the hybrid recipe); device: a CUDA device
+    (default the current one), or "meta" for tracing without a GPU."""
 
-    def __init__(self, recipe="delayed", *, history=16, margin=0, dtype=torch.float8_e4m3fn, device=None):
+    def __init__(self, recipe="delayed", *, history=16, margin=0, dtype=torch.float8_e4m3fn, grad_dtype=None,
+                 device=None):
         _recipe.require_recipe(recipe)
         if dtype not in _DTYPES:
             raise invalid_argument("dtype", dtype, "torch.float8_e4m3fn or torch.float8_e5m2")
+        grad_dtype = dtype if grad_dtype is None else grad_dtype
+        self.name = _recipe.format_name(_DTYPES[dtype], _DTYPES.get(grad_dtype))
+        if self.name is None:
+            raise invalid_argument("grad_dtype", grad_dtype,
+                                   "torch.float8_e5m2 beside torch.float8_e4m3fn (the hybrid recipe), or dtype")
         _recipe.require_history(history)
         self.recipe, self.history, self.margin, self.dtype = recipe, int(history), int(margin), dtype
-        self.name = _DTYPES[dtype]
+        self.grad_dtype = grad_dtype
         device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
         self.buffer = torch.zeros(_buffer_size(self.history), dtype=torch.float32, device=device)
         self.scalars, self.histories = _split(self.buffer)
         self.scalars[:, :2] = 1.0  # scales start at 1
-        largest = core.fp8_max(self.name)
+        largest = core.fp8_max(_DTYPES[dtype])
         self.scalars[_SLOT["s"], 0], self.scalars[_SLOT["s"], 1] = largest, 1.0 / largest
         self.calibrated = False  # the kernel-written tensors' scales have been measured once
 
@@ -101,7 +111,8 @@ class _Scaling:
 
     def __init__(self, buffer, recipe, margin, name):
         self.scalars, self.histories = _split(buffer)
-        self.recipe, self.margin, self.name, self.dtype = recipe, margin, name, _FORMATS[name]
+        self.recipe, self.margin, self.name = recipe, margin, name
+        self.dtype, self.grad_dtype = _FORMATS[name]
         self.history = self.histories.shape[1]
         self.device = buffer.device
 
@@ -120,9 +131,13 @@ class _Scaling:
     def _stream(self):
         return torch._C._cuda_getCurrentRawStream(self.device.index)
 
+    def _dtype_name(self, name):
+        return _recipe.dtype_name(name, self.name)
+
     def quantize(self, name, x):
         """x (model precision) in FP8, by the recipe; its scale and descale in the state."""
-        out = torch.empty_strided(x.size(), x.stride(), dtype=self.dtype, device=x.device)
+        dtype = _BY_NAME[self._dtype_name(name)]
+        out = torch.empty_strided(x.size(), x.stride(), dtype=dtype, device=x.device)
         stream = self._stream()
         if self.recipe == "current":
             core.measure_amax(_adapter._view(x), x.data_ptr(), self.amax(name), stream)
@@ -136,15 +151,15 @@ class _Scaling:
 
     def set_from_amax(self, name, source=None):
         """Current scaling of `name` from the amax of `source` (default: its own)."""
-        core.scale_from_amax(self.amax(source or name), self.name, self.margin, self.scale(name), self.descale(name),
-                             self._stream())
+        core.scale_from_amax(self.amax(source or name), self._dtype_name(name), self.margin, self.scale(name),
+                             self.descale(name), self._stream())
 
     def advance(self, names):
         """Delayed scaling's step for `names`: each history takes its amax, and the scale follows."""
         stream = self._stream()
         for name in names:
             history = self.histories[_SLOT[name]].data_ptr()
-            core.update_delayed_scaling(history, history, self.history, self.amax(name), self.name,
+            core.update_delayed_scaling(history, history, self.history, self.amax(name), self._dtype_name(name),
                                         _recipe.margin_of(name, self.margin),
                                         self.scale(name), self.descale(name), stream)
 
@@ -223,7 +238,8 @@ def _backward_body(d_o, q8, k8, v8, o8, stats, used, like, buffer, config_text, 
     d_o8 = state.quantize("d_o", d_o.contiguous())
     spec = config.spec(_adapter._view(q8), _adapter._view(k8), _adapter._view(v8), 0, 0, 0)
     with _adapter._on_device(q8.device):
-        grads8 = [torch.empty_strided(t.size(), t.stride(), dtype=state.dtype, device=t.device) for t in (q8, k8, v8)]
+        grads8 = [torch.empty_strided(t.size(), t.stride(), dtype=state.grad_dtype, device=t.device)
+                  for t in (q8, k8, v8)]
         tensors = core.BackwardTensors(
             q=q8.data_ptr(), k=k8.data_ptr(), v=v8.data_ptr(), o=o8.data_ptr(), d_o=d_o8.data_ptr(),
             stats=stats.data_ptr(), d_q=grads8[0].data_ptr(), d_k=grads8[1].data_ptr(), d_v=grads8[2].data_ptr(),
@@ -281,13 +297,13 @@ class _Fp8Attention(torch.autograd.Function):
 # --- the front door: validation, then road 2 (eager) or road 3 (the operators) ---------------------
 
 @torch.compiler.assume_constant_result  # compiled code gets the text as a constant at trace time
-def _config_text(layout, causal, window, align):
-    return _printed_config(layout, causal, window, align)
+def _config_text(layout, causal, window, align, fp8_grads):
+    return _printed_config(layout, causal, window, align, fp8_grads)
 
 
 @functools.lru_cache(maxsize=4096)  # printed once per option set, not on every eager call
-def _printed_config(layout, causal, window, align):
-    return str(_config.config(layout, causal=causal, window=window, align=align))
+def _printed_config(layout, causal, window, align, fp8_grads):
+    return str(_config.config(layout, causal=causal, window=window, align=align, fp8_grads=fp8_grads))
 
 
 def _require_descales(descales, q):
@@ -338,7 +354,8 @@ def fp8_attention(q, k, v, state, *, layout="bshd", causal=False, align="top_lef
     if backward not in ("fp8", "model"):
         raise invalid_argument("backward", backward, '"fp8" or "model"')
     _adapter._require_one_cuda_device(q, k, v)
-    config_text = _config_text(layout, causal, tuple(window), align)
+    fp8_grads = _recipe.fp8_grads(state.name) if backward == "fp8" else ""  # the model backward has none
+    config_text = _config_text(layout, causal, tuple(window), align, fp8_grads)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     if q.dtype in _DTYPES:
         return _fp8_inputs_attention(q, k, v, state, descales, config_text, scale,

@@ -13,8 +13,8 @@ from . import _torch_fp8 as _fp8
 from . import torch as _adapter
 
 # The operators carry the state as its buffer and its options (recipe, margin, the FP8 format's
-# name "e4m3" or "e5m2"), and the config as its printed form: compiled programs may outlive this
-# process.
+# name: "e4m3", "e5m2" or "hybrid", _fp8_recipe.FORMATS), and the config as its printed form:
+# compiled programs may outlive this process.
 
 
 @torch.library.custom_op("fusedattn::fp8_forward", mutates_args=("state",))
@@ -38,7 +38,7 @@ def _like(t, dtype):
 
 @fp8_forward.register_fake
 def _(q, k, v, state, config, scale, recipe, margin, fp8_dtype):
-    parsed, fp8 = _config.parse(config), _fp8._FORMATS[fp8_dtype]
+    parsed, fp8 = _config.parse(config), _fp8._FORMATS[fp8_dtype][0]
     q8, k8, v8 = _like(q, fp8), _like(k, fp8), _like(v, fp8)  # quantize keeps each input's strides
     _check_while_tracing(q8, k8, v8, parsed)
     o8 = q.new_empty(_adapter._out_shape(q8, v8), dtype=fp8)

@@ -172,10 +172,14 @@ bool expands_kv_heads_on(const AttentionSpec& spec, Pass pass, int device) {
   return allowed && expands_kv_heads(spec, pass, multiprocessor_count(device));
 }
 
-KvExpansion::KvExpansion(const AttentionSpec& spec) : k_(spec.k), v_(spec.v), layout_(kv_expansion_layout(spec)) {
+KvExpansion::KvExpansion(const AttentionSpec& spec)
+    : k_(spec.k), v_(spec.v), d_k_(gradient_desc(spec.k, spec)), d_v_(gradient_desc(spec.v, spec)),
+      layout_(kv_expansion_layout(spec)) {
   const AttentionSpec expanded = kv_expanded_spec(spec);
   expanded_k_ = expanded.k;
   expanded_v_ = expanded.v;
+  expanded_d_k_ = gradient_desc(expanded.k, spec);  // the partials come in the gradients' format
+  expanded_d_v_ = gradient_desc(expanded.v, spec);
 }
 
 void KvExpansion::before(const BackwardTensors& t, char* scratch, void** by_uid, cudaStream_t stream) const {
@@ -190,8 +194,8 @@ void KvExpansion::before(const BackwardTensors& t, char* scratch, void** by_uid,
 }
 
 void KvExpansion::after(const BackwardTensors& t, const char* scratch, cudaStream_t stream) const {
-  sum_kv_head_groups(expanded_k_, scratch + layout_.d_k, k_, t.d_k, t.fp8.scale_d_k, t.fp8.amax_d_k, stream);
-  sum_kv_head_groups(expanded_v_, scratch + layout_.d_v, v_, t.d_v, t.fp8.scale_d_v, t.fp8.amax_d_v, stream);
+  sum_kv_head_groups(expanded_d_k_, scratch + layout_.d_k, d_k_, t.d_k, t.fp8.scale_d_k, t.fp8.amax_d_k, stream);
+  sum_kv_head_groups(expanded_d_v_, scratch + layout_.d_v, d_v_, t.d_v, t.fp8.scale_d_v, t.fp8.amax_d_v, stream);
 }
 
 }  // namespace fusedattn::detail

@@ -28,8 +28,8 @@ class KvExpansion {
   void after(const BackwardTensors& t, const char* scratch, cudaStream_t stream) const;
 
  private:
-  TensorDesc k_, v_;                  // the caller's
-  TensorDesc expanded_k_, expanded_v_;  // kv_expanded_spec's
+  TensorDesc k_, v_, d_k_, d_v_;        // the caller's (the gradients in their own dtype)
+  TensorDesc expanded_k_, expanded_v_, expanded_d_k_, expanded_d_v_;  // kv_expanded_spec's
   KvExpansionLayout layout_;
 };
 

@@ -474,7 +474,7 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionSpec& spec, std:
   auto k = graph->tensor(describe("k", kUidK, spec.k));
   auto v = graph->tensor(describe("v", kUidV, spec.v));
   auto o = graph->tensor(describe("o", kUidO, spec.o));
-  auto d_o = graph->tensor(describe("d_o", kUidDO, spec.o));
+  auto d_o = graph->tensor(describe("d_o", kUidDO, gradient_desc(spec.o, spec)));
   auto stats = graph->tensor(stats_tensor(spec));
   auto attributes = Attributes()
                         .set_name("fusedattn_backward")
@@ -500,9 +500,9 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionSpec& spec, std:
   }
   std::sort(uids.begin(), uids.end());  // execute() takes pointers in ascending UID order
   // Gradients take their inputs' descriptors, so a packed input gets a packed gradient.
-  mark_output(grads[0], "d_q", kUidDQ, spec.q);
-  mark_output(grads[1], "d_k", kUidDK, spec.k);
-  mark_output(grads[2], "d_v", kUidDV, spec.v);
+  mark_output(grads[0], "d_q", kUidDQ, gradient_desc(spec.q, spec));
+  mark_output(grads[1], "d_k", kUidDK, gradient_desc(spec.k, spec));
+  mark_output(grads[2], "d_v", kUidDV, gradient_desc(spec.v, spec));
   place(grads[0], offsets.q);
   place(grads[1], offsets.k);
   place(grads[2], offsets.v);

@@ -49,6 +49,7 @@ void visit_fields(F&& f, Specs&... specs) {
   f("stats", kForwardReads, specs.stats...);
   f("kv_pages", kBothRead, specs.kv_pages...);
   f("fp8_scaling", kBothRead, specs.fp8_scaling...);  // which scale tensors both graphs take
+  f("fp8_grads", kBackwardReads, specs.fp8_gradients...);  // dO's and the gradients' format
   f("score_mod", kBothRead, specs.score_mod...);      // by structure: its scalars' values are not here
 }
 
@@ -70,12 +71,15 @@ constexpr Named<Softmax> kSoftmaxNames[] = {
     {Softmax::vanilla, "vanilla"}, {Softmax::off_by_one, "off_by_one"}, {Softmax::sink, "sink"}};
 constexpr Named<MaxLogit> kMaxLogitNames[] = {{MaxLogit::none, "none"}, {MaxLogit::row, "row"}, {MaxLogit::head, "head"}};
 constexpr Named<Fp8Scaling> kFp8ScalingNames[] = {{Fp8Scaling::tensor, "tensor"}, {Fp8Scaling::mxfp8, "mxfp8"}};
+constexpr Named<Fp8Gradients> kFp8GradientsNames[] = {{Fp8Gradients::as_inputs, "as_inputs"},
+                                                      {Fp8Gradients::e5m2, "e5m2"}};
 
 constexpr const auto& names_of(Alignment) { return kAlignmentNames; }
 constexpr const auto& names_of(Bias) { return kBiasNames; }
 constexpr const auto& names_of(Softmax) { return kSoftmaxNames; }
 constexpr const auto& names_of(MaxLogit) { return kMaxLogitNames; }
 constexpr const auto& names_of(Fp8Scaling) { return kFp8ScalingNames; }
+constexpr const auto& names_of(Fp8Gradients) { return kFp8GradientsNames; }
 
 template <class E>
 const char* name_of(E value) noexcept {
@@ -468,6 +472,7 @@ const char* to_string(Bias bias) noexcept { return name_of(bias); }
 const char* to_string(Softmax softmax) noexcept { return name_of(softmax); }
 const char* to_string(MaxLogit max_logit) noexcept { return name_of(max_logit); }
 const char* to_string(Fp8Scaling fp8_scaling) noexcept { return name_of(fp8_scaling); }
+const char* to_string(Fp8Gradients fp8_gradients) noexcept { return name_of(fp8_gradients); }
 
 // 2 matmuls (Q·K^T with d_qk, P·V with d_v) of 2 flops per multiply-add: 2·b·h·s_q·s_kv·(d_qk + d_v),
 // which is 4·b·h·s_q·s_kv·d for d the mean head dim. Causal halving is the usual approximation (it
@@ -653,6 +658,22 @@ void validate(const AttentionSpec& spec) {
                           std::string("FP8 q, k and v (dtype=e4m3 or e5m2) for MXFP8 block scaling; q is ") +
                               to_string(spec.q.dtype));
   }
+  if (spec.fp8_gradients == Fp8Gradients::e5m2 && spec.q.dtype != DType::e4m3) {
+    throw InvalidArgument("fp8_grads", "e5m2",
+                          std::string("E4M3 q, k and v (dtype=e4m3) for E5M2 gradients (E5M2 inputs have them "
+                                      "already, 16-bit inputs have no FP8 backward); q is ") +
+                              to_string(spec.q.dtype));
+  }
+}
+
+DType gradient_dtype(const AttentionSpec& spec) noexcept {
+  return spec.fp8_gradients == Fp8Gradients::e5m2 ? DType::e5m2 : spec.q.dtype;
+}
+
+TensorDesc gradient_desc(const TensorDesc& desc, const AttentionSpec& spec) noexcept {
+  TensorDesc out = desc;
+  out.dtype = gradient_dtype(spec);
+  return out;
 }
 
 namespace detail {

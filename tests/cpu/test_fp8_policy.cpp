@@ -217,5 +217,40 @@ TEST(Mxfp8Policy, PerTensorFp8RulesStillApply) {
   EXPECT_EQ(fields(support), "dropout();") << support.to_string();
 }
 
+// --- E5M2 gradients beside E4M3 inputs (fp8_grads=e5m2, the hybrid recipe) -------------------------
+
+TEST(Fp8Gradients, PrintParseAndTheGradientsDescriptors) {
+  AttentionSpec hybrid = fp8_spec();
+  hybrid.fp8_gradients = Fp8Gradients::e5m2;
+  const std::string text = to_string(hybrid);
+  EXPECT_NE(text.find("fp8_grads=e5m2"), std::string::npos) << text;
+  EXPECT_EQ(parse_spec(text), hybrid);
+  EXPECT_EQ(to_string(fp8_spec()).find("fp8_grads"), std::string::npos);  // the default is not printed
+  EXPECT_NO_THROW(validate(hybrid));
+  EXPECT_EQ(gradient_dtype(hybrid), DType::e5m2);
+  EXPECT_EQ(gradient_dtype(fp8_spec()), DType::e4m3);
+  const TensorDesc d_o = gradient_desc(hybrid.o, hybrid);
+  EXPECT_EQ(d_o.dtype, DType::e5m2);
+  EXPECT_EQ(d_o.dims, hybrid.o.dims);
+  EXPECT_EQ(d_o.strides, hybrid.o.strides);
+  EXPECT_STREQ(to_string(Fp8Gradients::as_inputs), "as_inputs");
+}
+
+TEST(Fp8Gradients, OnlyE4M3InputsTakeE5M2Gradients) {
+  for (DType dtype : {DType::e5m2, DType::bf16, DType::f16}) {
+    AttentionSpec spec = fp8_spec(128, DType::e4m3);
+    spec.q.dtype = spec.k.dtype = spec.v.dtype = spec.o.dtype = dtype;
+    spec.fp8_gradients = Fp8Gradients::e5m2;
+    try {
+      validate(spec);
+      FAIL() << "fp8_grads=e5m2 validated with " << to_string(dtype) << " inputs";
+    } catch (const InvalidArgument& error) {
+      EXPECT_EQ(error.field(), "fp8_grads");
+      EXPECT_NE(std::string(error.what()).find(std::string("q is ") + to_string(dtype)), std::string::npos)
+          << error.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fusedattn

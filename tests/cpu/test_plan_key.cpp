@@ -94,6 +94,7 @@ TEST(PlanKey, EachOptionSplitsExactlyThePassesThatReadIt) {
       {plain, "layout=bshd b=2 s=128 h=8 d=64 window=16,0", true, true},
       {plain, "layout=bshd b=2 s=128 h=8 d=64 causal alibi=1", true, true},
       {fp8, "layout=bshd dtype=e4m3 b=2 s=128 h=8 d=64 causal fp8_scaling=mxfp8", true, true},
+      {fp8, "layout=bshd dtype=e4m3 b=2 s=128 h=8 d=64 causal fp8_grads=e5m2", false, true},
   };
   for (const Case& c : cases) {
     for (Pass pass : {Pass::forward, Pass::backward}) {

@@ -57,7 +57,11 @@ INSTANTIATE_TEST_SUITE_P(
         Fp8Case{"packed_qkv_128", "layout=bs3hd dtype=e4m3 b=2 s=384 h=4 d=128 causal", true},
         Fp8Case{"window_128", "layout=bshd dtype=e4m3 b=2 s=512 h=4 d=128 window=128,0", true},
         Fp8Case{"d256_forward", "layout=bshd dtype=e4m3 b=1 s=256 h=4 d=256 causal", false},
-        Fp8Case{"e5m2_128", "layout=bshd dtype=e5m2 b=2 s=256 h=4 d=128 causal", true}),
+        Fp8Case{"e5m2_128", "layout=bshd dtype=e5m2 b=2 s=256 h=4 d=128 causal", true},
+        // The hybrid recipe: E4M3 inputs, dO and the gradients in E5M2; grouped (the K/V
+        // expansion sums E5M2 partials) and not.
+        Fp8Case{"hybrid_causal", "layout=bshd dtype=e4m3 b=2 s=512 h=8 d=128 causal fp8_grads=e5m2", true},
+        Fp8Case{"hybrid_gqa", "layout=bshd dtype=e4m3 b=1 s=1024 h_q=16 h_kv=4 d=128 fp8_grads=e5m2", true}),
     [](const ::testing::TestParamInfo<Fp8Case>& info) { return std::string(info.param.name); });
 
 TEST(Fp8Calls, AMissingScaleIsNamedAndNothingRuns) {

@@ -62,7 +62,7 @@ def fp8_backward(call, *arrays):
     grads = pullback(d_o)
     group = q.shape[2] // k.shape[2]
     d_p = jnp.einsum("bshd,bthd->bhst", d_o, jnp.repeat(v, group, axis=2))
-    fp8 = a["q"].dtype
+    fp8 = a["d_o"].dtype  # the gradients' format: dO's (E5M2 beside E4M3 inputs, the hybrid recipe)
     out = [quantized(g, a["scale_" + n], fp8) for g, n in zip(grads, ("d_q", "d_k", "d_v"))]
     return (*out, *(jnp.abs(g).max() for g in grads), jnp.abs(d_p).max())
 
@@ -155,6 +155,31 @@ def test_e5m2_runs_the_same_recipes(reference_kernels):
         _, o, grads, state = step(q, k, v, state, w)
     ref_o, ref_grads = reference(q, k, v, w, True)
     assert rel_l2(o, ref_o) < 0.2 and max(rel_l2(g, r) for g, r in zip(grads, ref_grads)) < 0.3
+
+
+@pytest.mark.parametrize("recipe", ["current", "delayed"])
+def test_the_hybrid_recipe_scales_dO_and_the_gradients_for_e5m2(reference_kernels, recipe):
+    step = training_step(True)
+    state = fj.fp8_state(recipe, history=4, grad_dtype=jnp.float8_e5m2)
+    assert state.format == "hybrid" and float(state.scale[SLOT["s"]]) == E4M3_MAX
+    for i in range(2):
+        q, k, v, w = inputs(i)
+        _, o, grads, state = step(q, k, v, state, w)
+    ref_o, ref_grads = reference(q, k, v, w, True)
+    assert rel_l2(o, ref_o) < 0.1 and max(rel_l2(g, r) for g, r in zip(grads, ref_grads)) < 0.3
+    largest = state.history.max(axis=1) if recipe == "delayed" else state.amax
+    np.testing.assert_allclose(state.scale[SLOT["q"]], E4M3_MAX / largest[SLOT["q"]], rtol=1e-6)
+    np.testing.assert_allclose(state.scale[SLOT["d_o"]], E5M2_MAX / largest[SLOT["d_o"]], rtol=1e-6)
+    kernel_written = np.array([SLOT[n] for n in ("d_p", "d_q", "d_k", "d_v")])
+    np.testing.assert_allclose(state.scale[kernel_written],
+                               E5M2_MAX / (state.history[kernel_written].max(axis=1) * 4), rtol=1e-6)
+
+
+def test_a_bad_gradient_format_names_grad_dtype():
+    for dtype, grad_dtype in ((jnp.float8_e5m2, jnp.float8_e4m3fn), (jnp.float8_e4m3fn, jnp.bfloat16)):
+        with pytest.raises(fusedattn.InvalidArgumentError) as caught:
+            fj.fp8_state(dtype=dtype, grad_dtype=grad_dtype)
+        assert caught.value.field == "grad_dtype"
 
 
 def test_current_scaling_takes_this_calls_amax(reference_kernels):
@@ -271,6 +296,23 @@ def test_exported_for_cuda_the_step_calls_the_ffi_targets_with_the_fp8_spec():
     # 3 FP8 arrays and 6 scalars in; O, the statistics, 2 amaxes and the workspace out.
     assert forward[0].count("tensor<f32>") == 6 + 2 and "f8E4M3FN" in forward[0]
     assert backward[0].count("tensor<f32>") == 12 + 4
+
+
+def test_exported_for_cuda_the_hybrid_backward_takes_e5m2_and_says_so_in_its_spec():
+    q = jax.ShapeDtypeStruct((2, 128, 4, 128), jnp.bfloat16)
+    state = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                   fj.fp8_state("delayed", grad_dtype=jnp.float8_e5m2))
+
+    def step(q, state):
+        return jax.grad(lambda q, state: fj.fp8_attention(q, q, q, state, causal=True)[0].astype(
+            jnp.float32).sum(), argnums=(0, 1))(q, state)
+    ours = [jax.export.DisabledSafetyCheck.custom_call(name) for name in ("fusedattn_forward", "fusedattn_backward")]
+    text = jax.export.export(jax.jit(step), platforms=["cuda"], disabled_checks=ours)(q, state).mlir_module()
+    calls = [line for line in text.splitlines() if "stablehlo.custom_call @fusedattn_" in line]
+    forward = [line for line in calls if "@fusedattn_forward" in line]
+    backward = [line for line in calls if "@fusedattn_backward" in line]
+    assert "f8E4M3FN" in forward[0] and "f8E5M2" not in forward[0]
+    assert all("f8E5M2" in line and "fp8_grads=e5m2" in line for line in backward), backward
 
 
 def test_exported_for_cuda_the_model_backward_calls_the_bf16_backward():

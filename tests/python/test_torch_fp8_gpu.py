@@ -43,6 +43,28 @@ def test_matches_float32_attention_over_steps(recipe, backward, causal):
         assert max(errors[n] for n in ("dq", "dk", "dv")) < GRAD_TOLERANCE, (step, errors)
 
 
+@pytest.mark.parametrize("recipe", ["current", "delayed"])
+def test_the_hybrid_recipe_matches_float32_attention_with_e5m2_gradients(recipe):
+    # E4M3 forward, dO, dP and the gradients in E5M2: the gradients' tolerance is E5M2's (one
+    # mantissa bit less), as in the C++ check.
+    state = fa.Fp8State(recipe, history=4, grad_dtype=torch.float8_e5m2)
+    for step in range(3):
+        q, k, v = inputs(seed=30 + step)
+        d_o = (torch.rand_like(q) * 2 - 1) * 1e3  # beyond E4M3's range at scale 1: E5M2's is needed
+        o = fa.fp8_attention(q, k, v, state, causal=True)
+        o.backward(d_o)
+        ref, (qb, kb, vb) = reference(q, k, v, "bshd", causal=True)
+        ref.backward(d_o.float())
+        errors = [rel(got.permute(0, 2, 1, 3), want.grad) for got, want in ((q.grad, qb), (k.grad, kb), (v.grad, vb))]
+        assert rel(o, ref) < O_TOLERANCE and max(errors) < 2 * GRAD_TOLERANCE, (step, errors)
+    from fusedattn._torch_fp8 import _SLOT as slot
+    largest = state.histories.max(dim=1).values if recipe == "delayed" else state.scalars[:, 2]
+    assert state.scalars[slot["d_o"], 0].item() == pytest.approx(57344.0 / largest[slot["d_o"]].item(), rel=1e-6)
+    assert state.scalars[slot["d_q"], 0].item() == pytest.approx(
+        57344.0 / (state.histories[slot["d_q"]].max().item() * 4), rel=1e-6)
+    assert state.scalars[slot["q"], 0].item() == pytest.approx(448.0 / largest[slot["q"]].item(), rel=1e-6)
+
+
 def test_current_scaling_measures_this_calls_amax():
     state = fa.Fp8State("current")
     q, k, v = inputs(seed=3)

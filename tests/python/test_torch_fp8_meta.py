@@ -49,7 +49,7 @@ def test_packed_qkv_views_get_packed_strided_gradients():
 def test_the_fakes_give_fp8_tensors_statistics_and_descales():
     q, k, v = meta(2, 64, 4, 128, grad=False), meta(2, 80, 2, 128, grad=False), meta(2, 80, 2, 64, grad=False)
     state = fa.Fp8State(dtype=torch.float8_e5m2, device="meta")
-    config = _torch_fp8._config_text("bshd", True, (-1, -1), "top_left")
+    config = _torch_fp8._config_text("bshd", True, (-1, -1), "top_left", "")
     o, q8, k8, v8, o8, stats, used = torch.ops.fusedattn.fp8_forward(q, k, v, state.buffer, config, 0.125, "delayed",
                                                                      0, "e5m2")
     assert o.shape == (2, 64, 4, 64) and o.dtype == torch.bfloat16
@@ -61,6 +61,20 @@ def test_the_fakes_give_fp8_tensors_statistics_and_descales():
                                              "delayed", 0, "e5m2", calibrated=False)
     assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
     assert {g.dtype for g in grads} == {torch.bfloat16}
+
+
+def test_the_hybrid_state_has_e4m3_forward_and_e5m2_gradient_scales():
+    state = fa.Fp8State("delayed", grad_dtype=torch.float8_e5m2, device="cpu")
+    assert state.name == "hybrid" and state.dtype == torch.float8_e4m3fn and state.grad_dtype == torch.float8_e5m2
+    assert state.scalars[_torch_fp8._SLOT["s"], 0].item() == 448.0  # the probabilities: the forward's format
+    config = _torch_fp8._config_text("bshd", True, (-1, -1), "top_left", "e5m2")
+    assert "fp8_grads=e5m2" in config
+    with pytest.raises(InvalidArgumentError) as caught:
+        fa.Fp8State(dtype=torch.float8_e5m2, grad_dtype=torch.float8_e4m3fn, device="meta")
+    assert caught.value.field == "grad_dtype"
+    with pytest.raises(InvalidArgumentError) as caught:
+        fa.Fp8State(grad_dtype=torch.bfloat16, device="meta")
+    assert caught.value.field == "grad_dtype"
 
 
 def test_tracing_meets_bad_input_as_eager_calls_do():
@@ -133,7 +147,7 @@ def stand_in_bodies(monkeypatch):
 
     def forward(q, k, v, buffer, config, scale, recipe, margin, name):
         buffer[0] += 1
-        fp8 = _torch_fp8._FORMATS[name]
+        fp8 = _torch_fp8._FORMATS[name][0]
         o = q * 2
         stats = torch.zeros(_torch_fp8._adapter._stats_shape(q, "bshd"), dtype=torch.float32)
         return o, q.to(fp8), k.to(fp8), v.to(fp8), o.to(fp8), stats, buffer[:4].clone()
@@ -149,7 +163,7 @@ def stand_in_bodies(monkeypatch):
 
 
 def call(q, k, v, state):
-    config = _torch_fp8._config_text("bshd", False, (-1, -1), "top_left")
+    config = _torch_fp8._config_text("bshd", False, (-1, -1), "top_left", "")
     return _torch_fp8_ops.attention(q, k, v, state.buffer, config, 0.125, state.recipe, state.margin, state.name,
                                     False, state.calibrated)
 
@@ -157,7 +171,7 @@ def call(q, k, v, state):
 def test_opcheck_with_stand_in_bodies(stand_in_bodies):
     q = torch.randn(2, 16, 2, 32, dtype=torch.bfloat16)
     buffer = fa.Fp8State(device="cpu").buffer
-    config = _torch_fp8._config_text("bshd", False, (-1, -1), "top_left")
+    config = _torch_fp8._config_text("bshd", False, (-1, -1), "top_left", "")
     torch.library.opcheck(torch.ops.fusedattn.fp8_forward.default, (q, q, q, buffer, config, 0.125, "delayed", 0,
                                                                      "e4m3"))
     o, _, _, _, _, stats, used = torch.ops.fusedattn.fp8_forward(q, q, q, buffer, config, 0.125, "delayed", 0, "e4m3")
