@@ -19,13 +19,16 @@ import tempfile
 from pathlib import Path
 
 LINE = re.compile(r"^(ready|not supported)\s+([0-9.]+) ms\s+(\w+)\s+\"(.*)\"$")
+# The disk cache's log line of one restore (FUSEDATTN_LOG=1), with its stages.
+LOAD = re.compile(r"disk_load ([0-9.]+) ms \(read ([0-9.]+), parse ([0-9.]+), finalize ([0-9.]+) ms; (\d+) KB\)")
 RAGGED = "layout=thd_thd_thd b=16 s=2048 h=16 d=128 causal padding=1"
 
 
-def warmup(cli, folder, args, echo):
-    """{(spec, pass): ms} of one `fusedattn warmup` process, and its total line."""
-    run = subprocess.run([str(cli), "warmup", *args], capture_output=True, text=True,
-                         env=dict(os.environ, FUSEDATTN_PLAN_DIR=folder))
+def warmup(cli, folder, args, echo, loads=None):
+    """{(spec, pass): ms} of one `fusedattn warmup` process, and its total line. `loads`, a list,
+    gets the stages of each restore the process logged: (total, read, parse, finalize ms, KB)."""
+    env = dict(os.environ, FUSEDATTN_PLAN_DIR=folder, **({"FUSEDATTN_LOG": "1"} if loads is not None else {}))
+    run = subprocess.run([str(cli), "warmup", *args], capture_output=True, text=True, env=env)
     echo.write(run.stdout + run.stderr)
     times = {}
     for line in run.stdout.splitlines():
@@ -33,6 +36,8 @@ def warmup(cli, folder, args, echo):
         if m and m.group(1) == "ready":
             times[(m.group(4), m.group(3))] = float(m.group(2))
     total = next((line for line in run.stdout.splitlines() if line.startswith("warmup:")), "")
+    if loads is not None:
+        loads += [tuple(float(x) for x in m.groups()) for m in map(LOAD.search, run.stderr.splitlines()) if m]
     return times, total
 
 
@@ -47,11 +52,16 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     name = f"{datetime.datetime.now():%Y%m%d-%H%M}_plans"
     log = open(out / f"{name}.log", "w")
-    rows, sections = [], {}
+    rows, sections, stages = [], {}, {}
     for label, extra in (("heuristics", []), ("autotune", ["--autotune"])):
         with tempfile.TemporaryDirectory() as folder:
             cold, _ = warmup(cli, folder, ["--file", args.specs, "--pass", "both", "--threads", "1", *extra], log)
-            warm, _ = warmup(cli, folder, ["--file", args.specs, "--pass", "both", "--threads", "1", *extra], log)
+            loads = []
+            warm, _ = warmup(cli, folder, ["--file", args.specs, "--pass", "both", "--threads", "1", *extra], log,
+                             loads)
+        stages[label] = {"restores": len(loads), "ready_ms": sum(warm.values()),
+                         **{k: sum(x[i] for x in loads) for i, k in enumerate(("load_ms", "read_ms", "parse_ms",
+                                                                               "finalize_ms", "kb"))}}
         for key, ms in cold.items():
             rows.append({"plans": label, "spec": key[0], "pass": key[1], "cold_ms": ms, "warm_ms": warm.get(key),
                          "ratio": warm[key] / ms if warm.get(key) else None})
@@ -68,10 +78,18 @@ def main():
         ratio_text = "–" if ratio is None else f"{ratio:.3f}{mark}"
         lines.append(f"| {r['plans']} | `{r['spec']}` | {r['pass']} | {r['cold_ms']:.1f} | {warm} | {ratio_text} |")
     lines.append("")
+    for label, st in stages.items():  # where a new process's restores spend their time, summed
+        if st["restores"]:
+            lines.append(f"- where the {label} restores' time goes ({st['restores']} plans read, "
+                         f"{st['kb'] / st['restores']:.0f} KB each on average): ready in {st['ready_ms']:.1f} ms "
+                         f"in all, of which reading the files {st['read_ms']:.1f}, parsing the frontend's UBJSON "
+                         f"{st['parse_ms']:.1f}, cuDNN finalizing the plans {st['finalize_ms']:.1f}, and the rest "
+                         f"(support policy, the plan object, the first restore's cuDNN start-up) "
+                         f"{st['ready_ms'] - st['load_ms']:.1f}")
     lines += [f"- {k} (`fusedattn warmup \"{RAGGED}\" --buckets --pass both`): {v}" for k, v in sections.items()]
     table = "\n".join(lines)
     (out / f"{name}.md").write_text(table + "\n")
-    (out / f"{name}.json").write_text(json.dumps({"rows": rows, "ragged": sections, "argv": sys.argv}, indent=2))
+    (out / f"{name}.json").write_text(json.dumps({"rows": rows, "ragged": sections, "stages": stages, "argv": sys.argv}, indent=2))
     print(table)
     return 0 if rows and all(r["warm_ms"] is not None for r in rows) else 1
 

@@ -110,6 +110,7 @@ std::shared_ptr<const graph::CompiledGraph> restored(const std::string& disk, co
     log_line(std::string("disk_reject ") + detail::to_string(lookup.check), key);
     return nullptr;
   }
+  const double read_ms = ms_since(start);
   graph::LoadOutcome loaded = graph::load_graph(lookup.payload, handle);
   if (!loaded.graph) {
     detail::note_unusable(lookup);
@@ -118,8 +119,9 @@ std::shared_ptr<const graph::CompiledGraph> restored(const std::string& disk, co
   }
   const double ms = ms_since(start);
   detail::note_loaded(ms);
-  char text[48];
-  std::snprintf(text, sizeof text, "disk_load %.1f ms", ms);
+  char text[128];
+  std::snprintf(text, sizeof text, "disk_load %.1f ms (read %.2f, parse %.2f, finalize %.2f ms; %zu KB)", ms, read_ms,
+                loaded.parse_ms, loaded.finalize_ms, lookup.payload.size() / 1024);
   log_line(text, key);
   return loaded.graph;
 }

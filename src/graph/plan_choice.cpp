@@ -1,5 +1,6 @@
 // Plans beyond one build: serialized for the disk cache and restored from it, and the candidate
 // plans autotune times (the timing itself is src/exec/autotune.cpp: no frontend code there).
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -142,18 +143,26 @@ LoadOutcome load_graph(const std::vector<std::uint8_t>& bytes, cudnnHandle_t han
     uids.push_back(static_cast<std::int64_t>(uid));
   }
   if (!get_u64(bytes, at, workspace)) return {nullptr, "the plan's workspace size is missing"};
-  const std::vector<std::uint8_t> plan(bytes.begin() + static_cast<std::ptrdiff_t>(at), bytes.end());
   auto graph = std::make_shared<fe::graph::Graph>();
+  LoadOutcome outcome;
   try {
+    // Parsed here rather than inside deserialize(), to time the two stages apart (the disk
+    // cache's log reports both); the frontend's json overload is what its byte overload calls.
+    const auto start = std::chrono::steady_clock::now();
+    const auto tree = nlohmann::json::from_ubjson(bytes.begin() + static_cast<std::ptrdiff_t>(at), bytes.end());
+    const auto parsed = std::chrono::steady_clock::now();
     // No warm-up capture: a freshly built plan gets none either, and its first call loads the kernels.
-    auto status = graph->deserialize(handle, plan, false, false);
+    auto status = graph->deserialize(handle, tree, false, false);
+    outcome.parse_ms = std::chrono::duration<double, std::milli>(parsed - start).count();
+    outcome.finalize_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - parsed).count();
     if (status.is_bad()) return {nullptr, "cuDNN deserialize failed: " + status.get_message()};
     if (detail::workspace_of(*graph) != workspace) return {nullptr, "the restored plan asks for another workspace"};
   } catch (const std::exception& error) {  // the JSON reader throws on damaged bytes
     return {nullptr, std::string("cuDNN deserialize failed: ") + error.what()};
   }
-  return {std::make_shared<detail::FrontendGraph>(std::move(graph), std::move(uids), static_cast<std::size_t>(workspace)),
-          ""};
+  outcome.graph =
+      std::make_shared<detail::FrontendGraph>(std::move(graph), std::move(uids), static_cast<std::size_t>(workspace));
+  return outcome;
 }
 
 }  // namespace fusedattn::graph

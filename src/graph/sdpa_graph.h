@@ -61,6 +61,8 @@ class CompiledGraph {
 struct LoadOutcome {
   std::shared_ptr<const CompiledGraph> graph;
   std::string error;
+  double parse_ms = 0.0;     ///< reading the frontend's UBJSON into its JSON tree
+  double finalize_ms = 0.0;  ///< cuDNN rebuilding the execution plan from it (loading its kernels)
 };
 LoadOutcome load_graph(const std::vector<std::uint8_t>& bytes, cudnnHandle_t handle);
 
