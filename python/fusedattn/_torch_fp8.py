@@ -166,8 +166,9 @@ class _Scaling:
     def used_descales(self):
         """This call's descales of Q, K, V and O, copied: the state's own move on with the next
         forward (or, under delayed scaling, right after this one), but the backward must undo the
-        scales its saved FP8 tensors were made with."""
-        return self.scalars[[_SLOT[n] for n in ("q", "k", "v", "o")], 1].clone()
+        scales its saved FP8 tensors were made with. Views and one cat, no index list: a list
+        would be copied from the host, which a CUDA graph capture refuses."""
+        return torch.cat([self.scalars[_SLOT[n], 1:2] for n in ("q", "k", "v", "o")])
 
 
 def _dequantized(x8, descale, dtype):
