@@ -395,24 +395,27 @@ def test_fp8_inputs_must_be_the_states_format():
 
 def test_vmap_gives_each_element_the_amaxes_and_scales_of_a_call_of_its_own(reference_kernels):
     # Three problems with different ranges at once: each element's O, gradients and state must be
-    # what its own call gives (a call folded into one batch would share one amax among them).
+    # what its own call gives (a call folded into one batch would share one amax among them). On the
+    # host CPU even where a GPU is present: XLA's GPU compiler computes the stand-in kernel's float32
+    # math apart in the mapped and the single program (O 0.064 apart on the H200, one E4M3 rounding
+    # of most elements); test_jax_fp8_gpu.py has the same check with cuDNN's kernels.
+    with jax.default_device(jax.devices("cpu")[0]):
+        check_vmap_gives_each_element_its_own_call()
+
+
+def check_vmap_gives_each_element_its_own_call():
     elements = [inputs(i, kv_heads=2, amax=(1.0 + i, 2.0, 3.0 * (i + 1))) for i in range(3)]
     q, k, v, w = (jnp.stack(x) for x in zip(*elements))
     step, state = training_step(True), fj.fp8_state("delayed", history=4)
     _, o, grads, after = jax.vmap(step, in_axes=(0, 0, 0, None, 0))(q, k, v, state, w)
     assert after.amax.shape == (3,) + state.amax.shape  # the state comes back mapped
     assert len({float(a) for a in after.amax[:, SLOT["v"]]}) == 3
-    measured = np.array([SLOT[n] for n in ("q", "k", "v", "d_o")])  # amaxes of the inputs themselves
     for i, element in enumerate(elements):
         _, want_o, want_grads, want_state = step(*element[:3], state, element[3])
-        # Where this runs on a GPU, XLA may compute the mapped and the single call's float32 math
-        # apart, and a few FP8 roundings then fall the other way: within one rounding (2^-4).
-        assert rel_l2(o[i], want_o) < 2.0 ** -4 and max(rel_l2(g[i], w) for g, w in zip(grads, want_grads)) < 0.1
-        np.testing.assert_allclose(after.amax[i][measured], want_state.amax[measured], rtol=1e-6)
+        assert rel_l2(o[i], want_o) < 1e-3
+        assert max(rel_l2(g[i], want) for g, want in zip(grads, want_grads)) < 1e-3
         for ours, want in zip(jax.tree_util.tree_leaves(after), jax.tree_util.tree_leaves(want_state)):
-            np.testing.assert_allclose(ours[i], want, rtol=2e-2)
-        ref_o, ref_grads = reference(*element[:3], element[3], True)
-        assert rel_l2(o[i], ref_o) < 0.1 and max(rel_l2(g[i], r) for g, r in zip(grads, ref_grads)) < 0.15
+            np.testing.assert_allclose(ours[i], want, rtol=1e-5)
 
 
 MESH_CHILD = r"""
