@@ -279,19 +279,25 @@ def test_the_fp8_call_takes_its_scalars_last_and_returns_its_amaxes_last():
     assert call.outputs(BACKWARD) == ("d_q", "d_k", "d_v", "amax_d_q", "amax_d_k", "amax_d_v", "amax_d_p")
 
 
-def test_exported_for_cuda_the_step_calls_the_ffi_targets_with_the_fp8_spec():
+def exported_step(state, backward="fp8"):
+    """A jitted training step on a (2, 128, 4, 128) bfloat16 q (as k and v too) exported for CUDA:
+    its module text, and its forward and backward custom calls' lines."""
     q = jax.ShapeDtypeStruct((2, 128, 4, 128), jnp.bfloat16)
-    state = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), fj.fp8_state("delayed"))
+    state = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
 
     def step(q, state):
-        return jax.grad(lambda q, state: fj.fp8_attention(q, q, q, state, causal=True)[0].astype(
+        return jax.grad(lambda q, state: fj.fp8_attention(q, q, q, state, causal=True, backward=backward)[0].astype(
             jnp.float32).sum(), argnums=(0, 1))(q, state)
     ours = [jax.export.DisabledSafetyCheck.custom_call(name) for name in ("fusedattn_forward", "fusedattn_backward")]
     text = jax.export.export(jax.jit(step), platforms=["cuda"], disabled_checks=ours)(q, state).mlir_module()
-    assert "layout=bshd dtype=e4m3 b=2 s_q=128 s_kv=128 h_q=4 h_kv=4 d_qk=128 d_v=128 window=-1,0" in text
     calls = [line for line in text.splitlines() if "stablehlo.custom_call @fusedattn_" in line]
-    forward = [line for line in calls if "@fusedattn_forward" in line]
-    backward = [line for line in calls if "@fusedattn_backward" in line]
+    return (text, [line for line in calls if "@fusedattn_forward" in line],
+            [line for line in calls if "@fusedattn_backward" in line])
+
+
+def test_exported_for_cuda_the_step_calls_the_ffi_targets_with_the_fp8_spec():
+    text, forward, backward = exported_step(fj.fp8_state("delayed"))
+    assert "layout=bshd dtype=e4m3 b=2 s_q=128 s_kv=128 h_q=4 h_kv=4 d_qk=128 d_v=128 window=-1,0" in text
     assert len(forward) == 1 and len(backward) == 2  # the measuring backward, in a conditional
     # 3 FP8 arrays and 6 scalars in; O, the statistics, 2 amaxes and the workspace out.
     assert forward[0].count("tensor<f32>") == 6 + 2 and "f8E4M3FN" in forward[0]
@@ -299,34 +305,13 @@ def test_exported_for_cuda_the_step_calls_the_ffi_targets_with_the_fp8_spec():
 
 
 def test_exported_for_cuda_the_hybrid_backward_takes_e5m2_and_says_so_in_its_spec():
-    q = jax.ShapeDtypeStruct((2, 128, 4, 128), jnp.bfloat16)
-    state = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                                   fj.fp8_state("delayed", grad_dtype=jnp.float8_e5m2))
-
-    def step(q, state):
-        return jax.grad(lambda q, state: fj.fp8_attention(q, q, q, state, causal=True)[0].astype(
-            jnp.float32).sum(), argnums=(0, 1))(q, state)
-    ours = [jax.export.DisabledSafetyCheck.custom_call(name) for name in ("fusedattn_forward", "fusedattn_backward")]
-    text = jax.export.export(jax.jit(step), platforms=["cuda"], disabled_checks=ours)(q, state).mlir_module()
-    calls = [line for line in text.splitlines() if "stablehlo.custom_call @fusedattn_" in line]
-    forward = [line for line in calls if "@fusedattn_forward" in line]
-    backward = [line for line in calls if "@fusedattn_backward" in line]
+    _, forward, backward = exported_step(fj.fp8_state("delayed", grad_dtype=jnp.float8_e5m2))
     assert "f8E4M3FN" in forward[0] and "f8E5M2" not in forward[0]
-    assert all("f8E5M2" in line and "fp8_grads=e5m2" in line for line in backward), backward
+    assert backward and all("f8E5M2" in line and "fp8_grads=e5m2" in line for line in backward), backward
 
 
 def test_exported_for_cuda_the_model_backward_calls_the_bf16_backward():
-    q = jax.ShapeDtypeStruct((2, 128, 4, 128), jnp.bfloat16)
-    state = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), fj.fp8_state("delayed"))
-
-    def step(q, state):
-        return jax.grad(lambda q, state: fj.fp8_attention(q, q, q, state, causal=True, backward="model")[0].astype(
-            jnp.float32).sum(), argnums=(0, 1))(q, state)
-    ours = [jax.export.DisabledSafetyCheck.custom_call(name) for name in ("fusedattn_forward", "fusedattn_backward")]
-    text = jax.export.export(jax.jit(step), platforms=["cuda"], disabled_checks=ours)(q, state).mlir_module()
-    calls = [line for line in text.splitlines() if "stablehlo.custom_call @fusedattn_" in line]
-    forward = [line for line in calls if "@fusedattn_forward" in line]
-    backward = [line for line in calls if "@fusedattn_backward" in line]
+    text, forward, backward = exported_step(fj.fp8_state("delayed"), backward="model")
     assert len(forward) == 1 and "f8E4M3FN" in forward[0]  # the FP8 forward
     assert len(backward) == 1 and "f8E4M3FN" not in backward[0] and "bf16" in backward[0]  # one BF16 backward
     assert "layout=bshd dtype=bf16 b=2 s_q=128 s_kv=128 h_q=4 h_kv=4 d_qk=128 d_v=128 window=-1,0" in text
