@@ -89,7 +89,8 @@ def main():
     lines += [f"- {k} (`fusedattn warmup \"{RAGGED}\" --buckets --pass both`): {v}" for k, v in sections.items()]
     table = "\n".join(lines)
     (out / f"{name}.md").write_text(table + "\n")
-    (out / f"{name}.json").write_text(json.dumps({"rows": rows, "ragged": sections, "stages": stages, "argv": sys.argv}, indent=2))
+    summary = {"rows": rows, "ragged": sections, "stages": stages, "argv": sys.argv}
+    (out / f"{name}.json").write_text(json.dumps(summary, indent=2))
     print(table)
     return 0 if rows and all(r["warm_ms"] is not None for r in rows) else 1
 

@@ -225,8 +225,8 @@ def _fp8_attention_bwd(call, model_backward, residuals, cotangents):
     def run(state):
         scale, descale = state.scale, state.descale
         return _kernel(BACKWARD, call, q8, k8)(q8, k8, v8, o8, stats, d_o8, *used,
-                                 *(descale[_SLOT[n]] for n in ("d_o", "s", "d_p")),
-                                 *(scale[_SLOT[n]] for n in ("s", "d_p", "d_q", "d_k", "d_v")))
+                                               *(descale[_SLOT[n]] for n in ("d_o", "s", "d_p")),
+                                               *(scale[_SLOT[n]] for n in ("s", "d_p", "d_q", "d_k", "d_v")))
 
     def measured(state):  # a first backward: its amaxes give the scales of the run that counts
         return _kernel_amaxes(state, run(state)[3:])._advance(_KERNEL_WRITTEN)
