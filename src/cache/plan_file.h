@@ -15,7 +15,7 @@
 namespace fusedattn::detail {
 
 /// Bumped whenever the layout of a file or of the payload fusedattn puts in it changes.
-constexpr std::uint32_t kPlanFileFormat = 1;
+constexpr std::uint32_t kPlanFileFormat = 2;  // 2: the backend's plan JSON kept apart (graph/plan_choice.cpp)
 
 /// What reading a plan file found.
 enum class PlanFileCheck {
