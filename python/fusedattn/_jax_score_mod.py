@@ -10,6 +10,7 @@ import numpy as np
 
 from . import _score_mod
 from ._score_mod import Sym, not_covered
+from .errors import NotSupportedError
 
 _BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "max", "min": "min", "pow": "pow",
            "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne", "and": "and", "or": "or"}
@@ -115,8 +116,63 @@ def trace(fn):
     closed = jax.make_jaxpr(fn)(*scalars)
     tracer = _score_mod._Tracer(lambda x: hasattr(x, "shape"), Sym)
     tracer.stopped = set()
+    tracer.is_learnable = lambda array: _differentiated(array) and id(array) not in tracer.stopped
     leaves = [Sym(tracer, name) for name in _score_mod._LEAVES]
     out = _evaluate(tracer, closed.jaxpr, closed.consts, leaves)
     if isinstance(out, list):
         raise not_covered("a function with several results")
     return _score_mod.finish(tracer, out), tracer.stopped
+
+
+def _differentiated(array):
+    """Whether a captured array is being differentiated (a JVP tracer of jax.grad and its kin)."""
+    return type(array).__name__ in ("JVPTracer", "LinearizeTracer")
+
+
+def dense_bias(part, q, k, layout):
+    """The bias of a traced bias part (_score_mod.py): its expression at every (b, h, q_idx, kv_idx)
+    of this call, in q's dtype, in the nearest bias shape the core takes ([b|1, h|1, s_q, s_kv], or
+    [1, 1, 1, s_kv]), differentiable in the arrays it reads; and whether any of them is being
+    differentiated (then the call computes dBias)."""
+    from ._jax_calls import AXES
+    if layout not in AXES:
+        raise NotSupportedError(f"score_mod: a gathered or learned term (it runs as a bias) with layout={layout!r} "
+                                "(bshd, sbhd or bhsd)")
+    b_axis, h_axis, s_axis, _ = AXES[layout]
+    sizes = (q.shape[b_axis], q.shape[h_axis], q.shape[s_axis], k.shape[s_axis])
+    grids = {name: jnp.arange(n, dtype=jnp.int32).reshape((1,) * axis + (n,) + (1,) * (3 - axis))
+             for axis, (name, n) in enumerate(zip(("b", "h", "q", "kv"), sizes))}
+    value = jnp.asarray(_score_mod.evaluate_dense(part, grids, _operations(sizes)), jnp.float32)
+    value = value.reshape((1,) * (4 - value.ndim) + value.shape)
+    b, h, s_q = (sizes[i] if value.shape[i] != 1 else 1 for i in range(3))
+    s_q = sizes[2] if (b > 1 or h > 1) else s_q
+    bias = jnp.broadcast_to(value, (b, h, s_q, sizes[3])).astype(q.dtype)
+    return bias, any(_differentiated(t) for t in part.tensors)
+
+
+def _operations(sizes):
+    def array(x):
+        return jnp.asarray(x, jnp.float32) if isinstance(x, (int, float)) else x
+
+    def leaf(t, axes):
+        named = axes.split(",")
+        return jnp.asarray(t, jnp.float32).reshape([n if name in named else 1
+                                                    for name, n in zip(("b", "h", "q", "kv"), sizes)])
+
+    def integer(x):
+        if isinstance(x, (int, float)):
+            return int(x)
+        return jnp.round(x).astype(jnp.int32) if jnp.issubdtype(x.dtype, jnp.floating) else x
+
+    unary = {"neg": jnp.negative, "abs": jnp.abs, "exp": jnp.exp, "log": jnp.log, "sqrt": jnp.sqrt,
+             "tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid, "not": jnp.logical_not}
+    ops = {name: (lambda f: lambda x: f(array(x)))(f) for name, f in unary.items()}
+    binary = {"add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "div": jnp.true_divide, "pow": jnp.power,
+              "min": jnp.minimum, "max": jnp.maximum, "and": jnp.logical_and, "or": jnp.logical_or,
+              "lt": jnp.less, "le": jnp.less_equal, "gt": jnp.greater, "ge": jnp.greater_equal, "eq": jnp.equal,
+              "ne": jnp.not_equal}
+    ops.update({name: (lambda f: lambda x, y: f(array(x), array(y)))(f) for name, f in binary.items()})
+    ops["select"] = lambda c, x, y: jnp.where(array(c) != 0, array(x), array(y))
+    # jnp's gather clamps indices into range, as the dynamic_slice the function's indexing traced to does.
+    ops.update(leaf=leaf, integer=integer, gather=lambda t, indices: jnp.asarray(t)[tuple(indices)])
+    return ops

@@ -7,8 +7,15 @@ Numbers in the function become runtime scalars ($0, $1, ...; one per distinct va
 softcap's cap or a window's width keeps the plan; 0, 1, the infinities and whole exponents 2 .. 8
 stay in the structure.
 Captured tensors become tensor leaves, indexed by the plain indices b, h, q_idx, kv_idx in that
-order (t0[h] for table[h]); any other index (a gather) and any operation the core's expressions
-lack raise NotSupportedError naming it."""
+order (t0[h] for table[h]); any operation the core's expressions lack raises NotSupportedError
+naming it.
+
+Terms added to the score that gather from a tensor (a relative-position table indexed by a clamped
+key-minus-query distance) or read a tensor that needs a gradient cannot run inside cuDNN's score
+graph, which has no gather and gives no gradient of its operands. They come apart as the bias of
+the call (Traced.bias): evaluated densely by the adapter with its framework's operations
+(evaluate_dense), so the framework's autodiff takes the bias's gradient, which cuDNN computes as
+dBias, back into the tables. In that bias's text a gather is G<slot>(index, ...)."""
 import math
 import re
 
@@ -27,20 +34,23 @@ def not_covered(what):
 
 class Traced:
     """A traced modifier: its expression text, its scalars' values and its captured tensors (each
-    with the axes that index it), in slot order."""
-    __slots__ = ("text", "scalars", "tensors", "axes")
+    with the axes that index it, or "" for one only gathered from), in slot order; and `bias`, the
+    Traced of the terms that run as the call's bias (None when there are none). A text of "" is no
+    modifier (the function was the score plus its bias)."""
+    __slots__ = ("text", "scalars", "tensors", "axes", "bias")
 
-    def __init__(self, text, scalars, tensors, axes):
+    def __init__(self, text, scalars, tensors, axes, bias=None):
         self.text, self.scalars, self.tensors, self.axes = text, tuple(scalars), tuple(tensors), tuple(axes)
+        self.bias = bias
 
 
 class _Tracer:
     stopped = frozenset()  # ids of tensors taken through stop_gradient (fusedattn.jax)
 
-    def __init__(self, is_tensor, sym_class):
-        self.is_tensor, self.sym_class = is_tensor, sym_class
+    def __init__(self, is_tensor, sym_class, is_learnable=lambda tensor: False):
+        self.is_tensor, self.sym_class, self.is_learnable = is_tensor, sym_class, is_learnable
         self.scalars = []  # values, in slot order
-        self.tensors = []  # (tensor, axes)
+        self.tensors = []  # (tensor, axes); axes "" for a tensor only gathered from
 
     def number(self, value):
         value = float(value)
@@ -66,28 +76,30 @@ class _Tracer:
         raise not_covered(f"an operand of type {type(x).__name__}")
 
     def index(self, tensor, index):
-        """tensor[index] with plain indices in b, h, q, kv order, one per dimension."""
+        """tensor[index]: a tensor leaf for plain indices in b, h, q, kv order, one per dimension,
+        and a gather G<slot>(...) for any other integer indices (or a tensor that needs a gradient:
+        either runs as the call's bias, see the module's docstring)."""
         index = index if isinstance(index, tuple) else (index,)
-        names = []
-        for i in index:
-            if not (isinstance(i, Sym) and i.text in _AXIS_ORDER):
-                shown = i.text if isinstance(i, Sym) else repr(i)
-                raise not_covered(f"indexing a tensor by {shown} (a gather; index by b, h, q_idx, kv_idx)")
-            names.append(i.text)
-        if len(names) != len(tuple(tensor.shape)):
-            raise not_covered(f"indexing a {len(tuple(tensor.shape))}-d tensor by {len(names)} indices "
-                              "(one plain index per dimension)")
-        if sorted(names, key=_AXIS_ORDER.index) != names or len(set(names)) != len(names):
-            raise not_covered(f"indexing a tensor by [{', '.join(names)}] (the indices go in b, h, q_idx, kv_idx "
-                              "order, each once)")
+        if len(index) != len(tuple(tensor.shape)):
+            raise not_covered(f"indexing a {len(tuple(tensor.shape))}-d tensor by {len(index)} indices "
+                              "(one index per dimension)")
+        names = [i.text if isinstance(i, Sym) else None for i in index]
+        plain = (all(n in _AXIS_ORDER for n in names) and sorted(names, key=_AXIS_ORDER.index) == names
+                 and len(set(names)) == len(names))
+        if not plain or self.is_learnable(tensor):
+            return self.sym_class(self, f"G{self._slot(tensor, '')}({','.join(self.operand(i) for i in index)})")
         axes = ",".join(names)
+        return self.sym_class(self, f"t{self._slot(tensor, axes)}[{axes}]")
+
+    def _slot(self, tensor, axes):
+        """The slot of `tensor`, indexed by `axes` ("" for gathers, which take any indices)."""
         for slot, (seen, seen_axes) in enumerate(self.tensors):
             if seen is tensor:
                 if seen_axes != axes:
-                    raise not_covered("one tensor indexed by two sets of indices")
-                return self.sym_class(self, f"t{slot}[{axes}]")
+                    raise not_covered("one tensor indexed by two sets of indices (or gathered and indexed)")
+                return slot
         self.tensors.append((tensor, axes))
-        return self.sym_class(self, f"t{len(self.tensors) - 1}[{axes}]")
+        return len(self.tensors) - 1
 
 
 def _numel(x):
@@ -248,11 +260,12 @@ def apply(name, args, kwargs):
     return rule(tracer, *args)
 
 
-def trace(fn, is_tensor, sym_class=None):
+def trace(fn, is_tensor, sym_class=None, is_learnable=lambda tensor: False):
     """Traces fn(score, b, h, q_idx, kv_idx) into a Traced modifier; `is_tensor` says which Python
-    objects are the framework's tensors (the ones fn may capture and index), and `sym_class` (a
-    subclass of Sym) may add the framework's dispatch hook."""
-    tracer = _Tracer(is_tensor, sym_class or Sym)
+    objects are the framework's tensors (the ones fn may capture and index), `sym_class` (a
+    subclass of Sym) may add the framework's dispatch hook, and `is_learnable` says which tensors
+    need a gradient (their terms run as the bias)."""
+    tracer = _Tracer(is_tensor, sym_class or Sym, is_learnable)
     leaves = [tracer.sym_class(tracer, name) for name in _LEAVES]
     try:
         out = fn(*leaves)
@@ -264,9 +277,19 @@ def trace(fn, is_tensor, sym_class=None):
 
 
 def finish(tracer, out):
-    """The Traced modifier of `out`, its slots renumbered in the order the text first uses them
-    (a framework's own steps may have made numbers or tensors that the result does not use)."""
+    """The Traced modifier of `out`, the terms added to the score that gather or need a gradient
+    split off as its bias (the module's docstring)."""
     text = out.text if isinstance(out, Sym) else tracer.operand(out)  # a function of nothing: a constant
+    modifier, bias = split_bias(text, tracer)
+    traced = _numbered(tracer, modifier)
+    if bias is not None:
+        traced.bias = _numbered(tracer, bias)
+    return traced
+
+
+def _numbered(tracer, text):
+    """The Traced of `text`, its slots renumbered in the order the text first uses them (a
+    framework's own steps may have made numbers or tensors that the result does not use)."""
     scalars, tensors = [], []
 
     def scalar(match):
@@ -276,11 +299,114 @@ def finish(tracer, out):
         return f"${scalars.index(value)}"
 
     def tensor(match):
-        entry = tracer.tensors[int(match.group(1))]
+        entry = tracer.tensors[int(match.group(2))]
         if all(entry[0] is not seen for seen, _ in tensors):
             tensors.append(entry)
-        return f"t{next(i for i, (seen, _) in enumerate(tensors) if seen is entry[0])}["
+        slot = next(i for i, (seen, _) in enumerate(tensors) if seen is entry[0])
+        return f"{match.group(1)}{slot}{match.group(3)}"
 
     text = re.sub(r"\$(\d+)", scalar, text)
-    text = re.sub(r"\bt(\d+)\[", tensor, text)
+    text = re.sub(r"\b([tG])(\d+)([\[(])", tensor, text)
     return Traced(text, scalars, [t for t, _ in tensors], [a for _, a in tensors])
+
+
+# --- the bias part: terms added to the score that gather or need a gradient ------------------------
+
+def parse(text):
+    """An expression's tree: a leaf's text, or (operation, [arguments])."""
+    at = 0
+
+    def node():
+        nonlocal at
+        start = at
+        while at < len(text) and text[at] not in "(),[":
+            at += 1
+        if at < len(text) and text[at] == "[":  # t<slot>[axes]
+            at = text.index("]", at) + 1
+            return text[start:at]
+        name = text[start:at]
+        if at < len(text) and text[at] == "(":
+            at += 1
+            args = [node()]
+            while text[at] == ",":
+                at += 1
+                args.append(node())
+            at += 1  # ")"
+            return name, args
+        return name
+    return node()
+
+
+def unparse(tree):
+    return tree if isinstance(tree, str) else f"{tree[0]}({','.join(unparse(a) for a in tree[1])})"
+
+
+def _terms(tree, sign=1):
+    """The root's sum as (sign, term) pairs: add, sub and neg flattened."""
+    if isinstance(tree, tuple) and tree[0] in ("add", "sub"):
+        return _terms(tree[1][0], sign) + _terms(tree[1][1], sign if tree[0] == "add" else -sign)
+    if isinstance(tree, tuple) and tree[0] == "neg":
+        return _terms(tree[1][0], -sign)
+    return [(sign, tree)]
+
+
+def _leaves(tree):
+    if isinstance(tree, str):
+        return {tree}
+    return {tree[0]} | set().union(*(_leaves(a) for a in tree[1]))
+
+
+def _summed(terms):
+    out = None
+    for sign, term in terms:
+        if out is None:
+            out = term if sign > 0 else ("neg", [term])
+        else:
+            out = ("add" if sign > 0 else "sub", [out, term])
+    return out
+
+
+def split_bias(text, tracer):
+    """(the modifier's text, the bias's text or None): the root's terms that gather (G<slot>) or read
+    a tensor that needs a gradient move to the bias, which must not involve the score; a modifier that
+    is then the plain score is "" (none)."""
+    if re.search(r"\bG\d+\(", text) is None:
+        return text, None
+    terms = _terms(parse(text))
+    dense = [(sign, term) for sign, term in terms if any(leaf.startswith("G") for leaf in _leaves(term))]
+    for _, term in dense:
+        if "score" in _leaves(term):
+            raise NotSupportedError(f"score_mod: {unparse(term)} gathers from a tensor or reads one that needs a "
+                                    "gradient, and involves the score: such terms must be added to the score (they "
+                                    "run as the call's bias, which cuDNN differentiates); G<n> is tensor n gathered")
+    rest = [(sign, term) for sign, term in terms if (sign, term) not in dense]
+    if not rest:
+        raise NotSupportedError("score_mod: a function whose result does not use the score beside its gathered or "
+                                "learned terms (return score + ...)")
+    modifier = _summed(rest)
+    return ("" if modifier == "score" else unparse(modifier)), unparse(_summed(dense))
+
+
+def evaluate_dense(traced, grids, ops):
+    """The value of `traced`'s expression (a bias: no score) at every index of `grids`, {"b", "h", "q",
+    "kv"}: integer arrays that broadcast against each other. `ops` gives the framework's operations:
+    one per operation name of fusedattn/score_mod.h (taking arrays or Python numbers), and
+    "leaf" (tensor, axes) -> the tensor broadcast over [b, h, q, kv], "gather" (tensor, [integer
+    indices]) -> tensor[indices], "integer" (x) -> x as integers (for gather indices)."""
+    def value(tree):
+        if isinstance(tree, str):
+            if tree in grids:
+                return grids[tree]
+            if tree.startswith("$"):
+                return traced.scalars[int(tree[1:])]
+            if tree.startswith("t"):
+                slot, axes = tree[1:].split("[")
+                return ops["leaf"](traced.tensors[int(slot)], axes[:-1])
+            if tree == "score":
+                raise not_covered("the score inside a bias term")
+            return float(tree)
+        name, args = tree
+        if name.startswith("G"):
+            return ops["gather"](traced.tensors[int(name[1:])], [ops["integer"](value(a)) for a in args])
+        return ops[name](*(value(a) for a in args))
+    return value(parse(traced.text))

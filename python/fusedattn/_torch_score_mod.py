@@ -3,7 +3,9 @@
 
 A function is traced once per function object and per value of the numbers its closure holds, so
 a cap kept in a closure variable is seen when it changes; captured tensors are read at every call
-(their values are runtime data, as the scalars are)."""
+(their values are runtime data, as the scalars are). Terms added to the score that gather from a
+tensor or read one that requires grad become the call's bias (_score_mod.py), evaluated here with
+torch operations on index grids, so autograd carries dBias into the tensors' gradients."""
 import weakref
 
 import torch
@@ -26,11 +28,14 @@ def _is_tensor(x):
 
 
 class _Entry:
-    """One traced function: the modifier, and its scalars on each device they were needed on."""
-    __slots__ = ("key", "traced", "scalars")
+    """One traced function: the modifier, its scalars on each device they were needed on, and which
+    of its tensors required grad when it was traced (a change retraces: it moves terms between the
+    modifier and the bias)."""
+    __slots__ = ("key", "traced", "scalars", "learnable")
 
     def __init__(self, key, traced):
         self.key, self.traced, self.scalars = key, traced, {}
+        self.learnable = _learnable_now(self)
 
 
 _entries = weakref.WeakKeyDictionary()  # function -> its latest _Entry
@@ -59,14 +64,19 @@ def traced(fn):
         entry = _entries.get(fn)
     except TypeError:  # not weak-referenceable (a builtin): trace every call
         entry = None
-    if entry is not None and entry.key == key:
+    if entry is not None and entry.key == key and entry.learnable == _learnable_now(entry):
         return entry
-    entry = _Entry(key, _score_mod.trace(fn, _is_tensor, _TorchSym))
+    entry = _Entry(key, _score_mod.trace(fn, _is_tensor, _TorchSym, lambda t: t.requires_grad))
     try:
         _entries[fn] = entry
     except TypeError:
         pass
     return entry
+
+
+def _learnable_now(entry):
+    parts = (entry.traced,) + ((entry.traced.bias,) if entry.traced.bias is not None else ())
+    return tuple(t.requires_grad for part in parts for t in part.tensors)
 
 
 def _place(fn, tensor):
@@ -92,7 +102,8 @@ def _place(fn, tensor):
 @torch.compiler.assume_constant_result  # compiled code gets the trace as constants
 def _constant_trace(fn):
     entry = traced(fn)
-    return entry.traced.text, entry.traced.scalars, tuple(_place(fn, t) for t in entry.traced.tensors)
+    parts = (entry.traced,) + ((entry.traced.bias,) if entry.traced.bias is not None else ())
+    return tuple((part.text, part.scalars, tuple(_place(fn, t) for t in part.tensors)) for part in parts)
 
 
 def _fetch(fn, place):
@@ -104,27 +115,35 @@ def _fetch(fn, place):
     return getattr(fn.__self__, key)
 
 
-def _converted(slot, tensor, device):
-    if tensor.requires_grad:
-        raise NotSupportedError(f"score_mod: captured tensor t{slot} requires grad: gradients of tensors inside a "
-                                "score modifier are not built yet (detach it, or pass it as bias=)")
-    return tensor.to(device=device, dtype=torch.float32).contiguous()
+def _converted(tensor, device):
+    return tensor.to(device=device, dtype=torch.float32).contiguous()  # never one that requires grad (the bias's)
 
 
-def prepare(fn, device):
-    """(expression text, the call's score_mod tensors as fusedattn.torch's extras carry them): the
-    scalars (float32 [n], made once per device in eager calls) and each captured tensor as float32,
-    contiguous, on `device`. In compiled code the trace comes in as constants and the tensors as
-    graph inputs."""
+class _Part:
+    """A traced part as compiled code rebuilds it: text, scalars, and the tensors fetched anew."""
+    __slots__ = ("text", "scalars", "tensors")
+
+    def __init__(self, text, scalars, tensors):
+        self.text, self.scalars, self.tensors = text, scalars, tensors
+
+
+def prepare(fn, q, k, layout):
+    """(expression text, the call's score_mod tensors as fusedattn.torch's extras carry them, the
+    bias of its gathered or learned terms or None): the scalars (float32 [n], made once per device
+    in eager calls) and each captured tensor as float32, contiguous, on q's device. In compiled code
+    the trace comes in as constants and the tensors as graph inputs."""
+    device = q.device
     if torch.compiler.is_compiling():
-        text, scalars, places = _constant_trace(fn)
-        tensors = [_fetch(fn, place) for place in places]
+        parts = [_Part(text, scalars, [_fetch(fn, place) for place in places])
+                 for text, scalars, places in _constant_trace(fn)]
+        text, scalars, tensors = parts[0].text, parts[0].scalars, parts[0].tensors
+        bias_part = parts[1] if len(parts) > 1 else None
         # One op per value (torch.tensor of constants would be a tensor outside the graph).
         out = {"mod_scalars": torch.stack([torch.full((), x, dtype=torch.float32, device=device) for x in scalars])} \
             if scalars else {}
     else:
         entry = traced(fn)
-        text, tensors, out = entry.traced.text, entry.traced.tensors, {}
+        text, tensors, out, bias_part = entry.traced.text, entry.traced.tensors, {}, entry.traced.bias
         if entry.traced.scalars:
             scalars = entry.scalars.get(device)
             if scalars is None:
@@ -132,8 +151,61 @@ def prepare(fn, device):
                 entry.scalars[device] = scalars
             out["mod_scalars"] = scalars
     for slot, tensor in enumerate(tensors):
-        out[f"mod_t{slot}"] = _converted(slot, tensor, device)
-    return text, out
+        out[f"mod_t{slot}"] = _converted(tensor, device)
+    return text, out, (None if bias_part is None else dense_bias(bias_part, q, k, layout))
+
+
+# Where each layout holds (batch, heads, sequence): the index grids' sizes.
+_AXES = {"bshd": (0, 2, 1), "sbhd": (1, 2, 0), "bhsd": (0, 1, 2)}
+
+
+def dense_bias(part, q, k, layout):
+    """The bias of a traced bias part: its expression at every (b, h, q_idx, kv_idx) of this call,
+    in q's dtype, in the nearest bias shape the core takes ([b|1, h|1, s_q, s_kv], or [1, 1, 1, s_kv]),
+    differentiable in the tensors it reads."""
+    if layout not in _AXES:
+        raise NotSupportedError(f"score_mod: a gathered or learned term (it runs as a bias) with layout={layout!r} "
+                                "(bshd, sbhd or bhsd)")
+    b_axis, h_axis, s_axis = _AXES[layout]
+    sizes = (q.shape[b_axis], q.shape[h_axis], q.shape[s_axis], k.shape[s_axis])
+    grids = {name: torch.arange(n, device=q.device).view(*([1] * axis), n, *([1] * (3 - axis)))
+             for axis, (name, n) in enumerate(zip(("b", "h", "q", "kv"), sizes))}
+    value = _score_mod.evaluate_dense(part, grids, _operations(q.device, sizes))
+    return as_bias_shape(torch.as_tensor(value, device=q.device), sizes).to(q.dtype)
+
+
+def as_bias_shape(bias, sizes):
+    """`bias` (broadcastable to [b, h, s_q, s_kv]) expanded to the nearest shape the core takes:
+    s_kv always, s_q wherever b or h are there, contiguous."""
+    bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
+    b, h, s_q = (sizes[i] if bias.shape[i] != 1 else 1 for i in range(3))
+    s_q = sizes[2] if (b > 1 or h > 1) else s_q
+    return bias.expand(b, h, s_q, sizes[3]).contiguous()
+
+
+def _operations(device, sizes):
+    def tensor(x):
+        return x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=torch.float32, device=device)
+
+    def leaf(t, axes):
+        named = axes.split(",")
+        shape = [n if name in named else 1 for name, n in zip(("b", "h", "q", "kv"), sizes)]
+        return t.to(device=device, dtype=torch.float32).reshape(shape)
+
+    def integer(x):
+        return x.round().long() if isinstance(x, torch.Tensor) and x.is_floating_point() else (
+            x if isinstance(x, torch.Tensor) else int(x))
+
+    unary = {"neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
+             "tanh": torch.tanh, "sigmoid": torch.sigmoid, "not": lambda x: torch.logical_not(tensor(x))}
+    ops = {name: (lambda f: lambda x: f(tensor(x)))(f) for name, f in unary.items()}
+    binary = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.true_divide, "pow": torch.pow,
+              "min": torch.minimum, "max": torch.maximum, "and": torch.logical_and, "or": torch.logical_or,
+              "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge, "eq": torch.eq, "ne": torch.ne}
+    ops.update({name: (lambda f: lambda x, y: f(tensor(x), tensor(y)))(f) for name, f in binary.items()})
+    ops["select"] = lambda c, x, y: torch.where(tensor(c) != 0, tensor(x), tensor(y))
+    ops.update(leaf=leaf, integer=integer, gather=lambda t, indices: t.to(device)[tuple(indices)])
+    return ops
 
 
 def check_tensors(spec, extras):

@@ -131,6 +131,13 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False, align: str
     _require_arrays(ragged, sink, softmax, dropout_rate, dropout_key, seq_len_q, seq_len_kv, cu_seqlens_q,
                     cu_seqlens_kv, max_seqlen_q, max_seqlen_kv)
     mod, stopped = _jax_score_mod.trace(score_mod) if score_mod is not None else (None, ())
+    if mod is not None and mod.bias is not None:  # its gathered or learned terms, added to the score as a bias
+        mod_bias, learned = _jax_score_mod.dense_bias(mod.bias, q, k, layout)
+        mod_bias = mod_bias if learned else jax.lax.stop_gradient(mod_bias)
+        given_grad = bias is not None and bias_grad
+        if bias is not None and not bias_grad:
+            bias = jax.lax.stop_gradient(bias)
+        bias, bias_grad = (mod_bias if bias is None else bias + mod_bias), given_grad or learned
     # A forward nobody differentiates writes no statistics; training's forward and backward share the other.
     configs = [_config.config(layout, causal=causal, window=tuple(window), align=align,
                               bias_grad=bias is not None and bias_grad, alibi=alibi, softmax=softmax,

@@ -69,7 +69,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     scaled score before the masks, traced once into the core's expression (numbers in it become
     runtime scalars; tensors it indexes by b, h, q_idx, kv_idx are read at each call). It combines
     with every mask, lengths and grouped heads; an operation it cannot express raises
-    NotSupportedError naming it.
+    NotSupportedError naming it. Terms added to the score that gather from a tensor (a
+    relative-position table indexed by a clamped distance) or read a tensor that requires grad run
+    as a bias (evaluated with torch operations on index grids), and their tensors get gradients.
 
     Returns O in q's layout with d_v; with return_stats also the statistics (float32 [b, h_q, s_q],
     or [t, h_q] for thd), and with return_max_logit="row" / "head" also the max logit (float32
@@ -95,10 +97,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     _config.require_arrays(ragged, sink=sink, softmax=softmax, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
                            cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
                            max_seqlen_kv=max_seqlen_kv)
+    mod_text, mod_tensors, mod_bias = ("", {}, None) if score_mod is None else \
+        _torch_score_mod.prepare(score_mod, q, k, layout)
+    if mod_bias is not None:  # the function's gathered or learned terms, added to the score as a bias
+        bias = mod_bias if bias is None else bias + mod_bias  # two bias shapes broadcast to one
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias, sink))
     if bias is not None:
         bias = bias.contiguous()
-    mod_text, mod_tensors = _torch_score_mod.prepare(score_mod, q.device) if score_mod is not None else ("", {})
     config = _config_text(layout, "", causal, window, align, bias is not None and bias.requires_grad, alibi, softmax,
                           float(dropout_p), deterministic, ragged or seq_len_q is not None, return_max_logit,
                           needs_grad or return_stats, 0, mod_text)

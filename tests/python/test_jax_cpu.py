@@ -291,7 +291,7 @@ def test_score_mod_functions_trace_into_expressions():
 def test_score_mod_primitives_it_cannot_express_are_named():
     q = shaped(2, 64, 4, 64)
     for fn, words in [(lambda s, b, h, qi, kv: jax.scipy.special.erf(s), "the JAX primitive erf"),
-                      (lambda s, b, h, qi, kv: s + SLOPES[kv - qi], "indexing a tensor by")]:
+                      (lambda s, b, h, qi, kv: s * SLOPES[kv - qi], "gathers from a tensor")]:
         with pytest.raises(fusedattn.NotSupportedError) as caught:
             jax.eval_shape(lambda q: fj.attention(q, q, q, score_mod=fn), q)
         assert words in str(caught.value)
@@ -311,14 +311,22 @@ def test_score_mod_reaches_the_spec_and_its_arrays_the_calls():
     assert text.count("tensor<1xf32>, tensor<4xf32>") >= 2
 
 
-def test_score_mod_arrays_under_differentiation_are_refused():
+def test_score_mod_arrays_under_differentiation_run_as_a_bias_with_its_gradient():
+    # A learned term added to the score runs as the call's bias (dBias flows back into the array);
+    # one that multiplies the score is refused, naming the term.
     q = shaped(2, 64, 4, 64)
 
-    def loss(q, slopes):
-        return fj.attention(q, q, q, score_mod=lambda s, b, h, qi, kv: s + slopes[h]).astype(jnp.float32).sum()
+    def gradient_of(fn):
+        return jax.grad(lambda q, table: fj.attention(
+            q, q, q, score_mod=lambda s, b, h, qi, kv: fn(s, table, h, qi, kv)).astype(jnp.float32).sum(), argnums=1)
+    added = gradient_of(lambda s, table, h, qi, kv: s + table[h, jnp.clip(kv - qi, -8, 8) + 8])
+    assert jax.eval_shape(added, q, shaped(4, 17, dtype=jnp.float32)).shape == (4, 17)
+    text = exported_text(added, q, shaped(4, 17, dtype=jnp.float32))
+    assert "bias=1hss" in text and "bias_grad=1" in text and "score_mod=" not in text
+    multiplied = gradient_of(lambda s, table, h, qi, kv: s * table[h, 0])
     with pytest.raises(fusedattn.NotSupportedError) as caught:
-        jax.eval_shape(jax.grad(loss, argnums=1), q, shaped(4, dtype=jnp.float32))
-    assert "being differentiated" in str(caught.value)
+        jax.eval_shape(multiplied, q, shaped(4, 17, dtype=jnp.float32))
+    assert "reads one that needs a gradient" in str(caught.value)
 
 
 def test_vmap_of_a_score_modified_call_runs_per_element():

@@ -84,3 +84,27 @@ def test_grouped_heads_and_runtime_lengths():
     check(lambda q, k, v: fj.attention(q, k, v, scale=scale, score_mod=alibi, seq_len_q=seq_len_q,
                                        seq_len_kv=seq_len_kv),
           lambda q, k, v: jnp.where(rows, reference(q, k, v, masked, scale, causal=False), 0.0), q, k, v, d_o)
+
+
+@pytest.mark.parametrize("cap", [None, 2.0], ids=["plain", "softcap"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_learned_relative_position_table_gets_its_gradient(cap, causal):
+    # A [h, 2·16 + 1] table indexed by the clamped key-minus-query distance: the term runs as the
+    # call's bias (cuDNN's dBias, then JAX's autodiff through the gather into the table).
+    keys = jax.random.split(jax.random.PRNGKey(13), 5)
+    q, d_o = (jax.random.uniform(key, (2, 256, 8, 64), jnp.float32, -1, 1).astype(jnp.bfloat16) for key in keys[:2])
+    k, v = (jax.random.uniform(key, (2, 320, 2, 64), jnp.float32, -1, 1).astype(jnp.bfloat16) for key in keys[2:4])
+    table = jax.random.uniform(keys[4], (8, 33), jnp.float32) * 0.4
+
+    def fn_of(table):
+        def fn(s, b, h, qi, kv):
+            s = s if cap is None else cap * jnp.tanh(s / cap)
+            return s + table[h, jnp.clip(kv - qi, -16, 16) + 16]
+        return fn
+    ours = jax.jit(lambda q, k, v, table: fj.attention(q, k, v, causal=causal, scale=0.5, score_mod=fn_of(table)))
+    o, vjp = jax.vjp(ours, q, k, v, table)
+    ref, ref_vjp = jax.vjp(lambda q, k, v, table: reference(q, k, v, fn_of(table), 0.5, causal),
+                           *(x.astype(jnp.float32) for x in (q, k, v)), table)
+    assert rel(o, ref) < 1e-2
+    for name, ours_grad, ref_grad in zip(("dq", "dk", "dv", "dtable"), vjp(d_o), ref_vjp(d_o.astype(jnp.float32))):
+        assert rel(ours_grad, ref_grad) < 1e-2, name

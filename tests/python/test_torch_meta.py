@@ -262,13 +262,41 @@ def test_score_mod_closure_numbers_retrace_and_tensors_are_kept():
 def test_score_mod_operations_it_cannot_express_are_named():
     from fusedattn import NotSupportedError
     q = meta(2, 64, 4, 64)
-    for fn, words in [(lambda s, b, h, qi, kv: s + SLOPES[kv - qi], "indexing a tensor by sub(kv,q)"),
+    for fn, words in [(lambda s, b, h, qi, kv: s * SLOPES[kv - qi], "gathers from a tensor"),
                       (lambda s, b, h, qi, kv: torch.erf(s), "erf()"),
                       (lambda s, b, h, qi, kv: s if s > 0 else -s, "Python control flow"),
                       (lambda s, b, h, qi, kv: s // 2, "floor division")]:
         with pytest.raises(NotSupportedError) as caught:
             fa.attention(q, q, q, score_mod=fn)
         assert words in str(caught.value)
+
+
+def test_gathered_and_learned_terms_run_as_a_dense_bias_with_gradients():
+    # A relative-position table by clamped distance and learnable ALiBi slopes: the terms come apart
+    # as the call's bias, evaluated with torch operations, equal to the function on index grids and
+    # differentiable into the tensors (on the CPU: the bias alone, without attention).
+    from fusedattn import _torch_score_mod
+    table, slopes = torch.randn(4, 17, requires_grad=True), torch.rand(4, requires_grad=True)
+
+    def fn(s, b, h, qi, kv):
+        return 2.0 * torch.tanh(s / 2.0) + table[h, (kv - qi).clamp(-8, 8) + 8] - slopes[h] * (qi - kv).abs()
+    traced = _torch_score_mod.traced(fn).traced
+    assert traced.text == "mul($0,tanh(div(score,$0)))" and traced.scalars == (2.0,)
+    q, k = torch.zeros(2, 20, 4, 64), torch.zeros(2, 24, 4, 64)
+    bias = _torch_score_mod.dense_bias(traced.bias, q, k, "bshd")
+    assert bias.shape == (1, 4, 20, 24) and bias.dtype == q.dtype
+    grids = [torch.arange(n).view(*([1] * a), n, *([1] * (3 - a))) for a, n in enumerate((2, 4, 20, 24))]
+    want = fn(torch.zeros(()), *grids) - 2.0 * torch.tanh(torch.zeros(()))
+    assert torch.equal(bias, want.expand(1, 4, 20, 24))
+    weights = torch.randn(bias.shape)
+    (bias * weights).sum().backward()
+    got = (table.grad.clone(), slopes.grad.clone())
+    table.grad = slopes.grad = None
+    (want * weights).sum().backward()
+    assert torch.allclose(got[0], table.grad) and torch.allclose(got[1], slopes.grad)
+    slopes.requires_grad_(False)  # no longer learned: its term goes back into the modifier (traced anew)
+    traced = _torch_score_mod.traced(fn).traced
+    assert "t0[h]" in traced.text and traced.bias.text.startswith("G0(")
 
 
 def test_score_mod_tensor_shapes_are_checked():

@@ -132,3 +132,52 @@ def test_compiles_in_one_graph():
     o = compiled(q, k, v)
     ref, leaves = reference(q, k, v, alibi, 0.5, causal=True)
     check(o, ref, q, k, v, leaves, torch.rand_like(o) * 2 - 1, torch.bfloat16)
+
+
+def relative_position(table, cap=None):
+    """FlexAttention's relative-position bias: a learned [h, 2·16 + 1] table indexed by the clamped
+    key-minus-query distance, added to the (optionally softcapped) score."""
+    def fn(score, b, h, q_idx, kv_idx):
+        score = score if cap is None else cap * torch.tanh(score / cap)
+        return score + table[h, (kv_idx - q_idx).clamp(-16, 16) + 16]
+    return fn
+
+
+def learned_alibi(slopes):
+    def fn(score, b, h, q_idx, kv_idx):
+        return score - slopes[h] * (q_idx - kv_idx).abs()
+    return fn
+
+
+@pytest.mark.parametrize("make, shape", [
+    (relative_position, (8, 33)),
+    (lambda table: relative_position(table, cap=2.0), (8, 33)),
+    (learned_alibi, (8,)),
+], ids=["relative_position", "softcap_relative_position", "learned_alibi"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_learned_tensors_in_the_function_get_their_gradients(make, shape, causal):
+    # The gathered or learned terms run as the call's bias (cuDNN's dBias, then autograd through the
+    # gather into the table); against the same function on the whole score matrix in float32.
+    dtype = torch.bfloat16
+    start = torch.rand(shape, device="cuda") * 0.4
+    ours, theirs = start.clone().requires_grad_(), start.clone().requires_grad_()
+    q, k, v = inputs(2, 256, 320, 8, 2, 64, dtype)  # grouped heads, s_q != s_kv
+    scale = 0.5
+    o = fa.attention(q, k, v, causal=causal, scale=scale, score_mod=make(ours))
+    ref, leaves = reference(q, k, v, make(theirs), scale, causal)
+    check(o, ref, q, k, v, leaves, torch.rand_like(o) * 2 - 1, dtype)
+    assert ours.grad.shape == shape and rel(ours.grad, theirs.grad) < TOLERANCE[dtype], "the tensor's gradient"
+
+
+def test_a_learned_table_compiles_in_one_graph():
+    dtype = torch.bfloat16
+    table = (torch.rand(8, 33, device="cuda") * 0.4).requires_grad_()
+    fn = relative_position(table)
+    q, k, v = inputs(2, 256, 256, 8, 8, 64, dtype)
+    compiled = torch.compile(lambda q, k, v: fa.attention(q, k, v, causal=True, scale=0.5, score_mod=fn),
+                             fullgraph=True)
+    o = compiled(q, k, v)
+    theirs = table.detach().clone().requires_grad_()
+    ref, leaves = reference(q, k, v, relative_position(theirs), 0.5, causal=True)
+    check(o, ref, q, k, v, leaves, torch.rand_like(o) * 2 - 1, dtype)
+    assert rel(table.grad, theirs.grad) < TOLERANCE[dtype]
