@@ -8,6 +8,7 @@
 
 #include "fusedattn/errors.h"
 #include "graph/frontend_graph.h"
+#include "graph/plan_payload.h"
 
 namespace fusedattn::graph {
 namespace fe = cudnn_frontend;
@@ -105,32 +106,24 @@ class FrontendCandidates final : public Candidates {
   std::vector<std::int64_t> built_;  // candidate i is the graph's plan built_[i]
 };
 
-// The frontend's plan-only form is one UBJSON tree whose bulk (about 100 KB) is one string, the
-// backend's own JSON of the execution plan. Parsing that string out of UBJSON costs a restore a
-// sixth of its time on the H200 (nlohmann reads it byte by byte), so the payload keeps it apart:
-//   [uid count][uids][workspace][tree bytes][tree (UBJSON, without the string)][the string]
-// and loading puts it back into the parsed tree, a copy.
-constexpr const char* kBackendData = "cudnn_backend_data";
 
 }  // namespace
 
 namespace detail {
 
+// The payload: [uid count][uids][workspace][tree bytes][tree][backend string] (plan_payload.h).
 std::vector<std::uint8_t> FrontendGraph::serialize() const {
   std::vector<std::uint8_t> plan;
   if (graph_->serialize(plan, false).is_bad()) return {};
-  nlohmann::json tree = nlohmann::json::from_ubjson(plan);
-  if (!tree.contains(kBackendData) || !tree[kBackendData].is_string()) return {};  // not a form we know
-  const std::string backend = tree[kBackendData].get<std::string>();
-  tree.erase(kBackendData);
-  const std::vector<std::uint8_t> rest = nlohmann::json::to_ubjson(tree);
+  const std::optional<PlanPayload> parts = split_plan_payload(plan);
+  if (!parts) return {};  // not a form we know: not stored
   std::vector<std::uint8_t> out;
   put_u64(out, uids_.size());
   for (std::int64_t uid : uids_) put_u64(out, static_cast<std::uint64_t>(uid));
   put_u64(out, workspace_);
-  put_u64(out, rest.size());
-  out.insert(out.end(), rest.begin(), rest.end());
-  out.insert(out.end(), backend.begin(), backend.end());
+  put_u64(out, parts->tree.size());
+  out.insert(out.end(), parts->tree.begin(), parts->tree.end());
+  out.insert(out.end(), parts->backend.begin(), parts->backend.end());
   return out;
 }
 
@@ -165,9 +158,9 @@ LoadOutcome load_graph(const std::vector<std::uint8_t>& bytes, cudnnHandle_t han
     // Parsed here rather than inside deserialize(), to time the two stages apart (the disk
     // cache's log reports both); the frontend's json overload is what its byte overload calls.
     const auto start = std::chrono::steady_clock::now();
-    const auto tree_end = bytes.begin() + static_cast<std::ptrdiff_t>(at + tree_bytes);
-    auto tree = nlohmann::json::from_ubjson(bytes.begin() + static_cast<std::ptrdiff_t>(at), tree_end);
-    tree[kBackendData] = std::string(tree_end, bytes.end());
+    const std::uint8_t* tree_at = bytes.data() + at;
+    const auto tree = joined_plan_payload(tree_at, tree_bytes, reinterpret_cast<const char*>(tree_at + tree_bytes),
+                                          bytes.size() - at - tree_bytes);
     const auto parsed = std::chrono::steady_clock::now();
     // No warm-up capture: a freshly built plan gets none either, and its first call loads the kernels.
     auto status = graph->deserialize(handle, tree, false, false);
