@@ -122,23 +122,26 @@ def copy_bandwidth():
     return 2 * x.numel() / (ms * 1e-3)
 
 
-def decode(bench, batch, seq_kv, page, bandwidth):
+def decode(bench, batch, seq_kv, page, bandwidth, queries=1):
+    """One decode row. Several queries (speculative decoding) run without a mask on both sides: the
+    dense PyTorch call has no bottom-right causal mask to match ours."""
     h_q, h_kv, d = 32, 8, 128
     pages = batch * seq_kv // page
     # The dense cache doubles as the page pool (bshd pages are slices of a bshd cache), so both
     # sides read the same bytes; the page table visits the pool's pages in shuffled order.
     k = torch.rand(batch, seq_kv, h_kv, d, device="cuda", dtype=BF16)
     v = torch.rand_like(k)
-    q = torch.rand(batch, 1, h_q, d, device="cuda", dtype=BF16)
+    q = torch.rand(batch, queries, h_q, d, device="cuda", dtype=BF16)
     o = torch.empty_like(q)
     table_k = torch.randperm(pages, device="cuda", dtype=torch.int32).reshape(batch, seq_kv // page)
     table_v = torch.randperm(pages, device="cuda", dtype=torch.int32).reshape(batch, seq_kv // page)
-    len_q = torch.ones(batch, device="cuda", dtype=torch.int32)
+    len_q = torch.full((batch,), queries, device="cuda", dtype=torch.int32)
     len_kv = torch.full((batch,), seq_kv, device="cuda", dtype=torch.int32)
-    spec = bench.spec_string("bshd_paged_bshd", batch, 1, seq_kv, h_q, h_kv, d, causal=True, bottom_right=True,
-                            page_size=page, pages=pages)
+    causal = queries == 1
+    spec = bench.spec_string("bshd_paged_bshd", batch, queries, seq_kv, h_q, h_kv, d, causal=causal,
+                             bottom_right=causal, page_size=page, pages=pages)
     bytes_read = 2 * k.numel() * k.element_size()
-    row = {"b": batch, "s_kv": seq_kv, "page_size": page, "spec": spec, "kv_bytes": bytes_read}
+    row = {"b": batch, "s_q": queries, "s_kv": seq_kv, "page_size": page, "spec": spec, "kv_bytes": bytes_read}
     ms = cuda_median_ms(lambda: bench.enqueue_paged_forward(spec, q, k, v, o, len_q, len_kv, table_k, table_v, 1), 3, 20)
     row["fusedattn_us"], row["fusedattn_bw_fraction"] = ms * 1e3, bytes_read / (ms * 1e-3) / bandwidth
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -153,6 +156,28 @@ def decode(bench, batch, seq_kv, page, bandwidth):
         except Exception as error:
             row[f"{name}_error"] = short(error)
     return row
+
+
+def add_unsplit(rows, args):
+    """The same decode rows timed in a process with FUSEDATTN_SPLIT_DECODE=0 (read once per process),
+    each cache in one cuDNN call: the split's gain, beside it."""
+    import os
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
+        child = subprocess.run([sys.executable, __file__, "--build", args.build, "--out", folder, "--name", "unsplit",
+                                "--decode-only", "--max-cache-gb", str(args.max_cache_gb)],
+                               env=dict(os.environ, FUSEDATTN_SPLIT_DECODE="0"), capture_output=True, text=True)
+        if child.returncode != 0:
+            print(f"the unsplit decode run failed:\n{child.stderr[-2000:]}", flush=True)
+            return
+        unsplit = {(r["b"], r.get("s_q", 1), r["s_kv"]): r
+                   for r in json.loads((Path(folder) / "unsplit.json").read_text())["decode"]}
+    for r in rows:
+        other = unsplit.get((r["b"], r.get("s_q", 1), r["s_kv"]), {})
+        for key in ("us", "bw_fraction"):
+            if f"fusedattn_{key}" in other:
+                r[f"fusedattn_unsplit_{key}"] = other[f"fusedattn_{key}"]
 
 
 def fmt(x, form):
@@ -174,13 +199,17 @@ def markdown(step, rows, bandwidth):
                   f"| host µs per step (enqueue) | {fmt(step['fusedattn_host_us_per_step'], '{:.1f}')} | | |",
                   f"| plan builds, first / second pass | {step['plan_builds_first_pass']} / "
                   f"{step['plan_builds_second_pass']} | | |", ""]
-    lines += [f"## Decode over a paged cache (BF16, s_q 1, h 32/8, d 128), fraction of {bandwidth / 1e12:.2f} TB/s "
-              "(copy bandwidth measured in this run)", "",
-              "| b | s_kv | fusedattn paged µs | fraction | PyTorch cuDNN dense µs | fraction | PyTorch flash dense µs | fraction |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += [f"## Decode over a paged cache (BF16, h 32/8, d 128, 64-token pages), fraction of "
+              f"{bandwidth / 1e12:.2f} TB/s (copy bandwidth measured in this run); one query causal, several "
+              "without a mask; unsplit: FUSEDATTN_SPLIT_DECODE=0 in a process of its own", "",
+              "| b | s_q | s_kv | fusedattn paged µs | fraction | unsplit µs | fraction | PyTorch cuDNN dense µs | "
+              "fraction | PyTorch flash dense µs | fraction |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['b']} | {r['s_kv']} | {fmt(r.get('fusedattn_us'), '{:.1f}')} | "
-                     f"{fmt(r.get('fusedattn_bw_fraction'), '{:.2f}')} | {fmt(r.get('torch_cudnn_dense_us'), '{:.1f}')} | "
+        lines.append(f"| {r['b']} | {r.get('s_q', 1)} | {r['s_kv']} | {fmt(r.get('fusedattn_us'), '{:.1f}')} | "
+                     f"{fmt(r.get('fusedattn_bw_fraction'), '{:.2f}')} | {fmt(r.get('fusedattn_unsplit_us'), '{:.1f}')} | "
+                     f"{fmt(r.get('fusedattn_unsplit_bw_fraction'), '{:.2f}')} | "
+                     f"{fmt(r.get('torch_cudnn_dense_us'), '{:.1f}')} | "
                      f"{fmt(r.get('torch_cudnn_dense_bw_fraction'), '{:.2f}')} | {fmt(r.get('torch_flash_dense_us'), '{:.1f}')} | "
                      f"{fmt(r.get('torch_flash_dense_bw_fraction'), '{:.2f}')} |")
     return "\n".join(lines)
@@ -194,29 +223,35 @@ def main():
     parser.add_argument("--tokens", type=int, default=32768, help="tokens per packed training step")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--max-cache-gb", type=float, default=40.0, help="skip decode rows whose K+V exceed this")
+    parser.add_argument("--decode-only", action="store_true", help="only the decode rows (the unsplit child)")
+    parser.add_argument("--no-unsplit", action="store_true", help="do not time the unsplit decode beside")
     args = parser.parse_args()
     bench = Bench(load(args.build)[0])
     info = bench.build_info()
     print(f"{info}\nPyTorch {torch.__version__}, its cuDNN {torch.backends.cudnn.version()}\n", flush=True)
-    failures = []
-    try:
-        step = training_step(bench, args)
-    except Exception as error:
-        step, failures = None, failures + [{"what": "training step", "error": short(error)}]
+    failures, step = [], None
+    if not args.decode_only:
+        try:
+            step = training_step(bench, args)
+        except Exception as error:
+            failures.append({"what": "training step", "error": short(error)})
     bandwidth = copy_bandwidth()
     rows = []
-    for batch in (1, 8, 64, 128):
-        for seq_kv in (2048, 8192, 32768, 131072):
-            gb = 2 * batch * seq_kv * 8 * 128 * 2 / 1e9
-            if gb > args.max_cache_gb:
-                rows.append({"b": batch, "s_kv": seq_kv, "skipped": f"K+V {gb:.0f} GB > --max-cache-gb"})
-                continue
-            print(f"decode b={batch} s_kv={seq_kv} ...", flush=True)
-            try:
-                rows.append(decode(bench, batch, seq_kv, 64, bandwidth))
-                torch.cuda.empty_cache()  # the next cache may be larger: hand this one's memory back
-            except Exception as error:
-                failures.append({"what": f"decode b={batch} s_kv={seq_kv}", "error": short(error)})
+    points = [(batch, 1, seq_kv) for batch in (1, 8, 64, 128) for seq_kv in (2048, 8192, 32768, 131072)]
+    points += [(4, queries, 8192) for queries in (8, 16)] + [(1, 16, 32768)]
+    for batch, queries, seq_kv in points:
+        gb = 2 * batch * seq_kv * 8 * 128 * 2 / 1e9
+        if gb > args.max_cache_gb:
+            rows.append({"b": batch, "s_q": queries, "s_kv": seq_kv, "skipped": f"K+V {gb:.0f} GB > --max-cache-gb"})
+            continue
+        print(f"decode b={batch} s_q={queries} s_kv={seq_kv} ...", flush=True)
+        try:
+            rows.append(decode(bench, batch, seq_kv, 64, bandwidth, queries))
+            torch.cuda.empty_cache()  # the next cache may be larger: hand this one's memory back
+        except Exception as error:
+            failures.append({"what": f"decode b={batch} s_q={queries} s_kv={seq_kv}", "error": short(error)})
+    if not args.decode_only and not args.no_unsplit:
+        add_unsplit(rows, args)
     gpu = torch.cuda.get_device_name()
     name = args.name or f"{datetime.datetime.now():%Y%m%d-%H%M}_{gpu.replace(' ', '_')}_varlen"
     out = Path(args.out)

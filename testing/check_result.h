@@ -18,6 +18,8 @@ struct CheckOptions {
   std::uint64_t seed = 0;                                  ///< 0: draw one from std::random_device
   /// A score modifier's scalars ($0, $1, ...); empty: drawn uniformly from [0.5, 2] per check.
   std::vector<float> score_mod_scalars;
+  /// A padded dense spec's lengths, one per batch entry (empty: drawn, entry 0 the longest).
+  std::vector<std::int32_t> seq_len_q, seq_len_kv;
 };
 
 /// Outcome of one check. Errors are relative L2 errors; NaN means "not computed".

@@ -129,6 +129,7 @@ CheckResult check_against_reference(const AttentionSpec& spec, const CheckOption
     AttentionBuffers buffers(p.spec, options.backward);
     buffers.fill_inputs(p.options.seed);
     if (!options.score_mod_scalars.empty()) buffers.set_score_mod_scalars(options.score_mod_scalars);
+    if (!options.seq_len_kv.empty()) buffers.set_lengths(options.seq_len_q, options.seq_len_kv);
     p.ref.score_mod_scalars = buffers.score_mod_scalars();
     p.ref.score_mod_tensors = buffers.score_mod_tensors();
     if (ragged) set_ragged_lengths(p.run_spec, buffers);

@@ -14,6 +14,7 @@
 #include "cache/disk_cache.h"
 #include "exec/autotune.h"
 #include "exec/causal_composite.h"
+#include "exec/decode_split.h"
 #include "exec/device.h"
 #include "exec/kv_expansion.h"
 #include "fusedattn/build_info.h"
@@ -152,6 +153,13 @@ std::shared_ptr<const detail::CacheEntry> build_entry(const PlanKey& key) {
   entry->support = check_support_policy(key.spec, key.pass, DeviceCaps{key.sm / 10, key.sm % 10},
                                         detail::versions());
   if (!entry->support.ok()) return entry;
+  const detail::DecodeSplit split = detail::decode_split_in_use(key.spec, key.pass, key.device);
+  if (split.split() && check_support(detail::decode_full_chunks_spec(key.spec, split), key.pass).ok() &&
+      check_support(detail::decode_final_chunk_spec(key.spec, split), key.pass).ok()) {
+    // The chunks' plans are cached under their own specs; where cuDNN refuses one, one call.
+    entry->plan = std::make_shared<Plan>(key.spec, key.pass, key.device, nullptr);
+    return entry;
+  }
   const detail::CausalBlocks blocks = detail::causal_blocks_in_use(key.spec);
   if (blocks.split()) {
     // Each block's plan and answer are cached under its own spec; the first refusal is the answer.

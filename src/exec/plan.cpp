@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "exec/causal_composite.h"
+#include "exec/decode_split.h"
 #include "exec/cuda_check.h"
 #include "exec/device.h"
 #include "exec/kv_expansion.h"
@@ -245,9 +246,18 @@ std::atomic<std::size_t> g_live_plans{0};
 }  // namespace
 
 namespace {
-// Without a graph the spec runs as causal blocks (support/causal_blocks.h), each a plan of its own.
-std::unique_ptr<const detail::CausalComposite> blocks_of(const AttentionSpec& spec, Pass pass, bool has_graph) {
+// Without a graph the spec runs as several calls, each a plan of its own: a paged decode split into
+// key chunks (support/decode_split.h), or causal blocks (support/causal_blocks.h).
+std::unique_ptr<const detail::DecodeSplitComposite> split_of(const AttentionSpec& spec, Pass pass, int device,
+                                                             bool has_graph) {
   if (has_graph) return nullptr;
+  const detail::DecodeSplit split = detail::decode_split_in_use(spec, pass, device);
+  return split.split() ? std::make_unique<const detail::DecodeSplitComposite>(spec, split) : nullptr;
+}
+
+std::unique_ptr<const detail::CausalComposite> blocks_of(const AttentionSpec& spec, Pass pass, bool has_graph,
+                                                         bool split) {
+  if (has_graph || split) return nullptr;
   const detail::CausalBlocks blocks = detail::causal_blocks_in_use(spec);
   if (!blocks.split()) throw std::logic_error("fusedattn: a plan without a graph for a spec that is not split");
   return std::make_unique<const detail::CausalComposite>(spec, pass, blocks);
@@ -259,9 +269,11 @@ Plan::Plan(AttentionSpec spec, Pass pass, int device, std::shared_ptr<const grap
       kv_expansion_(graph && detail::expands_kv_heads_on(spec_, pass, device)
                         ? std::make_unique<const detail::KvExpansion>(spec_)
                         : nullptr),
-      blocks_(blocks_of(spec_, pass, graph != nullptr)),
-      scratch_bytes_(blocks_ ? blocks_->workspace_bytes()
-                             : scratch_for(spec_, pass) + (kv_expansion_ ? kv_expansion_->workspace_bytes() : 0)),
+      split_(split_of(spec_, pass, device, graph != nullptr)),
+      blocks_(blocks_of(spec_, pass, graph != nullptr, split_ != nullptr)),
+      scratch_bytes_(split_    ? split_->workspace_bytes()
+                     : blocks_ ? blocks_->workspace_bytes()
+                               : scratch_for(spec_, pass) + (kv_expansion_ ? kv_expansion_->workspace_bytes() : 0)),
       graph_workspace_bytes_(!graph ? 0 : scratch_bytes_ ? round_up(graph->workspace_bytes()) : graph->workspace_bytes()),
       graph_(std::move(graph)), zero_sink_(zero_sink(spec_)),
       replays_(std::make_unique<detail::ReplayCache>()) {
@@ -291,9 +303,11 @@ void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const 
   }
   if (spec_.max_logit != MaxLogit::none) require_pointer("tensors.max_logit", t.max_logit);
   if (is_fp8(spec_.q.dtype)) require_scales(t.fp8);
-  if (blocks_) {
+  if (split_ || blocks_) {
     CallWorkspace scratch(workspace_bytes(), workspace, stream);
-    blocks_->forward(t, scale, stream, static_cast<char*>(scratch.data()));
+    char* data = static_cast<char*>(scratch.data());
+    if (split_) split_->forward(t, scale, stream, data);
+    if (blocks_) blocks_->forward(t, scale, stream, data);
     return;
   }
   detail::PointersByUid pointers = detail::forward_pointers(t, &scale);

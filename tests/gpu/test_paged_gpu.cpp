@@ -3,10 +3,12 @@
 // reference on the gathered K/V (the checker copies each sequence's pages to shuffled pool pages).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "fusedattn/spec.h"
+#include "testing/reference_check.h"
 #include "gpu_skip.h"
 #include "supported_passes.h"
 
@@ -40,6 +42,16 @@ std::vector<Case> paged_cases() {
   }
   out.push_back({"no_mask_prefill_bf16",
                  "layout=sbhd_paged_bshd dtype=bf16 b=2 s_q=100 s_kv=256 h_q=8 h_kv=2 d=128 page_size=64 pages=12"});
+  // Split decodes (src/support/decode_split.h; the cases above with b * h_kv < 264 split too): one
+  // sequence over long caches, and several queries without a mask.
+  out.push_back({"split_b1_8k", "layout=bshd_paged_bshd dtype=bf16 b=1 s_q=1 s_kv=8192 h_q=32 h_kv=8 d=128 "
+                                "page_size=64 pages=128 causal align=bottom_right"});
+  out.push_back({"split_b2_32k_sbhd", "layout=sbhd_paged_sbhd dtype=bf16 b=2 s_q=1 s_kv=32768 h_q=32 h_kv=8 d=128 "
+                                      "page_size=64 pages=1024 causal align=bottom_right"});
+  out.push_back({"split_q12_causal", "layout=bshd_paged_bshd dtype=bf16 b=3 s_q=12 s_kv=4096 h_q=16 h_kv=4 d=128 "
+                                     "page_size=64 pages=192 causal align=bottom_right"});
+  out.push_back({"split_q4_no_mask_f16", "layout=bshd_paged_sbhd dtype=f16 b=2 s_q=4 s_kv=2048 h_q=8 h_kv=2 d=64 "
+                                         "page_size=32 pages=128"});
   return out;
 }
 
@@ -52,6 +64,37 @@ TEST_P(PagedNumerics, MatchesReferenceOnGatheredKv) {
 
 INSTANTIATE_TEST_SUITE_P(Gpu, PagedNumerics, ::testing::ValuesIn(paged_cases()),
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// A split decode's edges, with lengths chosen: an empty sequence, one key, one page, a page
+// multiple, one short of the cache and the whole cache (chunks of 256 keys: 4 pages of 64).
+TEST(PagedSplitDecode, EmptySequencesOnePageAndPageMultiples) {
+  FUSEDATTN_REQUIRE_GPU();
+  const AttentionSpec spec = parse_spec("layout=bshd_paged_bshd dtype=bf16 b=6 s_q=1 s_kv=8192 h_q=32 h_kv=8 d=128 "
+                                        "page_size=64 pages=768 causal align=bottom_right");
+  check::CheckOptions options;
+  options.backward = false;
+  options.seq_len_q = {1, 1, 1, 1, 1, 1};
+  options.seq_len_kv = {0, 1, 64, 4096, 8191, 8192};
+  const check::CheckResult result = check::check_against_reference(spec, options);
+  std::printf("  %s\n", result.to_string().c_str());
+  EXPECT_TRUE(result.passed) << result.to_string();
+}
+
+// Several causal queries: the final chunk must hold every key some query cannot see. Chunks of 256
+// keys (b = 3, h_kv = 4: 8 chunks); 1027 keys would leave 3 for a final chunk after 4 full ones, so
+// the final chunk takes 259; 1036 leaves 12, exactly its queries; 12 keys for 12 queries.
+TEST(PagedSplitDecode, TheFinalChunkHoldsTheMaskedKeys) {
+  FUSEDATTN_REQUIRE_GPU();
+  const AttentionSpec spec = parse_spec("layout=bshd_paged_bshd dtype=bf16 b=3 s_q=12 s_kv=2048 h_q=16 h_kv=4 d=128 "
+                                        "page_size=64 pages=96 causal align=bottom_right");
+  check::CheckOptions options;
+  options.backward = false;
+  options.seq_len_q = {8, 12, 12};
+  options.seq_len_kv = {1027, 1032 + 4, 12};
+  const check::CheckResult result = check::check_against_reference(spec, options);
+  std::printf("  %s\n", result.to_string().c_str());
+  EXPECT_TRUE(result.passed) << result.to_string();
+}
 
 }  // namespace
 }  // namespace fusedattn
