@@ -154,8 +154,8 @@ std::shared_ptr<const detail::CacheEntry> build_entry(const PlanKey& key) {
                                         detail::versions());
   if (!entry->support.ok()) return entry;
   const detail::DecodeSplit split = detail::decode_split_in_use(key.spec, key.pass, key.device);
-  if (split.split() && check_support(detail::decode_full_chunks_spec(key.spec, split), key.pass).ok() &&
-      check_support(detail::decode_final_chunk_spec(key.spec, split), key.pass).ok()) {
+  if (split.split() && check_support(detail::decode_chunks_spec(key.spec, split), key.pass).ok() &&
+      (!detail::has_masked_call(split) || check_support(detail::decode_masked_spec(key.spec, split), key.pass).ok())) {
     // The chunks' plans are cached under their own specs; where cuDNN refuses one, one call.
     entry->plan = std::make_shared<Plan>(key.spec, key.pass, key.device, nullptr);
     return entry;

@@ -1,4 +1,4 @@
-// A split paged decode (decode_split.h): the kernels that cut, copy and merge, and the two calls.
+// A split paged decode (decode_split.h): the kernels that cut, copy and merge, and the calls.
 #include "exec/decode_split.h"
 
 #include <cuda_bf16.h>
@@ -25,17 +25,17 @@ std::size_t round_up(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign *
 
 // Where each of our arrays lies after the inner plans' workspace, in bytes.
 struct Scratch {
-  std::size_t q_full, o_full, o_final, stats_full, stats_final;
-  std::size_t table_k_full, table_v_full, table_k_final, table_v_final;
-  std::size_t len_q_full, len_kv_full, len_q_final, len_kv_final, full_counts, bytes;
+  std::size_t q_chunks, o_chunks, o_masked, stats_chunks, stats_masked;
+  std::size_t table_k_chunks, table_v_chunks, table_k_masked, table_v_masked;
+  std::size_t len_q_chunks, len_kv_chunks, len_q_masked, len_kv_masked, bytes;
 };
 
 Scratch scratch_of(const AttentionSpec& spec, const DecodeSplit& split) {
-  const auto b = static_cast<std::size_t>(spec.batch()), entries = b * static_cast<std::size_t>(split.chunks - 1);
+  const auto b = static_cast<std::size_t>(spec.batch()), entries = b * static_cast<std::size_t>(split.chunks);
   const auto rows = static_cast<std::size_t>(spec.heads_q() * spec.seq_q());
   const std::size_t element = size_of(spec.q.dtype);
   const auto d_qk = static_cast<std::size_t>(spec.head_dim_qk()), d_v = static_cast<std::size_t>(spec.head_dim_v());
-  const auto pages = static_cast<std::size_t>(split.chunk_pages);
+  const auto pages = static_cast<std::size_t>(split.chunk_pages), masked = static_cast<std::size_t>(split.final_pages);
   Scratch s{};
   std::size_t at = 0;
   auto take = [&](std::size_t bytes) {
@@ -43,96 +43,99 @@ Scratch scratch_of(const AttentionSpec& spec, const DecodeSplit& split) {
     at += round_up(bytes);
     return here;
   };
-  s.q_full = take(entries * rows * d_qk * element);
-  s.o_full = take(entries * rows * d_v * element);
-  s.o_final = take(b * rows * d_v * element);
-  s.stats_full = take(entries * rows * sizeof(float));
-  s.stats_final = take(b * rows * sizeof(float));
-  s.table_k_full = take(entries * pages * sizeof(std::int32_t));
-  s.table_v_full = take(entries * pages * sizeof(std::int32_t));
-  s.table_k_final = take(b * (pages + 1) * sizeof(std::int32_t));
-  s.table_v_final = take(b * (pages + 1) * sizeof(std::int32_t));
-  s.len_q_full = take(entries * sizeof(std::int32_t));
-  s.len_kv_full = take(entries * sizeof(std::int32_t));
-  s.len_q_final = take(b * sizeof(std::int32_t));
-  s.len_kv_final = take(b * sizeof(std::int32_t));
-  s.full_counts = take(b * sizeof(std::int32_t));
+  s.q_chunks = take(entries * rows * d_qk * element);
+  s.o_chunks = take(entries * rows * d_v * element);
+  s.o_masked = take(b * rows * d_v * element);
+  s.stats_chunks = take(entries * rows * sizeof(float));
+  s.stats_masked = take(b * rows * sizeof(float));
+  s.table_k_chunks = take(entries * pages * sizeof(std::int32_t));
+  s.table_v_chunks = take(entries * pages * sizeof(std::int32_t));
+  s.table_k_masked = take(b * masked * sizeof(std::int32_t));
+  s.table_v_masked = take(b * masked * sizeof(std::int32_t));
+  s.len_q_chunks = take(entries * sizeof(std::int32_t));
+  s.len_kv_chunks = take(entries * sizeof(std::int32_t));
+  s.len_q_masked = take(b * sizeof(std::int32_t));
+  s.len_kv_masked = take(b * sizeof(std::int32_t));
   s.bytes = at;
   return s;
 }
 
 struct Cut {
-  int chunks;         // a sequence's chunks, the final one included
-  int chunk_pages;    // pages of a full chunk
-  int pages;          // entries of a row of the caller's page tables (kv_pages)
-  int chunk_keys;     // chunk_pages * page size
-  bool causal_queries;  // bottom-right causal with several queries (decode_chunks)
+  int chunks;           // chunks a sequence's keys take in the unmasked call
+  int chunk_pages;      // pages of a chunk
+  int masked_pages;     // pages of the masked call's table; 0: none
+  int pages;            // entries of a row of the caller's page tables (kv_pages)
+  int page_size;
 };
 
-// decode_chunks (support/decode_split.cpp), on the device.
-__device__ int full_chunks(int keys, int queries, const Cut& cut) {
+// decode_cut (support/decode_split.cpp), on the device: the keys every query sees.
+__device__ int unmasked_keys(int keys, int queries, const Cut& cut) {
   if (keys <= 0) return 0;
-  int full = (keys - 1) / cut.chunk_keys;
-  if (cut.causal_queries && full > 0 && keys - full * cut.chunk_keys < queries) --full;
-  return full;
+  if (cut.masked_pages == 0) return keys;
+  return max(keys - queries, 0) / cut.page_size * cut.page_size;
 }
 
-// One block per sequence: its chunks' lengths and page-table slices (full chunks: chunk c's
-// pages c * chunk_pages ..; the final chunk: from full * chunk_pages on, one page more, entries past
-// the row naming the row's first page, which no key reaches).
+// The page-table entry `page` of sequence i's row; entries past the row name the row's first page,
+// which no key of theirs reaches (a chunk's length stops before).
+__device__ std::int32_t page_of(const std::int32_t* table, std::int64_t row, int page, int pages) {
+  return table[row + (page < pages ? page : 0)];
+}
+
+// One block per sequence: its chunks' lengths and tables, and its masked call's.
 __global__ void cut_kernel(Cut cut, const std::int32_t* len_q, const std::int32_t* len_kv, const std::int32_t* table_k,
-                           const std::int32_t* table_v, std::int32_t* table_k_full, std::int32_t* table_v_full,
-                           std::int32_t* table_k_final, std::int32_t* table_v_final, std::int32_t* len_q_full,
-                           std::int32_t* len_kv_full, std::int32_t* len_q_final, std::int32_t* len_kv_final,
-                           std::int32_t* full_counts) {
+                           const std::int32_t* table_v, std::int32_t* table_k_chunks, std::int32_t* table_v_chunks,
+                           std::int32_t* table_k_masked, std::int32_t* table_v_masked, std::int32_t* len_q_chunks,
+                           std::int32_t* len_kv_chunks, std::int32_t* len_q_masked, std::int32_t* len_kv_masked) {
   const int i = static_cast<int>(blockIdx.x);
   const int queries = len_q[i], keys = len_kv[i];
-  const int full = full_chunks(keys, queries, cut);
-  const int fulls = cut.chunks - 1;  // full-chunk entries a sequence has, used or not
+  const int unmasked = unmasked_keys(keys, queries, cut);
+  const int chunk_keys = cut.chunk_pages * cut.page_size;
   const std::int64_t row = static_cast<std::int64_t>(i) * cut.pages;
-  for (int c = static_cast<int>(threadIdx.x); c < fulls; c += blockDim.x) {
-    const std::int64_t e = static_cast<std::int64_t>(i) * fulls + c;
-    len_q_full[e] = queries;
-    len_kv_full[e] = c < full ? cut.chunk_keys : 0;
+  for (int c = static_cast<int>(threadIdx.x); c < cut.chunks; c += blockDim.x) {
+    const std::int64_t e = static_cast<std::int64_t>(i) * cut.chunks + c;
+    const int chunk = min(max(unmasked - c * chunk_keys, 0), chunk_keys);
+    len_kv_chunks[e] = chunk;
+    len_q_chunks[e] = chunk > 0 ? queries : 0;  // an entry without keys computes nothing
   }
-  const int full_slots = fulls * cut.chunk_pages;
-  for (int j = static_cast<int>(threadIdx.x); j < full_slots; j += blockDim.x) {
-    const std::int64_t out = static_cast<std::int64_t>(i) * full_slots + j;  // entry i * fulls + j / chunk_pages
-    table_k_full[out] = table_k[row + j];  // j < fulls * chunk_pages < pages
-    table_v_full[out] = table_v[row + j];
+  const int slots = cut.chunks * cut.chunk_pages;  // chunk c's pages: c * chunk_pages ..
+  for (int j = static_cast<int>(threadIdx.x); j < slots; j += blockDim.x) {
+    const std::int64_t out = static_cast<std::int64_t>(i) * slots + j;
+    table_k_chunks[out] = page_of(table_k, row, j, cut.pages);
+    table_v_chunks[out] = page_of(table_v, row, j, cut.pages);
   }
-  const int final_slots = cut.chunk_pages + 1;
-  for (int j = static_cast<int>(threadIdx.x); j < final_slots; j += blockDim.x) {
-    const int page = full * cut.chunk_pages + j;
-    const std::int64_t from = row + (page < cut.pages ? page : 0);
-    table_k_final[static_cast<std::int64_t>(i) * final_slots + j] = table_k[from];
-    table_v_final[static_cast<std::int64_t>(i) * final_slots + j] = table_v[from];
+  if (cut.masked_pages == 0) return;
+  const int first = unmasked / cut.page_size;  // the masked keys start at a page
+  for (int j = static_cast<int>(threadIdx.x); j < cut.masked_pages; j += blockDim.x) {
+    const std::int64_t out = static_cast<std::int64_t>(i) * cut.masked_pages + j;
+    table_k_masked[out] = page_of(table_k, row, first + j, cut.pages);
+    table_v_masked[out] = page_of(table_v, row, first + j, cut.pages);
   }
   if (threadIdx.x == 0) {
-    len_q_final[i] = queries;
-    len_kv_final[i] = keys - full * cut.chunk_keys;
-    full_counts[i] = full;
+    len_kv_masked[i] = keys - unmasked;
+    len_q_masked[i] = keys - unmasked > 0 ? queries : 0;
   }
 }
 
-// The queries of every full-chunk entry: entry e = i * fulls + c is sequence i's, dense bshd.
-__global__ void copy_queries_kernel(Strided q, Strided out, std::int64_t fulls, const std::uint16_t* from,
+// The queries of every chunk: entry e = i * chunks + c is sequence i's, dense bshd.
+__global__ void copy_queries_kernel(Strided q, Strided out, std::int64_t chunks, const std::uint16_t* from,
                                     std::uint16_t* to, std::int64_t n) {
   const std::int64_t per_entry = out.dims[1] * out.dims[2] * out.dims[3];
   for (std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; k < n;
        k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t sequence = k / per_entry / fulls;
+    const std::int64_t sequence = k / per_entry / chunks;
     to[strided_offset(out, k)] = from[strided_offset(q, sequence * per_entry + k % per_entry)];
   }
 }
 
-// Per element of the caller's O (logical [b, h, s, d] order): the chunks' partials merged by their
-// log-sum-exp. Partials are dense bshd [entries, s_q, h, d_v]; statistics [entries, h, s_q].
+// Per element of the caller's O (logical [b, h, s, d] order): the partials of the chunks with keys
+// merged by their log-sum-exp. Partials are dense bshd [entries, s_q, h, d_v]; statistics
+// [entries, h, s_q]. A row whose chunks have no keys (or a statistic that is not finite) gets 0
+// and a log-sum-exp of -inf, as the references give a row that sees no key.
 template <class T>
-__global__ void merge_kernel(Strided o, T* out, float* stats, const T* o_full, const T* o_final,
-                             const float* stats_full, const float* stats_final, const std::int32_t* len_q,
-                             const std::int32_t* len_kv_final, const std::int32_t* full_counts, std::int64_t fulls,
-                             std::int64_t n) {
+__global__ void merge_kernel(Strided o, T* out, float* stats, const T* o_chunks, const T* o_masked,
+                             const float* stats_chunks, const float* stats_masked, const std::int32_t* len_q,
+                             const std::int32_t* len_kv_chunks, const std::int32_t* len_kv_masked,
+                             std::int64_t chunks, std::int64_t n) {
   const std::int64_t h = o.dims[1], s = o.dims[2], d = o.dims[3];
   for (std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; k < n;
        k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -142,25 +145,30 @@ __global__ void merge_kernel(Strided o, T* out, float* stats, const T* o_full, c
       out[strided_offset(o, k)] = from_float<T>(0.0f);
       continue;
     }
-    const int full = full_counts[i];
-    const bool has_final = len_kv_final[i] > 0;
-    // The largest log-sum-exp of the chunks that have keys (-inf, and so O = 0, where none do).
-    float largest = -INFINITY;
-    for (int c = 0; c < full; ++c) largest = fmaxf(largest, stats_full[(i * fulls + c) * h * s + stats_row]);
-    const float lse_final = has_final ? stats_final[i * h * s + stats_row] : -INFINITY;
-    largest = fmaxf(largest, lse_final);
+    auto lse_of = [&](const float* table, std::int64_t e, bool has_keys) {
+      const float lse = has_keys ? table[e * h * s + stats_row] : -INFINITY;
+      return isfinite(lse) ? lse : -INFINITY;
+    };
+    const bool masked = o_masked != nullptr && len_kv_masked[i] > 0;
+    float largest = masked ? lse_of(stats_masked, i, true) : -INFINITY;
+    for (std::int64_t c = 0; c < chunks; ++c) {
+      largest = fmaxf(largest, lse_of(stats_chunks, i * chunks + c, len_kv_chunks[i * chunks + c] > 0));
+    }
     float weight_sum = 0.0f, acc = 0.0f;
     if (largest > -INFINITY) {
-      for (int c = 0; c < full; ++c) {
-        const std::int64_t e = i * fulls + c;
-        const float w = __expf(stats_full[e * h * s + stats_row] - largest);
+      for (std::int64_t c = 0; c < chunks; ++c) {
+        const std::int64_t e = i * chunks + c;
+        const float lse = lse_of(stats_chunks, e, len_kv_chunks[e] > 0);
+        if (lse == -INFINITY) continue;
+        const float w = __expf(lse - largest);
         weight_sum += w;
-        acc += w * to_float(o_full[((e * s + r) * h + head) * d + col]);
+        acc += w * to_float(o_chunks[((e * s + r) * h + head) * d + col]);
       }
-      if (has_final && lse_final > -INFINITY) {
-        const float w = __expf(lse_final - largest);
+      const float lse = masked ? lse_of(stats_masked, i, true) : -INFINITY;
+      if (lse > -INFINITY) {
+        const float w = __expf(lse - largest);
         weight_sum += w;
-        acc += w * to_float(o_final[((i * s + r) * h + head) * d + col]);
+        acc += w * to_float(o_masked[((i * s + r) * h + head) * d + col]);
       }
     }
     out[strided_offset(o, k)] = from_float<T>(weight_sum > 0.0f ? acc / weight_sum : 0.0f);
@@ -187,54 +195,52 @@ DecodeSplit decode_split_in_use(const AttentionSpec& spec, Pass pass, int device
 }
 
 DecodeSplitComposite::DecodeSplitComposite(const AttentionSpec& spec, DecodeSplit split)
-    : spec_(spec), split_(split),
-      full_(get_plan(decode_full_chunks_spec(spec, split), Pass::forward)),
-      final_(get_plan(decode_final_chunk_spec(spec, split), Pass::forward)),
-      inner_workspace_(round_up(std::max(full_->workspace_bytes(), final_->workspace_bytes()))),
+    : spec_(spec), split_(split), chunks_(get_plan(decode_chunks_spec(spec, split), Pass::forward)),
+      masked_(has_masked_call(split) ? get_plan(decode_masked_spec(spec, split), Pass::forward) : nullptr),
+      inner_workspace_(round_up(std::max(chunks_->workspace_bytes(), masked_ ? masked_->workspace_bytes() : 0))),
       scratch_bytes_(scratch_of(spec, split).bytes) {}
 
 void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStream_t stream, char* workspace) const {
   const Scratch s = scratch_of(spec_, split_);
   char* ours = workspace + inner_workspace_;
-  const std::int64_t b = spec_.batch(), fulls = split_.chunks - 1;
-  Cut cut;
-  cut.chunks = static_cast<int>(split_.chunks);
-  cut.chunk_pages = static_cast<int>(split_.chunk_pages);
-  cut.pages = static_cast<int>(spec_.kv_pages);
-  cut.chunk_keys = static_cast<int>(split_.chunk_pages * spec_.page_size());
-  cut.causal_queries = spec_.window.causal() && spec_.alignment == Alignment::bottom_right && spec_.seq_q() > 1;
+  const std::int64_t b = spec_.batch();
+  const Cut cut{static_cast<int>(split_.chunks), static_cast<int>(split_.chunk_pages),
+                static_cast<int>(split_.final_pages), static_cast<int>(spec_.kv_pages),
+                static_cast<int>(spec_.page_size())};
   cut_kernel<<<static_cast<unsigned int>(b), kThreads, 0, stream>>>(
-      cut, t.seq_len_q, t.seq_len_kv, t.page_table_k, t.page_table_v, at<std::int32_t>(ours, s.table_k_full),
-      at<std::int32_t>(ours, s.table_v_full), at<std::int32_t>(ours, s.table_k_final),
-      at<std::int32_t>(ours, s.table_v_final), at<std::int32_t>(ours, s.len_q_full),
-      at<std::int32_t>(ours, s.len_kv_full), at<std::int32_t>(ours, s.len_q_final),
-      at<std::int32_t>(ours, s.len_kv_final), at<std::int32_t>(ours, s.full_counts));
+      cut, t.seq_len_q, t.seq_len_kv, t.page_table_k, t.page_table_v, at<std::int32_t>(ours, s.table_k_chunks),
+      at<std::int32_t>(ours, s.table_v_chunks), at<std::int32_t>(ours, s.table_k_masked),
+      at<std::int32_t>(ours, s.table_v_masked), at<std::int32_t>(ours, s.len_q_chunks),
+      at<std::int32_t>(ours, s.len_kv_chunks), at<std::int32_t>(ours, s.len_q_masked),
+      at<std::int32_t>(ours, s.len_kv_masked));
   check_cuda(cudaGetLastError(), "decode split: cut");
-  const AttentionSpec& full = full_->spec();
-  const std::int64_t q_elements = full.q.elements();
+  const AttentionSpec& chunked = chunks_->spec();
+  const std::int64_t q_elements = chunked.q.elements();
   copy_queries_kernel<<<grid_stride_blocks(q_elements, kThreads), kThreads, 0, stream>>>(
-      make_strided(spec_.q), make_strided(full.q), fulls, static_cast<const std::uint16_t*>(t.q),
-      at<std::uint16_t>(ours, s.q_full), q_elements);
+      make_strided(spec_.q), make_strided(chunked.q), split_.chunks, static_cast<const std::uint16_t*>(t.q),
+      at<std::uint16_t>(ours, s.q_chunks), q_elements);
   check_cuda(cudaGetLastError(), "decode split: copy queries");
 
   const Workspace inner{workspace, inner_workspace_};
-  ForwardTensors ft = t;  // the caller's pools
-  ft.q = ours + s.q_full;
-  ft.o = ours + s.o_full;
-  ft.stats = at<float>(ours, s.stats_full);
-  ft.seq_len_q = at<std::int32_t>(ours, s.len_q_full);
-  ft.seq_len_kv = at<std::int32_t>(ours, s.len_kv_full);
-  ft.page_table_k = at<std::int32_t>(ours, s.table_k_full);
-  ft.page_table_v = at<std::int32_t>(ours, s.table_v_full);
-  full_->run(ft, scale, stream, inner);
-  ForwardTensors fin = t;  // the caller's queries and pools
-  fin.o = ours + s.o_final;
-  fin.stats = at<float>(ours, s.stats_final);
-  fin.seq_len_q = at<std::int32_t>(ours, s.len_q_final);
-  fin.seq_len_kv = at<std::int32_t>(ours, s.len_kv_final);
-  fin.page_table_k = at<std::int32_t>(ours, s.table_k_final);
-  fin.page_table_v = at<std::int32_t>(ours, s.table_v_final);
-  final_->run(fin, scale, stream, inner);
+  ForwardTensors part = t;  // the caller's pools
+  part.q = ours + s.q_chunks;
+  part.o = ours + s.o_chunks;
+  part.stats = at<float>(ours, s.stats_chunks);
+  part.seq_len_q = at<std::int32_t>(ours, s.len_q_chunks);
+  part.seq_len_kv = at<std::int32_t>(ours, s.len_kv_chunks);
+  part.page_table_k = at<std::int32_t>(ours, s.table_k_chunks);
+  part.page_table_v = at<std::int32_t>(ours, s.table_v_chunks);
+  chunks_->run(part, scale, stream, inner);
+  if (masked_) {
+    ForwardTensors rest = t;  // the caller's queries and pools
+    rest.o = ours + s.o_masked;
+    rest.stats = at<float>(ours, s.stats_masked);
+    rest.seq_len_q = at<std::int32_t>(ours, s.len_q_masked);
+    rest.seq_len_kv = at<std::int32_t>(ours, s.len_kv_masked);
+    rest.page_table_k = at<std::int32_t>(ours, s.table_k_masked);
+    rest.page_table_v = at<std::int32_t>(ours, s.table_v_masked);
+    masked_->run(rest, scale, stream, inner);
+  }
 
   const std::int64_t n = spec_.o.elements();
   const unsigned int blocks = grid_stride_blocks(n, kThreads);
@@ -242,9 +248,10 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
   auto merge = [&](auto* out) {
     using T = std::remove_pointer_t<decltype(out)>;
     merge_kernel<T><<<blocks, kThreads, 0, stream>>>(
-        make_strided(spec_.o), out, stats, at<const T>(ours, s.o_full), at<const T>(ours, s.o_final),
-        at<const float>(ours, s.stats_full), at<const float>(ours, s.stats_final), t.seq_len_q,
-        at<const std::int32_t>(ours, s.len_kv_final), at<const std::int32_t>(ours, s.full_counts), fulls, n);
+        make_strided(spec_.o), out, stats, at<const T>(ours, s.o_chunks),
+        masked_ ? at<const T>(ours, s.o_masked) : nullptr, at<const float>(ours, s.stats_chunks),
+        at<const float>(ours, s.stats_masked), t.seq_len_q, at<const std::int32_t>(ours, s.len_kv_chunks),
+        at<const std::int32_t>(ours, s.len_kv_masked), split_.chunks, n);
   };
   if (spec_.o.dtype == DType::bf16) {
     merge(static_cast<__nv_bfloat16*>(t.o));

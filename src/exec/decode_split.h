@@ -1,12 +1,12 @@
-// Internal: a paged decode split into key chunks (support/decode_split.h), run as two cached plans
-// and three small kernels, all on the caller's stream and without a host synchronization (lengths
-// stay on the device, so a captured decode step replays with new lengths):
-//   1. per sequence, from its lengths: how its keys are cut (decode_chunks), the chunks' slices of
-//      both page tables and the chunks' lengths; and the queries copied once per full chunk;
-//   2. the full chunks of every sequence, one entry each, without a mask;
-//   3. the final chunk of every sequence, with the caller's mask, on the caller's queries;
-//   4. the merge: per query row, the chunks' partial O weighted by exp(their log-sum-exp - the
-//      largest), into the caller's O (and statistics); chunks without keys take no part.
+// Internal: a paged decode split into key chunks (support/decode_split.h), run as one or two cached
+// plans and three small kernels, all on the caller's stream and without a host synchronization
+// (lengths stay on the device, so a captured decode step replays with new lengths):
+//   1. per sequence, from its lengths: how its keys are cut (decode_cut), the chunks' page tables
+//      (cut from both of the caller's) and lengths; and the queries copied once per chunk;
+//   2. every sequence's chunks, one entry each, without a mask;
+//   3. with several bottom-right causal queries, every sequence's masked keys, with the mask;
+//   4. the merge: per query row, the partial O of each chunk with keys, weighted by exp(its
+//      log-sum-exp - the largest), into the caller's O (and statistics).
 // The workspace holds the larger inner plan's, then the partials, tables and lengths.
 #pragma once
 
@@ -35,7 +35,7 @@ class DecodeSplitComposite {
  private:
   AttentionSpec spec_;
   DecodeSplit split_;
-  std::shared_ptr<const Plan> full_, final_;
+  std::shared_ptr<const Plan> chunks_, masked_;  // masked_: null without a masked call
   std::size_t inner_workspace_ = 0;  // the larger inner plan's, rounded up
   std::size_t scratch_bytes_ = 0;    // partials, tables, lengths
 };

@@ -34,56 +34,60 @@ TensorDesc dense_entries(TensorDesc desc, std::int64_t batch) {
   return desc;
 }
 
+bool causal_queries(const AttentionSpec& spec) { return causal_bottom_right(spec) && spec.seq_q() > 1; }
+
 }  // namespace
 
 DecodeSplit decode_split(const AttentionSpec& spec, Pass pass, int multiprocessors) noexcept {
   if (pass != Pass::forward || !spec.paged_kv() || spec.ragged_q() || !mergeable(spec)) return {};
-  const std::int64_t queries = spec.seq_q();
-  if (queries > kDecodeMaxQueries) return {};
-  if (causal_bottom_right(spec) && queries > 1 && queries - 1 > spec.page_size()) return {};
+  if (spec.seq_q() > kDecodeMaxQueries) return {};
   const std::int64_t pairs = spec.batch() * spec.heads_kv();
   const std::int64_t wanted = kDecodePairsPerSm * std::max(multiprocessors, 1);
   if (pairs >= wanted) return {};
-  // As many chunks as make the pairs wanted, each of at least kDecodeMinChunkKeys keys (whole pages).
+  // At least as many chunks as make the pairs wanted (chunk pages rounded down, so that the
+  // chunks' call has them and never splits again), each of at least kDecodeMinChunkKeys keys in
+  // whole pages (a chunk that small has few pages: its call does not split again either).
   const std::int64_t min_pages = ceil_div(kDecodeMinChunkKeys, spec.page_size());
-  const std::int64_t most = std::max<std::int64_t>(spec.kv_pages / min_pages, 1);
-  const std::int64_t chunks = std::min(ceil_div(wanted, pairs), most);
-  if (chunks < 2) return {};
-  const std::int64_t chunk_pages = ceil_div(spec.kv_pages, chunks);
+  if (spec.kv_pages < 2 * min_pages) return {};
   DecodeSplit out;
-  out.chunk_pages = chunk_pages;
-  out.chunks = ceil_div(spec.kv_pages, chunk_pages);
-  return out.chunks < 2 ? DecodeSplit{} : out;
+  out.chunk_pages = std::max(min_pages, spec.kv_pages / ceil_div(wanted, pairs));
+  out.chunks = ceil_div(spec.kv_pages, out.chunk_pages);
+  if (out.chunks < 2) return {};
+  // The masked keys: from the page holding key len - s_q on, at most s_q - 1 + page_size keys.
+  if (causal_queries(spec)) out.final_pages = ceil_div(spec.seq_q() - 1 + spec.page_size(), spec.page_size());
+  return out;
 }
 
-AttentionSpec decode_full_chunks_spec(const AttentionSpec& spec, const DecodeSplit& split) {
+AttentionSpec decode_chunks_spec(const AttentionSpec& spec, const DecodeSplit& split) {
   AttentionSpec out = spec;
-  const std::int64_t entries = spec.batch() * (split.chunks - 1);
+  const std::int64_t entries = spec.batch() * split.chunks;
   out.q = dense_entries(spec.q, entries);
   out.o = dense_entries(spec.o, entries);
   out.kv_pages = split.chunk_pages;
-  out.window = Window{};  // every key of a full chunk is visible to every query
+  out.window = Window{};  // every key of a chunk is visible to every query
   out.alignment = Alignment::top_left;
   out.stats = true;
   return out;
 }
 
-AttentionSpec decode_final_chunk_spec(const AttentionSpec& spec, const DecodeSplit& split) {
+AttentionSpec decode_masked_spec(const AttentionSpec& spec, const DecodeSplit& split) {
   AttentionSpec out = spec;
   out.o = dense_entries(spec.o, spec.batch());
-  out.kv_pages = split.chunk_pages + 1;
+  out.kv_pages = split.final_pages;
   out.stats = true;
   return out;
 }
 
-DecodeChunks decode_chunks(std::int64_t keys, std::int64_t queries, std::int64_t chunk_keys,
-                           bool causal_queries) noexcept {
+DecodeCut decode_cut(std::int64_t keys, std::int64_t queries, std::int64_t page_size, bool causal_queries) noexcept {
   if (keys <= 0) return {};
-  DecodeChunks out;
-  out.full = (keys - 1) / chunk_keys;  // the final chunk keeps 1 .. chunk_keys keys
-  if (causal_queries && out.full > 0 && keys - out.full * chunk_keys < queries) --out.full;
-  out.final_keys = keys - out.full * chunk_keys;
+  DecodeCut out;
+  out.unmasked = causal_queries ? std::max<std::int64_t>(keys - queries, 0) / page_size * page_size : keys;
+  out.masked = keys - out.unmasked;
   return out;
+}
+
+std::int64_t decode_chunk_keys(const DecodeCut& cut, std::int64_t chunk, std::int64_t chunk_keys) noexcept {
+  return std::clamp<std::int64_t>(cut.unmasked - chunk * chunk_keys, 0, chunk_keys);
 }
 
 }  // namespace fusedattn::detail

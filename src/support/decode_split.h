@@ -2,16 +2,14 @@
 // batch fills the GPU. cuDNN's paged kernel gives each (sequence, K/V head) pair to one part of the
 // GPU: measured on an H200 (h 32/8, d 128, 64-token pages), b = 1 reads the cache at 0.03-0.05 of
 // the copy bandwidth, b = 8 at 0.27-0.31 and b = 64 at 0.86. Split, the chunks of all sequences are
-// the entries of cuDNN calls on slices of the page table (the cache is never copied), each giving
-// its partial O and log-sum-exp, and one small kernel merges them (exec/decode_split.h).
+// the entries of a cuDNN call over page tables cut from the caller's (the cache is never copied),
+// each giving its partial O and log-sum-exp, and one small kernel merges them (exec/decode_split.h).
 //
-// The chunks of a sequence: `full` chunks of chunk_pages pages each, every key visible to every
-// query, and a final chunk with the rest of the keys (1 .. chunk_pages * page_size of them), which
-// holds the call's mask: with a bottom-right causal mask and several queries the final chunk must
-// hold every key some query cannot see, so it takes at least as many keys as there are queries, one
-// full chunk fewer where the rest is shorter (then up to one page more than a chunk, which a page of
-// at least s_q - 1 tokens makes room for). So two calls: every sequence's full chunks without a mask,
-// and every sequence's final chunk with the caller's mask and lengths.
+// The keys of a sequence: those every query sees, cut into chunks of chunk_pages pages (the last
+// one partial), all sequences' chunks the entries of one call without a mask; and, for a
+// bottom-right causal mask with several queries, the keys some query cannot see, from the page
+// holding key len - s_q on (at most s_q - 1 + page_size keys), in a second call of b entries with
+// the caller's mask. Every partial is merged by its log-sum-exp.
 #pragma once
 
 #include <cstdint>
@@ -27,39 +25,44 @@ constexpr std::int64_t kDecodePairsPerSm = 2;
 /// The fewest keys a chunk may have: below this a chunk's fixed cost (its row of partials, the
 /// merge's read of it) outweighs the keys it streams.
 constexpr std::int64_t kDecodeMinChunkKeys = 256;
-/// The most queries a split decode takes (speculative decoding's 2 .. 16 and a little more).
+/// The most queries a split decode takes (speculative decoding's 2 .. 16).
 constexpr std::int64_t kDecodeMaxQueries = 16;
 
 struct DecodeSplit {
-  std::int64_t chunks = 1;       ///< chunks a sequence's keys may take, the final one included; 1: no split
-  std::int64_t chunk_pages = 0;  ///< pages of a full chunk (the final chunk's table has one more)
+  std::int64_t chunks = 1;       ///< chunks of a sequence's keys in the unmasked call; 1: no split
+  std::int64_t chunk_pages = 0;  ///< pages of a chunk
+  std::int64_t final_pages = 0;  ///< pages of the masked call's table; 0: no masked call
   bool split() const noexcept { return chunks > 1; }
 };
 
 /// The pure rule: a forward over a paged cache with dense queries (at most kDecodeMaxQueries of
 /// them), vanilla softmax, no bias, ALiBi, dropout, score modifier, max logit or FP8, and no mask
-/// or a bottom-right causal one (for which, with several queries, a page must hold s_q - 1 tokens),
-/// splits when b * h_kv pairs are fewer than kDecodePairsPerSm per SM: into as many chunks as
-/// make that many, each of at least kDecodeMinChunkKeys keys; no split where that is one chunk.
+/// or a bottom-right causal one, splits when b * h_kv pairs are fewer than kDecodePairsPerSm per SM:
+/// into at least as many chunks as make that many pairs in the unmasked call, each of at least
+/// kDecodeMinChunkKeys keys; no split where the cache holds fewer than two such chunks. The inner
+/// calls then never split.
 DecodeSplit decode_split(const AttentionSpec& spec, Pass pass, int multiprocessors) noexcept;
 
-/// The inner calls' specs: the full chunks of every sequence as b * (chunks - 1) entries of
-/// chunk_pages pages, queries and partial O dense [entries, s_q, h_q, d] (bshd), no mask; and the
-/// final chunks as b entries of chunk_pages + 1 pages, the caller's queries and mask, partial O
-/// dense. Both write their statistics.
-AttentionSpec decode_full_chunks_spec(const AttentionSpec& spec, const DecodeSplit& split);
-AttentionSpec decode_final_chunk_spec(const AttentionSpec& spec, const DecodeSplit& split);
+/// Whether the split has a masked call (a bottom-right causal mask with several queries).
+inline bool has_masked_call(const DecodeSplit& split) noexcept { return split.final_pages > 0; }
 
-/// How one sequence of `keys` keys and `queries` queries is cut: `full` chunks of chunk_keys keys,
-/// then `final_keys` keys in the final chunk (0 for an empty sequence). `causal_queries`: the
-/// bottom-right causal mask with several queries, for which the final chunk holds at least
-/// `queries` keys where the sequence has them. The exec layer runs the same arithmetic on the
-/// device; this is its reference.
-struct DecodeChunks {
-  std::int64_t full = 0;
-  std::int64_t final_keys = 0;
+/// The inner calls' specs: the chunks of every sequence as b * chunks entries of chunk_pages pages,
+/// queries and partial O dense [entries, s_q, h_q, d] (bshd), no mask; and the masked keys as b
+/// entries of final_pages pages, the caller's queries and mask, partial O dense. Both write their
+/// statistics.
+AttentionSpec decode_chunks_spec(const AttentionSpec& spec, const DecodeSplit& split);
+AttentionSpec decode_masked_spec(const AttentionSpec& spec, const DecodeSplit& split);
+
+/// How one sequence of `keys` keys and `queries` queries is cut: the first `unmasked` keys go to
+/// the chunks (chunk c takes clamp(unmasked - c * chunk_keys, 0, chunk_keys) of them), the other
+/// `masked` keys to the masked call: with `causal_queries` (a bottom-right causal mask and several
+/// queries) from the page holding key keys - queries on, else none. The exec layer runs the same
+/// arithmetic on the device; this is its reference.
+struct DecodeCut {
+  std::int64_t unmasked = 0;
+  std::int64_t masked = 0;
 };
-DecodeChunks decode_chunks(std::int64_t keys, std::int64_t queries, std::int64_t chunk_keys,
-                           bool causal_queries) noexcept;
+DecodeCut decode_cut(std::int64_t keys, std::int64_t queries, std::int64_t page_size, bool causal_queries) noexcept;
+std::int64_t decode_chunk_keys(const DecodeCut& cut, std::int64_t chunk, std::int64_t chunk_keys) noexcept;
 
 }  // namespace fusedattn::detail

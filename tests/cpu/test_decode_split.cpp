@@ -21,25 +21,29 @@ AttentionSpec decode(const std::string& shape, const std::string& extra = " caus
   return spec;
 }
 
-// 264 (sequence, K/V head) pairs wanted: 2 per SM.
+// 264 (sequence, K/V head) pairs wanted: 2 per SM; a chunk's pages are the cache's pages over the
+// chunks wanted, rounded down, and at least 4 (256 keys of 64-token pages).
 TEST(DecodeSplit, WorkedNumbersOnAnH200) {
   struct Case {
     const char* shape;
     std::int64_t chunks, chunk_pages;
   };
   const Case cases[] = {
-      // b = 1, h_kv = 8: 8 pairs, 33 chunks wanted; 8k tokens (128 pages) allow 32 of 256 keys.
+      // b = 1, h_kv = 8: 8 pairs, 33 chunks wanted; 8k tokens (128 pages) over 33 is 3 pages, under
+      // the 4 of 256 keys: 32 chunks of 4.
       {"b=1 s_q=1 s_kv=8192", 32, 4},
-      // 32k: 33 chunks of ceil(512 / 33) = 16 pages give ceil(512 / 16) = 32 chunks.
-      {"b=1 s_q=1 s_kv=32768", 32, 16},
-      // 128k: ceil(2048 / 33) = 63 pages a chunk, 33 chunks.
-      {"b=1 s_q=1 s_kv=131072", 33, 63},
-      // b = 8: 64 pairs, ceil(264 / 64) = 5 chunks of ceil(128 / 5) = 26 pages.
-      {"b=8 s_q=1 s_kv=8192", 5, 26},
-      // b = 4 with 8 query tokens (speculative decoding): 32 pairs, 9 chunks of 15 pages.
-      {"b=4 s_q=8 s_kv=8192", 9, 15},
-      // 1k tokens: at most 4 chunks of 256 keys.
+      // 32k: floor(512 / 33) = 15 pages, ceil(512 / 15) = 35 chunks.
+      {"b=1 s_q=1 s_kv=32768", 35, 15},
+      // 128k: floor(2048 / 33) = 62 pages, 34 chunks.
+      {"b=1 s_q=1 s_kv=131072", 34, 62},
+      // b = 8: 64 pairs, ceil(264 / 64) = 5 chunks wanted: floor(128 / 5) = 25 pages, 6 chunks.
+      {"b=8 s_q=1 s_kv=8192", 6, 25},
+      // b = 4 with 8 query tokens (speculative decoding): 32 pairs, 9 wanted: 14 pages, 10 chunks.
+      {"b=4 s_q=8 s_kv=8192", 10, 14},
+      // 1k tokens: 4 chunks of 256 keys.
       {"b=1 s_q=1 s_kv=1024", 4, 4},
+      // 576 tokens (9 pages): 3 chunks of 4 pages, the last of one.
+      {"b=1 s_q=1 s_kv=576", 3, 4},
   };
   for (const Case& c : cases) {
     const DecodeSplit split = decode_split(decode(c.shape), Pass::forward, kH200);
@@ -49,8 +53,8 @@ TEST(DecodeSplit, WorkedNumbersOnAnH200) {
 }
 
 TEST(DecodeSplit, NoSplitWhereItDoesNotPay) {
-  // b = 64: 512 pairs already fill the GPU. 300 tokens: one chunk of 256 keys at most (5 pages
-  // make one 4-page chunk). One page: nothing to cut.
+  // b = 64: 512 pairs already fill the GPU; 33 sequences make 264. 320 tokens (5 pages) and one page
+  // hold fewer than two chunks of 256 keys.
   for (const char* shape : {"b=64 s_q=1 s_kv=8192", "b=33 s_q=1 s_kv=8192", "b=1 s_q=1 s_kv=320",
                             "b=1 s_q=1 s_kv=64"}) {
     EXPECT_FALSE(decode_split(decode(shape), Pass::forward, kH200).split()) << shape;
@@ -75,59 +79,79 @@ TEST(DecodeSplit, OnlyWhatMergesByLogSumExp) {
     EXPECT_FALSE(decode_split(spec, Pass::forward, kH200).split()) << extra;
   }
   EXPECT_FALSE(decode_split(decode("b=1 s_q=17 s_kv=8192"), Pass::forward, kH200).split());  // past 16 queries
-  // Several causal queries need a page of s_q - 1 tokens: 8 queries over 4-token pages do not split.
-  AttentionSpec small_pages = parse_spec("layout=bshd_paged_bshd dtype=bf16 b=1 s_q=8 s_kv=8192 h_q=32 h_kv=8 "
-                                         "d=128 page_size=4 pages=4096 causal align=bottom_right");
-  EXPECT_FALSE(decode_split(small_pages, Pass::forward, kH200).split());
   // Ragged queries (thd) are not split yet.
   AttentionSpec ragged = parse_spec("layout=thd_paged_bshd dtype=bf16 b=1 s_q=1 s_kv=8192 h_q=32 h_kv=8 d=128 "
                                     "page_size=64 pages=4096 causal align=bottom_right");
   EXPECT_FALSE(decode_split(ragged, Pass::forward, kH200).split());
 }
 
-TEST(DecodeSplit, TheInnerCallsSpecs) {
-  // b = 2: 16 pairs, 17 chunks wanted, of ceil(128 / 17) = 8 pages: ceil(128 / 8) = 16 chunks.
+TEST(DecodeSplit, AMaskedCallOnlyForSeveralCausalQueries) {
+  EXPECT_FALSE(has_masked_call(decode_split(decode("b=1 s_q=1 s_kv=8192"), Pass::forward, kH200)));  // sees all
+  EXPECT_FALSE(has_masked_call(decode_split(decode("b=1 s_q=8 s_kv=8192", ""), Pass::forward, kH200)));
+  // 8 causal queries over 64-token pages: the masked keys start at a page, at most 7 + 64 of them.
+  EXPECT_EQ(decode_split(decode("b=1 s_q=8 s_kv=8192"), Pass::forward, kH200).final_pages, 2);
+  // Over 4-token pages: at most 7 + 4 keys, 3 pages.
+  AttentionSpec small_pages = parse_spec("layout=bshd_paged_bshd dtype=bf16 b=1 s_q=8 s_kv=8192 h_q=32 h_kv=8 "
+                                         "d=128 page_size=4 pages=4096 causal align=bottom_right");
+  EXPECT_EQ(decode_split(small_pages, Pass::forward, kH200).final_pages, 3);
+}
+
+TEST(DecodeSplit, TheInnerCallsSpecsAndTheyDoNotSplitAgain) {
+  // b = 2: 16 pairs, 17 chunks wanted: floor(128 / 17) = 7 pages, ceil(128 / 7) = 19 chunks.
   const AttentionSpec spec = decode("b=2 s_q=4 s_kv=8192");
   const DecodeSplit split = decode_split(spec, Pass::forward, kH200);
-  ASSERT_EQ(split.chunks, 16);
-  ASSERT_EQ(split.chunk_pages, 8);
-  const AttentionSpec full = decode_full_chunks_spec(spec, split);
-  EXPECT_NO_THROW(validate(full));
-  EXPECT_EQ(full.batch(), 2 * 15);  // every sequence's 15 full chunks
-  EXPECT_EQ(full.kv_pages, 8);
-  EXPECT_FALSE(full.window.bounded());  // every key of a full chunk is visible
-  EXPECT_TRUE(full.stats && full.padding);
-  EXPECT_EQ(full.q.strides, (std::array<std::int64_t, 4>{4 * 32 * 128, 128, 32 * 128, 1}));  // dense bshd
-  EXPECT_EQ(full.k, spec.k);  // the caller's pools
-  const AttentionSpec final_chunk = decode_final_chunk_spec(spec, split);
-  EXPECT_NO_THROW(validate(final_chunk));
-  EXPECT_EQ(final_chunk.batch(), 2);
-  EXPECT_EQ(final_chunk.kv_pages, 9);  // one page more: a final chunk up to s_q - 1 keys longer
-  EXPECT_EQ(final_chunk.q, spec.q);    // the caller's queries
-  EXPECT_EQ(final_chunk.window, spec.window);
-  EXPECT_EQ(final_chunk.alignment, Alignment::bottom_right);
-  EXPECT_EQ(final_chunk.o.strides, (std::array<std::int64_t, 4>{4 * 32 * 128, 128, 32 * 128, 1}));
+  ASSERT_EQ(split.chunks, 19);
+  ASSERT_EQ(split.chunk_pages, 7);
+  ASSERT_EQ(split.final_pages, 2);
+  const AttentionSpec chunks = decode_chunks_spec(spec, split);
+  EXPECT_NO_THROW(validate(chunks));
+  EXPECT_EQ(chunks.batch(), 2 * 19);
+  EXPECT_EQ(chunks.kv_pages, 7);
+  EXPECT_FALSE(chunks.window.bounded());  // every key of a chunk is visible
+  EXPECT_TRUE(chunks.stats && chunks.padding);
+  EXPECT_EQ(chunks.q.strides, (std::array<std::int64_t, 4>{4 * 32 * 128, 128, 32 * 128, 1}));  // dense bshd
+  EXPECT_EQ(chunks.k, spec.k);  // the caller's pools
+  const AttentionSpec masked = decode_masked_spec(spec, split);
+  EXPECT_NO_THROW(validate(masked));
+  EXPECT_EQ(masked.batch(), 2);
+  EXPECT_EQ(masked.kv_pages, 2);
+  EXPECT_EQ(masked.q, spec.q);  // the caller's queries
+  EXPECT_EQ(masked.window, spec.window);
+  EXPECT_EQ(masked.alignment, Alignment::bottom_right);
+  EXPECT_EQ(masked.o.strides, (std::array<std::int64_t, 4>{4 * 32 * 128, 128, 32 * 128, 1}));
+  // 38 x 8 pairs: the chunks' call does not split again, nor the masked one (2 pages).
+  EXPECT_FALSE(decode_split(chunks, Pass::forward, kH200).split());
+  EXPECT_FALSE(decode_split(masked, Pass::forward, kH200).split());
+  for (const char* shape : {"b=1 s_q=1 s_kv=131072", "b=1 s_q=16 s_kv=131072", "b=3 s_q=2 s_kv=32768",
+                            "b=1 s_q=1 s_kv=8192", "b=8 s_q=1 s_kv=32768", "b=1 s_q=1 s_kv=576"}) {
+    const AttentionSpec s = decode(shape);
+    const DecodeSplit d = decode_split(s, Pass::forward, kH200);
+    ASSERT_TRUE(d.split()) << shape;
+    EXPECT_FALSE(decode_split(decode_chunks_spec(s, d), Pass::forward, kH200).split()) << shape;
+    if (has_masked_call(d)) EXPECT_FALSE(decode_split(decode_masked_spec(s, d), Pass::forward, kH200).split()) << shape;
+  }
 }
 
 TEST(DecodeSplit, HowASequencesKeysAreCut) {
-  // Chunks of 256 keys.
-  EXPECT_EQ(decode_chunks(0, 1, 256, false).full, 0);          // empty: nothing
-  EXPECT_EQ(decode_chunks(0, 1, 256, false).final_keys, 0);
-  EXPECT_EQ(decode_chunks(1, 1, 256, false).final_keys, 1);    // one key: the final chunk alone
-  EXPECT_EQ(decode_chunks(256, 1, 256, false).full, 0);        // exactly one chunk: final
-  EXPECT_EQ(decode_chunks(256, 1, 256, false).final_keys, 256);
-  EXPECT_EQ(decode_chunks(257, 1, 256, false).full, 1);        // one more key: a full chunk and 1
-  EXPECT_EQ(decode_chunks(257, 1, 256, false).final_keys, 1);
-  EXPECT_EQ(decode_chunks(1000, 1, 256, false).full, 3);       // 3 full, 232 final
-  EXPECT_EQ(decode_chunks(1000, 1, 256, false).final_keys, 232);
-  // 8 causal queries: the final chunk must hold the last 8 keys. 1027 keys: 4 full chunks would
-  // leave 3, so 3 full and 259 final (one page more than a chunk's 256 at most).
-  EXPECT_EQ(decode_chunks(1027, 8, 256, true).full, 3);
-  EXPECT_EQ(decode_chunks(1027, 8, 256, true).final_keys, 259);
-  EXPECT_EQ(decode_chunks(1032, 8, 256, true).full, 4);        // 8 left: enough
-  EXPECT_EQ(decode_chunks(1032, 8, 256, true).final_keys, 8);
-  EXPECT_EQ(decode_chunks(5, 8, 256, true).full, 0);           // fewer keys than queries: all final
-  EXPECT_EQ(decode_chunks(5, 8, 256, true).final_keys, 5);
+  // One query, or no mask: every key to the chunks (256 keys each).
+  EXPECT_EQ(decode_cut(0, 1, 64, false).unmasked, 0);  // empty: nothing anywhere
+  EXPECT_EQ(decode_cut(0, 1, 64, false).masked, 0);
+  const DecodeCut thousand = decode_cut(1000, 1, 64, false);
+  EXPECT_EQ(thousand.unmasked, 1000);
+  EXPECT_EQ(thousand.masked, 0);
+  EXPECT_EQ(decode_chunk_keys(thousand, 0, 256), 256);
+  EXPECT_EQ(decode_chunk_keys(thousand, 3, 256), 232);  // the last one partial
+  EXPECT_EQ(decode_chunk_keys(thousand, 4, 256), 0);    // past the keys: none
+  // 8 causal queries, 64-token pages: the masked keys start at the page holding key len - 8.
+  const DecodeCut straddle = decode_cut(1027, 8, 64, true);  // key 1019 is in page 15 (960 ..)
+  EXPECT_EQ(straddle.unmasked, 960);
+  EXPECT_EQ(straddle.masked, 67);  // 8 - 1 + 64 at most: here 67
+  const DecodeCut aligned = decode_cut(1032, 8, 64, true);  // key 1024 starts page 16
+  EXPECT_EQ(aligned.unmasked, 1024);
+  EXPECT_EQ(aligned.masked, 8);
+  const DecodeCut short_one = decode_cut(5, 8, 64, true);  // fewer keys than queries: all masked
+  EXPECT_EQ(short_one.unmasked, 0);
+  EXPECT_EQ(short_one.masked, 5);
 }
 
 }  // namespace

@@ -80,17 +80,17 @@ TEST(PagedSplitDecode, EmptySequencesOnePageAndPageMultiples) {
   EXPECT_TRUE(result.passed) << result.to_string();
 }
 
-// Several causal queries: the final chunk must hold every key some query cannot see. Chunks of 256
-// keys (b = 3, h_kv = 4: 8 chunks); 1027 keys would leave 3 for a final chunk after 4 full ones, so
-// the final chunk takes 259; 1036 leaves 12, exactly its queries; 12 keys for 12 queries.
-TEST(PagedSplitDecode, TheFinalChunkHoldsTheMaskedKeys) {
+// Several causal queries: the keys some query cannot see go to the masked call, from the page
+// holding key len - s_q on (64-token pages: 8 queries over 1027 keys leave 960 to the chunks and 67,
+// over two pages, to the masked call; 12 over 1036 leave 1024 and 12; 12 over 12 leave all 12).
+TEST(PagedSplitDecode, TheMaskedCallTakesTheKeysSomeQueryCannotSee) {
   FUSEDATTN_REQUIRE_GPU();
   const AttentionSpec spec = parse_spec("layout=bshd_paged_bshd dtype=bf16 b=3 s_q=12 s_kv=2048 h_q=16 h_kv=4 d=128 "
                                         "page_size=64 pages=96 causal align=bottom_right");
   check::CheckOptions options;
   options.backward = false;
   options.seq_len_q = {8, 12, 12};
-  options.seq_len_kv = {1027, 1032 + 4, 12};
+  options.seq_len_kv = {1027, 1036, 12};
   const check::CheckResult result = check::check_against_reference(spec, options);
   std::printf("  %s\n", result.to_string().c_str());
   EXPECT_TRUE(result.passed) << result.to_string();
