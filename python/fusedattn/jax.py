@@ -26,7 +26,8 @@ from . import _config, _jax_batching, _jax_calls, _jax_partition, _jax_score_mod
 from ._jax_calls import BACKWARD, FORWARD, Call, view
 from .errors import NotSupportedError, invalid_argument
 
-__all__ = ["attention", "paged_attention", "Fp8State", "fp8_state", "fp8_attention"]
+__all__ = ["attention", "paged_attention", "Fp8State", "fp8_state", "fp8_attention", "context_parallel_attention",
+           "load_balance", "unbalance"]
 
 # The kernel behind each pass; tests put plain-JAX references here to check batching and
 # partitioning without a GPU.
@@ -223,3 +224,4 @@ def paged_attention(q, k_cache, v_cache, page_table_k, page_table_v, seq_len_kv,
 
 
 from ._jax_fp8 import Fp8State, fp8_attention, fp8_state  # noqa: E402  (FP8: _jax_fp8.py)
+from ._jax_context_parallel import context_parallel_attention, load_balance, unbalance  # noqa: E402
