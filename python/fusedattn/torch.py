@@ -41,7 +41,8 @@ try:  # the C++ eager path, built where PyTorch with CUDA was at build time
 except ImportError:
     _fast = None
 
-__all__ = ["attention", "paged_attention", "scaled_dot_product_attention", "Attention", "fp8_attention", "Fp8State"]
+__all__ = ["attention", "paged_attention", "scaled_dot_product_attention", "Attention", "fp8_attention", "Fp8State",
+           "context_parallel_attention", "load_balance", "unbalance"]
 
 # --- the functional API ----------------------------------------------------------------------
 
@@ -473,3 +474,4 @@ torch.library.register_autograd("fusedattn::forward", _operator_gradients, setup
 
 
 from ._torch_fp8 import Fp8State, fp8_attention  # noqa: E402  (it uses the helpers above)
+from ._torch_context_parallel import context_parallel_attention, load_balance, unbalance  # noqa: E402

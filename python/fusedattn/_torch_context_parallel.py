@@ -1,0 +1,347 @@
+"""fusedattn.torch's context parallelism: attention over sequences split across the ranks of a
+torch.distributed process group, by ring (each key/value block passed to the next rank) or
+all-gather, built on the core's forward and backward and their log-sum-exp, as fusedattn.jax's
+(_jax_context_parallel.py has the algorithm's notes: load balancing, merged statistics, skipped
+blocks, neutral statistics).
+
+    o = fusedattn.torch.context_parallel_attention(q, k, v, group=group, causal=True)
+
+q, k, v are this rank's parts of the sequence axis (bshd); with causal and load_balanced (the
+default) rank r holds chunks r and 2N-1-r of every sequence (load_balance).
+
+The algorithm is written against a small transport (what moves blocks between ranks), over a list
+of the ranks this process runs: with a process group, its own rank, and NCCL's point-to-point
+sends and collectives on a stream of their own, so that the next block travels while the current
+one is computed; in tests, SimulatedRanks runs N ranks in one process, its transport in-process
+copies. The block kernels are fusedattn's (CUDA); tests of the algorithm without a GPU give it
+stand-ins (the `blocks` argument of run_forward / run_backward).
+
+Not yet: sliding windows, sinks, packed sequences (thd) and lengths under context parallelism; a
+run on several GPUs (issue 19).
+"""
+import torch
+
+from .errors import invalid_argument
+
+__all__ = ["context_parallel_attention", "load_balance", "unbalance", "SimulatedRanks"]
+
+_LOCAL, _EARLIER, _LATER = 0, 1, 2
+
+
+def load_balance(x, n, dim=1):
+    """x with its sequence `dim` reordered so that its n equal parts hold chunks (r, 2n-1-r) of 2n."""
+    chunks = x.chunk(2 * n, dim=dim)
+    return torch.cat([c for r in range(n) for c in (chunks[r], chunks[2 * n - 1 - r])], dim=dim)
+
+
+def unbalance(x, n, dim=1):
+    """The inverse of load_balance."""
+    parts, order = x.chunk(2 * n, dim=dim), [None] * (2 * n)
+    for r in range(n):
+        order[r], order[2 * n - 1 - r] = parts[2 * r], parts[2 * r + 1]
+    return torch.cat(order, dim=dim)
+
+
+# --- the block kernels ---------------------------------------------------------------------------
+
+class FusedattnBlocks:
+    """A block of keys against q through fusedattn's kernels: forward (O float32, statistics
+    [b, h, s_q]) and backward with the O and statistics given. Causal blocks are diagonal ones
+    (top-left)."""
+
+    def __init__(self, scale):
+        self.scale = scale
+
+    def _config(self, causal):
+        from . import torch as adapter
+        return adapter._config_text("bshd", "", causal, (-1, -1), "top_left", False, False, "vanilla", 0.0, False,
+                                    False, "", True, 0)
+
+    def forward(self, q, k, v, causal):
+        from . import torch as adapter
+        o, stats, _ = adapter._forward_body(q, k, v, None, None, adapter._Extras(), self._config(causal), self.scale, 0, 0)
+        return o.float(), stats
+
+    def backward(self, q, k, v, o, stats, d_o, causal):
+        from . import torch as adapter
+        d_q, d_k, d_v, _, _ = adapter._backward_body(d_o.contiguous(), q, k, v, o, stats, None, None, adapter._Extras(),
+                                                    self._config(causal), self.scale, 0, 0)
+        return d_q.float(), d_k.float(), d_v.float()
+
+
+def _neutral(q):
+    b, s, h, _ = q.shape
+    return torch.zeros(q.shape, dtype=torch.float32, device=q.device), \
+        torch.full((b, h, s), float("-inf"), dtype=torch.float32, device=q.device)
+
+
+def _merge(a, b):
+    (o_a, lse_a), (o_b, lse_b) = a, b
+    lse = torch.logaddexp(lse_a, lse_b)
+    safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    weight = lambda x: torch.where(torch.isfinite(x), torch.exp(x - safe), torch.zeros_like(x)).transpose(1, 2)[..., None]
+    return o_a * weight(lse_a) + o_b * weight(lse_b), lse
+
+
+def _halves(x, dim=1):
+    return x.chunk(2, dim=dim)
+
+
+class _Kinds:
+    """The block kinds of causal attention and how each runs (the notes of _jax_context_parallel.py)."""
+
+    def __init__(self, blocks, causal, balanced):
+        self.blocks, self.causal, self.balanced = blocks, causal, balanced
+
+    def forward(self, q, k, v, kind):
+        f = self.blocks.forward
+        if not self.causal:
+            return f(q, k, v, False)
+        if kind == _LOCAL:
+            if not self.balanced:
+                return f(q, k, v, True)
+            (q0, q1), (k0, k1), (v0, v1) = _halves(q), _halves(k), _halves(v)
+            first = f(q0, k0, v0, True)
+            second = _merge(f(q1, k0, v0, False), f(q1, k1, v1, True))
+            return torch.cat([first[0], second[0]], 1), torch.cat([first[1], second[1]], 2)
+        if kind == _EARLIER:
+            return f(q, _halves(k)[0], _halves(v)[0], False) if self.balanced else f(q, k, v, False)
+        if not self.balanced:
+            return _neutral(q)
+        q0, q1 = _halves(q)
+        none, seen = _neutral(q0), f(q1, k, v, False)
+        return torch.cat([none[0], seen[0]], 1), torch.cat([none[1], seen[1]], 2)
+
+    def backward(self, q, k, v, o, stats, d_o, kind):
+        g = self.blocks.backward
+        zeros = lambda x: torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        if not self.causal:
+            return g(q, k, v, o, stats, d_o, False)
+        if kind == _LOCAL:
+            if not self.balanced:
+                return g(q, k, v, o, stats, d_o, True)
+            (q0, q1), (k0, k1), (v0, v1) = _halves(q), _halves(k), _halves(v)
+            (o0, o1), (d0, d1), (s0, s1) = _halves(o), _halves(d_o), _halves(stats, 2)
+            dq0, dk0, dv0 = g(q0, k0, v0, o0, s0, d0, True)
+            dq1a, dk0b, dv0b = g(q1, k0, v0, o1, s1, d1, False)
+            dq1b, dk1, dv1 = g(q1, k1, v1, o1, s1, d1, True)
+            return torch.cat([dq0, dq1a + dq1b], 1), torch.cat([dk0 + dk0b, dk1], 1), torch.cat([dv0 + dv0b, dv1], 1)
+        if kind == _EARLIER:
+            if not self.balanced:
+                return g(q, k, v, o, stats, d_o, False)
+            (k0, k1), (v0, v1) = _halves(k), _halves(v)
+            dq, dk0, dv0 = g(q, k0, v0, o, stats, d_o, False)
+            return dq, torch.cat([dk0, zeros(k1)], 1), torch.cat([dv0, zeros(v1)], 1)
+        if not self.balanced:
+            return zeros(q), zeros(k), zeros(v)
+        q0, q1 = _halves(q)
+        dq1, dk, dv = g(q1, k, v, _halves(o)[1], _halves(stats, 2)[1], _halves(d_o)[1], False)
+        return torch.cat([zeros(q0), dq1], 1), dk, dv
+
+
+def _kind(rank, source):
+    return _LOCAL if source == rank else _EARLIER if source < rank else _LATER
+
+
+# --- the transports ------------------------------------------------------------------------------
+
+class SimulatedRanks:
+    """N ranks in one process: the transport of the algorithm's tests, with in-process copies."""
+
+    def __init__(self, n):
+        self.ranks, self.n = list(range(n)), n
+
+    def shift(self, per_rank):
+        """Each rank's tensors to the next rank: rank r gets rank r - 1's. Returns a handle whose
+        wait() gives them (here at once)."""
+        moved = [tuple(t.clone() for t in per_rank[(j - 1) % self.n]) for j in range(self.n)]
+        return _Done(moved)
+
+    def all_gather(self, per_rank):
+        """Every rank's tensors, in rank order, for every rank."""
+        return [[tuple(t.clone() for t in per_rank[s]) for s in range(self.n)] for _ in range(self.n)]
+
+    def reduce_scatter(self, per_rank):
+        """per_rank[j][s]: rank j's contribution to rank s's tensors; each rank gets the sum of its own."""
+        return [tuple(sum(per_rank[j][s][i] for j in range(self.n)) for i in range(len(per_rank[0][s])))
+                for s in range(self.n)]
+
+
+class _Done:
+    def __init__(self, value):
+        self.value = value
+
+    def wait(self):
+        return self.value
+
+
+class ProcessGroupTransport:
+    """This process's rank of a torch.distributed group: point-to-point sends around the ring and
+    collectives, issued on a stream of their own so that they overlap the attention."""
+
+    def __init__(self, group):
+        import torch.distributed as dist
+        self.dist, self.group = dist, group
+        self.n, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        self.ranks = [self.rank]
+        # NCCL: a stream of their own; a CPU group (gloo, the tests') runs on the host.
+        self.stream = torch.cuda.Stream() if dist.get_backend(group) == "nccl" else None
+
+    def _peer(self, offset):
+        return self.dist.get_global_rank(self.group, (self.rank + offset) % self.n)
+
+    def shift(self, per_rank):
+        (tensors,) = per_rank
+        tensors = [t.contiguous() for t in tensors]
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream) if self.stream is not None else _nothing():
+            received = [torch.empty_like(t) for t in tensors]
+            ops = [self.dist.P2POp(self.dist.isend, t, self._peer(1), self.group) for t in tensors] + \
+                  [self.dist.P2POp(self.dist.irecv, t, self._peer(-1), self.group) for t in received]
+            requests = self.dist.batch_isend_irecv(ops)
+        if self.stream is not None:
+            for t in tensors:
+                t.record_stream(self.stream)
+        return _Received(requests, received, self.stream)
+
+    def all_gather(self, per_rank):
+        (tensors,) = per_rank
+        gathered = []
+        for t in tensors:
+            out = [torch.empty_like(t) for _ in range(self.n)]
+            self.dist.all_gather(out, t.contiguous(), group=self.group)
+            gathered.append(out)
+        return [[tuple(g[s] for g in gathered) for s in range(self.n)]]
+
+    def reduce_scatter(self, per_rank):
+        (mine,) = per_rank
+        out = []
+        for i in range(len(mine[0])):
+            parts = [mine[s][i].contiguous() for s in range(self.n)]
+            if self.stream is None:  # gloo has no reduce_scatter: the whole sum, this rank's part of it
+                whole = torch.stack(parts)
+                self.dist.all_reduce(whole, group=self.group)
+                out.append(whole[self.rank])
+                continue
+            result = torch.empty_like(parts[0])
+            self.dist.reduce_scatter(result, parts, group=self.group)
+            out.append(result)
+        return [tuple(out)]
+
+
+class _Received:
+    def __init__(self, requests, tensors, stream):
+        self.requests, self.tensors, self.stream = requests, tensors, stream
+
+    def wait(self):
+        for request in self.requests:
+            request.wait()
+        if self.stream is not None:
+            torch.cuda.current_stream().wait_stream(self.stream)
+        return [tuple(self.tensors)]
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+# --- the algorithm, over the ranks a process runs ------------------------------------------------
+
+def run_forward(qs, ks, vs, transport, blocks, causal, balanced, scheme):
+    """Per rank this process runs (transport.ranks): (O float32, statistics)."""
+    kinds, n, ranks = _Kinds(blocks, causal, balanced), transport.n, transport.ranks
+    outs = [_neutral(q) for q in qs]
+    if scheme == "all_gather":
+        gathered = transport.all_gather(list(zip(ks, vs)))
+        for j, r in enumerate(ranks):
+            for s in range(n):
+                outs[j] = _merge(outs[j], kinds.forward(qs[j], *gathered[j][s], _kind(r, s)))
+        return outs
+    kv = list(zip(ks, vs))
+    for t in range(n):  # at step t each rank holds the keys of rank r - t
+        incoming = transport.shift(kv) if t < n - 1 else None  # travels while this step computes
+        for j, r in enumerate(ranks):
+            outs[j] = _merge(outs[j], kinds.forward(qs[j], *kv[j], _kind(r, (r - t) % n)))
+        if incoming is not None:
+            kv = incoming.wait()
+    return outs
+
+
+def run_backward(qs, ks, vs, os, stats, d_os, transport, blocks, causal, balanced, scheme):
+    """Per rank: (dQ, dK, dV) float32, each block's backward on the merged O and statistics."""
+    kinds, n, ranks = _Kinds(blocks, causal, balanced), transport.n, transport.ranks
+    zeros = lambda x: torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    d_qs = [zeros(q) for q in qs]
+    if scheme == "all_gather":
+        gathered = transport.all_gather(list(zip(ks, vs)))
+        parts = []
+        for j, r in enumerate(ranks):
+            mine = []
+            for s in range(n):
+                d_q, d_k, d_v = kinds.backward(qs[j], *gathered[j][s], os[j], stats[j], d_os[j], _kind(r, s))
+                d_qs[j] = d_qs[j] + d_q
+                mine.append((d_k, d_v))
+            parts.append(mine)
+        d_kvs = transport.reduce_scatter(parts)
+        return [(d_qs[j], *d_kvs[j]) for j in range(len(ranks))]
+    kv = list(zip(ks, vs))
+    d_kv = [(zeros(k), zeros(v)) for k, v in zip(ks, vs)]
+    for t in range(n):
+        incoming = transport.shift(kv) if t < n - 1 else None
+        for j, r in enumerate(ranks):
+            d_q, d_k, d_v = kinds.backward(qs[j], *kv[j], os[j], stats[j], d_os[j], _kind(r, (r - t) % n))
+            d_qs[j] = d_qs[j] + d_q
+            d_kv[j] = (d_kv[j][0] + d_k, d_kv[j][1] + d_v)
+        # A block's dK, dV sums travel with it; after the last step one more hop brings them home.
+        d_kv = transport.shift(d_kv).wait()
+        if incoming is not None:
+            kv = incoming.wait()
+    return [(d_qs[j], *d_kv[j]) for j in range(len(ranks))]
+
+
+class _ContextParallel(torch.autograd.Function):
+    """One rank's call, the transport a process group's."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, transport, blocks, causal, balanced, scheme):
+        ((o, stats),) = run_forward([q], [k], [v], transport, blocks, causal, balanced, scheme)
+        o = o.to(q.dtype)
+        ctx.save_for_backward(q, k, v, o, stats)
+        ctx.settings = (transport, blocks, causal, balanced, scheme)
+        return o
+
+    @staticmethod
+    def backward(ctx, d_o):
+        q, k, v, o, stats = ctx.saved_tensors
+        ((d_q, d_k, d_v),) = run_backward([q], [k], [v], [o], [stats], [d_o.to(o.dtype)], *ctx.settings)
+        return d_q.to(q.dtype), d_k.to(k.dtype), d_v.to(v.dtype), None, None, None, None, None
+
+
+def _check(q, k, causal, load_balanced, scheme):
+    if scheme not in ("ring", "all_gather"):
+        raise invalid_argument("scheme", scheme, '"ring" or "all_gather"')
+    if causal and load_balanced and (q.shape[1] % 2 or k.shape[1] % 2):
+        raise invalid_argument("q.shape", tuple(q.shape),
+                               "an even number of tokens a rank with load_balanced causal attention (two chunks)")
+    if causal and q.shape[1] != k.shape[1]:
+        raise invalid_argument("k.shape", tuple(k.shape), f"as many tokens a rank as q ({q.shape[1]}) when causal")
+
+
+def context_parallel_attention(q, k, v, *, group=None, causal=False, scheme="ring", load_balanced=True, scale=None,
+                               blocks=None):
+    """Attention of this rank's queries against the keys of every rank of `group` (default: the
+    world), bshd parts of the sequence axis, GQA allowed; differentiable in q, k, v. scheme: "ring"
+    or "all_gather". Causal with load_balanced: rank r holds chunks r and 2N-1-r (load_balance).
+    `blocks` replaces fusedattn's block kernels (tests of the algorithm on CPU groups)."""
+    import torch.distributed as dist
+    _check(q, k, causal, load_balanced, scheme)
+    scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else float(scale)
+    transport = ProcessGroupTransport(group if group is not None else dist.group.WORLD)
+    return _ContextParallel.apply(q, k, v, transport, blocks if blocks is not None else FusedattnBlocks(scale),
+                                  bool(causal), bool(causal and load_balanced), scheme)
+

@@ -1,0 +1,158 @@
+"""fusedattn.torch.context_parallel_attention's algorithm without a GPU: N simulated ranks in one
+process (SimulatedRanks, in-process copies) and 4 processes of a gloo group (the process-group
+transport's point-to-point sends and collectives), with stand-in block kernels in float64 math that
+use the O and statistics they are given, as cuDNN's backward does; against attention of the whole
+sequence, outputs and gradients, ring and all-gather, causal load-balanced, contiguous and not
+causal, GQA."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch not installed")
+fa = pytest.importorskip("fusedattn.torch")
+
+from fusedattn import _torch_context_parallel as cp  # noqa: E402
+
+
+class ReferenceBlocks:
+    """The block kernels in plain torch (float64): forward (O, statistics) and the backward formula
+    with the O and statistics given."""
+
+    def __init__(self, scale):
+        self.scale = scale
+
+    def _scores(self, q, k, causal):
+        k = k.repeat_interleave(q.shape[2] // k.shape[2], 2)
+        s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) * self.scale
+        if causal:
+            s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+        return s
+
+    def forward(self, q, k, v, causal):
+        s = self._scores(q, k, causal)
+        stats = torch.logsumexp(s, -1)
+        p = torch.exp(s - stats[..., None])
+        o = torch.einsum("bhqk,bkhd->bqhd", p, v.double().repeat_interleave(q.shape[2] // v.shape[2], 2))
+        return o, stats
+
+    def backward(self, q, k, v, o, stats, d_o, causal):
+        group = q.shape[2] // k.shape[2]
+        p = torch.exp(self._scores(q, k, causal) - stats[..., None].double())
+        ke, ve = k.double().repeat_interleave(group, 2), v.double().repeat_interleave(group, 2)
+        d_p = torch.einsum("bqhd,bkhd->bhqk", d_o.double(), ve)
+        row = torch.einsum("bqhd,bqhd->bhq", d_o.double(), o.double())[..., None]
+        d_s = p * (d_p - row) * self.scale
+        fold = lambda x: x.reshape(x.shape[0], x.shape[1], k.shape[2], group, x.shape[3]).sum(3)
+        return (torch.einsum("bhqk,bkhd->bqhd", d_s, ke), fold(torch.einsum("bhqk,bqhd->bkhd", d_s, q.double())),
+                fold(torch.einsum("bhqk,bqhd->bkhd", p, d_o.double())))
+
+
+def whole(q, k, v, causal, scale):
+    group = q.shape[2] // k.shape[2]
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(group, 2)) * scale
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+    return torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, -1), v.repeat_interleave(group, 2))
+
+
+def problem(h_kv, seed=0, b=2, s=128, h_q=4, d=16):
+    g = torch.Generator().manual_seed(seed)
+    make = lambda h: torch.randn(b, s, h, d, generator=g, dtype=torch.float64)
+    return make(h_q), make(h_kv), make(h_kv), make(h_q)
+
+
+CASES = [(False, False), (True, True), (True, False)]
+IDS = ["full", "causal_balanced", "causal_contiguous"]
+
+
+@pytest.mark.parametrize("scheme", ["ring", "all_gather"])
+@pytest.mark.parametrize("causal, balanced", CASES, ids=IDS)
+@pytest.mark.parametrize("h_kv", [4, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("n", [2, 4])
+def test_simulated_ranks_equal_the_whole_sequence(scheme, causal, balanced, h_kv, n):
+    q, k, v, d_o = problem(h_kv)
+    scale = q.shape[-1] ** -0.5
+    arrange = (lambda x: cp.load_balance(x, n)) if balanced else (lambda x: x)
+    restore = (lambda x: cp.unbalance(x, n)) if balanced else (lambda x: x)
+    parts = [arrange(x).chunk(n, 1) for x in (q, k, v, d_o)]
+    ranks, blocks = cp.SimulatedRanks(n), ReferenceBlocks(scale)
+    outs = cp.run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal, balanced, scheme)
+    o = restore(torch.cat([o for o, _ in outs], 1))
+    grads = cp.run_backward(parts[0], parts[1], parts[2], [o for o, _ in outs], [s for _, s in outs], parts[3],
+                            ranks, blocks, causal, balanced, scheme)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref = whole(*leaves, causal, scale)
+    ref.backward(d_o)
+    assert torch.allclose(o, ref, atol=1e-10)
+    for i, leaf in enumerate(leaves):
+        got = restore(torch.cat([g[i] for g in grads], 1))
+        assert torch.allclose(got, leaf.grad, atol=1e-9), "dqkv"[i]
+
+
+def test_a_rank_that_sees_no_key_of_a_block_takes_a_neutral_statistic():
+    # Contiguous causal chunks: rank 0 sees nothing of rank 1's keys; the merge must leave it alone.
+    q, k, v, _ = problem(4)
+    ranks, blocks = cp.SimulatedRanks(2), ReferenceBlocks(0.25)
+    outs = cp.run_forward(q.chunk(2, 1), k.chunk(2, 1), v.chunk(2, 1), ranks, blocks, True, False, "ring")
+    alone = blocks.forward(q.chunk(2, 1)[0], k.chunk(2, 1)[0], v.chunk(2, 1)[0], True)
+    assert torch.allclose(outs[0][0], alone[0]) and torch.allclose(outs[0][1], alone[1])
+
+
+def test_bad_arguments_name_the_field():
+    q = torch.zeros(1, 7, 2, 16)
+    with pytest.raises(fa.InvalidArgumentError if hasattr(fa, "InvalidArgumentError") else Exception) as caught:
+        cp._check(q, q, True, True, "ring")
+    assert caught.value.field == "q.shape"
+    with pytest.raises(Exception) as caught:
+        cp._check(q, q, False, True, "tree")
+    assert caught.value.field == "scheme"
+
+
+GLOO_CHILD = r"""
+import os, sys
+import torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+import test_torch_context_parallel as t
+from fusedattn import _torch_context_parallel as cp
+
+def main(rank, n, scheme, causal, balanced, h_kv, port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=n)
+    q, k, v, d_o = t.problem(h_kv)
+    scale = q.shape[-1] ** -0.5
+    arrange = (lambda x: cp.load_balance(x, n)) if balanced else (lambda x: x)
+    mine = [arrange(x).chunk(n, 1)[rank].clone() for x in (q, k, v, d_o)]
+    leaves = [x.requires_grad_() for x in mine[:3]]
+    o = cp.context_parallel_attention(*leaves, causal=causal, scheme=scheme, load_balanced=balanced,
+                                      blocks=t.ReferenceBlocks(scale))
+    o.backward(mine[3])
+    ref_leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref = t.whole(*ref_leaves, causal, scale)
+    ref.backward(d_o)
+    ok = torch.allclose(o, arrange(ref).chunk(n, 1)[rank], atol=1e-10)
+    for leaf, ref_leaf in zip(leaves, ref_leaves):
+        ok = ok and torch.allclose(leaf.grad, arrange(ref_leaf.grad).chunk(n, 1)[rank], atol=1e-9)
+    print(f"RANK {rank} {'OK' if ok else 'WRONG'}", flush=True)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    n, scheme, causal, balanced, h_kv, port = 4, sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1", int(sys.argv[5]), int(sys.argv[6])
+    torch.multiprocessing.spawn(main, args=(n, scheme, causal, balanced, h_kv, port), nprocs=n)
+"""
+
+
+@pytest.mark.parametrize("scheme", ["ring", "all_gather"])
+@pytest.mark.parametrize("causal, balanced", [(True, True), (False, False)], ids=["causal_balanced", "full"])
+def test_a_gloo_group_of_four_processes_equals_the_whole_sequence(scheme, causal, balanced, tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(GLOO_CHILD)
+    port = 29500 + (os.getpid() + hash((scheme, causal))) % 2000
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    done = subprocess.run([sys.executable, str(script), os.path.dirname(__file__), scheme, str(int(causal)),
+                           str(int(balanced)), "2", str(port)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    # The four processes share stdout: their lines may run into each other.
+    assert sorted(re.findall(r"RANK (\d) (OK|WRONG)", done.stdout)) == [(str(r), "OK") for r in range(4)], done.stdout

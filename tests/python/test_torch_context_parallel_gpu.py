@@ -1,0 +1,42 @@
+"""Context parallelism on one GPU: N simulated ranks in one process (in-process copies for the
+transport) running fusedattn's block kernels, against float32 attention of the whole sequence,
+outputs and gradients, ring and all-gather, causal load-balanced and not causal, GQA."""
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch not installed")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device: torch.cuda.is_available() is False", allow_module_level=True)
+fa = pytest.importorskip("fusedattn.torch")
+
+from fusedattn import _torch_context_parallel as cp  # noqa: E402
+from test_torch_context_parallel import whole  # noqa: E402
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.parametrize("scheme", ["ring", "all_gather"])
+@pytest.mark.parametrize("causal, balanced", [(True, True), (True, False), (False, False)],
+                         ids=["causal_balanced", "causal_contiguous", "full"])
+@pytest.mark.parametrize("h_kv", [8, 2], ids=["mha", "gqa"])
+def test_simulated_ranks_on_one_gpu_equal_the_whole_sequence(scheme, causal, balanced, h_kv):
+    n, b, s, h_q, d = 4, 2, 2048, 8, 128
+    g = torch.Generator(device="cuda").manual_seed(3)
+    make = lambda h: (torch.rand(b, s, h, d, device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
+    q, k, v, d_o = make(h_q), make(h_kv), make(h_kv), make(h_q)
+    scale = d ** -0.5
+    arrange = (lambda x: cp.load_balance(x, n)) if balanced else (lambda x: x)
+    restore = (lambda x: cp.unbalance(x, n)) if balanced else (lambda x: x)
+    parts = [[p.contiguous() for p in arrange(x).chunk(n, 1)] for x in (q, k, v, d_o)]
+    ranks, blocks = cp.SimulatedRanks(n), cp.FusedattnBlocks(scale)
+    outs = cp.run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal, balanced, scheme)
+    os_ = [o.to(torch.bfloat16) for o, _ in outs]
+    grads = cp.run_backward(parts[0], parts[1], parts[2], os_, [st for _, st in outs], parts[3], ranks, blocks,
+                            causal, balanced, scheme)
+    leaves = [x.float().requires_grad_() for x in (q, k, v)]
+    ref = whole(*leaves, causal, scale)
+    ref.backward(d_o.float())
+    assert rel(restore(torch.cat(os_, 1)), ref) < 1e-2
+    for i, leaf in enumerate(leaves):
+        assert rel(restore(torch.cat([gr[i] for gr in grads], 1)), leaf.grad) < 1e-2, "dqkv"[i]
