@@ -28,7 +28,7 @@ class ReferenceBlocks:
         k = k.repeat_interleave(q.shape[2] // k.shape[2], 2)
         s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) * self.scale
         if causal:
-            s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+            s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), float("-inf"))
         return s
 
     def forward(self, q, k, v, causal):
@@ -54,7 +54,7 @@ def whole(q, k, v, causal, scale):
     group = q.shape[2] // k.shape[2]
     s = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(group, 2)) * scale
     if causal:
-        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), float("-inf"))
     return torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, -1), v.repeat_interleave(group, 2))
 
 
