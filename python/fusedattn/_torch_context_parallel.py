@@ -63,9 +63,11 @@ class FusedattnBlocks:
         return o.float(), stats
 
     def backward(self, q, k, v, o, stats, d_o, causal):
+        # q, k, v may be views (the core takes their strides); O, dO and the statistics are read as
+        # the dense tensors the core allocates, so halves of them are copied.
         from . import torch as adapter
-        d_q, d_k, d_v, _, _ = adapter._backward_body(d_o.contiguous(), q, k, v, o, stats, None, None, adapter._Extras(),
-                                                    self._config(causal), self.scale, 0, 0)
+        d_q, d_k, d_v, _, _ = adapter._backward_body(d_o.contiguous(), q, k, v, o.contiguous(), stats.contiguous(), None,
+                                                    None, adapter._Extras(), self._config(causal), self.scale, 0, 0)
         return d_q.float(), d_k.float(), d_v.float()
 
 
