@@ -26,29 +26,25 @@ import jax
 import jax.numpy as jnp
 
 from . import _config
+from . import _context_parallel as _cp
 from ._jax_calls import BACKWARD, FORWARD
 from .errors import invalid_argument
 
 __all__ = ["context_parallel_attention", "load_balance", "unbalance"]
-
-# A block's kind, for causal attention: the device's own keys, keys from an earlier device (or
-# chunk), keys from a later one.
-_LOCAL, _EARLIER, _LATER = 0, 1, 2
 
 
 def load_balance(x, n, axis=1):
     """x with its `axis` (the sequence) reordered so that its n equal parts, as shard_map splits
     them, hold chunks (r, 2n-1-r) of 2n: part r's causal work is then the same for every r."""
     chunks = jnp.split(x, 2 * n, axis=axis)
-    return jnp.concatenate([c for r in range(n) for c in (chunks[r], chunks[2 * n - 1 - r])], axis=axis)
+    return jnp.concatenate([chunks[c] for c in _cp.load_balanced_order(n)], axis=axis)
 
 
 def unbalance(x, n, axis=1):
     """The inverse of load_balance."""
-    parts = jnp.split(x, 2 * n, axis=axis)
-    order = [None] * (2 * n)
-    for r in range(n):
-        order[r], order[2 * n - 1 - r] = parts[2 * r], parts[2 * r + 1]
+    parts, order = jnp.split(x, 2 * n, axis=axis), [None] * (2 * n)
+    for position, c in enumerate(_cp.load_balanced_order(n)):
+        order[c] = parts[position]
     return jnp.concatenate(order, axis=axis)
 
 
@@ -100,96 +96,54 @@ def _merge(a, b):
     return o_a * weight(w_a) + o_b * weight(w_b), lse
 
 
-def _halves(x, axis=1):
-    return jnp.split(x, 2, axis=axis)
-
-
-def _concat(a, b, axis=1):
-    return jnp.concatenate([a, b], axis=axis)
+def _part(x, part, axis=1):
+    start, stop = _cp.span(part, x.shape[axis])
+    return jax.lax.slice_in_dim(x, start, stop, axis=axis)
 
 
 class _Plan:
-    """Static settings of one call: the block kinds and how each runs, forward and backward."""
+    """Static settings of one call, and a block's pieces (_context_parallel.pieces) run through the
+    block kernels; a kind that only the device index decides is a traced index, run by lax.switch
+    over the three kinds' pieces."""
 
     def __init__(self, axis_name, causal, balanced, scale):
         self.axis, self.causal, self.balanced, self.blocks = axis_name, causal, balanced, _Blocks(scale)
 
-    # --- one block of keys: forward --------------------------------------------------------------
+    def _switch(self, kind, run, *operands):
+        if isinstance(kind, int):
+            return run(kind, *operands)
+        branches = [functools.partial(run, k) for k in (_cp.LOCAL, _cp.EARLIER, _cp.LATER)]
+        return jax.lax.switch(kind, branches, *operands)
+
     def block_forward(self, q, k, v, kind):
-        """The partial result of q against one device's keys of `kind` (a traced index for the
-        kinds that only the device index decides)."""
-        if not self.causal:
-            return self.blocks.forward(q, k, v, False)
-        branches = [lambda q, k, v: self._local(q, k, v), lambda q, k, v: self._earlier(q, k, v),
-                    lambda q, k, v: self._later(q, k, v)]
-        if isinstance(kind, int):
-            return branches[kind](q, k, v)
-        return jax.lax.switch(kind, branches, q, k, v)
+        """The block's partial result for all of q's rows (neutral where its pieces leave rows out)."""
+        def run(kind, q, k, v):
+            o, lse = _neutral(q)
+            for q_part, k_part, causal in _cp.pieces(kind, self.causal, self.balanced):
+                start, stop = _cp.span(q_part, q.shape[1])
+                piece = self.blocks.forward(_part(q, q_part), _part(k, k_part), _part(v, k_part), causal)
+                rows = _merge((o[:, start:stop], lse[:, :, start:stop]), piece)
+                o, lse = o.at[:, start:stop].set(rows[0]), lse.at[:, :, start:stop].set(rows[1])
+            return o, lse
+        return self._switch(kind, run, q, k, v)
 
-    def _local(self, q, k, v):
-        if not self.balanced:  # chunk r against itself
-            return self.blocks.forward(q, k, v, True)
-        (q0, q1), (k0, k1), (v0, v1) = _halves(q), _halves(k), _halves(v)
-        first = self.blocks.forward(q0, k0, v0, True)  # chunk r against itself; chunk 2n-1-r later
-        second = _merge(self.blocks.forward(q1, k0, v0, False), self.blocks.forward(q1, k1, v1, True))
-        return _concat(first[0], second[0]), _concat(first[1], second[1], axis=2)
-
-    def _earlier(self, q, k, v):
-        if not self.balanced:  # an earlier chunk: every key seen
-            return self.blocks.forward(q, k, v, False)
-        # Device s < r: both of r's chunks see s's first chunk whole, and neither its second.
-        (k0, _), (v0, _) = _halves(k), _halves(v)
-        return self.blocks.forward(q, k0, v0, False)
-
-    def _later(self, q, k, v):
-        if not self.balanced:  # a later chunk: nothing seen
-            return _neutral(q)
-        # Device s > r: r's first chunk sees nothing of s, its second chunk everything.
-        q0, q1 = _halves(q)
-        none, seen = _neutral(q0), self.blocks.forward(q1, k, v, False)
-        return _concat(none[0], seen[0]), _concat(none[1], seen[1], axis=2)
-
-    # --- one block of keys: backward -------------------------------------------------------------
     def block_backward(self, q, k, v, o, stats, d_o, kind):
-        """(dQ of q's rows from these keys, dK, dV of these keys), float32, with the merged O and
-        statistics of q's rows."""
-        if not self.causal:
-            return self.blocks.backward(q, k, v, o, stats, d_o, False)
-        branches = [self._local_backward, self._earlier_backward, self._later_backward]
-        if isinstance(kind, int):
-            return branches[kind](q, k, v, o, stats, d_o)
-        return jax.lax.switch(kind, branches, q, k, v, o, stats, d_o)
+        """(dQ of q's rows from this block, dK, dV of the block's keys), float32, with the merged O
+        and statistics of q's rows."""
+        def run(kind, q, k, v, o, stats, d_o):
+            totals = [_zeros_like(q), _zeros_like(k), _zeros_like(v)]
+            for q_part, k_part, causal in _cp.pieces(kind, self.causal, self.balanced):
+                grads = self.blocks.backward(_part(q, q_part), _part(k, k_part), _part(v, k_part), _part(o, q_part),
+                                             _part(stats, q_part, 2), _part(d_o, q_part), causal)
+                for i, (grad, part) in enumerate(zip(grads, (q_part, k_part, k_part))):
+                    start, stop = _cp.span(part, totals[i].shape[1])
+                    totals[i] = totals[i].at[:, start:stop].add(grad)
+            return tuple(totals)
+        return self._switch(kind, run, q, k, v, o, stats, d_o)
 
-    def _local_backward(self, q, k, v, o, stats, d_o):
-        if not self.balanced:
-            return self.blocks.backward(q, k, v, o, stats, d_o, True)
-        (q0, q1), (k0, k1), (v0, v1) = _halves(q), _halves(k), _halves(v)
-        (o0, o1), (d0, d1), (s0, s1) = _halves(o), _halves(d_o), _halves(stats, axis=2)
-        dq0, dk0, dv0 = self.blocks.backward(q0, k0, v0, o0, s0, d0, True)
-        dq1a, dk0b, dv0b = self.blocks.backward(q1, k0, v0, o1, s1, d1, False)
-        dq1b, dk1, dv1 = self.blocks.backward(q1, k1, v1, o1, s1, d1, True)
-        return _concat(dq0, dq1a + dq1b), _concat(dk0 + dk0b, dk1), _concat(dv0 + dv0b, dv1)
-
-    def _earlier_backward(self, q, k, v, o, stats, d_o):
-        if not self.balanced:
-            return self.blocks.backward(q, k, v, o, stats, d_o, False)
-        (k0, k1), (v0, v1) = _halves(k), _halves(v)
-        dq, dk0, dv0 = self.blocks.backward(q, k0, v0, o, stats, d_o, False)
-        return dq, _concat(dk0, _zeros_like(k1)), _concat(dv0, _zeros_like(v1))
-
-    def _later_backward(self, q, k, v, o, stats, d_o):
-        zeros = _zeros_like
-        if not self.balanced:
-            return zeros(q), zeros(k), zeros(v)
-        q0, q1 = _halves(q)
-        dq1, dk, dv = self.blocks.backward(q1, k, v, _halves(o)[1], _halves(stats, axis=2)[1], _halves(d_o)[1],
-                                           False)
-        return _concat(zeros(q0), dq1), dk, dv
-
-    # --- where a block comes from ------------------------------------------------------------------
     def kind(self, rank, source):
         """The kind of the keys of device `source` for the queries of device `rank` (traced)."""
-        return jnp.where(source == rank, _LOCAL, jnp.where(source < rank, _EARLIER, _LATER)).astype(jnp.int32)
+        return jnp.where(source == rank, _cp.LOCAL, jnp.where(source < rank, _cp.EARLIER, _cp.LATER)).astype(jnp.int32)
 
 
 def _ring_permutation(n):
@@ -202,7 +156,7 @@ def _ring_forward(plan, q, k, v):
     for t in range(n):  # at step t the keys of device rank - t
         if t < n - 1:  # sent before this step's block runs, so that the transfer can hide behind it
             incoming = jax.lax.ppermute(kv, plan.axis, _ring_permutation(n))
-        kind = _LOCAL if t == 0 else plan.kind(rank, (rank - t) % n)
+        kind = _cp.LOCAL if t == 0 else plan.kind(rank, (rank - t) % n)
         out = _merge(out, plan.block_forward(q, *kv, kind))
         if t < n - 1:
             kv = incoming
@@ -216,7 +170,7 @@ def _ring_backward(plan, q, k, v, o, stats, d_o):
     for t in range(n):
         if t < n - 1:
             incoming = jax.lax.ppermute(kv, plan.axis, _ring_permutation(n))
-        kind = _LOCAL if t == 0 else plan.kind(rank, (rank - t) % n)
+        kind = _cp.LOCAL if t == 0 else plan.kind(rank, (rank - t) % n)
         dq_t, dk_t, dv_t = plan.block_backward(q, *kv, o, stats, d_o, kind)
         d_q = d_q + dq_t
         # A block's dK, dV sums travel with it; after the last step one more hop brings them home.

@@ -21,24 +21,24 @@ run on several GPUs (issue 19).
 """
 import torch
 
+from . import _context_parallel as _cp
 from .errors import invalid_argument
 
 __all__ = ["context_parallel_attention", "load_balance", "unbalance", "SimulatedRanks"]
 
-_LOCAL, _EARLIER, _LATER = 0, 1, 2
 
 
 def load_balance(x, n, dim=1):
     """x with its sequence `dim` reordered so that its n equal parts hold chunks (r, 2n-1-r) of 2n."""
     chunks = x.chunk(2 * n, dim=dim)
-    return torch.cat([c for r in range(n) for c in (chunks[r], chunks[2 * n - 1 - r])], dim=dim)
+    return torch.cat([chunks[c] for c in _cp.load_balanced_order(n)], dim=dim)
 
 
 def unbalance(x, n, dim=1):
     """The inverse of load_balance."""
     parts, order = x.chunk(2 * n, dim=dim), [None] * (2 * n)
-    for r in range(n):
-        order[r], order[2 * n - 1 - r] = parts[2 * r], parts[2 * r + 1]
+    for position, c in enumerate(_cp.load_balanced_order(n)):
+        order[c] = parts[position]
     return torch.cat(order, dim=dim)
 
 
@@ -71,10 +71,18 @@ class FusedattnBlocks:
         return d_q.float(), d_k.float(), d_v.float()
 
 
+def _wide(x):
+    """The dtype partial results and sums are kept in: float32, or x's where wider (the tests')."""
+    return torch.promote_types(torch.float32, x.dtype)
+
+
+def _zeros(x):
+    return torch.zeros(x.shape, dtype=_wide(x), device=x.device)
+
+
 def _neutral(q):
     b, s, h, _ = q.shape
-    return torch.zeros(q.shape, dtype=torch.float32, device=q.device), \
-        torch.full((b, h, s), float("-inf"), dtype=torch.float32, device=q.device)
+    return _zeros(q), torch.full((b, h, s), float("-inf"), dtype=_wide(q), device=q.device)
 
 
 def _merge(a, b):
@@ -85,64 +93,37 @@ def _merge(a, b):
     return o_a * weight(lse_a) + o_b * weight(lse_b), lse
 
 
-def _halves(x, dim=1):
-    return x.chunk(2, dim=dim)
+def _part(x, part, dim=1):
+    start, stop = _cp.span(part, x.shape[dim])
+    return x.narrow(dim, start, stop - start)
 
 
 class _Kinds:
-    """The block kinds of causal attention and how each runs (the notes of _jax_context_parallel.py)."""
+    """A block's pieces (_context_parallel.pieces) run through the block kernels."""
 
     def __init__(self, blocks, causal, balanced):
         self.blocks, self.causal, self.balanced = blocks, causal, balanced
 
     def forward(self, q, k, v, kind):
-        f = self.blocks.forward
-        if not self.causal:
-            return f(q, k, v, False)
-        if kind == _LOCAL:
-            if not self.balanced:
-                return f(q, k, v, True)
-            (q0, q1), (k0, k1), (v0, v1) = _halves(q), _halves(k), _halves(v)
-            first = f(q0, k0, v0, True)
-            second = _merge(f(q1, k0, v0, False), f(q1, k1, v1, True))
-            return torch.cat([first[0], second[0]], 1), torch.cat([first[1], second[1]], 2)
-        if kind == _EARLIER:
-            return f(q, _halves(k)[0], _halves(v)[0], False) if self.balanced else f(q, k, v, False)
-        if not self.balanced:
-            return _neutral(q)
-        q0, q1 = _halves(q)
-        none, seen = _neutral(q0), f(q1, k, v, False)
-        return torch.cat([none[0], seen[0]], 1), torch.cat([none[1], seen[1]], 2)
+        """The block's partial result for all of q's rows (neutral where a piece leaves rows out)."""
+        o, lse = _neutral(q)
+        for q_part, k_part, causal in _cp.pieces(kind, self.causal, self.balanced):
+            start, stop = _cp.span(q_part, q.shape[1])
+            piece = self.blocks.forward(_part(q, q_part), _part(k, k_part), _part(v, k_part), causal)
+            rows = _merge((o[:, start:stop], lse[:, :, start:stop]), piece)
+            o = torch.cat([o[:, :start], rows[0], o[:, stop:]], 1)
+            lse = torch.cat([lse[:, :, :start], rows[1], lse[:, :, stop:]], 2)
+        return o, lse
 
     def backward(self, q, k, v, o, stats, d_o, kind):
-        g = self.blocks.backward
-        zeros = lambda x: torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        if not self.causal:
-            return g(q, k, v, o, stats, d_o, False)
-        if kind == _LOCAL:
-            if not self.balanced:
-                return g(q, k, v, o, stats, d_o, True)
-            (q0, q1), (k0, k1), (v0, v1) = _halves(q), _halves(k), _halves(v)
-            (o0, o1), (d0, d1), (s0, s1) = _halves(o), _halves(d_o), _halves(stats, 2)
-            dq0, dk0, dv0 = g(q0, k0, v0, o0, s0, d0, True)
-            dq1a, dk0b, dv0b = g(q1, k0, v0, o1, s1, d1, False)
-            dq1b, dk1, dv1 = g(q1, k1, v1, o1, s1, d1, True)
-            return torch.cat([dq0, dq1a + dq1b], 1), torch.cat([dk0 + dk0b, dk1], 1), torch.cat([dv0 + dv0b, dv1], 1)
-        if kind == _EARLIER:
-            if not self.balanced:
-                return g(q, k, v, o, stats, d_o, False)
-            (k0, k1), (v0, v1) = _halves(k), _halves(v)
-            dq, dk0, dv0 = g(q, k0, v0, o, stats, d_o, False)
-            return dq, torch.cat([dk0, zeros(k1)], 1), torch.cat([dv0, zeros(v1)], 1)
-        if not self.balanced:
-            return zeros(q), zeros(k), zeros(v)
-        q0, q1 = _halves(q)
-        dq1, dk, dv = g(q1, k, v, _halves(o)[1], _halves(stats, 2)[1], _halves(d_o)[1], False)
-        return torch.cat([zeros(q0), dq1], 1), dk, dv
-
-
-def _kind(rank, source):
-    return _LOCAL if source == rank else _EARLIER if source < rank else _LATER
+        """(dQ of q's rows from this block, dK, dV of the block's keys), float32."""
+        d_q, d_k, d_v = _zeros(q), _zeros(k), _zeros(v)
+        for q_part, k_part, causal in _cp.pieces(kind, self.causal, self.balanced):
+            grads = self.blocks.backward(_part(q, q_part), _part(k, k_part), _part(v, k_part), _part(o, q_part),
+                                         _part(stats, q_part, 2), _part(d_o, q_part), causal)
+            for total, grad, part in zip((d_q, d_k, d_v), grads, (q_part, k_part, k_part)):
+                _part(total, part).add_(grad)
+        return d_q, d_k, d_v
 
 
 # --- the transports ------------------------------------------------------------------------------
@@ -262,13 +243,13 @@ def run_forward(qs, ks, vs, transport, blocks, causal, balanced, scheme):
         gathered = transport.all_gather(list(zip(ks, vs)))
         for j, r in enumerate(ranks):
             for s in range(n):
-                outs[j] = _merge(outs[j], kinds.forward(qs[j], *gathered[j][s], _kind(r, s)))
+                outs[j] = _merge(outs[j], kinds.forward(qs[j], *gathered[j][s], _cp.kind_of(r, s)))
         return outs
     kv = list(zip(ks, vs))
     for t in range(n):  # at step t each rank holds the keys of rank r - t
         incoming = transport.shift(kv) if t < n - 1 else None  # travels while this step computes
         for j, r in enumerate(ranks):
-            outs[j] = _merge(outs[j], kinds.forward(qs[j], *kv[j], _kind(r, (r - t) % n)))
+            outs[j] = _merge(outs[j], kinds.forward(qs[j], *kv[j], _cp.kind_of(r, (r - t) % n)))
         if incoming is not None:
             kv = incoming.wait()
     return outs
@@ -277,7 +258,7 @@ def run_forward(qs, ks, vs, transport, blocks, causal, balanced, scheme):
 def run_backward(qs, ks, vs, os, stats, d_os, transport, blocks, causal, balanced, scheme):
     """Per rank: (dQ, dK, dV) float32, each block's backward on the merged O and statistics."""
     kinds, n, ranks = _Kinds(blocks, causal, balanced), transport.n, transport.ranks
-    zeros = lambda x: torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    zeros = _zeros
     d_qs = [zeros(q) for q in qs]
     if scheme == "all_gather":
         gathered = transport.all_gather(list(zip(ks, vs)))
@@ -285,7 +266,7 @@ def run_backward(qs, ks, vs, os, stats, d_os, transport, blocks, causal, balance
         for j, r in enumerate(ranks):
             mine = []
             for s in range(n):
-                d_q, d_k, d_v = kinds.backward(qs[j], *gathered[j][s], os[j], stats[j], d_os[j], _kind(r, s))
+                d_q, d_k, d_v = kinds.backward(qs[j], *gathered[j][s], os[j], stats[j], d_os[j], _cp.kind_of(r, s))
                 d_qs[j] = d_qs[j] + d_q
                 mine.append((d_k, d_v))
             parts.append(mine)
@@ -296,7 +277,7 @@ def run_backward(qs, ks, vs, os, stats, d_os, transport, blocks, causal, balance
     for t in range(n):
         incoming = transport.shift(kv) if t < n - 1 else None
         for j, r in enumerate(ranks):
-            d_q, d_k, d_v = kinds.backward(qs[j], *kv[j], os[j], stats[j], d_os[j], _kind(r, (r - t) % n))
+            d_q, d_k, d_v = kinds.backward(qs[j], *kv[j], os[j], stats[j], d_os[j], _cp.kind_of(r, (r - t) % n))
             d_qs[j] = d_qs[j] + d_q
             d_kv[j] = (d_kv[j][0] + d_k, d_kv[j][1] + d_v)
         # A block's dK, dV sums travel with it; after the last step one more hop brings them home.
