@@ -17,6 +17,8 @@ Contiguous chunks: LOCAL is one diagonal piece, EARLIER one full piece, LATER no
 causal mask every block is one full piece.
 """
 
+from .errors import invalid_argument
+
 LOCAL, EARLIER, LATER = 0, 1, 2
 ALL, FIRST, SECOND = "all", "first", "second"  # which part of the queries or keys a piece takes
 
@@ -45,3 +47,14 @@ def span(part, length):
 def load_balanced_order(n):
     """Chunk indices, in the order the devices hold them: device r's parts are chunks r and 2n-1-r."""
     return [c for r in range(n) for c in (r, 2 * n - 1 - r)]
+
+
+def check_arguments(q_shape, k_shape, causal, load_balanced, scheme, holder):
+    """What both adapters refuse, in the same words; `holder` names a device or a rank."""
+    if scheme not in ("ring", "all_gather"):
+        raise invalid_argument("scheme", scheme, '"ring" or "all_gather"')
+    if causal and load_balanced and (q_shape[1] % 2 or k_shape[1] % 2):
+        raise invalid_argument("q.shape", tuple(q_shape),
+                               f"an even number of tokens a {holder} with load_balanced causal attention (two chunks)")
+    if causal and q_shape[1] != k_shape[1]:
+        raise invalid_argument("k.shape", tuple(k_shape), f"as many tokens a {holder} as q ({q_shape[1]}) when causal")

@@ -28,7 +28,6 @@ import jax.numpy as jnp
 from . import _config
 from . import _context_parallel as _cp
 from ._jax_calls import BACKWARD, FORWARD
-from .errors import invalid_argument
 
 __all__ = ["context_parallel_attention", "load_balance", "unbalance"]
 
@@ -249,13 +248,7 @@ def context_parallel_attention(q, k, v, *, axis_name, causal=False, scheme="ring
     (GQA: h_q a multiple of h_kv). scheme: "ring" (each block passed on to the next device) or
     "all_gather". Causal with load_balanced: device r holds chunks r and 2N-1-r (load_balance);
     otherwise chunk r. Differentiable in q, k, v (the module's docstring says how)."""
-    if scheme not in _SCHEMES:
-        raise invalid_argument("scheme", scheme, '"ring" or "all_gather"')
-    if causal and load_balanced and (q.shape[1] % 2 or k.shape[1] % 2):
-        raise invalid_argument("q.shape", tuple(q.shape),
-                               "an even number of tokens a device with load_balanced causal attention (two chunks)")
-    if causal and q.shape[1] != k.shape[1]:
-        raise invalid_argument("k.shape", tuple(k.shape), f"as many tokens a device as q ({q.shape[1]}) when causal")
+    _cp.check_arguments(q.shape, k.shape, causal, load_balanced, scheme, "device")
     scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else float(scale)
     plan = _PlanKey(axis_name, bool(causal), bool(causal and load_balanced), scale)
     return _context_parallel(plan, scheme, q, k, v)

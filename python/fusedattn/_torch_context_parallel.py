@@ -22,7 +22,6 @@ run on several GPUs (issue 19).
 import torch
 
 from . import _context_parallel as _cp
-from .errors import invalid_argument
 
 __all__ = ["context_parallel_attention", "load_balance", "unbalance", "SimulatedRanks"]
 
@@ -305,16 +304,6 @@ class _ContextParallel(torch.autograd.Function):
         return d_q.to(q.dtype), d_k.to(k.dtype), d_v.to(v.dtype), None, None, None, None, None
 
 
-def _check(q, k, causal, load_balanced, scheme):
-    if scheme not in ("ring", "all_gather"):
-        raise invalid_argument("scheme", scheme, '"ring" or "all_gather"')
-    if causal and load_balanced and (q.shape[1] % 2 or k.shape[1] % 2):
-        raise invalid_argument("q.shape", tuple(q.shape),
-                               "an even number of tokens a rank with load_balanced causal attention (two chunks)")
-    if causal and q.shape[1] != k.shape[1]:
-        raise invalid_argument("k.shape", tuple(k.shape), f"as many tokens a rank as q ({q.shape[1]}) when causal")
-
-
 def context_parallel_attention(q, k, v, *, group=None, causal=False, scheme="ring", load_balanced=True, scale=None,
                                blocks=None):
     """Attention of this rank's queries against the keys of every rank of `group` (default: the
@@ -322,7 +311,7 @@ def context_parallel_attention(q, k, v, *, group=None, causal=False, scheme="rin
     or "all_gather". Causal with load_balanced: rank r holds chunks r and 2N-1-r (load_balance).
     `blocks` replaces fusedattn's block kernels (tests of the algorithm on CPU groups)."""
     import torch.distributed as dist
-    _check(q, k, causal, load_balanced, scheme)
+    _cp.check_arguments(q.shape, k.shape, causal, load_balanced, scheme, "rank")
     scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else float(scale)
     transport = ProcessGroupTransport(group if group is not None else dist.group.WORLD)
     return _ContextParallel.apply(q, k, v, transport, blocks if blocks is not None else FusedattnBlocks(scale),

@@ -221,25 +221,27 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
       at<std::uint16_t>(ours, s.q_chunks), q_elements);
   check_cuda(cudaGetLastError(), "decode split: copy queries");
 
+  // An inner call: the caller's pools, our partials, lengths and tables (offsets into `ours`).
+  auto inner_call = [&](const void* q, std::size_t o, std::size_t stats, std::size_t len_q, std::size_t len_kv,
+                        std::size_t table_k, std::size_t table_v) {
+    ForwardTensors call = t;
+    call.q = q;
+    call.o = ours + o;
+    call.stats = at<float>(ours, stats);
+    call.seq_len_q = at<std::int32_t>(ours, len_q);
+    call.seq_len_kv = at<std::int32_t>(ours, len_kv);
+    call.page_table_k = at<std::int32_t>(ours, table_k);
+    call.page_table_v = at<std::int32_t>(ours, table_v);
+    return call;
+  };
   const Workspace inner{workspace, inner_workspace_};
-  ForwardTensors part = t;  // the caller's pools
-  part.q = ours + s.q_chunks;
-  part.o = ours + s.o_chunks;
-  part.stats = at<float>(ours, s.stats_chunks);
-  part.seq_len_q = at<std::int32_t>(ours, s.len_q_chunks);
-  part.seq_len_kv = at<std::int32_t>(ours, s.len_kv_chunks);
-  part.page_table_k = at<std::int32_t>(ours, s.table_k_chunks);
-  part.page_table_v = at<std::int32_t>(ours, s.table_v_chunks);
-  chunks_->run(part, scale, stream, inner);
-  if (masked_) {
-    ForwardTensors rest = t;  // the caller's queries and pools
-    rest.o = ours + s.o_masked;
-    rest.stats = at<float>(ours, s.stats_masked);
-    rest.seq_len_q = at<std::int32_t>(ours, s.len_q_masked);
-    rest.seq_len_kv = at<std::int32_t>(ours, s.len_kv_masked);
-    rest.page_table_k = at<std::int32_t>(ours, s.table_k_masked);
-    rest.page_table_v = at<std::int32_t>(ours, s.table_v_masked);
-    masked_->run(rest, scale, stream, inner);
+  chunks_->run(inner_call(ours + s.q_chunks, s.o_chunks, s.stats_chunks, s.len_q_chunks, s.len_kv_chunks,
+                          s.table_k_chunks, s.table_v_chunks),
+               scale, stream, inner);
+  if (masked_) {  // on the caller's queries
+    masked_->run(inner_call(t.q, s.o_masked, s.stats_masked, s.len_q_masked, s.len_kv_masked, s.table_k_masked,
+                            s.table_v_masked),
+                 scale, stream, inner);
   }
 
   const std::int64_t n = spec_.o.elements();

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fusedattn/spec.h"
@@ -65,19 +66,24 @@ TEST_P(PagedNumerics, MatchesReferenceOnGatheredKv) {
 INSTANTIATE_TEST_SUITE_P(Gpu, PagedNumerics, ::testing::ValuesIn(paged_cases()),
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
+// A paged spec checked against the reference with these lengths (forward only).
+void check_with_lengths(const char* spec, std::vector<std::int32_t> seq_len_q, std::vector<std::int32_t> seq_len_kv) {
+  check::CheckOptions options;
+  options.backward = false;
+  options.seq_len_q = std::move(seq_len_q);
+  options.seq_len_kv = std::move(seq_len_kv);
+  const check::CheckResult result = check::check_against_reference(parse_spec(spec), options);
+  std::printf("  %s\n", result.to_string().c_str());
+  EXPECT_TRUE(result.passed) << result.to_string();
+}
+
 // A split decode's edges, with lengths chosen: an empty sequence, one key, one page, a page
 // multiple, one short of the cache and the whole cache (chunks of 256 keys: 4 pages of 64).
 TEST(PagedSplitDecode, EmptySequencesOnePageAndPageMultiples) {
   FUSEDATTN_REQUIRE_GPU();
-  const AttentionSpec spec = parse_spec("layout=bshd_paged_bshd dtype=bf16 b=6 s_q=1 s_kv=8192 h_q=32 h_kv=8 d=128 "
-                                        "page_size=64 pages=768 causal align=bottom_right");
-  check::CheckOptions options;
-  options.backward = false;
-  options.seq_len_q = {1, 1, 1, 1, 1, 1};
-  options.seq_len_kv = {0, 1, 64, 4096, 8191, 8192};
-  const check::CheckResult result = check::check_against_reference(spec, options);
-  std::printf("  %s\n", result.to_string().c_str());
-  EXPECT_TRUE(result.passed) << result.to_string();
+  check_with_lengths("layout=bshd_paged_bshd dtype=bf16 b=6 s_q=1 s_kv=8192 h_q=32 h_kv=8 d=128 page_size=64 "
+                     "pages=768 causal align=bottom_right",
+                     {1, 1, 1, 1, 1, 1}, {0, 1, 64, 4096, 8191, 8192});
 }
 
 // Several causal queries: the keys some query cannot see go to the masked call, from the page
@@ -85,15 +91,9 @@ TEST(PagedSplitDecode, EmptySequencesOnePageAndPageMultiples) {
 // over two pages, to the masked call; 12 over 1036 leave 1024 and 12; 12 over 12 leave all 12).
 TEST(PagedSplitDecode, TheMaskedCallTakesTheKeysSomeQueryCannotSee) {
   FUSEDATTN_REQUIRE_GPU();
-  const AttentionSpec spec = parse_spec("layout=bshd_paged_bshd dtype=bf16 b=3 s_q=12 s_kv=2048 h_q=16 h_kv=4 d=128 "
-                                        "page_size=64 pages=96 causal align=bottom_right");
-  check::CheckOptions options;
-  options.backward = false;
-  options.seq_len_q = {8, 12, 12};
-  options.seq_len_kv = {1027, 1036, 12};
-  const check::CheckResult result = check::check_against_reference(spec, options);
-  std::printf("  %s\n", result.to_string().c_str());
-  EXPECT_TRUE(result.passed) << result.to_string();
+  check_with_lengths("layout=bshd_paged_bshd dtype=bf16 b=3 s_q=12 s_kv=2048 h_q=16 h_kv=4 d=128 page_size=64 "
+                     "pages=96 causal align=bottom_right",
+                     {8, 12, 12}, {1027, 1036, 12});
 }
 
 }  // namespace

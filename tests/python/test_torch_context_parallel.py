@@ -102,13 +102,15 @@ def test_a_rank_that_sees_no_key_of_a_block_takes_a_neutral_statistic():
 
 
 def test_bad_arguments_name_the_field():
+    from fusedattn import InvalidArgumentError
     q = torch.zeros(1, 7, 2, 16)
-    with pytest.raises(fa.InvalidArgumentError if hasattr(fa, "InvalidArgumentError") else Exception) as caught:
-        cp._check(q, q, True, True, "ring")
-    assert caught.value.field == "q.shape"
-    with pytest.raises(Exception) as caught:
-        cp._check(q, q, False, True, "tree")
-    assert caught.value.field == "scheme"
+    for kwargs, field in ((dict(causal=True), "q.shape"), (dict(scheme="tree"), "scheme")):
+        with pytest.raises(InvalidArgumentError) as caught:
+            fa.context_parallel_attention(q, q, q, **kwargs)  # refused before any process group is asked
+        assert caught.value.field == field
+    with pytest.raises(InvalidArgumentError) as caught:
+        fa.context_parallel_attention(q, q[:, :6], q[:, :6], causal=True, load_balanced=False)
+    assert caught.value.field == "k.shape"
 
 
 GLOO_CHILD = r"""
