@@ -18,7 +18,8 @@ mask hides entirely is skipped, and a row that sees no key of a block takes a ne
 (-inf: weight 0). The ring sends the next block before computing the current one, so XLA can hide
 the transfer behind the attention.
 
-Not yet: sliding windows, sinks, packed sequences (thd) and lengths under context parallelism.
+A learnable sink joins each row once, after the blocks; its gradient is summed over the devices.
+Not yet: sliding windows, packed sequences (thd) and lengths under context parallelism.
 """
 import functools
 
@@ -207,22 +208,41 @@ def _all_gather_backward(plan, q, k, v, o, stats, d_o):
 _SCHEMES = {"ring": (_ring_forward, _ring_backward), "all_gather": (_all_gather_forward, _all_gather_backward)}
 
 
+def _sink_partial(q, sink):
+    """A learnable sink's share of every row: no value, the logit sink[h], counted once after the
+    blocks so that no block adds it again."""
+    b, s, h, _ = q.shape
+    o, _ = _neutral(q)
+    return o, jnp.broadcast_to(jnp.asarray(sink, jnp.float32)[None, :, None], (b, h, s))
+
+
+def _forward_all(plan, scheme, q, k, v, sink):
+    out = _SCHEMES[scheme][0](plan, q, k, v)
+    return out if sink is None else _merge(out, _sink_partial(q, sink))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _context_parallel(plan, scheme, q, k, v):
-    o, _ = _SCHEMES[scheme][0](plan, q, k, v)
+def _context_parallel(plan, scheme, q, k, v, sink):
+    o, _ = _forward_all(plan, scheme, q, k, v, sink)
     return o.astype(q.dtype)
 
 
-def _context_parallel_fwd(plan, scheme, q, k, v):
-    o, stats = _SCHEMES[scheme][0](plan, q, k, v)
+def _context_parallel_fwd(plan, scheme, q, k, v, sink):
+    o, stats = _forward_all(plan, scheme, q, k, v, sink)
     o = o.astype(q.dtype)
-    return o, (q, k, v, o, stats)
+    return o, (q, k, v, o, stats, sink)
 
 
 def _context_parallel_bwd(plan, scheme, residuals, d_o):
-    q, k, v, o, stats = residuals
-    d_q, d_k, d_v = _SCHEMES[scheme][1](plan, q, k, v, o, stats, d_o.astype(o.dtype))
-    return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype)
+    q, k, v, o, stats, sink = residuals
+    d_o = d_o.astype(o.dtype)
+    d_q, d_k, d_v = _SCHEMES[scheme][1](plan, q, k, v, o, stats, d_o)
+    d_sink = None
+    if sink is not None:  # -sum over rows of P_sink * rowsum(dO * O), summed over the devices
+        rows = jnp.transpose((d_o.astype(jnp.float32) * o.astype(jnp.float32)).sum(-1), (0, 2, 1))
+        local = -(jnp.exp(jnp.asarray(sink, jnp.float32)[None, :, None] - stats) * rows).sum(axis=(0, 2))
+        d_sink = jax.lax.psum(local, plan.axis).astype(jnp.asarray(sink).dtype)
+    return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), d_sink
 
 
 _context_parallel.defvjp(_context_parallel_fwd, _context_parallel_bwd)
@@ -242,13 +262,15 @@ class _PlanKey(_Plan):
         return isinstance(other, _PlanKey) and self.key == other.key
 
 
-def context_parallel_attention(q, k, v, *, axis_name, causal=False, scheme="ring", load_balanced=True, scale=None):
+def context_parallel_attention(q, k, v, *, axis_name, causal=False, scheme="ring", load_balanced=True, scale=None,
+                               sink=None):
     """Attention of this device's queries against the keys of every device of mesh axis
     `axis_name`, inside jax.shard_map; q, k, v are this device's parts of the sequence axis, bshd
     (GQA: h_q a multiple of h_kv). scheme: "ring" (each block passed on to the next device) or
     "all_gather". Causal with load_balanced: device r holds chunks r and 2N-1-r (load_balance);
-    otherwise chunk r. Differentiable in q, k, v (the module's docstring says how)."""
+    otherwise chunk r. sink: a learnable sink's logits [h_q], replicated over the axis
+    (softmax="sink"). Differentiable in q, k, v and the sink (the module's docstring says how)."""
     _cp.check_arguments(q.shape, k.shape, causal, load_balanced, scheme, "device")
     scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else float(scale)
     plan = _PlanKey(axis_name, bool(causal), bool(causal and load_balanced), scale)
-    return _context_parallel(plan, scheme, q, k, v)
+    return _context_parallel(plan, scheme, q, k, v, sink)

@@ -16,8 +16,9 @@ one is computed; in tests, SimulatedRanks runs N ranks in one process, its trans
 copies. The block kernels are fusedattn's (CUDA); tests of the algorithm without a GPU give it
 stand-ins (the `blocks` argument of run_forward / run_backward).
 
-Not yet: sliding windows, sinks, packed sequences (thd) and lengths under context parallelism; a
-run on several GPUs (issue 19).
+A learnable sink (softmax="sink") joins each row once, after the blocks; its gradient is summed
+over the ranks. Not yet: sliding windows, packed sequences (thd) and lengths under context
+parallelism; a run on several GPUs (issue 19).
 """
 import torch
 
@@ -143,6 +144,11 @@ class SimulatedRanks:
         """Every rank's tensors, in rank order, for every rank."""
         return [[tuple(t.clone() for t in per_rank[s]) for s in range(self.n)] for _ in range(self.n)]
 
+    def all_reduce_sum(self, per_rank):
+        """Every rank's tensor summed, for every rank."""
+        total = sum(per_rank[1:], per_rank[0])
+        return [total.clone() for _ in range(self.n)]
+
     def reduce_scatter(self, per_rank):
         """per_rank[j][s]: rank j's contribution to rank s's tensors; each rank gets the sum of its own."""
         return [tuple(sum(per_rank[j][s][i] for j in range(self.n)) for i in range(len(per_rank[0][s])))
@@ -196,6 +202,12 @@ class ProcessGroupTransport:
             gathered.append(out)
         return [[tuple(g[s] for g in gathered) for s in range(self.n)]]
 
+    def all_reduce_sum(self, per_rank):
+        (mine,) = per_rank
+        total = mine.clone()
+        self.dist.all_reduce(total, group=self.group)
+        return [total]
+
     def reduce_scatter(self, per_rank):
         (mine,) = per_rank
         out = []
@@ -234,8 +246,23 @@ class _nothing:
 
 # --- the algorithm, over the ranks a process runs ------------------------------------------------
 
-def run_forward(qs, ks, vs, transport, blocks, causal, balanced, scheme):
-    """Per rank this process runs (transport.ranks): (O float32, statistics)."""
+def _sink_partial(q, sink):
+    """A learnable sink's share of every row: no value (O 0), the logit sink[h] (counted once, after
+    the blocks, so that no block adds it again)."""
+    b, s, h, _ = q.shape
+    return _zeros(q), sink.to(_wide(q)).view(1, h, 1).expand(b, h, s)
+
+
+def _d_sink(o, stats, d_o, sink):
+    """A sink's gradient from one rank's rows: -sum over rows of P_sink * rowsum(dO * O), P_sink =
+    exp(sink - lse) (O = sum_j P_j v_j, and the sink moves every P_j by -P_sink)."""
+    rows = (d_o.to(_wide(o)) * o.to(_wide(o))).sum(-1).transpose(1, 2)  # [b, h, s]
+    return -(torch.exp(sink.to(stats.dtype).view(1, -1, 1) - stats) * rows).sum(dim=(0, 2))
+
+
+def run_forward(qs, ks, vs, transport, blocks, causal, balanced, scheme, sink=None):
+    """Per rank this process runs (transport.ranks): (O float32, statistics). `sink`: a learnable
+    sink's logits [h_q] (softmax="sink"), or None."""
     kinds, n, ranks = _Kinds(blocks, causal, balanced), transport.n, transport.ranks
     outs = [_neutral(q) for q in qs]
     if scheme == "all_gather":
@@ -243,19 +270,29 @@ def run_forward(qs, ks, vs, transport, blocks, causal, balanced, scheme):
         for j, r in enumerate(ranks):
             for s in range(n):
                 outs[j] = _merge(outs[j], kinds.forward(qs[j], *gathered[j][s], _cp.kind_of(r, s)))
-        return outs
-    kv = list(zip(ks, vs))
-    for t in range(n):  # at step t each rank holds the keys of rank r - t
-        incoming = transport.shift(kv) if t < n - 1 else None  # travels while this step computes
-        for j, r in enumerate(ranks):
-            outs[j] = _merge(outs[j], kinds.forward(qs[j], *kv[j], _cp.kind_of(r, (r - t) % n)))
-        if incoming is not None:
-            kv = incoming.wait()
+    else:
+        kv = list(zip(ks, vs))
+        for t in range(n):  # at step t each rank holds the keys of rank r - t
+            incoming = transport.shift(kv) if t < n - 1 else None  # travels while this step computes
+            for j, r in enumerate(ranks):
+                outs[j] = _merge(outs[j], kinds.forward(qs[j], *kv[j], _cp.kind_of(r, (r - t) % n)))
+            if incoming is not None:
+                kv = incoming.wait()
+    if sink is not None:
+        outs = [_merge(out, _sink_partial(q, sink)) for out, q in zip(outs, qs)]
     return outs
 
 
-def run_backward(qs, ks, vs, os, stats, d_os, transport, blocks, causal, balanced, scheme):
-    """Per rank: (dQ, dK, dV) float32, each block's backward on the merged O and statistics."""
+def run_backward(qs, ks, vs, os, stats, d_os, transport, blocks, causal, balanced, scheme, sink=None):
+    """Per rank: (dQ, dK, dV) float32, each block's backward on the merged O and statistics (with a
+    sink: which include it); and with a sink its gradient, summed over every rank, per rank."""
+    grads = _block_gradients(qs, ks, vs, os, stats, d_os, transport, blocks, causal, balanced, scheme)
+    if sink is None:
+        return grads, None
+    return grads, transport.all_reduce_sum([_d_sink(o, st, d_o, sink) for o, st, d_o in zip(os, stats, d_os)])
+
+
+def _block_gradients(qs, ks, vs, os, stats, d_os, transport, blocks, causal, balanced, scheme):
     kinds, n, ranks = _Kinds(blocks, causal, balanced), transport.n, transport.ranks
     zeros = _zeros
     d_qs = [zeros(q) for q in qs]
@@ -290,30 +327,34 @@ class _ContextParallel(torch.autograd.Function):
     """One rank's call, the transport a process group's."""
 
     @staticmethod
-    def forward(ctx, q, k, v, transport, blocks, causal, balanced, scheme):
-        ((o, stats),) = run_forward([q], [k], [v], transport, blocks, causal, balanced, scheme)
+    def forward(ctx, q, k, v, sink, transport, blocks, causal, balanced, scheme):
+        ((o, stats),) = run_forward([q], [k], [v], transport, blocks, causal, balanced, scheme, sink)
         o = o.to(q.dtype)
-        ctx.save_for_backward(q, k, v, o, stats)
+        ctx.save_for_backward(q, k, v, o, stats, sink)
         ctx.settings = (transport, blocks, causal, balanced, scheme)
         return o
 
     @staticmethod
     def backward(ctx, d_o):
-        q, k, v, o, stats = ctx.saved_tensors
-        ((d_q, d_k, d_v),) = run_backward([q], [k], [v], [o], [stats], [d_o.to(o.dtype)], *ctx.settings)
-        return d_q.to(q.dtype), d_k.to(k.dtype), d_v.to(v.dtype), None, None, None, None, None
+        q, k, v, o, stats, sink = ctx.saved_tensors
+        ((d_q, d_k, d_v),), d_sinks = run_backward([q], [k], [v], [o], [stats], [d_o.to(o.dtype)], *ctx.settings,
+                                                   sink=sink)
+        d_sink = None if d_sinks is None else d_sinks[0].to(sink.dtype)
+        return d_q.to(q.dtype), d_k.to(k.dtype), d_v.to(v.dtype), d_sink, None, None, None, None, None
 
 
 def context_parallel_attention(q, k, v, *, group=None, causal=False, scheme="ring", load_balanced=True, scale=None,
-                               blocks=None):
+                               sink=None, blocks=None):
     """Attention of this rank's queries against the keys of every rank of `group` (default: the
     world), bshd parts of the sequence axis, GQA allowed; differentiable in q, k, v. scheme: "ring"
     or "all_gather". Causal with load_balanced: rank r holds chunks r and 2N-1-r (load_balance).
+    sink: a learnable sink's logits, float32 [h_q], the same on every rank (softmax="sink"); its
+    gradient comes back summed over the group's ranks.
     `blocks` replaces fusedattn's block kernels (tests of the algorithm on CPU groups)."""
     import torch.distributed as dist
     _cp.check_arguments(q.shape, k.shape, causal, load_balanced, scheme, "rank")
     scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else float(scale)
     transport = ProcessGroupTransport(group if group is not None else dist.group.WORLD)
-    return _ContextParallel.apply(q, k, v, transport, blocks if blocks is not None else FusedattnBlocks(scale),
+    return _ContextParallel.apply(q, k, v, sink, transport, blocks if blocks is not None else FusedattnBlocks(scale),
                                   bool(causal), bool(causal and load_balanced), scheme)
 

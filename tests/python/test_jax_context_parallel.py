@@ -20,6 +20,7 @@ import fusedattn.jax as fj
 from fusedattn._jax_calls import BACKWARD, FORWARD
 
 SCHEME, CAUSAL, BALANCED, H_KV = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1", int(sys.argv[4])
+WITH_SINK = sys.argv[5] == "1"
 CALLS = []
 
 
@@ -65,53 +66,60 @@ keys = jax.random.split(jax.random.key(0), 4)
 q = jax.random.normal(keys[0], (b, s, h_q, d)).astype(jnp.bfloat16)
 k, v = (jax.random.normal(key, (b, s, H_KV, d)).astype(jnp.bfloat16) for key in keys[1:3])
 w = jax.random.normal(keys[3], (b, s, h_q, d))
+sink = jnp.linspace(-1.0, 1.0, h_q)
 scale = 1 / d ** 0.5
 
 
-def whole(q, k, v):  # attention of the whole sequence, float32
+def whole(q, k, v, sink):  # attention of the whole sequence, float32; a sink adds e^sink[h] to each row's sum
     q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
     group = h_q // H_KV
     ke, ve = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
     sc = jnp.einsum("bqhd,bkhd->bhqk", q, ke, precision="highest") * scale
     if CAUSAL:
         sc = jnp.where(jnp.tril(jnp.ones((s, s), bool)), sc, -jnp.inf)
-    return jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(sc, axis=-1), ve, precision="highest")
+    if WITH_SINK:
+        column = jnp.broadcast_to(sink[None, :, None, None], sc.shape[:3] + (1,))
+        p = jax.nn.softmax(jnp.concatenate([sc, column], -1), axis=-1)[..., :-1]
+    else:
+        p = jax.nn.softmax(sc, axis=-1)
+    return jnp.einsum("bhqk,bkhd->bqhd", p, ve, precision="highest")
 
 
 arrange = (lambda x: fj.load_balance(x, n)) if CAUSAL and BALANCED else (lambda x: x)
 restore = (lambda x: fj.unbalance(x, n)) if CAUSAL and BALANCED else (lambda x: x)
 
 
-@functools.partial(jax.shard_map, mesh=mesh, in_specs=P(None, "cp"), out_specs=P(None, "cp"))
-def split(q, k, v):
+@functools.partial(jax.shard_map, mesh=mesh, in_specs=(P(None, "cp"),) * 3 + (P(),), out_specs=P(None, "cp"))
+def split(q, k, v, sink):
     return fj.context_parallel_attention(q, k, v, axis_name="cp", causal=CAUSAL, scheme=SCHEME,
-                                         load_balanced=BALANCED)
+                                         load_balanced=BALANCED, sink=sink if WITH_SINK else None)
 
 
-def ours(q, k, v):
-    return restore(split(*(arrange(x) for x in (q, k, v))))
+def ours(q, k, v, sink):
+    return restore(split(*(arrange(x) for x in (q, k, v)), sink))
 
 
-loss = lambda f: (lambda q, k, v: (f(q, k, v).astype(jnp.float32) * w).sum())
-out = jax.jit(ours)(q, k, v)
-grads = jax.jit(jax.grad(loss(ours), (0, 1, 2)))(q, k, v)
-ref = whole(q, k, v)
-ref_grads = jax.grad(loss(whole), (0, 1, 2))(q, k, v)
+arguments = (0, 1, 2, 3) if WITH_SINK else (0, 1, 2)
+loss = lambda f: (lambda q, k, v, sink: (f(q, k, v, sink).astype(jnp.float32) * w).sum())
+out = jax.jit(ours)(q, k, v, sink)
+grads = jax.jit(jax.grad(loss(ours), arguments))(q, k, v, sink)
+ref = whole(q, k, v, sink)
+ref_grads = jax.grad(loss(whole), arguments)(q, k, v, sink)
 rel = lambda a, b: float(jnp.linalg.norm(a.astype(jnp.float32) - b) / jnp.linalg.norm(b))
 print("OUT_ERR", rel(out, ref))
 print("GRAD_ERR", max(rel(g, r) for g, r in zip(grads, ref_grads)))
-text = jax.jit(jax.grad(loss(ours), (0, 1, 2))).lower(q, k, v).compile().as_text()
+text = jax.jit(jax.grad(loss(ours), arguments)).lower(q, k, v, sink).compile().as_text()
 print("PERMUTES", text.count("collective-permute-start") + text.count("collective-permute("))
 print("GATHERS", text.count("all-gather"))
 print("KINDS", sorted(set(CALLS)))
 """
 
 
-def run_child(scheme, causal, balanced, h_kv):
+def run_child(scheme, causal, balanced, h_kv, with_sink=False):
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    done = subprocess.run([sys.executable, "-c", CHILD, scheme, str(int(causal)), str(int(balanced)), str(h_kv)],
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", CHILD, scheme, str(int(causal)), str(int(balanced)), str(h_kv),
+                           str(int(with_sink))], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line), done.stdout
 
@@ -128,3 +136,9 @@ def test_outputs_and_gradients_equal_the_whole_sequences(scheme, causal, balance
         assert int(lines["PERMUTES"]) > 0 and lines["GATHERS"] == "0", out
     else:
         assert int(lines["GATHERS"]) > 0, out
+
+
+@pytest.mark.parametrize("scheme", ["ring", "all_gather"])
+def test_a_sink_joins_each_row_once_and_its_gradient_is_summed_over_the_devices(scheme):
+    lines, out = run_child(scheme, True, True, 2, with_sink=True)  # GRAD_ERR includes the sink's
+    assert float(lines["OUT_ERR"]) < 1e-2 and float(lines["GRAD_ERR"]) < 2e-2, out

@@ -50,12 +50,18 @@ class ReferenceBlocks:
                 fold(torch.einsum("bhqk,bqhd->bkhd", p, d_o.double())))
 
 
-def whole(q, k, v, causal, scale):
+def whole(q, k, v, causal, scale, sink=None):
+    """Attention of the whole sequence; a sink adds e^sink[h] to every row's denominator."""
     group = q.shape[2] // k.shape[2]
     s = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(group, 2)) * scale
     if causal:
         s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), float("-inf"))
-    return torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, -1), v.repeat_interleave(group, 2))
+    if sink is not None:
+        column = sink.to(s.dtype).view(1, -1, 1, 1).expand(*s.shape[:3], 1)
+        p = torch.softmax(torch.cat([s, column], -1), -1)[..., :-1]
+    else:
+        p = torch.softmax(s, -1)
+    return torch.einsum("bhqk,bkhd->bqhd", p, v.repeat_interleave(group, 2))
 
 
 def problem(h_kv, seed=0, b=2, s=128, h_q=4, d=16):
@@ -81,8 +87,9 @@ def test_simulated_ranks_equal_the_whole_sequence(scheme, causal, balanced, h_kv
     ranks, blocks = cp.SimulatedRanks(n), ReferenceBlocks(scale)
     outs = cp.run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal, balanced, scheme)
     o = restore(torch.cat([o for o, _ in outs], 1))
-    grads = cp.run_backward(parts[0], parts[1], parts[2], [o for o, _ in outs], [s for _, s in outs], parts[3],
-                            ranks, blocks, causal, balanced, scheme)
+    grads, no_sink = cp.run_backward(parts[0], parts[1], parts[2], [o for o, _ in outs], [s for _, s in outs],
+                                     parts[3], ranks, blocks, causal, balanced, scheme)
+    assert no_sink is None
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     ref = whole(*leaves, causal, scale)
     ref.backward(d_o)
@@ -90,6 +97,30 @@ def test_simulated_ranks_equal_the_whole_sequence(scheme, causal, balanced, h_kv
     for i, leaf in enumerate(leaves):
         got = restore(torch.cat([g[i] for g in grads], 1))
         assert torch.allclose(got, leaf.grad, atol=1e-9), "dqkv"[i]
+
+
+@pytest.mark.parametrize("scheme", ["ring", "all_gather"])
+@pytest.mark.parametrize("causal, balanced", [(True, True), (False, False)], ids=["causal_balanced", "full"])
+def test_a_sink_joins_each_row_once_and_gets_its_gradient_summed_over_the_ranks(scheme, causal, balanced):
+    n = 4
+    q, k, v, d_o = problem(2)
+    sink = torch.randn(q.shape[2], dtype=torch.float64)
+    scale = q.shape[-1] ** -0.5
+    arrange = (lambda x: cp.load_balance(x, n)) if balanced else (lambda x: x)
+    restore = (lambda x: cp.unbalance(x, n)) if balanced else (lambda x: x)
+    parts = [arrange(x).chunk(n, 1) for x in (q, k, v, d_o)]
+    ranks, blocks = cp.SimulatedRanks(n), ReferenceBlocks(scale)
+    outs = cp.run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal, balanced, scheme, sink)
+    grads, d_sinks = cp.run_backward(parts[0], parts[1], parts[2], [o for o, _ in outs], [s for _, s in outs],
+                                     parts[3], ranks, blocks, causal, balanced, scheme, sink)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, sink)]
+    ref = whole(*leaves[:3], causal, scale, leaves[3])
+    ref.backward(d_o)
+    assert torch.allclose(restore(torch.cat([o for o, _ in outs], 1)), ref, atol=1e-10)
+    for i, leaf in enumerate(leaves[:3]):
+        assert torch.allclose(restore(torch.cat([g[i] for g in grads], 1)), leaf.grad, atol=1e-9), "dqkv"[i]
+    for d_sink in d_sinks:  # every rank holds the whole gradient
+        assert torch.allclose(d_sink, leaves[3].grad, atol=1e-9)
 
 
 def test_a_rank_that_sees_no_key_of_a_block_takes_a_neutral_statistic():
@@ -120,7 +151,7 @@ sys.path.insert(0, sys.argv[1])
 import test_torch_context_parallel as t
 from fusedattn import _torch_context_parallel as cp
 
-def main(rank, n, scheme, causal, balanced, h_kv, port):
+def main(rank, n, scheme, causal, balanced, h_kv, port, with_sink):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=n)
     q, k, v, d_o = t.problem(h_kv)
@@ -128,33 +159,40 @@ def main(rank, n, scheme, causal, balanced, h_kv, port):
     arrange = (lambda x: cp.load_balance(x, n)) if balanced else (lambda x: x)
     mine = [arrange(x).chunk(n, 1)[rank].clone() for x in (q, k, v, d_o)]
     leaves = [x.requires_grad_() for x in mine[:3]]
-    o = cp.context_parallel_attention(*leaves, causal=causal, scheme=scheme, load_balanced=balanced,
+    sink = torch.linspace(-1, 1, q.shape[2], dtype=torch.float64).requires_grad_() if with_sink else None
+    o = cp.context_parallel_attention(*leaves, causal=causal, scheme=scheme, load_balanced=balanced, sink=sink,
                                       blocks=t.ReferenceBlocks(scale))
     o.backward(mine[3])
     ref_leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    ref = t.whole(*ref_leaves, causal, scale)
+    ref_sink = sink.detach().clone().requires_grad_() if with_sink else None
+    ref = t.whole(*ref_leaves, causal, scale, ref_sink)
     ref.backward(d_o)
     ok = torch.allclose(o, arrange(ref).chunk(n, 1)[rank], atol=1e-10)
     for leaf, ref_leaf in zip(leaves, ref_leaves):
         ok = ok and torch.allclose(leaf.grad, arrange(ref_leaf.grad).chunk(n, 1)[rank], atol=1e-9)
+    if with_sink:  # summed over the ranks: every rank holds the whole gradient
+        ok = ok and torch.allclose(sink.grad, ref_sink.grad, atol=1e-9)
     print(f"RANK {rank} {'OK' if ok else 'WRONG'}", flush=True)
     dist.destroy_process_group()
 
 if __name__ == "__main__":
     n, scheme, causal, balanced, h_kv, port = 4, sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1", int(sys.argv[5]), int(sys.argv[6])
-    torch.multiprocessing.spawn(main, args=(n, scheme, causal, balanced, h_kv, port), nprocs=n)
+    torch.multiprocessing.spawn(main, args=(n, scheme, causal, balanced, h_kv, port, sys.argv[7] == "1"), nprocs=n)
 """
 
 
-@pytest.mark.parametrize("scheme", ["ring", "all_gather"])
-@pytest.mark.parametrize("causal, balanced", [(True, True), (False, False)], ids=["causal_balanced", "full"])
-def test_a_gloo_group_of_four_processes_equals_the_whole_sequence(scheme, causal, balanced, tmp_path):
+@pytest.mark.parametrize("scheme, causal, balanced, with_sink", [
+    ("ring", True, True, False), ("all_gather", True, True, False), ("ring", False, False, False),
+    ("all_gather", False, False, False), ("ring", True, True, True)],
+    ids=["ring_causal", "all_gather_causal", "ring_full", "all_gather_full", "ring_causal_sink"])
+def test_a_gloo_group_of_four_processes_equals_the_whole_sequence(scheme, causal, balanced, with_sink, tmp_path):
     script = tmp_path / "child.py"
     script.write_text(GLOO_CHILD)
-    port = 29500 + (os.getpid() + hash((scheme, causal))) % 2000
+    port = 29500 + (os.getpid() + hash((scheme, causal, with_sink))) % 2000
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     done = subprocess.run([sys.executable, str(script), os.path.dirname(__file__), scheme, str(int(causal)),
-                           str(int(balanced)), "2", str(port)], env=env, capture_output=True, text=True, timeout=300)
+                           str(int(balanced)), "2", str(port), str(int(with_sink))], env=env, capture_output=True,
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     # The four processes share stdout: their lines may run into each other.
     assert sorted(re.findall(r"RANK (\d) (OK|WRONG)", done.stdout)) == [(str(r), "OK") for r in range(4)], done.stdout

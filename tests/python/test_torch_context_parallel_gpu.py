@@ -32,8 +32,8 @@ def test_simulated_ranks_on_one_gpu_equal_the_whole_sequence(scheme, causal, bal
     ranks, blocks = cp.SimulatedRanks(n), cp.FusedattnBlocks(scale)
     outs = cp.run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal, balanced, scheme)
     os_ = [o.to(torch.bfloat16) for o, _ in outs]
-    grads = cp.run_backward(parts[0], parts[1], parts[2], os_, [st for _, st in outs], parts[3], ranks, blocks,
-                            causal, balanced, scheme)
+    grads, _ = cp.run_backward(parts[0], parts[1], parts[2], os_, [st for _, st in outs], parts[3], ranks, blocks,
+                               causal, balanced, scheme)
     leaves = [x.float().requires_grad_() for x in (q, k, v)]
     ref = whole(*leaves, causal, scale)
     ref.backward(d_o.float())
