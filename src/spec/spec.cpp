@@ -560,6 +560,7 @@ AttentionSpec parse_spec(const std::string& text) {
     if (is_field) continue;
     bool layout_key = token.key == "layout" || token.key == "dtype" || is_size_key(token.key) ||
                       is_shorthand(token.key) || is_page_key(token.key);
+    if (token.key.empty()) throw InvalidArgument("spec", "=" + token.value, "KEY=VALUE with a key before the '='");
     if (!layout_key) throw InvalidArgument(token.key, token.value, "a known key; " + known_keys());
     given.claim(token, token.key);
     short_tokens.push_back(token);
