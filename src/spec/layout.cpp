@@ -79,6 +79,18 @@ int axis_index(char letter) noexcept {
   }
 }
 
+// a * b, or InvalidArgument naming the tensor's sizes where the product leaves int64 (a buffer no
+// stride can address; found by the spec parser's fuzz test as signed overflow).
+std::int64_t times(std::int64_t a, std::int64_t b, const std::array<std::int64_t, 4>& dims) {
+  std::int64_t out = 0;
+  if (__builtin_mul_overflow(a, b, &out)) {
+    throw InvalidArgument("sizes", "[" + std::to_string(dims[kBatch]) + ", " + std::to_string(dims[kHead]) + ", " +
+                                       std::to_string(dims[kSeq]) + ", " + std::to_string(dims[kDim]) + "]",
+                          "a tensor of fewer than 2^63 elements (its strides are int64)");
+  }
+  return out;
+}
+
 // Places tensor number `slot` of a buffer with memory order `format`: walking from the fastest
 // axis outwards, each axis's stride is the product of the sizes of the axes faster than it.
 Placed place(const char* format, DType dtype, const std::array<std::int64_t, 4>& dims, int slot) {
@@ -90,18 +102,18 @@ Placed place(const char* format, DType dtype, const std::array<std::int64_t, 4>&
     char letter = format[i];
     if (letter == '2' || letter == '3') {  // the axis that picks the packed tensor
       out.offset = slot * stride;
-      stride *= letter - '0';
+      stride = times(stride, letter - '0', dims);
       continue;
     }
     if (letter == 't') {  // tokens: the sequence axis, with room for b sequences; no batch stride
       out.desc.strides[kSeq] = stride;
       out.desc.strides[kBatch] = 0;
-      stride *= dims[kSeq] * dims[kBatch];
+      stride = times(stride, times(dims[kSeq], dims[kBatch], dims), dims);
       continue;
     }
     int axis = axis_index(letter);
     out.desc.strides[axis] = stride;
-    stride *= dims[axis];
+    stride = times(stride, dims[axis], dims);
   }
   out.buffer = stride;
   return out;
