@@ -129,6 +129,18 @@ TEST(SpecParserFuzz, AValueWithoutAKeyIsRefusedNamingTheSpec) {
   }
 }
 
+// Found by the fuzz test under UndefinedBehaviorSanitizer: sizes near 2^63 overflowed the layout's
+// stride products (signed overflow); they are refused naming the sizes.
+TEST(SpecParserFuzz, SizesWhoseStridesLeaveInt64AreRefused) {
+  try {
+    parse_spec("layout=bshd dtype=bf16 b=2048 s=9223372036854775807 h=8 d=64");
+    FAIL() << "parsed";
+  } catch (const InvalidArgument& error) {
+    EXPECT_EQ(error.field(), "sizes");
+    EXPECT_NE(std::string(error.what()).find("fewer than 2^63 elements"), std::string::npos) << error.what();
+  }
+}
+
 TEST(SpecParserFuzz, MutatedScoreModifiersParseOrAreRefusedByName) {
   const std::uint64_t seed = setting("FUSEDATTN_FUZZ_SEED", std::random_device{}());
   std::mt19937_64 rng(seed);
