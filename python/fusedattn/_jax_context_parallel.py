@@ -108,6 +108,14 @@ class _Plan:
 
     def __init__(self, axis_name, causal, balanced, scale):
         self.axis, self.causal, self.balanced, self.blocks = axis_name, causal, balanced, _Blocks(scale)
+        self.key = (axis_name, causal, balanced, scale)
+
+    # Hashable by its settings: custom_vjp compares its static arguments.
+    def __hash__(self):
+        return hash(self.key)
+
+    def __eq__(self, other):
+        return isinstance(other, _Plan) and self.key == other.key
 
     def _switch(self, kind, run, *operands):
         if isinstance(kind, int):
@@ -248,20 +256,6 @@ def _context_parallel_bwd(plan, scheme, residuals, d_o):
 _context_parallel.defvjp(_context_parallel_fwd, _context_parallel_bwd)
 
 
-class _PlanKey(_Plan):
-    """_Plan, hashable by its settings (custom_vjp's static arguments are compared)."""
-
-    def __init__(self, axis_name, causal, balanced, scale):
-        super().__init__(axis_name, causal, balanced, scale)
-        self.key = (axis_name, causal, balanced, scale)
-
-    def __hash__(self):
-        return hash(self.key)
-
-    def __eq__(self, other):
-        return isinstance(other, _PlanKey) and self.key == other.key
-
-
 def context_parallel_attention(q, k, v, *, axis_name, causal=False, scheme="ring", load_balanced=True, scale=None,
                                sink=None):
     """Attention of this device's queries against the keys of every device of mesh axis
@@ -272,5 +266,5 @@ def context_parallel_attention(q, k, v, *, axis_name, causal=False, scheme="ring
     (softmax="sink"). Differentiable in q, k, v and the sink (the module's docstring says how)."""
     _cp.check_arguments(q.shape, k.shape, causal, load_balanced, scheme, "device")
     scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else float(scale)
-    plan = _PlanKey(axis_name, bool(causal), bool(causal and load_balanced), scale)
+    plan = _Plan(axis_name, bool(causal), bool(causal and load_balanced), scale)
     return _context_parallel(plan, scheme, q, k, v, sink)

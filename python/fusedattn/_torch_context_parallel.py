@@ -20,6 +20,8 @@ A learnable sink (softmax="sink") joins each row once, after the blocks; its gra
 over the ranks. Not yet: sliding windows, packed sequences (thd) and lengths under context
 parallelism; a run on several GPUs (issue 19).
 """
+import contextlib
+
 import torch
 
 from . import _context_parallel as _cp
@@ -183,7 +185,7 @@ class ProcessGroupTransport:
         tensors = [t.contiguous() for t in tensors]
         if self.stream is not None:
             self.stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.stream) if self.stream is not None else _nothing():
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
             received = [torch.empty_like(t) for t in tensors]
             ops = [self.dist.P2POp(self.dist.isend, t, self._peer(1), self.group) for t in tensors] + \
                   [self.dist.P2POp(self.dist.irecv, t, self._peer(-1), self.group) for t in received]
@@ -236,13 +238,6 @@ class _Received:
         return [tuple(self.tensors)]
 
 
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
 
 # --- the algorithm, over the ranks a process runs ------------------------------------------------
 
@@ -294,8 +289,7 @@ def run_backward(qs, ks, vs, os, stats, d_os, transport, blocks, causal, balance
 
 def _block_gradients(qs, ks, vs, os, stats, d_os, transport, blocks, causal, balanced, scheme):
     kinds, n, ranks = _Kinds(blocks, causal, balanced), transport.n, transport.ranks
-    zeros = _zeros
-    d_qs = [zeros(q) for q in qs]
+    d_qs = [_zeros(q) for q in qs]
     if scheme == "all_gather":
         gathered = transport.all_gather(list(zip(ks, vs)))
         parts = []
@@ -309,7 +303,7 @@ def _block_gradients(qs, ks, vs, os, stats, d_os, transport, blocks, causal, bal
         d_kvs = transport.reduce_scatter(parts)
         return [(d_qs[j], *d_kvs[j]) for j in range(len(ranks))]
     kv = list(zip(ks, vs))
-    d_kv = [(zeros(k), zeros(v)) for k, v in zip(ks, vs)]
+    d_kv = [(_zeros(k), _zeros(v)) for k, v in zip(ks, vs)]
     for t in range(n):
         incoming = transport.shift(kv) if t < n - 1 else None
         for j, r in enumerate(ranks):
