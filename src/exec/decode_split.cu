@@ -23,43 +23,6 @@ constexpr std::size_t kAlign = 256;
 constexpr int kThreads = 256;
 std::size_t round_up(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
-// Where each of our arrays lies after the inner plans' workspace, in bytes.
-struct Scratch {
-  std::size_t q_chunks, o_chunks, o_masked, stats_chunks, stats_masked;
-  std::size_t table_k_chunks, table_v_chunks, table_k_masked, table_v_masked;
-  std::size_t len_q_chunks, len_kv_chunks, len_q_masked, len_kv_masked, bytes;
-};
-
-Scratch scratch_of(const AttentionSpec& spec, const DecodeSplit& split) {
-  const auto b = static_cast<std::size_t>(spec.batch()), entries = b * static_cast<std::size_t>(split.chunks);
-  const auto rows = static_cast<std::size_t>(spec.heads_q() * spec.seq_q());
-  const std::size_t element = size_of(spec.q.dtype);
-  const auto d_qk = static_cast<std::size_t>(spec.head_dim_qk()), d_v = static_cast<std::size_t>(spec.head_dim_v());
-  const auto pages = static_cast<std::size_t>(split.chunk_pages), masked = static_cast<std::size_t>(split.final_pages);
-  Scratch s{};
-  std::size_t at = 0;
-  auto take = [&](std::size_t bytes) {
-    const std::size_t here = at;
-    at += round_up(bytes);
-    return here;
-  };
-  s.q_chunks = take(entries * rows * d_qk * element);
-  s.o_chunks = take(entries * rows * d_v * element);
-  s.o_masked = take(b * rows * d_v * element);
-  s.stats_chunks = take(entries * rows * sizeof(float));
-  s.stats_masked = take(b * rows * sizeof(float));
-  s.table_k_chunks = take(entries * pages * sizeof(std::int32_t));
-  s.table_v_chunks = take(entries * pages * sizeof(std::int32_t));
-  s.table_k_masked = take(b * masked * sizeof(std::int32_t));
-  s.table_v_masked = take(b * masked * sizeof(std::int32_t));
-  s.len_q_chunks = take(entries * sizeof(std::int32_t));
-  s.len_kv_chunks = take(entries * sizeof(std::int32_t));
-  s.len_q_masked = take(b * sizeof(std::int32_t));
-  s.len_kv_masked = take(b * sizeof(std::int32_t));
-  s.bytes = at;
-  return s;
-}
-
 struct Cut {
   int chunks;           // chunks a sequence's keys take in the unmasked call
   int chunk_pages;      // pages of a chunk
@@ -194,14 +157,44 @@ DecodeSplit decode_split_in_use(const AttentionSpec& spec, Pass pass, int device
   return decode_split(spec, pass, multiprocessor_count(device));
 }
 
+DecodeSplitComposite::Scratch DecodeSplitComposite::scratch_of(const AttentionSpec& spec, const DecodeSplit& split) {
+  const auto b = static_cast<std::size_t>(spec.batch()), entries = b * static_cast<std::size_t>(split.chunks);
+  const auto rows = static_cast<std::size_t>(spec.heads_q() * spec.seq_q());
+  const std::size_t element = size_of(spec.q.dtype);
+  const auto d_qk = static_cast<std::size_t>(spec.head_dim_qk()), d_v = static_cast<std::size_t>(spec.head_dim_v());
+  const auto pages = static_cast<std::size_t>(split.chunk_pages), masked = static_cast<std::size_t>(split.final_pages);
+  Scratch s{};
+  std::size_t at = 0;
+  auto take = [&](std::size_t bytes) {
+    const std::size_t here = at;
+    at += round_up(bytes);
+    return here;
+  };
+  s.q_chunks = take(entries * rows * d_qk * element);
+  s.o_chunks = take(entries * rows * d_v * element);
+  s.o_masked = take(b * rows * d_v * element);
+  s.stats_chunks = take(entries * rows * sizeof(float));
+  s.stats_masked = take(b * rows * sizeof(float));
+  s.table_k_chunks = take(entries * pages * sizeof(std::int32_t));
+  s.table_v_chunks = take(entries * pages * sizeof(std::int32_t));
+  s.table_k_masked = take(b * masked * sizeof(std::int32_t));
+  s.table_v_masked = take(b * masked * sizeof(std::int32_t));
+  s.len_q_chunks = take(entries * sizeof(std::int32_t));
+  s.len_kv_chunks = take(entries * sizeof(std::int32_t));
+  s.len_q_masked = take(b * sizeof(std::int32_t));
+  s.len_kv_masked = take(b * sizeof(std::int32_t));
+  s.bytes = at;
+  return s;
+}
+
 DecodeSplitComposite::DecodeSplitComposite(const AttentionSpec& spec, DecodeSplit split)
     : spec_(spec), split_(split), chunks_(get_plan(decode_chunks_spec(spec, split), Pass::forward)),
       masked_(has_masked_call(split) ? get_plan(decode_masked_spec(spec, split), Pass::forward) : nullptr),
       inner_workspace_(round_up(std::max(chunks_->workspace_bytes(), masked_ ? masked_->workspace_bytes() : 0))),
-      scratch_bytes_(scratch_of(spec, split).bytes) {}
+      scratch_(scratch_of(spec, split)) {}
 
 void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStream_t stream, char* workspace) const {
-  const Scratch s = scratch_of(spec_, split_);
+  const Scratch& s = scratch_;
   char* ours = workspace + inner_workspace_;
   const std::int64_t b = spec_.batch();
   const Cut cut{static_cast<int>(split_.chunks), static_cast<int>(split_.chunk_pages),

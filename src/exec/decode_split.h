@@ -28,16 +28,24 @@ class DecodeSplitComposite {
  public:
   /// Builds (or finds) both inner plans; throws what get_plan throws for them.
   DecodeSplitComposite(const AttentionSpec& spec, DecodeSplit split);
-  std::size_t workspace_bytes() const noexcept { return inner_workspace_ + scratch_bytes_; }
+  std::size_t workspace_bytes() const noexcept { return inner_workspace_ + scratch_.bytes; }
 
   void forward(const ForwardTensors& t, float scale, cudaStream_t stream, char* workspace) const;
 
  private:
+  // Where each of our arrays lies after the inner plans' workspace, in bytes (fixed by the spec).
+  struct Scratch {
+    std::size_t q_chunks, o_chunks, o_masked, stats_chunks, stats_masked;
+    std::size_t table_k_chunks, table_v_chunks, table_k_masked, table_v_masked;
+    std::size_t len_q_chunks, len_kv_chunks, len_q_masked, len_kv_masked, bytes;
+  };
+  static Scratch scratch_of(const AttentionSpec& spec, const DecodeSplit& split);
+
   AttentionSpec spec_;
   DecodeSplit split_;
   std::shared_ptr<const Plan> chunks_, masked_;  // masked_: null without a masked call
   std::size_t inner_workspace_ = 0;  // the larger inner plan's, rounded up
-  std::size_t scratch_bytes_ = 0;    // partials, tables, lengths
+  Scratch scratch_;                  // partials, tables, lengths
 };
 
 }  // namespace fusedattn::detail
