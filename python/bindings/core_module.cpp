@@ -156,6 +156,13 @@ nb::tuple dims_tuple(const std::array<std::int64_t, 4>& values) {
   return nb::make_tuple(values[0], values[1], values[2], values[3]);
 }
 
+// Python's autotune argument: None takes the process default (set_autotune), True / False this call's.
+fa::PlanOptions plan_options(std::optional<bool> autotune) {
+  fa::PlanOptions options;
+  if (autotune) options.autotune = *autotune ? fa::Autotune::on : fa::Autotune::off;
+  return options;
+}
+
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -371,9 +378,7 @@ NB_MODULE(_core, m) {
   m.def(
       "get_plan",
       [](const fa::AttentionSpec& spec, fa::Pass pass, std::optional<bool> autotune) {
-        fa::PlanOptions options;
-        if (autotune) options.autotune = *autotune ? fa::Autotune::on : fa::Autotune::off;
-        return fa::get_plan(spec, pass, options);
+        return fa::get_plan(spec, pass, plan_options(autotune));
       },
       "spec"_a, "pass_"_a, "autotune"_a = nb::none(),
       "The cached plan (from memory, the disk cache, or built on first use); autotune=None takes the "
@@ -405,7 +410,7 @@ NB_MODULE(_core, m) {
          std::optional<bool> autotune) {
         fa::WarmupOptions options;
         options.threads = threads;
-        if (autotune) options.plan.autotune = *autotune ? fa::Autotune::on : fa::Autotune::off;
+        options.plan = plan_options(autotune);
         std::vector<std::tuple<std::string, std::string, bool, std::string, double>> out;
         {
           nb::gil_scoped_release unlocked;  // the builds take seconds; other Python threads may run
