@@ -10,7 +10,6 @@ import numpy as np
 
 from . import _score_mod
 from ._score_mod import Sym, not_covered
-from .errors import NotSupportedError
 
 _BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "max", "min": "min", "pow": "pow",
            "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne", "and": "and", "or": "or"}
@@ -131,22 +130,16 @@ def _differentiated(array):
 
 def dense_bias(part, q, k, layout):
     """The bias of a traced bias part (_score_mod.py): its expression at every (b, h, q_idx, kv_idx)
-    of this call, in q's dtype, in the nearest bias shape the core takes ([b|1, h|1, s_q, s_kv], or
-    [1, 1, 1, s_kv]), differentiable in the arrays it reads; and whether any of them is being
+    of this call, in q's dtype, in the nearest bias shape the core takes (_score_mod.bias_shape),
+    differentiable in the arrays it reads; and whether any of them is being
     differentiated (then the call computes dBias)."""
     from ._jax_calls import AXES
-    if layout not in AXES:
-        raise NotSupportedError(f"score_mod: a gathered or learned term (it runs as a bias) with layout={layout!r} "
-                                "(bshd, sbhd or bhsd)")
-    b_axis, h_axis, s_axis, _ = AXES[layout]
-    sizes = (q.shape[b_axis], q.shape[h_axis], q.shape[s_axis], k.shape[s_axis])
+    sizes = _score_mod.bias_sizes(layout, AXES, q.shape, k.shape)
     grids = {name: jnp.arange(n, dtype=jnp.int32).reshape((1,) * axis + (n,) + (1,) * (3 - axis))
              for axis, (name, n) in enumerate(zip(("b", "h", "q", "kv"), sizes))}
     value = jnp.asarray(_score_mod.evaluate_dense(part, grids, _operations(sizes)), jnp.float32)
     value = value.reshape((1,) * (4 - value.ndim) + value.shape)
-    b, h, s_q = (sizes[i] if value.shape[i] != 1 else 1 for i in range(3))
-    s_q = sizes[2] if (b > 1 or h > 1) else s_q
-    bias = jnp.broadcast_to(value, (b, h, s_q, sizes[3])).astype(q.dtype)
+    bias = jnp.broadcast_to(value, _score_mod.bias_shape(value.shape, sizes)).astype(q.dtype)
     return bias, any(_differentiated(t) for t in part.tensors)
 
 

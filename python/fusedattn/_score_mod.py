@@ -387,6 +387,24 @@ def split_bias(text, tracer):
     return ("" if modifier == "score" else unparse(modifier)), unparse(_summed(dense))
 
 
+def bias_sizes(layout, axes, q_shape, k_shape):
+    """(b, h_q, s_q, s_kv) of a call whose q and k are in `layout`, for its dense bias; `axes` maps
+    the dense layouts to where they hold (batch, heads, sequence, ...). NotSupportedError for
+    another layout (thd)."""
+    if layout not in axes:
+        raise NotSupportedError(f"score_mod: a gathered or learned term (it runs as a bias) with layout={layout!r} "
+                                "(bshd, sbhd or bhsd)")
+    b_axis, h_axis, s_axis = axes[layout][:3]
+    return q_shape[b_axis], q_shape[h_axis], q_shape[s_axis], k_shape[s_axis]
+
+
+def bias_shape(shape, sizes):
+    """The nearest bias shape the core takes ([b|1, h|1, s_q|1, s_kv], s_q wherever b or h are there)
+    for a dense value of 4-d broadcast `shape` in a call of `sizes` (b, h_q, s_q, s_kv)."""
+    b, h, s_q = (sizes[i] if shape[i] != 1 else 1 for i in range(3))
+    return b, h, sizes[2] if (b > 1 or h > 1) else s_q, sizes[3]
+
+
 def evaluate_dense(traced, grids, ops):
     """The value of `traced`'s expression (a bias: no score) at every index of `grids`, {"b", "h", "q",
     "kv"}: integer arrays that broadcast against each other. `ops` gives the framework's operations:

@@ -74,9 +74,13 @@ def traced(fn):
     return entry
 
 
+def _parts(traced):
+    """The traced modifier, and its bias part where it has one."""
+    return (traced,) + ((traced.bias,) if traced.bias is not None else ())
+
+
 def _learnable_now(entry):
-    parts = (entry.traced,) + ((entry.traced.bias,) if entry.traced.bias is not None else ())
-    return tuple(t.requires_grad for part in parts for t in part.tensors)
+    return tuple(t.requires_grad for part in _parts(entry.traced) for t in part.tensors)
 
 
 def _place(fn, tensor):
@@ -102,8 +106,7 @@ def _place(fn, tensor):
 @torch.compiler.assume_constant_result  # compiled code gets the trace as constants
 def _constant_trace(fn):
     entry = traced(fn)
-    parts = (entry.traced,) + ((entry.traced.bias,) if entry.traced.bias is not None else ())
-    return tuple((part.text, part.scalars, tuple(_place(fn, t) for t in part.tensors)) for part in parts)
+    return tuple((part.text, part.scalars, tuple(_place(fn, t) for t in part.tensors)) for part in _parts(entry.traced))
 
 
 def _fetch(fn, place):
@@ -155,32 +158,17 @@ def prepare(fn, q, k, layout):
     return text, out, (None if bias_part is None else dense_bias(bias_part, q, k, layout))
 
 
-# Where each layout holds (batch, heads, sequence): the index grids' sizes.
-_AXES = {"bshd": (0, 2, 1), "sbhd": (1, 2, 0), "bhsd": (0, 1, 2)}
-
-
 def dense_bias(part, q, k, layout):
     """The bias of a traced bias part: its expression at every (b, h, q_idx, kv_idx) of this call,
-    in q's dtype, in the nearest bias shape the core takes ([b|1, h|1, s_q, s_kv], or [1, 1, 1, s_kv]),
-    differentiable in the tensors it reads."""
-    if layout not in _AXES:
-        raise NotSupportedError(f"score_mod: a gathered or learned term (it runs as a bias) with layout={layout!r} "
-                                "(bshd, sbhd or bhsd)")
-    b_axis, h_axis, s_axis = _AXES[layout]
-    sizes = (q.shape[b_axis], q.shape[h_axis], q.shape[s_axis], k.shape[s_axis])
+    in q's dtype, in the nearest bias shape the core takes (_score_mod.bias_shape), differentiable
+    in the tensors it reads."""
+    from . import torch as adapter  # its layouts' axes
+    sizes = _score_mod.bias_sizes(layout, adapter._AXES, q.shape, k.shape)
     grids = {name: torch.arange(n, device=q.device).view(*([1] * axis), n, *([1] * (3 - axis)))
              for axis, (name, n) in enumerate(zip(("b", "h", "q", "kv"), sizes))}
-    value = _score_mod.evaluate_dense(part, grids, _operations(q.device, sizes))
-    return as_bias_shape(torch.as_tensor(value, device=q.device), sizes).to(q.dtype)
-
-
-def as_bias_shape(bias, sizes):
-    """`bias` (broadcastable to [b, h, s_q, s_kv]) expanded to the nearest shape the core takes:
-    s_kv always, s_q wherever b or h are there, contiguous."""
-    bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
-    b, h, s_q = (sizes[i] if bias.shape[i] != 1 else 1 for i in range(3))
-    s_q = sizes[2] if (b > 1 or h > 1) else s_q
-    return bias.expand(b, h, s_q, sizes[3]).contiguous()
+    value = torch.as_tensor(_score_mod.evaluate_dense(part, grids, _operations(q.device, sizes)), device=q.device)
+    value = value.reshape((1,) * (4 - value.dim()) + tuple(value.shape))
+    return value.expand(*_score_mod.bias_shape(value.shape, sizes)).contiguous().to(q.dtype)
 
 
 def _operations(device, sizes):
