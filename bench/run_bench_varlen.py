@@ -12,9 +12,12 @@ import argparse
 import datetime
 import json
 import math
+import os
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -161,9 +164,6 @@ def decode(bench, batch, seq_kv, page, bandwidth, queries=1):
 def add_unsplit(rows, args):
     """The same decode rows timed in a process with FUSEDATTN_SPLIT_DECODE=0 (read once per process),
     each cache in one cuDNN call: the split's gain, beside it."""
-    import os
-    import subprocess
-    import tempfile
     with tempfile.TemporaryDirectory() as folder:
         child = subprocess.run([sys.executable, __file__, "--build", args.build, "--out", folder, "--name", "unsplit",
                                 "--decode-only", "--max-cache-gb", str(args.max_cache_gb)],
