@@ -169,8 +169,10 @@ class Plan {
   int device() const noexcept { return device_; }
   std::size_t workspace_bytes() const noexcept { return graph_workspace_bytes_ + scratch_bytes_; }
 
-  /// Enqueues the forward pass on `stream`. Throws InvalidArgument for a null or misaligned
-  /// pointer, a missing workspace, or a plan of the other pass; CudnnError if cuDNN fails.
+  /// Enqueues the forward pass on `stream`. Throws InvalidArgument, before any GPU work, for a
+  /// tensor the spec has that is null or misaligned, one it lacks that is given, an output that
+  /// shares memory with an input or another output, a missing workspace, or a plan of the other
+  /// pass; CudnnError if cuDNN fails.
   void run(const ForwardTensors& tensors, float scale, cudaStream_t stream, const Workspace& workspace = {}) const;
   /// Enqueues the backward pass (dQ, dK, dV) on `stream`; same errors as the forward.
   void run(const BackwardTensors& tensors, float scale, cudaStream_t stream, const Workspace& workspace = {}) const;
@@ -181,12 +183,7 @@ class Plan {
  private:
   // `workspace` has workspace_bytes(): cuDNN's part first, then ours.
   void execute(void* const* by_uid, cudaStream_t stream, void* workspace) const;
-  void require_lengths(const std::int32_t* seq_len_q, const std::int32_t* seq_len_kv) const;
-
-  void require_score_terms(const void* bias, const float* sink, const ScoreModTensors& score_mod) const;
-  void require_dropout(const std::int64_t* seed, const std::int64_t* offset) const;
   void require_device() const;
-  void require_ragged(const RaggedTensors& ragged) const;
 
   AttentionSpec spec_;
   Pass pass_;

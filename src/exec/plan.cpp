@@ -2,7 +2,6 @@
 // the caller's allocator is asked for workspace), no synchronization, no string building.
 #include <atomic>
 #include <cstdint>
-#include <cstdio>
 #include <cstring>
 #include <initializer_list>
 #include <memory>
@@ -24,63 +23,10 @@
 #include "fusedattn/errors.h"
 #include "fusedattn/plan_cache.h"
 #include "graph/sdpa_graph.h"
+#include "spec/tensor_set.h"
 
 namespace fusedattn {
 namespace {
-
-// cuDNN's attention kernels use 16-byte vector accesses on every operand.
-constexpr std::uintptr_t kPointerAlignment = 16;
-
-void require_pointer(const char* field, const void* pointer) {
-  if (pointer == nullptr) throw InvalidArgument(field, "null", "a device pointer");
-  if (reinterpret_cast<std::uintptr_t>(pointer) % kPointerAlignment != 0) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%p", pointer);
-    throw InvalidArgument(field, text, "a 16-byte aligned device pointer");
-  }
-}
-
-// A float32 scalar in device memory (the FP8 scales, descales and amaxes).
-void require_scalar(const char* field, const float* pointer) {
-  if (pointer == nullptr) throw InvalidArgument(field, "null", "a device pointer to a float32 scalar");
-  if (reinterpret_cast<std::uintptr_t>(pointer) % alignof(float) != 0) {
-    throw InvalidArgument(field, "misaligned", "a 4-byte aligned device pointer to a float32 scalar");
-  }
-}
-
-void require_scales(const Fp8ForwardScales& f) {
-  for (auto [field, pointer] : {std::pair<const char*, const float*>{"tensors.fp8.descale_q", f.descale_q},
-                                {"tensors.fp8.descale_k", f.descale_k},
-                                {"tensors.fp8.descale_v", f.descale_v},
-                                {"tensors.fp8.descale_s", f.descale_s},
-                                {"tensors.fp8.scale_s", f.scale_s},
-                                {"tensors.fp8.scale_o", f.scale_o},
-                                {"tensors.fp8.amax_s", f.amax_s},
-                                {"tensors.fp8.amax_o", f.amax_o}}) {
-    require_scalar(field, pointer);
-  }
-}
-
-void require_scales(const Fp8BackwardScales& f) {
-  for (auto [field, pointer] : {std::pair<const char*, const float*>{"tensors.fp8.descale_q", f.descale_q},
-                                {"tensors.fp8.descale_k", f.descale_k},
-                                {"tensors.fp8.descale_v", f.descale_v},
-                                {"tensors.fp8.descale_o", f.descale_o},
-                                {"tensors.fp8.descale_d_o", f.descale_d_o},
-                                {"tensors.fp8.descale_s", f.descale_s},
-                                {"tensors.fp8.descale_d_p", f.descale_d_p},
-                                {"tensors.fp8.scale_s", f.scale_s},
-                                {"tensors.fp8.scale_d_p", f.scale_d_p},
-                                {"tensors.fp8.scale_d_q", f.scale_d_q},
-                                {"tensors.fp8.scale_d_k", f.scale_d_k},
-                                {"tensors.fp8.scale_d_v", f.scale_d_v},
-                                {"tensors.fp8.amax_d_q", f.amax_d_q},
-                                {"tensors.fp8.amax_d_k", f.amax_d_k},
-                                {"tensors.fp8.amax_d_v", f.amax_d_v},
-                                {"tensors.fp8.amax_d_p", f.amax_d_p}}) {
-    require_scalar(field, pointer);
-  }
-}
 
 // The amaxes an FP8 call writes start at zero on the stream: cuDNN's FP8 kernels reduce into them,
 // and whether they store the amax or take the max with what the buffer holds is not documented,
@@ -106,7 +52,7 @@ class CallWorkspace {
     if (needed == 0) return;
     if (given.data && given.bytes >= needed) {
       data_ = given.data;
-      require_pointer("workspace.data", data_);
+      detail::require_pointer("workspace.data", data_);
     } else if (given.allocator) {
       data_ = given.allocator->allocate(needed, stream);
       if (!data_) throw CudaError("workspace allocator returned null for " + std::to_string(needed) + " bytes");
@@ -287,22 +233,7 @@ std::size_t live_plans() noexcept { return g_live_plans.load(std::memory_order_r
 void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace) const {
   require_pass(pass_, Pass::forward);
   require_device();
-  require_pointer("tensors.q", t.q);
-  require_pointer("tensors.k", t.k);
-  require_pointer("tensors.v", t.v);
-  require_pointer("tensors.o", t.o);
-  if (spec_.stats) require_pointer("tensors.stats", t.stats);
-  require_lengths(t.seq_len_q, t.seq_len_kv);
-  require_ragged(t.ragged);
-  require_score_terms(t.bias, t.sink, t.score_mod);
-  require_dropout(t.dropout_seed, t.dropout_offset);
-  if (spec_.dropout_mask_out) require_pointer("tensors.dropout_mask", t.dropout_mask);
-  if (spec_.paged_kv()) {
-    require_pointer("tensors.page_table_k", t.page_table_k);
-    require_pointer("tensors.page_table_v", t.page_table_v);
-  }
-  if (spec_.max_logit != MaxLogit::none) require_pointer("tensors.max_logit", t.max_logit);
-  if (is_fp8(spec_.q.dtype)) require_scales(t.fp8);
+  detail::check_tensor_set(spec_, t);
   if (split_ || blocks_) {
     CallWorkspace scratch(workspace_bytes(), workspace, stream);
     char* data = static_cast<char*>(scratch.data());
@@ -341,22 +272,7 @@ void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const 
 void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace) const {
   require_pass(pass_, Pass::backward);
   require_device();
-  require_pointer("tensors.q", t.q);
-  require_pointer("tensors.k", t.k);
-  require_pointer("tensors.v", t.v);
-  require_pointer("tensors.o", t.o);
-  require_pointer("tensors.d_o", t.d_o);
-  require_pointer("tensors.stats", t.stats);
-  require_pointer("tensors.d_q", t.d_q);
-  require_pointer("tensors.d_k", t.d_k);
-  require_pointer("tensors.d_v", t.d_v);
-  require_lengths(t.seq_len_q, t.seq_len_kv);
-  require_ragged(t.ragged);
-  require_score_terms(t.bias, t.sink, t.score_mod);
-  require_dropout(t.dropout_seed, t.dropout_offset);
-  if (spec_.bias_grad) require_pointer("tensors.d_bias", t.d_bias);
-  if (spec_.softmax == Softmax::sink) require_pointer("tensors.d_sink", t.d_sink);
-  if (is_fp8(spec_.q.dtype)) require_scales(t.fp8);
+  detail::check_tensor_set(spec_, t);
   if (blocks_) {
     CallWorkspace scratch(workspace_bytes(), workspace, stream);
     blocks_->backward(t, scale, stream, static_cast<char*>(scratch.data()));
@@ -382,49 +298,6 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
 }
 
 ReplayStats Plan::replay_stats() const { return replays_->stats(); }
-
-void Plan::require_score_terms(const void* bias, const float* sink, const ScoreModTensors& score_mod) const {
-  if (spec_.bias != Bias::none) require_pointer("tensors.bias", bias);
-  if (spec_.softmax == Softmax::sink) require_pointer("tensors.sink", sink);
-  if (spec_.score_mod.scalars() > 0) require_scalar("tensors.score_mod.scalars", score_mod.scalars);
-  static const char* const kTensorFields[] = {"tensors.score_mod.tensors[0]", "tensors.score_mod.tensors[1]",
-                                              "tensors.score_mod.tensors[2]", "tensors.score_mod.tensors[3]"};
-  static_assert(sizeof kTensorFields / sizeof kTensorFields[0] == kMaxScoreModTensors);
-  for (int i = 0; i < spec_.score_mod.tensors(); ++i) {
-    require_pointer(kTensorFields[i], score_mod.tensors[static_cast<std::size_t>(i)]);
-  }
-}
-
-void Plan::require_dropout(const std::int64_t* seed, const std::int64_t* offset) const {
-  if (spec_.dropout == 0.0) return;
-  // Scalars: cuDNN reads them as int64, so 8-byte alignment is what they need.
-  for (auto [field, pointer] : {std::pair<const char*, const void*>{"tensors.dropout_seed", seed},
-                                {"tensors.dropout_offset", offset}}) {
-    if (pointer == nullptr) throw InvalidArgument(field, "null", "a device pointer to an int64");
-    if (reinterpret_cast<std::uintptr_t>(pointer) % alignof(std::int64_t) != 0) {
-      throw InvalidArgument(field, "misaligned", "an 8-byte aligned device pointer");
-    }
-  }
-}
-
-// A ragged plan's batch is a bucket (fusedattn/ragged.h): the call says how many sequences it has.
-void Plan::require_ragged(const RaggedTensors& ragged) const {
-  if (!is_ragged(spec_)) return;
-  if (ragged.sequences < 1 || ragged.sequences > spec_.batch()) {
-    throw InvalidArgument("tensors.ragged.sequences", std::to_string(ragged.sequences),
-                          "1 .. the plan's batch (" + std::to_string(spec_.batch()) + ")");
-  }
-  for (auto [field, pointer] : {std::pair<const char*, const void*>{"tensors.ragged.cu_seqlens_q", ragged.cu_seqlens_q},
-                                {"tensors.ragged.cu_seqlens_kv", ragged.cu_seqlens_kv}}) {
-    if (pointer == nullptr) throw InvalidArgument(field, "null", "a device pointer to int32 [sequences + 1]");
-  }
-}
-
-void Plan::require_lengths(const std::int32_t* seq_len_q, const std::int32_t* seq_len_kv) const {
-  if (!spec_.padding || is_ragged(spec_)) return;
-  require_pointer("tensors.seq_len_q", seq_len_q);
-  require_pointer("tensors.seq_len_kv", seq_len_kv);
-}
 
 void Plan::require_device() const {
   int device = detail::current_device();
