@@ -337,6 +337,10 @@ double evaluate(const ScoreMod& mod, const ScoreModPoint& p) { return evaluate_w
 
 ScoreModValue evaluate_with_derivative(const ScoreMod& mod, const ScoreModPoint& p) {
   if (mod.empty()) return {p.score, 1.0};
+  // A term that does not move with the score adds nothing, even where its own local derivative is
+  // not finite (sqrt(|kv - q|) on the diagonal): 0 * inf would otherwise make the slope NaN. The
+  // graph layer's backward leaves such terms out altogether.
+  const auto chain = [](double slope, double local) { return slope == 0.0 ? 0.0 : slope * local; };
   std::vector<double> value(mod.nodes().size()), slope(mod.nodes().size());
   for (std::size_t i = 0; i < mod.nodes().size(); ++i) {
     const ScoreModNode& n = mod.nodes()[i];
@@ -358,19 +362,19 @@ ScoreModValue evaluate_with_derivative(const ScoreMod& mod, const ScoreModPoint&
       case ScoreOp::tensor: v = tensor_element(n, p); break;
       case ScoreOp::neg: v = -x; dv = -dx; break;
       case ScoreOp::abs: v = std::fabs(x); dv = x > 0 ? dx : x < 0 ? -dx : 0.0; break;
-      case ScoreOp::exp: v = std::exp(x); dv = v * dx; break;
-      case ScoreOp::log: v = std::log(x); dv = dx / x; break;
-      case ScoreOp::sqrt: v = std::sqrt(x); dv = dx / (2.0 * v); break;
-      case ScoreOp::tanh: v = std::tanh(x); dv = (1.0 - v * v) * dx; break;
-      case ScoreOp::sigmoid: v = 1.0 / (1.0 + std::exp(-x)); dv = v * (1.0 - v) * dx; break;
+      case ScoreOp::exp: v = std::exp(x); dv = chain(dx, v); break;
+      case ScoreOp::log: v = std::log(x); dv = chain(dx, 1.0 / x); break;
+      case ScoreOp::sqrt: v = std::sqrt(x); dv = chain(dx, 0.5 / v); break;
+      case ScoreOp::tanh: v = std::tanh(x); dv = chain(dx, 1.0 - v * v); break;
+      case ScoreOp::sigmoid: v = 1.0 / (1.0 + std::exp(-x)); dv = chain(dx, v * (1.0 - v)); break;
       case ScoreOp::logical_not: v = x == 0.0 ? 1.0 : 0.0; break;
       case ScoreOp::add: v = x + y; dv = dx + dy; break;
       case ScoreOp::sub: v = x - y; dv = dx - dy; break;
-      case ScoreOp::mul: v = x * y; dv = dx * y + x * dy; break;
-      case ScoreOp::div: v = x / y; dv = (dx - v * dy) / y; break;
+      case ScoreOp::mul: v = x * y; dv = chain(dx, y) + chain(dy, x); break;
+      case ScoreOp::div: v = x / y; dv = chain(dx, 1.0 / y) - chain(dy, v / y); break;
       case ScoreOp::pow:  // the exponent's term only where it moves (x^y's log needs x > 0)
         v = std::pow(x, y);
-        dv = y * std::pow(x, y - 1.0) * dx + (dy != 0.0 ? v * std::log(x) * dy : 0.0);
+        dv = chain(dx, y * std::pow(x, y - 1.0)) + chain(dy, v * std::log(x));
         break;
       case ScoreOp::min: v = std::fmin(x, y); dv = x <= y ? dx : dy; break;
       case ScoreOp::max: v = std::fmax(x, y); dv = x >= y ? dx : dy; break;

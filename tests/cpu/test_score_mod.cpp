@@ -177,6 +177,20 @@ TEST(ScoreMod, DerivativesMatchCentralDifferences) {
   }
 }
 
+TEST(ScoreMod, ATermThatIgnoresTheScoreAddsNoSlopeWhereItsOwnDerivativeIsInfinite) {
+  // sqrt(|kv - q|) is 0 on the diagonal, where sqrt's derivative is not finite; the term does not
+  // move with the score, so the slope there is exactly 1 (a reference that multiplied 0 by inf
+  // made the GPU test's dQ and dK NaN on the H200).
+  const ScoreMod mod = parse_score_mod("sub(score,sqrt(abs(sub(kv,q))))");
+  ScoreModPoint p;
+  p.index = {0, 1, 5, 5};
+  p.sizes = {1, 2, 8, 8};
+  p.score = 0.4;
+  const ScoreModValue got = evaluate_with_derivative(mod, p);
+  EXPECT_EQ(got.value, 0.4);
+  EXPECT_EQ(got.d_score, 1.0);
+}
+
 // --- in the spec -----------------------------------------------------------------------------------
 
 AttentionSpec softcapped() {
