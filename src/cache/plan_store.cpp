@@ -17,6 +17,7 @@
 #include "exec/decode_split.h"
 #include "exec/device.h"
 #include "exec/kv_expansion.h"
+#include "exec/relaxed_capture.h"
 #include "fusedattn/build_info.h"
 #include "fusedattn/disk_cache.h"
 #include "fusedattn/errors.h"
@@ -148,7 +149,7 @@ void store(const std::string& disk, const PlanKey& key, const graph::CompiledGra
   log_line(error.empty() ? "disk_store" : "disk_store_failed " + error, key);
 }
 
-std::shared_ptr<const detail::CacheEntry> build_entry(const PlanKey& key) {
+std::shared_ptr<const detail::CacheEntry> build_spec_entry(const PlanKey& key) {
   auto entry = std::make_shared<detail::CacheEntry>();
   entry->support = check_support_policy(key.spec, key.pass, DeviceCaps{key.sm / 10, key.sm % 10},
                                         detail::versions());
@@ -191,6 +192,22 @@ std::shared_ptr<const detail::CacheEntry> build_entry(const PlanKey& key) {
   }
   entry->plan = std::make_shared<Plan>(key.spec, key.pass, key.device, std::move(graph));
   return entry;
+}
+
+// The builder the cache calls. Builds run in relaxed capture mode (exec/relaxed_capture.h); a
+// failure leaves nothing in the cache (fusedattn/lru_cache.h) and its error names the spec.
+std::shared_ptr<const detail::CacheEntry> build_entry(const PlanKey& key) {
+  detail::RelaxedCapture relaxed;
+  const auto with_spec = [&](const Error& error) {
+    return std::string(error.what()) + " [" + to_string(key.pass) + " " + to_string(key.spec) + "]";
+  };
+  try {
+    return build_spec_entry(key);
+  } catch (const CudnnError& error) {
+    throw CudnnError(with_spec(error));
+  } catch (const CudaError& error) {
+    throw CudaError(with_spec(error));
+  }
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "exec/cuda_check.h"
 #include "exec/device.h"
+#include "exec/relaxed_capture.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/autotune.h"
 #include "fusedattn/errors.h"
@@ -42,16 +43,6 @@ constexpr int kRounds = 5;
 constexpr double kKeepHeuristicsWithin = 1.01;
 
 std::size_t aligned(std::size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
-
-// This thread may allocate and synchronize while another stream of the process is captured.
-class RelaxedCapture {
- public:
-  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
-  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
-
- private:
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-};
 
 // The memory, stream and events of one tuning, released on every path out.
 struct Bench {

@@ -47,15 +47,19 @@ void require_pass(Pass have, Pass want) {
 // after the work is enqueued (stream-ordered allocators make that safe).
 class CallWorkspace {
  public:
-  CallWorkspace(std::size_t needed, const Workspace& given, cudaStream_t stream)
-      : needed_(needed), allocator_(nullptr), stream_(stream) {
+  CallWorkspace(const Plan& plan, const Workspace& given, cudaStream_t stream)
+      : needed_(plan.workspace_bytes()), allocator_(nullptr), stream_(stream) {
+    const std::size_t needed = needed_;
     if (needed == 0) return;
     if (given.data && given.bytes >= needed) {
       data_ = given.data;
       detail::require_pointer("workspace.data", data_);
     } else if (given.allocator) {
       data_ = given.allocator->allocate(needed, stream);
-      if (!data_) throw CudaError("workspace allocator returned null for " + std::to_string(needed) + " bytes");
+      if (!data_) {
+        throw CudaError("workspace allocator returned null for " + std::to_string(needed) + " bytes [" +
+                        to_string(plan.pass()) + " " + to_string(plan.spec()) + "]");
+      }
       allocator_ = given.allocator;
     } else {
       throw InvalidArgument("workspace", std::to_string(given.bytes) + " bytes and no allocator",
@@ -153,7 +157,15 @@ std::shared_ptr<float> zero_sink(const AttentionSpec& spec) {
   const std::size_t bytes = static_cast<std::size_t>(spec.heads_q()) * sizeof(float);
   detail::check_cuda(cudaMalloc(&zeros, bytes), "cudaMalloc(off_by_one sink)");
   std::shared_ptr<float> owned(static_cast<float*>(zeros), [](float* p) { cudaFree(p); });
-  detail::check_cuda(cudaMemset(zeros, 0, bytes), "cudaMemset(off_by_one sink)");
+  // On a stream of its own: the legacy default stream would wait for every blocking stream, and
+  // fail if one of them is being captured (plans may be built during a caller's capture).
+  cudaStream_t stream = nullptr;
+  detail::check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  const cudaError_t set = cudaMemsetAsync(zeros, 0, bytes, stream);
+  const cudaError_t done = cudaStreamSynchronize(stream);
+  cudaStreamDestroy(stream);
+  detail::check_cuda(set, "cudaMemsetAsync(off_by_one sink)");
+  detail::check_cuda(done, "cudaStreamSynchronize(off_by_one sink)");
   return owned;
 }
 
@@ -235,17 +247,17 @@ void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const 
   require_device();
   detail::check_tensor_set(spec_, t);
   if (split_ || blocks_) {
-    CallWorkspace scratch(workspace_bytes(), workspace, stream);
+    CallWorkspace scratch(*this, workspace, stream);
     char* data = static_cast<char*>(scratch.data());
     if (split_) split_->forward(t, scale, stream, data);
     if (blocks_) blocks_->forward(t, scale, stream, data);
     return;
   }
+  CallWorkspace scratch(*this, workspace, stream);  // first: a failing allocator leaves nothing written
   detail::PointersByUid pointers = detail::forward_pointers(t, &scale);
   if (is_fp8(spec_.q.dtype)) zero_amaxes({t.fp8.amax_s, t.fp8.amax_o}, stream);
   void** by_uid = pointers.at;
   if (zero_sink_) by_uid[graph::kUidSink] = zero_sink_.get();
-  CallWorkspace scratch(workspace_bytes(), workspace, stream);
   char* ours = static_cast<char*>(scratch.data()) + graph_workspace_bytes_;
   detail::RaggedArrays ragged;
   if (is_ragged(spec_)) ragged = place_ragged(spec_, t.ragged, ours, by_uid, stream);
@@ -274,15 +286,15 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
   require_device();
   detail::check_tensor_set(spec_, t);
   if (blocks_) {
-    CallWorkspace scratch(workspace_bytes(), workspace, stream);
+    CallWorkspace scratch(*this, workspace, stream);
     blocks_->backward(t, scale, stream, static_cast<char*>(scratch.data()));
     return;
   }
+  CallWorkspace scratch(*this, workspace, stream);  // first: a failing allocator leaves nothing written
   detail::PointersByUid pointers = detail::backward_pointers(t, &scale);
   if (is_fp8(spec_.q.dtype)) zero_amaxes({t.fp8.amax_d_q, t.fp8.amax_d_k, t.fp8.amax_d_v, t.fp8.amax_d_p}, stream);
   void** by_uid = pointers.at;
   if (zero_sink_) by_uid[graph::kUidSink] = zero_sink_.get();
-  CallWorkspace scratch(workspace_bytes(), workspace, stream);
   char* ours = static_cast<char*>(scratch.data()) + graph_workspace_bytes_;  // ragged and expansion never meet
   detail::RaggedArrays ragged;
   if (is_ragged(spec_)) ragged = place_ragged(spec_, t.ragged, ours, by_uid, stream);

@@ -12,6 +12,7 @@
 #include "fusedattn/errors.h"
 #include "graph/frontend_graph.h"
 #include "graph/score_mod_lowering.h"
+#include "support/cudnn_status.h"
 
 namespace fusedattn::graph {
 namespace fe = cudnn_frontend;
@@ -535,12 +536,12 @@ Attempt compile(std::shared_ptr<fe::graph::Graph> graph, cudnnHandle_t handle, c
                         "create_execution_plans", implementation, r)) {
     return attempt;
   }
-  fe::error_t last;
+  fe::error_t last;  // the failure among the candidates' answers, if any, else the last refusal
   for (std::int64_t i = 0; i < graph->get_execution_plan_count(); ++i) {
     fe::error_t status = graph->build_plan_at_index(handle, i);
     if (status.is_good()) {
       attempt.built.push_back(i);
-    } else {
+    } else if (last.is_good() || fusedattn::detail::cudnn_failure_in(last.get_message()).empty()) {
       last = status;
     }
   }
@@ -604,6 +605,12 @@ std::shared_ptr<fe::graph::Graph> frontend_graph(const AttentionSpec& spec, Pass
 
 bool stage_ok(fe::error_t status, const char* stage, const char* implementation, std::vector<Reason>& rejections) {
   if (status.is_good()) return true;
+  // A failure of the process (memory, execution, library) is no answer about the configuration:
+  // raised, and so never cached as a refusal that would make callers fall back for good.
+  if (!fusedattn::detail::cudnn_failure_in(status.get_message()).empty()) {
+    throw CudnnError(std::string("cuDNN ") + stage + " (" + implementation + " implementation) failed: " +
+                     status.get_message());
+  }
   rejections.push_back(Reason{"cudnn", std::string(stage) + " (" + implementation + " implementation)",
                               "a configuration cuDNN accepts; cuDNN says: " + status.get_message(), ""});
   return false;

@@ -1,0 +1,29 @@
+// Failures and refusals among cuDNN's build answers (cudnn_status.h).
+#include "support/cudnn_status.h"
+
+namespace fusedattn::detail {
+
+std::string_view cudnn_failure_in(std::string_view message) noexcept {
+  // cuDNN 9's status names (cudnn_graph.h) for conditions of the process, not of the graph. A
+  // prefix covers a family: EXECUTION_FAILED_CUDA_DRIVER, _CUDART, ...; the allocation failures
+  // are the only INTERNAL_ERROR_* members here, as the others follow from the graph.
+  static constexpr std::string_view kFailures[] = {
+      "CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED",
+      "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",
+      "CUDNN_STATUS_EXECUTION_FAILED",
+      "CUDNN_STATUS_NOT_INITIALIZED",
+      "CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH",
+      "CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED",
+      "CUDNN_STATUS_LICENSE_ERROR",
+  };
+  for (std::string_view failure : kFailures) {
+    const std::size_t at = message.find(failure);
+    if (at == std::string_view::npos) continue;
+    std::size_t end = at + failure.size();
+    while (end < message.size() && (message[end] == '_' || (message[end] >= 'A' && message[end] <= 'Z'))) ++end;
+    return message.substr(at, end - at);
+  }
+  return {};
+}
+
+}  // namespace fusedattn::detail
