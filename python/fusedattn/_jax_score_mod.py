@@ -124,15 +124,20 @@ def trace(fn):
 
 
 def _differentiated(array):
-    """Whether a captured array is being differentiated (a JVP tracer of jax.grad and its kin)."""
-    return type(array).__name__ in ("JVPTracer", "LinearizeTracer")
+    """Whether a captured array may be differentiated: any traced value. Inside jit, JAX traces the
+    function before it differentiates the result (jax.vjp of a jitted function hands the function
+    jaxpr tracers, never JVP tracers: JAX 0.11 on the H200 gave a learned table a zero gradient
+    when only JVP tracers counted), so a traced array cannot be told apart from one that will be
+    differentiated. jax.lax.stop_gradient on it says it is not learned, and keeps it a tensor of
+    the modifier."""
+    return isinstance(array, jax.core.Tracer)
 
 
-def dense_bias(part, q, k, layout):
+def dense_bias(part, q, k, layout, stopped=()):
     """The bias of a traced bias part (_score_mod.py): its expression at every (b, h, q_idx, kv_idx)
     of this call, in q's dtype, in the nearest bias shape the core takes (_score_mod.bias_shape),
-    differentiable in the arrays it reads; and whether any of them is being
-    differentiated (then the call computes dBias)."""
+    differentiable in the arrays it reads; and whether any of them may be differentiated (traced,
+    and not taken through stop_gradient, whose ids are `stopped`: then the call computes dBias)."""
     from ._jax_calls import AXES
     sizes = _score_mod.bias_sizes(layout, AXES, q.shape, k.shape)
     grids = {name: jnp.arange(n, dtype=jnp.int32).reshape((1,) * axis + (n,) + (1,) * (3 - axis))
@@ -140,7 +145,7 @@ def dense_bias(part, q, k, layout):
     value = jnp.asarray(_score_mod.evaluate_dense(part, grids, _operations(sizes)), jnp.float32)
     value = value.reshape((1,) * (4 - value.ndim) + value.shape)
     bias = jnp.broadcast_to(value, _score_mod.bias_shape(value.shape, sizes)).astype(q.dtype)
-    return bias, any(_differentiated(t) for t in part.tensors)
+    return bias, any(_differentiated(t) and id(t) not in stopped for t in part.tensors)
 
 
 def _operations(sizes):

@@ -378,7 +378,8 @@ def split_bias(text, tracer):
         if "score" in _leaves(term):
             raise NotSupportedError(f"score_mod: {unparse(term)} gathers from a tensor or reads one that needs a "
                                     "gradient, and involves the score: such terms must be added to the score (they "
-                                    "run as the call's bias, which cuDNN differentiates); G<n> is tensor n gathered")
+                                    "run as the call's bias, which cuDNN differentiates); G<n> is tensor n gathered (under JAX's jit "
+                                    "every traced array may need a gradient: jax.lax.stop_gradient says it does not)")
     rest = [(sign, term) for sign, term in terms if (sign, term) not in dense]
     if not rest:
         raise NotSupportedError("score_mod: a function whose result does not use the score beside its gathered or "

@@ -133,7 +133,7 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False, align: str
                     cu_seqlens_kv, max_seqlen_q, max_seqlen_kv)
     mod, stopped = _jax_score_mod.trace(score_mod) if score_mod is not None else (None, ())
     if mod is not None and mod.bias is not None:  # its gathered or learned terms, added to the score as a bias
-        mod_bias, learned = _jax_score_mod.dense_bias(mod.bias, q, k, layout)
+        mod_bias, learned = _jax_score_mod.dense_bias(mod.bias, q, k, layout, stopped)
         mod_bias = mod_bias if learned else jax.lax.stop_gradient(mod_bias)
         given_grad = bias is not None and bias_grad
         if bias is not None and not bias_grad:
@@ -169,7 +169,7 @@ def _score_mod_arrays(mod, stopped, spec):
         return ()
     arrays = (jnp.asarray(mod.scalars, jnp.float32),) if mod.scalars else ()
     for slot, array in enumerate(mod.tensors):
-        if type(array).__name__ in ("JVPTracer", "LinearizeTracer") and id(array) not in stopped:
+        if _jax_score_mod._differentiated(array) and id(array) not in stopped:
             raise NotSupportedError(f"score_mod: captured array t{slot} is being differentiated: gradients of arrays "
                                     "inside a score modifier are not built yet (stop_gradient it, or pass it as bias=)")
         want = tuple(spec.score_mod_tensor_shape(slot))

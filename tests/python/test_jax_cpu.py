@@ -329,6 +329,23 @@ def test_score_mod_arrays_under_differentiation_run_as_a_bias_with_its_gradient(
     assert "reads one that needs a gradient" in str(caught.value)
 
 
+def test_a_table_read_inside_jit_is_taken_as_learned():
+    # jax.grad of a jitted call traces the function with jaxpr tracers, not JVP tracers: a table
+    # read there must still get its gradient (on the H200, JAX 0.11 gave it zeros when it did not).
+    q = shaped(2, 64, 4, 64)
+    call = jax.jit(lambda q, table: fj.attention(
+        q, q, q, score_mod=lambda s, b, h, qi, kv: s + table[h, jnp.clip(kv - qi, -8, 8) + 8]))
+    gradient = jax.grad(lambda q, table: call(q, table).astype(jnp.float32).sum(), argnums=1)
+    text = exported_text(gradient, q, shaped(4, 17, dtype=jnp.float32))
+    assert "bias=1hss" in text and "bias_grad=1" in text
+    # stop_gradient says the array is not learned: no dBias then
+    frozen = jax.jit(lambda q, table: fj.attention(
+        q, q, q, score_mod=lambda s, b, h, qi, kv: s + jax.lax.stop_gradient(table)[h, jnp.clip(kv - qi, -8, 8) + 8]))
+    text = exported_text(jax.grad(lambda q, t: frozen(q, t).astype(jnp.float32).sum()), q,
+                         shaped(4, 17, dtype=jnp.float32))
+    assert "bias=1hss" in text and "bias_grad=1" not in text
+
+
 def test_vmap_of_a_score_modified_call_runs_per_element():
     # Folding the mapped axis into the batch would move each element's b index: one call each.
     q = shaped(3, 2, 64, 4, 64)
