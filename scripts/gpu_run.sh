@@ -182,4 +182,11 @@ if [ ${#xmls[@]} -gt 0 ]; then
   python3 scripts/gpu_results.py --xml "${xmls[@]}" --info-bin "$build/fusedattn" --out "$OUT/gpu_results.md" \
     || status=1
 fi
+# The device returns only a handful of files: the tests' raw outputs travel as one archive
+# (tests.tar.gz: the XML reports, each pytest tier's full output, test.sh's log).
+raw=$(cd "$OUT" && ls gpu_tests.xml python_*.xml python_*.txt test_sh.txt 2>/dev/null)
+if [ -n "$raw" ]; then
+  # shellcheck disable=SC2086  # a list of file names without spaces
+  (cd "$OUT" && tar czf tests.tar.gz $raw && rm -f $raw)
+fi
 exit $status

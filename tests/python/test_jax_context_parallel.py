@@ -118,8 +118,11 @@ print("KINDS", sorted(set(CALLS)))
 def run_child(scheme, causal, balanced, h_kv, with_sink=False):
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    done = subprocess.run([sys.executable, "-c", CHILD, scheme, str(int(causal)), str(int(balanced)), str(h_kv),
-                           str(int(with_sink))], env=env, capture_output=True, text=True, timeout=600)
+    # faulthandler: a crash of the child (JAX 0.11.2's host collectives died with SIGSEGV on the
+    # GPU machine) leaves its Python stack in stderr, which the assertion shows.
+    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", CHILD, scheme, str(int(causal)),
+                           str(int(balanced)), str(h_kv), str(int(with_sink))],
+                          env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line), done.stdout
 
