@@ -281,6 +281,12 @@ def finish(tracer, out):
     split off as its bias (the module's docstring)."""
     text = out.text if isinstance(out, Sym) else tracer.operand(out)  # a function of nothing: a constant
     modifier, bias = split_bias(text, tracer)
+    if bias is not None:
+        # cuDNN 9.19 builds no backward of a modifier reading runtime scalars beside a bias and its
+        # gradient ("!pointwise_node->bPort.tensor->getIsByValue()" for a softcap beside a learned
+        # relative-position table on the H200): there the numbers are written into the modifier,
+        # so each value gets its own plan.
+        modifier = re.sub(r"\$(\d+)", lambda match: repr(float(tracer.scalars[int(match.group(1))])), modifier)
     traced = _numbered(tracer, modifier)
     if bias is not None:
         traced.bias = _numbered(tracer, bias)

@@ -281,7 +281,8 @@ def test_gathered_and_learned_terms_run_as_a_dense_bias_with_gradients():
     def fn(s, b, h, qi, kv):
         return 2.0 * torch.tanh(s / 2.0) + table[h, (kv - qi).clamp(-8, 8) + 8] - slopes[h] * (qi - kv).abs()
     traced = _torch_score_mod.traced(fn).traced
-    assert traced.text == "mul($0,tanh(div(score,$0)))" and traced.scalars == (2.0,)
+    # beside a bias the modifier's numbers are written into it (cuDNN builds no backward otherwise)
+    assert traced.text == "mul(2.0,tanh(div(score,2.0)))" and traced.scalars == ()
     q, k = torch.zeros(2, 20, 4, 64), torch.zeros(2, 24, 4, 64)
     bias = _torch_score_mod.dense_bias(traced.bias, q, k, "bshd")
     assert bias.shape == (1, 4, 20, 24) and bias.dtype == q.dtype
