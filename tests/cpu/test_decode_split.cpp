@@ -38,8 +38,9 @@ TEST(DecodeSplit, WorkedNumbersOnAnH200) {
       {"b=1 s_q=1 s_kv=131072", 34, 62},
       // b = 8: 64 pairs, ceil(264 / 64) = 5 chunks wanted: floor(128 / 5) = 25 pages, 6 chunks.
       {"b=8 s_q=1 s_kv=8192", 6, 25},
-      // b = 4 with 8 query tokens (speculative decoding): 32 pairs, 9 wanted: 14 pages, 10 chunks.
-      {"b=4 s_q=8 s_kv=8192", 10, 14},
+      // b = 1 with 16 query tokens (speculative decoding): 8 pairs, at most 132 / 16 = 8 for several
+      // queries; 33 chunks wanted: floor(512 / 33) = 15 pages, 35 chunks.
+      {"b=1 s_q=16 s_kv=32768", 35, 15},
       // 1k tokens: 4 chunks of 256 keys.
       {"b=1 s_q=1 s_kv=1024", 4, 4},
       // 576 tokens (9 pages): 3 chunks of 4 pages, the last of one.
@@ -59,6 +60,9 @@ TEST(DecodeSplit, NoSplitWhereItDoesNotPay) {
                             "b=1 s_q=1 s_kv=64"}) {
     EXPECT_FALSE(decode_split(decode(shape), Pass::forward, kH200).split()) << shape;
   }
+  // Several queries at b = 4: 32 pairs, more than one per 16 SMs (unsplit was faster on the H200).
+  EXPECT_FALSE(decode_split(decode("b=4 s_q=8 s_kv=8192", ""), Pass::forward, kH200).split());
+  EXPECT_FALSE(decode_split(decode("b=4 s_q=16 s_kv=8192", ""), Pass::forward, kH200).split());
   // Fewer SMs want fewer pairs: b = 8 on 32 SMs (64 pairs wanted) is already there.
   EXPECT_FALSE(decode_split(decode("b=8 s_q=1 s_kv=8192"), Pass::forward, 32).split());
 }
@@ -97,32 +101,32 @@ TEST(DecodeSplit, AMaskedCallOnlyForSeveralCausalQueries) {
 }
 
 TEST(DecodeSplit, TheInnerCallsSpecsAndTheyDoNotSplitAgain) {
-  // b = 2: 16 pairs, 17 chunks wanted: floor(128 / 17) = 7 pages, ceil(128 / 7) = 19 chunks.
-  const AttentionSpec spec = decode("b=2 s_q=4 s_kv=8192");
+  // b = 1, 4 queries: 8 pairs, 33 chunks wanted: floor(128 / 33) = 3 pages, under 4: 32 chunks of 4.
+  const AttentionSpec spec = decode("b=1 s_q=4 s_kv=8192");
   const DecodeSplit split = decode_split(spec, Pass::forward, kH200);
-  ASSERT_EQ(split.chunks, 19);
-  ASSERT_EQ(split.chunk_pages, 7);
+  ASSERT_EQ(split.chunks, 32);
+  ASSERT_EQ(split.chunk_pages, 4);
   ASSERT_EQ(split.final_pages, 2);
   const AttentionSpec chunks = decode_chunks_spec(spec, split);
   EXPECT_NO_THROW(validate(chunks));
-  EXPECT_EQ(chunks.batch(), 2 * 19);
-  EXPECT_EQ(chunks.kv_pages, 7);
+  EXPECT_EQ(chunks.batch(), 32);
+  EXPECT_EQ(chunks.kv_pages, 4);
   EXPECT_FALSE(chunks.window.bounded());  // every key of a chunk is visible
   EXPECT_TRUE(chunks.stats && chunks.padding);
   EXPECT_EQ(chunks.q.strides, (std::array<std::int64_t, 4>{4 * 32 * 128, 128, 32 * 128, 1}));  // dense bshd
   EXPECT_EQ(chunks.k, spec.k);  // the caller's pools
   const AttentionSpec masked = decode_masked_spec(spec, split);
   EXPECT_NO_THROW(validate(masked));
-  EXPECT_EQ(masked.batch(), 2);
+  EXPECT_EQ(masked.batch(), 1);
   EXPECT_EQ(masked.kv_pages, 2);
   EXPECT_EQ(masked.q, spec.q);  // the caller's queries
   EXPECT_EQ(masked.window, spec.window);
   EXPECT_EQ(masked.alignment, Alignment::bottom_right);
   EXPECT_EQ(masked.o.strides, (std::array<std::int64_t, 4>{4 * 32 * 128, 128, 32 * 128, 1}));
-  // 38 x 8 pairs: the chunks' call does not split again, nor the masked one (2 pages).
+  // 32 x 8 pairs: the chunks' call does not split again, nor the masked one (2 pages).
   EXPECT_FALSE(decode_split(chunks, Pass::forward, kH200).split());
   EXPECT_FALSE(decode_split(masked, Pass::forward, kH200).split());
-  for (const char* shape : {"b=1 s_q=1 s_kv=131072", "b=1 s_q=16 s_kv=131072", "b=3 s_q=2 s_kv=32768",
+  for (const char* shape : {"b=1 s_q=1 s_kv=131072", "b=1 s_q=16 s_kv=131072", "b=1 s_q=2 s_kv=32768",
                             "b=1 s_q=1 s_kv=8192", "b=8 s_q=1 s_kv=32768", "b=1 s_q=1 s_kv=576"}) {
     const AttentionSpec s = decode(shape);
     const DecodeSplit d = decode_split(s, Pass::forward, kH200);

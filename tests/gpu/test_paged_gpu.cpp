@@ -49,7 +49,7 @@ std::vector<Case> paged_cases() {
                                 "page_size=64 pages=128 causal align=bottom_right"});
   out.push_back({"split_b2_32k_sbhd", "layout=sbhd_paged_sbhd dtype=bf16 b=2 s_q=1 s_kv=32768 h_q=32 h_kv=8 d=128 "
                                       "page_size=64 pages=1024 causal align=bottom_right"});
-  out.push_back({"split_q12_causal", "layout=bshd_paged_bshd dtype=bf16 b=3 s_q=12 s_kv=4096 h_q=16 h_kv=4 d=128 "
+  out.push_back({"split_q12_causal", "layout=bshd_paged_bshd dtype=bf16 b=3 s_q=12 s_kv=4096 h_q=16 h_kv=2 d=128 "
                                      "page_size=64 pages=192 causal align=bottom_right"});
   out.push_back({"split_q4_no_mask_f16", "layout=bshd_paged_sbhd dtype=f16 b=2 s_q=4 s_kv=2048 h_q=8 h_kv=2 d=64 "
                                          "page_size=32 pages=128"});
@@ -89,9 +89,10 @@ TEST(PagedSplitDecode, EmptySequencesOnePageAndPageMultiples) {
 // Several causal queries: the keys some query cannot see go to the masked call, from the page
 // holding key len - s_q on (64-token pages: 8 queries over 1027 keys leave 960 to the chunks and 67,
 // over two pages, to the masked call; 12 over 1036 leave 1024 and 12; 12 over 12 leave all 12).
+// h_kv = 2: 6 pairs, few enough for several queries to split (decode_split.h).
 TEST(PagedSplitDecode, TheMaskedCallTakesTheKeysSomeQueryCannotSee) {
   FUSEDATTN_REQUIRE_GPU();
-  check_with_lengths("layout=bshd_paged_bshd dtype=bf16 b=3 s_q=12 s_kv=2048 h_q=16 h_kv=4 d=128 page_size=64 "
+  check_with_lengths("layout=bshd_paged_bshd dtype=bf16 b=3 s_q=12 s_kv=2048 h_q=16 h_kv=2 d=128 page_size=64 "
                      "pages=96 causal align=bottom_right",
                      {8, 12, 12}, {1027, 1036, 12});
 }
