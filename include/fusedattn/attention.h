@@ -172,7 +172,8 @@ class Plan {
   /// Enqueues the forward pass on `stream`. Throws InvalidArgument, before any GPU work, for a
   /// tensor the spec has that is null or misaligned, one it lacks that is given, an output that
   /// shares memory with an input or another output, a missing workspace, or a plan of the other
-  /// pass; CudnnError if cuDNN fails.
+  /// pass; CudnnError if cuDNN fails, CudaError if a launch or the workspace allocator does (both
+  /// naming the pass and the spec).
   void run(const ForwardTensors& tensors, float scale, cudaStream_t stream, const Workspace& workspace = {}) const;
   /// Enqueues the backward pass (dQ, dK, dV) on `stream`; same errors as the forward.
   void run(const BackwardTensors& tensors, float scale, cudaStream_t stream, const Workspace& workspace = {}) const;
@@ -181,6 +182,10 @@ class Plan {
   ReplayStats replay_stats() const;
 
  private:
+  void enqueue(const ForwardTensors& tensors, float scale, cudaStream_t stream, const Workspace& workspace) const;
+  void enqueue(const BackwardTensors& tensors, float scale, cudaStream_t stream, const Workspace& workspace) const;
+  template <class Enqueue>
+  void naming_the_spec(Enqueue&& enqueue) const;
   // `workspace` has workspace_bytes(): cuDNN's part first, then ours.
   void execute(void* const* by_uid, cudaStream_t stream, void* workspace) const;
   void require_device() const;

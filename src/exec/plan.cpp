@@ -56,10 +56,7 @@ class CallWorkspace {
       detail::require_pointer("workspace.data", data_);
     } else if (given.allocator) {
       data_ = given.allocator->allocate(needed, stream);
-      if (!data_) {
-        throw CudaError("workspace allocator returned null for " + std::to_string(needed) + " bytes [" +
-                        to_string(plan.pass()) + " " + to_string(plan.spec()) + "]");
-      }
+      if (!data_) throw CudaError("workspace allocator returned null for " + std::to_string(needed) + " bytes");
       allocator_ = given.allocator;
     } else {
       throw InvalidArgument("workspace", std::to_string(given.bytes) + " bytes and no allocator",
@@ -242,7 +239,28 @@ Plan::~Plan() { g_live_plans.fetch_sub(1, std::memory_order_relaxed); }
 
 std::size_t live_plans() noexcept { return g_live_plans.load(std::memory_order_relaxed); }
 
+// A CUDA or cuDNN failure while enqueueing names the plan's pass and spec (InvalidArgument names
+// its field already). The handlers cost nothing on the path that does not throw.
+template <class Enqueue>
+void Plan::naming_the_spec(Enqueue&& enqueue) const {
+  try {
+    enqueue();
+  } catch (const CudnnError& error) {
+    throw CudnnError(std::string(error.what()) + " [" + to_string(pass_) + " " + to_string(spec_) + "]");
+  } catch (const CudaError& error) {
+    throw CudaError(std::string(error.what()) + " [" + to_string(pass_) + " " + to_string(spec_) + "]");
+  }
+}
+
 void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace) const {
+  naming_the_spec([&] { enqueue(t, scale, stream, workspace); });
+}
+
+void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace) const {
+  naming_the_spec([&] { enqueue(t, scale, stream, workspace); });
+}
+
+void Plan::enqueue(const ForwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace) const {
   require_pass(pass_, Pass::forward);
   require_device();
   detail::check_tensor_set(spec_, t);
@@ -281,7 +299,7 @@ void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const 
   }
 }
 
-void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace) const {
+void Plan::enqueue(const BackwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace) const {
   require_pass(pass_, Pass::backward);
   require_device();
   detail::check_tensor_set(spec_, t);
@@ -324,11 +342,7 @@ void Plan::execute(void* const* by_uid, cudaStream_t stream, void* workspace) co
   int count = 0;
   for (std::int64_t uid : graph_->uids()) sorted[count++] = by_uid[uid];
   cudnnHandle_t handle = detail::handle_for(device_, stream);
-  try {
-    if (!replayed(*replays_, *graph_, by_uid, sorted, stream, handle, workspace)) graph_->execute(handle, sorted, workspace);
-  } catch (const CudnnError& error) {
-    throw CudnnError(std::string(error.what()) + " [" + to_string(pass_) + " " + to_string(spec_) + "]");
-  }
+  if (!replayed(*replays_, *graph_, by_uid, sorted, stream, handle, workspace)) graph_->execute(handle, sorted, workspace);
 }
 
 }  // namespace fusedattn

@@ -14,4 +14,8 @@ namespace fusedattn {
 /// runtime of their own, as cuDNN does; the device-wide test (Serial*) covers those.
 long count_device_allocations(const std::function<void()>& work);
 
+/// As count_device_allocations, with the `nth` of those allocations (1: the first) failing with
+/// cudaErrorMemoryAllocation without reaching the runtime; 0 fails none.
+long with_failing_device_allocation(long nth, const std::function<void()>& work);
+
 }  // namespace fusedattn
