@@ -13,7 +13,10 @@
 # the CLI's bench), modbench (a softcap score modifier beside plain attention), varlen (ragged step and
 # paged decode), jaxbench (JAX comparison), kernels (the kernels each side of a training step launches,
 # fusedattn.torch beside PyTorch's cuDNN backend, with the cuDNN frontend's log of both graphs), plans
-# (plans built cold and restored from the disk cache in new processes, with and without autotune). The results file covers the gtest and Python parts
+# (plans built cold and restored from the disk cache in new processes, with and without autotune),
+# sanitizer (compute-sanitizer's memcheck and racecheck over a part of the GPU tier: MEMCHECK_FILTER,
+# RACECHECK_FILTER). GTEST_SHARDS=N runs the GPU tier as N processes side by side, the Serial*
+# tests alone after them. The results file covers the gtest and Python parts
 # that ran; testsh reports its own counts (test.sh's closing "ctest:" line) and fails the run
 # when it fails. BUILD_TARGETS names the ninja targets to build (default: all; the benchmarks need
 # fusedattn_bench, the module they time the C++ API through); BENCH_ARGS goes to
@@ -26,7 +29,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
-export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench modbench varlen jaxbench kernels plans}
+export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench modbench varlen jaxbench kernels plans sanitizer}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_log.txt") 2>&1
 export PYTHONUNBUFFERED=1
@@ -52,8 +55,29 @@ xmls=()
 
 if part gtest; then
   echo "== GPU tests"
-  "$build/tests/fusedattn_gpu_tests" --gtest_output="xml:$OUT/gpu_tests.xml" 2>&1 | grep -v "^\[       OK \]" || true
-  xmls+=("$OUT/gpu_tests.xml")
+  shards=${GTEST_SHARDS:-1}
+  if [ "$shards" -le 1 ]; then
+    "$build/tests/fusedattn_gpu_tests" --gtest_output="xml:$OUT/gpu_tests.xml" 2>&1 | grep -v "^\[       OK \]" || true
+    xmls+=("$OUT/gpu_tests.xml")
+  else
+    # GTEST_SHARDS processes side by side on the one GPU (most tests are bound by host work and
+    # launches), then the Serial* tests alone: they read device-wide state.
+    filter=${GTEST_FILTER:-*}
+    pids=()
+    for ((i = 0; i < shards; i++)); do
+      GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i "$build/tests/fusedattn_gpu_tests" \
+        --gtest_filter="${filter}-Serial*" --gtest_output="xml:$OUT/gpu_tests_$i.xml" >"$OUT/gpu_tests_$i.txt" 2>&1 &
+      pids+=($!)
+    done
+    for pid in "${pids[@]}"; do wait "$pid" || true; done
+    for ((i = 0; i < shards; i++)); do
+      grep -E "^\[  FAILED  \]|^\[  PASSED  \]|tests ran" "$OUT/gpu_tests_$i.txt" | sed "s/^/shard $i: /" || true
+      xmls+=("$OUT/gpu_tests_$i.xml")
+    done
+    GTEST_FILTER="" "$build/tests/fusedattn_gpu_tests" --gtest_filter="Serial*" \
+      --gtest_output="xml:$OUT/gpu_tests_serial.xml" 2>&1 | grep -v "^\[       OK \]" || true
+    xmls+=("$OUT/gpu_tests_serial.xml")
+  fi
 fi
 
 # One pytest process per framework (a crash in one still leaves the other's results), the full
@@ -177,6 +201,28 @@ if part jaxbench; then
     python3 -X faulthandler bench/run_bench_jax.py --out "$OUT" || status=1
 fi
 
+if part sanitizer; then
+  # compute-sanitizer over a part of the GPU tier: memcheck (out-of-bounds and misaligned accesses,
+  # leaks) and racecheck (shared-memory races), each through its own kernels and cuDNN's.
+  echo "== compute-sanitizer"
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  if [ -z "$sanitizer" ]; then
+    echo "compute-sanitizer: not found"
+    status=1
+  else
+    for tool in memcheck racecheck; do
+      if [ "$tool" = memcheck ]; then filter=${MEMCHECK_FILTER:-Execution.*:PagedSplitDecode.*:Faults.AFailing*}
+      else filter=${RACECHECK_FILTER:-PagedSplitDecode.*}; fi
+      echo "-- $tool: $filter"
+      "$sanitizer" --tool "$tool" --error-exitcode 99 --print-limit 50 \
+        "$build/tests/fusedattn_gpu_tests" --gtest_filter="$filter" >"$OUT/sanitizer_$tool.txt" 2>&1
+      rc=$?
+      grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests ran|PASSED|FAILED" "$OUT/sanitizer_$tool.txt" | tail -8
+      [ $rc -eq 0 ] || { echo "$tool: exit $rc"; status=1; }
+    done
+  fi
+fi
+
 if [ ${#xmls[@]} -gt 0 ]; then
   echo "== results"
   python3 scripts/gpu_results.py --xml "${xmls[@]}" --info-bin "$build/fusedattn" --out "$OUT/gpu_results.md" \
@@ -184,7 +230,7 @@ if [ ${#xmls[@]} -gt 0 ]; then
 fi
 # The device returns only a handful of files: the tests' raw outputs travel as one archive
 # (tests.tar.gz: the XML reports, each pytest tier's full output, test.sh's log).
-raw=$(cd "$OUT" && ls gpu_tests.xml python_*.xml python_*.txt test_sh.txt 2>/dev/null)
+raw=$(cd "$OUT" && ls gpu_tests*.xml gpu_tests_*.txt python_*.xml python_*.txt test_sh.txt sanitizer_*.txt 2>/dev/null)
 if [ -n "$raw" ]; then
   # shellcheck disable=SC2086  # a list of file names without spaces
   (cd "$OUT" && tar czf tests.tar.gz $raw && rm -f $raw)

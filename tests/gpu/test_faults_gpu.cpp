@@ -14,8 +14,8 @@
 
 #include "cudnn_faults.h"
 #include "device_allocations.h"
+#include "disk_cache_off.h"
 #include "fusedattn/attention.h"
-#include "fusedattn/disk_cache.h"
 #include "fusedattn/errors.h"
 #include "fusedattn/plan_cache.h"
 #include "gpu_skip.h"
@@ -29,16 +29,6 @@ namespace {
 
 using check::AttentionBuffers;
 using check::DeviceBuffer;
-
-// Plans are built here, not restored from a disk cache another test or process filled.
-class DiskCacheOff {
- public:
-  DiskCacheOff() : was_(plan_dir()) { set_plan_dir(""); }
-  ~DiskCacheOff() { set_plan_dir(was_); }
-
- private:
-  std::string was_;
-};
 
 // The next call works and is right: the forward (and backward) against the reference.
 void expect_right(const AttentionSpec& spec, bool backward) {
