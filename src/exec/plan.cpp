@@ -264,6 +264,7 @@ void Plan::enqueue(const ForwardTensors& t, float scale, cudaStream_t stream, co
   require_pass(pass_, Pass::forward);
   require_device();
   detail::check_tensor_set(spec_, t);
+  detail::check_scale(scale);
   if (split_ || blocks_) {
     CallWorkspace scratch(*this, workspace, stream);
     char* data = static_cast<char*>(scratch.data());
@@ -303,6 +304,7 @@ void Plan::enqueue(const BackwardTensors& t, float scale, cudaStream_t stream, c
   require_pass(pass_, Pass::backward);
   require_device();
   detail::check_tensor_set(spec_, t);
+  detail::check_scale(scale);
   if (blocks_) {
     CallWorkspace scratch(*this, workspace, stream);
     blocks_->backward(t, scale, stream, static_cast<char*>(scratch.data()));

@@ -2,6 +2,7 @@
 #include "spec/tensor_set.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -203,6 +204,14 @@ std::size_t stats_bytes(const AttentionSpec& spec) {
 }
 
 }  // namespace
+
+void check_scale(float scale) {
+  if (!std::isfinite(scale)) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", static_cast<double>(scale));
+    throw InvalidArgument("scale", text, "a finite number");
+  }
+}
 
 void require_pointer(const char* field, const void* pointer) {
   if (pointer == nullptr) throw InvalidArgument(field, "null", "a device pointer");

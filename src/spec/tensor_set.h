@@ -18,6 +18,10 @@ namespace fusedattn::detail {
 void check_tensor_set(const AttentionSpec& spec, const ForwardTensors& tensors);
 void check_tensor_set(const AttentionSpec& spec, const BackwardTensors& tensors);
 
+/// The attention scale of a call: InvalidArgument ("scale") unless it is finite (a NaN or infinite
+/// scale would make every output NaN without a word).
+void check_scale(float scale);
+
 /// A pointer cuDNN reads with 16-byte vector accesses (a tensor, the workspace): InvalidArgument
 /// naming `field` when it is null or misaligned.
 void require_pointer(const char* field, const void* pointer);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <string>
 
 #include "fusedattn/errors.h"
@@ -217,6 +218,14 @@ TEST(TensorSet, PackedGradientsInterleaveWithoutOverlapping) {
   b.d_k = at(7, packed.k_offset * 2);
   b.d_q = const_cast<void*>(b.q);  // a gradient over its own input
   expect_refused([&] { check_tensor_set(spec, b); }, "tensors.d_q", "overlaps tensors.q", "memory apart");
+}
+
+TEST(TensorSet, TheScaleIsFinite) {
+  EXPECT_NO_THROW(detail::check_scale(0.125f));
+  EXPECT_NO_THROW(detail::check_scale(-1.0f));  // allowed: the caller's choice
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    expect_refused([&] { detail::check_scale(bad); }, "scale", "", "a finite number");
+  }
 }
 
 TEST(TensorSet, OverlapOfStridedTensors) {
