@@ -167,11 +167,14 @@ struct Region {
 };
 
 std::uintptr_t begin_of(const Region& r) { return reinterpret_cast<std::uintptr_t>(r.data); }
-std::uintptr_t end_of(const Region& r) {
-  const std::size_t bytes =
-      r.desc ? static_cast<std::size_t>(r.desc->extent()) * size_of(r.desc->dtype) : r.bytes;
-  return begin_of(r) + bytes;
+// A ragged tensor's extent is its plan's bucket, which may be larger than the caller's buffer
+// (the tokens and their placement are known only at run time): only its first element is certain.
+std::size_t certain_bytes(const TensorDesc& desc) {
+  if (desc.extent() == 0) return 0;
+  return desc.ragged() ? size_of(desc.dtype) : static_cast<std::size_t>(desc.extent()) * size_of(desc.dtype);
 }
+
+std::uintptr_t end_of(const Region& r) { return begin_of(r) + (r.desc ? certain_bytes(*r.desc) : r.bytes); }
 
 bool regions_overlap(const Region& a, const Region& b) {
   if (a.desc && b.desc) return tensors_overlap(*a.desc, a.data, *b.desc, b.data);
@@ -222,12 +225,12 @@ void require_pointer(const char* field, const void* pointer) {
 
 bool tensors_overlap(const TensorDesc& a, const void* a_data, const TensorDesc& b, const void* b_data) noexcept {
   const auto a_begin = reinterpret_cast<std::uintptr_t>(a_data), b_begin = reinterpret_cast<std::uintptr_t>(b_data);
-  const std::size_t a_bytes = static_cast<std::size_t>(a.extent()) * size_of(a.dtype);
-  const std::size_t b_bytes = static_cast<std::size_t>(b.extent()) * size_of(b.dtype);
+  const std::size_t a_bytes = certain_bytes(a), b_bytes = certain_bytes(b);
   if (a_bytes == 0 || b_bytes == 0) return false;
   if (a_begin >= b_begin + b_bytes || b_begin >= a_begin + a_bytes) return false;
   const std::size_t element = size_of(a.dtype);
   const std::uintptr_t apart = a_begin > b_begin ? a_begin - b_begin : b_begin - a_begin;
+  if (a.ragged() || b.ragged()) return true;  // their first elements meet
   if (a.dims != b.dims || a.strides != b.strides || a.dtype != b.dtype || apart % element != 0) return true;
   int order[4] = {0, 1, 2, 3};
   std::sort(order, order + 4, [&](int x, int y) { return std::llabs(a.strides[x]) > std::llabs(a.strides[y]); });

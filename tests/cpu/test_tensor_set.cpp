@@ -170,6 +170,12 @@ TEST(TensorSet, RaggedSequencesAndOffsets) {
   expect_refused([&] { check_tensor_set(spec, t); }, "tensors.ragged.cu_seqlens_kv", "null", "int32 [sequences + 1]");
   t.ragged.cu_seqlens_kv = at<const std::int32_t>(22);
   EXPECT_NO_THROW(check_tensor_set(spec, t));
+  // A ragged plan's extent is its bucket, larger than a call's buffer may be: O right after a
+  // short Q is apart (the H200's support matrix ran such calls), O at Q's own start is not.
+  t.o = at(1, 4096);
+  EXPECT_NO_THROW(check_tensor_set(spec, t));
+  t.o = const_cast<void*>(t.q);
+  expect_refused([&] { check_tensor_set(spec, t); }, "tensors.o", "overlaps tensors.q", "memory apart");
 }
 
 TEST(TensorSet, OutputsOverlappingInputsAreRefused) {

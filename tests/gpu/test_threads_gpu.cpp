@@ -5,6 +5,7 @@
 // which in turn is checked against the reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -81,8 +82,10 @@ TEST(SerialThreads, SixteenThreadsOfMixedCallsBuildEachPlanOnceAndAllGetTheSameR
     s.buffers = std::make_unique<AttentionBuffers>(s.spec, true);
     s.buffers->fill_inputs(1000 + static_cast<std::uint64_t>(i));
     const float scale = default_scale(s.spec);
-    forward(s.spec, s.buffers->forward_tensors(), scale, nullptr);
-    backward(s.spec, s.buffers->backward_tensors(), scale, nullptr);
+    const auto forward_plan = get_plan(s.spec, Pass::forward), backward_plan = get_plan(s.spec, Pass::backward);
+    DeviceBuffer workspace(std::max(forward_plan->workspace_bytes(), backward_plan->workspace_bytes()));
+    forward_plan->run(s.buffers->forward_tensors(), scale, nullptr, {workspace.get(), workspace.bytes()});
+    backward_plan->run(s.buffers->backward_tensors(), scale, nullptr, {workspace.get(), workspace.bytes()});
     check::check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     const BackwardTensors b = s.buffers->backward_tensors();
     s.o = download(b.o, bytes_of(s.spec.o));
