@@ -57,7 +57,10 @@ if part gtest; then
   echo "== GPU tests"
   shards=${GTEST_SHARDS:-1}
   if [ "$shards" -le 1 ]; then
-    "$build/tests/fusedattn_gpu_tests" --gtest_output="xml:$OUT/gpu_tests.xml" 2>&1 | grep -v "^\[       OK \]" || true
+    # The whole output into a file as it comes (a run cut short by the device's time limit keeps
+    # what ran: the XML report is written only at the end), the log without the OK lines.
+    "$build/tests/fusedattn_gpu_tests" --gtest_output="xml:$OUT/gpu_tests.xml" 2>&1 | tee "$OUT/gpu_tests.txt" \
+      | grep --line-buffered -v "^\[       OK \]" || true
     xmls+=("$OUT/gpu_tests.xml")
   else
     # GTEST_SHARDS processes side by side on the one GPU (most tests are bound by host work and
@@ -75,7 +78,8 @@ if part gtest; then
       xmls+=("$OUT/gpu_tests_$i.xml")
     done
     GTEST_FILTER="" "$build/tests/fusedattn_gpu_tests" --gtest_filter="Serial*" \
-      --gtest_output="xml:$OUT/gpu_tests_serial.xml" 2>&1 | grep -v "^\[       OK \]" || true
+      --gtest_output="xml:$OUT/gpu_tests_serial.xml" 2>&1 | tee "$OUT/gpu_tests_serial.txt" \
+      | grep --line-buffered -v "^\[       OK \]" || true
     xmls+=("$OUT/gpu_tests_serial.xml")
   fi
 fi
@@ -230,7 +234,7 @@ if [ ${#xmls[@]} -gt 0 ]; then
 fi
 # The device returns only a handful of files: the tests' raw outputs travel as one archive
 # (tests.tar.gz: the XML reports, each pytest tier's full output, test.sh's log).
-raw=$(cd "$OUT" && ls gpu_tests*.xml gpu_tests_*.txt python_*.xml python_*.txt test_sh.txt sanitizer_*.txt 2>/dev/null)
+raw=$(cd "$OUT" && ls gpu_tests*.xml gpu_tests*.txt python_*.xml python_*.txt test_sh.txt sanitizer_*.txt 2>/dev/null)
 if [ -n "$raw" ]; then
   # shellcheck disable=SC2086  # a list of file names without spaces
   (cd "$OUT" && tar czf tests.tar.gz $raw && rm -f $raw)
