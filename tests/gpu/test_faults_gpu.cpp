@@ -14,7 +14,7 @@
 
 #include "cudnn_faults.h"
 #include "device_allocations.h"
-#include "disk_cache_off.h"
+#include "plan_folders.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/errors.h"
 #include "fusedattn/plan_cache.h"

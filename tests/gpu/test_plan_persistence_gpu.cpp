@@ -17,6 +17,7 @@
 #include "fusedattn/disk_cache.h"
 #include "fusedattn/plan_cache.h"
 #include "gpu_skip.h"
+#include "plan_folders.h"
 #include "testing/attention_buffers.h"
 #include "testing/cuda_check.h"
 #include "testing/device_buffer.h"
@@ -27,33 +28,6 @@ namespace fusedattn {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A fresh disk cache folder for the test and an empty plan cache; both restored after it.
-class FreshPlanFolder {
- public:
-  FreshPlanFolder() : previous_(plan_dir()) {
-    char pattern[] = "/tmp/fusedattn-gpu-plans-XXXXXX";
-    if (mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");
-    folder_ = pattern;
-    set_plan_dir(folder_);
-    clear_plan_cache();
-    reset_disk_cache_stats();
-  }
-  ~FreshPlanFolder() {
-    clear_plan_cache();
-    set_plan_dir(previous_);
-    fs::remove_all(folder_);
-  }
-  const std::string& folder() const { return folder_; }
-  std::vector<fs::path> entries() const {
-    std::vector<fs::path> out;
-    for (const auto& entry : fs::directory_iterator(folder_)) out.push_back(entry.path());
-    return out;
-  }
-
- private:
-  std::string previous_, folder_;
-};
 
 // The specs cover one of each graph kind the disk cache holds: plain with GQA and s_q != s_kv,
 // ragged, FP8, a score modifier, a bias with its gradient.

@@ -11,17 +11,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
-#include <stdexcept>
-#include <system_error>
 #include <fstream>
 #include <random>
 #include <string>
 
-#include "fusedattn/disk_cache.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/plan_cache.h"
 #include "gpu_skip.h"
+#include "plan_folders.h"
 #include "testing/attention_buffers.h"
 #include "testing/cuda_check.h"
 #include "testing/device_buffer.h"
@@ -53,25 +50,6 @@ std::string random_spec(std::mt19937_64& rng) {
          pick(kFeatures);
 }
 
-// A fresh disk cache folder for the test's lifetime, removed after.
-class OwnDiskCache {
- public:
-  OwnDiskCache() : was_(plan_dir()) {
-    char folder[] = "/tmp/fusedattn-soak-XXXXXX";
-    if (mkdtemp(folder) == nullptr) throw std::runtime_error("mkdtemp failed");
-    folder_ = folder;
-    set_plan_dir(folder_);
-  }
-  ~OwnDiskCache() {
-    set_plan_dir(was_);
-    std::error_code ignored;
-    std::filesystem::remove_all(folder_, ignored);
-  }
-
- private:
-  std::string was_, folder_;
-};
-
 std::size_t resident_bytes() {
   std::ifstream statm("/proc/self/statm");
   std::size_t pages = 0, resident = 0;
@@ -87,8 +65,7 @@ std::size_t device_used_bytes() {
 
 TEST(SerialSoak, TenThousandRandomSpecsRunWithinTheCachesBound) {
   FUSEDATTN_REQUIRE_GPU();
-  OwnDiskCache disk;
-  clear_plan_cache();
+  FreshPlanFolder plans;  // evicted plans come back from it
   set_plan_cache_capacity(kCap);
   std::mt19937_64 rng(std::random_device{}());
   int supported = 0, refused = 0, checked = 0, failed_checks = 0;

@@ -18,7 +18,7 @@
 #include <tuple>
 #include <vector>
 
-#include "disk_cache_off.h"
+#include "plan_folders.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/plan_cache.h"
 #include "gpu_skip.h"
