@@ -47,9 +47,8 @@ void require_pass(Pass have, Pass want) {
 // after the work is enqueued (stream-ordered allocators make that safe).
 class CallWorkspace {
  public:
-  CallWorkspace(const Plan& plan, const Workspace& given, cudaStream_t stream)
-      : needed_(plan.workspace_bytes()), allocator_(nullptr), stream_(stream) {
-    const std::size_t needed = needed_;
+  CallWorkspace(std::size_t needed, const Workspace& given, cudaStream_t stream)
+      : needed_(needed), allocator_(nullptr), stream_(stream) {
     if (needed == 0) return;
     if (given.data && given.bytes >= needed) {
       data_ = given.data;
@@ -266,13 +265,13 @@ void Plan::enqueue(const ForwardTensors& t, float scale, cudaStream_t stream, co
   detail::check_tensor_set(spec_, t);
   detail::check_scale(scale);
   if (split_ || blocks_) {
-    CallWorkspace scratch(*this, workspace, stream);
+    CallWorkspace scratch(workspace_bytes(), workspace, stream);
     char* data = static_cast<char*>(scratch.data());
     if (split_) split_->forward(t, scale, stream, data);
     if (blocks_) blocks_->forward(t, scale, stream, data);
     return;
   }
-  CallWorkspace scratch(*this, workspace, stream);  // first: a failing allocator leaves nothing written
+  CallWorkspace scratch(workspace_bytes(), workspace, stream);  // first: a failing allocator leaves nothing written
   detail::PointersByUid pointers = detail::forward_pointers(t, &scale);
   if (is_fp8(spec_.q.dtype)) zero_amaxes({t.fp8.amax_s, t.fp8.amax_o}, stream);
   void** by_uid = pointers.at;
@@ -306,11 +305,11 @@ void Plan::enqueue(const BackwardTensors& t, float scale, cudaStream_t stream, c
   detail::check_tensor_set(spec_, t);
   detail::check_scale(scale);
   if (blocks_) {
-    CallWorkspace scratch(*this, workspace, stream);
+    CallWorkspace scratch(workspace_bytes(), workspace, stream);
     blocks_->backward(t, scale, stream, static_cast<char*>(scratch.data()));
     return;
   }
-  CallWorkspace scratch(*this, workspace, stream);  // first: a failing allocator leaves nothing written
+  CallWorkspace scratch(workspace_bytes(), workspace, stream);  // first: a failing allocator leaves nothing written
   detail::PointersByUid pointers = detail::backward_pointers(t, &scale);
   if (is_fp8(spec_.q.dtype)) zero_amaxes({t.fp8.amax_d_q, t.fp8.amax_d_k, t.fp8.amax_d_v, t.fp8.amax_d_p}, stream);
   void** by_uid = pointers.at;

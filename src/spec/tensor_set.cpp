@@ -167,6 +167,7 @@ struct Region {
 };
 
 std::uintptr_t begin_of(const Region& r) { return reinterpret_cast<std::uintptr_t>(r.data); }
+
 // A ragged tensor's extent is its plan's bucket, which may be larger than the caller's buffer
 // (the tokens and their placement are known only at run time): only its first element is certain.
 std::size_t certain_bytes(const TensorDesc& desc) {

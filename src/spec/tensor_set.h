@@ -28,7 +28,9 @@ void require_pointer(const char* field, const void* pointer);
 
 /// Whether tensors `a` at `a_data` and `b` at `b_data` share an element. Two views of one packed
 /// buffer (dQ, dK and dV of a bs3hd gradient: equal dims, strides and element type, starts apart by
-/// an offset no index difference reaches) do not; anything else whose byte ranges meet does.
+/// an offset no index difference reaches) do not; anything else whose byte ranges meet does. A
+/// ragged tensor (thd: its descriptor is its plan's bucket, its tokens placed at run time) counts
+/// as its first element only.
 bool tensors_overlap(const TensorDesc& a, const void* a_data, const TensorDesc& b, const void* b_data) noexcept;
 
 }  // namespace fusedattn::detail
