@@ -15,9 +15,17 @@ is the same work, 2c x c key pairs for chunks of c tokens:
            neither.
 Contiguous chunks: LOCAL is one diagonal piece, EARLIER one full piece, LATER nothing. Without a
 causal mask every block is one full piece.
+
+A causal sliding window of W keys (key j visible to query i where i - W <= j <= i, in positions of
+the whole sequence) cuts across chunks: each chunk of queries against each chunk of keys, m chunks
+earlier (of c tokens), is one window piece (window_piece): hidden (later keys, or m c - W >= c:
+all before the window), the diagonal one (m = 0: the window within the chunk, cuDNN's own), full
+(m c - W <= -(c - 1): all inside it) or a band: local key j visible to local query i where
+j - i >= m c - W, which cuDNN runs as the score modifier BAND with that offset as its runtime
+scalar, so every offset shares one plan.
 """
 
-from .errors import invalid_argument
+from .errors import NotSupportedError, invalid_argument
 
 LOCAL, EARLIER, LATER = 0, 1, 2
 ALL, FIRST, SECOND = "all", "first", "second"  # which part of the queries or keys a piece takes
@@ -29,14 +37,30 @@ def kind_of(rank, source):
 
 
 def pieces(kind, causal, balanced):
-    """The (queries, keys, causal) pieces a block of `kind` runs; empty: the block is hidden."""
+    """The (queries, keys, mask) pieces a block of `kind` runs; empty: the block is hidden. A mask
+    is (FULL, 0) or (DIAGONAL, -1): causal from the top-left (under a window, (DIAGONAL, W) and
+    (BAND_PIECE, offset) too: window_pieces)."""
+    full, diagonal = (FULL, 0), (DIAGONAL, -1)
     if not causal:
-        return [(ALL, ALL, False)]
+        return [(ALL, ALL, full)]
     if not balanced:
-        return {LOCAL: [(ALL, ALL, True)], EARLIER: [(ALL, ALL, False)], LATER: []}[kind]
-    return {LOCAL: [(FIRST, FIRST, True), (SECOND, FIRST, False), (SECOND, SECOND, True)],
-            EARLIER: [(ALL, FIRST, False)],
-            LATER: [(SECOND, ALL, False)]}[kind]
+        return {LOCAL: [(ALL, ALL, diagonal)], EARLIER: [(ALL, ALL, full)], LATER: []}[kind]
+    return {LOCAL: [(FIRST, FIRST, diagonal), (SECOND, FIRST, full), (SECOND, SECOND, diagonal)],
+            EARLIER: [(ALL, FIRST, full)],
+            LATER: [(SECOND, ALL, full)]}[kind]
+
+
+def window_pieces(rank, source, n, balanced, length, left):
+    """The (queries, keys, mask) pieces of device `source`'s keys for device `rank`'s queries (plain
+    integers) under a causal sliding window of `left` keys; `length`: tokens a device holds."""
+    chunk = length // 2 if balanced else length
+    out = []
+    for q_part, k_part in window_pairs(balanced):
+        m = chunk_index(rank, q_part, n, balanced) - chunk_index(source, k_part, n, balanced)
+        kind, offset = window_piece(m, chunk, left)
+        if kind != HIDDEN:
+            out.append((q_part, k_part, (kind, {DIAGONAL: left, FULL: 0, BAND_PIECE: offset}[kind])))
+    return out
 
 
 def span(part, length):
@@ -58,3 +82,52 @@ def check_arguments(q_shape, k_shape, causal, load_balanced, scheme, holder):
                                f"an even number of tokens a {holder} with load_balanced causal attention (two chunks)")
     if causal and q_shape[1] != k_shape[1]:
         raise invalid_argument("k.shape", tuple(k_shape), f"as many tokens a {holder} as q ({q_shape[1]}) when causal")
+
+
+# --- causal sliding windows -------------------------------------------------------------------------
+
+HIDDEN, DIAGONAL, FULL, BAND_PIECE = 0, 1, 2, 3  # a window piece's kinds (indices: JAX switches on them)
+BAND = "select(ge(sub(kv,q),$0),score,-inf)"  # key j visible to query i where j - i >= $0 (local indices)
+
+
+def window_left(window, causal):
+    """The left bound W of a causal sliding window (window=(W, 0), or (W, -1) with causal), or -1
+    for none; NotSupportedError for a window of another shape (two-sided windows are not built under
+    context parallelism), InvalidArgument for a bound that is not one."""
+    left, right = (int(x) for x in window)
+    if left == -1 and right == -1:
+        return -1
+    if left == 0 or left < -1 or right < -1:
+        raise invalid_argument("window", f"{left},{right}", "bounds of -1 (none) or at least 1 key on the left")
+    if left >= 1 and (right == 0 or (right == -1 and causal)):
+        return left
+    raise NotSupportedError(f"context parallelism: window=({left}, {right}): only causal sliding windows (W, 0) "
+                            "are built under context parallelism")
+
+
+def window_pairs(balanced):
+    """The (query part, key part) pairs of a block under a window: each chunk against each chunk."""
+    return [(FIRST, FIRST), (FIRST, SECOND), (SECOND, FIRST), (SECOND, SECOND)] if balanced else [(ALL, ALL)]
+
+
+def chunk_index(device, part, n, balanced):
+    """The chunk of the whole sequence that `part` of `device`'s tokens is (in chunks of the part's
+    length): load-balanced, chunks device and 2n-1-device of 2n; else chunk device of n. Plain
+    integers, or arrays of a framework (the arithmetic is the same)."""
+    if not balanced:
+        return device
+    return device if part == FIRST else 2 * n - 1 - device
+
+
+def window_piece(m, chunk, left):
+    """(kind, offset) of queries `m` chunks of `chunk` tokens after their keys, under a causal
+    sliding window of `left` keys: the module's docstring's four kinds; offset m*chunk - left is the
+    band's (j - i >= offset). Plain integers; the JAX version traces the same comparisons."""
+    offset = m * chunk - left
+    if m < 0 or offset >= chunk:
+        return HIDDEN, offset
+    if m == 0:
+        return DIAGONAL, offset
+    if offset <= -(chunk - 1):
+        return FULL, offset
+    return BAND_PIECE, offset

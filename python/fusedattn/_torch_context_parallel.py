@@ -17,7 +17,9 @@ copies. The block kernels are fusedattn's (CUDA); tests of the algorithm without
 stand-ins (the `blocks` argument of run_forward / run_backward).
 
 A learnable sink (softmax="sink") joins each row once, after the blocks; its gradient is summed
-over the ranks. Not yet: sliding windows, packed sequences (thd) and lengths under context
+over the ranks. A causal sliding window runs each chunk of queries against each chunk of keys as
+a window piece (_context_parallel.py): hidden, the diagonal, full, or a band the score modifier
+_cp.BAND masks. Not yet: two-sided windows, packed sequences (thd) and lengths under context
 parallelism; a run on several GPUs (issue 19).
 """
 import contextlib
@@ -48,28 +50,40 @@ def unbalance(x, n, dim=1):
 
 class FusedattnBlocks:
     """A block of keys against q through fusedattn's kernels: forward (O float32, statistics
-    [b, h, s_q]) and backward with the O and statistics given. Causal blocks are diagonal ones
-    (top-left)."""
+    [b, h, s_q]) and backward with the O and statistics given, under a piece's mask
+    (_context_parallel.pieces): none, causal from the top-left (with a window's left bound W >= 1:
+    window=(W, 0)), or the band j - i >= offset as the score modifier _cp.BAND, whose offset is a
+    runtime scalar (one plan for every offset)."""
 
     def __init__(self, scale):
         self.scale = scale
 
-    def _config(self, causal):
+    def _config(self, mask):
         from . import torch as adapter
-        return adapter._config_text("bshd", "", causal, (-1, -1), "top_left", False, False, "vanilla", 0.0, False,
-                                    False, "", True, 0)
+        kind, value = mask
+        causal, window = kind == _cp.DIAGONAL, (value, 0) if kind == _cp.DIAGONAL and value >= 1 else (-1, -1)
+        score_mod = _cp.BAND if kind == _cp.BAND_PIECE else ""
+        return adapter._config_text("bshd", "", causal, window, "top_left", False, False, "vanilla", 0.0, False,
+                                    False, "", True, 0, score_mod)
 
-    def forward(self, q, k, v, causal):
+    def _extras(self, mask, q):
         from . import torch as adapter
-        o, stats, _ = adapter._forward_body(q, k, v, None, None, adapter._Extras(), self._config(causal), self.scale, 0, 0)
+        if mask[0] != _cp.BAND_PIECE:
+            return adapter._Extras()
+        return adapter._Extras(mod_scalars=torch.tensor([float(mask[1])], dtype=torch.float32, device=q.device))
+
+    def forward(self, q, k, v, mask):
+        from . import torch as adapter
+        o, stats, _ = adapter._forward_body(q, k, v, None, None, self._extras(mask, q), self._config(mask), self.scale,
+                                            0, 0)
         return o.float(), stats
 
-    def backward(self, q, k, v, o, stats, d_o, causal):
+    def backward(self, q, k, v, o, stats, d_o, mask):
         # q, k, v may be views (the core takes their strides); O, dO and the statistics are read as
         # the dense tensors the core allocates, so halves of them are copied.
         from . import torch as adapter
         d_q, d_k, d_v, _, _ = adapter._backward_body(d_o.contiguous(), q, k, v, o.contiguous(), stats.contiguous(), None,
-                                                    None, adapter._Extras(), self._config(causal), self.scale, 0, 0)
+                                                    None, self._extras(mask, q), self._config(mask), self.scale, 0, 0)
         return d_q.float(), d_k.float(), d_v.float()
 
 
@@ -88,11 +102,18 @@ def _neutral(q):
 
 
 def _merge(a, b):
+    """Two partial results of the same rows over disjoint keys, as one. A row that saw no key of a
+    part (statistic -inf, or not finite at all: a band piece's row left of its band) takes nothing
+    from it, whatever its O holds there."""
     (o_a, lse_a), (o_b, lse_b) = a, b
-    lse = torch.logaddexp(lse_a, lse_b)
+    finite_a, finite_b = torch.isfinite(lse_a), torch.isfinite(lse_b)
+    lse = torch.logaddexp(torch.where(finite_a, lse_a, float("-inf")), torch.where(finite_b, lse_b, float("-inf")))
     safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
-    weight = lambda x: torch.where(torch.isfinite(x), torch.exp(x - safe), torch.zeros_like(x)).transpose(1, 2)[..., None]
-    return o_a * weight(lse_a) + o_b * weight(lse_b), lse
+
+    def weighted(o, x, finite):
+        w = torch.where(finite, torch.exp(torch.where(finite, x, 0) - safe), torch.zeros_like(x)).transpose(1, 2)
+        return torch.where(finite.transpose(1, 2)[..., None], o * w[..., None], torch.zeros_like(o))
+    return weighted(o_a, lse_a, finite_a) + weighted(o_b, lse_b, finite_b), lse
 
 
 def _part(x, part, dim=1):
@@ -101,28 +122,34 @@ def _part(x, part, dim=1):
 
 
 class _Kinds:
-    """A block's pieces (_context_parallel.pieces) run through the block kernels."""
+    """A block's pieces (_context_parallel.pieces, or window_pieces under a window of `left` keys)
+    run through the block kernels."""
 
-    def __init__(self, blocks, causal, balanced):
-        self.blocks, self.causal, self.balanced = blocks, causal, balanced
+    def __init__(self, blocks, causal, balanced, n, left=-1):
+        self.blocks, self.causal, self.balanced, self.n, self.left = blocks, causal, balanced, n, left
 
-    def forward(self, q, k, v, kind):
+    def _pieces(self, rank, source, length):
+        if self.left >= 1:
+            return _cp.window_pieces(rank, source, self.n, self.balanced, length, self.left)
+        return _cp.pieces(_cp.kind_of(rank, source), self.causal, self.balanced)
+
+    def forward(self, q, k, v, rank, source):
         """The block's partial result for all of q's rows (neutral where a piece leaves rows out)."""
         o, lse = _neutral(q)
-        for q_part, k_part, causal in _cp.pieces(kind, self.causal, self.balanced):
+        for q_part, k_part, mask in self._pieces(rank, source, q.shape[1]):
             start, stop = _cp.span(q_part, q.shape[1])
-            piece = self.blocks.forward(_part(q, q_part), _part(k, k_part), _part(v, k_part), causal)
+            piece = self.blocks.forward(_part(q, q_part), _part(k, k_part), _part(v, k_part), mask)
             rows = _merge((o[:, start:stop], lse[:, :, start:stop]), piece)
             o = torch.cat([o[:, :start], rows[0], o[:, stop:]], 1)
             lse = torch.cat([lse[:, :, :start], rows[1], lse[:, :, stop:]], 2)
         return o, lse
 
-    def backward(self, q, k, v, o, stats, d_o, kind):
+    def backward(self, q, k, v, o, stats, d_o, rank, source):
         """(dQ of q's rows from this block, dK, dV of the block's keys), float32."""
         d_q, d_k, d_v = _zeros(q), _zeros(k), _zeros(v)
-        for q_part, k_part, causal in _cp.pieces(kind, self.causal, self.balanced):
+        for q_part, k_part, mask in self._pieces(rank, source, q.shape[1]):
             grads = self.blocks.backward(_part(q, q_part), _part(k, k_part), _part(v, k_part), _part(o, q_part),
-                                         _part(stats, q_part, 2), _part(d_o, q_part), causal)
+                                         _part(stats, q_part, 2), _part(d_o, q_part), mask)
             for total, grad, part in zip((d_q, d_k, d_v), grads, (q_part, k_part, k_part)):
                 _part(total, part).add_(grad)
         return d_q, d_k, d_v
@@ -255,22 +282,23 @@ def _d_sink(o, stats, d_o, sink):
     return -(torch.exp(sink.to(stats.dtype).view(1, -1, 1) - stats) * rows).sum(dim=(0, 2))
 
 
-def run_forward(qs, ks, vs, transport, blocks, causal, balanced, scheme, sink=None):
+def run_forward(qs, ks, vs, transport, blocks, causal, balanced, scheme, sink=None, left=-1):
     """Per rank this process runs (transport.ranks): (O float32, statistics). `sink`: a learnable
-    sink's logits [h_q] (softmax="sink"), or None."""
-    kinds, n, ranks = _Kinds(blocks, causal, balanced), transport.n, transport.ranks
+    sink's logits [h_q] (softmax="sink"), or None; `left`: a causal sliding window's left bound."""
+    n, ranks = transport.n, transport.ranks
+    kinds = _Kinds(blocks, causal, balanced, n, left)
     outs = [_neutral(q) for q in qs]
     if scheme == "all_gather":
         gathered = transport.all_gather(list(zip(ks, vs)))
         for j, r in enumerate(ranks):
             for s in range(n):
-                outs[j] = _merge(outs[j], kinds.forward(qs[j], *gathered[j][s], _cp.kind_of(r, s)))
+                outs[j] = _merge(outs[j], kinds.forward(qs[j], *gathered[j][s], r, s))
     else:
         kv = list(zip(ks, vs))
         for t in range(n):  # at step t each rank holds the keys of rank r - t
             incoming = transport.shift(kv) if t < n - 1 else None  # travels while this step computes
             for j, r in enumerate(ranks):
-                outs[j] = _merge(outs[j], kinds.forward(qs[j], *kv[j], _cp.kind_of(r, (r - t) % n)))
+                outs[j] = _merge(outs[j], kinds.forward(qs[j], *kv[j], r, (r - t) % n))
             if incoming is not None:
                 kv = incoming.wait()
     if sink is not None:
@@ -278,17 +306,18 @@ def run_forward(qs, ks, vs, transport, blocks, causal, balanced, scheme, sink=No
     return outs
 
 
-def run_backward(qs, ks, vs, os, stats, d_os, transport, blocks, causal, balanced, scheme, sink=None):
+def run_backward(qs, ks, vs, os, stats, d_os, transport, blocks, causal, balanced, scheme, sink=None, left=-1):
     """Per rank: (dQ, dK, dV) float32, each block's backward on the merged O and statistics (with a
     sink: which include it); and with a sink its gradient, summed over every rank, per rank."""
-    grads = _block_gradients(qs, ks, vs, os, stats, d_os, transport, blocks, causal, balanced, scheme)
+    grads = _block_gradients(qs, ks, vs, os, stats, d_os, transport, blocks, causal, balanced, scheme, left)
     if sink is None:
         return grads, None
     return grads, transport.all_reduce_sum([_d_sink(o, st, d_o, sink) for o, st, d_o in zip(os, stats, d_os)])
 
 
-def _block_gradients(qs, ks, vs, os, stats, d_os, transport, blocks, causal, balanced, scheme):
-    kinds, n, ranks = _Kinds(blocks, causal, balanced), transport.n, transport.ranks
+def _block_gradients(qs, ks, vs, os, stats, d_os, transport, blocks, causal, balanced, scheme, left):
+    n, ranks = transport.n, transport.ranks
+    kinds = _Kinds(blocks, causal, balanced, n, left)
     d_qs = [_zeros(q) for q in qs]
     if scheme == "all_gather":
         gathered = transport.all_gather(list(zip(ks, vs)))
@@ -296,7 +325,7 @@ def _block_gradients(qs, ks, vs, os, stats, d_os, transport, blocks, causal, bal
         for j, r in enumerate(ranks):
             mine = []
             for s in range(n):
-                d_q, d_k, d_v = kinds.backward(qs[j], *gathered[j][s], os[j], stats[j], d_os[j], _cp.kind_of(r, s))
+                d_q, d_k, d_v = kinds.backward(qs[j], *gathered[j][s], os[j], stats[j], d_os[j], r, s)
                 d_qs[j] = d_qs[j] + d_q
                 mine.append((d_k, d_v))
             parts.append(mine)
@@ -307,7 +336,7 @@ def _block_gradients(qs, ks, vs, os, stats, d_os, transport, blocks, causal, bal
     for t in range(n):
         incoming = transport.shift(kv) if t < n - 1 else None
         for j, r in enumerate(ranks):
-            d_q, d_k, d_v = kinds.backward(qs[j], *kv[j], os[j], stats[j], d_os[j], _cp.kind_of(r, (r - t) % n))
+            d_q, d_k, d_v = kinds.backward(qs[j], *kv[j], os[j], stats[j], d_os[j], r, (r - t) % n)
             d_qs[j] = d_qs[j] + d_q
             d_kv[j] = (d_kv[j][0] + d_k, d_kv[j][1] + d_v)
         # A block's dK, dV sums travel with it; after the last step one more hop brings them home.
@@ -321,34 +350,38 @@ class _ContextParallel(torch.autograd.Function):
     """One rank's call, the transport a process group's."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sink, transport, blocks, causal, balanced, scheme):
-        ((o, stats),) = run_forward([q], [k], [v], transport, blocks, causal, balanced, scheme, sink)
+    def forward(ctx, q, k, v, sink, transport, blocks, causal, balanced, scheme, left):
+        ((o, stats),) = run_forward([q], [k], [v], transport, blocks, causal, balanced, scheme, sink, left)
         o = o.to(q.dtype)
         ctx.save_for_backward(q, k, v, o, stats, sink)
         ctx.settings = (transport, blocks, causal, balanced, scheme)
+        ctx.left = left
         return o
 
     @staticmethod
     def backward(ctx, d_o):
         q, k, v, o, stats, sink = ctx.saved_tensors
         ((d_q, d_k, d_v),), d_sinks = run_backward([q], [k], [v], [o], [stats], [d_o.to(o.dtype)], *ctx.settings,
-                                                   sink=sink)
+                                                   sink=sink, left=ctx.left)
         d_sink = None if d_sinks is None else d_sinks[0].to(sink.dtype)
-        return d_q.to(q.dtype), d_k.to(k.dtype), d_v.to(v.dtype), d_sink, None, None, None, None, None
+        return d_q.to(q.dtype), d_k.to(k.dtype), d_v.to(v.dtype), d_sink, None, None, None, None, None, None
 
 
-def context_parallel_attention(q, k, v, *, group=None, causal=False, scheme="ring", load_balanced=True, scale=None,
-                               sink=None, blocks=None):
+def context_parallel_attention(q, k, v, *, group=None, causal=False, window=(-1, -1), scheme="ring",
+                               load_balanced=True, scale=None, sink=None, blocks=None):
     """Attention of this rank's queries against the keys of every rank of `group` (default: the
     world), bshd parts of the sequence axis, GQA allowed; differentiable in q, k, v. scheme: "ring"
     or "all_gather". Causal with load_balanced: rank r holds chunks r and 2N-1-r (load_balance).
-    sink: a learnable sink's logits, float32 [h_q], the same on every rank (softmax="sink"); its
-    gradient comes back summed over the group's ranks.
+    window=(W, 0) (or (W, -1) with causal): a causal sliding window of W keys, in positions of the
+    whole sequence. sink: a learnable sink's logits, float32 [h_q], the same on every rank
+    (softmax="sink"); its gradient comes back summed over the group's ranks.
     `blocks` replaces fusedattn's block kernels (tests of the algorithm on CPU groups)."""
     import torch.distributed as dist
+    left = _cp.window_left(window, causal)
+    causal = causal or left >= 1
     _cp.check_arguments(q.shape, k.shape, causal, load_balanced, scheme, "rank")
     scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else float(scale)
     transport = ProcessGroupTransport(group if group is not None else dist.group.WORLD)
     return _ContextParallel.apply(q, k, v, sink, transport, blocks if blocks is not None else FusedattnBlocks(scale),
-                                  bool(causal), bool(causal and load_balanced), scheme)
+                                  bool(causal), bool(causal and load_balanced), scheme, left)
 

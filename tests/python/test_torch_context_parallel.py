@@ -17,30 +17,44 @@ fa = pytest.importorskip("fusedattn.torch")
 from fusedattn import _torch_context_parallel as cp  # noqa: E402
 
 
+def visible(rows, cols, mask):
+    """Which (query, key) pairs of a piece its mask (_context_parallel.pieces) lets through: all,
+    causal from the top-left within a window of W keys (W = -1: none), or the band j - i >= offset."""
+    kind, value = mask
+    i, j = torch.arange(rows)[:, None], torch.arange(cols)[None, :]
+    if kind == cp._cp.FULL:
+        return torch.ones(rows, cols, dtype=torch.bool)
+    if kind == cp._cp.DIAGONAL:
+        return (j <= i) & ((j >= i - value) if value >= 1 else True)
+    assert kind == cp._cp.BAND_PIECE, mask
+    return j - i >= value
+
+
 class ReferenceBlocks:
     """The block kernels in plain torch (float64): forward (O, statistics) and the backward formula
-    with the O and statistics given."""
+    with the O and statistics given, under a piece's mask. A row a mask leaves empty gets what the
+    arithmetic gives (statistic -inf, O NaN): the merge must take nothing from it."""
 
     def __init__(self, scale):
         self.scale = scale
+        self.masks = []  # every mask the algorithm asked for
 
-    def _scores(self, q, k, causal):
+    def _scores(self, q, k, mask):
+        self.masks.append(mask)
         k = k.repeat_interleave(q.shape[2] // k.shape[2], 2)
         s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) * self.scale
-        if causal:
-            s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), float("-inf"))
-        return s
+        return s.masked_fill(~visible(s.shape[-2], s.shape[-1], mask), float("-inf"))
 
-    def forward(self, q, k, v, causal):
-        s = self._scores(q, k, causal)
+    def forward(self, q, k, v, mask):
+        s = self._scores(q, k, mask)
         stats = torch.logsumexp(s, -1)
         p = torch.exp(s - stats[..., None])
         o = torch.einsum("bhqk,bkhd->bqhd", p, v.double().repeat_interleave(q.shape[2] // v.shape[2], 2))
         return o, stats
 
-    def backward(self, q, k, v, o, stats, d_o, causal):
+    def backward(self, q, k, v, o, stats, d_o, mask):
         group = q.shape[2] // k.shape[2]
-        p = torch.exp(self._scores(q, k, causal) - stats[..., None].double())
+        p = torch.exp(self._scores(q, k, mask) - stats[..., None].double())
         ke, ve = k.double().repeat_interleave(group, 2), v.double().repeat_interleave(group, 2)
         d_p = torch.einsum("bqhd,bkhd->bhqk", d_o.double(), ve)
         row = torch.einsum("bqhd,bqhd->bhq", d_o.double(), o.double())[..., None]
@@ -50,12 +64,13 @@ class ReferenceBlocks:
                 fold(torch.einsum("bhqk,bqhd->bkhd", p, d_o.double())))
 
 
-def whole(q, k, v, causal, scale, sink=None):
-    """Attention of the whole sequence; a sink adds e^sink[h] to every row's denominator."""
+def whole(q, k, v, causal, scale, sink=None, left=-1):
+    """Attention of the whole sequence; a sink adds e^sink[h] to every row's denominator; `left`:
+    a causal sliding window's keys."""
     group = q.shape[2] // k.shape[2]
     s = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(group, 2)) * scale
-    if causal:
-        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(), float("-inf"))
+    if causal or left >= 1:
+        s = s.masked_fill(~visible(s.shape[-2], s.shape[-1], (cp._cp.DIAGONAL, left)), float("-inf"))
     if sink is not None:
         column = sink.to(s.dtype).view(1, -1, 1, 1).expand(*s.shape[:3], 1)
         p = torch.softmax(torch.cat([s, column], -1), -1)[..., :-1]
@@ -128,8 +143,69 @@ def test_a_rank_that_sees_no_key_of_a_block_takes_a_neutral_statistic():
     q, k, v, _ = problem(4)
     ranks, blocks = cp.SimulatedRanks(2), ReferenceBlocks(0.25)
     outs = cp.run_forward(q.chunk(2, 1), k.chunk(2, 1), v.chunk(2, 1), ranks, blocks, True, False, "ring")
-    alone = blocks.forward(q.chunk(2, 1)[0], k.chunk(2, 1)[0], v.chunk(2, 1)[0], True)
+    alone = blocks.forward(q.chunk(2, 1)[0], k.chunk(2, 1)[0], v.chunk(2, 1)[0], (cp._cp.DIAGONAL, -1))
     assert torch.allclose(outs[0][0], alone[0]) and torch.allclose(outs[0][1], alone[1])
+
+
+@pytest.mark.parametrize("scheme", ["ring", "all_gather"])
+@pytest.mark.parametrize("balanced", [True, False], ids=["balanced", "contiguous"])
+@pytest.mark.parametrize("left", [1, 5, 16, 40, 64, 100], ids=lambda w: f"window{w}")
+def test_a_causal_sliding_window_equals_the_whole_sequence(scheme, balanced, left):
+    # 4 ranks of 32 tokens (balanced: chunks of 16): windows inside a chunk, of one chunk, across
+    # several, and wider than a rank's part; GQA 4/2.
+    n = 4
+    q, k, v, d_o = problem(2)
+    scale = q.shape[-1] ** -0.5
+    arrange = (lambda x: cp.load_balance(x, n)) if balanced else (lambda x: x)
+    restore = (lambda x: cp.unbalance(x, n)) if balanced else (lambda x: x)
+    parts = [arrange(x).chunk(n, 1) for x in (q, k, v, d_o)]
+    ranks, blocks = cp.SimulatedRanks(n), ReferenceBlocks(scale)
+    outs = cp.run_forward(parts[0], parts[1], parts[2], ranks, blocks, True, balanced, scheme, left=left)
+    grads, _ = cp.run_backward(parts[0], parts[1], parts[2], [o for o, _ in outs], [s for _, s in outs], parts[3],
+                               ranks, blocks, True, balanced, scheme, left=left)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref = whole(*leaves, True, scale, left=left)
+    ref.backward(d_o)
+    assert torch.allclose(restore(torch.cat([o for o, _ in outs], 1)), ref, atol=1e-10)
+    for i, leaf in enumerate(leaves):
+        assert torch.allclose(restore(torch.cat([g[i] for g in grads], 1)), leaf.grad, atol=1e-9), "dqkv"[i]
+    kinds = {kind for kind, _ in blocks.masks}
+    if left in (5, 40):  # windows that end inside a chunk need the band
+        assert cp._cp.BAND_PIECE in kinds, kinds
+
+
+def test_window_pieces_worked_numbers():
+    # Contiguous ranks of 32 tokens, a window of 40 keys: rank 2's queries (64..95) see rank 1's keys
+    # (32..63) as a band j - i >= 32 - 40 = -8, rank 0's as a band 64 - 40 = 24 (only its last keys,
+    # to its first queries), and nothing of rank 3's.
+    from fusedattn import _context_parallel as shared
+    pieces = lambda source: shared.window_pieces(2, source, 4, False, 32, 40)
+    assert pieces(2) == [("all", "all", (shared.DIAGONAL, 40))]
+    assert pieces(1) == [("all", "all", (shared.BAND_PIECE, -8))]
+    assert pieces(0) == [("all", "all", (shared.BAND_PIECE, 24))]
+    assert pieces(3) == []
+    # A window of 100: rank 1's keys are all inside it (offset 32 - 100 = -68 <= -31), and rank 0's
+    # too (64 - 100 = -36 <= -31): full pieces.
+    assert shared.window_pieces(2, 1, 4, False, 32, 100) == [("all", "all", (shared.FULL, 0))]
+    assert shared.window_pieces(2, 0, 4, False, 32, 100) == [("all", "all", (shared.FULL, 0))]
+    # A window of 1: query 64 still sees key 63, rank 1's last (a band of offset 31, one pair);
+    # rank 0's keys not at all (offset 63 >= 32).
+    assert shared.window_pieces(2, 1, 4, False, 32, 1) == [("all", "all", (shared.BAND_PIECE, 31))]
+    assert shared.window_pieces(2, 0, 4, False, 32, 1) == []
+    # Balanced (chunks of 16): rank 0 holds chunks 0 and 7; against its own keys under a window of
+    # 16, chunk 7 sees chunk 0 not at all (offset 7 * 16 - 16 = 96 >= 16).
+    assert shared.window_pieces(0, 0, 4, True, 32, 16) == [("first", "first", (shared.DIAGONAL, 16)),
+                                                            ("second", "second", (shared.DIAGONAL, 16))]
+
+
+def test_windows_other_than_causal_sliding_ones_are_refused():
+    from fusedattn import InvalidArgumentError, NotSupportedError
+    q = torch.zeros(1, 8, 2, 16)
+    with pytest.raises(NotSupportedError):
+        fa.context_parallel_attention(q, q, q, window=(4, 4))
+    with pytest.raises(InvalidArgumentError) as caught:
+        fa.context_parallel_attention(q, q, q, window=(0, 0))
+    assert caught.value.field == "window"
 
 
 def test_bad_arguments_name_the_field():
@@ -151,7 +227,7 @@ sys.path.insert(0, sys.argv[1])
 import test_torch_context_parallel as t
 from fusedattn import _torch_context_parallel as cp
 
-def main(rank, n, scheme, causal, balanced, h_kv, port, with_sink):
+def main(rank, n, scheme, causal, balanced, h_kv, port, with_sink, left):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=n)
     q, k, v, d_o = t.problem(h_kv)
@@ -160,12 +236,12 @@ def main(rank, n, scheme, causal, balanced, h_kv, port, with_sink):
     mine = [arrange(x).chunk(n, 1)[rank].clone() for x in (q, k, v, d_o)]
     leaves = [x.requires_grad_() for x in mine[:3]]
     sink = torch.linspace(-1, 1, q.shape[2], dtype=torch.float64).requires_grad_() if with_sink else None
-    o = cp.context_parallel_attention(*leaves, causal=causal, scheme=scheme, load_balanced=balanced, sink=sink,
-                                      blocks=t.ReferenceBlocks(scale))
+    o = cp.context_parallel_attention(*leaves, causal=causal, window=(left, 0) if left > 0 else (-1, -1),
+                                      scheme=scheme, load_balanced=balanced, sink=sink, blocks=t.ReferenceBlocks(scale))
     o.backward(mine[3])
     ref_leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     ref_sink = sink.detach().clone().requires_grad_() if with_sink else None
-    ref = t.whole(*ref_leaves, causal, scale, ref_sink)
+    ref = t.whole(*ref_leaves, causal, scale, ref_sink, left)
     ref.backward(d_o)
     ok = torch.allclose(o, arrange(ref).chunk(n, 1)[rank], atol=1e-10)
     for leaf, ref_leaf in zip(leaves, ref_leaves):
@@ -177,22 +253,23 @@ def main(rank, n, scheme, causal, balanced, h_kv, port, with_sink):
 
 if __name__ == "__main__":
     n, scheme, causal, balanced, h_kv, port = 4, sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1", int(sys.argv[5]), int(sys.argv[6])
-    torch.multiprocessing.spawn(main, args=(n, scheme, causal, balanced, h_kv, port, sys.argv[7] == "1"), nprocs=n)
+    torch.multiprocessing.spawn(main, args=(n, scheme, causal, balanced, h_kv, port, sys.argv[7] == "1",
+                                            int(sys.argv[8])), nprocs=n)
 """
 
 
-@pytest.mark.parametrize("scheme, causal, balanced, with_sink", [
-    ("ring", True, True, False), ("all_gather", True, True, False), ("ring", False, False, False),
-    ("all_gather", False, False, False), ("ring", True, True, True)],
-    ids=["ring_causal", "all_gather_causal", "ring_full", "all_gather_full", "ring_causal_sink"])
-def test_a_gloo_group_of_four_processes_equals_the_whole_sequence(scheme, causal, balanced, with_sink, tmp_path):
+@pytest.mark.parametrize("scheme, causal, balanced, with_sink, left", [
+    ("ring", True, True, False, -1), ("all_gather", True, True, False, -1), ("ring", False, False, False, -1),
+    ("all_gather", False, False, False, -1), ("ring", True, True, True, -1), ("ring", True, False, False, 40)],
+    ids=["ring_causal", "all_gather_causal", "ring_full", "all_gather_full", "ring_causal_sink", "ring_window"])
+def test_a_gloo_group_of_four_processes_equals_the_whole_sequence(scheme, causal, balanced, with_sink, left, tmp_path):
     script = tmp_path / "child.py"
     script.write_text(GLOO_CHILD)
-    port = 29500 + (os.getpid() + hash((scheme, causal, with_sink))) % 2000
+    port = 29500 + (os.getpid() + hash((scheme, causal, with_sink, left))) % 2000
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     done = subprocess.run([sys.executable, str(script), os.path.dirname(__file__), scheme, str(int(causal)),
-                           str(int(balanced)), "2", str(port), str(int(with_sink))], env=env, capture_output=True,
-                          text=True, timeout=300)
+                           str(int(balanced)), "2", str(port), str(int(with_sink)), str(left)], env=env,
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     # The four processes share stdout: their lines may run into each other.
     assert sorted(re.findall(r"RANK (\d) (OK|WRONG)", done.stdout)) == [(str(r), "OK") for r in range(4)], done.stdout
