@@ -19,7 +19,10 @@ mask hides entirely is skipped, and a row that sees no key of a block takes a ne
 the transfer behind the attention.
 
 A learnable sink joins each row once, after the blocks; its gradient is summed over the devices.
-Not yet: sliding windows, packed sequences (thd) and lengths under context parallelism.
+A causal sliding window runs each chunk of queries against each chunk of keys as a window piece
+(_context_parallel.py), its kind switched on from the traced device indices: hidden, the diagonal,
+full, or a band the score modifier _cp.BAND masks. Not yet: two-sided windows, packed sequences
+(thd) and lengths under context parallelism.
 """
 import functools
 
@@ -50,26 +53,36 @@ def unbalance(x, n, axis=1):
 
 class _Blocks:
     """One device's block calls: the core's forward (O and statistics) and backward of q against a
-    block of keys, masked causally from the top-left (a diagonal block) or not at all."""
+    block of keys under a piece's mask (_context_parallel.pieces): none, causal from the top-left
+    (with a window's left bound W >= 1: window=(W, 0)), or the band j - i >= offset as the score
+    modifier _cp.BAND, whose offset (traced) is its runtime scalar."""
 
     def __init__(self, scale):
         self.scale = scale
 
-    def _kernel(self, pass_, causal, q, k, v):
+    def _kernel(self, pass_, mask, q, k, v):
         # The kernel itself (jax.py's _KERNELS: the CUDA call, or what a test put there): inside
         # shard_map every array is already this device's, so attention()'s partitioning has no part.
+        # Returns it with the band's scalar operand, if any, bound after the arrays.
         from . import jax as adapter
-        config = _config.config("bshd", causal=causal, stats=True)
+        kind, value = mask
+        window = (value, 0) if kind == _cp.DIAGONAL and isinstance(value, int) and value >= 1 else (-1, -1)
+        config = _config.config("bshd", causal=kind == _cp.DIAGONAL, window=window, stats=True,
+                                score_mod=_cp.BAND if kind == _cp.BAND_PIECE else "")
         call, _ = adapter._traced(config, self.scale, (0, 0), q, k, v, 0)
-        return functools.partial(adapter._kernel(pass_), call)
+        kernel = functools.partial(adapter._kernel(pass_), call)
+        if kind != _cp.BAND_PIECE:
+            return kernel
+        scalars = jnp.reshape(jnp.asarray(value, jnp.float32), (1,))
+        return lambda *arrays: kernel(*arrays, scalars)
 
-    def forward(self, q, k, v, causal):
+    def forward(self, q, k, v, mask):
         """(O in float32, statistics [b, h, s_q])."""
-        o, stats = self._kernel(FORWARD, causal, q, k, v)(q, k, v)
+        o, stats = self._kernel(FORWARD, mask, q, k, v)(q, k, v)
         return o.astype(jnp.float32), stats
 
-    def backward(self, q, k, v, o, stats, d_o, causal):
-        d_q, d_k, d_v = self._kernel(BACKWARD, causal, q, k, v)(q, k, v, o, stats, d_o)
+    def backward(self, q, k, v, o, stats, d_o, mask):
+        d_q, d_k, d_v = self._kernel(BACKWARD, mask, q, k, v)(q, k, v, o, stats, d_o)
         return d_q.astype(jnp.float32), d_k.astype(jnp.float32), d_v.astype(jnp.float32)
 
 
@@ -86,14 +99,18 @@ def _neutral(q):
 
 def _merge(a, b):
     """Two partial results (O float32 [b, s, h, d], statistics [b, h, s]) of the same rows over
-    disjoint keys, as one."""
+    disjoint keys, as one. A row that saw no key of a part (statistic -inf, or not finite at all: a
+    band piece's row left of its band) takes nothing from it, whatever its O holds there."""
     (o_a, lse_a), (o_b, lse_b) = a, b
-    lse = jnp.logaddexp(lse_a, lse_b)
+    finite_a, finite_b = jnp.isfinite(lse_a), jnp.isfinite(lse_b)
+    lse = jnp.logaddexp(jnp.where(finite_a, lse_a, -jnp.inf), jnp.where(finite_b, lse_b, -jnp.inf))
     safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
-    w_a = jnp.where(jnp.isfinite(lse_a), jnp.exp(lse_a - safe), 0.0)
-    w_b = jnp.where(jnp.isfinite(lse_b), jnp.exp(lse_b - safe), 0.0)
-    weight = lambda w: jnp.transpose(w, (0, 2, 1))[..., None]  # [b, h, s] -> [b, s, h, 1]
-    return o_a * weight(w_a) + o_b * weight(w_b), lse
+    rows = lambda x: jnp.transpose(x, (0, 2, 1))[..., None]  # [b, h, s] -> [b, s, h, 1]
+
+    def weighted(o, x, finite):
+        w = jnp.where(finite, jnp.exp(jnp.where(finite, x, 0.0) - safe), 0.0)
+        return jnp.where(rows(finite), o * rows(w), 0.0)
+    return weighted(o_a, lse_a, finite_a) + weighted(o_b, lse_b, finite_b), lse
 
 
 def _part(x, part, axis=1):
@@ -101,14 +118,24 @@ def _part(x, part, axis=1):
     return jax.lax.slice_in_dim(x, start, stop, axis=axis)
 
 
+def _window_kind(m, chunk, left):
+    """_context_parallel.window_piece on traced chunk distances: (switch index, band offset)."""
+    offset = m * chunk - left
+    kind = jnp.where((m < 0) | (offset >= chunk), _cp.HIDDEN,
+                     jnp.where(m == 0, _cp.DIAGONAL, jnp.where(offset <= -(chunk - 1), _cp.FULL, _cp.BAND_PIECE)))
+    return kind.astype(jnp.int32), offset
+
+
 class _Plan:
     """Static settings of one call, and a block's pieces (_context_parallel.pieces) run through the
     block kernels; a kind that only the device index decides is a traced index, run by lax.switch
-    over the three kinds' pieces."""
+    over the three kinds' pieces. Under a causal sliding window of `left` keys each chunk pair is a
+    window piece, its kind a traced index of a switch over the four."""
 
-    def __init__(self, axis_name, causal, balanced, scale):
+    def __init__(self, axis_name, causal, balanced, scale, left=-1):
         self.axis, self.causal, self.balanced, self.blocks = axis_name, causal, balanced, _Blocks(scale)
-        self.key = (axis_name, causal, balanced, scale)
+        self.left = left
+        self.key = (axis_name, causal, balanced, scale, left)
 
     # Hashable by its settings: custom_vjp compares its static arguments.
     def __hash__(self):
@@ -123,26 +150,68 @@ class _Plan:
         branches = [functools.partial(run, k) for k in (_cp.LOCAL, _cp.EARLIER, _cp.LATER)]
         return jax.lax.switch(kind, branches, *operands)
 
-    def block_forward(self, q, k, v, kind):
-        """The block's partial result for all of q's rows (neutral where its pieces leave rows out)."""
+    def _window_pieces(self, rank, source, length):
+        """(query part, key part, traced kind, traced offset) of each chunk pair under the window."""
+        n, chunk = jax.lax.axis_size(self.axis), length // 2 if self.balanced else length
+        for q_part, k_part in _cp.window_pairs(self.balanced):
+            m = _cp.chunk_index(rank, q_part, n, self.balanced) - _cp.chunk_index(source, k_part, n, self.balanced)
+            yield (q_part, k_part) + _window_kind(m, chunk, self.left)
+
+    def _window_forward(self, q, k, v, rank, source):
+        o, lse = _neutral(q)
+        for q_part, k_part, kind, offset in self._window_pieces(rank, source, q.shape[1]):
+            masks = {_cp.DIAGONAL: (_cp.DIAGONAL, self.left), _cp.FULL: (_cp.FULL, 0)}
+            branches = [lambda q, k, v, offset: _neutral(q)] + [
+                functools.partial(lambda mask, q, k, v, offset: self.blocks.forward(q, k, v, mask), masks[kind_])
+                for kind_ in (_cp.DIAGONAL, _cp.FULL)] + [
+                lambda q, k, v, offset: self.blocks.forward(q, k, v, (_cp.BAND_PIECE, offset))]
+            start, stop = _cp.span(q_part, q.shape[1])
+            piece = jax.lax.switch(kind, branches, _part(q, q_part), _part(k, k_part), _part(v, k_part), offset)
+            rows = _merge((o[:, start:stop], lse[:, :, start:stop]), piece)
+            o, lse = o.at[:, start:stop].set(rows[0]), lse.at[:, :, start:stop].set(rows[1])
+        return o, lse
+
+    def _window_backward(self, q, k, v, o, stats, d_o, rank, source):
+        totals = [_zeros_like(q), _zeros_like(k), _zeros_like(v)]
+        for q_part, k_part, kind, offset in self._window_pieces(rank, source, q.shape[1]):
+            def run(mask):
+                return lambda *arrays: self.blocks.backward(*arrays[:6], mask if mask else (_cp.BAND_PIECE, arrays[6]))
+            branches = [lambda q, k, v, o, stats, d_o, offset: (_zeros_like(q), _zeros_like(k), _zeros_like(v)),
+                        run((_cp.DIAGONAL, self.left)), run((_cp.FULL, 0)), run(None)]
+            grads = jax.lax.switch(kind, branches, _part(q, q_part), _part(k, k_part), _part(v, k_part),
+                                   _part(o, q_part), _part(stats, q_part, 2), _part(d_o, q_part), offset)
+            for i, (grad, part) in enumerate(zip(grads, (q_part, k_part, k_part))):
+                start, stop = _cp.span(part, totals[i].shape[1])
+                totals[i] = totals[i].at[:, start:stop].add(grad)
+        return tuple(totals)
+
+    def block_forward(self, q, k, v, kind, rank=None, source=None):
+        """The block's partial result for all of q's rows (neutral where its pieces leave rows out);
+        under a window from the devices' indices (traced) rather than the kind."""
+        if self.left >= 1:
+            return self._window_forward(q, k, v, rank, source)
+
         def run(kind, q, k, v):
             o, lse = _neutral(q)
-            for q_part, k_part, causal in _cp.pieces(kind, self.causal, self.balanced):
+            for q_part, k_part, mask in _cp.pieces(kind, self.causal, self.balanced):
                 start, stop = _cp.span(q_part, q.shape[1])
-                piece = self.blocks.forward(_part(q, q_part), _part(k, k_part), _part(v, k_part), causal)
+                piece = self.blocks.forward(_part(q, q_part), _part(k, k_part), _part(v, k_part), mask)
                 rows = _merge((o[:, start:stop], lse[:, :, start:stop]), piece)
                 o, lse = o.at[:, start:stop].set(rows[0]), lse.at[:, :, start:stop].set(rows[1])
             return o, lse
         return self._switch(kind, run, q, k, v)
 
-    def block_backward(self, q, k, v, o, stats, d_o, kind):
+    def block_backward(self, q, k, v, o, stats, d_o, kind, rank=None, source=None):
         """(dQ of q's rows from this block, dK, dV of the block's keys), float32, with the merged O
         and statistics of q's rows."""
+        if self.left >= 1:
+            return self._window_backward(q, k, v, o, stats, d_o, rank, source)
+
         def run(kind, q, k, v, o, stats, d_o):
             totals = [_zeros_like(q), _zeros_like(k), _zeros_like(v)]
-            for q_part, k_part, causal in _cp.pieces(kind, self.causal, self.balanced):
+            for q_part, k_part, mask in _cp.pieces(kind, self.causal, self.balanced):
                 grads = self.blocks.backward(_part(q, q_part), _part(k, k_part), _part(v, k_part), _part(o, q_part),
-                                             _part(stats, q_part, 2), _part(d_o, q_part), causal)
+                                             _part(stats, q_part, 2), _part(d_o, q_part), mask)
                 for i, (grad, part) in enumerate(zip(grads, (q_part, k_part, k_part))):
                     start, stop = _cp.span(part, totals[i].shape[1])
                     totals[i] = totals[i].at[:, start:stop].add(grad)
@@ -164,8 +233,9 @@ def _ring_forward(plan, q, k, v):
     for t in range(n):  # at step t the keys of device rank - t
         if t < n - 1:  # sent before this step's block runs, so that the transfer can hide behind it
             incoming = jax.lax.ppermute(kv, plan.axis, _ring_permutation(n))
-        kind = _cp.LOCAL if t == 0 else plan.kind(rank, (rank - t) % n)
-        out = _merge(out, plan.block_forward(q, *kv, kind))
+        source = (rank - t) % n
+        kind = _cp.LOCAL if t == 0 else plan.kind(rank, source)
+        out = _merge(out, plan.block_forward(q, *kv, kind, rank, source))
         if t < n - 1:
             kv = incoming
     return out
@@ -178,8 +248,9 @@ def _ring_backward(plan, q, k, v, o, stats, d_o):
     for t in range(n):
         if t < n - 1:
             incoming = jax.lax.ppermute(kv, plan.axis, _ring_permutation(n))
-        kind = _cp.LOCAL if t == 0 else plan.kind(rank, (rank - t) % n)
-        dq_t, dk_t, dv_t = plan.block_backward(q, *kv, o, stats, d_o, kind)
+        source = (rank - t) % n
+        kind = _cp.LOCAL if t == 0 else plan.kind(rank, source)
+        dq_t, dk_t, dv_t = plan.block_backward(q, *kv, o, stats, d_o, kind, rank, source)
         d_q = d_q + dq_t
         # A block's dK, dV sums travel with it; after the last step one more hop brings them home.
         d_kv = jax.lax.ppermute((d_kv[0] + dk_t, d_kv[1] + dv_t), plan.axis, _ring_permutation(n))
@@ -197,7 +268,7 @@ def _all_gather_forward(plan, q, k, v):
     ks, vs = (jnp.split(_gathered(plan, x), n, axis=1) for x in (k, v))
     out = _neutral(q)
     for source in range(n):
-        out = _merge(out, plan.block_forward(q, ks[source], vs[source], plan.kind(rank, source)))
+        out = _merge(out, plan.block_forward(q, ks[source], vs[source], plan.kind(rank, source), rank, source))
     return out
 
 
@@ -206,7 +277,8 @@ def _all_gather_backward(plan, q, k, v, o, stats, d_o):
     ks, vs = (jnp.split(_gathered(plan, x), n, axis=1) for x in (k, v))
     d_q, d_ks, d_vs = jnp.zeros(q.shape, jnp.float32), [], []
     for source in range(n):
-        dq_s, dk_s, dv_s = plan.block_backward(q, ks[source], vs[source], o, stats, d_o, plan.kind(rank, source))
+        dq_s, dk_s, dv_s = plan.block_backward(q, ks[source], vs[source], o, stats, d_o, plan.kind(rank, source),
+                                               rank, source)
         d_q, d_ks, d_vs = d_q + dq_s, d_ks + [dk_s], d_vs + [dv_s]
     scatter = lambda parts: jax.lax.psum_scatter(jnp.concatenate(parts, axis=1), plan.axis, scatter_dimension=1,
                                                  tiled=True)
@@ -256,15 +328,18 @@ def _context_parallel_bwd(plan, scheme, residuals, d_o):
 _context_parallel.defvjp(_context_parallel_fwd, _context_parallel_bwd)
 
 
-def context_parallel_attention(q, k, v, *, axis_name, causal=False, scheme="ring", load_balanced=True, scale=None,
-                               sink=None):
+def context_parallel_attention(q, k, v, *, axis_name, causal=False, window=(-1, -1), scheme="ring",
+                               load_balanced=True, scale=None, sink=None):
     """Attention of this device's queries against the keys of every device of mesh axis
     `axis_name`, inside jax.shard_map; q, k, v are this device's parts of the sequence axis, bshd
     (GQA: h_q a multiple of h_kv). scheme: "ring" (each block passed on to the next device) or
     "all_gather". Causal with load_balanced: device r holds chunks r and 2N-1-r (load_balance);
-    otherwise chunk r. sink: a learnable sink's logits [h_q], replicated over the axis
-    (softmax="sink"). Differentiable in q, k, v and the sink (the module's docstring says how)."""
+    otherwise chunk r. window=(W, 0) (or (W, -1) with causal): a causal sliding window of W keys,
+    in positions of the whole sequence. sink: a learnable sink's logits [h_q], replicated over the
+    axis (softmax="sink"). Differentiable in q, k, v and the sink (the module's docstring says how)."""
+    left = _cp.window_left(window, causal)
+    causal = causal or left >= 1
     _cp.check_arguments(q.shape, k.shape, causal, load_balanced, scheme, "device")
     scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else float(scale)
-    plan = _Plan(axis_name, bool(causal), bool(causal and load_balanced), scale)
+    plan = _Plan(axis_name, bool(causal), bool(causal and load_balanced), scale, left)
     return _context_parallel(plan, scheme, q, k, v, sink)

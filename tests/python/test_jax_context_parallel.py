@@ -17,36 +17,46 @@ import functools, sys
 import jax, jax.numpy as jnp
 from jax.sharding import AxisType, PartitionSpec as P
 import fusedattn.jax as fj
+from fusedattn import _config, _context_parallel as _cp
 from fusedattn._jax_calls import BACKWARD, FORWARD
 
 SCHEME, CAUSAL, BALANCED, H_KV = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1", int(sys.argv[4])
 WITH_SINK = sys.argv[5] == "1"
+WINDOW = int(sys.argv[6])  # a causal sliding window's keys, -1: none
+BAND = _config.config("bshd", score_mod=_cp.BAND).score_mod  # as the core prints it
 CALLS = []
 
 
-def logits(call, q, k):
+def logits(call, q, k, mods):
+    # The masks context parallelism sends: causal from the top-left within (W, 0), or the band
+    # j - i >= offset of the score modifier _cp.BAND, its offset the one scalar operand.
     q, k = q.astype(jnp.float32), k.astype(jnp.float32)
     k = jnp.repeat(k, q.shape[2] // k.shape[2], axis=2)
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision="highest") * call.scale
-    if call.config.window == (-1, 0):  # top-left causal: the diagonal blocks
-        s = jnp.where(jnp.tril(jnp.ones(s.shape[-2:], bool)), s, -jnp.inf)
+    i, j = jnp.arange(s.shape[-2])[:, None], jnp.arange(s.shape[-1])[None, :]
+    left, right = call.config.window
+    if right == 0:  # the diagonal pieces
+        s = jnp.where((j <= i) & ((j >= i - left) if left >= 1 else True), s, -jnp.inf)
+    if call.config.score_mod:
+        assert call.config.score_mod == BAND, call.config.score_mod
+        s = jnp.where(j - i >= mods[0][0], s, -jnp.inf)
     return s
 
 
-def forward(call, q, k, v):
-    CALLS.append(("forward", call.config.window, q.shape[1], k.shape[1]))
-    s = logits(call, q, k)
+def forward(call, q, k, v, *mods):
+    CALLS.append(("forward", call.config.window, bool(call.config.score_mod), q.shape[1], k.shape[1]))
+    s = logits(call, q, k, mods)
     stats = jax.nn.logsumexp(s, axis=-1)
     p = jnp.exp(s - stats[..., None])
     ve = jnp.repeat(v.astype(jnp.float32), q.shape[2] // v.shape[2], axis=2)
     return jnp.einsum("bhqk,bkhd->bqhd", p, ve, precision="highest").astype(q.dtype), stats
 
 
-def backward(call, q, k, v, o, stats, d_o):  # cuDNN's formula, with the O and statistics given
-    CALLS.append(("backward", call.config.window, q.shape[1], k.shape[1]))
+def backward(call, q, k, v, o, stats, d_o, *mods):  # cuDNN's formula, with the O and statistics given
+    CALLS.append(("backward", call.config.window, bool(call.config.score_mod), q.shape[1], k.shape[1]))
     group = q.shape[2] // k.shape[2]
     f32 = lambda x: x.astype(jnp.float32)
-    p = jnp.exp(logits(call, q, k) - stats[..., None])
+    p = jnp.exp(logits(call, q, k, mods) - stats[..., None])
     ve, ke = (jnp.repeat(f32(x), group, axis=2) for x in (v, k))
     d_p = jnp.einsum("bqhd,bkhd->bhqk", f32(d_o), ve, precision="highest")
     row = jnp.einsum("bqhd,bqhd->bhq", f32(d_o), f32(o))[..., None]
@@ -76,7 +86,8 @@ def whole(q, k, v, sink):  # attention of the whole sequence, float32; a sink ad
     ke, ve = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
     sc = jnp.einsum("bqhd,bkhd->bhqk", q, ke, precision="highest") * scale
     if CAUSAL:
-        sc = jnp.where(jnp.tril(jnp.ones((s, s), bool)), sc, -jnp.inf)
+        i, j = jnp.arange(s)[:, None], jnp.arange(s)[None, :]
+        sc = jnp.where((j <= i) & ((j >= i - WINDOW) if WINDOW >= 1 else True), sc, -jnp.inf)
     if WITH_SINK:
         column = jnp.broadcast_to(sink[None, :, None, None], sc.shape[:3] + (1,))
         p = jax.nn.softmax(jnp.concatenate([sc, column], -1), axis=-1)[..., :-1]
@@ -92,7 +103,8 @@ restore = (lambda x: fj.unbalance(x, n)) if CAUSAL and BALANCED else (lambda x: 
 @functools.partial(jax.shard_map, mesh=mesh, in_specs=(P(None, "cp"),) * 3 + (P(),), out_specs=P(None, "cp"))
 def split(q, k, v, sink):
     return fj.context_parallel_attention(q, k, v, axis_name="cp", causal=CAUSAL, scheme=SCHEME,
-                                         load_balanced=BALANCED, sink=sink if WITH_SINK else None)
+                                         load_balanced=BALANCED, sink=sink if WITH_SINK else None,
+                                         window=(WINDOW, 0) if WINDOW >= 1 else (-1, -1))
 
 
 def ours(q, k, v, sink):
@@ -115,13 +127,13 @@ print("KINDS", sorted(set(CALLS)))
 """
 
 
-def run_child(scheme, causal, balanced, h_kv, with_sink=False):
+def run_child(scheme, causal, balanced, h_kv, with_sink=False, window=-1):
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     # faulthandler: a crash of the child (JAX 0.11.2's host collectives died with SIGSEGV on the
     # GPU machine) leaves its Python stack in stderr, which the assertion shows.
     done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", CHILD, scheme, str(int(causal)),
-                           str(int(balanced)), str(h_kv), str(int(with_sink))],
+                           str(int(balanced)), str(h_kv), str(int(with_sink)), str(window)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line), done.stdout
@@ -145,3 +157,14 @@ def test_outputs_and_gradients_equal_the_whole_sequences(scheme, causal, balance
 def test_a_sink_joins_each_row_once_and_its_gradient_is_summed_over_the_devices(scheme):
     lines, out = run_child(scheme, True, True, 2, with_sink=True)  # GRAD_ERR includes the sink's
     assert float(lines["OUT_ERR"]) < 1e-2 and float(lines["GRAD_ERR"]) < 2e-2, out
+
+
+@pytest.mark.parametrize("scheme", ["ring", "all_gather"])
+@pytest.mark.parametrize("balanced", [True, False], ids=["balanced", "contiguous"])
+@pytest.mark.parametrize("window", [5, 40], ids=lambda w: f"window{w}")
+def test_a_causal_sliding_window_equals_the_whole_sequences(scheme, balanced, window):
+    # 4 devices of 32 tokens (balanced: chunks of 16): a window inside a chunk, and one across chunks
+    # that ends inside one (both need the band pieces).
+    lines, out = run_child(scheme, True, balanced, 2, window=window)
+    assert float(lines["OUT_ERR"]) < 1e-2 and float(lines["GRAD_ERR"]) < 2e-2, out
+    assert "True" in lines["KINDS"], out  # some pieces ran as the band modifier
