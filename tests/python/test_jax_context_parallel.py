@@ -168,3 +168,15 @@ def test_a_causal_sliding_window_equals_the_whole_sequences(scheme, balanced, wi
     lines, out = run_child(scheme, True, balanced, 2, window=window)
     assert float(lines["OUT_ERR"]) < 1e-2 and float(lines["GRAD_ERR"]) < 2e-2, out
     assert "True" in lines["KINDS"], out  # some pieces ran as the band modifier
+
+
+def test_the_traced_window_rule_is_the_shared_one():
+    # _jax_context_parallel._window_kind traces _context_parallel.window_piece's comparisons.
+    import jax.numpy as jnp
+    from fusedattn import _context_parallel as shared
+    from fusedattn import _jax_context_parallel as jcp
+    for chunk in (1, 16, 32):
+        for left in (1, 5, 16, 40, 100):
+            for m in range(-2, 9):
+                kind, offset = jcp._window_kind(jnp.int32(m), chunk, left)
+                assert (int(kind), int(offset)) == shared.window_piece(m, chunk, left), (m, chunk, left)
