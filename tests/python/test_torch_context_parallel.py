@@ -17,13 +17,13 @@ fa = pytest.importorskip("fusedattn.torch")
 from fusedattn import _torch_context_parallel as cp  # noqa: E402
 
 
-def visible(rows, cols, mask):
+def visible(rows, cols, mask, device="cpu"):
     """Which (query, key) pairs of a piece its mask (_context_parallel.pieces) lets through: all,
     causal from the top-left within a window of W keys (W = -1: none), or the band j - i >= offset."""
     kind, value = mask
-    i, j = torch.arange(rows)[:, None], torch.arange(cols)[None, :]
+    i, j = torch.arange(rows, device=device)[:, None], torch.arange(cols, device=device)[None, :]
     if kind == cp._cp.FULL:
-        return torch.ones(rows, cols, dtype=torch.bool)
+        return torch.ones(rows, cols, dtype=torch.bool, device=device)
     if kind == cp._cp.DIAGONAL:
         return (j <= i) & ((j >= i - value) if value >= 1 else True)
     assert kind == cp._cp.BAND_PIECE, mask
@@ -43,7 +43,7 @@ class ReferenceBlocks:
         self.masks.append(mask)
         k = k.repeat_interleave(q.shape[2] // k.shape[2], 2)
         s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) * self.scale
-        return s.masked_fill(~visible(s.shape[-2], s.shape[-1], mask), float("-inf"))
+        return s.masked_fill(~visible(s.shape[-2], s.shape[-1], mask, s.device), float("-inf"))
 
     def forward(self, q, k, v, mask):
         s = self._scores(q, k, mask)
@@ -70,7 +70,7 @@ def whole(q, k, v, causal, scale, sink=None, left=-1):
     group = q.shape[2] // k.shape[2]
     s = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(group, 2)) * scale
     if causal or left >= 1:
-        s = s.masked_fill(~visible(s.shape[-2], s.shape[-1], (cp._cp.DIAGONAL, left)), float("-inf"))
+        s = s.masked_fill(~visible(s.shape[-2], s.shape[-1], (cp._cp.DIAGONAL, left), s.device), float("-inf"))
     if sink is not None:
         column = sink.to(s.dtype).view(1, -1, 1, 1).expand(*s.shape[:3], 1)
         p = torch.softmax(torch.cat([s, column], -1), -1)[..., :-1]

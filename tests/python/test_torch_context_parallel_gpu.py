@@ -1,6 +1,7 @@
 """Context parallelism on one GPU: N simulated ranks in one process (in-process copies for the
 transport) running fusedattn's block kernels, against float32 attention of the whole sequence,
-outputs and gradients, ring and all-gather, causal load-balanced and not causal, GQA."""
+outputs and gradients, ring and all-gather, causal load-balanced and not causal, causal sliding
+windows, GQA."""
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch not installed")
@@ -17,10 +18,14 @@ def rel(a, b):
 
 
 @pytest.mark.parametrize("scheme", ["ring", "all_gather"])
-@pytest.mark.parametrize("causal, balanced", [(True, True), (True, False), (False, False)],
-                         ids=["causal_balanced", "causal_contiguous", "full"])
+@pytest.mark.parametrize("causal, balanced, left", [(True, True, -1), (True, False, -1), (False, False, -1),
+                                                   (True, True, 300), (True, False, 700)],
+                         ids=["causal_balanced", "causal_contiguous", "full", "window300_balanced",
+                              "window700_contiguous"])
 @pytest.mark.parametrize("h_kv", [8, 2], ids=["mha", "gqa"])
-def test_simulated_ranks_on_one_gpu_equal_the_whole_sequence(scheme, causal, balanced, h_kv):
+def test_simulated_ranks_on_one_gpu_equal_the_whole_sequence(scheme, causal, balanced, left, h_kv):
+    # Windows of 300 and 700 keys over parts of 512 tokens (chunks of 256 balanced): diagonal
+    # windows, band pieces (the score modifier with its offset) and full ones.
     n, b, s, h_q, d = 4, 2, 2048, 8, 128
     g = torch.Generator(device="cuda").manual_seed(3)
     make = lambda h: (torch.rand(b, s, h, d, device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
@@ -30,12 +35,12 @@ def test_simulated_ranks_on_one_gpu_equal_the_whole_sequence(scheme, causal, bal
     restore = (lambda x: cp.unbalance(x, n)) if balanced else (lambda x: x)
     parts = [[p.contiguous() for p in arrange(x).chunk(n, 1)] for x in (q, k, v, d_o)]
     ranks, blocks = cp.SimulatedRanks(n), cp.FusedattnBlocks(scale)
-    outs = cp.run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal, balanced, scheme)
+    outs = cp.run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal, balanced, scheme, left=left)
     os_ = [o.to(torch.bfloat16) for o, _ in outs]
     grads, _ = cp.run_backward(parts[0], parts[1], parts[2], os_, [st for _, st in outs], parts[3], ranks, blocks,
-                               causal, balanced, scheme)
+                               causal, balanced, scheme, left=left)
     leaves = [x.float().requires_grad_() for x in (q, k, v)]
-    ref = whole(*leaves, causal, scale)
+    ref = whole(*leaves, causal, scale, left=left)
     ref.backward(d_o.float())
     assert rel(restore(torch.cat(os_, 1)), ref) < 1e-2
     for i, leaf in enumerate(leaves):
