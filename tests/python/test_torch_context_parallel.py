@@ -273,3 +273,19 @@ def test_a_gloo_group_of_four_processes_equals_the_whole_sequence(scheme, causal
     assert done.returncode == 0, done.stderr[-4000:]
     # The four processes share stdout: their lines may run into each other.
     assert sorted(re.findall(r"RANK (\d) (OK|WRONG)", done.stdout)) == [(str(r), "OK") for r in range(4)], done.stdout
+
+
+def test_the_block_kernels_configs_for_window_pieces():
+    # What fusedattn's kernels are asked for (the spec string of each piece's call): the diagonal
+    # with its window, a full piece, and the band with one runtime scalar.
+    from fusedattn import _config
+    blocks, shared = cp.FusedattnBlocks(0.125), cp._cp
+    diagonal = str(_config.parse(blocks._config((shared.DIAGONAL, 300))))
+    assert "window=300,0" in diagonal and "score_mod" not in diagonal
+    assert "window=-1,0" in str(_config.parse(blocks._config((shared.DIAGONAL, -1))))
+    full = str(_config.parse(blocks._config((shared.FULL, 0))))
+    assert "window" not in full and "score_mod" not in full
+    band = str(_config.parse(blocks._config((shared.BAND_PIECE, 24))))
+    assert "score_mod=select(ge(sub(kv,q),$0),score,-inf)" in band and "window" not in band
+    extras = blocks._extras((shared.BAND_PIECE, 24), torch.zeros(1))
+    assert extras.mod_scalars.tolist() == [24.0] and blocks._extras((shared.FULL, 0), torch.zeros(1)).mod_scalars is None
