@@ -157,14 +157,17 @@ class _Plan:
             m = _cp.chunk_index(rank, q_part, n, self.balanced) - _cp.chunk_index(source, k_part, n, self.balanced)
             yield (q_part, k_part) + _window_kind(m, chunk, self.left)
 
+    def _masks(self):
+        """The switch's branches' masks, in the order of the kinds (HIDDEN, DIAGONAL, FULL, BAND_PIECE);
+        None: the band, its offset the branch's last operand."""
+        return [(_cp.DIAGONAL, self.left), (_cp.FULL, 0), None]
+
     def _window_forward(self, q, k, v, rank, source):
+        def branch(mask):
+            return lambda q, k, v, offset: self.blocks.forward(q, k, v, mask or (_cp.BAND_PIECE, offset))
+        branches = [lambda q, k, v, offset: _neutral(q)] + [branch(mask) for mask in self._masks()]
         o, lse = _neutral(q)
         for q_part, k_part, kind, offset in self._window_pieces(rank, source, q.shape[1]):
-            masks = {_cp.DIAGONAL: (_cp.DIAGONAL, self.left), _cp.FULL: (_cp.FULL, 0)}
-            branches = [lambda q, k, v, offset: _neutral(q)] + [
-                functools.partial(lambda mask, q, k, v, offset: self.blocks.forward(q, k, v, mask), masks[kind_])
-                for kind_ in (_cp.DIAGONAL, _cp.FULL)] + [
-                lambda q, k, v, offset: self.blocks.forward(q, k, v, (_cp.BAND_PIECE, offset))]
             start, stop = _cp.span(q_part, q.shape[1])
             piece = jax.lax.switch(kind, branches, _part(q, q_part), _part(k, k_part), _part(v, k_part), offset)
             rows = _merge((o[:, start:stop], lse[:, :, start:stop]), piece)
@@ -172,12 +175,12 @@ class _Plan:
         return o, lse
 
     def _window_backward(self, q, k, v, o, stats, d_o, rank, source):
+        def branch(mask):
+            return lambda *arrays: self.blocks.backward(*arrays[:6], mask or (_cp.BAND_PIECE, arrays[6]))
+        branches = [lambda q, k, v, o, stats, d_o, offset: (_zeros_like(q), _zeros_like(k), _zeros_like(v))] + [
+            branch(mask) for mask in self._masks()]
         totals = [_zeros_like(q), _zeros_like(k), _zeros_like(v)]
         for q_part, k_part, kind, offset in self._window_pieces(rank, source, q.shape[1]):
-            def run(mask):
-                return lambda *arrays: self.blocks.backward(*arrays[:6], mask if mask else (_cp.BAND_PIECE, arrays[6]))
-            branches = [lambda q, k, v, o, stats, d_o, offset: (_zeros_like(q), _zeros_like(k), _zeros_like(v)),
-                        run((_cp.DIAGONAL, self.left)), run((_cp.FULL, 0)), run(None)]
             grads = jax.lax.switch(kind, branches, _part(q, q_part), _part(k, k_part), _part(v, k_part),
                                    _part(o, q_part), _part(stats, q_part, 2), _part(d_o, q_part), offset)
             for i, (grad, part) in enumerate(zip(grads, (q_part, k_part, k_part))):
