@@ -29,6 +29,10 @@ from .errors import NotSupportedError, invalid_argument
 
 LOCAL, EARLIER, LATER = 0, 1, 2
 ALL, FIRST, SECOND = "all", "first", "second"  # which part of the queries or keys a piece takes
+# A piece's mask: (FULL, 0), (DIAGONAL, W) (causal from the top-left, W: a window's left bound or
+# -1), (BAND_PIECE, offset); the kinds are the indices JAX switches on, HIDDEN a piece not run.
+HIDDEN, DIAGONAL, FULL, BAND_PIECE = 0, 1, 2, 3
+BAND = "select(ge(sub(kv,q),$0),score,-inf)"  # key j visible to query i where j - i >= $0 (local indices)
 
 
 def kind_of(rank, source):
@@ -85,10 +89,6 @@ def check_arguments(q_shape, k_shape, causal, load_balanced, scheme, holder):
 
 
 # --- causal sliding windows -------------------------------------------------------------------------
-
-HIDDEN, DIAGONAL, FULL, BAND_PIECE = 0, 1, 2, 3  # a window piece's kinds (indices: JAX switches on them)
-BAND = "select(ge(sub(kv,q),$0),score,-inf)"  # key j visible to query i where j - i >= $0 (local indices)
-
 
 def window_left(window, causal):
     """The left bound W of a causal sliding window (window=(W, 0), or (W, -1) with causal), or -1
