@@ -38,6 +38,16 @@ void refuse_extra(const char* field, const void* pointer, const char* has) {
   if (pointer != nullptr) throw InvalidArgument(field, address(pointer), std::string("null: the spec has ") + has);
 }
 
+// An optional tensor: required (non-null, aligned) where the spec has it, refused where it does not
+// (`otherwise` says what the spec has then).
+void check_optional(const char* field, const void* pointer, bool spec_has, const char* otherwise) {
+  if (spec_has) {
+    require_pointer(field, pointer);
+  } else {
+    refuse_extra(field, pointer, otherwise);
+  }
+}
+
 template <std::size_t N>
 void require_scales(const Named (&scales)[N]) {
   for (auto [field, pointer] : scales) require_float_scalar(field, pointer);
@@ -70,13 +80,8 @@ bool is_ragged(const AttentionSpec& spec) { return spec.ragged_q() || spec.ragge
 // (attention.h: seq_len_* are then unused); a spec without padding has none.
 void check_lengths(const AttentionSpec& spec, const std::int32_t* seq_len_q, const std::int32_t* seq_len_kv) {
   if (is_ragged(spec)) return;
-  if (spec.padding) {
-    require_pointer("tensors.seq_len_q", seq_len_q);
-    require_pointer("tensors.seq_len_kv", seq_len_kv);
-  } else {
-    refuse_extra("tensors.seq_len_q", seq_len_q, "no padding (padding=0)");
-    refuse_extra("tensors.seq_len_kv", seq_len_kv, "no padding (padding=0)");
-  }
+  check_optional("tensors.seq_len_q", seq_len_q, spec.padding, "no padding (padding=0)");
+  check_optional("tensors.seq_len_kv", seq_len_kv, spec.padding, "no padding (padding=0)");
 }
 
 // A ragged plan's batch is a bucket (fusedattn/ragged.h): the call says how many sequences it has.
@@ -95,16 +100,8 @@ void check_ragged(const AttentionSpec& spec, const RaggedTensors& ragged) {
 // Bias, sink and a score modifier's values: the inputs both passes share.
 template <class Tensors>
 void check_score_terms(const AttentionSpec& spec, const Tensors& t) {
-  if (spec.bias != Bias::none) {
-    require_pointer("tensors.bias", t.bias);
-  } else {
-    refuse_extra("tensors.bias", t.bias, "no bias (bias=none)");
-  }
-  if (spec.softmax == Softmax::sink) {
-    require_pointer("tensors.sink", t.sink);
-  } else {
-    refuse_extra("tensors.sink", t.sink, "no learnable sink (softmax is not sink)");
-  }
+  check_optional("tensors.bias", t.bias, spec.bias != Bias::none, "no bias (bias=none)");
+  check_optional("tensors.sink", t.sink, spec.softmax == Softmax::sink, "no learnable sink (softmax is not sink)");
   if (spec.score_mod.scalars() > 0) {
     require_float_scalar("tensors.score_mod.scalars", t.score_mod.scalars);
   } else {
@@ -115,11 +112,7 @@ void check_score_terms(const AttentionSpec& spec, const Tensors& t) {
   static_assert(sizeof kTensorFields / sizeof kTensorFields[0] == kMaxScoreModTensors);
   for (int i = 0; i < kMaxScoreModTensors; ++i) {
     const float* tensor = t.score_mod.tensors[static_cast<std::size_t>(i)];
-    if (i < spec.score_mod.tensors()) {
-      require_pointer(kTensorFields[i], tensor);
-    } else {
-      refuse_extra(kTensorFields[i], tensor, "fewer score modifier tensors");
-    }
+    check_optional(kTensorFields[i], tensor, i < spec.score_mod.tensors(), "fewer score modifier tensors");
   }
 }
 
@@ -147,7 +140,8 @@ bool reachable(std::int64_t delta, const TensorDesc& desc, const int* order, int
   const std::int64_t stride = std::llabs(desc.strides[order[axis]]), most = desc.dims[order[axis]] - 1;
   if (stride == 0 || most == 0) return reachable(delta, desc, order, axis + 1, below);
   const std::int64_t rest = below[axis];
-  // Candidates i with |delta - i * stride| <= rest: from ceil((delta - rest) / stride) to floor((delta + rest) / stride).
+  // Candidates i with |delta - i * stride| <= rest: from ceil((delta - rest) / stride) to
+  // floor((delta + rest) / stride).
   auto floor_div = [](std::int64_t a, std::int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); };
   const std::int64_t low = std::max(-most, -floor_div(rest - delta, stride));
   const std::int64_t high = std::min(most, floor_div(delta + rest, stride));
@@ -247,32 +241,16 @@ void check_tensor_set(const AttentionSpec& spec, const ForwardTensors& t) {
   require_pointer("tensors.k", t.k);
   require_pointer("tensors.v", t.v);
   require_pointer("tensors.o", t.o);
-  if (spec.stats) {
-    require_pointer("tensors.stats", t.stats);
-  } else {
-    refuse_extra("tensors.stats", t.stats, "no statistics (stats=0)");
-  }
+  check_optional("tensors.stats", t.stats, spec.stats, "no statistics (stats=0)");
   check_lengths(spec, t.seq_len_q, t.seq_len_kv);
   check_ragged(spec, t.ragged);
   check_score_terms(spec, t);
   check_dropout(spec, t.dropout_seed, t.dropout_offset);
-  if (spec.dropout_mask_out) {
-    require_pointer("tensors.dropout_mask", t.dropout_mask);
-  } else {
-    refuse_extra("tensors.dropout_mask", t.dropout_mask, "no dropout mask output (dropout_mask=0)");
-  }
-  if (spec.paged_kv()) {
-    require_pointer("tensors.page_table_k", t.page_table_k);
-    require_pointer("tensors.page_table_v", t.page_table_v);
-  } else {
-    refuse_extra("tensors.page_table_k", t.page_table_k, "no paged cache (kv_pages=0)");
-    refuse_extra("tensors.page_table_v", t.page_table_v, "no paged cache (kv_pages=0)");
-  }
-  if (spec.max_logit != MaxLogit::none) {
-    require_pointer("tensors.max_logit", t.max_logit);
-  } else {
-    refuse_extra("tensors.max_logit", t.max_logit, "no max logit (max_logit=none)");
-  }
+  check_optional("tensors.dropout_mask", t.dropout_mask, spec.dropout_mask_out,
+                 "no dropout mask output (dropout_mask=0)");
+  check_optional("tensors.page_table_k", t.page_table_k, spec.paged_kv(), "no paged cache (kv_pages=0)");
+  check_optional("tensors.page_table_v", t.page_table_v, spec.paged_kv(), "no paged cache (kv_pages=0)");
+  check_optional("tensors.max_logit", t.max_logit, spec.max_logit != MaxLogit::none, "no max logit (max_logit=none)");
   if (is_fp8(spec.q.dtype)) require_scales(t.fp8);
   const Region inputs[] = {{"tensors.q", t.q, &spec.q}, {"tensors.k", t.k, &spec.k}, {"tensors.v", t.v, &spec.v}};
   if (spec.stats) {
@@ -285,27 +263,21 @@ void check_tensor_set(const AttentionSpec& spec, const ForwardTensors& t) {
 }
 
 void check_tensor_set(const AttentionSpec& spec, const BackwardTensors& t) {
-  for (auto [field, pointer] : {Named{"tensors.q", t.q}, Named{"tensors.k", t.k}, Named{"tensors.v", t.v},
-                                Named{"tensors.o", t.o}, Named{"tensors.d_o", t.d_o}, Named{"tensors.stats", t.stats},
-                                Named{"tensors.d_q", t.d_q}, Named{"tensors.d_k", t.d_k}, Named{"tensors.d_v", t.d_v}}) {
+  for (auto [field, pointer] :
+       {Named{"tensors.q", t.q}, Named{"tensors.k", t.k}, Named{"tensors.v", t.v}, Named{"tensors.o", t.o},
+        Named{"tensors.d_o", t.d_o}, Named{"tensors.stats", t.stats}, Named{"tensors.d_q", t.d_q},
+        Named{"tensors.d_k", t.d_k}, Named{"tensors.d_v", t.d_v}}) {
     require_pointer(field, pointer);
   }
   check_lengths(spec, t.seq_len_q, t.seq_len_kv);
   check_ragged(spec, t.ragged);
   check_score_terms(spec, t);
   check_dropout(spec, t.dropout_seed, t.dropout_offset);
-  if (spec.bias_grad) {
-    require_pointer("tensors.d_bias", t.d_bias);
-  } else {
-    refuse_extra("tensors.d_bias", t.d_bias, "no bias gradient (bias_grad=0)");
-  }
-  if (spec.softmax == Softmax::sink) {
-    require_pointer("tensors.d_sink", t.d_sink);
-  } else {
-    refuse_extra("tensors.d_sink", t.d_sink, "no learnable sink (softmax is not sink)");
-  }
+  check_optional("tensors.d_bias", t.d_bias, spec.bias_grad, "no bias gradient (bias_grad=0)");
+  check_optional("tensors.d_sink", t.d_sink, spec.softmax == Softmax::sink, "no learnable sink (softmax is not sink)");
   if (is_fp8(spec.q.dtype)) require_scales(t.fp8);
-  const TensorDesc d_q = gradient_desc(spec.q, spec), d_k = gradient_desc(spec.k, spec), d_v = gradient_desc(spec.v, spec);
+  const TensorDesc d_q = gradient_desc(spec.q, spec), d_k = gradient_desc(spec.k, spec);
+  const TensorDesc d_v = gradient_desc(spec.v, spec);
   const Region inputs[] = {{"tensors.q", t.q, &spec.q},
                            {"tensors.k", t.k, &spec.k},
                            {"tensors.v", t.v, &spec.v},
