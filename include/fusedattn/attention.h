@@ -184,8 +184,6 @@ class Plan {
  private:
   void enqueue(const ForwardTensors& tensors, float scale, cudaStream_t stream, const Workspace& workspace) const;
   void enqueue(const BackwardTensors& tensors, float scale, cudaStream_t stream, const Workspace& workspace) const;
-  template <class Enqueue>
-  void naming_the_spec(Enqueue&& enqueue) const;
   // `workspace` has workspace_bytes(): cuDNN's part first, then ours.
   void execute(void* const* by_uid, cudaStream_t stream, void* workspace) const;
   void require_device() const;

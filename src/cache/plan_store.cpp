@@ -22,6 +22,7 @@
 #include "fusedattn/disk_cache.h"
 #include "fusedattn/errors.h"
 #include "graph/sdpa_graph.h"
+#include "spec/naming_errors.h"
 
 #ifndef FUSEDATTN_VERSION
 #define FUSEDATTN_VERSION "unknown"
@@ -198,16 +199,7 @@ std::shared_ptr<const detail::CacheEntry> build_spec_entry(const PlanKey& key) {
 // failure leaves nothing in the cache (fusedattn/lru_cache.h) and its error names the spec.
 std::shared_ptr<const detail::CacheEntry> build_entry(const PlanKey& key) {
   detail::RelaxedCapture relaxed;
-  const auto with_spec = [&](const Error& error) {
-    return std::string(error.what()) + " [" + to_string(key.pass) + " " + to_string(key.spec) + "]";
-  };
-  try {
-    return build_spec_entry(key);
-  } catch (const CudnnError& error) {
-    throw CudnnError(with_spec(error));
-  } catch (const CudaError& error) {
-    throw CudaError(with_spec(error));
-  }
+  return detail::naming_the_call(key.pass, key.spec, [&] { return build_spec_entry(key); });
 }
 
 }  // namespace

@@ -23,6 +23,7 @@
 #include "fusedattn/errors.h"
 #include "fusedattn/plan_cache.h"
 #include "graph/sdpa_graph.h"
+#include "spec/naming_errors.h"
 #include "spec/tensor_set.h"
 
 namespace fusedattn {
@@ -238,25 +239,13 @@ Plan::~Plan() { g_live_plans.fetch_sub(1, std::memory_order_relaxed); }
 
 std::size_t live_plans() noexcept { return g_live_plans.load(std::memory_order_relaxed); }
 
-// A CUDA or cuDNN failure while enqueueing names the plan's pass and spec (InvalidArgument names
-// its field already). The handlers cost nothing on the path that does not throw.
-template <class Enqueue>
-void Plan::naming_the_spec(Enqueue&& enqueue) const {
-  try {
-    enqueue();
-  } catch (const CudnnError& error) {
-    throw CudnnError(std::string(error.what()) + " [" + to_string(pass_) + " " + to_string(spec_) + "]");
-  } catch (const CudaError& error) {
-    throw CudaError(std::string(error.what()) + " [" + to_string(pass_) + " " + to_string(spec_) + "]");
-  }
-}
-
+// A CUDA or cuDNN failure while enqueueing names the plan's pass and spec.
 void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace) const {
-  naming_the_spec([&] { enqueue(t, scale, stream, workspace); });
+  detail::naming_the_call(pass_, spec_, [&] { enqueue(t, scale, stream, workspace); });
 }
 
 void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace) const {
-  naming_the_spec([&] { enqueue(t, scale, stream, workspace); });
+  detail::naming_the_call(pass_, spec_, [&] { enqueue(t, scale, stream, workspace); });
 }
 
 void Plan::enqueue(const ForwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace) const {
