@@ -115,7 +115,7 @@ def trace(fn):
     closed = jax.make_jaxpr(fn)(*scalars)
     tracer = _score_mod._Tracer(lambda x: hasattr(x, "shape"), Sym)
     tracer.stopped = set()
-    tracer.is_learnable = lambda array: _differentiated(array) and id(array) not in tracer.stopped
+    tracer.is_learnable = lambda array: learned(array, tracer.stopped)
     leaves = [Sym(tracer, name) for name in _score_mod._LEAVES]
     out = _evaluate(tracer, closed.jaxpr, closed.consts, leaves)
     if isinstance(out, list):
@@ -133,6 +133,12 @@ def _differentiated(array):
     return isinstance(array, jax.core.Tracer)
 
 
+def learned(array, stopped):
+    """Whether a captured array is taken as learned: it may be differentiated, and the function did
+    not take it through stop_gradient (`stopped`: those arrays' ids, from trace())."""
+    return _differentiated(array) and id(array) not in stopped
+
+
 def dense_bias(part, q, k, layout, stopped=()):
     """The bias of a traced bias part (_score_mod.py): its expression at every (b, h, q_idx, kv_idx)
     of this call, in q's dtype, in the nearest bias shape the core takes (_score_mod.bias_shape),
@@ -145,7 +151,7 @@ def dense_bias(part, q, k, layout, stopped=()):
     value = jnp.asarray(_score_mod.evaluate_dense(part, grids, _operations(sizes)), jnp.float32)
     value = value.reshape((1,) * (4 - value.ndim) + value.shape)
     bias = jnp.broadcast_to(value, _score_mod.bias_shape(value.shape, sizes)).astype(q.dtype)
-    return bias, any(_differentiated(t) and id(t) not in stopped for t in part.tensors)
+    return bias, any(learned(t, stopped) for t in part.tensors)
 
 
 def _operations(sizes):

@@ -169,7 +169,7 @@ def _score_mod_arrays(mod, stopped, spec):
         return ()
     arrays = (jnp.asarray(mod.scalars, jnp.float32),) if mod.scalars else ()
     for slot, array in enumerate(mod.tensors):
-        if _jax_score_mod._differentiated(array) and id(array) not in stopped:
+        if _jax_score_mod.learned(array, stopped):
             raise NotSupportedError(f"score_mod: captured array t{slot} is being differentiated: gradients of arrays "
                                     "inside a score modifier are not built yet (stop_gradient it, or pass it as bias=)")
         want = tuple(spec.score_mod_tensor_shape(slot))
