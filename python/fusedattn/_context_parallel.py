@@ -105,6 +105,16 @@ def window_left(window, causal):
                             "are built under context parallelism")
 
 
+def mask_options(mask):
+    """(causal, window, score_mod) of the block call that runs a piece under `mask`: the diagonal
+    causal from the top-left (with its window's left bound W >= 1: window=(W, 0)), the band as the
+    modifier BAND (its offset the call's scalar, never looked at here: JAX traces it)."""
+    kind, value = mask
+    if kind == DIAGONAL:
+        return True, (value, 0) if value >= 1 else (-1, -1), ""
+    return False, (-1, -1), BAND if kind == BAND_PIECE else ""
+
+
 def window_pairs(balanced):
     """The (query part, key part) pairs of a block under a window: each chunk against each chunk."""
     return [(FIRST, FIRST), (FIRST, SECOND), (SECOND, FIRST), (SECOND, SECOND)] if balanced else [(ALL, ALL)]

@@ -65,15 +65,13 @@ class _Blocks:
         # shard_map every array is already this device's, so attention()'s partitioning has no part.
         # Returns it with the band's scalar operand, if any, bound after the arrays.
         from . import jax as adapter
-        kind, value = mask
-        window = (value, 0) if kind == _cp.DIAGONAL and isinstance(value, int) and value >= 1 else (-1, -1)
-        config = _config.config("bshd", causal=kind == _cp.DIAGONAL, window=window, stats=True,
-                                score_mod=_cp.BAND if kind == _cp.BAND_PIECE else "")
+        causal, window, score_mod = _cp.mask_options(mask)
+        config = _config.config("bshd", causal=causal, window=window, stats=True, score_mod=score_mod)
         call, _ = adapter._traced(config, self.scale, (0, 0), q, k, v, 0)
         kernel = functools.partial(adapter._kernel(pass_), call)
-        if kind != _cp.BAND_PIECE:
+        if mask[0] != _cp.BAND_PIECE:
             return kernel
-        scalars = jnp.reshape(jnp.asarray(value, jnp.float32), (1,))
+        scalars = jnp.reshape(jnp.asarray(mask[1], jnp.float32), (1,))
         return lambda *arrays: kernel(*arrays, scalars)
 
     def forward(self, q, k, v, mask):

@@ -60,9 +60,7 @@ class FusedattnBlocks:
 
     def _config(self, mask):
         from . import torch as adapter
-        kind, value = mask
-        causal, window = kind == _cp.DIAGONAL, (value, 0) if kind == _cp.DIAGONAL and value >= 1 else (-1, -1)
-        score_mod = _cp.BAND if kind == _cp.BAND_PIECE else ""
+        causal, window, score_mod = _cp.mask_options(mask)
         return adapter._config_text("bshd", "", causal, window, "top_left", False, False, "vanilla", 0.0, False,
                                     False, "", True, 0, score_mod)
 
