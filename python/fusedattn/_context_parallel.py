@@ -77,15 +77,57 @@ def load_balanced_order(n):
     return [c for r in range(n) for c in (r, 2 * n - 1 - r)]
 
 
-def check_arguments(q_shape, k_shape, causal, load_balanced, scheme, holder):
-    """What both adapters refuse, in the same words; `holder` names a device or a rank."""
+def check_arguments(q_shape, k_shape, causal, load_balanced, scheme, holder, packed=False):
+    """What both adapters refuse, in the same words; `holder` names a device or a rank. `packed`:
+    thd parts ([tokens, h, d]), whose sequences' chunks packed_chunks checks."""
     if scheme not in ("ring", "all_gather"):
         raise invalid_argument("scheme", scheme, '"ring" or "all_gather"')
-    if causal and load_balanced and (q_shape[1] % 2 or k_shape[1] % 2):
+    axis = 0 if packed else 1
+    if causal and load_balanced and not packed and (q_shape[axis] % 2 or k_shape[axis] % 2):
         raise invalid_argument("q.shape", tuple(q_shape),
                                f"an even number of tokens a {holder} with load_balanced causal attention (two chunks)")
-    if causal and q_shape[1] != k_shape[1]:
-        raise invalid_argument("k.shape", tuple(k_shape), f"as many tokens a {holder} as q ({q_shape[1]}) when causal")
+    if (causal or packed) and q_shape[axis] != k_shape[axis]:
+        raise invalid_argument("k.shape", tuple(k_shape),
+                               f"as many tokens a {holder} as q ({q_shape[axis]}) when {'packed' if packed else 'causal'}")
+
+
+# --- packed sequences (thd) ---------------------------------------------------------------------------
+#
+# A packed batch is split sequence by sequence: each sequence's tokens are cut into 2N chunks (N
+# without load balancing) and device r holds chunks r and 2N-1-r (chunk r) of every sequence, one
+# sequence after the other, so its part is a packed batch of its own with offsets cu_seqlens / N.
+# Inside a call a device orders its tokens as all sequences' first chunks, then all second ones:
+# each half is then a packed batch with offsets cu_seqlens / 2N, and the pieces of a block are
+# the dense case's (a half against a half) as ragged calls, each sequence against itself alone.
+
+def packed_chunks(lengths, n, balanced, holder):
+    """The chunks every sequence is cut into (2n, or n), after checking that each of `lengths` (the
+    whole batch's sequence lengths, plain integers) is a multiple of it; `holder` names a device or
+    a rank."""
+    chunks = 2 * n if balanced else n
+    bad = [(i, length) for i, length in enumerate(lengths) if length < 0 or length % chunks]
+    if bad:
+        i, length = bad[0]
+        each = f"chunks r and {2 * n - 1}-r of {chunks}" if balanced else f"chunk r of {chunks}"
+        raise invalid_argument("cu_seqlens", f"sequence {i} of length {length} ({len(bad)} such)",
+                               f"sequence lengths that are multiples of {chunks}: {holder} r holds {each} of each")
+    return chunks
+
+
+def packed_pieces(pieces):
+    """`pieces` for packed halves: a piece of all of a part's tokens (ALL) is two, one per half, as
+    a sequence's tokens of the two halves lie apart (only full pieces take ALL)."""
+    halves = lambda part: (FIRST, SECOND) if part == ALL else (part,)
+    return [(q_part, k_part, mask) for q, k, mask in pieces for q_part in halves(q) for k_part in halves(k)]
+
+
+def refuse_packed_window(left):
+    """Windows over packed sequences are not built: each sequence's chunks have a length of their
+    own, so one block's window pieces would differ from sequence to sequence."""
+    if left >= 1:
+        raise NotSupportedError(f"context parallelism: window=({left}, 0) with packed sequences (thd): each "
+                                "sequence's chunks differ in length, so the window's pieces would differ per sequence; "
+                                "not built")
 
 
 # --- causal sliding windows -------------------------------------------------------------------------

@@ -19,69 +19,134 @@ stand-ins (the `blocks` argument of run_forward / run_backward).
 A learnable sink (softmax="sink") joins each row once, after the blocks; its gradient is summed
 over the ranks. A causal sliding window runs each chunk of queries against each chunk of keys as
 a window piece (_context_parallel.py): hidden, the diagonal, full, or a band the score modifier
-_cp.BAND masks. Not yet: two-sided windows, packed sequences (thd) and lengths under context
-parallelism; a run on several GPUs (issue 19).
+_cp.BAND masks. Packed sequences (thd, cu_seqlens) are split sequence by sequence
+(_context_parallel.py says how); each piece is then one ragged call over every sequence. Not yet:
+two-sided windows, windows over packed sequences, dense lengths; a run on several GPUs (issue 19).
 """
 import contextlib
 
 import torch
 
 from . import _context_parallel as _cp
+from .errors import invalid_argument
 
-__all__ = ["context_parallel_attention", "load_balance", "unbalance", "SimulatedRanks"]
+__all__ = ["context_parallel_attention", "load_balance", "unbalance", "SimulatedRanks", "Packed"]
 
 
 
-def load_balance(x, n, dim=1):
-    """x with its sequence `dim` reordered so that its n equal parts hold chunks (r, 2n-1-r) of 2n."""
+def load_balance(x, n, dim=1, *, cu_seqlens=None, balanced=True):
+    """x with its sequence `dim` reordered so that its n equal parts hold chunks (r, 2n-1-r) of 2n.
+    A packed batch (thd: x [tokens, h, d], dim 0, with its cu_seqlens): so that part r holds those
+    chunks of every sequence, sequence after sequence; with balanced=False chunk r of n of each."""
+    if cu_seqlens is not None:
+        return x.index_select(0, _packed_order(cu_seqlens, n, balanced).to(x.device))
     chunks = x.chunk(2 * n, dim=dim)
     return torch.cat([chunks[c] for c in _cp.load_balanced_order(n)], dim=dim)
 
 
-def unbalance(x, n, dim=1):
+def unbalance(x, n, dim=1, *, cu_seqlens=None, balanced=True):
     """The inverse of load_balance."""
+    if cu_seqlens is not None:
+        return torch.empty_like(x).index_copy_(0, _packed_order(cu_seqlens, n, balanced).to(x.device), x)
     parts, order = x.chunk(2 * n, dim=dim), [None] * (2 * n)
     for position, c in enumerate(_cp.load_balanced_order(n)):
         order[c] = parts[position]
     return torch.cat(order, dim=dim)
 
 
+# --- packed sequences (thd) ----------------------------------------------------------------------
+
+def _ranges(starts, lengths):
+    """The ranges [start, start + length) one after the other (int64 tensors on the host)."""
+    ends = lengths.cumsum(0)
+    return (torch.arange(int(ends[-1]) if len(ends) else 0) - torch.repeat_interleave(ends - lengths, lengths)
+            + torch.repeat_interleave(starts, lengths))
+
+
+def _host_offsets(cu_seqlens, n, balanced, holder="rank"):
+    """(offsets, lengths, chunk lengths) of a whole packed batch on the host (int64), checked."""
+    cu = cu_seqlens.detach().to("cpu", torch.int64)
+    if cu.dim() != 1 or cu.numel() < 2 or int(cu[0]) != 0:
+        raise invalid_argument("cu_seqlens", tuple(cu.shape), "int32 [b + 1] cumulative offsets from 0")
+    lengths = cu.diff()
+    return cu, lengths, lengths // _cp.packed_chunks(lengths.tolist(), n, balanced, holder)
+
+
+def _packed_order(cu_seqlens, n, balanced):
+    """The whole batch's token indices in the order of the ranks' parts (load_balance)."""
+    cu, _, size = _host_offsets(cu_seqlens, n, balanced)
+    parts = []
+    for r in range(n):
+        mine = (r, 2 * n - 1 - r) if balanced else (r,)
+        starts = torch.stack([cu[:-1] + c * size for c in mine], 1).flatten()
+        parts.append(_ranges(starts, size.repeat_interleave(len(mine))))
+    return torch.cat(parts)
+
+
+class Packed:
+    """A rank's part of a packed batch, as the pieces run it: its tokens reordered as every
+    sequence's first chunk, then every sequence's second (halves); each half (the whole part,
+    without load balancing) is a packed batch with offsets `cu` and longest sequence `max_seqlen`."""
+
+    def __init__(self, cu_seqlens, n, balanced, device):
+        cu, _, size = _host_offsets(cu_seqlens, n, balanced)
+        self.tokens = int(cu[-1]) // n
+        self.sequences = len(size)
+        self.cu = torch.cat([torch.zeros(1, dtype=torch.int64), size.cumsum(0)]).to(device, torch.int32)
+        self.max_seqlen = max(int(size.max()), 1) if len(size) else 1
+        local = cu[:-1] // n  # where each sequence's chunks start in the rank's part
+        self.order = torch.cat([_ranges(local, size), _ranges(local + size, size)]).to(device) if balanced else None
+
+    def halves(self, x):
+        """x (a rank's part, [tokens, ...]) in the pieces' order."""
+        return x if self.order is None else x.index_select(0, self.order)
+
+    def restore(self, x):
+        """The inverse of halves."""
+        return x if self.order is None else torch.empty_like(x).index_copy_(0, self.order, x)
+
+
 # --- the block kernels ---------------------------------------------------------------------------
 
 class FusedattnBlocks:
     """A block of keys against q through fusedattn's kernels: forward (O float32, statistics
-    [b, h, s_q]) and backward with the O and statistics given, under a piece's mask
-    (_context_parallel.pieces): none, causal from the top-left (with a window's left bound W >= 1:
-    window=(W, 0)), or the band j - i >= offset as the score modifier _cp.BAND, whose offset is a
-    runtime scalar (one plan for every offset)."""
+    [b, h, s_q], or [tokens, h] packed) and backward with the O and statistics given, under a
+    piece's mask (_context_parallel.pieces): none, causal from the top-left (with a window's left
+    bound W >= 1: window=(W, 0)), or the band j - i >= offset as the score modifier _cp.BAND, whose
+    offset is a runtime scalar (one plan for every offset). `packed` (a Packed): q, k, v are halves
+    of packed parts (thd), one ragged call over their sequences."""
 
     def __init__(self, scale):
         self.scale = scale
 
-    def _config(self, mask):
+    def _config(self, mask, packed=None):
         from . import torch as adapter
         causal, window, score_mod = _cp.mask_options(mask)
-        return adapter._config_text("bshd", "", causal, window, "top_left", False, False, "vanilla", 0.0, False,
-                                    False, "", True, 0, score_mod)
+        return adapter._config_text("thd" if packed else "bshd", "", causal, window, "top_left", False, False,
+                                    "vanilla", 0.0, False, packed is not None, "", True, 0, score_mod)
 
-    def _extras(self, mask, q):
+    def _extras(self, mask, q, packed=None):
         from . import torch as adapter
-        if mask[0] != _cp.BAND_PIECE:
-            return adapter._Extras()
-        return adapter._Extras(mod_scalars=torch.tensor([float(mask[1])], dtype=torch.float32, device=q.device))
+        scalars = torch.tensor([float(mask[1])], dtype=torch.float32, device=q.device) \
+            if mask[0] == _cp.BAND_PIECE else None
+        offsets = packed.cu if packed is not None else None
+        return adapter._Extras(mod_scalars=scalars, cu_seqlens_q=offsets, cu_seqlens_kv=offsets)
 
-    def forward(self, q, k, v, mask):
+    def forward(self, q, k, v, mask, packed=None):
         from . import torch as adapter
-        o, stats, _ = adapter._forward_body(q, k, v, None, None, self._extras(mask, q), self._config(mask), self.scale,
-                                            0, 0)
+        longest = packed.max_seqlen if packed is not None else 0
+        o, stats, _ = adapter._forward_body(q, k, v, None, None, self._extras(mask, q, packed),
+                                            self._config(mask, packed), self.scale, longest, longest)
         return o.float(), stats
 
-    def backward(self, q, k, v, o, stats, d_o, mask):
+    def backward(self, q, k, v, o, stats, d_o, mask, packed=None):
         # q, k, v may be views (the core takes their strides); O, dO and the statistics are read as
         # the dense tensors the core allocates, so halves of them are copied.
         from . import torch as adapter
+        longest = packed.max_seqlen if packed is not None else 0
         d_q, d_k, d_v, _, _ = adapter._backward_body(d_o.contiguous(), q, k, v, o.contiguous(), stats.contiguous(), None,
-                                                    None, self._extras(mask, q), self._config(mask), self.scale, 0, 0)
+                                                    None, self._extras(mask, q, packed), self._config(mask, packed),
+                                                    self.scale, longest, longest)
         return d_q.float(), d_k.float(), d_v.float()
 
 
@@ -95,8 +160,14 @@ def _zeros(x):
 
 
 def _neutral(q):
-    b, s, h, _ = q.shape
-    return _zeros(q), torch.full((b, h, s), float("-inf"), dtype=_wide(q), device=q.device)
+    """No keys seen: O 0, statistics -inf ([b, h, s] for bshd q, [tokens, h] for packed q)."""
+    shape = q.shape[:2] if q.dim() == 3 else (q.shape[0], q.shape[2], q.shape[1])
+    return _zeros(q), torch.full(shape, float("-inf"), dtype=_wide(q), device=q.device)
+
+
+def _rows(stats):
+    """Statistics in O's order of rows: [b, s, h] from [b, h, s]; packed ones ([tokens, h]) are."""
+    return stats.transpose(1, 2) if stats.dim() == 3 else stats
 
 
 def _merge(a, b):
@@ -109,8 +180,8 @@ def _merge(a, b):
     safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
 
     def weighted(o, x, finite):
-        w = torch.where(finite, torch.exp(torch.where(finite, x, 0) - safe), torch.zeros_like(x)).transpose(1, 2)
-        return torch.where(finite.transpose(1, 2)[..., None], o * w[..., None], torch.zeros_like(o))
+        w = _rows(torch.where(finite, torch.exp(torch.where(finite, x, 0) - safe), torch.zeros_like(x)))
+        return torch.where(_rows(finite)[..., None], o * w[..., None], torch.zeros_like(o))
     return weighted(o_a, lse_a, finite_a) + weighted(o_b, lse_b, finite_b), lse
 
 
@@ -121,35 +192,44 @@ def _part(x, part, dim=1):
 
 class _Kinds:
     """A block's pieces (_context_parallel.pieces, or window_pieces under a window of `left` keys)
-    run through the block kernels."""
+    run through the block kernels; `packed` (a Packed) for halves of packed parts (thd), whose
+    tokens are axis 0 of O and of the statistics (axes 1 and 2 for bshd)."""
 
-    def __init__(self, blocks, causal, balanced, n, left=-1):
+    def __init__(self, blocks, causal, balanced, n, left=-1, packed=None):
         self.blocks, self.causal, self.balanced, self.n, self.left = blocks, causal, balanced, n, left
+        self.packed = packed
+        self.axis, self.stats_axis = (0, 0) if packed is not None else (1, 2)
+        self.extra = (packed,) if packed is not None else ()  # the block kernels' last argument, packed
 
     def _pieces(self, rank, source, length):
         if self.left >= 1:
             return _cp.window_pieces(rank, source, self.n, self.balanced, length, self.left)
-        return _cp.pieces(_cp.kind_of(rank, source), self.causal, self.balanced)
+        pieces = _cp.pieces(_cp.kind_of(rank, source), self.causal, self.balanced)
+        return _cp.packed_pieces(pieces) if self.packed is not None and self.balanced else pieces
 
     def forward(self, q, k, v, rank, source):
         """The block's partial result for all of q's rows (neutral where a piece leaves rows out)."""
         o, lse = _neutral(q)
-        for q_part, k_part, mask in self._pieces(rank, source, q.shape[1]):
-            start, stop = _cp.span(q_part, q.shape[1])
-            piece = self.blocks.forward(_part(q, q_part), _part(k, k_part), _part(v, k_part), mask)
-            rows = _merge((o[:, start:stop], lse[:, :, start:stop]), piece)
-            o = torch.cat([o[:, :start], rows[0], o[:, stop:]], 1)
-            lse = torch.cat([lse[:, :, :start], rows[1], lse[:, :, stop:]], 2)
+        a, sa = self.axis, self.stats_axis
+        for q_part, k_part, mask in self._pieces(rank, source, q.shape[a]):
+            start, stop = _cp.span(q_part, q.shape[a])
+            piece = self.blocks.forward(_part(q, q_part, a), _part(k, k_part, a), _part(v, k_part, a), mask,
+                                        *self.extra)
+            rows = _merge((_part(o, q_part, a), _part(lse, q_part, sa)), piece)
+            o = torch.cat([o.narrow(a, 0, start), rows[0], o.narrow(a, stop, o.shape[a] - stop)], a)
+            lse = torch.cat([lse.narrow(sa, 0, start), rows[1], lse.narrow(sa, stop, lse.shape[sa] - stop)], sa)
         return o, lse
 
     def backward(self, q, k, v, o, stats, d_o, rank, source):
         """(dQ of q's rows from this block, dK, dV of the block's keys), float32."""
         d_q, d_k, d_v = _zeros(q), _zeros(k), _zeros(v)
-        for q_part, k_part, mask in self._pieces(rank, source, q.shape[1]):
-            grads = self.blocks.backward(_part(q, q_part), _part(k, k_part), _part(v, k_part), _part(o, q_part),
-                                         _part(stats, q_part, 2), _part(d_o, q_part), mask)
+        a = self.axis
+        for q_part, k_part, mask in self._pieces(rank, source, q.shape[a]):
+            grads = self.blocks.backward(_part(q, q_part, a), _part(k, k_part, a), _part(v, k_part, a),
+                                         _part(o, q_part, a), _part(stats, q_part, self.stats_axis),
+                                         _part(d_o, q_part, a), mask, *self.extra)
             for total, grad, part in zip((d_q, d_k, d_v), grads, (q_part, k_part, k_part)):
-                _part(total, part).add_(grad)
+                _part(total, part, a).add_(grad)
         return d_q, d_k, d_v
 
 
@@ -269,22 +349,23 @@ class _Received:
 def _sink_partial(q, sink):
     """A learnable sink's share of every row: no value (O 0), the logit sink[h] (counted once, after
     the blocks, so that no block adds it again)."""
-    b, s, h, _ = q.shape
-    return _zeros(q), sink.to(_wide(q)).view(1, h, 1).expand(b, h, s)
+    o, stats = _neutral(q)
+    return o, _rows(sink.to(stats.dtype).expand(_rows(stats).shape))
 
 
 def _d_sink(o, stats, d_o, sink):
     """A sink's gradient from one rank's rows: -sum over rows of P_sink * rowsum(dO * O), P_sink =
     exp(sink - lse) (O = sum_j P_j v_j, and the sink moves every P_j by -P_sink)."""
-    rows = (d_o.to(_wide(o)) * o.to(_wide(o))).sum(-1).transpose(1, 2)  # [b, h, s]
-    return -(torch.exp(sink.to(stats.dtype).view(1, -1, 1) - stats) * rows).sum(dim=(0, 2))
+    rows = (d_o.to(_wide(o)) * o.to(_wide(o))).sum(-1)  # O's rows: [b, s, h] or [tokens, h]
+    return -(torch.exp(sink.to(stats.dtype) - _rows(stats)) * rows).flatten(0, -2).sum(0)
 
 
-def run_forward(qs, ks, vs, transport, blocks, causal, balanced, scheme, sink=None, left=-1):
+def run_forward(qs, ks, vs, transport, blocks, causal, balanced, scheme, sink=None, left=-1, packed=None):
     """Per rank this process runs (transport.ranks): (O float32, statistics). `sink`: a learnable
-    sink's logits [h_q] (softmax="sink"), or None; `left`: a causal sliding window's left bound."""
+    sink's logits [h_q] (softmax="sink"), or None; `left`: a causal sliding window's left bound;
+    `packed`: a Packed, the parts being packed halves (thd, Packed.halves)."""
     n, ranks = transport.n, transport.ranks
-    kinds = _Kinds(blocks, causal, balanced, n, left)
+    kinds = _Kinds(blocks, causal, balanced, n, left, packed)
     outs = [_neutral(q) for q in qs]
     if scheme == "all_gather":
         gathered = transport.all_gather(list(zip(ks, vs)))
@@ -304,18 +385,19 @@ def run_forward(qs, ks, vs, transport, blocks, causal, balanced, scheme, sink=No
     return outs
 
 
-def run_backward(qs, ks, vs, os, stats, d_os, transport, blocks, causal, balanced, scheme, sink=None, left=-1):
+def run_backward(qs, ks, vs, os, stats, d_os, transport, blocks, causal, balanced, scheme, sink=None, left=-1,
+                 packed=None):
     """Per rank: (dQ, dK, dV) float32, each block's backward on the merged O and statistics (with a
     sink: which include it); and with a sink its gradient, summed over every rank, per rank."""
-    grads = _block_gradients(qs, ks, vs, os, stats, d_os, transport, blocks, causal, balanced, scheme, left)
+    grads = _block_gradients(qs, ks, vs, os, stats, d_os, transport, _Kinds(blocks, causal, balanced, transport.n,
+                                                                              left, packed), scheme)
     if sink is None:
         return grads, None
     return grads, transport.all_reduce_sum([_d_sink(o, st, d_o, sink) for o, st, d_o in zip(os, stats, d_os)])
 
 
-def _block_gradients(qs, ks, vs, os, stats, d_os, transport, blocks, causal, balanced, scheme, left):
+def _block_gradients(qs, ks, vs, os, stats, d_os, transport, kinds, scheme):
     n, ranks = transport.n, transport.ranks
-    kinds = _Kinds(blocks, causal, balanced, n, left)
     d_qs = [_zeros(q) for q in qs]
     if scheme == "all_gather":
         gathered = transport.all_gather(list(zip(ks, vs)))
@@ -345,41 +427,62 @@ def _block_gradients(qs, ks, vs, os, stats, d_os, transport, blocks, causal, bal
 
 
 class _ContextParallel(torch.autograd.Function):
-    """One rank's call, the transport a process group's."""
+    """One rank's call, the transport a process group's; packed parts (thd) are reordered into the
+    pieces' halves here and back."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sink, transport, blocks, causal, balanced, scheme, left):
-        ((o, stats),) = run_forward([q], [k], [v], transport, blocks, causal, balanced, scheme, sink, left)
+    def forward(ctx, q, k, v, sink, transport, blocks, causal, balanced, scheme, left, packed):
+        order = packed.halves if packed is not None else (lambda x: x)
+        q, k, v = order(q), order(k), order(v)
+        ((o, stats),) = run_forward([q], [k], [v], transport, blocks, causal, balanced, scheme, sink, left, packed)
         o = o.to(q.dtype)
         ctx.save_for_backward(q, k, v, o, stats, sink)
         ctx.settings = (transport, blocks, causal, balanced, scheme)
-        ctx.left = left
-        return o
+        ctx.left, ctx.packed = left, packed
+        return packed.restore(o) if packed is not None else o
 
     @staticmethod
     def backward(ctx, d_o):
         q, k, v, o, stats, sink = ctx.saved_tensors
+        packed = ctx.packed
+        d_o = packed.halves(d_o) if packed is not None else d_o
         ((d_q, d_k, d_v),), d_sinks = run_backward([q], [k], [v], [o], [stats], [d_o.to(o.dtype)], *ctx.settings,
-                                                   sink=sink, left=ctx.left)
+                                                   sink=sink, left=ctx.left, packed=packed)
         d_sink = None if d_sinks is None else d_sinks[0].to(sink.dtype)
-        return d_q.to(q.dtype), d_k.to(k.dtype), d_v.to(v.dtype), d_sink, None, None, None, None, None, None
+        grads = [g.to(x.dtype) for g, x in zip((d_q, d_k, d_v), (q, k, v))]
+        if packed is not None:
+            grads = [packed.restore(g) for g in grads]
+        return (*grads, d_sink) + (None,) * 7
 
 
 def context_parallel_attention(q, k, v, *, group=None, causal=False, window=(-1, -1), scheme="ring",
-                               load_balanced=True, scale=None, sink=None, blocks=None):
+                               load_balanced=True, scale=None, sink=None, cu_seqlens=None, blocks=None):
     """Attention of this rank's queries against the keys of every rank of `group` (default: the
     world), bshd parts of the sequence axis, GQA allowed; differentiable in q, k, v. scheme: "ring"
     or "all_gather". Causal with load_balanced: rank r holds chunks r and 2N-1-r (load_balance).
     window=(W, 0) (or (W, -1) with causal): a causal sliding window of W keys, in positions of the
     whole sequence. sink: a learnable sink's logits, float32 [h_q], the same on every rank
     (softmax="sink"); its gradient comes back summed over the group's ranks.
+    cu_seqlens: a packed batch (thd): q, k, v [tokens, h, d] are this rank's part (load_balance
+    with cu_seqlens: chunks r and 2N-1-r of every sequence, or chunk r without load balancing),
+    cu_seqlens the whole batch's int32 [b + 1] offsets, the same on every rank, each length a
+    multiple of 2N (N). It is read on the host: pass it there to spare a device read.
     `blocks` replaces fusedattn's block kernels (tests of the algorithm on CPU groups)."""
     import torch.distributed as dist
     left = _cp.window_left(window, causal)
     causal = causal or left >= 1
-    _cp.check_arguments(q.shape, k.shape, causal, load_balanced, scheme, "rank")
+    packed_call = cu_seqlens is not None
+    _cp.check_arguments(q.shape, k.shape, causal, load_balanced, scheme, "rank", packed_call)
     scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else float(scale)
-    transport = ProcessGroupTransport(group if group is not None else dist.group.WORLD)
+    group = group if group is not None else dist.group.WORLD
+    balanced = bool(causal and load_balanced)
+    packed = None
+    if packed_call:
+        _cp.refuse_packed_window(left)
+        packed = Packed(cu_seqlens, dist.get_world_size(group), balanced, q.device)
+        if q.shape[0] != packed.tokens:
+            raise invalid_argument("q.shape", tuple(q.shape), f"[{packed.tokens}, h, d]: a rank's part of the "
+                                   f"{packed.tokens * dist.get_world_size(group)} tokens cu_seqlens gives")
+    transport = ProcessGroupTransport(group)
     return _ContextParallel.apply(q, k, v, sink, transport, blocks if blocks is not None else FusedattnBlocks(scale),
-                                  bool(causal), bool(causal and load_balanced), scheme, left)
-
+                                  bool(causal), balanced, scheme, left, packed)

@@ -3,7 +3,7 @@ process (SimulatedRanks, in-process copies) and 4 processes of a gloo group (the
 transport's point-to-point sends and collectives), with stand-in block kernels in float64 math that
 use the O and statistics they are given, as cuDNN's backward does; against attention of the whole
 sequence, outputs and gradients, ring and all-gather, causal load-balanced, contiguous and not
-causal, GQA."""
+causal, GQA; packed sequences (thd) against each sequence's own attention."""
 import os
 import re
 import subprocess
@@ -45,14 +45,21 @@ class ReferenceBlocks:
         s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double()) * self.scale
         return s.masked_fill(~visible(s.shape[-2], s.shape[-1], mask, s.device), float("-inf"))
 
-    def forward(self, q, k, v, mask):
+    def forward(self, q, k, v, mask, packed=None):
+        if packed is not None:  # each sequence alone, its statistics by token
+            outs = [self.forward(*x, mask) for x in per_sequence(packed, q, k, v)]
+            return torch.cat([o[0] for o, _ in outs]), torch.cat([st[0].transpose(0, 1) for _, st in outs])
         s = self._scores(q, k, mask)
         stats = torch.logsumexp(s, -1)
         p = torch.exp(s - stats[..., None])
         o = torch.einsum("bhqk,bkhd->bqhd", p, v.double().repeat_interleave(q.shape[2] // v.shape[2], 2))
         return o, stats
 
-    def backward(self, q, k, v, o, stats, d_o, mask):
+    def backward(self, q, k, v, o, stats, d_o, mask, packed=None):
+        if packed is not None:
+            grads = [self.backward(q_, k_, v_, o_, st.transpose(1, 2), d_o_, mask)
+                     for q_, k_, v_, o_, st, d_o_ in per_sequence(packed, q, k, v, o, stats, d_o)]
+            return tuple(torch.cat([g[i][0] for g in grads]) for i in range(3))
         group = q.shape[2] // k.shape[2]
         p = torch.exp(self._scores(q, k, mask) - stats[..., None].double())
         ke, ve = k.double().repeat_interleave(group, 2), v.double().repeat_interleave(group, 2)
@@ -62,6 +69,12 @@ class ReferenceBlocks:
         fold = lambda x: x.reshape(x.shape[0], x.shape[1], k.shape[2], group, x.shape[3]).sum(3)
         return (torch.einsum("bhqk,bkhd->bqhd", d_s, ke), fold(torch.einsum("bhqk,bqhd->bkhd", d_s, q.double())),
                 fold(torch.einsum("bhqk,bqhd->bkhd", p, d_o.double())))
+
+
+def per_sequence(packed, *tensors):
+    """Each sequence's slices of packed tensors ([tokens, ...], offsets packed.cu), as a batch of one."""
+    cu = packed.cu.tolist()
+    return [tuple(t[cu[i]:cu[i + 1]][None] for t in tensors) for i in range(len(cu) - 1)]
 
 
 def whole(q, k, v, causal, scale, sink=None, left=-1):
@@ -147,6 +160,104 @@ def test_a_rank_that_sees_no_key_of_a_block_takes_a_neutral_statistic():
     assert torch.allclose(outs[0][0], alone[0]) and torch.allclose(outs[0][1], alone[1])
 
 
+def packed_problem(h_kv, lengths, seed=0, h_q=4, d=16):
+    """Packed q, k, v, dO ([tokens, h, d], float64) and the batch's int32 offsets."""
+    g = torch.Generator().manual_seed(seed)
+    make = lambda h: torch.randn(sum(lengths), h, d, generator=g, dtype=torch.float64)
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)
+    return make(h_q), make(h_kv), make(h_kv), make(h_q), cu
+
+
+def whole_packed(q, k, v, cu, causal, scale, sink=None):
+    """Each sequence's own attention (whole), packed again."""
+    bounds = cu.tolist()
+    return torch.cat([whole(*(t[a:b][None] for t in (q, k, v)), causal, scale, sink)[0]
+                      for a, b in zip(bounds, bounds[1:])])
+
+
+def run_packed(n, q, k, v, d_o, cu, causal, balanced, scheme, blocks, sink=None, device="cpu", out_dtype=None):
+    """Packed parts through N simulated ranks: (O, grads, dSink per rank), restored to the batch's
+    order; O goes into the backward in `out_dtype` (as a caller's would), default its own."""
+    arrange = lambda x: cp.load_balance(x, n, cu_seqlens=cu, balanced=balanced)
+    restore = lambda x: cp.unbalance(x, n, cu_seqlens=cu, balanced=balanced)
+    packed = cp.Packed(cu, n, balanced, device)
+    parts = [[packed.halves(p.contiguous()) for p in arrange(x).chunk(n, 0)] for x in (q, k, v, d_o)]
+    ranks = cp.SimulatedRanks(n)
+    outs = cp.run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal, balanced, scheme, sink, packed=packed)
+    os_ = [o if out_dtype is None else o.to(out_dtype) for o, _ in outs]
+    grads, d_sinks = cp.run_backward(parts[0], parts[1], parts[2], os_, [s for _, s in outs],
+                                     parts[3], ranks, blocks, causal, balanced, scheme, sink, packed=packed)
+    whole_batch = lambda per_rank: restore(torch.cat([packed.restore(x) for x in per_rank]))
+    return whole_batch(os_), [whole_batch([g[i] for g in grads]) for i in range(3)], d_sinks
+
+
+@pytest.mark.parametrize("scheme", ["ring", "all_gather"])
+@pytest.mark.parametrize("causal, balanced", CASES, ids=IDS)
+@pytest.mark.parametrize("h_kv", [4, 2], ids=["mha", "gqa"])
+@pytest.mark.parametrize("n", [2, 4])
+def test_packed_sequences_equal_each_sequences_own_attention(scheme, causal, balanced, h_kv, n):
+    # Sequences of 24, 0 (empty), 8 and 48 tokens: multiples of 2N = 8, the chunks of 1 to 6 tokens.
+    q, k, v, d_o, cu = packed_problem(h_kv, [24, 0, 8, 48])
+    scale = q.shape[-1] ** -0.5
+    o, grads, _ = run_packed(n, q, k, v, d_o, cu, causal, balanced, scheme, ReferenceBlocks(scale))
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref = whole_packed(*leaves, cu, causal, scale)
+    ref.backward(d_o)
+    assert torch.allclose(o, ref, atol=1e-10)
+    for i, leaf in enumerate(leaves):
+        assert torch.allclose(grads[i], leaf.grad, atol=1e-9), "dqkv"[i]
+
+
+def test_packed_sequences_with_a_sink():
+    n = 2
+    q, k, v, d_o, cu = packed_problem(2, [16, 4, 12])
+    sink = torch.randn(q.shape[1], dtype=torch.float64)
+    scale = q.shape[-1] ** -0.5
+    o, grads, d_sinks = run_packed(n, q, k, v, d_o, cu, True, True, "ring", ReferenceBlocks(scale), sink)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, sink)]
+    ref = whole_packed(*leaves[:3], cu, True, scale, leaves[3])
+    ref.backward(d_o)
+    assert torch.allclose(o, ref, atol=1e-10)
+    for i, leaf in enumerate(leaves[:3]):
+        assert torch.allclose(grads[i], leaf.grad, atol=1e-9), "dqkv"[i]
+    for d_sink in d_sinks:
+        assert torch.allclose(d_sink, leaves[3].grad, atol=1e-9)
+
+
+def test_packed_parts_worked_numbers():
+    # Two sequences of 8 and 16 tokens over 2 ranks, balanced: chunks of 2 and 4 tokens. Rank 0
+    # holds chunks 0 and 3 of each: tokens 0-1, 6-7 of the first, 8-11, 20-23 of the second.
+    cu = torch.tensor([0, 8, 24], dtype=torch.int32)
+    order = cp._packed_order(cu, 2, True).tolist()
+    assert order[:12] == [0, 1, 6, 7, 8, 9, 10, 11, 20, 21, 22, 23]
+    assert order[12:] == [2, 3, 4, 5, 12, 13, 14, 15, 16, 17, 18, 19]
+    x = torch.arange(24)
+    assert torch.equal(cp.unbalance(cp.load_balance(x, 2, cu_seqlens=cu), 2, cu_seqlens=cu), x)
+    # The rank's part (offsets 0, 4, 12) in halves: first chunks 0-1, 4-7, then second 2-3, 8-11,
+    # each half a packed batch with offsets 0, 2, 6.
+    packed = cp.Packed(cu, 2, True, "cpu")
+    assert packed.order.tolist() == [0, 1, 4, 5, 6, 7, 2, 3, 8, 9, 10, 11]
+    assert packed.cu.tolist() == [0, 2, 6] and packed.max_seqlen == 4 and packed.tokens == 12
+    assert torch.equal(packed.restore(packed.halves(torch.arange(12))), torch.arange(12))
+    # Without load balancing: chunk r of 2, the part not reordered.
+    contiguous = cp.Packed(cu, 2, False, "cpu")
+    assert contiguous.order is None and contiguous.cu.tolist() == [0, 4, 12]
+    assert cp._packed_order(cu, 2, False).tolist()[:12] == [0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15]
+
+
+def test_packed_sequences_that_do_not_split_evenly_are_refused():
+    from fusedattn import InvalidArgumentError, NotSupportedError
+    with pytest.raises(InvalidArgumentError) as caught:
+        cp.Packed(torch.tensor([0, 8, 18], dtype=torch.int32), 2, True, "cpu")
+    assert caught.value.field == "cu_seqlens" and "sequence 1 of length 10" in str(caught.value)
+    assert "multiples of 4" in str(caught.value)
+    with pytest.raises(InvalidArgumentError):
+        cp.Packed(torch.tensor([1, 8], dtype=torch.int32), 2, False, "cpu")  # not from 0
+    q = torch.zeros(8, 2, 16)
+    with pytest.raises(NotSupportedError):  # refused before any process group is asked
+        fa.context_parallel_attention(q, q, q, causal=True, window=(4, 0), cu_seqlens=torch.tensor([0, 16]))
+
+
 @pytest.mark.parametrize("scheme", ["ring", "all_gather"])
 @pytest.mark.parametrize("balanced", [True, False], ids=["balanced", "contiguous"])
 @pytest.mark.parametrize("left", [1, 5, 16, 40, 64, 100], ids=lambda w: f"window{w}")
@@ -227,25 +338,34 @@ sys.path.insert(0, sys.argv[1])
 import test_torch_context_parallel as t
 from fusedattn import _torch_context_parallel as cp
 
-def main(rank, n, scheme, causal, balanced, h_kv, port, with_sink, left):
+def main(rank, n, scheme, causal, balanced, h_kv, port, with_sink, left, packed):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=n)
-    q, k, v, d_o = t.problem(h_kv)
+    if packed:  # a packed batch (thd), each rank its chunks of every sequence
+        q, k, v, d_o, cu = t.packed_problem(h_kv, [24, 0, 8, 48])
+        arrange, axis, heads = lambda x: cp.load_balance(x, n, cu_seqlens=cu, balanced=balanced), 0, q.shape[1]
+    else:
+        q, k, v, d_o = t.problem(h_kv)
+        arrange = (lambda x: cp.load_balance(x, n)) if balanced else (lambda x: x)
+        cu, axis, heads = None, 1, q.shape[2]
     scale = q.shape[-1] ** -0.5
-    arrange = (lambda x: cp.load_balance(x, n)) if balanced else (lambda x: x)
-    mine = [arrange(x).chunk(n, 1)[rank].clone() for x in (q, k, v, d_o)]
+    mine = [arrange(x).chunk(n, axis)[rank].clone() for x in (q, k, v, d_o)]
     leaves = [x.requires_grad_() for x in mine[:3]]
-    sink = torch.linspace(-1, 1, q.shape[2], dtype=torch.float64).requires_grad_() if with_sink else None
+    sink = torch.linspace(-1, 1, heads, dtype=torch.float64).requires_grad_() if with_sink else None
     o = cp.context_parallel_attention(*leaves, causal=causal, window=(left, 0) if left > 0 else (-1, -1),
-                                      scheme=scheme, load_balanced=balanced, sink=sink, blocks=t.ReferenceBlocks(scale))
+                                      scheme=scheme, load_balanced=balanced, sink=sink, cu_seqlens=cu,
+                                      blocks=t.ReferenceBlocks(scale))
     o.backward(mine[3])
     ref_leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     ref_sink = sink.detach().clone().requires_grad_() if with_sink else None
-    ref = t.whole(*ref_leaves, causal, scale, ref_sink, left)
+    if packed:
+        ref = t.whole_packed(*ref_leaves, cu, causal, scale, ref_sink)
+    else:
+        ref = t.whole(*ref_leaves, causal, scale, ref_sink, left)
     ref.backward(d_o)
-    ok = torch.allclose(o, arrange(ref).chunk(n, 1)[rank], atol=1e-10)
+    ok = torch.allclose(o, arrange(ref).chunk(n, axis)[rank], atol=1e-10)
     for leaf, ref_leaf in zip(leaves, ref_leaves):
-        ok = ok and torch.allclose(leaf.grad, arrange(ref_leaf.grad).chunk(n, 1)[rank], atol=1e-9)
+        ok = ok and torch.allclose(leaf.grad, arrange(ref_leaf.grad).chunk(n, axis)[rank], atol=1e-9)
     if with_sink:  # summed over the ranks: every rank holds the whole gradient
         ok = ok and torch.allclose(sink.grad, ref_sink.grad, atol=1e-9)
     print(f"RANK {rank} {'OK' if ok else 'WRONG'}", flush=True)
@@ -254,21 +374,25 @@ def main(rank, n, scheme, causal, balanced, h_kv, port, with_sink, left):
 if __name__ == "__main__":
     n, scheme, causal, balanced, h_kv, port = 4, sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1", int(sys.argv[5]), int(sys.argv[6])
     torch.multiprocessing.spawn(main, args=(n, scheme, causal, balanced, h_kv, port, sys.argv[7] == "1",
-                                            int(sys.argv[8])), nprocs=n)
+                                            int(sys.argv[8]), sys.argv[9] == "1"), nprocs=n)
 """
 
 
-@pytest.mark.parametrize("scheme, causal, balanced, with_sink, left", [
-    ("ring", True, True, False, -1), ("all_gather", True, True, False, -1), ("ring", False, False, False, -1),
-    ("all_gather", False, False, False, -1), ("ring", True, True, True, -1), ("ring", True, False, False, 40)],
-    ids=["ring_causal", "all_gather_causal", "ring_full", "all_gather_full", "ring_causal_sink", "ring_window"])
-def test_a_gloo_group_of_four_processes_equals_the_whole_sequence(scheme, causal, balanced, with_sink, left, tmp_path):
+@pytest.mark.parametrize("scheme, causal, balanced, with_sink, left, packed", [
+    ("ring", True, True, False, -1, False), ("all_gather", True, True, False, -1, False),
+    ("ring", False, False, False, -1, False), ("all_gather", False, False, False, -1, False),
+    ("ring", True, True, True, -1, False), ("ring", True, False, False, 40, False), ("ring", True, True, True, -1, True)],
+    ids=["ring_causal", "all_gather_causal", "ring_full", "all_gather_full", "ring_causal_sink", "ring_window",
+         "ring_causal_packed_sink"])
+def test_a_gloo_group_of_four_processes_equals_the_whole_sequence(scheme, causal, balanced, with_sink, left, packed,
+                                                                  tmp_path):
     script = tmp_path / "child.py"
     script.write_text(GLOO_CHILD)
-    port = 29500 + (os.getpid() + hash((scheme, causal, with_sink, left))) % 2000
+    port = 29500 + (os.getpid() + hash((scheme, causal, with_sink, left, packed))) % 2000
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     done = subprocess.run([sys.executable, str(script), os.path.dirname(__file__), scheme, str(int(causal)),
-                           str(int(balanced)), "2", str(port), str(int(with_sink)), str(left)], env=env,
+                           str(int(balanced)), "2", str(port), str(int(with_sink)), str(left), str(int(packed))],
+                          env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     # The four processes share stdout: their lines may run into each other.

@@ -1,7 +1,7 @@
 """Context parallelism on one GPU: N simulated ranks in one process (in-process copies for the
 transport) running fusedattn's block kernels, against float32 attention of the whole sequence,
 outputs and gradients, ring and all-gather, causal load-balanced and not causal, causal sliding
-windows, GQA."""
+windows, GQA, packed sequences (thd) against each sequence's own attention."""
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch not installed")
@@ -10,7 +10,7 @@ if not torch.cuda.is_available():
 fa = pytest.importorskip("fusedattn.torch")
 
 from fusedattn import _torch_context_parallel as cp  # noqa: E402
-from test_torch_context_parallel import whole  # noqa: E402
+from test_torch_context_parallel import run_packed, whole, whole_packed  # noqa: E402
 
 
 def rel(a, b):
@@ -45,3 +45,26 @@ def test_simulated_ranks_on_one_gpu_equal_the_whole_sequence(scheme, causal, bal
     assert rel(restore(torch.cat(os_, 1)), ref) < 1e-2
     for i, leaf in enumerate(leaves):
         assert rel(restore(torch.cat([gr[i] for gr in grads], 1)), leaf.grad) < 1e-2, "dqkv"[i]
+
+
+@pytest.mark.parametrize("scheme", ["ring", "all_gather"])
+@pytest.mark.parametrize("causal, balanced", [(True, True), (True, False), (False, False)],
+                         ids=["causal_balanced", "causal_contiguous", "full"])
+@pytest.mark.parametrize("h_kv", [8, 2], ids=["mha", "gqa"])
+def test_packed_sequences_on_one_gpu_equal_each_sequences_own_attention(scheme, causal, balanced, h_kv):
+    # Four ranks over sequences of 1024, 0, 264 and 2992 tokens (multiples of 8: chunks of 128, 0,
+    # 33 and 374 balanced), each piece one ragged call over the sequences' chunks.
+    n, lengths, h_q, d = 4, [1024, 0, 264, 2992], 8, 128
+    g = torch.Generator(device="cuda").manual_seed(5)
+    make = lambda h: (torch.rand(sum(lengths), h, d, device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
+    q, k, v, d_o = make(h_q), make(h_kv), make(h_kv), make(h_q)
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)
+    scale = d ** -0.5
+    o, grads, _ = run_packed(n, q, k, v, d_o, cu, causal, balanced, scheme, cp.FusedattnBlocks(scale),
+                             device="cuda", out_dtype=torch.bfloat16)
+    leaves = [x.float().requires_grad_() for x in (q, k, v)]
+    ref = whole_packed(*leaves, cu, causal, scale)
+    ref.backward(d_o.float())
+    assert rel(o, ref) < 1e-2
+    for i, leaf in enumerate(leaves):
+        assert rel(grads[i], leaf.grad) < 1e-2, "dqkv"[i]
