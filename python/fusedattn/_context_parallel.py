@@ -114,6 +114,41 @@ def packed_chunks(lengths, n, balanced, holder):
     return chunks
 
 
+def packed_sizes(cu, n, balanced):
+    """(chunk lengths [b], offsets of one part's half (of the whole part, unbalanced) [b + 1]) of a
+    packed batch with offsets `cu` (int arrays of a framework: the arithmetic is the same)."""
+    size = (cu[1:] - cu[:-1]) // (2 * n if balanced else n)
+    return size, cu // (2 * n if balanced else n)
+
+
+def packed_order(cu, n, balanced, tokens, positions, ops):
+    """The whole batch's token that each of `positions` of the ranks' parts laid end to end
+    (load_balance's order: part r holds chunks r and 2n-1-r, or r, of every sequence in turn)
+    holds. `cu`: the batch's offsets; `tokens`: its count; `ops.searchsorted(a, v)`: the index of
+    the first element of a greater than v."""
+    size, _ = packed_sizes(cu, n, balanced)
+    part = tokens // n
+    rank, within_part = positions // part, positions % part
+    local = cu // n  # where each sequence's chunks start in a part
+    seq = ops.searchsorted(local[1:], within_part)
+    within = within_part - local[seq]
+    if not balanced:
+        return cu[seq] + rank * size[seq] + within
+    second = within >= size[seq]
+    chunk = ops.where(second, 2 * n - 1 - rank, rank)
+    return cu[seq] + chunk * size[seq] + within - ops.where(second, size[seq], 0)
+
+
+def halves_order(cu, n, tokens, positions, ops):
+    """The token of a load-balanced part (`tokens` long) that each of `positions` of its halves
+    order holds: every sequence's first chunk, then every sequence's second."""
+    size, half = packed_sizes(cu, n, True)
+    second = positions >= tokens // 2
+    within_half = positions - ops.where(second, tokens // 2, 0)
+    seq = ops.searchsorted(half[1:], within_half)
+    return cu[seq] // n + within_half - half[seq] + ops.where(second, size[seq], 0)
+
+
 def packed_pieces(pieces):
     """`pieces` for packed halves: a piece of all of a part's tokens (ALL) is two, one per half, as
     a sequence's tokens of the two halves lie apart (only full pieces take ALL)."""

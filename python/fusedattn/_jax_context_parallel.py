@@ -21,8 +21,9 @@ the transfer behind the attention.
 A learnable sink joins each row once, after the blocks; its gradient is summed over the devices.
 A causal sliding window runs each chunk of queries against each chunk of keys as a window piece
 (_context_parallel.py), its kind switched on from the traced device indices: hidden, the diagonal,
-full, or a band the score modifier _cp.BAND masks. Not yet: two-sided windows, packed sequences
-(thd) and lengths under context parallelism.
+full, or a band the score modifier _cp.BAND masks. Packed sequences (thd, cu_seqlens) are split
+sequence by sequence (_context_parallel.py says how), each piece one ragged call over every
+sequence. Not yet: two-sided windows, windows over packed sequences, dense lengths.
 """
 import functools
 
@@ -32,23 +33,55 @@ import jax.numpy as jnp
 from . import _config
 from . import _context_parallel as _cp
 from ._jax_calls import BACKWARD, FORWARD
+from .errors import invalid_argument
 
 __all__ = ["context_parallel_attention", "load_balance", "unbalance"]
 
 
-def load_balance(x, n, axis=1):
+def load_balance(x, n, axis=1, *, cu_seqlens=None, balanced=True):
     """x with its `axis` (the sequence) reordered so that its n equal parts, as shard_map splits
-    them, hold chunks (r, 2n-1-r) of 2n: part r's causal work is then the same for every r."""
+    them, hold chunks (r, 2n-1-r) of 2n: part r's causal work is then the same for every r. A
+    packed batch (thd: x [tokens, h, d], axis 0, with its cu_seqlens): so that part r holds those
+    chunks of every sequence, sequence after sequence; with balanced=False chunk r of n of each."""
+    if cu_seqlens is not None:
+        return jnp.take(x, _packed_order(cu_seqlens, n, balanced, x.shape[0]), axis=0)
     chunks = jnp.split(x, 2 * n, axis=axis)
     return jnp.concatenate([chunks[c] for c in _cp.load_balanced_order(n)], axis=axis)
 
 
-def unbalance(x, n, axis=1):
+def unbalance(x, n, axis=1, *, cu_seqlens=None, balanced=True):
     """The inverse of load_balance."""
+    if cu_seqlens is not None:
+        return jnp.zeros_like(x).at[_packed_order(cu_seqlens, n, balanced, x.shape[0])].set(x)
     parts, order = jnp.split(x, 2 * n, axis=axis), [None] * (2 * n)
     for position, c in enumerate(_cp.load_balanced_order(n)):
         order[c] = parts[position]
     return jnp.concatenate(order, axis=axis)
+
+
+# --- packed sequences (thd) ----------------------------------------------------------------------
+
+class _Ops:
+    """What _context_parallel's packed orders ask of jnp."""
+    where = staticmethod(jnp.where)
+
+    @staticmethod
+    def searchsorted(a, v):
+        return jnp.searchsorted(a, v, side="right")
+
+
+def _offsets(cu_seqlens, n, balanced):
+    """The whole batch's offsets as int32, checked where they are known (not traced)."""
+    cu = jnp.asarray(cu_seqlens, jnp.int32)
+    if cu.ndim != 1 or cu.shape[0] < 2:
+        raise invalid_argument("cu_seqlens", tuple(cu.shape), "int32 [b + 1] cumulative offsets from 0")
+    if not isinstance(cu, jax.core.Tracer):
+        _cp.packed_chunks([int(x) for x in jnp.diff(cu)], n, balanced, "device")
+    return cu
+
+
+def _packed_order(cu_seqlens, n, balanced, tokens):
+    return _cp.packed_order(_offsets(cu_seqlens, n, balanced), n, balanced, tokens, jnp.arange(tokens), _Ops)
 
 
 class _Blocks:
@@ -60,27 +93,32 @@ class _Blocks:
     def __init__(self, scale):
         self.scale = scale
 
-    def _kernel(self, pass_, mask, q, k, v):
+    def _kernel(self, pass_, mask, q, k, v, packed):
         # The kernel itself (jax.py's _KERNELS: the CUDA call, or what a test put there): inside
         # shard_map every array is already this device's, so attention()'s partitioning has no part.
-        # Returns it with the band's scalar operand, if any, bound after the arrays.
+        # Returns it with the band's scalar operand, or a packed call's offsets, bound after the arrays.
         from . import jax as adapter
         causal, window, score_mod = _cp.mask_options(mask)
-        config = _config.config("bshd", causal=causal, window=window, stats=True, score_mod=score_mod)
-        call, _ = adapter._traced(config, self.scale, (0, 0), q, k, v, 0)
+        config = _config.config("thd" if packed else "bshd", causal=causal, window=window, stats=True,
+                                score_mod=score_mod, padding=packed is not None)
+        longest = (packed[1], packed[1]) if packed else (0, 0)
+        call, _ = adapter._traced(config, self.scale, longest, q, k, v, packed[0].shape[0] - 1 if packed else 0)
         kernel = functools.partial(adapter._kernel(pass_), call)
+        if packed:
+            return lambda *arrays: kernel(*arrays, packed[0], packed[0])
         if mask[0] != _cp.BAND_PIECE:
             return kernel
         scalars = jnp.reshape(jnp.asarray(mask[1], jnp.float32), (1,))
         return lambda *arrays: kernel(*arrays, scalars)
 
-    def forward(self, q, k, v, mask):
-        """(O in float32, statistics [b, h, s_q])."""
-        o, stats = self._kernel(FORWARD, mask, q, k, v)(q, k, v)
+    def forward(self, q, k, v, mask, packed=None):
+        """(O in float32, statistics [b, h, s_q], or [tokens, h] packed). `packed`: (offsets of
+        each half's sequences, the longest one's tokens) for halves of packed parts (thd)."""
+        o, stats = self._kernel(FORWARD, mask, q, k, v, packed)(q, k, v)
         return o.astype(jnp.float32), stats
 
-    def backward(self, q, k, v, o, stats, d_o, mask):
-        d_q, d_k, d_v = self._kernel(BACKWARD, mask, q, k, v)(q, k, v, o, stats, d_o)
+    def backward(self, q, k, v, o, stats, d_o, mask, packed=None):
+        d_q, d_k, d_v = self._kernel(BACKWARD, mask, q, k, v, packed)(q, k, v, o, stats, d_o)
         return d_q.astype(jnp.float32), d_k.astype(jnp.float32), d_v.astype(jnp.float32)
 
 
@@ -91,8 +129,13 @@ def _zeros_like(x):
 
 
 def _neutral(q):
-    """No keys seen: O 0, statistics -inf."""
-    return _zeros_like(q), jnp.transpose(_zeros_like(q[..., 0]), (0, 2, 1)) - jnp.inf
+    """No keys seen: O 0, statistics -inf ([b, h, s] for bshd q, [tokens, h] for packed q)."""
+    return _zeros_like(q), _rows(_zeros_like(q[..., 0])) - jnp.inf
+
+
+def _rows(stats):
+    """Statistics in O's order of rows ([b, h, s] <-> [b, s, h]); packed ones ([tokens, h]) are."""
+    return jnp.transpose(stats, (0, 2, 1)) if stats.ndim == 3 else stats
 
 
 def _merge(a, b):
@@ -103,7 +146,7 @@ def _merge(a, b):
     finite_a, finite_b = jnp.isfinite(lse_a), jnp.isfinite(lse_b)
     lse = jnp.logaddexp(jnp.where(finite_a, lse_a, -jnp.inf), jnp.where(finite_b, lse_b, -jnp.inf))
     safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
-    rows = lambda x: jnp.transpose(x, (0, 2, 1))[..., None]  # [b, h, s] -> [b, s, h, 1]
+    rows = lambda x: _rows(x)[..., None]  # O's rows, and its last axis
 
     def weighted(o, x, finite):
         w = jnp.where(finite, jnp.exp(jnp.where(finite, x, 0.0) - safe), 0.0)
@@ -114,6 +157,17 @@ def _merge(a, b):
 def _part(x, part, axis=1):
     start, stop = _cp.span(part, x.shape[axis])
     return jax.lax.slice_in_dim(x, start, stop, axis=axis)
+
+
+def _put(x, part, axis, value, add=False):
+    """x with `part` of its `axis` set to (or, add: increased by) value."""
+    start, stop = _cp.span(part, x.shape[axis])
+    index = (slice(None),) * axis + (slice(start, stop),)
+    return x.at[index].add(value) if add else x.at[index].set(value)
+
+
+def _present(x):
+    return () if x is None else (x,)
 
 
 def _window_kind(m, chunk, left):
@@ -130,10 +184,13 @@ class _Plan:
     over the three kinds' pieces. Under a causal sliding window of `left` keys each chunk pair is a
     window piece, its kind a traced index of a switch over the four."""
 
-    def __init__(self, axis_name, causal, balanced, scale, left=-1):
+    def __init__(self, axis_name, causal, balanced, scale, left=-1, longest=0):
         self.axis, self.causal, self.balanced, self.blocks = axis_name, causal, balanced, _Blocks(scale)
         self.left = left
-        self.key = (axis_name, causal, balanced, scale, left)
+        self.longest = longest  # packed parts (thd): the longest chunk of a sequence, else 0
+        # The tokens' axis of q, k, v, O and of the statistics.
+        self.tokens, self.stats_tokens = (0, 0) if longest else (1, 2)
+        self.key = (axis_name, causal, balanced, scale, left, longest)
 
     # Hashable by its settings: custom_vjp compares its static arguments.
     def __hash__(self):
@@ -186,38 +243,49 @@ class _Plan:
                 totals[i] = totals[i].at[:, start:stop].add(grad)
         return tuple(totals)
 
-    def block_forward(self, q, k, v, kind, rank=None, source=None):
+    def _pieces(self, kind):
+        pieces = _cp.pieces(kind, self.causal, self.balanced)
+        return _cp.packed_pieces(pieces) if self.longest and self.balanced else pieces
+
+    def _packed(self, offsets=None):
+        """The block kernels' last argument: (offsets, longest) for packed halves, else None."""
+        return (offsets, self.longest) if self.longest else None
+
+    def block_forward(self, q, k, v, kind, rank=None, source=None, offsets=None):
         """The block's partial result for all of q's rows (neutral where its pieces leave rows out);
-        under a window from the devices' indices (traced) rather than the kind."""
+        under a window from the devices' indices (traced) rather than the kind. `offsets`: packed
+        halves' sequence offsets (traced), for packed parts."""
         if self.left >= 1:
             return self._window_forward(q, k, v, rank, source)
+        a, sa = self.tokens, self.stats_tokens
 
-        def run(kind, q, k, v):
+        def run(kind, q, k, v, *offsets):
             o, lse = _neutral(q)
-            for q_part, k_part, mask in _cp.pieces(kind, self.causal, self.balanced):
-                start, stop = _cp.span(q_part, q.shape[1])
-                piece = self.blocks.forward(_part(q, q_part), _part(k, k_part), _part(v, k_part), mask)
-                rows = _merge((o[:, start:stop], lse[:, :, start:stop]), piece)
-                o, lse = o.at[:, start:stop].set(rows[0]), lse.at[:, :, start:stop].set(rows[1])
+            packed = self._packed(*offsets)
+            for q_part, k_part, mask in self._pieces(kind):
+                piece = self.blocks.forward(_part(q, q_part, a), _part(k, k_part, a), _part(v, k_part, a), mask, packed)
+                rows = _merge((_part(o, q_part, a), _part(lse, q_part, sa)), piece)
+                o, lse = _put(o, q_part, a, rows[0]), _put(lse, q_part, sa, rows[1])
             return o, lse
-        return self._switch(kind, run, q, k, v)
+        return self._switch(kind, run, q, k, v, *_present(offsets))
 
-    def block_backward(self, q, k, v, o, stats, d_o, kind, rank=None, source=None):
+    def block_backward(self, q, k, v, o, stats, d_o, kind, rank=None, source=None, offsets=None):
         """(dQ of q's rows from this block, dK, dV of the block's keys), float32, with the merged O
         and statistics of q's rows."""
         if self.left >= 1:
             return self._window_backward(q, k, v, o, stats, d_o, rank, source)
+        a = self.tokens
 
-        def run(kind, q, k, v, o, stats, d_o):
+        def run(kind, q, k, v, o, stats, d_o, *offsets):
             totals = [_zeros_like(q), _zeros_like(k), _zeros_like(v)]
-            for q_part, k_part, mask in _cp.pieces(kind, self.causal, self.balanced):
-                grads = self.blocks.backward(_part(q, q_part), _part(k, k_part), _part(v, k_part), _part(o, q_part),
-                                             _part(stats, q_part, 2), _part(d_o, q_part), mask)
+            for q_part, k_part, mask in self._pieces(kind):
+                grads = self.blocks.backward(_part(q, q_part, a), _part(k, k_part, a), _part(v, k_part, a),
+                                             _part(o, q_part, a), _part(stats, q_part, self.stats_tokens),
+                                             _part(d_o, q_part, a), mask, self._packed(*offsets))
                 for i, (grad, part) in enumerate(zip(grads, (q_part, k_part, k_part))):
-                    start, stop = _cp.span(part, totals[i].shape[1])
-                    totals[i] = totals[i].at[:, start:stop].add(grad)
+                    totals[i] = _put(totals[i], part, a, grad, add=True)
             return tuple(totals)
-        return self._switch(kind, run, q, k, v, o, stats, d_o)
+        return self._switch(kind, run, q, k, v, o, stats, d_o, *_present(offsets))
 
     def kind(self, rank, source):
         """The kind of the keys of device `source` for the queries of device `rank` (traced)."""
@@ -228,7 +296,7 @@ def _ring_permutation(n):
     return [(i, (i + 1) % n) for i in range(n)]
 
 
-def _ring_forward(plan, q, k, v):
+def _ring_forward(plan, q, k, v, offsets):
     n, rank = jax.lax.axis_size(plan.axis), jax.lax.axis_index(plan.axis)
     out, kv = _neutral(q), (k, v)
     for t in range(n):  # at step t the keys of device rank - t
@@ -236,13 +304,13 @@ def _ring_forward(plan, q, k, v):
             incoming = jax.lax.ppermute(kv, plan.axis, _ring_permutation(n))
         source = (rank - t) % n
         kind = _cp.LOCAL if t == 0 else plan.kind(rank, source)
-        out = _merge(out, plan.block_forward(q, *kv, kind, rank, source))
+        out = _merge(out, plan.block_forward(q, *kv, kind, rank, source, offsets))
         if t < n - 1:
             kv = incoming
     return out
 
 
-def _ring_backward(plan, q, k, v, o, stats, d_o):
+def _ring_backward(plan, q, k, v, o, stats, d_o, offsets):
     n, rank = jax.lax.axis_size(plan.axis), jax.lax.axis_index(plan.axis)
     d_q = jnp.zeros(q.shape, jnp.float32)
     kv, d_kv = (k, v), (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
@@ -251,7 +319,7 @@ def _ring_backward(plan, q, k, v, o, stats, d_o):
             incoming = jax.lax.ppermute(kv, plan.axis, _ring_permutation(n))
         source = (rank - t) % n
         kind = _cp.LOCAL if t == 0 else plan.kind(rank, source)
-        dq_t, dk_t, dv_t = plan.block_backward(q, *kv, o, stats, d_o, kind, rank, source)
+        dq_t, dk_t, dv_t = plan.block_backward(q, *kv, o, stats, d_o, kind, rank, source, offsets)
         d_q = d_q + dq_t
         # A block's dK, dV sums travel with it; after the last step one more hop brings them home.
         d_kv = jax.lax.ppermute((d_kv[0] + dk_t, d_kv[1] + dv_t), plan.axis, _ring_permutation(n))
@@ -261,28 +329,30 @@ def _ring_backward(plan, q, k, v, o, stats, d_o):
 
 
 def _gathered(plan, x):
-    return jax.lax.all_gather(x, plan.axis, axis=1, tiled=True)
+    n = jax.lax.axis_size(plan.axis)
+    return jnp.split(jax.lax.all_gather(x, plan.axis, axis=plan.tokens, tiled=True), n, axis=plan.tokens)
 
 
-def _all_gather_forward(plan, q, k, v):
+def _all_gather_forward(plan, q, k, v, offsets):
     n, rank = jax.lax.axis_size(plan.axis), jax.lax.axis_index(plan.axis)
-    ks, vs = (jnp.split(_gathered(plan, x), n, axis=1) for x in (k, v))
+    ks, vs = _gathered(plan, k), _gathered(plan, v)
     out = _neutral(q)
     for source in range(n):
-        out = _merge(out, plan.block_forward(q, ks[source], vs[source], plan.kind(rank, source), rank, source))
+        out = _merge(out, plan.block_forward(q, ks[source], vs[source], plan.kind(rank, source), rank, source,
+                                             offsets))
     return out
 
 
-def _all_gather_backward(plan, q, k, v, o, stats, d_o):
+def _all_gather_backward(plan, q, k, v, o, stats, d_o, offsets):
     n, rank = jax.lax.axis_size(plan.axis), jax.lax.axis_index(plan.axis)
-    ks, vs = (jnp.split(_gathered(plan, x), n, axis=1) for x in (k, v))
+    ks, vs = _gathered(plan, k), _gathered(plan, v)
     d_q, d_ks, d_vs = jnp.zeros(q.shape, jnp.float32), [], []
     for source in range(n):
         dq_s, dk_s, dv_s = plan.block_backward(q, ks[source], vs[source], o, stats, d_o, plan.kind(rank, source),
-                                               rank, source)
+                                               rank, source, offsets)
         d_q, d_ks, d_vs = d_q + dq_s, d_ks + [dk_s], d_vs + [dv_s]
-    scatter = lambda parts: jax.lax.psum_scatter(jnp.concatenate(parts, axis=1), plan.axis, scatter_dimension=1,
-                                                 tiled=True)
+    scatter = lambda parts: jax.lax.psum_scatter(jnp.concatenate(parts, axis=plan.tokens), plan.axis,
+                                                 scatter_dimension=plan.tokens, tiled=True)
     return d_q, scatter(d_ks), scatter(d_vs)
 
 
@@ -292,55 +362,76 @@ _SCHEMES = {"ring": (_ring_forward, _ring_backward), "all_gather": (_all_gather_
 def _sink_partial(q, sink):
     """A learnable sink's share of every row: no value, the logit sink[h], counted once after the
     blocks so that no block adds it again."""
-    b, s, h, _ = q.shape
-    o, _ = _neutral(q)
-    return o, jnp.broadcast_to(jnp.asarray(sink, jnp.float32)[None, :, None], (b, h, s))
+    o, stats = _neutral(q)
+    return o, _rows(jnp.broadcast_to(jnp.asarray(sink, jnp.float32), _rows(stats).shape))
 
 
-def _forward_all(plan, scheme, q, k, v, sink):
-    out = _SCHEMES[scheme][0](plan, q, k, v)
+def _forward_all(plan, scheme, q, k, v, sink, offsets):
+    out = _SCHEMES[scheme][0](plan, q, k, v, offsets)
     return out if sink is None else _merge(out, _sink_partial(q, sink))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _context_parallel(plan, scheme, q, k, v, sink):
-    o, _ = _forward_all(plan, scheme, q, k, v, sink)
+def _context_parallel(plan, scheme, q, k, v, sink, offsets):
+    o, _ = _forward_all(plan, scheme, q, k, v, sink, offsets)
     return o.astype(q.dtype)
 
 
-def _context_parallel_fwd(plan, scheme, q, k, v, sink):
-    o, stats = _forward_all(plan, scheme, q, k, v, sink)
+def _context_parallel_fwd(plan, scheme, q, k, v, sink, offsets):
+    o, stats = _forward_all(plan, scheme, q, k, v, sink, offsets)
     o = o.astype(q.dtype)
-    return o, (q, k, v, o, stats, sink)
+    return o, (q, k, v, o, stats, sink, offsets)
 
 
 def _context_parallel_bwd(plan, scheme, residuals, d_o):
-    q, k, v, o, stats, sink = residuals
+    q, k, v, o, stats, sink, offsets = residuals
     d_o = d_o.astype(o.dtype)
-    d_q, d_k, d_v = _SCHEMES[scheme][1](plan, q, k, v, o, stats, d_o)
+    d_q, d_k, d_v = _SCHEMES[scheme][1](plan, q, k, v, o, stats, d_o, offsets)
     d_sink = None
     if sink is not None:  # -sum over rows of P_sink * rowsum(dO * O), summed over the devices
-        rows = jnp.transpose((d_o.astype(jnp.float32) * o.astype(jnp.float32)).sum(-1), (0, 2, 1))
-        local = -(jnp.exp(jnp.asarray(sink, jnp.float32)[None, :, None] - stats) * rows).sum(axis=(0, 2))
+        rows = (d_o.astype(jnp.float32) * o.astype(jnp.float32)).sum(-1)  # O's rows: [b, s, h] or [tokens, h]
+        local = -(jnp.exp(jnp.asarray(sink, jnp.float32) - _rows(stats)) * rows).reshape(-1, rows.shape[-1]).sum(0)
         d_sink = jax.lax.psum(local, plan.axis).astype(jnp.asarray(sink).dtype)
-    return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), d_sink
+    d_offsets = None if offsets is None else jnp.zeros(offsets.shape, jax.dtypes.float0)
+    return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), d_sink, d_offsets
 
 
 _context_parallel.defvjp(_context_parallel_fwd, _context_parallel_bwd)
 
 
 def context_parallel_attention(q, k, v, *, axis_name, causal=False, window=(-1, -1), scheme="ring",
-                               load_balanced=True, scale=None, sink=None):
+                               load_balanced=True, scale=None, sink=None, cu_seqlens=None, max_seqlen=0):
     """Attention of this device's queries against the keys of every device of mesh axis
     `axis_name`, inside jax.shard_map; q, k, v are this device's parts of the sequence axis, bshd
     (GQA: h_q a multiple of h_kv). scheme: "ring" (each block passed on to the next device) or
     "all_gather". Causal with load_balanced: device r holds chunks r and 2N-1-r (load_balance);
     otherwise chunk r. window=(W, 0) (or (W, -1) with causal): a causal sliding window of W keys,
     in positions of the whole sequence. sink: a learnable sink's logits [h_q], replicated over the
-    axis (softmax="sink"). Differentiable in q, k, v and the sink (the module's docstring says how)."""
+    axis (softmax="sink"). Differentiable in q, k, v and the sink (the module's docstring says how).
+    cu_seqlens: a packed batch (thd): q, k, v [tokens, h, d] are this device's part (load_balance
+    with cu_seqlens: chunks r and 2N-1-r of every sequence, or chunk r without load balancing),
+    cu_seqlens the whole batch's int32 [b + 1] offsets, replicated, each length a multiple of 2N
+    (N), and max_seqlen (static) at least its longest sequence."""
     left = _cp.window_left(window, causal)
     causal = causal or left >= 1
-    _cp.check_arguments(q.shape, k.shape, causal, load_balanced, scheme, "device")
+    packed = cu_seqlens is not None
+    _cp.check_arguments(q.shape, k.shape, causal, load_balanced, scheme, "device", packed)
     scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else float(scale)
-    plan = _Plan(axis_name, bool(causal), bool(causal and load_balanced), scale, left)
-    return _context_parallel(plan, scheme, q, k, v, sink)
+    balanced = bool(causal and load_balanced)
+    if not packed:
+        return _context_parallel(_Plan(axis_name, bool(causal), balanced, scale, left), scheme, q, k, v, sink, None)
+    _cp.refuse_packed_window(left)
+    n = jax.lax.axis_size(axis_name)
+    if int(max_seqlen) < 1:
+        raise invalid_argument("max_seqlen", max_seqlen, "the longest sequence's tokens (at least 1) with cu_seqlens")
+    chunks = 2 * n if balanced else n
+    cu = _offsets(cu_seqlens, n, balanced)
+    plan = _Plan(axis_name, bool(causal), balanced, scale, left, longest=-(-int(max_seqlen) // chunks))
+    _, half = _cp.packed_sizes(cu, n, balanced)
+    if not balanced:
+        return _context_parallel(plan, scheme, q, k, v, sink, half)
+    tokens = q.shape[0]
+    order = _cp.halves_order(cu, n, tokens, jnp.arange(tokens), _Ops)
+    halves = lambda x: jnp.take(x, order, axis=0)
+    o = _context_parallel(plan, scheme, halves(q), halves(k), halves(v), sink, half)
+    return jnp.zeros_like(o).at[order].set(o)

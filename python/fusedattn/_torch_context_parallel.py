@@ -56,46 +56,45 @@ def unbalance(x, n, dim=1, *, cu_seqlens=None, balanced=True):
 
 # --- packed sequences (thd) ----------------------------------------------------------------------
 
-def _ranges(starts, lengths):
-    """The ranges [start, start + length) one after the other (int64 tensors on the host)."""
-    ends = lengths.cumsum(0)
-    return (torch.arange(int(ends[-1]) if len(ends) else 0) - torch.repeat_interleave(ends - lengths, lengths)
-            + torch.repeat_interleave(starts, lengths))
+class _Ops:
+    """What _context_parallel's packed orders ask of torch."""
+    where = staticmethod(torch.where)
+
+    @staticmethod
+    def searchsorted(a, v):
+        return torch.searchsorted(a, v, right=True)
 
 
-def _host_offsets(cu_seqlens, n, balanced, holder="rank"):
-    """(offsets, lengths, chunk lengths) of a whole packed batch on the host (int64), checked."""
+def _host_offsets(cu_seqlens, n, balanced):
+    """A whole packed batch's offsets on the host (int64), checked (_context_parallel.packed_chunks)."""
     cu = cu_seqlens.detach().to("cpu", torch.int64)
     if cu.dim() != 1 or cu.numel() < 2 or int(cu[0]) != 0:
         raise invalid_argument("cu_seqlens", tuple(cu.shape), "int32 [b + 1] cumulative offsets from 0")
-    lengths = cu.diff()
-    return cu, lengths, lengths // _cp.packed_chunks(lengths.tolist(), n, balanced, holder)
+    _cp.packed_chunks(cu.diff().tolist(), n, balanced, "rank")
+    return cu
 
 
 def _packed_order(cu_seqlens, n, balanced):
     """The whole batch's token indices in the order of the ranks' parts (load_balance)."""
-    cu, _, size = _host_offsets(cu_seqlens, n, balanced)
-    parts = []
-    for r in range(n):
-        mine = (r, 2 * n - 1 - r) if balanced else (r,)
-        starts = torch.stack([cu[:-1] + c * size for c in mine], 1).flatten()
-        parts.append(_ranges(starts, size.repeat_interleave(len(mine))))
-    return torch.cat(parts)
+    cu = _host_offsets(cu_seqlens, n, balanced)
+    tokens = int(cu[-1])
+    return _cp.packed_order(cu, n, balanced, tokens, torch.arange(tokens), _Ops)
 
 
 class Packed:
     """A rank's part of a packed batch, as the pieces run it: its tokens reordered as every
     sequence's first chunk, then every sequence's second (halves); each half (the whole part,
-    without load balancing) is a packed batch with offsets `cu` and longest sequence `max_seqlen`."""
+    without load balancing) is a packed batch with offsets `cu` and longest sequence `max_seqlen`.
+    The whole batch's offsets are read on the host, once per call."""
 
     def __init__(self, cu_seqlens, n, balanced, device):
-        cu, _, size = _host_offsets(cu_seqlens, n, balanced)
+        cu = _host_offsets(cu_seqlens, n, balanced)
+        size, half = _cp.packed_sizes(cu, n, balanced)
         self.tokens = int(cu[-1]) // n
-        self.sequences = len(size)
-        self.cu = torch.cat([torch.zeros(1, dtype=torch.int64), size.cumsum(0)]).to(device, torch.int32)
+        self.cu = half.to(device, torch.int32)
         self.max_seqlen = max(int(size.max()), 1) if len(size) else 1
-        local = cu[:-1] // n  # where each sequence's chunks start in the rank's part
-        self.order = torch.cat([_ranges(local, size), _ranges(local + size, size)]).to(device) if balanced else None
+        self.order = _cp.halves_order(cu, n, self.tokens, torch.arange(self.tokens), _Ops).to(device) \
+            if balanced else None
 
     def halves(self, x):
         """x (a rank's part, [tokens, ...]) in the pieces' order."""
