@@ -29,6 +29,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import _config
 from . import _context_parallel as _cp
@@ -72,11 +73,14 @@ class _Ops:
 
 def _offsets(cu_seqlens, n, balanced):
     """The whole batch's offsets as int32, checked where they are known (not traced)."""
+    if not isinstance(cu_seqlens, jax.core.Tracer):  # known: checked as PyTorch's are
+        known = np.asarray(cu_seqlens).astype(np.int64)
+        if known.ndim != 1 or known.shape[0] < 2 or known[0] != 0:
+            raise invalid_argument("cu_seqlens", tuple(known.shape), "int32 [b + 1] cumulative offsets from 0")
+        _cp.packed_chunks(np.diff(known).tolist(), n, balanced, "device")
     cu = jnp.asarray(cu_seqlens, jnp.int32)
     if cu.ndim != 1 or cu.shape[0] < 2:
         raise invalid_argument("cu_seqlens", tuple(cu.shape), "int32 [b + 1] cumulative offsets from 0")
-    if not isinstance(cu, jax.core.Tracer):
-        _cp.packed_chunks([int(x) for x in jnp.diff(cu)], n, balanced, "device")
     return cu
 
 

@@ -182,3 +182,151 @@ def test_the_traced_window_rule_is_the_shared_one():
             for m in range(-2, 9):
                 kind, offset = jcp._window_kind(jnp.int32(m), chunk, left)
                 assert (int(kind), int(offset)) == shared.window_piece(m, chunk, left), (m, chunk, left)
+
+
+PACKED_CHILD = r"""
+import functools, sys
+import jax, jax.numpy as jnp
+from jax.sharding import AxisType, PartitionSpec as P
+import fusedattn.jax as fj
+from fusedattn._jax_calls import BACKWARD, FORWARD
+
+SCHEME, CAUSAL, BALANCED, H_KV, WITH_SINK = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1", int(sys.argv[4]), \
+    sys.argv[5] == "1"
+LENGTHS = [24, 0, 8, 48]  # multiples of 2N = 8, one empty
+CALLS = []
+
+
+def visible(cu_q, cu_k, tq, tk, causal):
+    # A ragged call's pairs: the same sequence, and causal from the top-left within it.
+    seq = lambda cu, t: jnp.searchsorted(cu[1:], jnp.arange(t), side="right")
+    sq, sk = seq(cu_q, tq), seq(cu_k, tk)
+    pq, pk = jnp.arange(tq) - cu_q[sq], jnp.arange(tk) - cu_k[sk]
+    ok = sq[:, None] == sk[None, :]
+    return ok & (pk[None, :] <= pq[:, None]) if causal else ok
+
+
+def probabilities(call, q, k, cu_q, cu_k, stats=None):
+    k = jnp.repeat(k.astype(jnp.float32), q.shape[1] // k.shape[1], axis=1)
+    s = jnp.einsum("qhd,khd->hqk", q.astype(jnp.float32), k, precision="highest") * call.scale
+    causal = call.config.window[1] == 0  # the config holds causal as the window (-1, 0)
+    s = jnp.where(visible(cu_q, cu_k, q.shape[0], k.shape[0], causal), s, -jnp.inf)
+    stats = jax.nn.logsumexp(s, axis=-1) if stats is None else jnp.transpose(stats)  # [h, t]
+    return jnp.exp(s - stats[..., None]), jnp.transpose(stats)
+
+
+def forward(call, q, k, v, cu_q, cu_k):
+    assert call.config.layout == "thd", call.config
+    CALLS.append(("forward", q.shape[0], k.shape[0]))
+    p, stats = probabilities(call, q, k, cu_q, cu_k)
+    ve = jnp.repeat(v.astype(jnp.float32), q.shape[1] // v.shape[1], axis=1)
+    return jnp.einsum("hqk,khd->qhd", p, ve, precision="highest").astype(q.dtype), stats
+
+
+def backward(call, q, k, v, o, stats, d_o, cu_q, cu_k):  # cuDNN's formula, with the O and statistics given
+    group = q.shape[1] // k.shape[1]
+    f32 = lambda x: x.astype(jnp.float32)
+    p, _ = probabilities(call, q, k, cu_q, cu_k, stats)
+    ve, ke = (jnp.repeat(f32(x), group, axis=1) for x in (v, k))
+    d_p = jnp.einsum("qhd,khd->hqk", f32(d_o), ve, precision="highest")
+    row = jnp.einsum("qhd,qhd->hq", f32(d_o), f32(o))[..., None]
+    d_s = p * (d_p - row) * call.scale
+    fold = lambda x: x.reshape(x.shape[:1] + (k.shape[1], group, x.shape[2])).sum(axis=2)
+    d_q = jnp.einsum("hqk,khd->qhd", d_s, ke, precision="highest")
+    d_k = fold(jnp.einsum("hqk,qhd->khd", d_s, f32(q), precision="highest"))
+    d_v = fold(jnp.einsum("hqk,qhd->khd", p, f32(d_o), precision="highest"))
+    return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype)
+
+
+fj._KERNELS.update({FORWARD: forward, BACKWARD: backward})
+n = 4
+mesh = jax.make_mesh((n,), ("cp",), axis_types=(AxisType.Auto,))
+t, h_q, d = sum(LENGTHS), 4, 32
+cu = jnp.asarray([0] + [sum(LENGTHS[:i + 1]) for i in range(len(LENGTHS))], jnp.int32)
+keys = jax.random.split(jax.random.key(1), 4)
+q = jax.random.normal(keys[0], (t, h_q, d)).astype(jnp.bfloat16)
+k, v = (jax.random.normal(key, (t, H_KV, d)).astype(jnp.bfloat16) for key in keys[1:3])
+w = jax.random.normal(keys[3], (t, h_q, d))
+sink = jnp.linspace(-1.0, 1.0, h_q)
+scale = 1 / d ** 0.5
+
+
+def whole(q, k, v, sink):  # each sequence's own attention, float32, packed again
+    outs, start = [], 0
+    for length in LENGTHS:
+        x = [a[start:start + length].astype(jnp.float32) for a in (q, k, v)]
+        ke, ve = (jnp.repeat(a, h_q // H_KV, axis=1) for a in x[1:])
+        sc = jnp.einsum("qhd,khd->hqk", x[0], ke, precision="highest") * scale
+        if CAUSAL:
+            sc = jnp.where(jnp.tril(jnp.ones((length, length), bool)), sc, -jnp.inf)
+        if WITH_SINK:
+            column = jnp.broadcast_to(sink[:, None, None], sc.shape[:2] + (1,))
+            p = jax.nn.softmax(jnp.concatenate([sc, column], -1), axis=-1)[..., :-1]
+        else:
+            p = jax.nn.softmax(sc, axis=-1)
+        outs.append(jnp.einsum("hqk,khd->qhd", p, ve, precision="highest"))
+        start += length
+    return jnp.concatenate(outs)
+
+
+arrange = lambda x: fj.load_balance(x, n, cu_seqlens=cu, balanced=CAUSAL and BALANCED)
+restore = lambda x: fj.unbalance(x, n, cu_seqlens=cu, balanced=CAUSAL and BALANCED)
+
+
+@functools.partial(jax.shard_map, mesh=mesh, in_specs=(P("cp"),) * 3 + (P(), P()), out_specs=P("cp"))
+def split(q, k, v, sink, cu):
+    return fj.context_parallel_attention(q, k, v, axis_name="cp", causal=CAUSAL, scheme=SCHEME,
+                                         load_balanced=BALANCED, sink=sink if WITH_SINK else None, cu_seqlens=cu,
+                                         max_seqlen=max(LENGTHS))
+
+
+def ours(q, k, v, sink):
+    return restore(split(*(arrange(x) for x in (q, k, v)), sink, cu))
+
+
+arguments = (0, 1, 2, 3) if WITH_SINK else (0, 1, 2)
+loss = lambda f: (lambda q, k, v, sink: (f(q, k, v, sink).astype(jnp.float32) * w).sum())
+out = jax.jit(ours)(q, k, v, sink)
+grads = jax.jit(jax.grad(loss(ours), arguments))(q, k, v, sink)
+ref = whole(q, k, v, sink)
+ref_grads = jax.grad(loss(whole), arguments)(q, k, v, sink)
+rel = lambda a, b: float(jnp.linalg.norm(a.astype(jnp.float32) - b) / jnp.linalg.norm(b))
+print("OUT_ERR", rel(out, ref))
+print("GRAD_ERR", max(rel(g, r) for g, r in zip(grads, ref_grads)))
+print("CALLS", sorted(set(CALLS)))
+"""
+
+
+@pytest.mark.parametrize("scheme, causal, balanced, h_kv, with_sink", [
+    ("ring", True, True, 2, False), ("all_gather", True, True, 4, True), ("ring", False, False, 2, False),
+    ("all_gather", True, False, 2, False)],
+    ids=["ring_causal_balanced_gqa", "all_gather_causal_balanced_sink", "ring_full_gqa", "all_gather_causal_contiguous"])
+def test_packed_sequences_equal_each_sequences_own_attention(scheme, causal, balanced, h_kv, with_sink):
+    # Sequences of 24, 0, 8 and 48 tokens over 4 devices (chunks of 3, 0, 1 and 6 tokens balanced).
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", PACKED_CHILD, scheme, str(int(causal)),
+                           str(int(balanced)), str(h_kv), str(int(with_sink))],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    assert float(lines["OUT_ERR"]) < 1e-2 and float(lines["GRAD_ERR"]) < 2e-2, done.stdout
+    halves = 10 if causal and balanced else 20  # each call: one half of a device's 80 / 4 tokens, or all
+    assert f"('forward', {halves}, {halves})" in lines["CALLS"], done.stdout
+
+
+def test_packed_orders_are_the_shared_rule_traced():
+    # load_balance's and the halves' orders in jnp, against PyTorch's (both _context_parallel's formulas).
+    import jax.numpy as jnp
+    torch = pytest.importorskip("torch", reason="PyTorch not installed")
+    from fusedattn import _jax_context_parallel as jcp
+    from fusedattn import _torch_context_parallel as tcp
+    lengths = [24, 0, 8, 48]
+    cu = [0] + [sum(lengths[:i + 1]) for i in range(len(lengths))]
+    for balanced in (True, False):
+        got = jcp._packed_order(jnp.asarray(cu, jnp.int32), 4, balanced, cu[-1])
+        want = tcp._packed_order(torch.tensor(cu, dtype=torch.int32), 4, balanced)
+        assert [int(x) for x in got] == want.tolist()
+    with pytest.raises(Exception) as caught:
+        jcp._offsets(jnp.asarray([0, 8, 18], jnp.int32), 2, True)
+    assert "multiples of 4" in str(caught.value)
