@@ -16,23 +16,28 @@ is the same work, 2c x c key pairs for chunks of c tokens:
 Contiguous chunks: LOCAL is one diagonal piece, EARLIER one full piece, LATER nothing. Without a
 causal mask every block is one full piece.
 
-A causal sliding window of W keys (key j visible to query i where i - W <= j <= i, in positions of
-the whole sequence) cuts across chunks: each chunk of queries against each chunk of keys, m chunks
-earlier (of c tokens), is one window piece (window_piece): hidden (later keys, or m c - W >= c:
-all before the window), the diagonal one (m = 0: the window within the chunk, cuDNN's own), full
-(m c - W <= -(c - 1): all inside it) or a band: local key j visible to local query i where
-j - i >= m c - W, which cuDNN runs as the score modifier BAND with that offset as its runtime
-scalar, so every offset shares one plan.
+A sliding window of L keys on the left and R on the right (key j visible to query i where
+i - L <= j <= i + R, in positions of the whole sequence; -1: no bound; causal: R = 0) cuts across
+chunks: each chunk of queries against each chunk of keys, m chunks earlier (of c tokens; m < 0:
+later), is one window piece (window_piece). In local positions the window is
+m c - L <= j - i <= m c + R, and j - i runs over [-(c - 1), c - 1], so the piece is hidden (the
+window misses the chunk: m c - L >= c, or m c + R <= -c), the diagonal one (m = 0: the window
+within the chunk, cuDNN's own), full (the window covers it) or a band with one bound inside it:
+j - i >= m c - L (keys earlier, m > 0) or j - i <= m c + R (keys later, m < 0). cuDNN runs a band
+as the score modifier BAND or BAND_BELOW with the offset as its runtime scalar, so every offset
+shares one plan. (For m != 0 one bound at most falls inside: the other is at least c away.)
 """
 
 from .errors import NotSupportedError, invalid_argument
 
 LOCAL, EARLIER, LATER = 0, 1, 2
 ALL, FIRST, SECOND = "all", "first", "second"  # which part of the queries or keys a piece takes
-# A piece's mask: (FULL, 0), (DIAGONAL, W) (causal from the top-left, W: a window's left bound or
-# -1), (BAND_PIECE, offset); the kinds are the indices JAX switches on, HIDDEN a piece not run.
-HIDDEN, DIAGONAL, FULL, BAND_PIECE = 0, 1, 2, 3
+# A piece's mask: (FULL, 0), (DIAGONAL, (L, R)) (from the top-left: (-1, 0) causal, else a
+# window's bounds), (BAND_PIECE, offset), (BAND_UPPER, offset); the kinds are the indices JAX
+# switches on, HIDDEN a piece not run.
+HIDDEN, DIAGONAL, FULL, BAND_PIECE, BAND_UPPER = 0, 1, 2, 3, 4
 BAND = "select(ge(sub(kv,q),$0),score,-inf)"  # key j visible to query i where j - i >= $0 (local indices)
+BAND_BELOW = "select(le(sub(kv,q),$0),score,-inf)"  # key j visible to query i where j - i <= $0
 
 
 def kind_of(rank, source):
@@ -42,9 +47,9 @@ def kind_of(rank, source):
 
 def pieces(kind, causal, balanced):
     """The (queries, keys, mask) pieces a block of `kind` runs; empty: the block is hidden. A mask
-    is (FULL, 0) or (DIAGONAL, -1): causal from the top-left (under a window, (DIAGONAL, W) and
-    (BAND_PIECE, offset) too: window_pieces)."""
-    full, diagonal = (FULL, 0), (DIAGONAL, -1)
+    is (FULL, 0) or (DIAGONAL, (-1, 0)): causal from the top-left (under a window, the window's
+    diagonal and bands too: window_pieces)."""
+    full, diagonal = (FULL, 0), (DIAGONAL, (-1, 0))
     if not causal:
         return [(ALL, ALL, full)]
     if not balanced:
@@ -54,16 +59,16 @@ def pieces(kind, causal, balanced):
             LATER: [(SECOND, ALL, full)]}[kind]
 
 
-def window_pieces(rank, source, n, balanced, length, left):
+def window_pieces(rank, source, n, balanced, length, bounds):
     """The (queries, keys, mask) pieces of device `source`'s keys for device `rank`'s queries (plain
-    integers) under a causal sliding window of `left` keys; `length`: tokens a device holds."""
+    integers) under a sliding window of `bounds` (L, R); `length`: tokens a device holds."""
     chunk = length // 2 if balanced else length
     out = []
     for q_part, k_part in window_pairs(balanced):
         m = chunk_index(rank, q_part, n, balanced) - chunk_index(source, k_part, n, balanced)
-        kind, offset = window_piece(m, chunk, left)
+        kind, offset = window_piece(m, chunk, bounds)
         if kind != HIDDEN:
-            out.append((q_part, k_part, (kind, {DIAGONAL: left, FULL: 0, BAND_PIECE: offset}[kind])))
+            out.append((q_part, k_part, (kind, {DIAGONAL: tuple(bounds), FULL: 0}.get(kind, offset))))
     return out
 
 
@@ -156,40 +161,43 @@ def packed_pieces(pieces):
     return [(q_part, k_part, mask) for q, k, mask in pieces for q_part in halves(q) for k_part in halves(k)]
 
 
-def refuse_packed_window(left):
+def refuse_packed_window(bounds):
     """Windows over packed sequences are not built: each sequence's chunks have a length of their
     own, so one block's window pieces would differ from sequence to sequence."""
-    if left >= 1:
-        raise NotSupportedError(f"context parallelism: window=({left}, 0) with packed sequences (thd): each "
+    if bounds is not None:
+        raise NotSupportedError(f"context parallelism: window={bounds} with packed sequences (thd): each "
                                 "sequence's chunks differ in length, so the window's pieces would differ per sequence; "
                                 "not built")
 
 
-# --- causal sliding windows -------------------------------------------------------------------------
+# --- sliding windows -------------------------------------------------------------------------------
 
-def window_left(window, causal):
-    """The left bound W of a causal sliding window (window=(W, 0), or (W, -1) with causal), or -1
-    for none; NotSupportedError for a window of another shape (two-sided windows are not built under
-    context parallelism), InvalidArgument for a bound that is not one."""
+def window_bounds(window, causal):
+    """A window's bounds (L, R) under context parallelism, or None for none: causal sliding (W, 0)
+    (window=(W, 0), or (W, -1) with causal), or with causal=False two-sided (L, R), either -1 for
+    no bound. InvalidArgument for a bound that is not one."""
     left, right = (int(x) for x in window)
     if left == -1 and right == -1:
-        return -1
+        return None
     if left == 0 or left < -1 or right < -1:
         raise invalid_argument("window", f"{left},{right}", "bounds of -1 (none) or at least 1 key on the left")
-    if left >= 1 and (right == 0 or (right == -1 and causal)):
-        return left
-    raise NotSupportedError(f"context parallelism: window=({left}, {right}): only causal sliding windows (W, 0) "
-                            "are built under context parallelism")
+    if causal and right >= 1:
+        raise invalid_argument("window", f"{left},{right}", "a right bound of 0 or -1 with causal")
+    return (left, 0) if causal else (left, right)
 
 
 def mask_options(mask):
     """(causal, window, score_mod) of the block call that runs a piece under `mask`: the diagonal
-    causal from the top-left (with its window's left bound W >= 1: window=(W, 0)), the band as the
-    modifier BAND (its offset the call's scalar, never looked at here: JAX traces it)."""
+    from the top-left (causal with a causal window's left bound W >= 1: window=(W, 0); a two-sided
+    window's bounds as they are), the bands as the modifiers BAND and BAND_BELOW (the offset the
+    call's scalar, never looked at here: JAX traces it)."""
     kind, value = mask
     if kind == DIAGONAL:
-        return True, (value, 0) if value >= 1 else (-1, -1), ""
-    return False, (-1, -1), BAND if kind == BAND_PIECE else ""
+        left, right = value
+        if right == 0:
+            return True, (left, 0) if left >= 1 else (-1, -1), ""
+        return False, (left, right), ""
+    return False, (-1, -1), {BAND_PIECE: BAND, BAND_UPPER: BAND_BELOW}.get(kind, "")
 
 
 def window_pairs(balanced):
@@ -206,15 +214,19 @@ def chunk_index(device, part, n, balanced):
     return device if part == FIRST else 2 * n - 1 - device
 
 
-def window_piece(m, chunk, left):
-    """(kind, offset) of queries `m` chunks of `chunk` tokens after their keys, under a causal
-    sliding window of `left` keys: the module's docstring's four kinds; offset m*chunk - left is the
-    band's (j - i >= offset). Plain integers; the JAX version traces the same comparisons."""
-    offset = m * chunk - left
-    if m < 0 or offset >= chunk:
-        return HIDDEN, offset
+def window_piece(m, chunk, bounds):
+    """(kind, offset) of queries `m` chunks of `chunk` tokens after their keys (m < 0: before) under
+    a window of `bounds` (L, R): the module's docstring's kinds; the offset is the band's bound,
+    m*chunk + R for BAND_UPPER (j - i <= offset), else m*chunk - L (BAND_PIECE: j - i >= offset).
+    Plain integers; the JAX version traces the same comparisons."""
+    left, right = bounds
+    low, high = m * chunk - left, m * chunk + right
+    if (left >= 0 and low >= chunk) or (right >= 0 and high <= -chunk):
+        return HIDDEN, low
     if m == 0:
-        return DIAGONAL, offset
-    if offset <= -(chunk - 1):
-        return FULL, offset
-    return BAND_PIECE, offset
+        return DIAGONAL, low
+    if left >= 0 and low > -(chunk - 1):
+        return BAND_PIECE, low
+    if right >= 0 and high < chunk - 1:
+        return BAND_UPPER, high
+    return FULL, low

@@ -19,11 +19,11 @@ mask hides entirely is skipped, and a row that sees no key of a block takes a ne
 the transfer behind the attention.
 
 A learnable sink joins each row once, after the blocks; its gradient is summed over the devices.
-A causal sliding window runs each chunk of queries against each chunk of keys as a window piece
-(_context_parallel.py), its kind switched on from the traced device indices: hidden, the diagonal,
-full, or a band the score modifier _cp.BAND masks. Packed sequences (thd, cu_seqlens) are split
-sequence by sequence (_context_parallel.py says how), each piece one ragged call over every
-sequence. Not yet: two-sided windows, windows over packed sequences, dense lengths.
+A sliding window (causal, or two-sided) runs each chunk of queries against each chunk of keys as
+a window piece (_context_parallel.py), its kind switched on from the traced device indices:
+hidden, the diagonal, full, or a band the score modifier _cp.BAND or _cp.BAND_BELOW masks. Packed
+sequences (thd, cu_seqlens) are split sequence by sequence (_context_parallel.py says how), each
+piece one ragged call over every sequence. Not yet: windows over packed sequences, dense lengths.
 """
 import functools
 
@@ -90,9 +90,9 @@ def _packed_order(cu_seqlens, n, balanced, tokens):
 
 class _Blocks:
     """One device's block calls: the core's forward (O and statistics) and backward of q against a
-    block of keys under a piece's mask (_context_parallel.pieces): none, causal from the top-left
-    (with a window's left bound W >= 1: window=(W, 0)), or the band j - i >= offset as the score
-    modifier _cp.BAND, whose offset (traced) is its runtime scalar."""
+    block of keys under a piece's mask (_context_parallel.pieces): none, the diagonal from the
+    top-left (causal, or a window's bounds), or a band j - i >= offset (j - i <= offset) as the score
+    modifier _cp.BAND (_cp.BAND_BELOW), whose offset (traced) is its runtime scalar."""
 
     def __init__(self, scale):
         self.scale = scale
@@ -110,7 +110,7 @@ class _Blocks:
         kernel = functools.partial(adapter._kernel(pass_), call)
         if packed:
             return lambda *arrays: kernel(*arrays, packed[0], packed[0])
-        if mask[0] != _cp.BAND_PIECE:
+        if mask[0] not in (_cp.BAND_PIECE, _cp.BAND_UPPER):
             return kernel
         scalars = jnp.reshape(jnp.asarray(mask[1], jnp.float32), (1,))
         return lambda *arrays: kernel(*arrays, scalars)
@@ -174,27 +174,32 @@ def _present(x):
     return () if x is None else (x,)
 
 
-def _window_kind(m, chunk, left):
+def _window_kind(m, chunk, bounds):
     """_context_parallel.window_piece on traced chunk distances: (switch index, band offset)."""
-    offset = m * chunk - left
-    kind = jnp.where((m < 0) | (offset >= chunk), _cp.HIDDEN,
-                     jnp.where(m == 0, _cp.DIAGONAL, jnp.where(offset <= -(chunk - 1), _cp.FULL, _cp.BAND_PIECE)))
-    return kind.astype(jnp.int32), offset
+    left, right = bounds
+    low, high = m * chunk - left, m * chunk + right
+    no = jnp.zeros(jnp.shape(m), bool)
+    hidden = (low >= chunk if left >= 0 else no) | (high <= -chunk if right >= 0 else no)
+    lower = low > -(chunk - 1) if left >= 0 else no
+    upper = high < chunk - 1 if right >= 0 else no
+    kind = jnp.where(hidden, _cp.HIDDEN, jnp.where(m == 0, _cp.DIAGONAL, jnp.where(
+        lower, _cp.BAND_PIECE, jnp.where(upper, _cp.BAND_UPPER, _cp.FULL))))
+    return kind.astype(jnp.int32), jnp.where(kind == _cp.BAND_UPPER, high, low)
 
 
 class _Plan:
     """Static settings of one call, and a block's pieces (_context_parallel.pieces) run through the
     block kernels; a kind that only the device index decides is a traced index, run by lax.switch
-    over the three kinds' pieces. Under a causal sliding window of `left` keys each chunk pair is a
-    window piece, its kind a traced index of a switch over the four."""
+    over the three kinds' pieces. Under a sliding window of `window` (L, R) each chunk pair is a
+    window piece, its kind a traced index of a switch over the five."""
 
-    def __init__(self, axis_name, causal, balanced, scale, left=-1, longest=0):
+    def __init__(self, axis_name, causal, balanced, scale, window=None, longest=0):
         self.axis, self.causal, self.balanced, self.blocks = axis_name, causal, balanced, _Blocks(scale)
-        self.left = left
+        self.window = window
         self.longest = longest  # packed parts (thd): the longest chunk of a sequence, else 0
         # The tokens' axis of q, k, v, O and of the statistics.
         self.tokens, self.stats_tokens = (0, 0) if longest else (1, 2)
-        self.key = (axis_name, causal, balanced, scale, left, longest)
+        self.key = (axis_name, causal, balanced, scale, window, longest)
 
     # Hashable by its settings: custom_vjp compares its static arguments.
     def __hash__(self):
@@ -214,17 +219,24 @@ class _Plan:
         n, chunk = jax.lax.axis_size(self.axis), length // 2 if self.balanced else length
         for q_part, k_part in _cp.window_pairs(self.balanced):
             m = _cp.chunk_index(rank, q_part, n, self.balanced) - _cp.chunk_index(source, k_part, n, self.balanced)
-            yield (q_part, k_part) + _window_kind(m, chunk, self.left)
+            yield (q_part, k_part) + _window_kind(m, chunk, self.window)
 
     def _masks(self):
-        """The switch's branches' masks, in the order of the kinds (HIDDEN, DIAGONAL, FULL, BAND_PIECE);
-        None: the band, its offset the branch's last operand."""
-        return [(_cp.DIAGONAL, self.left), (_cp.FULL, 0), None]
+        """The switch's branches' masks after HIDDEN's, in the order of the kinds (DIAGONAL, FULL,
+        BAND_PIECE, BAND_UPPER): a mask, a band's kind (its offset the branch's last operand), or
+        None where the window cannot give that kind (a band needs its bound: L >= 1, R >= 1), so
+        that no call is made for it."""
+        left, right = self.window
+        return [(_cp.DIAGONAL, self.window), (_cp.FULL, 0), _cp.BAND_PIECE if left >= 1 else None,
+                _cp.BAND_UPPER if right >= 1 else None]
 
     def _window_forward(self, q, k, v, rank, source):
         def branch(mask):
-            return lambda q, k, v, offset: self.blocks.forward(q, k, v, mask or (_cp.BAND_PIECE, offset))
-        branches = [lambda q, k, v, offset: _neutral(q)] + [branch(mask) for mask in self._masks()]
+            if mask is None:
+                return lambda q, k, v, offset: _neutral(q)
+            return lambda q, k, v, offset: self.blocks.forward(q, k, v, (mask, offset) if isinstance(mask, int)
+                                                               else mask)
+        branches = [branch(None)] + [branch(mask) for mask in self._masks()]
         o, lse = _neutral(q)
         for q_part, k_part, kind, offset in self._window_pieces(rank, source, q.shape[1]):
             start, stop = _cp.span(q_part, q.shape[1])
@@ -235,9 +247,11 @@ class _Plan:
 
     def _window_backward(self, q, k, v, o, stats, d_o, rank, source):
         def branch(mask):
-            return lambda *arrays: self.blocks.backward(*arrays[:6], mask or (_cp.BAND_PIECE, arrays[6]))
-        branches = [lambda q, k, v, o, stats, d_o, offset: (_zeros_like(q), _zeros_like(k), _zeros_like(v))] + [
-            branch(mask) for mask in self._masks()]
+            if mask is None:
+                return lambda q, k, v, o, stats, d_o, offset: (_zeros_like(q), _zeros_like(k), _zeros_like(v))
+            return lambda *arrays: self.blocks.backward(*arrays[:6], (mask, arrays[6]) if isinstance(mask, int)
+                                                        else mask)
+        branches = [branch(None)] + [branch(mask) for mask in self._masks()]
         totals = [_zeros_like(q), _zeros_like(k), _zeros_like(v)]
         for q_part, k_part, kind, offset in self._window_pieces(rank, source, q.shape[1]):
             grads = jax.lax.switch(kind, branches, _part(q, q_part), _part(k, k_part), _part(v, k_part),
@@ -259,7 +273,7 @@ class _Plan:
         """The block's partial result for all of q's rows (neutral where its pieces leave rows out);
         under a window from the devices' indices (traced) rather than the kind. `offsets`: packed
         halves' sequence offsets (traced), for packed parts."""
-        if self.left >= 1:
+        if self.window is not None:
             return self._window_forward(q, k, v, rank, source)
         a, sa = self.tokens, self.stats_tokens
 
@@ -276,7 +290,7 @@ class _Plan:
     def block_backward(self, q, k, v, o, stats, d_o, kind, rank=None, source=None, offsets=None):
         """(dQ of q's rows from this block, dK, dV of the block's keys), float32, with the merged O
         and statistics of q's rows."""
-        if self.left >= 1:
+        if self.window is not None:
             return self._window_backward(q, k, v, o, stats, d_o, rank, source)
         a = self.tokens
 
@@ -410,27 +424,29 @@ def context_parallel_attention(q, k, v, *, axis_name, causal=False, window=(-1, 
     (GQA: h_q a multiple of h_kv). scheme: "ring" (each block passed on to the next device) or
     "all_gather". Causal with load_balanced: device r holds chunks r and 2N-1-r (load_balance);
     otherwise chunk r. window=(W, 0) (or (W, -1) with causal): a causal sliding window of W keys,
-    in positions of the whole sequence. sink: a learnable sink's logits [h_q], replicated over the
+    in positions of the whole sequence; with causal=False, (L, R): L keys on the left and R on the
+    right (-1: no bound), the devices holding contiguous chunks. sink: a learnable sink's logits [h_q], replicated over the
     axis (softmax="sink"). Differentiable in q, k, v and the sink (the module's docstring says how).
     cu_seqlens: a packed batch (thd): q, k, v [tokens, h, d] are this device's part (load_balance
     with cu_seqlens: chunks r and 2N-1-r of every sequence, or chunk r without load balancing),
     cu_seqlens the whole batch's int32 [b + 1] offsets, replicated, each length a multiple of 2N
     (N), and max_seqlen (static) at least its longest sequence."""
-    left = _cp.window_left(window, causal)
-    causal = causal or left >= 1
+    window = _cp.window_bounds(window, causal)
+    causal = causal or (window is not None and window[1] == 0)
     packed = cu_seqlens is not None
     _cp.check_arguments(q.shape, k.shape, causal, load_balanced, scheme, "device", packed)
     scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else float(scale)
     balanced = bool(causal and load_balanced)
     if not packed:
-        return _context_parallel(_Plan(axis_name, bool(causal), balanced, scale, left), scheme, q, k, v, sink, None)
-    _cp.refuse_packed_window(left)
+        return _context_parallel(_Plan(axis_name, bool(causal), balanced, scale, window), scheme, q, k, v, sink,
+                                 None)
+    _cp.refuse_packed_window(window)
     n = jax.lax.axis_size(axis_name)
     if int(max_seqlen) < 1:
         raise invalid_argument("max_seqlen", max_seqlen, "the longest sequence's tokens (at least 1) with cu_seqlens")
     chunks = 2 * n if balanced else n
     cu = _offsets(cu_seqlens, n, balanced)
-    plan = _Plan(axis_name, bool(causal), balanced, scale, left, longest=-(-int(max_seqlen) // chunks))
+    plan = _Plan(axis_name, bool(causal), balanced, scale, window, longest=-(-int(max_seqlen) // chunks))
     _, half = _cp.packed_sizes(cu, n, balanced)
     if not balanced:
         return _context_parallel(plan, scheme, q, k, v, sink, half)

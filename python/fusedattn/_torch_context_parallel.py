@@ -17,11 +17,11 @@ copies. The block kernels are fusedattn's (CUDA); tests of the algorithm without
 stand-ins (the `blocks` argument of run_forward / run_backward).
 
 A learnable sink (softmax="sink") joins each row once, after the blocks; its gradient is summed
-over the ranks. A causal sliding window runs each chunk of queries against each chunk of keys as
-a window piece (_context_parallel.py): hidden, the diagonal, full, or a band the score modifier
-_cp.BAND masks. Packed sequences (thd, cu_seqlens) are split sequence by sequence
-(_context_parallel.py says how); each piece is then one ragged call over every sequence. Not yet:
-two-sided windows, windows over packed sequences, dense lengths; a run on several GPUs (issue 19).
+over the ranks. A sliding window (causal, or two-sided) runs each chunk of queries against each
+chunk of keys as a window piece (_context_parallel.py): hidden, the diagonal, full, or a band the
+score modifier _cp.BAND or _cp.BAND_BELOW masks. Packed sequences (thd, cu_seqlens) are split
+sequence by sequence (_context_parallel.py says how); each piece is then one ragged call over every
+sequence. Not yet: windows over packed sequences, dense lengths; a run on several GPUs (issue 19).
 """
 import contextlib
 
@@ -110,9 +110,9 @@ class Packed:
 class FusedattnBlocks:
     """A block of keys against q through fusedattn's kernels: forward (O float32, statistics
     [b, h, s_q], or [tokens, h] packed) and backward with the O and statistics given, under a
-    piece's mask (_context_parallel.pieces): none, causal from the top-left (with a window's left
-    bound W >= 1: window=(W, 0)), or the band j - i >= offset as the score modifier _cp.BAND, whose
-    offset is a runtime scalar (one plan for every offset). `packed` (a Packed): q, k, v are halves
+    piece's mask (_context_parallel.pieces): none, the diagonal from the top-left (causal, or a
+    window's bounds), or a band j - i >= offset (j - i <= offset) as the score modifier _cp.BAND
+    (_cp.BAND_BELOW), whose offset is a runtime scalar (one plan for every offset). `packed` (a Packed): q, k, v are halves
     of packed parts (thd), one ragged call over their sequences."""
 
     def __init__(self, scale):
@@ -127,7 +127,7 @@ class FusedattnBlocks:
     def _extras(self, mask, q, packed=None):
         from . import torch as adapter
         scalars = torch.tensor([float(mask[1])], dtype=torch.float32, device=q.device) \
-            if mask[0] == _cp.BAND_PIECE else None
+            if mask[0] in (_cp.BAND_PIECE, _cp.BAND_UPPER) else None
         offsets = packed.cu if packed is not None else None
         return adapter._Extras(mod_scalars=scalars, cu_seqlens_q=offsets, cu_seqlens_kv=offsets)
 
@@ -190,19 +190,19 @@ def _part(x, part, dim=1):
 
 
 class _Kinds:
-    """A block's pieces (_context_parallel.pieces, or window_pieces under a window of `left` keys)
+    """A block's pieces (_context_parallel.pieces, or window_pieces under a window's bounds)
     run through the block kernels; `packed` (a Packed) for halves of packed parts (thd), whose
     tokens are axis 0 of O and of the statistics (axes 1 and 2 for bshd)."""
 
-    def __init__(self, blocks, causal, balanced, n, left=-1, packed=None):
-        self.blocks, self.causal, self.balanced, self.n, self.left = blocks, causal, balanced, n, left
+    def __init__(self, blocks, causal, balanced, n, window=None, packed=None):
+        self.blocks, self.causal, self.balanced, self.n, self.window = blocks, causal, balanced, n, window
         self.packed = packed
         self.axis, self.stats_axis = (0, 0) if packed is not None else (1, 2)
         self.extra = (packed,) if packed is not None else ()  # the block kernels' last argument, packed
 
     def _pieces(self, rank, source, length):
-        if self.left >= 1:
-            return _cp.window_pieces(rank, source, self.n, self.balanced, length, self.left)
+        if self.window is not None:
+            return _cp.window_pieces(rank, source, self.n, self.balanced, length, self.window)
         pieces = _cp.pieces(_cp.kind_of(rank, source), self.causal, self.balanced)
         return _cp.packed_pieces(pieces) if self.packed is not None and self.balanced else pieces
 
@@ -359,12 +359,12 @@ def _d_sink(o, stats, d_o, sink):
     return -(torch.exp(sink.to(stats.dtype) - _rows(stats)) * rows).flatten(0, -2).sum(0)
 
 
-def run_forward(qs, ks, vs, transport, blocks, causal, balanced, scheme, sink=None, left=-1, packed=None):
+def run_forward(qs, ks, vs, transport, blocks, causal, balanced, scheme, sink=None, window=None, packed=None):
     """Per rank this process runs (transport.ranks): (O float32, statistics). `sink`: a learnable
-    sink's logits [h_q] (softmax="sink"), or None; `left`: a causal sliding window's left bound;
+    sink's logits [h_q] (softmax="sink"), or None; `window`: a sliding window's bounds (L, R), or None;
     `packed`: a Packed, the parts being packed halves (thd, Packed.halves)."""
     n, ranks = transport.n, transport.ranks
-    kinds = _Kinds(blocks, causal, balanced, n, left, packed)
+    kinds = _Kinds(blocks, causal, balanced, n, window, packed)
     outs = [_neutral(q) for q in qs]
     if scheme == "all_gather":
         gathered = transport.all_gather(list(zip(ks, vs)))
@@ -384,12 +384,12 @@ def run_forward(qs, ks, vs, transport, blocks, causal, balanced, scheme, sink=No
     return outs
 
 
-def run_backward(qs, ks, vs, os, stats, d_os, transport, blocks, causal, balanced, scheme, sink=None, left=-1,
+def run_backward(qs, ks, vs, os, stats, d_os, transport, blocks, causal, balanced, scheme, sink=None, window=None,
                  packed=None):
     """Per rank: (dQ, dK, dV) float32, each block's backward on the merged O and statistics (with a
     sink: which include it); and with a sink its gradient, summed over every rank, per rank."""
     grads = _block_gradients(qs, ks, vs, os, stats, d_os, transport, _Kinds(blocks, causal, balanced, transport.n,
-                                                                              left, packed), scheme)
+                                                                              window, packed), scheme)
     if sink is None:
         return grads, None
     return grads, transport.all_reduce_sum([_d_sink(o, st, d_o, sink) for o, st, d_o in zip(os, stats, d_os)])
@@ -430,14 +430,14 @@ class _ContextParallel(torch.autograd.Function):
     pieces' halves here and back."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sink, transport, blocks, causal, balanced, scheme, left, packed):
+    def forward(ctx, q, k, v, sink, transport, blocks, causal, balanced, scheme, window, packed):
         order = packed.halves if packed is not None else (lambda x: x)
         q, k, v = order(q), order(k), order(v)
-        ((o, stats),) = run_forward([q], [k], [v], transport, blocks, causal, balanced, scheme, sink, left, packed)
+        ((o, stats),) = run_forward([q], [k], [v], transport, blocks, causal, balanced, scheme, sink, window, packed)
         o = o.to(q.dtype)
         ctx.save_for_backward(q, k, v, o, stats, sink)
         ctx.settings = (transport, blocks, causal, balanced, scheme)
-        ctx.left, ctx.packed = left, packed
+        ctx.window, ctx.packed = window, packed
         return packed.restore(o) if packed is not None else o
 
     @staticmethod
@@ -446,7 +446,7 @@ class _ContextParallel(torch.autograd.Function):
         packed = ctx.packed
         d_o = packed.halves(d_o) if packed is not None else d_o
         ((d_q, d_k, d_v),), d_sinks = run_backward([q], [k], [v], [o], [stats], [d_o.to(o.dtype)], *ctx.settings,
-                                                   sink=sink, left=ctx.left, packed=packed)
+                                                   sink=sink, window=ctx.window, packed=packed)
         d_sink = None if d_sinks is None else d_sinks[0].to(sink.dtype)
         grads = [g.to(x.dtype) for g, x in zip((d_q, d_k, d_v), (q, k, v))]
         if packed is not None:
@@ -460,7 +460,8 @@ def context_parallel_attention(q, k, v, *, group=None, causal=False, window=(-1,
     world), bshd parts of the sequence axis, GQA allowed; differentiable in q, k, v. scheme: "ring"
     or "all_gather". Causal with load_balanced: rank r holds chunks r and 2N-1-r (load_balance).
     window=(W, 0) (or (W, -1) with causal): a causal sliding window of W keys, in positions of the
-    whole sequence. sink: a learnable sink's logits, float32 [h_q], the same on every rank
+    whole sequence; with causal=False, (L, R): L keys on the left and R on the right (-1: no
+    bound), the ranks holding contiguous chunks. sink: a learnable sink's logits, float32 [h_q], the same on every rank
     (softmax="sink"); its gradient comes back summed over the group's ranks.
     cu_seqlens: a packed batch (thd): q, k, v [tokens, h, d] are this rank's part (load_balance
     with cu_seqlens: chunks r and 2N-1-r of every sequence, or chunk r without load balancing),
@@ -468,8 +469,8 @@ def context_parallel_attention(q, k, v, *, group=None, causal=False, window=(-1,
     multiple of 2N (N). It is read on the host: pass it there to spare a device read.
     `blocks` replaces fusedattn's block kernels (tests of the algorithm on CPU groups)."""
     import torch.distributed as dist
-    left = _cp.window_left(window, causal)
-    causal = causal or left >= 1
+    window = _cp.window_bounds(window, causal)
+    causal = causal or (window is not None and window[1] == 0)
     packed_call = cu_seqlens is not None
     _cp.check_arguments(q.shape, k.shape, causal, load_balanced, scheme, "rank", packed_call)
     scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else float(scale)
@@ -477,11 +478,11 @@ def context_parallel_attention(q, k, v, *, group=None, causal=False, window=(-1,
     balanced = bool(causal and load_balanced)
     packed = None
     if packed_call:
-        _cp.refuse_packed_window(left)
+        _cp.refuse_packed_window(window)
         packed = Packed(cu_seqlens, dist.get_world_size(group), balanced, q.device)
         if q.shape[0] != packed.tokens:
             raise invalid_argument("q.shape", tuple(q.shape), f"[{packed.tokens}, h, d]: a rank's part of the "
                                    f"{packed.tokens * dist.get_world_size(group)} tokens cu_seqlens gives")
     transport = ProcessGroupTransport(group)
     return _ContextParallel.apply(q, k, v, sink, transport, blocks if blocks is not None else FusedattnBlocks(scale),
-                                  bool(causal), balanced, scheme, left, packed)
+                                  bool(causal), balanced, scheme, window, packed)

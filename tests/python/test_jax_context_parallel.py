@@ -22,24 +22,25 @@ from fusedattn._jax_calls import BACKWARD, FORWARD
 
 SCHEME, CAUSAL, BALANCED, H_KV = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1", int(sys.argv[4])
 WITH_SINK = sys.argv[5] == "1"
-WINDOW = int(sys.argv[6])  # a causal sliding window's keys, -1: none
-BAND = _config.config("bshd", score_mod=_cp.BAND).score_mod  # as the core prints it
+WINDOW = tuple(int(x) for x in sys.argv[6].split(","))  # the call's window=, (-1, -1): none
+BANDS = {_config.config("bshd", score_mod=mod).score_mod: below  # as the core prints them
+         for mod, below in ((_cp.BAND, False), (_cp.BAND_BELOW, True))}
 CALLS = []
 
 
 def logits(call, q, k, mods):
-    # The masks context parallelism sends: causal from the top-left within (W, 0), or the band
-    # j - i >= offset of the score modifier _cp.BAND, its offset the one scalar operand.
+    # The masks context parallelism sends: the window (L, R) from the top-left (causal: (-1, 0)),
+    # or the band j - i >= offset (j - i <= offset) of the score modifier _cp.BAND (_cp.BAND_BELOW),
+    # its offset the one scalar operand.
     q, k = q.astype(jnp.float32), k.astype(jnp.float32)
     k = jnp.repeat(k, q.shape[2] // k.shape[2], axis=2)
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision="highest") * call.scale
     i, j = jnp.arange(s.shape[-2])[:, None], jnp.arange(s.shape[-1])[None, :]
     left, right = call.config.window
-    if right == 0:  # the diagonal pieces
-        s = jnp.where((j <= i) & ((j >= i - left) if left >= 1 else True), s, -jnp.inf)
+    s = jnp.where(((j >= i - left) if left >= 0 else True) & ((j <= i + right) if right >= 0 else True), s, -jnp.inf)
     if call.config.score_mod:
-        assert call.config.score_mod == BAND, call.config.score_mod
-        s = jnp.where(j - i >= mods[0][0], s, -jnp.inf)
+        below = BANDS[call.config.score_mod]
+        s = jnp.where((j - i <= mods[0][0]) if below else (j - i >= mods[0][0]), s, -jnp.inf)
     return s
 
 
@@ -85,9 +86,9 @@ def whole(q, k, v, sink):  # attention of the whole sequence, float32; a sink ad
     group = h_q // H_KV
     ke, ve = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
     sc = jnp.einsum("bqhd,bkhd->bhqk", q, ke, precision="highest") * scale
-    if CAUSAL:
-        i, j = jnp.arange(s)[:, None], jnp.arange(s)[None, :]
-        sc = jnp.where((j <= i) & ((j >= i - WINDOW) if WINDOW >= 1 else True), sc, -jnp.inf)
+    left, right = (WINDOW[0], 0) if CAUSAL else WINDOW
+    i, j = jnp.arange(s)[:, None], jnp.arange(s)[None, :]
+    sc = jnp.where(((j >= i - left) if left >= 0 else True) & ((j <= i + right) if right >= 0 else True), sc, -jnp.inf)
     if WITH_SINK:
         column = jnp.broadcast_to(sink[None, :, None, None], sc.shape[:3] + (1,))
         p = jax.nn.softmax(jnp.concatenate([sc, column], -1), axis=-1)[..., :-1]
@@ -104,7 +105,7 @@ restore = (lambda x: fj.unbalance(x, n)) if CAUSAL and BALANCED else (lambda x: 
 def split(q, k, v, sink):
     return fj.context_parallel_attention(q, k, v, axis_name="cp", causal=CAUSAL, scheme=SCHEME,
                                          load_balanced=BALANCED, sink=sink if WITH_SINK else None,
-                                         window=(WINDOW, 0) if WINDOW >= 1 else (-1, -1))
+                                         window=WINDOW)
 
 
 def ours(q, k, v, sink):
@@ -127,13 +128,13 @@ print("KINDS", sorted(set(CALLS)))
 """
 
 
-def run_child(scheme, causal, balanced, h_kv, with_sink=False, window=-1):
+def run_child(scheme, causal, balanced, h_kv, with_sink=False, window=(-1, -1)):
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     # faulthandler: a crash of the child (JAX 0.11.2's host collectives died with SIGSEGV on the
     # GPU machine) leaves its Python stack in stderr, which the assertion shows.
     done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", CHILD, scheme, str(int(causal)),
-                           str(int(balanced)), str(h_kv), str(int(with_sink)), str(window)],
+                           str(int(balanced)), str(h_kv), str(int(with_sink)), "%d,%d" % tuple(window)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line), done.stdout
@@ -167,9 +168,19 @@ def test_a_causal_sliding_window_equals_the_whole_sequences(scheme, balanced, wi
     # 4 devices of 32 tokens (balanced: chunks of 16): a window inside a chunk, and one across chunks
     # that ends inside one (both need the band pieces); each scheme and layout with each (every
     # combination runs in the PyTorch tests, whose children are cheaper).
-    lines, out = run_child(scheme, True, balanced, 2, window=window)
+    lines, out = run_child(scheme, True, balanced, 2, window=(window, 0))
     assert float(lines["OUT_ERR"]) < 1e-2 and float(lines["GRAD_ERR"]) < 2e-2, out
     assert "True" in lines["KINDS"], out  # some pieces ran as the band modifier
+
+
+@pytest.mark.parametrize("scheme, window", [("ring", (5, 40)), ("all_gather", (40, 5))],
+                         ids=["ring_window5_40", "all_gather_window40_5"])
+def test_a_two_sided_window_equals_the_whole_sequences(scheme, window):
+    # Not causal, 4 devices of 32 contiguous tokens: bands above the diagonal (keys on later
+    # devices) and below it.
+    lines, out = run_child(scheme, False, False, 2, window=window)
+    assert float(lines["OUT_ERR"]) < 1e-2 and float(lines["GRAD_ERR"]) < 2e-2, out
+    assert "True" in lines["KINDS"], out
 
 
 def test_the_traced_window_rule_is_the_shared_one():
@@ -178,10 +189,10 @@ def test_the_traced_window_rule_is_the_shared_one():
     from fusedattn import _context_parallel as shared
     from fusedattn import _jax_context_parallel as jcp
     for chunk in (1, 16, 32):
-        for left in (1, 5, 16, 40, 100):
-            for m in range(-2, 9):
-                kind, offset = jcp._window_kind(jnp.int32(m), chunk, left)
-                assert (int(kind), int(offset)) == shared.window_piece(m, chunk, left), (m, chunk, left)
+        for bounds in ((1, 0), (5, 0), (16, 0), (40, 0), (100, 0), (5, 40), (40, 5), (-1, 20), (20, -1), (1, 1)):
+            for m in range(-8, 9):
+                kind, offset = jcp._window_kind(jnp.int32(m), chunk, bounds)
+                assert (int(kind), int(offset)) == shared.window_piece(m, chunk, bounds), (m, chunk, bounds)
 
 
 PACKED_CHILD = r"""

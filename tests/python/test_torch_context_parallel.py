@@ -19,13 +19,17 @@ from fusedattn import _torch_context_parallel as cp  # noqa: E402
 
 def visible(rows, cols, mask, device="cpu"):
     """Which (query, key) pairs of a piece its mask (_context_parallel.pieces) lets through: all,
-    causal from the top-left within a window of W keys (W = -1: none), or the band j - i >= offset."""
+    the window (L, R) from the top-left, i - L <= j <= i + R (-1: no bound; causal: (-1, 0)), or
+    the band j - i >= offset (BAND_PIECE) or j - i <= offset (BAND_UPPER)."""
     kind, value = mask
     i, j = torch.arange(rows, device=device)[:, None], torch.arange(cols, device=device)[None, :]
     if kind == cp._cp.FULL:
         return torch.ones(rows, cols, dtype=torch.bool, device=device)
     if kind == cp._cp.DIAGONAL:
-        return (j <= i) & ((j >= i - value) if value >= 1 else True)
+        left, right = value
+        return ((j >= i - left) if left >= 0 else True) & ((j <= i + right) if right >= 0 else True)
+    if kind == cp._cp.BAND_UPPER:
+        return j - i <= value
     assert kind == cp._cp.BAND_PIECE, mask
     return j - i >= value
 
@@ -77,13 +81,14 @@ def per_sequence(packed, *tensors):
     return [tuple(t[cu[i]:cu[i + 1]][None] for t in tensors) for i in range(len(cu) - 1)]
 
 
-def whole(q, k, v, causal, scale, sink=None, left=-1):
-    """Attention of the whole sequence; a sink adds e^sink[h] to every row's denominator; `left`:
-    a causal sliding window's keys."""
+def whole(q, k, v, causal, scale, sink=None, window=None):
+    """Attention of the whole sequence; a sink adds e^sink[h] to every row's denominator; `window`:
+    a sliding window's bounds (L, R)."""
     group = q.shape[2] // k.shape[2]
     s = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(group, 2)) * scale
-    if causal or left >= 1:
-        s = s.masked_fill(~visible(s.shape[-2], s.shape[-1], (cp._cp.DIAGONAL, left), s.device), float("-inf"))
+    if causal or window is not None:
+        mask = (cp._cp.DIAGONAL, window or (-1, 0))
+        s = s.masked_fill(~visible(s.shape[-2], s.shape[-1], mask, s.device), float("-inf"))
     if sink is not None:
         column = sink.to(s.dtype).view(1, -1, 1, 1).expand(*s.shape[:3], 1)
         p = torch.softmax(torch.cat([s, column], -1), -1)[..., :-1]
@@ -156,7 +161,7 @@ def test_a_rank_that_sees_no_key_of_a_block_takes_a_neutral_statistic():
     q, k, v, _ = problem(4)
     ranks, blocks = cp.SimulatedRanks(2), ReferenceBlocks(0.25)
     outs = cp.run_forward(q.chunk(2, 1), k.chunk(2, 1), v.chunk(2, 1), ranks, blocks, True, False, "ring")
-    alone = blocks.forward(q.chunk(2, 1)[0], k.chunk(2, 1)[0], v.chunk(2, 1)[0], (cp._cp.DIAGONAL, -1))
+    alone = blocks.forward(q.chunk(2, 1)[0], k.chunk(2, 1)[0], v.chunk(2, 1)[0], (cp._cp.DIAGONAL, (-1, 0)))
     assert torch.allclose(outs[0][0], alone[0]) and torch.allclose(outs[0][1], alone[1])
 
 
@@ -258,31 +263,49 @@ def test_packed_sequences_that_do_not_split_evenly_are_refused():
         fa.context_parallel_attention(q, q, q, causal=True, window=(4, 0), cu_seqlens=torch.tensor([0, 16]))
 
 
-@pytest.mark.parametrize("scheme", ["ring", "all_gather"])
-@pytest.mark.parametrize("balanced", [True, False], ids=["balanced", "contiguous"])
-@pytest.mark.parametrize("left", [1, 5, 16, 40, 64, 100], ids=lambda w: f"window{w}")
-def test_a_causal_sliding_window_equals_the_whole_sequence(scheme, balanced, left):
-    # 4 ranks of 32 tokens (balanced: chunks of 16): windows inside a chunk, of one chunk, across
-    # several, and wider than a rank's part; GQA 4/2.
-    n = 4
+def run_window(n, balanced, scheme, window, causal):
+    """A windowed problem (4 ranks of 32 tokens, GQA 4/2) through N simulated ranks against the
+    whole sequence; returns the masks the block kernels were asked for."""
     q, k, v, d_o = problem(2)
     scale = q.shape[-1] ** -0.5
     arrange = (lambda x: cp.load_balance(x, n)) if balanced else (lambda x: x)
     restore = (lambda x: cp.unbalance(x, n)) if balanced else (lambda x: x)
     parts = [arrange(x).chunk(n, 1) for x in (q, k, v, d_o)]
     ranks, blocks = cp.SimulatedRanks(n), ReferenceBlocks(scale)
-    outs = cp.run_forward(parts[0], parts[1], parts[2], ranks, blocks, True, balanced, scheme, left=left)
+    outs = cp.run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal, balanced, scheme, window=window)
     grads, _ = cp.run_backward(parts[0], parts[1], parts[2], [o for o, _ in outs], [s for _, s in outs], parts[3],
-                               ranks, blocks, True, balanced, scheme, left=left)
+                               ranks, blocks, causal, balanced, scheme, window=window)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    ref = whole(*leaves, True, scale, left=left)
+    ref = whole(*leaves, causal, scale, window=window)
     ref.backward(d_o)
     assert torch.allclose(restore(torch.cat([o for o, _ in outs], 1)), ref, atol=1e-10)
     for i, leaf in enumerate(leaves):
         assert torch.allclose(restore(torch.cat([g[i] for g in grads], 1)), leaf.grad, atol=1e-9), "dqkv"[i]
-    kinds = {kind for kind, _ in blocks.masks}
+    return {kind for kind, _ in blocks.masks}
+
+
+@pytest.mark.parametrize("scheme", ["ring", "all_gather"])
+@pytest.mark.parametrize("balanced", [True, False], ids=["balanced", "contiguous"])
+@pytest.mark.parametrize("left", [1, 5, 16, 40, 64, 100], ids=lambda w: f"window{w}")
+def test_a_causal_sliding_window_equals_the_whole_sequence(scheme, balanced, left):
+    # 4 ranks of 32 tokens (balanced: chunks of 16): windows inside a chunk, of one chunk, across
+    # several, and wider than a rank's part.
+    kinds = run_window(4, balanced, scheme, (left, 0), True)
     if left in (5, 40):  # windows that end inside a chunk need the band
         assert cp._cp.BAND_PIECE in kinds, kinds
+
+
+@pytest.mark.parametrize("scheme", ["ring", "all_gather"])
+@pytest.mark.parametrize("window", [(5, 3), (40, 20), (3, 40), (-1, 40), (40, -1), (100, 100), (1, 1)],
+                         ids=lambda w: f"window{w[0]}_{w[1]}")
+def test_a_two_sided_window_equals_the_whole_sequence(scheme, window):
+    # Not causal, contiguous ranks of 32 tokens: bounds inside a chunk, across one on either side,
+    # one side open, wider than the sequence; bands above the diagonal (keys on later ranks) too.
+    kinds = run_window(4, False, scheme, window, False)
+    if window in ((40, 20), (3, 40)):
+        assert {cp._cp.BAND_PIECE, cp._cp.BAND_UPPER} & kinds, kinds
+    if window == (3, 40):
+        assert cp._cp.BAND_UPPER in kinds, kinds
 
 
 def test_window_pieces_worked_numbers():
@@ -290,33 +313,45 @@ def test_window_pieces_worked_numbers():
     # (32..63) as a band j - i >= 32 - 40 = -8, rank 0's as a band 64 - 40 = 24 (only its last keys,
     # to its first queries), and nothing of rank 3's.
     from fusedattn import _context_parallel as shared
-    pieces = lambda source: shared.window_pieces(2, source, 4, False, 32, 40)
-    assert pieces(2) == [("all", "all", (shared.DIAGONAL, 40))]
+    pieces = lambda source: shared.window_pieces(2, source, 4, False, 32, (40, 0))
+    assert pieces(2) == [("all", "all", (shared.DIAGONAL, (40, 0)))]
     assert pieces(1) == [("all", "all", (shared.BAND_PIECE, -8))]
     assert pieces(0) == [("all", "all", (shared.BAND_PIECE, 24))]
     assert pieces(3) == []
     # A window of 100: rank 1's keys are all inside it (offset 32 - 100 = -68 <= -31), and rank 0's
     # too (64 - 100 = -36 <= -31): full pieces.
-    assert shared.window_pieces(2, 1, 4, False, 32, 100) == [("all", "all", (shared.FULL, 0))]
-    assert shared.window_pieces(2, 0, 4, False, 32, 100) == [("all", "all", (shared.FULL, 0))]
+    assert shared.window_pieces(2, 1, 4, False, 32, (100, 0)) == [("all", "all", (shared.FULL, 0))]
+    assert shared.window_pieces(2, 0, 4, False, 32, (100, 0)) == [("all", "all", (shared.FULL, 0))]
     # A window of 1: query 64 still sees key 63, rank 1's last (a band of offset 31, one pair);
     # rank 0's keys not at all (offset 63 >= 32).
-    assert shared.window_pieces(2, 1, 4, False, 32, 1) == [("all", "all", (shared.BAND_PIECE, 31))]
-    assert shared.window_pieces(2, 0, 4, False, 32, 1) == []
+    assert shared.window_pieces(2, 1, 4, False, 32, (1, 0)) == [("all", "all", (shared.BAND_PIECE, 31))]
+    assert shared.window_pieces(2, 0, 4, False, 32, (1, 0)) == []
     # Balanced (chunks of 16): rank 0 holds chunks 0 and 7; against its own keys under a window of
     # 16, chunk 7 sees chunk 0 not at all (offset 7 * 16 - 16 = 96 >= 16).
-    assert shared.window_pieces(0, 0, 4, True, 32, 16) == [("first", "first", (shared.DIAGONAL, 16)),
-                                                            ("second", "second", (shared.DIAGONAL, 16))]
+    assert shared.window_pieces(0, 0, 4, True, 32, (16, 0)) == [("first", "first", (shared.DIAGONAL, (16, 0))),
+                                                                 ("second", "second", (shared.DIAGONAL, (16, 0)))]
+    # Two-sided (3, 40), not causal: rank 2's queries (64..95) see rank 3's keys (96..127) as a band
+    # j - i <= -32 + 40 = 8 (keys later), rank 1's as a band j - i >= 32 - 3 = 29, rank 0's not at
+    # all (64 - 3 >= 32). Rank 3's keys under a right bound of 100 or none: all inside (full); of 31:
+    # a band j - i <= -1 (query 64 sees key 95 alone); of 0: none (-32 <= -32).
+    two_sided = lambda source, window: shared.window_pieces(2, source, 4, False, 32, window)
+    assert two_sided(2, (3, 40)) == [("all", "all", (shared.DIAGONAL, (3, 40)))]
+    assert two_sided(3, (3, 40)) == [("all", "all", (shared.BAND_UPPER, 8))]
+    assert two_sided(1, (3, 40)) == [("all", "all", (shared.BAND_PIECE, 29))]
+    assert two_sided(0, (3, 40)) == []
+    assert two_sided(3, (40, 100)) == [("all", "all", (shared.FULL, 0))]
+    assert two_sided(3, (40, -1)) == [("all", "all", (shared.FULL, 0))]
+    assert two_sided(3, (40, 31)) == [("all", "all", (shared.BAND_UPPER, -1))]
+    assert two_sided(3, (40, 0)) == []
 
 
-def test_windows_other_than_causal_sliding_ones_are_refused():
-    from fusedattn import InvalidArgumentError, NotSupportedError
+def test_windows_that_are_not_windows_are_refused():
+    from fusedattn import InvalidArgumentError
     q = torch.zeros(1, 8, 2, 16)
-    with pytest.raises(NotSupportedError):
-        fa.context_parallel_attention(q, q, q, window=(4, 4))
-    with pytest.raises(InvalidArgumentError) as caught:
-        fa.context_parallel_attention(q, q, q, window=(0, 0))
-    assert caught.value.field == "window"
+    for window, causal in (((0, 0), False), ((4, 4), True), ((-2, 3), False)):
+        with pytest.raises(InvalidArgumentError) as caught:  # refused before any process group is asked
+            fa.context_parallel_attention(q, q, q, window=window, causal=causal)
+        assert caught.value.field == "window"
 
 
 def test_bad_arguments_name_the_field():
@@ -361,7 +396,7 @@ def main(rank, n, scheme, causal, balanced, h_kv, port, with_sink, left, packed)
     if packed:
         ref = t.whole_packed(*ref_leaves, cu, causal, scale, ref_sink)
     else:
-        ref = t.whole(*ref_leaves, causal, scale, ref_sink, left)
+        ref = t.whole(*ref_leaves, causal, scale, ref_sink, (left, 0) if left > 0 else None)
     ref.backward(d_o)
     ok = torch.allclose(o, arrange(ref).chunk(n, axis)[rank], atol=1e-10)
     for leaf, ref_leaf in zip(leaves, ref_leaves):
@@ -401,15 +436,19 @@ def test_a_gloo_group_of_four_processes_equals_the_whole_sequence(scheme, causal
 
 def test_the_block_kernels_configs_for_window_pieces():
     # What fusedattn's kernels are asked for (the spec string of each piece's call): the diagonal
-    # with its window, a full piece, and the band with one runtime scalar.
+    # with its window (causal, or two-sided), a full piece, and the bands with one runtime scalar.
     from fusedattn import _config
     blocks, shared = cp.FusedattnBlocks(0.125), cp._cp
-    diagonal = str(_config.parse(blocks._config((shared.DIAGONAL, 300))))
+    diagonal = str(_config.parse(blocks._config((shared.DIAGONAL, (300, 0)))))
     assert "window=300,0" in diagonal and "score_mod" not in diagonal
-    assert "window=-1,0" in str(_config.parse(blocks._config((shared.DIAGONAL, -1))))
+    assert "window=-1,0" in str(_config.parse(blocks._config((shared.DIAGONAL, (-1, 0)))))
+    assert "window=300,200" in str(_config.parse(blocks._config((shared.DIAGONAL, (300, 200)))))
     full = str(_config.parse(blocks._config((shared.FULL, 0))))
     assert "window" not in full and "score_mod" not in full
     band = str(_config.parse(blocks._config((shared.BAND_PIECE, 24))))
     assert "score_mod=select(ge(sub(kv,q),$0),score,-inf)" in band and "window" not in band
+    below = str(_config.parse(blocks._config((shared.BAND_UPPER, -5))))
+    assert "score_mod=select(le(sub(kv,q),$0),score,-inf)" in below and "window" not in below
     extras = blocks._extras((shared.BAND_PIECE, 24), torch.zeros(1))
     assert extras.mod_scalars.tolist() == [24.0] and blocks._extras((shared.FULL, 0), torch.zeros(1)).mod_scalars is None
+    assert blocks._extras((shared.BAND_UPPER, -5), torch.zeros(1)).mod_scalars.tolist() == [-5.0]

@@ -18,14 +18,16 @@ def rel(a, b):
 
 
 @pytest.mark.parametrize("scheme", ["ring", "all_gather"])
-@pytest.mark.parametrize("causal, balanced, left", [(True, True, -1), (True, False, -1), (False, False, -1),
-                                                   (True, True, 300), (True, False, 700)],
+@pytest.mark.parametrize("causal, balanced, window", [(True, True, None), (True, False, None), (False, False, None),
+                                                     (True, True, (300, 0)), (True, False, (700, 0)),
+                                                     (False, False, (300, 200)), (False, False, (-1, 700))],
                          ids=["causal_balanced", "causal_contiguous", "full", "window300_balanced",
-                              "window700_contiguous"])
+                              "window700_contiguous", "window300_200", "window_open_700"])
 @pytest.mark.parametrize("h_kv", [8, 2], ids=["mha", "gqa"])
-def test_simulated_ranks_on_one_gpu_equal_the_whole_sequence(scheme, causal, balanced, left, h_kv):
-    # Windows of 300 and 700 keys over parts of 512 tokens (chunks of 256 balanced): diagonal
-    # windows, band pieces (the score modifier with its offset) and full ones.
+def test_simulated_ranks_on_one_gpu_equal_the_whole_sequence(scheme, causal, balanced, window, h_kv):
+    # Causal windows of 300 and 700 keys over parts of 512 tokens (chunks of 256 balanced), and
+    # two-sided ones, (300, 200) and (open, 700): diagonal windows, band pieces below and above the
+    # diagonal (the score modifiers with their offsets) and full ones.
     n, b, s, h_q, d = 4, 2, 2048, 8, 128
     g = torch.Generator(device="cuda").manual_seed(3)
     make = lambda h: (torch.rand(b, s, h, d, device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
@@ -35,12 +37,12 @@ def test_simulated_ranks_on_one_gpu_equal_the_whole_sequence(scheme, causal, bal
     restore = (lambda x: cp.unbalance(x, n)) if balanced else (lambda x: x)
     parts = [[p.contiguous() for p in arrange(x).chunk(n, 1)] for x in (q, k, v, d_o)]
     ranks, blocks = cp.SimulatedRanks(n), cp.FusedattnBlocks(scale)
-    outs = cp.run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal, balanced, scheme, left=left)
+    outs = cp.run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal, balanced, scheme, window=window)
     os_ = [o.to(torch.bfloat16) for o, _ in outs]
     grads, _ = cp.run_backward(parts[0], parts[1], parts[2], os_, [st for _, st in outs], parts[3], ranks, blocks,
-                               causal, balanced, scheme, left=left)
+                               causal, balanced, scheme, window=window)
     leaves = [x.float().requires_grad_() for x in (q, k, v)]
-    ref = whole(*leaves, causal, scale, left=left)
+    ref = whole(*leaves, causal, scale, window=window)
     ref.backward(d_o.float())
     assert rel(restore(torch.cat(os_, 1)), ref) < 1e-2
     for i, leaf in enumerate(leaves):
