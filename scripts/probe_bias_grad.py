@@ -6,7 +6,7 @@ bfloat16's tolerance without any modifier. This measures cuDNN's dBias itself, t
 dense bias B (requires grad), against float32 autograd's dL/dB, and against one hypothesis: that
 cuDNN reduces dBias after the modifier's derivative (dL/dB * m'(S)) instead of before it.
 
-    FUSEDATTN_PYTHON_BUILD=build-gpu/python python3 scripts/probe_bias_grad.py
+    PYTHONPATH=build-gpu/python python3 scripts/probe_bias_grad.py
 """
 import torch
 
@@ -43,6 +43,7 @@ def case(seed, causal, modifier, slopes=False):
     scores = qf @ kf.repeat_interleave(h // h_kv, 1).transpose(-1, -2) * scale
     modified = scores if modifier is None else softcap(scores, None, None, None, None)
     logits = modified + bf
+    logits.retain_grad()  # dL/dS per batch entry, before the mask (zero where it masks)
     if causal:
         logits = logits.masked_fill(torch.ones(s_q, s_kv, device="cuda", dtype=torch.bool).triu(1), float("-inf"))
     ref = (torch.softmax(logits, -1) @ vf.repeat_interleave(h // h_kv, 1)).transpose(1, 2)
@@ -51,7 +52,8 @@ def case(seed, causal, modifier, slopes=False):
     line = f"seed {seed} causal {int(causal)} {'softcap' if modifier else 'none':7} {'alibi' if slopes else 'dense'}: " \
            f"O {rel(o, ref):.2e}  dB vs dL/dB {rel(got, want):.2e}"
     if modifier is not None:
-        after = want * (1 - torch.tanh(scores / CAP) ** 2)  # dL/dB chained through the softcap's derivative
+        # dL/dB as it would be reduced after the softcap's derivative: sum over b of dL/dS * m'(S)
+        after = (logits.grad * (1 - torch.tanh(scores / CAP) ** 2)).sum(0, keepdim=True)
         line += f"  dB vs dL/dB*m'(S) {rel(got, after):.2e}"
     heads = [rel(got[:, x], want[:, x]) for x in range(h)]
     line += "  per head " + " ".join(f"{e:.1e}" for e in heads)

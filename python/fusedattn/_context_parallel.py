@@ -16,14 +16,15 @@ is the same work, 2c x c key pairs for chunks of c tokens:
 Contiguous chunks: LOCAL is one diagonal piece, EARLIER one full piece, LATER nothing. Without a
 causal mask every block is one full piece.
 
-A sliding window of L keys on the left and R on the right (key j visible to query i where
-i - L <= j <= i + R, in positions of the whole sequence; -1: no bound; causal: R = 0) cuts across
-chunks: each chunk of queries against each chunk of keys, m chunks earlier (of c tokens; m < 0:
-later), is one window piece (window_piece). In local positions the window is
-m c - L <= j - i <= m c + R, and j - i runs over [-(c - 1), c - 1], so the piece is hidden (the
-window misses the chunk: m c - L >= c, or m c + R <= -c), the diagonal one (m = 0: the window
-within the chunk, cuDNN's own), full (the window covers it) or a band with one bound inside it:
-j - i >= m c - L (keys earlier, m > 0) or j - i <= m c + R (keys later, m < 0). cuDNN runs a band
+A sliding window (L, R) is the core's (spec/window_rule.h): key j visible to query i where
+i - L < j <= i + R, in positions of the whole sequence (L keys up to the diagonal, R after it; -1:
+no bound; causal: R = 0). It cuts across chunks: each chunk of queries against each chunk of keys,
+m chunks earlier (of c tokens; m < 0: later), is one window piece (window_piece). In local
+positions the window is m c - L + 1 <= j - i <= m c + R, and j - i runs over [-(c - 1), c - 1], so
+the piece is hidden (the window misses the chunk: m c - L + 1 >= c, or m c + R <= -c), the
+diagonal one (m = 0: the window within the chunk, cuDNN's own), full (the window covers it) or a
+band with one bound inside it: j - i >= m c - L + 1 (keys earlier, m > 0) or j - i <= m c + R
+(keys later, m < 0). cuDNN runs a band
 as the score modifier BAND or BAND_BELOW with the offset as its runtime scalar, so every offset
 shares one plan. (For m != 0 one bound at most falls inside: the other is at least c away.)
 """
@@ -217,10 +218,10 @@ def chunk_index(device, part, n, balanced):
 def window_piece(m, chunk, bounds):
     """(kind, offset) of queries `m` chunks of `chunk` tokens after their keys (m < 0: before) under
     a window of `bounds` (L, R): the module's docstring's kinds; the offset is the band's bound,
-    m*chunk + R for BAND_UPPER (j - i <= offset), else m*chunk - L (BAND_PIECE: j - i >= offset).
+    m*chunk + R for BAND_UPPER (j - i <= offset), else m*chunk - L + 1 (BAND_PIECE: j - i >= offset).
     Plain integers; the JAX version traces the same comparisons."""
     left, right = bounds
-    low, high = m * chunk - left, m * chunk + right
+    low, high = m * chunk - left + 1, m * chunk + right
     if (left >= 0 and low >= chunk) or (right >= 0 and high <= -chunk):
         return HIDDEN, low
     if m == 0:

@@ -177,7 +177,7 @@ def _present(x):
 def _window_kind(m, chunk, bounds):
     """_context_parallel.window_piece on traced chunk distances: (switch index, band offset)."""
     left, right = bounds
-    low, high = m * chunk - left, m * chunk + right
+    low, high = m * chunk - left + 1, m * chunk + right
     no = jnp.zeros(jnp.shape(m), bool)
     hidden = (low >= chunk if left >= 0 else no) | (high <= -chunk if right >= 0 else no)
     lower = low > -(chunk - 1) if left >= 0 else no
@@ -423,10 +423,11 @@ def context_parallel_attention(q, k, v, *, axis_name, causal=False, window=(-1, 
     `axis_name`, inside jax.shard_map; q, k, v are this device's parts of the sequence axis, bshd
     (GQA: h_q a multiple of h_kv). scheme: "ring" (each block passed on to the next device) or
     "all_gather". Causal with load_balanced: device r holds chunks r and 2N-1-r (load_balance);
-    otherwise chunk r. window=(W, 0) (or (W, -1) with causal): a causal sliding window of W keys,
-    in positions of the whole sequence; with causal=False, (L, R): L keys on the left and R on the
-    right (-1: no bound), the devices holding contiguous chunks. sink: a learnable sink's logits [h_q], replicated over the
-    axis (softmax="sink"). Differentiable in q, k, v and the sink (the module's docstring says how).
+    otherwise chunk r. window=(W, 0) (or (W, -1) with causal): a causal sliding window of W keys
+    (the diagonal's among them, as in attention()), in positions of the whole sequence; with
+    causal=False, (L, R): L keys up to the diagonal and R after it (-1: no bound), the devices
+    holding contiguous chunks. sink: a learnable sink's logits [h_q], replicated over the axis
+    (softmax="sink"). Differentiable in q, k, v and the sink (the module's docstring says how).
     cu_seqlens: a packed batch (thd): q, k, v [tokens, h, d] are this device's part (load_balance
     with cu_seqlens: chunks r and 2N-1-r of every sequence, or chunk r without load balancing),
     cu_seqlens the whole batch's int32 [b + 1] offsets, replicated, each length a multiple of 2N

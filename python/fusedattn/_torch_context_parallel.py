@@ -459,10 +459,11 @@ def context_parallel_attention(q, k, v, *, group=None, causal=False, window=(-1,
     """Attention of this rank's queries against the keys of every rank of `group` (default: the
     world), bshd parts of the sequence axis, GQA allowed; differentiable in q, k, v. scheme: "ring"
     or "all_gather". Causal with load_balanced: rank r holds chunks r and 2N-1-r (load_balance).
-    window=(W, 0) (or (W, -1) with causal): a causal sliding window of W keys, in positions of the
-    whole sequence; with causal=False, (L, R): L keys on the left and R on the right (-1: no
-    bound), the ranks holding contiguous chunks. sink: a learnable sink's logits, float32 [h_q], the same on every rank
-    (softmax="sink"); its gradient comes back summed over the group's ranks.
+    window=(W, 0) (or (W, -1) with causal): a causal sliding window of W keys (the diagonal's among
+    them, as in attention()), in positions of the whole sequence; with causal=False, (L, R): L keys
+    up to the diagonal and R after it (-1: no bound), the ranks holding contiguous chunks. sink: a
+    learnable sink's logits, float32 [h_q], the same on every rank (softmax="sink"); its gradient
+    comes back summed over the group's ranks.
     cu_seqlens: a packed batch (thd): q, k, v [tokens, h, d] are this rank's part (load_balance
     with cu_seqlens: chunks r and 2N-1-r of every sequence, or chunk r without load balancing),
     cu_seqlens the whole batch's int32 [b + 1] offsets, the same on every rank, each length a

@@ -37,7 +37,7 @@ def logits(call, q, k, mods):
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision="highest") * call.scale
     i, j = jnp.arange(s.shape[-2])[:, None], jnp.arange(s.shape[-1])[None, :]
     left, right = call.config.window
-    s = jnp.where(((j >= i - left) if left >= 0 else True) & ((j <= i + right) if right >= 0 else True), s, -jnp.inf)
+    s = jnp.where(((j > i - left) if left >= 0 else True) & ((j <= i + right) if right >= 0 else True), s, -jnp.inf)
     if call.config.score_mod:
         below = BANDS[call.config.score_mod]
         s = jnp.where((j - i <= mods[0][0]) if below else (j - i >= mods[0][0]), s, -jnp.inf)
@@ -88,7 +88,7 @@ def whole(q, k, v, sink):  # attention of the whole sequence, float32; a sink ad
     sc = jnp.einsum("bqhd,bkhd->bhqk", q, ke, precision="highest") * scale
     left, right = (WINDOW[0], 0) if CAUSAL else WINDOW
     i, j = jnp.arange(s)[:, None], jnp.arange(s)[None, :]
-    sc = jnp.where(((j >= i - left) if left >= 0 else True) & ((j <= i + right) if right >= 0 else True), sc, -jnp.inf)
+    sc = jnp.where(((j > i - left) if left >= 0 else True) & ((j <= i + right) if right >= 0 else True), sc, -jnp.inf)
     if WITH_SINK:
         column = jnp.broadcast_to(sink[None, :, None, None], sc.shape[:3] + (1,))
         p = jax.nn.softmax(jnp.concatenate([sc, column], -1), axis=-1)[..., :-1]

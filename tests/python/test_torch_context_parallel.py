@@ -19,7 +19,7 @@ from fusedattn import _torch_context_parallel as cp  # noqa: E402
 
 def visible(rows, cols, mask, device="cpu"):
     """Which (query, key) pairs of a piece its mask (_context_parallel.pieces) lets through: all,
-    the window (L, R) from the top-left, i - L <= j <= i + R (-1: no bound; causal: (-1, 0)), or
+    the window (L, R) from the top-left, i - L < j <= i + R (-1: no bound; causal: (-1, 0)), or
     the band j - i >= offset (BAND_PIECE) or j - i <= offset (BAND_UPPER)."""
     kind, value = mask
     i, j = torch.arange(rows, device=device)[:, None], torch.arange(cols, device=device)[None, :]
@@ -27,7 +27,7 @@ def visible(rows, cols, mask, device="cpu"):
         return torch.ones(rows, cols, dtype=torch.bool, device=device)
     if kind == cp._cp.DIAGONAL:
         left, right = value
-        return ((j >= i - left) if left >= 0 else True) & ((j <= i + right) if right >= 0 else True)
+        return ((j > i - left) if left >= 0 else True) & ((j <= i + right) if right >= 0 else True)
     if kind == cp._cp.BAND_UPPER:
         return j - i <= value
     assert kind == cp._cp.BAND_PIECE, mask
@@ -286,7 +286,7 @@ def run_window(n, balanced, scheme, window, causal):
 
 @pytest.mark.parametrize("scheme", ["ring", "all_gather"])
 @pytest.mark.parametrize("balanced", [True, False], ids=["balanced", "contiguous"])
-@pytest.mark.parametrize("left", [1, 5, 16, 40, 64, 100], ids=lambda w: f"window{w}")
+@pytest.mark.parametrize("left", [1, 2, 5, 16, 40, 64, 100], ids=lambda w: f"window{w}")
 def test_a_causal_sliding_window_equals_the_whole_sequence(scheme, balanced, left):
     # 4 ranks of 32 tokens (balanced: chunks of 16): windows inside a chunk, of one chunk, across
     # several, and wider than a rank's part.
@@ -309,35 +309,36 @@ def test_a_two_sided_window_equals_the_whole_sequence(scheme, window):
 
 
 def test_window_pieces_worked_numbers():
-    # Contiguous ranks of 32 tokens, a window of 40 keys: rank 2's queries (64..95) see rank 1's keys
-    # (32..63) as a band j - i >= 32 - 40 = -8, rank 0's as a band 64 - 40 = 24 (only its last keys,
-    # to its first queries), and nothing of rank 3's.
+    # The core's windows: key j visible to query i where i - L < j <= i + R. Contiguous ranks of 32
+    # tokens, a causal window of 40 keys: rank 2's queries (64..95) see rank 1's keys (32..63) as a
+    # band j - i >= 32 - 40 + 1 = -7, rank 0's as a band 64 - 39 = 25 (only its last keys, to its
+    # first queries), and nothing of rank 3's.
     from fusedattn import _context_parallel as shared
     pieces = lambda source: shared.window_pieces(2, source, 4, False, 32, (40, 0))
     assert pieces(2) == [("all", "all", (shared.DIAGONAL, (40, 0)))]
-    assert pieces(1) == [("all", "all", (shared.BAND_PIECE, -8))]
-    assert pieces(0) == [("all", "all", (shared.BAND_PIECE, 24))]
+    assert pieces(1) == [("all", "all", (shared.BAND_PIECE, -7))]
+    assert pieces(0) == [("all", "all", (shared.BAND_PIECE, 25))]
     assert pieces(3) == []
-    # A window of 100: rank 1's keys are all inside it (offset 32 - 100 = -68 <= -31), and rank 0's
-    # too (64 - 100 = -36 <= -31): full pieces.
+    # A window of 100: rank 1's keys are all inside it (offset 32 - 99 = -67 <= -31), and rank 0's
+    # too (64 - 99 = -35 <= -31): full pieces.
     assert shared.window_pieces(2, 1, 4, False, 32, (100, 0)) == [("all", "all", (shared.FULL, 0))]
     assert shared.window_pieces(2, 0, 4, False, 32, (100, 0)) == [("all", "all", (shared.FULL, 0))]
-    # A window of 1: query 64 still sees key 63, rank 1's last (a band of offset 31, one pair);
-    # rank 0's keys not at all (offset 63 >= 32).
-    assert shared.window_pieces(2, 1, 4, False, 32, (1, 0)) == [("all", "all", (shared.BAND_PIECE, 31))]
-    assert shared.window_pieces(2, 0, 4, False, 32, (1, 0)) == []
+    # A window of 2: query 64 still sees key 63, rank 1's last (a band of offset 31, one pair); a
+    # window of 1 is the diagonal alone, so rank 1's keys are hidden (offset 32 >= 32).
+    assert shared.window_pieces(2, 1, 4, False, 32, (2, 0)) == [("all", "all", (shared.BAND_PIECE, 31))]
+    assert shared.window_pieces(2, 1, 4, False, 32, (1, 0)) == []
     # Balanced (chunks of 16): rank 0 holds chunks 0 and 7; against its own keys under a window of
-    # 16, chunk 7 sees chunk 0 not at all (offset 7 * 16 - 16 = 96 >= 16).
+    # 16, chunk 7 sees chunk 0 not at all (offset 7 * 16 - 15 = 97 >= 16).
     assert shared.window_pieces(0, 0, 4, True, 32, (16, 0)) == [("first", "first", (shared.DIAGONAL, (16, 0))),
                                                                  ("second", "second", (shared.DIAGONAL, (16, 0)))]
-    # Two-sided (3, 40), not causal: rank 2's queries (64..95) see rank 3's keys (96..127) as a band
-    # j - i <= -32 + 40 = 8 (keys later), rank 1's as a band j - i >= 32 - 3 = 29, rank 0's not at
-    # all (64 - 3 >= 32). Rank 3's keys under a right bound of 100 or none: all inside (full); of 31:
+    # Two-sided (3, 40), not causal: rank 2's queries see rank 3's keys (96..127) as a band
+    # j - i <= -32 + 40 = 8 (keys later), rank 1's as a band j - i >= 32 - 2 = 30, rank 0's not at
+    # all (64 - 2 >= 32). Rank 3's keys under a right bound of 100 or none: all inside (full); of 31:
     # a band j - i <= -1 (query 64 sees key 95 alone); of 0: none (-32 <= -32).
     two_sided = lambda source, window: shared.window_pieces(2, source, 4, False, 32, window)
     assert two_sided(2, (3, 40)) == [("all", "all", (shared.DIAGONAL, (3, 40)))]
     assert two_sided(3, (3, 40)) == [("all", "all", (shared.BAND_UPPER, 8))]
-    assert two_sided(1, (3, 40)) == [("all", "all", (shared.BAND_PIECE, 29))]
+    assert two_sided(1, (3, 40)) == [("all", "all", (shared.BAND_PIECE, 30))]
     assert two_sided(0, (3, 40)) == []
     assert two_sided(3, (40, 100)) == [("all", "all", (shared.FULL, 0))]
     assert two_sided(3, (40, -1)) == [("all", "all", (shared.FULL, 0))]
