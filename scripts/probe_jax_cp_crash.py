@@ -1,7 +1,8 @@
 """Probe on the GPU machine: JAX 0.11.2's CPU compiler dies (SIGSEGV) on most of the dense
 context-parallel children of tests/python/test_jax_context_parallel.py, while the packed ones and
-one windowed one pass (JAX 0.10.2 passes them all). Runs one crashing child under a few XLA
-options, and once with HLO dumps after every pass, whose last files name the pass it died in.
+one windowed one pass (JAX 0.10.2 passes them all). Runs four children; with --flags, one of
+them under a few XLA options, and once with HLO dumps after every pass, whose last files name the
+pass it died in.
 
     PYTHONPATH=build-gpu/python python3 scripts/probe_jax_cp_crash.py
 """
@@ -32,8 +33,11 @@ if __name__ == "__main__":
     import jax
     print("jax", jax.__version__, flush=True)
     child([])
-    child([], ["ring", "1", "1", "2", "0", "-1,-1"])  # gqa
-    child([], ["ring", "1", "1", "4", "0", "5,0"])  # the windowed one that passed
+    child([], ["all_gather", "0", "0", "2", "0", "-1,-1"])  # not causal, all-gather, GQA
+    child([], ["ring", "1", "1", "2", "1", "-1,-1"])  # a sink
+    child([], ["ring", "0", "0", "2", "0", "5,40"])  # a two-sided window
+    if "--flags" not in sys.argv:
+        sys.exit(0)
     for flags in (["--xla_backend_optimization_level=0"], ["--xla_cpu_use_thunk_runtime=false"],
                   ["--xla_cpu_enable_fast_math=false"], ["--xla_cpu_parallel_codegen_split_count=1"]):
         child(flags)

@@ -188,14 +188,17 @@ def _window_kind(m, chunk, bounds):
 
 
 class _Plan:
-    """Static settings of one call, and a block's pieces (_context_parallel.pieces) run through the
-    block kernels; a kind that only the device index decides is a traced index, run by lax.switch
-    over the three kinds' pieces. Under a sliding window of `window` (L, R) each chunk pair is a
-    window piece, its kind a traced index of a switch over the five."""
+    """Static settings of one call, and a block's pieces run through the block kernels. Each chunk
+    of queries against each chunk of keys (_context_parallel.window_pairs) is one piece, whose kind
+    (hidden, the diagonal, full, a band: _context_parallel.window_piece) only the devices' indices
+    decide: a traced index of a lax.switch over the kinds, with the piece's arrays as operands and
+    its result merged outside. Causal attention is the window (-1, 0); without a mask every block is
+    one full piece. (A switch over a block's three kinds, whole arrays in and the merges inside its
+    branches, crashed XLA 0.11.2's SPMD partitioner; the pieces' switches compile.)"""
 
     def __init__(self, axis_name, causal, balanced, scale, window=None, longest=0):
         self.axis, self.causal, self.balanced, self.blocks = axis_name, causal, balanced, _Blocks(scale)
-        self.window = window
+        self.bounds = window if window is not None else ((-1, 0) if causal else None)
         self.longest = longest  # packed parts (thd): the longest chunk of a sequence, else 0
         # The tokens' axis of q, k, v, O and of the statistics.
         self.tokens, self.stats_tokens = (0, 0) if longest else (1, 2)
@@ -208,106 +211,75 @@ class _Plan:
     def __eq__(self, other):
         return isinstance(other, _Plan) and self.key == other.key
 
-    def _switch(self, kind, run, *operands):
-        if isinstance(kind, int):
-            return run(kind, *operands)
-        branches = [functools.partial(run, k) for k in (_cp.LOCAL, _cp.EARLIER, _cp.LATER)]
-        return jax.lax.switch(kind, branches, *operands)
-
-    def _window_pieces(self, rank, source, length):
-        """(query part, key part, traced kind, traced offset) of each chunk pair under the window."""
+    def _pieces(self, rank, source, length):
+        """(query part, key part, kind, band offset) of each chunk pair; kind and offset traced,
+        but a static FULL without a mask."""
+        if self.bounds is None:
+            return [(_cp.ALL, _cp.ALL, _cp.FULL, 0)]
         n, chunk = jax.lax.axis_size(self.axis), length // 2 if self.balanced else length
+        pieces = []
         for q_part, k_part in _cp.window_pairs(self.balanced):
             m = _cp.chunk_index(rank, q_part, n, self.balanced) - _cp.chunk_index(source, k_part, n, self.balanced)
-            yield (q_part, k_part) + _window_kind(m, chunk, self.window)
+            pieces.append((q_part, k_part) + _window_kind(m, chunk, self.bounds))
+        return pieces
 
-    def _masks(self):
-        """The switch's branches' masks after HIDDEN's, in the order of the kinds (DIAGONAL, FULL,
-        BAND_PIECE, BAND_UPPER): a mask, a band's kind (its offset the branch's last operand), or
-        None where the window cannot give that kind (a band needs its bound: L >= 1, R >= 1), so
-        that no call is made for it."""
-        left, right = self.window
-        return [(_cp.DIAGONAL, self.window), (_cp.FULL, 0), _cp.BAND_PIECE if left >= 1 else None,
-                _cp.BAND_UPPER if right >= 1 else None]
+    def _branches(self, count, run, empty):
+        """One function of (`count` arrays, offset, offsets...) per kind, in their order: `empty` for
+        HIDDEN and for the bands the bounds cannot give (a band needs its bound: L >= 1, R >= 1), so
+        that no call is made for them; else `run(mask, arrays, offsets)` with the kind's mask (a
+        band's offset is the traced operand)."""
+        left, right = self.bounds if self.bounds is not None else (-1, -1)
+        masks = {_cp.DIAGONAL: lambda offset: (_cp.DIAGONAL, self.bounds), _cp.FULL: lambda offset: (_cp.FULL, 0)}
+        if left >= 1:
+            masks[_cp.BAND_PIECE] = lambda offset: (_cp.BAND_PIECE, offset)
+        if right >= 1:
+            masks[_cp.BAND_UPPER] = lambda offset: (_cp.BAND_UPPER, offset)
 
-    def _window_forward(self, q, k, v, rank, source):
-        def branch(mask):
-            if mask is None:
-                return lambda q, k, v, offset: _neutral(q)
-            return lambda q, k, v, offset: self.blocks.forward(q, k, v, (mask, offset) if isinstance(mask, int)
-                                                               else mask)
-        branches = [branch(None)] + [branch(mask) for mask in self._masks()]
-        o, lse = _neutral(q)
-        for q_part, k_part, kind, offset in self._window_pieces(rank, source, q.shape[1]):
-            start, stop = _cp.span(q_part, q.shape[1])
-            piece = jax.lax.switch(kind, branches, _part(q, q_part), _part(k, k_part), _part(v, k_part), offset)
-            rows = _merge((o[:, start:stop], lse[:, :, start:stop]), piece)
-            o, lse = o.at[:, start:stop].set(rows[0]), lse.at[:, :, start:stop].set(rows[1])
-        return o, lse
-
-    def _window_backward(self, q, k, v, o, stats, d_o, rank, source):
-        def branch(mask):
-            if mask is None:
-                return lambda q, k, v, o, stats, d_o, offset: (_zeros_like(q), _zeros_like(k), _zeros_like(v))
-            return lambda *arrays: self.blocks.backward(*arrays[:6], (mask, arrays[6]) if isinstance(mask, int)
-                                                        else mask)
-        branches = [branch(None)] + [branch(mask) for mask in self._masks()]
-        totals = [_zeros_like(q), _zeros_like(k), _zeros_like(v)]
-        for q_part, k_part, kind, offset in self._window_pieces(rank, source, q.shape[1]):
-            grads = jax.lax.switch(kind, branches, _part(q, q_part), _part(k, k_part), _part(v, k_part),
-                                   _part(o, q_part), _part(stats, q_part, 2), _part(d_o, q_part), offset)
-            for i, (grad, part) in enumerate(zip(grads, (q_part, k_part, k_part))):
-                start, stop = _cp.span(part, totals[i].shape[1])
-                totals[i] = totals[i].at[:, start:stop].add(grad)
-        return tuple(totals)
-
-    def _pieces(self, kind):
-        pieces = _cp.pieces(kind, self.causal, self.balanced)
-        return _cp.packed_pieces(pieces) if self.longest and self.balanced else pieces
+        def branch(kind):
+            if kind not in masks:
+                return lambda *operands: empty(*operands[:count])
+            return lambda *operands: run(masks[kind](operands[count]), operands[:count],
+                                         self._packed(*operands[count + 1:]))
+        return [branch(kind) for kind in (_cp.HIDDEN, _cp.DIAGONAL, _cp.FULL, _cp.BAND_PIECE, _cp.BAND_UPPER)]
 
     def _packed(self, offsets=None):
         """The block kernels' last argument: (offsets, longest) for packed halves, else None."""
         return (offsets, self.longest) if self.longest else None
 
-    def block_forward(self, q, k, v, kind, rank=None, source=None, offsets=None):
-        """The block's partial result for all of q's rows (neutral where its pieces leave rows out);
-        under a window from the devices' indices (traced) rather than the kind. `offsets`: packed
-        halves' sequence offsets (traced), for packed parts."""
-        if self.window is not None:
-            return self._window_forward(q, k, v, rank, source)
+    def _piece(self, kind, offset, branches, arrays, offsets):
+        operands = tuple(arrays) + (offset,) + _present(offsets)
+        if isinstance(kind, int):
+            return branches[kind](*operands)
+        return jax.lax.switch(kind, branches, *operands)
+
+    def block_forward(self, q, k, v, rank, source, offsets=None):
+        """The block's partial result for all of q's rows (neutral where its pieces leave rows out).
+        `offsets`: packed halves' sequence offsets (traced), for packed parts."""
         a, sa = self.tokens, self.stats_tokens
+        branches = self._branches(3, lambda mask, arrays, packed: self.blocks.forward(*arrays, mask, packed),
+                                  lambda q, k, v: _neutral(q))
+        o, lse = _neutral(q)
+        for q_part, k_part, kind, offset in self._pieces(rank, source, q.shape[a]):
+            arrays = (_part(q, q_part, a), _part(k, k_part, a), _part(v, k_part, a))
+            rows = _merge((_part(o, q_part, a), _part(lse, q_part, sa)),
+                          self._piece(kind, offset, branches, arrays, offsets))
+            o, lse = _put(o, q_part, a, rows[0]), _put(lse, q_part, sa, rows[1])
+        return o, lse
 
-        def run(kind, q, k, v, *offsets):
-            o, lse = _neutral(q)
-            packed = self._packed(*offsets)
-            for q_part, k_part, mask in self._pieces(kind):
-                piece = self.blocks.forward(_part(q, q_part, a), _part(k, k_part, a), _part(v, k_part, a), mask, packed)
-                rows = _merge((_part(o, q_part, a), _part(lse, q_part, sa)), piece)
-                o, lse = _put(o, q_part, a, rows[0]), _put(lse, q_part, sa, rows[1])
-            return o, lse
-        return self._switch(kind, run, q, k, v, *_present(offsets))
-
-    def block_backward(self, q, k, v, o, stats, d_o, kind, rank=None, source=None, offsets=None):
+    def block_backward(self, q, k, v, o, stats, d_o, rank, source, offsets=None):
         """(dQ of q's rows from this block, dK, dV of the block's keys), float32, with the merged O
         and statistics of q's rows."""
-        if self.window is not None:
-            return self._window_backward(q, k, v, o, stats, d_o, rank, source)
         a = self.tokens
-
-        def run(kind, q, k, v, o, stats, d_o, *offsets):
-            totals = [_zeros_like(q), _zeros_like(k), _zeros_like(v)]
-            for q_part, k_part, mask in self._pieces(kind):
-                grads = self.blocks.backward(_part(q, q_part, a), _part(k, k_part, a), _part(v, k_part, a),
-                                             _part(o, q_part, a), _part(stats, q_part, self.stats_tokens),
-                                             _part(d_o, q_part, a), mask, self._packed(*offsets))
-                for i, (grad, part) in enumerate(zip(grads, (q_part, k_part, k_part))):
-                    totals[i] = _put(totals[i], part, a, grad, add=True)
-            return tuple(totals)
-        return self._switch(kind, run, q, k, v, o, stats, d_o, *_present(offsets))
-
-    def kind(self, rank, source):
-        """The kind of the keys of device `source` for the queries of device `rank` (traced)."""
-        return jnp.where(source == rank, _cp.LOCAL, jnp.where(source < rank, _cp.EARLIER, _cp.LATER)).astype(jnp.int32)
+        branches = self._branches(6, lambda mask, arrays, packed: self.blocks.backward(*arrays, mask, packed),
+                                  lambda q, k, v, o, stats, d_o: (_zeros_like(q), _zeros_like(k), _zeros_like(v)))
+        totals = [_zeros_like(q), _zeros_like(k), _zeros_like(v)]
+        for q_part, k_part, kind, offset in self._pieces(rank, source, q.shape[a]):
+            arrays = (_part(q, q_part, a), _part(k, k_part, a), _part(v, k_part, a), _part(o, q_part, a),
+                      _part(stats, q_part, self.stats_tokens), _part(d_o, q_part, a))
+            grads = self._piece(kind, offset, branches, arrays, offsets)
+            for i, (grad, part) in enumerate(zip(grads, (q_part, k_part, k_part))):
+                totals[i] = _put(totals[i], part, a, grad, add=True)
+        return tuple(totals)
 
 
 def _ring_permutation(n):
@@ -320,9 +292,7 @@ def _ring_forward(plan, q, k, v, offsets):
     for t in range(n):  # at step t the keys of device rank - t
         if t < n - 1:  # sent before this step's block runs, so that the transfer can hide behind it
             incoming = jax.lax.ppermute(kv, plan.axis, _ring_permutation(n))
-        source = (rank - t) % n
-        kind = _cp.LOCAL if t == 0 else plan.kind(rank, source)
-        out = _merge(out, plan.block_forward(q, *kv, kind, rank, source, offsets))
+        out = _merge(out, plan.block_forward(q, *kv, rank, (rank - t) % n, offsets))
         if t < n - 1:
             kv = incoming
     return out
@@ -335,9 +305,7 @@ def _ring_backward(plan, q, k, v, o, stats, d_o, offsets):
     for t in range(n):
         if t < n - 1:
             incoming = jax.lax.ppermute(kv, plan.axis, _ring_permutation(n))
-        source = (rank - t) % n
-        kind = _cp.LOCAL if t == 0 else plan.kind(rank, source)
-        dq_t, dk_t, dv_t = plan.block_backward(q, *kv, o, stats, d_o, kind, rank, source, offsets)
+        dq_t, dk_t, dv_t = plan.block_backward(q, *kv, o, stats, d_o, rank, (rank - t) % n, offsets)
         d_q = d_q + dq_t
         # A block's dK, dV sums travel with it; after the last step one more hop brings them home.
         d_kv = jax.lax.ppermute((d_kv[0] + dk_t, d_kv[1] + dv_t), plan.axis, _ring_permutation(n))
@@ -356,8 +324,7 @@ def _all_gather_forward(plan, q, k, v, offsets):
     ks, vs = _gathered(plan, k), _gathered(plan, v)
     out = _neutral(q)
     for source in range(n):
-        out = _merge(out, plan.block_forward(q, ks[source], vs[source], plan.kind(rank, source), rank, source,
-                                             offsets))
+        out = _merge(out, plan.block_forward(q, ks[source], vs[source], rank, source, offsets))
     return out
 
 
@@ -366,8 +333,7 @@ def _all_gather_backward(plan, q, k, v, o, stats, d_o, offsets):
     ks, vs = _gathered(plan, k), _gathered(plan, v)
     d_q, d_ks, d_vs = jnp.zeros(q.shape, jnp.float32), [], []
     for source in range(n):
-        dq_s, dk_s, dv_s = plan.block_backward(q, ks[source], vs[source], o, stats, d_o, plan.kind(rank, source),
-                                               rank, source, offsets)
+        dq_s, dk_s, dv_s = plan.block_backward(q, ks[source], vs[source], o, stats, d_o, rank, source, offsets)
         d_q, d_ks, d_vs = d_q + dq_s, d_ks + [dk_s], d_vs + [dv_s]
     scatter = lambda parts: jax.lax.psum_scatter(jnp.concatenate(parts, axis=plan.tokens), plan.axis,
                                                  scatter_dimension=plan.tokens, tiled=True)
