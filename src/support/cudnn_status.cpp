@@ -16,12 +16,22 @@ std::string_view cudnn_failure_in(std::string_view message) noexcept {
       "CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED",
       "CUDNN_STATUS_LICENSE_ERROR",
   };
-  for (std::string_view failure : kFailures) {
-    const std::size_t at = message.find(failure);
-    if (at == std::string_view::npos) continue;
-    std::size_t end = at + failure.size();
-    while (end < message.size() && (message[end] == '_' || (message[end] >= 'A' && message[end] <= 'Z'))) ++end;
-    return message.substr(at, end - at);
+  // Only a line's own status counts, not the text after its "Reason:", which is the source of the
+  // check that failed and names statuses in passing: an engine that refuses a graph reports
+  // "Warning: CUDNN_STATUS_NOT_SUPPORTED; Reason: (CUDNN_STATUS_NOT_INITIALIZED == status) || ...".
+  for (std::size_t line = 0; line < message.size();) {
+    std::size_t stop = message.find('\n', line);
+    if (stop == std::string_view::npos) stop = message.size();
+    std::string_view own = message.substr(line, stop - line);
+    own = own.substr(0, own.find("Reason:"));
+    for (std::string_view failure : kFailures) {
+      const std::size_t at = own.find(failure);
+      if (at == std::string_view::npos) continue;
+      std::size_t end = at + failure.size();
+      while (end < own.size() && (own[end] == '_' || (own[end] >= 'A' && own[end] <= 'Z'))) ++end;
+      return own.substr(at, end - at);
+    }
+    line = stop + 1;
   }
   return {};
 }
