@@ -285,7 +285,9 @@ def finish(tracer, out):
         # cuDNN 9.19 builds no backward of a modifier reading runtime scalars beside a bias and its
         # gradient ("!pointwise_node->bPort.tensor->getIsByValue()" for a softcap beside a learned
         # relative-position table on the H200): there the numbers are written into the modifier,
-        # so each value gets its own plan.
+        # so each value gets its own plan. (The backward it then built gave a wrong dBias, so the
+        # core's policy refuses a bias's gradient beside a modifier; a gathered table that needs
+        # none keeps this form, which is known to build.)
         modifier = re.sub(r"\$(\d+)", lambda match: repr(float(tracer.scalars[int(match.group(1))])), modifier)
     traced = _numbered(tracer, modifier)
     if bias is not None:

@@ -343,8 +343,11 @@ void paged_rule(const AttentionSpec& spec, Pass pass, const Versions& versions, 
 // Score modifiers (score_mod.h) go into cuDNN's flexible graphs, which arrived in 9.6 (90600).
 // Beside a modifier cuDNN switches off its own masks and ALiBi: the graph layer writes the window
 // and padding into the modifier, and ALiBi, whose slopes cuDNN makes itself, is the user's to
-// write in. The FP8 graphs take none.
-void score_mod_rule(const AttentionSpec& spec, const Versions& versions, Reasons& out) {
+// write in. The FP8 graphs take none. A bias's gradient beside a modifier came back wrong on the
+// H200 (cuDNN 9.19): a learned relative-position table under a softcap got a gradient 0.85 off in
+// relative L2, in PyTorch and JAX alike, while O, dQ, dK and dV matched autograd. The backward is
+// refused there; the forward, and a bias without a gradient, stay.
+void score_mod_rule(const AttentionSpec& spec, Pass pass, const Versions& versions, Reasons& out) {
   if (spec.score_mod.empty()) return;
   const std::string mod = to_string(spec.score_mod);
   if (versions.cudnn_runtime < 90600) {
@@ -357,6 +360,12 @@ void score_mod_rule(const AttentionSpec& spec, const Versions& versions, Reasons
     out.push_back({"alibi", "1",
                    "no alibi beside a score modifier (cuDNN turns ALiBi off there): write it into the modifier, "
                    "add(score,mul(t0[h],sub(kv,q))) with the slopes as t0",
+                   ""});
+  }
+  if (pass == Pass::backward && spec.bias_grad) {
+    out.push_back({"bias_grad", "1",
+                   "no bias gradient beside a score modifier: cuDNN 9.19 returns a wrong dBias there (measured on "
+                   "the H200); the forward runs, and so does a bias without a gradient",
                    ""});
   }
 }
@@ -383,7 +392,7 @@ Support check_support_policy(const AttentionSpec& spec, Pass pass, const DeviceC
   paged_rule(spec, pass, versions, out);
   detail::fp8_rule(spec, pass, caps, versions, out);
   detail::mxfp8_rule(spec, pass, caps, versions, out);
-  score_mod_rule(spec, versions, out);
+  score_mod_rule(spec, pass, versions, out);
   return support;
 }
 

@@ -255,6 +255,24 @@ TEST(ScoreModSpec, ThePolicyNamesWhatAModifierExcludes) {
   EXPECT_NE(refused.reasons[0].requirement.find("add(score,mul(t0[h],sub(kv,q)))"), std::string::npos);
 }
 
+TEST(ScoreModSpec, ABiasGradientBesideAModifierIsRefusedInTheBackwardOnly) {
+  // cuDNN 9.19's dBias beside a modifier was wrong on the H200: the backward is refused, naming
+  // bias_grad; the forward, and the backward of a bias without a gradient, are not.
+  AttentionSpec learned = parse_spec("layout=bshd b=2 s_q=256 s_kv=320 h_q=8 h_kv=2 d=64 bias=1hss bias_grad=1");
+  learned.score_mod = parse_score_mod("mul(2.0,tanh(div(score,2.0)))");
+  const Support backward = check_support_policy(learned, Pass::backward, DeviceCaps{9, 0}, made_up_versions(91900));
+  ASSERT_EQ(backward.reasons.size(), 1u) << backward.to_string();
+  EXPECT_EQ(backward.reasons[0].field, "bias_grad");
+  EXPECT_NE(backward.reasons[0].requirement.find("wrong dBias"), std::string::npos);
+  EXPECT_TRUE(check_support_policy(learned, Pass::forward, DeviceCaps{9, 0}, made_up_versions(91900)).ok());
+  AttentionSpec fixed = learned;
+  fixed.bias_grad = false;
+  EXPECT_TRUE(check_support_policy(fixed, Pass::backward, DeviceCaps{9, 0}, made_up_versions(91900)).ok());
+  AttentionSpec plain = learned;  // a learned bias without a modifier keeps its gradient
+  plain.score_mod = ScoreMod{};
+  EXPECT_TRUE(check_support_policy(plain, Pass::backward, DeviceCaps{9, 0}, made_up_versions(91900)).ok());
+}
+
 TEST(ScoreMod, ShiftedIndicesReadTheWholeProblemsPositions) {
   const ScoreMod mod = parse_score_mod("add(score,mul(t0[h],sub(kv,q)))");
   const ScoreMod shifted = shift_indices(mod, 3072, 16);

@@ -106,5 +106,9 @@ def test_a_learned_relative_position_table_gets_its_gradient(cap, causal):
     ref, ref_vjp = jax.vjp(lambda q, k, v, table: reference(q, k, v, fn_of(table), 0.5, causal),
                            *(x.astype(jnp.float32) for x in (q, k, v)), table)
     assert rel(o, ref) < 1e-2
+    if cap is not None:  # a bias's gradient beside a modifier: cuDNN 9.19's dBias is wrong there, refused
+        with pytest.raises(fusedattn.NotSupportedError, match="bias_grad"):
+            vjp(d_o)
+        return
     for name, ours_grad, ref_grad in zip(("dq", "dk", "dv", "dtable"), vjp(d_o), ref_vjp(d_o.astype(jnp.float32))):
         assert rel(ours_grad, ref_grad) < 1e-2, name

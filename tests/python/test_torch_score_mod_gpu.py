@@ -151,9 +151,8 @@ def learned_alibi(slopes):
 
 @pytest.mark.parametrize("make, shape", [
     (relative_position, (8, 33)),
-    (lambda table: relative_position(table, cap=2.0), (8, 33)),
     (learned_alibi, (8,)),
-], ids=["relative_position", "softcap_relative_position", "learned_alibi"])
+], ids=["relative_position", "learned_alibi"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_learned_tensors_in_the_function_get_their_gradients(make, shape, causal):
     # The gathered or learned terms run as the call's bias (cuDNN's dBias, then autograd through the
@@ -167,6 +166,20 @@ def test_learned_tensors_in_the_function_get_their_gradients(make, shape, causal
     ref, leaves = reference(q, k, v, make(theirs), scale, causal)
     check(o, ref, q, k, v, leaves, torch.rand_like(o) * 2 - 1, dtype)
     assert ours.grad.shape == shape and rel(ours.grad, theirs.grad) < TOLERANCE[dtype], "the tensor's gradient"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_learned_table_beside_a_softcap_runs_forward_and_refuses_its_gradient(causal):
+    # cuDNN 9.19's dBias beside a modifier came back wrong on the H200 (the table's gradient 0.85
+    # off, O and dQ, dK, dV right): the forward runs, the backward is refused naming bias_grad.
+    dtype = torch.bfloat16
+    table = (torch.rand(8, 33, device="cuda") * 0.4).requires_grad_()
+    q, k, v = inputs(2, 256, 320, 8, 2, 64, dtype)
+    o = fa.attention(q, k, v, causal=causal, scale=0.5, score_mod=relative_position(table, cap=2.0))
+    ref, _ = reference(q, k, v, relative_position(table.detach(), cap=2.0), 0.5, causal)
+    assert rel(o, ref) < TOLERANCE[dtype]
+    with pytest.raises(fa.NotSupportedError, match="bias_grad"):
+        o.backward(torch.rand_like(o))
 
 
 def test_a_learned_table_compiles_in_one_graph():
