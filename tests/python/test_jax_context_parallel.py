@@ -12,6 +12,20 @@ import pytest
 pytest.importorskip("jax", reason="JAX not installed")
 pytest.importorskip("fusedattn._jax_ffi", reason="the XLA FFI handlers were not built")
 
+# The end both children share: the jitted call and its gradients against the whole problem's, in
+# float32 (`ours`, `whole`, `w`, `WITH_SINK` and the inputs are each child's own).
+REPORT = r"""
+arguments = (0, 1, 2, 3) if WITH_SINK else (0, 1, 2)
+loss = lambda f: (lambda q, k, v, sink: (f(q, k, v, sink).astype(jnp.float32) * w).sum())
+out = jax.jit(ours)(q, k, v, sink)
+grads = jax.jit(jax.grad(loss(ours), arguments))(q, k, v, sink)
+ref = whole(q, k, v, sink)
+ref_grads = jax.grad(loss(whole), arguments)(q, k, v, sink)
+rel = lambda a, b: float(jnp.linalg.norm(a.astype(jnp.float32) - b) / jnp.linalg.norm(b))
+print("OUT_ERR", rel(out, ref))
+print("GRAD_ERR", max(rel(g, r) for g, r in zip(grads, ref_grads)))
+"""
+
 CHILD = r"""
 import functools, sys
 import jax, jax.numpy as jnp
@@ -112,15 +126,7 @@ def ours(q, k, v, sink):
     return restore(split(*(arrange(x) for x in (q, k, v)), sink))
 
 
-arguments = (0, 1, 2, 3) if WITH_SINK else (0, 1, 2)
-loss = lambda f: (lambda q, k, v, sink: (f(q, k, v, sink).astype(jnp.float32) * w).sum())
-out = jax.jit(ours)(q, k, v, sink)
-grads = jax.jit(jax.grad(loss(ours), arguments))(q, k, v, sink)
-ref = whole(q, k, v, sink)
-ref_grads = jax.grad(loss(whole), arguments)(q, k, v, sink)
-rel = lambda a, b: float(jnp.linalg.norm(a.astype(jnp.float32) - b) / jnp.linalg.norm(b))
-print("OUT_ERR", rel(out, ref))
-print("GRAD_ERR", max(rel(g, r) for g, r in zip(grads, ref_grads)))
+""" + REPORT + r"""
 text = jax.jit(jax.grad(loss(ours), arguments)).lower(q, k, v, sink).compile().as_text()
 print("PERMUTES", text.count("collective-permute-start") + text.count("collective-permute("))
 print("GATHERS", text.count("all-gather"))
@@ -295,15 +301,7 @@ def ours(q, k, v, sink):
     return restore(split(*(arrange(x) for x in (q, k, v)), sink, cu))
 
 
-arguments = (0, 1, 2, 3) if WITH_SINK else (0, 1, 2)
-loss = lambda f: (lambda q, k, v, sink: (f(q, k, v, sink).astype(jnp.float32) * w).sum())
-out = jax.jit(ours)(q, k, v, sink)
-grads = jax.jit(jax.grad(loss(ours), arguments))(q, k, v, sink)
-ref = whole(q, k, v, sink)
-ref_grads = jax.grad(loss(whole), arguments)(q, k, v, sink)
-rel = lambda a, b: float(jnp.linalg.norm(a.astype(jnp.float32) - b) / jnp.linalg.norm(b))
-print("OUT_ERR", rel(out, ref))
-print("GRAD_ERR", max(rel(g, r) for g, r in zip(grads, ref_grads)))
+""" + REPORT + r"""
 print("CALLS", sorted(set(CALLS)))
 """
 
