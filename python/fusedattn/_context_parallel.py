@@ -23,10 +23,10 @@ m chunks earlier (of c tokens; m < 0: later), is one window piece (window_piece)
 positions the window is m c - L + 1 <= j - i <= m c + R, and j - i runs over [-(c - 1), c - 1], so
 the piece is hidden (the window misses the chunk: m c - L + 1 >= c, or m c + R <= -c), the
 diagonal one (m = 0: the window within the chunk, cuDNN's own), full (the window covers it) or a
-band with one bound inside it: j - i >= m c - L + 1 (keys earlier, m > 0) or j - i <= m c + R
-(keys later, m < 0). cuDNN runs a band
-as the score modifier BAND or BAND_BELOW with the offset as its runtime scalar, so every offset
-shares one plan. (For m != 0 one bound at most falls inside: the other is at least c away.)
+band with one bound inside it: j - i >= m c - L + 1 (keys earlier, m > 0: kind BAND_PIECE) or
+j - i <= m c + R (keys later, m < 0: kind BAND_UPPER). cuDNN runs a band as the score modifier BAND
+or BAND_BELOW with the offset as its runtime scalar, so every offset shares one plan. (For m != 0
+one bound at most falls inside: the other is at least c away.)
 """
 
 from .errors import NotSupportedError, invalid_argument
@@ -93,8 +93,8 @@ def check_arguments(q_shape, k_shape, causal, load_balanced, scheme, holder, pac
         raise invalid_argument("q.shape", tuple(q_shape),
                                f"an even number of tokens a {holder} with load_balanced causal attention (two chunks)")
     if (causal or packed) and q_shape[axis] != k_shape[axis]:
-        raise invalid_argument("k.shape", tuple(k_shape),
-                               f"as many tokens a {holder} as q ({q_shape[axis]}) when {'packed' if packed else 'causal'}")
+        when = "packed" if packed else "causal"
+        raise invalid_argument("k.shape", tuple(k_shape), f"as many tokens a {holder} as q ({q_shape[axis]}) when {when}")
 
 
 # --- packed sequences (thd) ---------------------------------------------------------------------------

@@ -112,8 +112,8 @@ class FusedattnBlocks:
     [b, h, s_q], or [tokens, h] packed) and backward with the O and statistics given, under a
     piece's mask (_context_parallel.pieces): none, the diagonal from the top-left (causal, or a
     window's bounds), or a band j - i >= offset (j - i <= offset) as the score modifier _cp.BAND
-    (_cp.BAND_BELOW), whose offset is a runtime scalar (one plan for every offset). `packed` (a Packed): q, k, v are halves
-    of packed parts (thd), one ragged call over their sequences."""
+    (_cp.BAND_BELOW), whose offset is a runtime scalar (one plan for every offset). `packed` (a
+    Packed): q, k, v are halves of packed parts (thd), one ragged call over their sequences."""
 
     def __init__(self, scale):
         self.scale = scale

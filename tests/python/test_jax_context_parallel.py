@@ -309,7 +309,8 @@ print("CALLS", sorted(set(CALLS)))
 @pytest.mark.parametrize("scheme, causal, balanced, h_kv, with_sink", [
     ("ring", True, True, 2, False), ("all_gather", True, True, 4, True), ("ring", False, False, 2, False),
     ("all_gather", True, False, 2, False)],
-    ids=["ring_causal_balanced_gqa", "all_gather_causal_balanced_sink", "ring_full_gqa", "all_gather_causal_contiguous"])
+    ids=["ring_causal_balanced_gqa", "all_gather_causal_balanced_sink", "ring_full_gqa",
+         "all_gather_causal_contiguous"])
 def test_packed_sequences_equal_each_sequences_own_attention(scheme, causal, balanced, h_kv, with_sink):
     # Sequences of 24, 0, 8 and 48 tokens over 4 devices (chunks of 3, 0, 1 and 6 tokens balanced).
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",

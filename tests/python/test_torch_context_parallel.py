@@ -417,7 +417,8 @@ if __name__ == "__main__":
 @pytest.mark.parametrize("scheme, causal, balanced, with_sink, left, packed", [
     ("ring", True, True, False, -1, False), ("all_gather", True, True, False, -1, False),
     ("ring", False, False, False, -1, False), ("all_gather", False, False, False, -1, False),
-    ("ring", True, True, True, -1, False), ("ring", True, False, False, 40, False), ("ring", True, True, True, -1, True)],
+    ("ring", True, True, True, -1, False), ("ring", True, False, False, 40, False),
+    ("ring", True, True, True, -1, True)],
     ids=["ring_causal", "all_gather_causal", "ring_full", "all_gather_full", "ring_causal_sink", "ring_window",
          "ring_causal_packed_sink"])
 def test_a_gloo_group_of_four_processes_equals_the_whole_sequence(scheme, causal, balanced, with_sink, left, packed,
