@@ -197,7 +197,7 @@ class _Plan:
     branches, crashed XLA 0.11.2's SPMD partitioner; the pieces' switches compile.)"""
 
     def __init__(self, axis_name, causal, balanced, scale, window=None, longest=0):
-        self.axis, self.causal, self.balanced, self.blocks = axis_name, causal, balanced, _Blocks(scale)
+        self.axis, self.balanced, self.blocks = axis_name, balanced, _Blocks(scale)
         self.bounds = window if window is not None else ((-1, 0) if causal else None)
         self.longest = longest  # packed parts (thd): the longest chunk of a sequence, else 0
         # The tokens' axis of q, k, v, O and of the statistics.
