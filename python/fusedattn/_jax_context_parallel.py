@@ -159,12 +159,18 @@ def _merge(a, b):
 
 
 def _part(x, part, axis=1):
+    """`part` of x's `axis`; all of it is x itself (no slice for XLA to see)."""
+    if part == _cp.ALL:
+        return x
     start, stop = _cp.span(part, x.shape[axis])
     return jax.lax.slice_in_dim(x, start, stop, axis=axis)
 
 
 def _put(x, part, axis, value, add=False):
-    """x with `part` of its `axis` set to (or, add: increased by) value."""
+    """x with `part` of its `axis` set to (or, add: increased by) value; all of it is value itself
+    (or x + value), not an update of the whole array."""
+    if part == _cp.ALL:
+        return x + value if add else value
     start, stop = _cp.span(part, x.shape[axis])
     index = (slice(None),) * axis + (slice(start, stop),)
     return x.at[index].add(value) if add else x.at[index].set(value)
