@@ -214,9 +214,16 @@ if part sanitizer; then
     echo "compute-sanitizer: not found"
     status=1
   else
+    # The default memcheck filter passes through each of fusedattn's own kernels at least once: the
+    # ragged offsets and padding fills (Execution, Ragged), the dropout offset (Replay), the split
+    # decode's cut, query copy and merge, FP8 scaling and quantization, MXFP8 quantization, the max
+    # logit's rows and heads, the causal blocks' row sums and chunk sums (a softcap at 2k), the K/V
+    # expansion of a grouped FP8 backward (gqa_16_4), and the allocators' fault paths.
+    default_memcheck='Execution.*:Ragged.*:Replay.*:PagedSplitDecode.*:Fp8ScalingGpu.*:GpuMxfp8.*'
+    default_memcheck+=':*Numerics*max_logit*:*ScoreModNumerics*causal_blocks*:*Fp8Numerics*gqa_16_4*:Faults.AFailing*'
     for tool in memcheck racecheck; do
-      if [ "$tool" = memcheck ]; then filter=${MEMCHECK_FILTER:-Execution.*:PagedSplitDecode.*:Faults.AFailing*}
-      else filter=${RACECHECK_FILTER:-PagedSplitDecode.*}; fi
+      if [ "$tool" = memcheck ]; then filter=${MEMCHECK_FILTER:-$default_memcheck}
+      else filter=${RACECHECK_FILTER:-PagedSplitDecode.*:*ScoreModNumerics*causal_blocks*}; fi
       echo "-- $tool: $filter"
       "$sanitizer" --tool "$tool" --error-exitcode 99 --print-limit 50 \
         "$build/tests/fusedattn_gpu_tests" --gtest_filter="$filter" >"$OUT/sanitizer_$tool.txt" 2>&1
