@@ -85,7 +85,7 @@ def load_balanced_order(n):
 
 def check_arguments(q_shape, k_shape, causal, load_balanced, scheme, holder, packed=False):
     """What both adapters refuse, in the same words; `holder` names a device or a rank. `packed`:
-    thd parts ([tokens, h, d]), whose sequences' chunks packed_chunks checks."""
+    thd parts ([tokens, h, d]), whose offsets check_packed_offsets checks."""
     if scheme not in ("ring", "all_gather"):
         raise invalid_argument("scheme", scheme, '"ring" or "all_gather"')
     axis = 0 if packed else 1
@@ -94,7 +94,8 @@ def check_arguments(q_shape, k_shape, causal, load_balanced, scheme, holder, pac
                                f"an even number of tokens a {holder} with load_balanced causal attention (two chunks)")
     if (causal or packed) and q_shape[axis] != k_shape[axis]:
         when = "packed" if packed else "causal"
-        raise invalid_argument("k.shape", tuple(k_shape), f"as many tokens a {holder} as q ({q_shape[axis]}) when {when}")
+        raise invalid_argument("k.shape", tuple(k_shape),
+                               f"as many tokens a {holder} as q ({q_shape[axis]}) when {when}")
 
 
 # --- packed sequences (thd) ---------------------------------------------------------------------------
@@ -106,11 +107,15 @@ def check_arguments(q_shape, k_shape, causal, load_balanced, scheme, holder, pac
 # each half is then a packed batch with offsets cu_seqlens / 2N, and the pieces of a block are
 # the dense case's (a half against a half) as ragged calls, each sequence against itself alone.
 
-def packed_chunks(lengths, n, balanced, holder):
-    """The chunks every sequence is cut into (2n, or n), after checking that each of `lengths` (the
-    whole batch's sequence lengths, plain integers) is a multiple of it; `holder` names a device or
-    a rank."""
+def check_packed_offsets(shape, offsets, n, balanced, holder):
+    """The chunks every sequence is cut into (2n, or n), after checking the whole batch's
+    cu_seqlens as both adapters refuse it: int32 [b + 1] cumulative offsets from 0, each sequence's
+    length a multiple of the chunks. `offsets`: its values as plain integers, or None where they
+    are traced (then only its shape is checked); `holder` names a device or a rank."""
+    if len(shape) != 1 or shape[0] < 2 or (offsets is not None and offsets[0] != 0):
+        raise invalid_argument("cu_seqlens", tuple(shape), "int32 [b + 1] cumulative offsets from 0")
     chunks = 2 * n if balanced else n
+    lengths = [] if offsets is None else [b - a for a, b in zip(offsets, offsets[1:])]
     bad = [(i, length) for i, length in enumerate(lengths) if length < 0 or length % chunks]
     if bad:
         i, length = bad[0]

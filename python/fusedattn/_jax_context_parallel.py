@@ -72,16 +72,12 @@ class _Ops:
 
 
 def _offsets(cu_seqlens, n, balanced):
-    """The whole batch's offsets as int32, checked where they are known (not traced)."""
-    if not isinstance(cu_seqlens, jax.core.Tracer):  # known: checked as PyTorch's are
-        known = np.asarray(cu_seqlens).astype(np.int64)
-        if known.ndim != 1 or known.shape[0] < 2 or known[0] != 0:
-            raise invalid_argument("cu_seqlens", tuple(known.shape), "int32 [b + 1] cumulative offsets from 0")
-        _cp.packed_chunks(np.diff(known).tolist(), n, balanced, "device")
-    cu = jnp.asarray(cu_seqlens, jnp.int32)
-    if cu.ndim != 1 or cu.shape[0] < 2:
-        raise invalid_argument("cu_seqlens", tuple(cu.shape), "int32 [b + 1] cumulative offsets from 0")
-    return cu
+    """The whole batch's offsets as int32, checked (_context_parallel.check_packed_offsets): their
+    values where they are known, their shape where they are traced."""
+    known = None if isinstance(cu_seqlens, jax.core.Tracer) else np.asarray(cu_seqlens).astype(np.int64)
+    _cp.check_packed_offsets(tuple(jnp.shape(cu_seqlens)), None if known is None else known.flatten().tolist(), n,
+                             balanced, "device")
+    return jnp.asarray(cu_seqlens, jnp.int32)
 
 
 def _packed_order(cu_seqlens, n, balanced, tokens):

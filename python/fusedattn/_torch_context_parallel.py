@@ -66,11 +66,10 @@ class _Ops:
 
 
 def _host_offsets(cu_seqlens, n, balanced):
-    """A whole packed batch's offsets on the host (int64), checked (_context_parallel.packed_chunks)."""
+    """A whole packed batch's offsets on the host (int64), checked as
+    _context_parallel.check_packed_offsets says."""
     cu = cu_seqlens.detach().to("cpu", torch.int64)
-    if cu.dim() != 1 or cu.numel() < 2 or int(cu[0]) != 0:
-        raise invalid_argument("cu_seqlens", tuple(cu.shape), "int32 [b + 1] cumulative offsets from 0")
-    _cp.packed_chunks(cu.diff().tolist(), n, balanced, "rank")
+    _cp.check_packed_offsets(tuple(cu.shape), cu.flatten().tolist(), n, balanced, "rank")
     return cu
 
 
