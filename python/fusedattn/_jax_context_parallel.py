@@ -86,9 +86,10 @@ def _packed_order(cu_seqlens, n, balanced, tokens):
 
 class _Blocks:
     """One device's block calls: the core's forward (O and statistics) and backward of q against a
-    block of keys under a piece's mask (_context_parallel.pieces): none, the diagonal from the
-    top-left (causal, or a window's bounds), or a band j - i >= offset (j - i <= offset) as the score
-    modifier _cp.BAND (_cp.BAND_BELOW), whose offset (traced) is its runtime scalar."""
+    block of keys under a piece's mask (the kinds of _context_parallel.window_piece): none, the
+    diagonal from the top-left (causal, or a window's bounds), or a band j - i >= offset
+    (j - i <= offset) as the score modifier _cp.BAND (_cp.BAND_BELOW), whose offset (traced) is its
+    runtime scalar."""
 
     def __init__(self, scale):
         self.scale = scale
