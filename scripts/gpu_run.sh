@@ -15,7 +15,8 @@
 # fusedattn.torch beside PyTorch's cuDNN backend, with the cuDNN frontend's log of both graphs), plans
 # (plans built cold and restored from the disk cache in new processes, with and without autotune),
 # sanitizer (compute-sanitizer's memcheck and racecheck over a part of the GPU tier: MEMCHECK_FILTER,
-# RACECHECK_FILTER). GTEST_SHARDS=N runs the GPU tier as N processes side by side, the Serial*
+# RACECHECK_FILTER), tsan (ThreadSanitizer over the threads test, in a build of its own: TSAN_FILTER,
+# TSAN_THREADS_CALLS). GTEST_SHARDS=N runs the GPU tier as N processes side by side, the Serial*
 # tests alone after them. The results file covers the gtest and Python parts
 # that ran; testsh reports its own counts (test.sh's closing "ctest:" line) and fails the run
 # when it fails. BUILD_TARGETS names the ninja targets to build (default: all; the benchmarks need
@@ -29,7 +30,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
-export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench modbench varlen jaxbench kernels plans sanitizer}
+export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench modbench varlen jaxbench kernels plans sanitizer tsan}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu_log.txt") 2>&1
 export PYTHONUNBUFFERED=1
@@ -145,15 +146,17 @@ if part bench; then
 fi
 if part fp8bench; then
   echo "== benchmark: FP8 (E4M3) beside BF16 on the same inputs, head dim 128 (fusedattn bench)"
-  # FP8_BENCH_SHAPES (one shape per line) replaces the benchmark's five shapes, for experiments.
+  # FP8_BENCH_SHAPES (one shape per line) replaces the benchmark's five shapes, for experiments;
+  # FP8_BENCH_ARGS goes to each bench call (--autotune: cuDNN's every candidate plan timed).
   shapes=${FP8_BENCH_SHAPES:-"b=2 s=8192 h=16 d=128
 b=2 s=8192 h=16 d=128 causal
 b=8 s=2048 h=32 d=128 causal
 b=1 s=32768 h_q=32 h_kv=8 d=128 causal
 b=1 s=8192 h_q=64 h_kv=8 d=128 causal"}
   while IFS= read -r shape; do
-    "$build/fusedattn" bench "layout=bshd dtype=e4m3 $shape" --iters 20 | grep -v "^fusedattn\|^cuDNN\|^CUDA\|^GPU" \
-      | tee -a "$OUT/fp8_bench.txt" || status=1
+    # shellcheck disable=SC2086  # FP8_BENCH_ARGS is a list of arguments (--autotune)
+    "$build/fusedattn" bench "layout=bshd dtype=e4m3 $shape" --iters 20 ${FP8_BENCH_ARGS:-} \
+      | grep -v "^fusedattn\|^cuDNN\|^CUDA\|^GPU" | tee -a "$OUT/fp8_bench.txt" || status=1
   done <<<"$shapes"
   if [ -z "${FP8_BENCH_SHAPES:-}" ]; then
     echo "-- the grouped-heads shape with its FP8 backward kept grouped (FUSEDATTN_KV_EXPANSION=0), beside the above"
@@ -234,6 +237,29 @@ if part sanitizer; then
   fi
 fi
 
+if part tsan; then
+  # ThreadSanitizer over the threads test on the GPU: the library and the GPU tests built with
+  # -fsanitize=thread in a folder of their own (the CUDA sources as they are), then 16 threads of
+  # TSAN_THREADS_CALLS mixed calls each (every host memory access is checked, so fewer than the
+  # plain run's 10,000), and the execution tests beside. Any report fails the run.
+  echo "== ThreadSanitizer: the threads and execution tests on the GPU"
+  tsan_build=build-gpu-tsan
+  mkdir -p "$tsan_build"
+  if cmake -S . -B "$tsan_build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 \
+       -DFUSEDATTN_PYTHON=OFF -DFUSEDATTN_SANITIZE=thread >"$tsan_build/cmake.txt" 2>&1 &&
+     ninja -C "$tsan_build" -j"$(nproc)" fusedattn_gpu_tests >"$tsan_build/ninja.txt" 2>&1; then
+    TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
+      FUSEDATTN_THREADS_CALLS=${TSAN_THREADS_CALLS:-500} "$tsan_build/tests/fusedattn_gpu_tests" \
+      --gtest_filter="${TSAN_FILTER:-SerialThreads*:Execution.*}" >"$OUT/tsan.txt" 2>&1
+    rc=$?
+    grep -E "threads:|WARNING: ThreadSanitizer|SUMMARY|FATAL|tests ran|PASSED|FAILED" "$OUT/tsan.txt" | head -20
+    [ $rc -eq 0 ] || { echo "tsan: exit $rc"; status=1; }
+  else
+    tail -30 "$tsan_build/cmake.txt" "$tsan_build/ninja.txt"
+    status=1
+  fi
+fi
+
 if [ ${#xmls[@]} -gt 0 ]; then
   echo "== results"
   python3 scripts/gpu_results.py --xml "${xmls[@]}" --info-bin "$build/fusedattn" --out "$OUT/gpu_results.md" \
@@ -241,7 +267,7 @@ if [ ${#xmls[@]} -gt 0 ]; then
 fi
 # The device returns only a handful of files: the tests' raw outputs travel as one archive
 # (tests.tar.gz: the XML reports, each pytest tier's full output, test.sh's log).
-raw=$(cd "$OUT" && ls gpu_tests*.xml gpu_tests*.txt python_*.xml python_*.txt test_sh.txt sanitizer_*.txt 2>/dev/null)
+raw=$(cd "$OUT" && ls gpu_tests*.xml gpu_tests*.txt python_*.xml python_*.txt test_sh.txt sanitizer_*.txt tsan.txt 2>/dev/null)
 if [ -n "$raw" ]; then
   # shellcheck disable=SC2086  # a list of file names without spaces
   (cd "$OUT" && tar czf tests.tar.gz $raw && rm -f $raw)

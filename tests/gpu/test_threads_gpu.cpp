@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -34,7 +35,14 @@ using check::AttentionBuffers;
 using check::DeviceBuffer;
 
 constexpr int kThreads = 16;
-constexpr int kCallsPerThread = 10000;
+
+// 10,000 calls a thread; FUSEDATTN_THREADS_CALLS sets fewer for a ThreadSanitizer build, whose
+// every memory access is checked (the GPU script's tsan part).
+int calls_per_thread() {
+  const char* text = std::getenv("FUSEDATTN_THREADS_CALLS");
+  const int calls = text ? std::atoi(text) : 0;
+  return calls > 0 ? calls : 10000;
+}
 
 const char* const kSpecs[] = {
     "layout=bshd dtype=bf16 b=2 s_q=128 s_kv=128 h_q=4 h_kv=4 d=64 deterministic=1",
@@ -95,6 +103,7 @@ TEST(SerialThreads, SixteenThreadsOfMixedCallsBuildEachPlanOnceAndAllGetTheSameR
   }
   clear_plan_cache();
   const CacheStats before = plan_cache_stats();
+  const int calls_each = calls_per_thread();
 
   std::atomic<long> mismatches{0}, calls{0};
   std::mutex first_mutex;
@@ -110,7 +119,7 @@ TEST(SerialThreads, SixteenThreadsOfMixedCallsBuildEachPlanOnceAndAllGetTheSameR
     std::vector<Outputs> mine(kSpecCount);
     std::mt19937_64 rng(static_cast<std::uint64_t>(thread) * 7919 + 1);
     std::vector<unsigned char> got;
-    for (int call = 0; call < kCallsPerThread; ++call) {
+    for (int call = 0; call < calls_each; ++call) {
       const int i = static_cast<int>(rng() % kSpecCount);
       const Pass pass = rng() % 2 ? Pass::backward : Pass::forward;
       const Shared& s = shared[static_cast<std::size_t>(i)];
@@ -172,12 +181,12 @@ TEST(SerialThreads, SixteenThreadsOfMixedCallsBuildEachPlanOnceAndAllGetTheSameR
   for (std::thread& t : threads) t.join();
 
   const CacheStats after = plan_cache_stats();
-  EXPECT_EQ(calls.load(), static_cast<long>(kThreads) * kCallsPerThread);
+  EXPECT_EQ(calls.load(), static_cast<long>(kThreads) * calls_each);
   EXPECT_EQ(mismatches.load(), 0) << "first: " << first;
   EXPECT_EQ(after.builds - before.builds, 2u * kSpecCount) << "each (spec, pass) built once";
   EXPECT_EQ(after.misses - before.misses, 2u * kSpecCount);
   EXPECT_EQ(after.failed_builds, before.failed_builds);
-  std::printf("threads: %d x %d calls, %ld mismatches, %llu builds\n", kThreads, kCallsPerThread, mismatches.load(),
+  std::printf("threads: %d x %d calls, %ld mismatches, %llu builds\n", kThreads, calls_each, mismatches.load(),
               static_cast<unsigned long long>(after.builds - before.builds));
 }
 
