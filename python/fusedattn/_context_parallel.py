@@ -27,9 +27,15 @@ band with one bound inside it: j - i >= m c - L + 1 (keys earlier, m > 0: kind B
 j - i <= m c + R (keys later, m < 0: kind BAND_UPPER). cuDNN runs a band as the score modifier BAND
 or BAND_BELOW with the offset as its runtime scalar, so every offset shares one plan. (For m != 0
 one bound at most falls inside: the other is at least c away.)
+
+Over packed sequences every sequence has chunks of its own length c_b, so one piece (a ragged call
+over every sequence) meets a different kind in each: each chunk pair m != 0 runs as the score
+modifier BANDS_PER_SEQUENCE, whose tensors hold each sequence's bounds m c_b - L + 1 <= j - i <=
+m c_b + R (sequence_band), unless the window misses every sequence's pair (no call) or covers every
+one (a plain call); m = 0 is the window itself in every sequence.
 """
 
-from .errors import NotSupportedError, invalid_argument
+from .errors import invalid_argument
 
 LOCAL, EARLIER, LATER = 0, 1, 2
 ALL, FIRST, SECOND = "all", "first", "second"  # which part of the queries or keys a piece takes
@@ -37,8 +43,14 @@ ALL, FIRST, SECOND = "all", "first", "second"  # which part of the queries or ke
 # window's bounds), (BAND_PIECE, offset), (BAND_UPPER, offset); the kinds are the indices JAX
 # switches on, HIDDEN a piece not run.
 HIDDEN, DIAGONAL, FULL, BAND_PIECE, BAND_UPPER = 0, 1, 2, 3, 4
+# Packed sequences: (SEQUENCE_BAND, (low, high)), each sequence's bounds of j - i (sequence_band).
+SEQUENCE_BAND = 5
 BAND = "select(ge(sub(kv,q),$0),score,-inf)"  # key j visible to query i where j - i >= $0 (local indices)
 BAND_BELOW = "select(le(sub(kv,q),$0),score,-inf)"  # key j visible to query i where j - i <= $0
+# Key j visible to query i of sequence b where t0[b] <= j - i <= t1[b] (local indices).
+BANDS_PER_SEQUENCE = "select(and(ge(sub(kv,q),t0[b]),le(sub(kv,q),t1[b])),score,-inf)"
+# A bound a side without one takes: past any j - i, and a float32 integer exactly (a power of two).
+UNBOUNDED = 2 ** 30
 
 
 def kind_of(rank, source):
@@ -167,13 +179,20 @@ def packed_pieces(pieces):
     return [(q_part, k_part, mask) for q, k, mask in pieces for q_part in halves(q) for k_part in halves(k)]
 
 
-def refuse_packed_window(bounds):
-    """Windows over packed sequences are not built: each sequence's chunks have a length of their
-    own, so one block's window pieces would differ from sequence to sequence."""
-    if bounds is not None:
-        raise NotSupportedError(f"context parallelism: window={bounds} with packed sequences (thd): each "
-                                "sequence's chunks differ in length, so the window's pieces would differ per sequence; "
-                                "not built")
+def sequence_band(m, sizes, bounds):
+    """A piece of packed halves whose queries are `m` chunks after its keys (m != 0), under a window
+    of `bounds` (L, R): each sequence's bounds of j - i in local positions, m c_b - L + 1 and
+    m c_b + R (UNBOUNDED past a side without one), and whether the window misses each sequence's
+    chunk pair (hidden) or covers it (full); an empty sequence is both. `sizes`: each sequence's
+    chunk length c_b, an integer array of a framework (the arithmetic is the same); returns
+    (low, high, hidden, full), arrays of it."""
+    left, right = bounds
+    low = m * sizes - left + 1 if left >= 0 else sizes * 0 - UNBOUNDED
+    high = m * sizes + right if right >= 0 else sizes * 0 + UNBOUNDED
+    empty = sizes == 0
+    hidden = (low >= sizes) | (high <= -sizes) | empty
+    full = (low <= 1 - sizes) & (high >= sizes - 1) | empty
+    return low, high, hidden, full
 
 
 # --- sliding windows -------------------------------------------------------------------------------
@@ -196,8 +215,11 @@ def mask_options(mask):
     """(causal, window, score_mod) of the block call that runs a piece under `mask`: the diagonal
     from the top-left (causal with a causal window's left bound W >= 1: window=(W, 0); a two-sided
     window's bounds as they are), the bands as the modifiers BAND and BAND_BELOW (the offset the
-    call's scalar, never looked at here: JAX traces it)."""
+    call's scalar, never looked at here: JAX traces it), and packed sequences' bands as
+    BANDS_PER_SEQUENCE (each sequence's bounds its two tensors)."""
     kind, value = mask
+    if kind == SEQUENCE_BAND:
+        return False, (-1, -1), BANDS_PER_SEQUENCE
     if kind == DIAGONAL:
         left, right = value
         if right == 0:

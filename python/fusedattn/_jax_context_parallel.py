@@ -23,7 +23,8 @@ A sliding window (causal, or two-sided) runs each chunk of queries against each 
 a window piece (_context_parallel.py), its kind switched on from the traced device indices:
 hidden, the diagonal, full, or a band the score modifier _cp.BAND or _cp.BAND_BELOW masks. Packed
 sequences (thd, cu_seqlens) are split sequence by sequence (_context_parallel.py says how), each
-piece one ragged call over every sequence. Not yet: windows over packed sequences, dense lengths.
+piece one ragged call over every sequence, under a window with each sequence's band
+(_cp.BANDS_PER_SEQUENCE, its kind switched on as the dense pieces' are). Not yet: dense lengths.
 """
 import functools
 
@@ -105,6 +106,9 @@ class _Blocks:
         longest = (packed[1], packed[1]) if packed else (0, 0)
         call, _ = adapter._traced(config, self.scale, longest, q, k, v, packed[0].shape[0] - 1 if packed else 0)
         kernel = functools.partial(adapter._kernel(pass_), call)
+        if packed and mask[0] == _cp.SEQUENCE_BAND:
+            low, high = mask[1]
+            return lambda *arrays: kernel(*arrays, packed[0], packed[0], low, high)
         if packed:
             return lambda *arrays: kernel(*arrays, packed[0], packed[0])
         if mask[0] not in (_cp.BAND_PIECE, _cp.BAND_UPPER):
@@ -190,6 +194,15 @@ def _window_kind(m, chunk, bounds):
     return kind.astype(jnp.int32), jnp.where(kind == _cp.BAND_UPPER, high, low)
 
 
+def _sequence_kind(m, sizes, bounds):
+    """A piece of packed halves on traced chunk distances: (switch index, each sequence's bounds as
+    float32 (low, high)) (_context_parallel.sequence_band)."""
+    low, high, hidden, full = _cp.sequence_band(m, sizes, bounds)
+    kind = jnp.where(m == 0, _cp.DIAGONAL, jnp.where(jnp.all(hidden), _cp.HIDDEN,
+                                                     jnp.where(jnp.all(full), _cp.FULL, _cp.SEQUENCE_BAND)))
+    return kind.astype(jnp.int32), (low.astype(jnp.float32), high.astype(jnp.float32))
+
+
 class _Plan:
     """Static settings of one call, and a block's pieces run through the block kernels. Each chunk
     of queries against each chunk of keys (_context_parallel.window_pairs) is one piece, whose kind
@@ -203,6 +216,9 @@ class _Plan:
         self.axis, self.balanced, self.blocks = axis_name, balanced, _Blocks(scale)
         self.bounds = window if window is not None else ((-1, 0) if causal else None)
         self.longest = longest  # packed parts (thd): the longest chunk of a sequence, else 0
+        # Packed parts under a window: the pieces past the diagonal run each sequence's band. (Plain
+        # causal needs none: there every sequence's pair is the same kind, as in the dense case.)
+        self.sequence_bands = bool(longest) and window is not None
         # The tokens' axis of q, k, v, O and of the statistics.
         self.tokens, self.stats_tokens = (0, 0) if longest else (1, 2)
         self.key = (axis_name, causal, balanced, scale, window, longest)
@@ -214,16 +230,22 @@ class _Plan:
     def __eq__(self, other):
         return isinstance(other, _Plan) and self.key == other.key
 
-    def _pieces(self, rank, source, length):
+    def _pieces(self, rank, source, length, offsets=None):
         """(query part, key part, kind, band offset) of each chunk pair; kind and offset traced,
-        but a static FULL without a mask."""
+        but a static FULL without a mask. Packed halves under a window (`offsets`: the halves'
+        sequence offsets; plain causal is the dense case's): the offset is each sequence's bounds
+        (low, high), the kind the window itself (m = 0), HIDDEN or FULL where the window misses or
+        covers every sequence's pair, else SEQUENCE_BAND (_context_parallel.sequence_band)."""
         if self.bounds is None:
             return [(_cp.ALL, _cp.ALL, _cp.FULL, 0)]
         n, chunk = jax.lax.axis_size(self.axis), length // 2 if self.balanced else length
         pieces = []
         for q_part, k_part in _cp.window_pairs(self.balanced):
             m = _cp.chunk_index(rank, q_part, n, self.balanced) - _cp.chunk_index(source, k_part, n, self.balanced)
-            pieces.append((q_part, k_part) + _window_kind(m, chunk, self.bounds))
+            if self.sequence_bands:
+                pieces.append((q_part, k_part) + _sequence_kind(m, offsets[1:] - offsets[:-1], self.bounds))
+            else:
+                pieces.append((q_part, k_part) + _window_kind(m, chunk, self.bounds))
         return pieces
 
     def _branches(self, count, run, empty):
@@ -233,17 +255,21 @@ class _Plan:
         band's offset is the traced operand)."""
         left, right = self.bounds if self.bounds is not None else (-1, -1)
         masks = {_cp.DIAGONAL: lambda offset: (_cp.DIAGONAL, self.bounds), _cp.FULL: lambda offset: (_cp.FULL, 0)}
-        if left >= 1:
-            masks[_cp.BAND_PIECE] = lambda offset: (_cp.BAND_PIECE, offset)
-        if right >= 1:
-            masks[_cp.BAND_UPPER] = lambda offset: (_cp.BAND_UPPER, offset)
+        if self.sequence_bands:  # packed halves under a window: each sequence's band
+            masks[_cp.SEQUENCE_BAND] = lambda offset: (_cp.SEQUENCE_BAND, offset)
+        else:
+            if left >= 1:
+                masks[_cp.BAND_PIECE] = lambda offset: (_cp.BAND_PIECE, offset)
+            if right >= 1:
+                masks[_cp.BAND_UPPER] = lambda offset: (_cp.BAND_UPPER, offset)
 
         def branch(kind):
             if kind not in masks:
                 return lambda *operands: empty(*operands[:count])
             return lambda *operands: run(masks[kind](operands[count]), operands[:count],
                                          self._packed(*operands[count + 1:]))
-        return [branch(kind) for kind in (_cp.HIDDEN, _cp.DIAGONAL, _cp.FULL, _cp.BAND_PIECE, _cp.BAND_UPPER)]
+        kinds = (_cp.HIDDEN, _cp.DIAGONAL, _cp.FULL, _cp.BAND_PIECE, _cp.BAND_UPPER, _cp.SEQUENCE_BAND)
+        return [branch(kind) for kind in kinds]
 
     def _packed(self, offsets=None):
         """The block kernels' last argument: (offsets, longest) for packed halves, else None."""
@@ -262,7 +288,7 @@ class _Plan:
         branches = self._branches(3, lambda mask, arrays, packed: self.blocks.forward(*arrays, mask, packed),
                                   lambda q, k, v: _neutral(q))
         o, lse = _neutral(q)
-        for q_part, k_part, kind, offset in self._pieces(rank, source, q.shape[a]):
+        for q_part, k_part, kind, offset in self._pieces(rank, source, q.shape[a], offsets):
             arrays = (_part(q, q_part, a), _part(k, k_part, a), _part(v, k_part, a))
             rows = _merge((_part(o, q_part, a), _part(lse, q_part, sa)),
                           self._piece(kind, offset, branches, arrays, offsets))
@@ -276,7 +302,7 @@ class _Plan:
         branches = self._branches(6, lambda mask, arrays, packed: self.blocks.backward(*arrays, mask, packed),
                                   lambda q, k, v, o, stats, d_o: (_zeros_like(q), _zeros_like(k), _zeros_like(v)))
         totals = [_zeros_like(q), _zeros_like(k), _zeros_like(v)]
-        for q_part, k_part, kind, offset in self._pieces(rank, source, q.shape[a]):
+        for q_part, k_part, kind, offset in self._pieces(rank, source, q.shape[a], offsets):
             arrays = (_part(q, q_part, a), _part(k, k_part, a), _part(v, k_part, a), _part(o, q_part, a),
                       _part(stats, q_part, self.stats_tokens), _part(d_o, q_part, a))
             grads = self._piece(kind, offset, branches, arrays, offsets)
@@ -410,7 +436,6 @@ def context_parallel_attention(q, k, v, *, axis_name, causal=False, window=(-1, 
     if not packed:
         return _context_parallel(_Plan(axis_name, bool(causal), balanced, scale, window), scheme, q, k, v, sink,
                                  None)
-    _cp.refuse_packed_window(window)
     n = jax.lax.axis_size(axis_name)
     if int(max_seqlen) < 1:
         raise invalid_argument("max_seqlen", max_seqlen, "the longest sequence's tokens (at least 1) with cu_seqlens")

@@ -21,7 +21,8 @@ over the ranks. A sliding window (causal, or two-sided) runs each chunk of queri
 chunk of keys as a window piece (_context_parallel.py): hidden, the diagonal, full, or a band the
 score modifier _cp.BAND or _cp.BAND_BELOW masks. Packed sequences (thd, cu_seqlens) are split
 sequence by sequence (_context_parallel.py says how); each piece is then one ragged call over every
-sequence. Not yet: windows over packed sequences, dense lengths; a run on several GPUs (issue 19).
+sequence, under a window with each sequence's band (_cp.BANDS_PER_SEQUENCE). Not yet: dense
+lengths; a run on several GPUs (issue 19).
 """
 import contextlib
 
@@ -90,6 +91,7 @@ class Packed:
         cu = _host_offsets(cu_seqlens, n, balanced)
         size, half = _cp.packed_sizes(cu, n, balanced)
         self.tokens = int(cu[-1]) // n
+        self.sizes = size  # each sequence's chunk length, on the host (a window's pieces read it)
         self.cu = half.to(device, torch.int32)
         self.max_seqlen = max(int(size.max()), 1) if len(size) else 1
         self.order = _cp.halves_order(cu, n, self.tokens, torch.arange(self.tokens), _Ops).to(device) \
@@ -127,8 +129,10 @@ class FusedattnBlocks:
         from . import torch as adapter
         scalars = torch.tensor([float(mask[1])], dtype=torch.float32, device=q.device) \
             if mask[0] in (_cp.BAND_PIECE, _cp.BAND_UPPER) else None
+        bands = [x.to(q.device, torch.float32) for x in mask[1]] if mask[0] == _cp.SEQUENCE_BAND else (None, None)
         offsets = packed.cu if packed is not None else None
-        return adapter._Extras(mod_scalars=scalars, cu_seqlens_q=offsets, cu_seqlens_kv=offsets)
+        return adapter._Extras(mod_scalars=scalars, mod_t0=bands[0], mod_t1=bands[1], cu_seqlens_q=offsets,
+                               cu_seqlens_kv=offsets)
 
     def forward(self, q, k, v, mask, packed=None):
         from . import torch as adapter
@@ -200,10 +204,28 @@ class _Kinds:
         self.extra = (packed,) if packed is not None else ()  # the block kernels' last argument, packed
 
     def _pieces(self, rank, source, length):
+        if self.window is not None and self.packed is not None:
+            return self._packed_window_pieces(rank, source)
         if self.window is not None:
             return _cp.window_pieces(rank, source, self.n, self.balanced, length, self.window)
         pieces = _cp.pieces(_cp.kind_of(rank, source), self.causal, self.balanced)
         return _cp.packed_pieces(pieces) if self.packed is not None and self.balanced else pieces
+
+    def _packed_window_pieces(self, rank, source):
+        """Packed halves under a window: each chunk pair, the window itself where the chunks are
+        the same, else each sequence's band (_context_parallel.sequence_band), none where the
+        window misses every sequence's pair, a plain piece where it covers every one."""
+        out = []
+        for q_part, k_part in _cp.window_pairs(self.balanced):
+            m = _cp.chunk_index(rank, q_part, self.n, self.balanced) - \
+                _cp.chunk_index(source, k_part, self.n, self.balanced)
+            if m == 0:
+                out.append((q_part, k_part, (_cp.DIAGONAL, self.window)))
+                continue
+            low, high, hidden, full = _cp.sequence_band(m, self.packed.sizes, self.window)
+            if not bool(hidden.all()):
+                out.append((q_part, k_part, (_cp.FULL, 0) if bool(full.all()) else (_cp.SEQUENCE_BAND, (low, high))))
+        return out
 
     def forward(self, q, k, v, rank, source):
         """The block's partial result for all of q's rows (neutral where a piece leaves rows out)."""
@@ -478,7 +500,6 @@ def context_parallel_attention(q, k, v, *, group=None, causal=False, window=(-1,
     balanced = bool(causal and load_balanced)
     packed = None
     if packed_call:
-        _cp.refuse_packed_window(window)
         packed = Packed(cu_seqlens, dist.get_world_size(group), balanced, q.device)
         if q.shape[0] != packed.tokens:
             raise invalid_argument("q.shape", tuple(q.shape), f"[{packed.tokens}, h, d]: a rank's part of the "

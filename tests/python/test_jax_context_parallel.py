@@ -206,44 +206,54 @@ import functools, sys
 import jax, jax.numpy as jnp
 from jax.sharding import AxisType, PartitionSpec as P
 import fusedattn.jax as fj
+from fusedattn import _config, _context_parallel as _cp
 from fusedattn._jax_calls import BACKWARD, FORWARD
 
 SCHEME, CAUSAL, BALANCED, H_KV, WITH_SINK = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1", int(sys.argv[4]), \
     sys.argv[5] == "1"
+WINDOW = tuple(int(x) for x in sys.argv[6].split(","))  # the call's window=, (-1, -1): none
 LENGTHS = [24, 0, 8, 48]  # multiples of 2N = 8, one empty
 CALLS = []
 
 
-def visible(cu_q, cu_k, tq, tk, causal):
-    # A ragged call's pairs: the same sequence, and causal from the top-left within it.
+def visible(call, cu_q, cu_k, tq, tk, bands):
+    # A ragged call's pairs: the same sequence, within it the window (L, R) from the top-left (causal:
+    # (-1, 0)), and with the modifier _cp.BANDS_PER_SEQUENCE each sequence's bounds of j - i (its
+    # tensors, t0 and t1 by sequence).
     seq = lambda cu, t: jnp.searchsorted(cu[1:], jnp.arange(t), side="right")
     sq, sk = seq(cu_q, tq), seq(cu_k, tk)
     pq, pk = jnp.arange(tq) - cu_q[sq], jnp.arange(tk) - cu_k[sk]
     ok = sq[:, None] == sk[None, :]
-    return ok & (pk[None, :] <= pq[:, None]) if causal else ok
+    rel = pk[None, :] - pq[:, None]
+    left, right = call.config.window
+    ok = ok & ((rel > -left) if left >= 0 else True) & ((rel <= right) if right >= 0 else True)
+    if call.config.score_mod:
+        assert call.config.score_mod == _config.config("thd", score_mod=_cp.BANDS_PER_SEQUENCE).score_mod
+        low, high = bands
+        ok = ok & (rel >= low[sq][:, None]) & (rel <= high[sq][:, None])
+    return ok
 
 
-def probabilities(call, q, k, cu_q, cu_k, stats=None):
+def probabilities(call, q, k, cu_q, cu_k, bands, stats=None):
     k = jnp.repeat(k.astype(jnp.float32), q.shape[1] // k.shape[1], axis=1)
     s = jnp.einsum("qhd,khd->hqk", q.astype(jnp.float32), k, precision="highest") * call.scale
-    causal = call.config.window[1] == 0  # the config holds causal as the window (-1, 0)
-    s = jnp.where(visible(cu_q, cu_k, q.shape[0], k.shape[0], causal), s, -jnp.inf)
+    s = jnp.where(visible(call, cu_q, cu_k, q.shape[0], k.shape[0], bands), s, -jnp.inf)
     stats = jax.nn.logsumexp(s, axis=-1) if stats is None else jnp.transpose(stats)  # [h, t]
     return jnp.exp(s - stats[..., None]), jnp.transpose(stats)
 
 
-def forward(call, q, k, v, cu_q, cu_k):
+def forward(call, q, k, v, cu_q, cu_k, *bands):
     assert call.config.layout == "thd", call.config
-    CALLS.append(("forward", q.shape[0], k.shape[0]))
-    p, stats = probabilities(call, q, k, cu_q, cu_k)
+    CALLS.append(("forward", q.shape[0], k.shape[0], bool(call.config.score_mod)))
+    p, stats = probabilities(call, q, k, cu_q, cu_k, bands)
     ve = jnp.repeat(v.astype(jnp.float32), q.shape[1] // v.shape[1], axis=1)
     return jnp.einsum("hqk,khd->qhd", p, ve, precision="highest").astype(q.dtype), stats
 
 
-def backward(call, q, k, v, o, stats, d_o, cu_q, cu_k):  # cuDNN's formula, with the O and statistics given
+def backward(call, q, k, v, o, stats, d_o, cu_q, cu_k, *bands):  # cuDNN's formula, with the O and statistics given
     group = q.shape[1] // k.shape[1]
     f32 = lambda x: x.astype(jnp.float32)
-    p, _ = probabilities(call, q, k, cu_q, cu_k, stats)
+    p, _ = probabilities(call, q, k, cu_q, cu_k, bands, stats)
     ve, ke = (jnp.repeat(f32(x), group, axis=1) for x in (v, k))
     d_p = jnp.einsum("qhd,khd->hqk", f32(d_o), ve, precision="highest")
     row = jnp.einsum("qhd,qhd->hq", f32(d_o), f32(o))[..., None]
@@ -274,8 +284,10 @@ def whole(q, k, v, sink):  # each sequence's own attention, float32, packed agai
         x = [a[start:start + length].astype(jnp.float32) for a in (q, k, v)]
         ke, ve = (jnp.repeat(a, h_q // H_KV, axis=1) for a in x[1:])
         sc = jnp.einsum("qhd,khd->hqk", x[0], ke, precision="highest") * scale
-        if CAUSAL:
-            sc = jnp.where(jnp.tril(jnp.ones((length, length), bool)), sc, -jnp.inf)
+        left, right = (WINDOW[0], 0) if CAUSAL else WINDOW
+        i, j = jnp.arange(length)[:, None], jnp.arange(length)[None, :]
+        sc = jnp.where(((j > i - left) if left >= 0 else True) & ((j <= i + right) if right >= 0 else True), sc,
+                       -jnp.inf)
         if WITH_SINK:
             column = jnp.broadcast_to(sink[:, None, None], sc.shape[:2] + (1,))
             p = jax.nn.softmax(jnp.concatenate([sc, column], -1), axis=-1)[..., :-1]
@@ -294,7 +306,7 @@ restore = lambda x: fj.unbalance(x, n, cu_seqlens=cu, balanced=CAUSAL and BALANC
 def split(q, k, v, sink, cu):
     return fj.context_parallel_attention(q, k, v, axis_name="cp", causal=CAUSAL, scheme=SCHEME,
                                          load_balanced=BALANCED, sink=sink if WITH_SINK else None, cu_seqlens=cu,
-                                         max_seqlen=max(LENGTHS))
+                                         max_seqlen=max(LENGTHS), window=WINDOW)
 
 
 def ours(q, k, v, sink):
@@ -313,16 +325,34 @@ print("CALLS", sorted(set(CALLS)))
          "all_gather_causal_contiguous"])
 def test_packed_sequences_equal_each_sequences_own_attention(scheme, causal, balanced, h_kv, with_sink):
     # Sequences of 24, 0, 8 and 48 tokens over 4 devices (chunks of 3, 0, 1 and 6 tokens balanced).
+    lines, out = run_packed_child(scheme, causal, balanced, h_kv, with_sink)
+    assert float(lines["OUT_ERR"]) < 1e-2 and float(lines["GRAD_ERR"]) < 2e-2, out
+    halves = 10 if causal and balanced else 20  # each call: one half of a device's 80 / 4 tokens, or all
+    assert f"('forward', {halves}, {halves}, False)" in lines["CALLS"], out
+
+
+def run_packed_child(scheme, causal, balanced, h_kv, with_sink=False, window=(-1, -1)):
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", PACKED_CHILD, scheme, str(int(causal)),
-                           str(int(balanced)), str(h_kv), str(int(with_sink))],
+                           str(int(balanced)), str(h_kv), str(int(with_sink)), "%d,%d" % tuple(window)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
-    assert float(lines["OUT_ERR"]) < 1e-2 and float(lines["GRAD_ERR"]) < 2e-2, done.stdout
-    halves = 10 if causal and balanced else 20  # each call: one half of a device's 80 / 4 tokens, or all
-    assert f"('forward', {halves}, {halves})" in lines["CALLS"], done.stdout
+    return dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line), done.stdout
+
+
+@pytest.mark.parametrize("scheme, causal, balanced, window", [("ring", True, True, (5, 0)),
+                                                              ("all_gather", True, False, (9, 0)),
+                                                              ("ring", False, False, (4, 9))],
+                         ids=["ring_causal_balanced_window5", "all_gather_causal_contiguous_window9",
+                              "ring_window4_9"])
+def test_packed_sequences_under_a_window_equal_each_sequences_own_attention(scheme, causal, balanced, window):
+    # The chunks differ per sequence (3, 0, 1 and 6 tokens balanced; 6, 0, 2 and 12 contiguous), so
+    # one piece meets a band in some sequences, the whole pair or nothing in others: the pieces past
+    # the diagonal run as the modifier of each sequence's bounds.
+    lines, out = run_packed_child(scheme, causal, balanced, 2, window=window)
+    assert float(lines["OUT_ERR"]) < 1e-2 and float(lines["GRAD_ERR"]) < 2e-2, out
+    assert "True)" in lines["CALLS"], out  # some pieces ran as the per-sequence band
 
 
 def test_packed_orders_are_the_shared_rule_traced():

@@ -1,7 +1,7 @@
 """fusedattn.jax.context_parallel_attention on one GPU: a mesh axis of one device, so inside
 shard_map every block is this device's own, run through the core's FFI calls (cuDNN): the pieces
 of a load-balanced causal block (the diagonal halves, the full one, the hidden one), windows with
-their band modifiers, two-sided windows, packed sequences through ragged calls. Against float32
+their band modifiers, two-sided windows, packed sequences through ragged calls (windowed too). Against float32
 attention of the whole problem, outputs and gradients, ring and all-gather. The programs are the
 ones the CPU tests compile on host devices, here compiled for a GPU."""
 import functools
@@ -68,9 +68,13 @@ def test_one_device_equals_the_whole_sequence(scheme, causal, balanced, window):
 
 
 @pytest.mark.parametrize("scheme", ["ring", "all_gather"])
-@pytest.mark.parametrize("causal, balanced", [(True, True), (False, False)], ids=["causal_balanced", "full"])
-def test_packed_sequences_on_one_device_equal_each_sequences_own_attention(scheme, causal, balanced):
-    # Sequences of 512, 0, 130 and 1002 tokens (multiples of 2), each piece one ragged call.
+@pytest.mark.parametrize("causal, balanced, window", [(True, True, None), (False, False, None),
+                                                      (True, True, (200, 0))],
+                         ids=["causal_balanced", "full", "window200_balanced"])
+def test_packed_sequences_on_one_device_equal_each_sequences_own_attention(scheme, causal, balanced, window):
+    # Sequences of 512, 0, 130 and 1002 tokens (multiples of 2), each piece one ragged call; under
+    # the window (chunks of 256, 0, 65 and 501) the second chunk against the first runs as the
+    # modifier of each sequence's bounds: covered in the short sequence, a band in the others.
     lengths, h_q, h_kv, d = [512, 0, 130, 1002], 8, 2, 128
     t = sum(lengths)
     cu = jnp.asarray([0] + [sum(lengths[:i + 1]) for i in range(len(lengths))], jnp.int32)
@@ -84,13 +88,13 @@ def test_packed_sequences_on_one_device_equal_each_sequences_own_attention(schem
     def split(q, k, v, cu):
         return fj.context_parallel_attention(q, k, v, axis_name="cp", causal=causal, scheme=scheme,
                                              load_balanced=balanced, scale=scale, cu_seqlens=cu,
-                                             max_seqlen=max(lengths))
+                                             max_seqlen=max(lengths), window=window or (-1, -1))
 
     def reference(q, k, v):
         outs, start = [], 0
         for length in lengths:
             piece = [x[start:start + length][None] for x in (q, k, v)]
-            outs.append(whole(*piece, causal, None, scale)[0])
+            outs.append(whole(*piece, causal, window, scale)[0])
             start += length
         return jnp.concatenate(outs)
 

@@ -19,8 +19,9 @@ from fusedattn import _torch_context_parallel as cp  # noqa: E402
 
 def visible(rows, cols, mask, device="cpu"):
     """Which (query, key) pairs of a piece its mask (_context_parallel.pieces) lets through: all,
-    the window (L, R) from the top-left, i - L < j <= i + R (-1: no bound; causal: (-1, 0)), or
-    the band j - i >= offset (BAND_PIECE) or j - i <= offset (BAND_UPPER)."""
+    the window (L, R) from the top-left, i - L < j <= i + R (-1: no bound; causal: (-1, 0)), the
+    band j - i >= offset (BAND_PIECE) or j - i <= offset (BAND_UPPER), or one sequence's band
+    low <= j - i <= high (SEQUENCE_BAND)."""
     kind, value = mask
     i, j = torch.arange(rows, device=device)[:, None], torch.arange(cols, device=device)[None, :]
     if kind == cp._cp.FULL:
@@ -30,6 +31,9 @@ def visible(rows, cols, mask, device="cpu"):
         return ((j > i - left) if left >= 0 else True) & ((j <= i + right) if right >= 0 else True)
     if kind == cp._cp.BAND_UPPER:
         return j - i <= value
+    if kind == cp._cp.SEQUENCE_BAND:  # one sequence's bounds (ReferenceBlocks hands each its own)
+        low, high = value
+        return (j - i >= low) & (j - i <= high)
     assert kind == cp._cp.BAND_PIECE, mask
     return j - i >= value
 
@@ -51,7 +55,7 @@ class ReferenceBlocks:
 
     def forward(self, q, k, v, mask, packed=None):
         if packed is not None:  # each sequence alone, its statistics by token
-            outs = [self.forward(*x, mask) for x in per_sequence(packed, q, k, v)]
+            outs = [self.forward(*x, sequence_mask(mask, i)) for i, x in enumerate(per_sequence(packed, q, k, v))]
             return torch.cat([o[0] for o, _ in outs]), torch.cat([st[0].transpose(0, 1) for _, st in outs])
         s = self._scores(q, k, mask)
         stats = torch.logsumexp(s, -1)
@@ -61,8 +65,8 @@ class ReferenceBlocks:
 
     def backward(self, q, k, v, o, stats, d_o, mask, packed=None):
         if packed is not None:
-            grads = [self.backward(q_, k_, v_, o_, st.transpose(1, 2), d_o_, mask)
-                     for q_, k_, v_, o_, st, d_o_ in per_sequence(packed, q, k, v, o, stats, d_o)]
+            grads = [self.backward(q_, k_, v_, o_, st.transpose(1, 2), d_o_, sequence_mask(mask, i))
+                     for i, (q_, k_, v_, o_, st, d_o_) in enumerate(per_sequence(packed, q, k, v, o, stats, d_o))]
             return tuple(torch.cat([g[i][0] for g in grads]) for i in range(3))
         group = q.shape[2] // k.shape[2]
         p = torch.exp(self._scores(q, k, mask) - stats[..., None].double())
@@ -73,6 +77,14 @@ class ReferenceBlocks:
         fold = lambda x: x.reshape(x.shape[0], x.shape[1], k.shape[2], group, x.shape[3]).sum(3)
         return (torch.einsum("bhqk,bkhd->bqhd", d_s, ke), fold(torch.einsum("bhqk,bqhd->bkhd", d_s, q.double())),
                 fold(torch.einsum("bhqk,bqhd->bkhd", p, d_o.double())))
+
+
+def sequence_mask(mask, i):
+    """Sequence i's share of a packed call's mask: its own bounds of a per-sequence band."""
+    if mask[0] != cp._cp.SEQUENCE_BAND:
+        return mask
+    low, high = mask[1]
+    return mask[0], (int(low[i]), int(high[i]))
 
 
 def per_sequence(packed, *tensors):
@@ -173,14 +185,15 @@ def packed_problem(h_kv, lengths, seed=0, h_q=4, d=16):
     return make(h_q), make(h_kv), make(h_kv), make(h_q), cu
 
 
-def whole_packed(q, k, v, cu, causal, scale, sink=None):
+def whole_packed(q, k, v, cu, causal, scale, sink=None, window=None):
     """Each sequence's own attention (whole), packed again."""
     bounds = cu.tolist()
-    return torch.cat([whole(*(t[a:b][None] for t in (q, k, v)), causal, scale, sink)[0]
+    return torch.cat([whole(*(t[a:b][None] for t in (q, k, v)), causal, scale, sink, window)[0]
                       for a, b in zip(bounds, bounds[1:])])
 
 
-def run_packed(n, q, k, v, d_o, cu, causal, balanced, scheme, blocks, sink=None, device="cpu", out_dtype=None):
+def run_packed(n, q, k, v, d_o, cu, causal, balanced, scheme, blocks, sink=None, device="cpu", out_dtype=None,
+               window=None):
     """Packed parts through N simulated ranks: (O, grads, dSink per rank), restored to the batch's
     order; O goes into the backward in `out_dtype` (as a caller's would), default its own."""
     arrange = lambda x: cp.load_balance(x, n, cu_seqlens=cu, balanced=balanced)
@@ -188,10 +201,11 @@ def run_packed(n, q, k, v, d_o, cu, causal, balanced, scheme, blocks, sink=None,
     packed = cp.Packed(cu, n, balanced, device)
     parts = [[packed.halves(p.contiguous()) for p in arrange(x).chunk(n, 0)] for x in (q, k, v, d_o)]
     ranks = cp.SimulatedRanks(n)
-    outs = cp.run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal, balanced, scheme, sink, packed=packed)
+    outs = cp.run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal, balanced, scheme, sink, window,
+                          packed=packed)
     os_ = [o if out_dtype is None else o.to(out_dtype) for o, _ in outs]
     grads, d_sinks = cp.run_backward(parts[0], parts[1], parts[2], os_, [s for _, s in outs],
-                                     parts[3], ranks, blocks, causal, balanced, scheme, sink, packed=packed)
+                                     parts[3], ranks, blocks, causal, balanced, scheme, sink, window, packed=packed)
     whole_batch = lambda per_rank: restore(torch.cat([packed.restore(x) for x in per_rank]))
     return whole_batch(os_), [whole_batch([g[i] for g in grads]) for i in range(3)], d_sinks
 
@@ -251,16 +265,62 @@ def test_packed_parts_worked_numbers():
 
 
 def test_packed_sequences_that_do_not_split_evenly_are_refused():
-    from fusedattn import InvalidArgumentError, NotSupportedError
+    from fusedattn import InvalidArgumentError
     with pytest.raises(InvalidArgumentError) as caught:
         cp.Packed(torch.tensor([0, 8, 18], dtype=torch.int32), 2, True, "cpu")
     assert caught.value.field == "cu_seqlens" and "sequence 1 of length 10" in str(caught.value)
     assert "multiples of 4" in str(caught.value)
     with pytest.raises(InvalidArgumentError):
         cp.Packed(torch.tensor([1, 8], dtype=torch.int32), 2, False, "cpu")  # not from 0
-    q = torch.zeros(8, 2, 16)
-    with pytest.raises(NotSupportedError):  # refused before any process group is asked
-        fa.context_parallel_attention(q, q, q, causal=True, window=(4, 0), cu_seqlens=torch.tensor([0, 16]))
+
+
+# Sequences of 48, 0, 8, 24 and 64 tokens (chunks of 6, 0, 1, 3 and 8 balanced over 4 ranks; 12, 0,
+# 2, 6 and 16 contiguous): a window ends inside some sequences' chunk pairs, covers others' and
+# misses others', so one piece meets every kind at once.
+PACKED_WINDOW_LENGTHS = [48, 0, 8, 24, 64]
+
+
+@pytest.mark.parametrize("scheme", ["ring", "all_gather"])
+@pytest.mark.parametrize("causal, balanced, window", [(True, True, (5, 0)), (True, True, (13, 0)),
+                                                      (True, False, (7, 0)), (True, False, (30, 0)),
+                                                      (False, False, (4, 9)), (False, False, (-1, 20)),
+                                                      (False, False, (20, -1))],
+                         ids=["causal_balanced_window5", "causal_balanced_window13", "causal_contiguous_window7",
+                              "causal_contiguous_window30", "window4_9", "window_open_20", "window20_open"])
+@pytest.mark.parametrize("h_kv", [4, 2], ids=["mha", "gqa"])
+def test_packed_sequences_under_a_window_equal_each_sequences_own_attention(scheme, causal, balanced, window, h_kv):
+    n = 4
+    q, k, v, d_o, cu = packed_problem(h_kv, PACKED_WINDOW_LENGTHS, seed=3)
+    scale = q.shape[-1] ** -0.5
+    blocks = ReferenceBlocks(scale)
+    o, grads, _ = run_packed(n, q, k, v, d_o, cu, causal, balanced, scheme, blocks, window=window)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref = whole_packed(*leaves, cu, causal, scale, window=window)
+    ref.backward(d_o)
+    assert torch.allclose(o, ref, atol=1e-10)
+    for i, leaf in enumerate(leaves):
+        assert torch.allclose(grads[i], leaf.grad, atol=1e-9), "dqkv"[i]
+    assert cp._cp.SEQUENCE_BAND in {kind for kind, _ in blocks.masks}
+
+
+def test_packed_window_pieces_worked_numbers():
+    # Contiguous parts of sequences of 8, 32 and 0 tokens over 4 ranks: chunks of 2, 8 and 0. A
+    # causal window of 6 keys, rank 2's queries against rank 1's keys (m = 1): each sequence's
+    # bounds of j - i are m c - 6 + 1 = c - 5 and m c + 0 = c, so -3 <= j - i <= 2 for the first
+    # (its chunk of 2 is covered), 3 <= j - i <= 8 for the second (a band); rank 0's keys (m = 2):
+    # 2c - 5 = -1 .. 4 (covered) and 11 .. 16 (missed, 11 >= 8).
+    from fusedattn import _context_parallel as shared
+    packed = cp.Packed(torch.tensor([0, 8, 40, 40], dtype=torch.int32), 4, False, "cpu")
+    kinds = cp._Kinds(None, True, False, 4, (6, 0), packed)
+    ((q_part, k_part, (kind, (low, high))),) = kinds._pieces(2, 1, 10)
+    assert (q_part, k_part, kind) == ("all", "all", shared.SEQUENCE_BAND)
+    assert low.tolist()[:2] == [-3, 3] and high.tolist()[:2] == [2, 8]
+    ((_, _, (kind, (low, high))),) = kinds._pieces(2, 0, 10)
+    assert kind == shared.SEQUENCE_BAND and low.tolist()[:2] == [-1, 11] and high.tolist()[:2] == [4, 16]
+    assert kinds._pieces(2, 2, 10) == [("all", "all", (shared.DIAGONAL, (6, 0)))]
+    assert kinds._pieces(2, 3, 10) == []  # later keys, causal: every sequence's pair missed
+    # A window of 40 covers every sequence's pair with rank 1's keys: a plain piece.
+    assert cp._Kinds(None, True, False, 4, (40, 0), packed)._pieces(2, 1, 10) == [("all", "all", (shared.FULL, 0))]
 
 
 def run_window(n, balanced, scheme, window, causal):
@@ -395,7 +455,7 @@ def main(rank, n, scheme, causal, balanced, h_kv, port, with_sink, left, packed)
     ref_leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     ref_sink = sink.detach().clone().requires_grad_() if with_sink else None
     if packed:
-        ref = t.whole_packed(*ref_leaves, cu, causal, scale, ref_sink)
+        ref = t.whole_packed(*ref_leaves, cu, causal, scale, ref_sink, (left, 0) if left > 0 else None)
     else:
         ref = t.whole(*ref_leaves, causal, scale, ref_sink, (left, 0) if left > 0 else None)
     ref.backward(d_o)
@@ -418,9 +478,9 @@ if __name__ == "__main__":
     ("ring", True, True, False, -1, False), ("all_gather", True, True, False, -1, False),
     ("ring", False, False, False, -1, False), ("all_gather", False, False, False, -1, False),
     ("ring", True, True, True, -1, False), ("ring", True, False, False, 40, False),
-    ("ring", True, True, True, -1, True)],
+    ("ring", True, True, True, -1, True), ("all_gather", True, True, False, 13, True)],
     ids=["ring_causal", "all_gather_causal", "ring_full", "all_gather_full", "ring_causal_sink", "ring_window",
-         "ring_causal_packed_sink"])
+         "ring_causal_packed_sink", "all_gather_packed_window"])
 def test_a_gloo_group_of_four_processes_equals_the_whole_sequence(scheme, causal, balanced, with_sink, left, packed,
                                                                   tmp_path):
     script = tmp_path / "child.py"
@@ -454,3 +514,12 @@ def test_the_block_kernels_configs_for_window_pieces():
     extras = blocks._extras((shared.BAND_PIECE, 24), torch.zeros(1))
     assert extras.mod_scalars.tolist() == [24.0] and blocks._extras((shared.FULL, 0), torch.zeros(1)).mod_scalars is None
     assert blocks._extras((shared.BAND_UPPER, -5), torch.zeros(1)).mod_scalars.tolist() == [-5.0]
+    # Packed halves under a window: each sequence's band, its bounds the modifier's two tensors.
+    packed = cp.Packed(torch.tensor([0, 8, 40], dtype=torch.int32), 4, False, "cpu")
+    bounds = (torch.tensor([-3, 3]), torch.tensor([2, 8]))
+    per_sequence_band = str(_config.parse(blocks._config((shared.SEQUENCE_BAND, bounds), packed)))
+    assert "score_mod=select(and(ge(sub(kv,q),t0[b]),le(sub(kv,q),t1[b])),score,-inf)" in per_sequence_band
+    assert "window" not in per_sequence_band
+    extras = blocks._extras((shared.SEQUENCE_BAND, bounds), torch.zeros(1), packed)
+    assert extras.mod_t0.tolist() == [-3.0, 3.0] and extras.mod_t1.tolist() == [2.0, 8.0]
+    assert extras.mod_t0.dtype == torch.float32 and extras.mod_scalars is None

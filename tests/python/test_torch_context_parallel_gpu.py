@@ -1,7 +1,7 @@
 """Context parallelism on one GPU: N simulated ranks in one process (in-process copies for the
 transport) running fusedattn's block kernels, against float32 attention of the whole sequence,
 outputs and gradients, ring and all-gather, causal load-balanced and not causal, causal sliding
-windows, GQA, packed sequences (thd) against each sequence's own attention."""
+windows, GQA, packed sequences (thd), windows among them, against each sequence's own attention."""
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch not installed")
@@ -50,12 +50,16 @@ def test_simulated_ranks_on_one_gpu_equal_the_whole_sequence(scheme, causal, bal
 
 
 @pytest.mark.parametrize("scheme", ["ring", "all_gather"])
-@pytest.mark.parametrize("causal, balanced", [(True, True), (True, False), (False, False)],
-                         ids=["causal_balanced", "causal_contiguous", "full"])
+@pytest.mark.parametrize("causal, balanced, window", [(True, True, None), (True, False, None), (False, False, None),
+                                                      (True, True, (200, 0)), (False, False, (150, 400))],
+                         ids=["causal_balanced", "causal_contiguous", "full", "window200_balanced",
+                              "window150_400"])
 @pytest.mark.parametrize("h_kv", [8, 2], ids=["mha", "gqa"])
-def test_packed_sequences_on_one_gpu_equal_each_sequences_own_attention(scheme, causal, balanced, h_kv):
+def test_packed_sequences_on_one_gpu_equal_each_sequences_own_attention(scheme, causal, balanced, window, h_kv):
     # Four ranks over sequences of 1024, 0, 264 and 2992 tokens (multiples of 8: chunks of 128, 0,
-    # 33 and 374 balanced), each piece one ragged call over the sequences' chunks.
+    # 33 and 374 balanced), each piece one ragged call over the sequences' chunks. Under a window
+    # the chunk pairs past the diagonal run as the modifier of each sequence's bounds: a causal
+    # window of 200 covers the short sequence's neighbouring chunks and cuts the long one's.
     n, lengths, h_q, d = 4, [1024, 0, 264, 2992], 8, 128
     g = torch.Generator(device="cuda").manual_seed(5)
     make = lambda h: (torch.rand(sum(lengths), h, d, device="cuda", generator=g) * 2 - 1).to(torch.bfloat16)
@@ -63,9 +67,9 @@ def test_packed_sequences_on_one_gpu_equal_each_sequences_own_attention(scheme, 
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)
     scale = d ** -0.5
     o, grads, _ = run_packed(n, q, k, v, d_o, cu, causal, balanced, scheme, cp.FusedattnBlocks(scale),
-                             device="cuda", out_dtype=torch.bfloat16)
+                             device="cuda", out_dtype=torch.bfloat16, window=window)
     leaves = [x.float().requires_grad_() for x in (q, k, v)]
-    ref = whole_packed(*leaves, cu, causal, scale)
+    ref = whole_packed(*leaves, cu, causal, scale, window=window)
     ref.backward(d_o.float())
     assert rel(o, ref) < 1e-2
     for i, leaf in enumerate(leaves):
