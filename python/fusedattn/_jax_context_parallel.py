@@ -194,6 +194,21 @@ def _window_kind(m, chunk, bounds):
     return kind.astype(jnp.int32), jnp.where(kind == _cp.BAND_UPPER, high, low)
 
 
+def _varying_axes(x):
+    """The mesh axes x varies over inside shard_map (JAX 0.11: the type's manual_axis_type; 0.10:
+    its vma), or None where JAX tracks none."""
+    aval = jax.typeof(x)
+    kinds = getattr(aval, "manual_axis_type", None)
+    return kinds.varying if kinds is not None else getattr(aval, "vma", None)
+
+
+def _to_varying(x, axis):
+    """x typed as varying over `axis` (the values stay: each device's own)."""
+    if hasattr(jax.lax, "pcast"):
+        return jax.lax.pcast(x, axis, to="varying")
+    return jax.lax.pvary(x, axis)
+
+
 def _sequence_kind(m, sizes, bounds):
     """A piece of packed halves on traced chunk distances: (switch index, each sequence's bounds as
     float32 (low, high)) (_context_parallel.sequence_band)."""
@@ -265,11 +280,20 @@ class _Plan:
 
         def branch(kind):
             if kind not in masks:
-                return lambda *operands: empty(*operands[:count])
-            return lambda *operands: run(masks[kind](operands[count]), operands[:count],
-                                         self._packed(*operands[count + 1:]))
+                return lambda *operands: self._varying(empty(*operands[:count]))
+            return lambda *operands: self._varying(run(masks[kind](operands[count]), operands[:count],
+                                                       self._packed(*operands[count + 1:])))
         kinds = (_cp.HIDDEN, _cp.DIAGONAL, _cp.FULL, _cp.BAND_PIECE, _cp.BAND_UPPER, _cp.SEQUENCE_BAND)
         return [branch(kind) for kind in kinds]
+
+    def _varying(self, results):
+        """`results` typed as varying over the mesh axis, as lax.switch wants every branch's results
+        typed alike: the core's FFI calls return theirs without the axis in their type (on the
+        H200), while a branch's neutral result, made from q, has it."""
+        def varying(x):
+            axes = _varying_axes(x)
+            return x if axes is None or self.axis in axes else _to_varying(x, self.axis)
+        return jax.tree.map(varying, results)
 
     def _packed(self, offsets=None):
         """The block kernels' last argument: (offsets, longest) for packed halves, else None."""
