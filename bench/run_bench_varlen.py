@@ -225,12 +225,14 @@ def main():
     parser.add_argument("--max-cache-gb", type=float, default=40.0, help="skip decode rows whose K+V exceed this")
     parser.add_argument("--decode-only", action="store_true", help="only the decode rows (the unsplit child)")
     parser.add_argument("--no-unsplit", action="store_true", help="do not time the unsplit decode beside")
+    parser.add_argument("--no-step", action="store_true", help="leave the packed training step out (decode rows only, "
+                        "the unsplit decode still beside)")
     args = parser.parse_args()
     bench = Bench(load(args.build)[0])
     info = bench.build_info()
     print(f"{info}\nPyTorch {torch.__version__}, its cuDNN {torch.backends.cudnn.version()}\n", flush=True)
     failures, step = [], None
-    if not args.decode_only:
+    if not args.decode_only and not args.no_step:
         try:
             step = training_step(bench, args)
         except Exception as error:

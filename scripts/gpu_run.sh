@@ -200,7 +200,8 @@ if part kernels; then
 fi
 if part varlen; then
   echo "== benchmark: ragged training step and paged decode"
-  python3 -X faulthandler bench/run_bench_varlen.py --build "$build" --out "$OUT" || status=1
+  # shellcheck disable=SC2086  # VARLEN_ARGS is a list of arguments (--no-step: the decode rows only)
+  python3 -X faulthandler bench/run_bench_varlen.py --build "$build" --out "$OUT" ${VARLEN_ARGS:-} || status=1
 fi
 if part jaxbench; then
   echo "== benchmark: fusedattn.jax against jax.nn.dot_product_attention"

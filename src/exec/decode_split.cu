@@ -29,6 +29,7 @@ struct Cut {
   int masked_pages;     // pages of the masked call's table; 0: none
   int pages;            // entries of a row of the caller's page tables (kv_pages)
   int page_size;
+  int group;            // query heads folded into one head's rows in the chunks' call
 };
 
 // decode_cut (support/decode_split.cpp), on the device: the keys every query sees.
@@ -58,7 +59,7 @@ __global__ void cut_kernel(Cut cut, const std::int32_t* len_q, const std::int32_
     const std::int64_t e = static_cast<std::int64_t>(i) * cut.chunks + c;
     const int chunk = min(max(unmasked - c * chunk_keys, 0), chunk_keys);
     len_kv_chunks[e] = chunk;
-    len_q_chunks[e] = chunk > 0 ? queries : 0;  // an entry without keys computes nothing
+    len_q_chunks[e] = chunk > 0 ? queries * cut.group : 0;  // folded rows; an entry without keys computes nothing
   }
   const int slots = cut.chunks * cut.chunk_pages;  // chunk c's pages: c * chunk_pages ..
   for (int j = static_cast<int>(threadIdx.x); j < slots; j += blockDim.x) {
@@ -79,55 +80,64 @@ __global__ void cut_kernel(Cut cut, const std::int32_t* len_q, const std::int32_
   }
 }
 
-// The queries of every chunk: entry e = i * chunks + c is sequence i's, dense bshd.
-__global__ void copy_queries_kernel(Strided q, Strided out, std::int64_t chunks, const std::uint16_t* from,
-                                    std::uint16_t* to, std::int64_t n) {
-  const std::int64_t per_entry = out.dims[1] * out.dims[2] * out.dims[3];
+// The queries of every chunk: entry e = i * chunks + c is sequence i's, folded (decode_chunks_spec):
+// out's logical [e, h_kv, s_q * g, d] element (e, k, t * g + j, x) is q's (i, k * g + j, t, x).
+__global__ void copy_queries_kernel(Strided q, Strided out, std::int64_t chunks, std::int64_t group,
+                                    const std::uint16_t* from, std::uint16_t* to, std::int64_t n) {
+  const std::int64_t h_kv = out.dims[1], rows = out.dims[2], d = out.dims[3], s_q = rows / group;
   for (std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; k < n;
        k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t sequence = k / per_entry / chunks;
-    to[strided_offset(out, k)] = from[strided_offset(q, sequence * per_entry + k % per_entry)];
+    const std::int64_t x = k % d, row = (k / d) % rows, kv_head = (k / d / rows) % h_kv, e = k / d / rows / h_kv;
+    const std::int64_t head = kv_head * group + row % group, t = row / group, sequence = e / chunks;
+    const std::int64_t source = ((sequence * h_kv * group + head) * s_q + t) * d + x;  // q's logical order
+    to[strided_offset(out, k)] = from[strided_offset(q, source)];
   }
 }
 
 // Per element of the caller's O (logical [b, h, s, d] order): the partials of the chunks with keys
-// merged by their log-sum-exp. Partials are dense bshd [entries, s_q, h, d_v]; statistics
-// [entries, h, s_q]. A row whose chunks have no keys (or a statistic that is not finite) gets 0
-// and a log-sum-exp of -inf, as the references give a row that sees no key.
+// merged by their log-sum-exp. The chunks' partials are folded (decode_chunks_spec): dense bshd
+// [entries, s_q * g, h / g, d_v], statistics [entries, h / g, s_q * g], query r of head k * g + j
+// at row r * g + j of head k; the masked call's are dense bshd [b, s_q, h, d_v] and [b, h, s_q]. A
+// row whose chunks have no keys (or a statistic that is not finite) gets 0 and a log-sum-exp of
+// -inf, as the references give a row that sees no key.
 template <class T>
 __global__ void merge_kernel(Strided o, T* out, float* stats, const T* o_chunks, const T* o_masked,
                              const float* stats_chunks, const float* stats_masked, const std::int32_t* len_q,
                              const std::int32_t* len_kv_chunks, const std::int32_t* len_kv_masked,
-                             std::int64_t chunks, std::int64_t n) {
+                             std::int64_t chunks, std::int64_t group, std::int64_t n) {
   const std::int64_t h = o.dims[1], s = o.dims[2], d = o.dims[3];
   for (std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; k < n;
        k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t col = k % d, r = (k / d) % s, head = (k / d / s) % h, i = k / d / s / h;
     const std::int64_t stats_row = head * s + r;
+    // The same row in the chunks' folded partials: head head / g, row r * g + head % g.
+    const std::int64_t folded_row = r * group + head % group, kv_head = head / group;
+    const std::int64_t chunk_stats_row = kv_head * s * group + folded_row;
     if (r >= len_q[i]) {
       out[strided_offset(o, k)] = from_float<T>(0.0f);
       continue;
     }
-    auto lse_of = [&](const float* table, std::int64_t e, bool has_keys) {
-      const float lse = has_keys ? table[e * h * s + stats_row] : -INFINITY;
+    auto lse_of = [&](const float* table, std::int64_t e, std::int64_t row, bool has_keys) {
+      const float lse = has_keys ? table[e * h * s + row] : -INFINITY;
       return isfinite(lse) ? lse : -INFINITY;
     };
     const bool masked = o_masked != nullptr && len_kv_masked[i] > 0;
-    float largest = masked ? lse_of(stats_masked, i, true) : -INFINITY;
+    float largest = masked ? lse_of(stats_masked, i, stats_row, true) : -INFINITY;
     for (std::int64_t c = 0; c < chunks; ++c) {
-      largest = fmaxf(largest, lse_of(stats_chunks, i * chunks + c, len_kv_chunks[i * chunks + c] > 0));
+      const std::int64_t e = i * chunks + c;
+      largest = fmaxf(largest, lse_of(stats_chunks, e, chunk_stats_row, len_kv_chunks[e] > 0));
     }
     float weight_sum = 0.0f, acc = 0.0f;
     if (largest > -INFINITY) {
       for (std::int64_t c = 0; c < chunks; ++c) {
         const std::int64_t e = i * chunks + c;
-        const float lse = lse_of(stats_chunks, e, len_kv_chunks[e] > 0);
+        const float lse = lse_of(stats_chunks, e, chunk_stats_row, len_kv_chunks[e] > 0);
         if (lse == -INFINITY) continue;
         const float w = __expf(lse - largest);
         weight_sum += w;
-        acc += w * to_float(o_chunks[((e * s + r) * h + head) * d + col]);
+        acc += w * to_float(o_chunks[((e * s * group + folded_row) * (h / group) + kv_head) * d + col]);
       }
-      const float lse = masked ? lse_of(stats_masked, i, true) : -INFINITY;
+      const float lse = masked ? lse_of(stats_masked, i, stats_row, true) : -INFINITY;
       if (lse > -INFINITY) {
         const float w = __expf(lse - largest);
         weight_sum += w;
@@ -197,9 +207,10 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
   const Scratch& s = scratch_;
   char* ours = workspace + inner_workspace_;
   const std::int64_t b = spec_.batch();
+  const std::int64_t group = decode_query_group(spec_);
   const Cut cut{static_cast<int>(split_.chunks), static_cast<int>(split_.chunk_pages),
                 static_cast<int>(split_.final_pages), static_cast<int>(spec_.kv_pages),
-                static_cast<int>(spec_.page_size())};
+                static_cast<int>(spec_.page_size()), static_cast<int>(group)};
   cut_kernel<<<static_cast<unsigned int>(b), kThreads, 0, stream>>>(
       cut, t.seq_len_q, t.seq_len_kv, t.page_table_k, t.page_table_v, at<std::int32_t>(ours, s.table_k_chunks),
       at<std::int32_t>(ours, s.table_v_chunks), at<std::int32_t>(ours, s.table_k_masked),
@@ -210,7 +221,7 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
   const AttentionSpec& chunked = chunks_->spec();
   const std::int64_t q_elements = chunked.q.elements();
   copy_queries_kernel<<<grid_stride_blocks(q_elements, kThreads), kThreads, 0, stream>>>(
-      make_strided(spec_.q), make_strided(chunked.q), split_.chunks, static_cast<const std::uint16_t*>(t.q),
+      make_strided(spec_.q), make_strided(chunked.q), split_.chunks, group, static_cast<const std::uint16_t*>(t.q),
       at<std::uint16_t>(ours, s.q_chunks), q_elements);
   check_cuda(cudaGetLastError(), "decode split: copy queries");
 
@@ -246,7 +257,7 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
         make_strided(spec_.o), out, stats, at<const T>(ours, s.o_chunks),
         masked_ ? at<const T>(ours, s.o_masked) : nullptr, at<const float>(ours, s.stats_chunks),
         at<const float>(ours, s.stats_masked), t.seq_len_q, at<const std::int32_t>(ours, s.len_kv_chunks),
-        at<const std::int32_t>(ours, s.len_kv_masked), split_.chunks, n);
+        at<const std::int32_t>(ours, s.len_kv_masked), split_.chunks, group, n);
   };
   if (spec_.o.dtype == DType::bf16) {
     merge(static_cast<__nv_bfloat16*>(t.o));

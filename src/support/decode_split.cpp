@@ -34,6 +34,15 @@ TensorDesc dense_entries(TensorDesc desc, std::int64_t batch) {
   return desc;
 }
 
+// q's (and o's) descriptor with each K/V head's `group` query heads folded into its rows, dense bshd
+// of `batch` entries: [batch, s * group, h / group, d], row t * group + i being query t of head
+// k * group + i.
+TensorDesc folded_entries(TensorDesc desc, std::int64_t batch, std::int64_t group) {
+  desc.dims[kHead] /= group;
+  desc.dims[kSeq] *= group;
+  return dense_entries(desc, batch);
+}
+
 bool causal_queries(const AttentionSpec& spec) { return causal_bottom_right(spec) && spec.seq_q() > 1; }
 
 }  // namespace
@@ -61,15 +70,17 @@ DecodeSplit decode_split(const AttentionSpec& spec, Pass pass, int multiprocesso
 
 AttentionSpec decode_chunks_spec(const AttentionSpec& spec, const DecodeSplit& split) {
   AttentionSpec out = spec;
-  const std::int64_t entries = spec.batch() * split.chunks;
-  out.q = dense_entries(spec.q, entries);
-  out.o = dense_entries(spec.o, entries);
+  const std::int64_t entries = spec.batch() * split.chunks, group = decode_query_group(spec);
+  out.q = folded_entries(spec.q, entries, group);
+  out.o = folded_entries(spec.o, entries, group);
   out.kv_pages = split.chunk_pages;
   out.window = Window{};  // every key of a chunk is visible to every query
   out.alignment = Alignment::top_left;
   out.stats = true;
   return out;
 }
+
+std::int64_t decode_query_group(const AttentionSpec& spec) noexcept { return spec.heads_q() / spec.heads_kv(); }
 
 AttentionSpec decode_masked_spec(const AttentionSpec& spec, const DecodeSplit& split) {
   AttentionSpec out = spec;

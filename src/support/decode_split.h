@@ -54,11 +54,17 @@ DecodeSplit decode_split(const AttentionSpec& spec, Pass pass, int multiprocesso
 inline bool has_masked_call(const DecodeSplit& split) noexcept { return split.final_pages > 0; }
 
 /// The inner calls' specs: the chunks of every sequence as b * chunks entries of chunk_pages pages,
-/// queries and partial O dense [entries, s_q, h_q, d] (bshd), no mask; and the masked keys as b
-/// entries of final_pages pages, the caller's queries and mask, partial O dense. Both write their
-/// statistics.
+/// no mask, with grouped query heads folded into rows: the g = h_q / h_kv query heads that share a
+/// K/V head are g * s_q rows of one head, queries and partial O dense [entries, s_q * g, h_kv, d]
+/// (bshd; row t * g + i is query t of head k * g + i). Without a mask that is the same attention;
+/// cuDNN's kernels give each (entry, head) tiles of query rows of their own, so unfolded a decode
+/// row leaves most of its tile idle and every query head reads the chunk's keys again. And the
+/// masked keys as b entries of final_pages pages, the caller's queries and mask, partial O dense
+/// [b, s_q, h_q, d_v]. Both write their statistics.
 AttentionSpec decode_chunks_spec(const AttentionSpec& spec, const DecodeSplit& split);
 AttentionSpec decode_masked_spec(const AttentionSpec& spec, const DecodeSplit& split);
+/// g = h_q / h_kv: the query heads folded into one head's rows in the chunks' call.
+std::int64_t decode_query_group(const AttentionSpec& spec) noexcept;
 
 /// How one sequence of `keys` keys and `queries` queries is cut: the first `unmasked` keys go to
 /// the chunks (chunk c takes clamp(unmasked - c * chunk_keys, 0, chunk_keys) of them), the other

@@ -113,7 +113,13 @@ TEST(DecodeSplit, TheInnerCallsSpecsAndTheyDoNotSplitAgain) {
   EXPECT_EQ(chunks.kv_pages, 4);
   EXPECT_FALSE(chunks.window.bounded());  // every key of a chunk is visible
   EXPECT_TRUE(chunks.stats && chunks.padding);
-  EXPECT_EQ(chunks.q.strides, (std::array<std::int64_t, 4>{4 * 32 * 128, 128, 32 * 128, 1}));  // dense bshd
+  // Folded: the 4 query heads of each K/V head are 4 x 4 rows of one head, dense bshd.
+  EXPECT_EQ(decode_query_group(spec), 4);
+  EXPECT_EQ(chunks.q.dims, (std::array<std::int64_t, 4>{32, 8, 16, 128}));
+  EXPECT_EQ(chunks.q.strides, (std::array<std::int64_t, 4>{16 * 8 * 128, 128, 8 * 128, 1}));
+  EXPECT_EQ(chunks.o.dims, chunks.q.dims);
+  EXPECT_EQ(chunks.o.strides, chunks.q.strides);
+  EXPECT_EQ(chunks.heads_q(), chunks.heads_kv());  // one query head per K/V head now
   EXPECT_EQ(chunks.k, spec.k);  // the caller's pools
   const AttentionSpec masked = decode_masked_spec(spec, split);
   EXPECT_NO_THROW(validate(masked));
