@@ -62,7 +62,8 @@ const char* to_string(MaxLogit max_logit) noexcept;
 
 /// How FP8 q, k, v (and the backward's dO) are scaled: one float32 scale per tensor
 /// (fusedattn/fp8_scales.h), or MXFP8, one E8M0 scale per block of 32 elements in cuDNN's 128x4
-/// layout (fusedattn/mxfp8.h). Only FP8 inputs take mxfp8 (validate()).
+/// layout (fusedattn/mxfp8.h, the call's tensors in fusedattn/mxfp8_scales.h). Only FP8 inputs take
+/// mxfp8, with a 16-bit O, whose dtype the gradients then have too (validate()).
 enum class Fp8Scaling : std::uint8_t { tensor, mxfp8 };
 const char* to_string(Fp8Scaling fp8_scaling) noexcept;  ///< "tensor", "mxfp8"
 

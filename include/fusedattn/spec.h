@@ -66,7 +66,8 @@ AttentionSpec spec_for_layout(Layout layout, const ProblemShape& shape);
 TensorDesc bias_desc(const AttentionSpec& spec);
 
 /// The dtype of the backward's dO and gradients dQ, dK, dV: q's, or E5M2 where the spec's
-/// fp8_gradients asks for it (E4M3 inputs, the hybrid recipe).
+/// fp8_gradients asks for it (E4M3 inputs, the hybrid recipe), or o's 16-bit dtype for MXFP8
+/// (whose FP8 dO comes beside the 16-bit one: fusedattn/mxfp8_scales.h).
 DType gradient_dtype(const AttentionSpec& spec) noexcept;
 /// `desc` (o, q, k or v) with the gradients' dtype: the descriptor of dO, dQ, dK or dV.
 TensorDesc gradient_desc(const TensorDesc& desc, const AttentionSpec& spec) noexcept;

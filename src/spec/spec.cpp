@@ -665,9 +665,22 @@ void validate(const AttentionSpec& spec) {
                                       "already, 16-bit inputs have no FP8 backward); q is ") +
                               to_string(spec.q.dtype));
   }
+  // cuDNN's MXFP8 graphs write O and the gradients with plain matrix products, which take no
+  // output scale: an FP8 O could not be written at all. No GPU or cuDNN version lifts that, so it is
+  // a contradiction in the spec (here) rather than a support limit (the policy's reasons).
+  if (spec.fp8_scaling == Fp8Scaling::mxfp8 && is_fp8(spec.o.dtype)) {
+    throw InvalidArgument("o.dtype", to_string(spec.o.dtype),
+                          "f16 or bf16 with fp8_scaling=mxfp8 (cuDNN's MXFP8 attention writes O unscaled): "
+                          "write o in full, o=bf16[b,h_q,s_q,d_v]/[strides]");
+  }
+  if (spec.fp8_scaling == Fp8Scaling::mxfp8 && spec.fp8_gradients == Fp8Gradients::e5m2) {
+    throw InvalidArgument("fp8_grads", "e5m2",
+                          "as_inputs with fp8_scaling=mxfp8 (its dO, dQ, dK and dV are 16-bit, in o's dtype)");
+  }
 }
 
 DType gradient_dtype(const AttentionSpec& spec) noexcept {
+  if (spec.fp8_scaling == Fp8Scaling::mxfp8) return spec.o.dtype;  // validate(): 16-bit
   return spec.fp8_gradients == Fp8Gradients::e5m2 ? DType::e5m2 : spec.q.dtype;
 }
 

@@ -46,7 +46,8 @@ void fp8_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, cons
     out.push_back({"align", "bottom_right", "top_left with FP8 on SM 9.x (its FP8 kernels take no bottom-right diagonal)",
                    kBlackwell});
   }
-  if (hopper && !is_fp8(spec.o.dtype)) {
+  // (An MXFP8 O is 16-bit by validation; the MXFP8 rule names the GPU its 16-bit outputs need.)
+  if (hopper && !is_fp8(spec.o.dtype) && spec.fp8_scaling == Fp8Scaling::tensor) {
     out.push_back({"o.dtype", to_string(spec.o.dtype), "an FP8 O with FP8 inputs on SM 9.x",
                    "a Blackwell (SM 10.0) GPU with cuDNN 9.13"});
   }
@@ -69,8 +70,10 @@ void fp8_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, cons
 
 // MXFP8 block scaling (fusedattn/mxfp8.h's notes on the frontend 1.32 headers): cuDNN 9.21 (92100)
 // or newer both ways, and for the forward a Blackwell data-center GPU, SM 10.x (the frontend
-// checks the major version, so SM 12.x is out too). The backward names no GPU there. What the
-// per-tensor FP8 rule above refuses (bias, dropout, paged caches, ...) holds for MXFP8 as well.
+// checks the major version, so SM 12.x is out too). The backward's MXFP8 check names no GPU, but
+// its dQ, dK and dV are 16-bit (O's dtype), which cuDNN's FP8 backward writes on SM 10.0 or newer
+// only (sdpa_fp8_bwd.h's HALF/BFLOAT16 output check, from cuDNN 9.13). What the per-tensor FP8 rule
+// above refuses (bias, dropout, paged caches, ...) holds for MXFP8 as well.
 void mxfp8_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions, Reasons& out) {
   if (spec.fp8_scaling != Fp8Scaling::mxfp8) return;
   const char* value = to_string(spec.fp8_scaling);
@@ -82,6 +85,11 @@ void mxfp8_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, co
   if (pass == Pass::forward && caps.sm_major != 10) {
     out.push_back({"fp8_scaling", value,
                    "an SM 10.x (Blackwell data-center) GPU for the MXFP8 forward, not " + sm_text(caps),
+                   "a Blackwell (SM 10.0) GPU"});
+  }
+  if (pass == Pass::backward && caps.sm_major < 10) {
+    out.push_back({"fp8_scaling", value,
+                   "an SM 10.0 or newer GPU for the MXFP8 backward (its 16-bit dQ, dK, dV), not " + sm_text(caps),
                    "a Blackwell (SM 10.0) GPU"});
   }
 }

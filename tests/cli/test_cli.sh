@@ -87,7 +87,11 @@ expect "fp8 spec round-trips"    '^0$' 'spec="layout=bshd dtype=e4m3 b=1'       
 expect "fp8 backward needs 128"  '^1$' 'd_qk = 64: needs 128 for the FP8 backward on SM 9.x.*Blackwell' \
                                                                             -- support "${FP8/d=128/d=64}"
 expect "fp8 takes no bias"       '^1$' 'no bias with FP8'                         -- support "$FP8 bias=11ss"
-expect "mxfp8 needs cuDNN 9.21"  '^1$' 'fp8_scaling = mxfp8: needs cuDNN 9.21'    -- support "$FP8 fp8_scaling=mxfp8"
+# MXFP8 writes O unscaled, so its O is 16-bit: the short form's FP8 O is refused as invalid.
+MXFP8="q=e4m3[1,8,128,128]/[131072,128,1024,1] k=e4m3[1,8,128,128]/[131072,128,1024,1] v=e4m3[1,8,128,128]/[131072,128,1024,1] o=bf16[1,8,128,128]/[131072,128,1024,1] window=-1,0 fp8_scaling=mxfp8"
+expect "mxfp8 needs cuDNN 9.21"  '^1$' 'fp8_scaling = mxfp8: needs cuDNN 9.21'    -- support "$MXFP8"
+expect "mxfp8 needs a 16-bit O"  '^2$' 'invalid_argument.*o\.dtype.*f16 or bf16 with fp8_scaling=mxfp8' \
+                                                                            -- support "$FP8 fp8_scaling=mxfp8"
 expect "fp8 takes no score_mod"   '^1$' 'score_mod = mul\(tanh\(div\(score,\$0\)\),\$0\): needs f16 or bf16 inputs' \
   -- support "$FP8 score_mod=mul(tanh(div(score,\$0)),\$0)"
 expect "alibi beside a score_mod" '^1$' 'alibi = 1: needs no alibi beside a score modifier.*add\(score,mul\(t0\[h\],sub\(kv,q\)\)\)' \

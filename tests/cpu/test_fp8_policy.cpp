@@ -2,6 +2,7 @@
 // GPUs and cuDNN versions, each with what lifts it.
 #include <gtest/gtest.h>
 
+#include <initializer_list>
 #include <string>
 
 #include "fusedattn/errors.h"
@@ -133,9 +134,11 @@ TEST(Fp8Policy, SixteenBitSpecsGetNoFp8Reasons) {
 
 // --- MXFP8 block scaling (fp8_scaling=mxfp8) -------------------------------------------------------
 
+// O 16-bit: cuDNN's MXFP8 graphs write it unscaled (validate() refuses an FP8 O).
 AttentionSpec mxfp8_spec() {
   AttentionSpec spec = fp8_spec();
   spec.fp8_scaling = Fp8Scaling::mxfp8;
+  spec.o.dtype = DType::bf16;
   return spec;
 }
 
@@ -150,6 +153,7 @@ TEST(Mxfp8Spec, PrintsAndParsesBackAndIsOnlyPrintedWhenNotDefault) {
   EXPECT_NE(hash_value(spec), hash_value(fp8_spec()));
   EXPECT_EQ(to_string(fp8_spec()).find("fp8_scaling"), std::string::npos) << to_string(fp8_spec());
   EXPECT_EQ(parse_spec(to_string(fp8_spec()) + " fp8_scaling=tensor"), fp8_spec());
+  EXPECT_NE(text.find("o=bf16["), std::string::npos) << text;  // a 16-bit O beside FP8 inputs: the full form
   EXPECT_STREQ(to_string(Fp8Scaling::tensor), "tensor");
   EXPECT_STREQ(to_string(Fp8Scaling::mxfp8), "mxfp8");
   try {
@@ -164,10 +168,12 @@ TEST(Mxfp8Spec, PrintsAndParsesBackAndIsOnlyPrintedWhenNotDefault) {
 TEST(Mxfp8Spec, ValidateNeedsFp8Inputs) {
   EXPECT_NO_THROW(validate(mxfp8_spec()));
   AttentionSpec e5m2 = mxfp8_spec();
-  e5m2.q.dtype = e5m2.k.dtype = e5m2.v.dtype = e5m2.o.dtype = DType::e5m2;
+  e5m2.q.dtype = e5m2.k.dtype = e5m2.v.dtype = DType::e5m2;
+  e5m2.o.dtype = DType::f16;
   EXPECT_NO_THROW(validate(e5m2));
   AttentionSpec odd = fp8_spec(48);  // no multiple of 32 asked: a row's last block may be short
   odd.fp8_scaling = Fp8Scaling::mxfp8;
+  odd.o.dtype = DType::bf16;
   EXPECT_NO_THROW(validate(odd));
   AttentionSpec half = mxfp8_spec();
   half.q.dtype = half.k.dtype = half.v.dtype = half.o.dtype = DType::bf16;
@@ -182,6 +188,42 @@ TEST(Mxfp8Spec, ValidateNeedsFp8Inputs) {
   }
 }
 
+// validate(spec) refuses it naming `field` and `value`, with each of `words` in the requirement.
+void expect_invalid(const AttentionSpec& spec, const std::string& field, const std::string& value,
+                    std::initializer_list<const char*> words) {
+  try {
+    validate(spec);
+    ADD_FAILURE() << "validated: " << to_string(spec);
+  } catch (const InvalidArgument& error) {
+    EXPECT_EQ(error.field(), field) << error.what();
+    EXPECT_EQ(error.value(), value) << error.what();
+    for (const char* w : words) EXPECT_NE(error.requirement().find(w), std::string::npos) << error.what();
+  }
+}
+
+TEST(Mxfp8Spec, AnFp8OIsAnInvalidArgument) {
+  // No GPU lifts it: the MXFP8 graphs have no O scale, so this is the spec's contradiction.
+  for (DType o : {DType::e4m3, DType::e5m2}) {
+    AttentionSpec spec = mxfp8_spec();
+    spec.o.dtype = o;
+    expect_invalid(spec, "o.dtype", to_string(o), {"f16 or bf16 with fp8_scaling=mxfp8", "o=bf16["});
+  }
+}
+
+TEST(Mxfp8Spec, TheGradientsAreOs16BitDtype) {
+  for (DType o : {DType::bf16, DType::f16}) {
+    AttentionSpec spec = mxfp8_spec();
+    spec.o.dtype = o;
+    EXPECT_EQ(gradient_dtype(spec), o);
+    const TensorDesc d_q = gradient_desc(spec.q, spec);
+    EXPECT_EQ(d_q.dtype, o);
+    EXPECT_EQ(d_q.strides, spec.q.strides);
+  }
+  AttentionSpec hybrid = mxfp8_spec();
+  hybrid.fp8_gradients = Fp8Gradients::e5m2;  // E5M2 gradients contradict 16-bit ones
+  expect_invalid(hybrid, "fp8_grads", "e5m2", {"as_inputs with fp8_scaling=mxfp8"});
+}
+
 TEST(Mxfp8Policy, HopperWithCudnn9_19RefusesTheForwardTwiceNamingWhatLiftsEach) {
   const Support support = check_support_policy(mxfp8_spec(), Pass::forward, kSm90, kCudnn9_19);
   ASSERT_EQ(support.reasons.size(), 2u) << support.to_string();
@@ -192,18 +234,39 @@ TEST(Mxfp8Policy, HopperWithCudnn9_19RefusesTheForwardTwiceNamingWhatLiftsEach) 
             "an SM 10.x (Blackwell data-center) GPU for the MXFP8 forward, not SM 9.0");
 }
 
-TEST(Mxfp8Policy, HopperWithCudnn9_19RefusesTheBackwardForItsCudnn) {
-  // The headers' notes name no GPU for the MXFP8 backward; only its cuDNN version.
+TEST(Mxfp8Policy, HopperRefusesTheBackwardForItsCudnnAndIts16BitGradients) {
+  // The MXFP8 check of the backward names no GPU, its 16-bit dQ, dK, dV do (SM 10.0 and newer);
+  // the per-tensor rule's "an FP8 O on SM 9.x" is no way out for MXFP8, so it is not said.
   const Support support = check_support_policy(mxfp8_spec(), Pass::backward, kSm90, kCudnn9_19);
-  EXPECT_EQ(fields(support), "fp8_scaling(cuDNN 9.21);") << support.to_string();
-  EXPECT_TRUE(check_support_policy(mxfp8_spec(), Pass::backward, kSm90, made_up_versions(92100)).ok());
+  EXPECT_EQ(fields(support), "fp8_scaling(cuDNN 9.21);fp8_scaling(a Blackwell (SM 10.0) GPU);") << support.to_string();
+  EXPECT_EQ(support.reasons[1].requirement,
+            "an SM 10.0 or newer GPU for the MXFP8 backward (its 16-bit dQ, dK, dV), not SM 9.0");
+  EXPECT_EQ(fields(check_support_policy(mxfp8_spec(), Pass::backward, kSm90, made_up_versions(92100))),
+            "fp8_scaling(a Blackwell (SM 10.0) GPU);");
 }
 
-TEST(Mxfp8Policy, BlackwellWithCudnn9_21AcceptsTheForward) {
-  // The policy's yes; the graph layer then refuses, "not built yet" (needs a GPU to see).
+TEST(Mxfp8Policy, BlackwellWithCudnn9_21AcceptsBothPassesAtHeadDim128) {
+  // The policy's yes; cuDNN's own check is the last word (the graph: tests/graph/test_mxfp8_graph.cpp).
   const Versions cudnn9_21 = made_up_versions(92100);
-  EXPECT_TRUE(check_support_policy(mxfp8_spec(), Pass::forward, kSm100, cudnn9_21).ok());
-  EXPECT_TRUE(check_support_policy(mxfp8_spec(), Pass::backward, kSm100, cudnn9_21).ok());
+  for (DType o : {DType::bf16, DType::f16}) {
+    AttentionSpec spec = mxfp8_spec();
+    spec.o.dtype = o;
+    ASSERT_NO_THROW(validate(spec));
+    for (Pass pass : {Pass::forward, Pass::backward}) {
+      const Support support = check_support_policy(spec, pass, kSm100, cudnn9_21);
+      EXPECT_TRUE(support.ok()) << to_string(pass) << ": " << support.to_string();
+    }
+  }
+  ProblemShape shape = problem_shape(mxfp8_spec());  // grouped heads and s_q != s_kv, as the graph test has
+  shape.seq_q = 200;
+  shape.seq_kv = 333;
+  shape.heads_kv = 2;
+  AttentionSpec gqa = spec_for_layout(Layout::bshd, shape);
+  gqa.fp8_scaling = Fp8Scaling::mxfp8;
+  gqa.o.dtype = DType::bf16;
+  ASSERT_NO_THROW(validate(gqa));
+  EXPECT_TRUE(check_support_policy(gqa, Pass::forward, kSm100, cudnn9_21).ok());
+  EXPECT_TRUE(check_support_policy(gqa, Pass::backward, kSm100, cudnn9_21).ok());
   // Either limit alone is one reason.
   EXPECT_EQ(fields(check_support_policy(mxfp8_spec(), Pass::forward, kSm100, kCudnn9_19)), "fp8_scaling(cuDNN 9.21);");
   EXPECT_EQ(fields(check_support_policy(mxfp8_spec(), Pass::forward, DeviceCaps{12, 0}, cudnn9_21)),

@@ -28,7 +28,8 @@ const std::vector<std::string>& seeds() {
       "layout=bshd_paged_bshd dtype=bf16 b=8 s_q=1 s_kv=4096 h_q=32 h_kv=8 d=128 page_size=64 pages=1024 causal "
       "align=bottom_right",
       "layout=bs3hd dtype=e4m3 b=2 s=384 h=4 d=128 causal fp8_grads=e5m2",
-      "layout=bshd dtype=e4m3 b=2 s=128 h=8 d=64 causal fp8_scaling=mxfp8",
+      "q=e4m3[2,8,128,64]/[65536,64,512,1] k=e4m3[2,8,128,64]/[65536,64,512,1] v=e4m3[2,8,128,64]/[65536,64,512,1] "
+      "o=bf16[2,8,128,64]/[65536,64,512,1] window=-1,0 fp8_scaling=mxfp8",
       "layout=bshd dtype=bf16 b=2 s=256 h=4 d=64 bias=1hss bias_grad=1 softmax=sink max_logit=row dropout=0.1",
       "layout=bshd dtype=bf16 b=2 s=8192 h=16 d=128 causal score_mod=mul(tanh(div(score,$0)),$0)",
       "layout=bshd dtype=bf16 b=1 s=2048 h=1 d=64 causal score_mod=add(mul(score,t0[q]),t1[kv])",
