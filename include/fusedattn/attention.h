@@ -16,6 +16,7 @@
 
 #include "fusedattn/autotune.h"
 #include "fusedattn/fp8_scales.h"
+#include "fusedattn/mxfp8_scales.h"
 #include "fusedattn/spec.h"
 #include "fusedattn/support.h"
 
@@ -77,6 +78,7 @@ struct ForwardTensors {
   const std::int32_t* page_table_k = nullptr;
   const std::int32_t* page_table_v = nullptr;
   Fp8ForwardScales fp8;  ///< FP8 specs (q, k, v in E4M3 or E5M2): the scaling tensors (fp8_scales.h)
+  Mxfp8ForwardTensors mxfp8;  ///< fp8_scaling=mxfp8 instead: the block scales (mxfp8_scales.h)
   ScoreModTensors score_mod;  ///< a score modifier's scalars and tensors
 };
 
@@ -103,6 +105,9 @@ struct BackwardTensors {
   const std::int64_t* dropout_offset = nullptr;  ///< regenerates exactly the forward's mask from them
   RaggedTensors ragged;                          ///< as in ForwardTensors (the forward's offsets)
   Fp8BackwardScales fp8;                         ///< FP8 specs: the scaling tensors (fp8_scales.h)
+  /// fp8_scaling=mxfp8 instead: the block scales and the FP8 copies (mxfp8_scales.h, which says
+  /// what q, k, v, o and d_o above hold then).
+  Mxfp8BackwardTensors mxfp8;
   ScoreModTensors score_mod;                     ///< as in ForwardTensors
 };
 

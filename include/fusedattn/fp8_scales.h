@@ -6,7 +6,8 @@
 // X8 = fp8(X * scale_x), and descale_x = 1 / scale_x. S is the softmax's probabilities, which the
 // kernels quantize inside with scale_s before multiplying by V; dP = dO V^T in the backward. Each
 // amax is max |X| of the unscaled tensor, for the caller's scaling recipe to use next. All are
-// required for an FP8 spec and ignored for a 16-bit one.
+// required for an FP8 spec with per-tensor scaling, refused for an MXFP8 one (fp8_scaling=mxfp8
+// takes fusedattn/mxfp8_scales.h's instead) and ignored for a 16-bit one.
 #pragma once
 
 namespace fusedattn {

@@ -262,7 +262,11 @@ void Plan::enqueue(const ForwardTensors& t, float scale, cudaStream_t stream, co
   }
   CallWorkspace scratch(workspace_bytes(), workspace, stream);  // first: a failing allocator leaves nothing written
   detail::PointersByUid pointers = detail::forward_pointers(t, &scale);
-  if (is_fp8(spec_.q.dtype)) zero_amaxes({t.fp8.amax_s, t.fp8.amax_o}, stream);
+  if (spec_.fp8_scaling == Fp8Scaling::mxfp8) {
+    zero_amaxes({t.mxfp8.amax_o}, stream);
+  } else if (is_fp8(spec_.q.dtype)) {
+    zero_amaxes({t.fp8.amax_s, t.fp8.amax_o}, stream);
+  }
   void** by_uid = pointers.at;
   if (zero_sink_) by_uid[graph::kUidSink] = zero_sink_.get();
   char* ours = static_cast<char*>(scratch.data()) + graph_workspace_bytes_;
@@ -300,7 +304,11 @@ void Plan::enqueue(const BackwardTensors& t, float scale, cudaStream_t stream, c
   }
   CallWorkspace scratch(workspace_bytes(), workspace, stream);  // first: a failing allocator leaves nothing written
   detail::PointersByUid pointers = detail::backward_pointers(t, &scale);
-  if (is_fp8(spec_.q.dtype)) zero_amaxes({t.fp8.amax_d_q, t.fp8.amax_d_k, t.fp8.amax_d_v, t.fp8.amax_d_p}, stream);
+  if (spec_.fp8_scaling == Fp8Scaling::mxfp8) {
+    zero_amaxes({t.mxfp8.amax_d_q, t.mxfp8.amax_d_k, t.mxfp8.amax_d_v}, stream);
+  } else if (is_fp8(spec_.q.dtype)) {
+    zero_amaxes({t.fp8.amax_d_q, t.fp8.amax_d_k, t.fp8.amax_d_v, t.fp8.amax_d_p}, stream);
+  }
   void** by_uid = pointers.at;
   if (zero_sink_) by_uid[graph::kUidSink] = zero_sink_.get();
   char* ours = static_cast<char*>(scratch.data()) + graph_workspace_bytes_;  // ragged and expansion never meet

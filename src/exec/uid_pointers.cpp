@@ -44,6 +44,11 @@ PointersByUid forward_pointers(const ForwardTensors& t, float* scale) {
   p.at[graph::kUidScaleO] = const_cast<float*>(t.fp8.scale_o);
   p.at[graph::kUidAmaxS] = t.fp8.amax_s;
   p.at[graph::kUidAmaxO] = t.fp8.amax_o;
+  const Mxfp8ForwardTensors& m = t.mxfp8;
+  p.at[graph::kUidSfQ] = const_cast<std::uint8_t*>(m.sf_q);
+  p.at[graph::kUidSfK] = const_cast<std::uint8_t*>(m.sf_k);
+  p.at[graph::kUidSfV] = const_cast<std::uint8_t*>(m.sf_v);
+  p.at[graph::kUidMxfp8AmaxO] = m.amax_o;
   place_score_mod(t.score_mod, p);
   return p;
 }
@@ -87,6 +92,21 @@ PointersByUid backward_pointers(const BackwardTensors& t, float* scale) {
   p.at[graph::kUidAmaxDK] = f.amax_d_k;
   p.at[graph::kUidAmaxDV] = f.amax_d_v;
   p.at[graph::kUidAmaxDP] = f.amax_d_p;
+  const Mxfp8BackwardTensors& m = t.mxfp8;
+  p.at[graph::kUidQT] = const_cast<void*>(m.q_t);
+  p.at[graph::kUidKT] = const_cast<void*>(m.k_t);
+  p.at[graph::kUidDOFp8] = const_cast<void*>(m.d_o);
+  p.at[graph::kUidDOT] = const_cast<void*>(m.d_o_t);
+  p.at[graph::kUidSfQ] = const_cast<std::uint8_t*>(m.sf_q);
+  p.at[graph::kUidSfQT] = const_cast<std::uint8_t*>(m.sf_q_t);
+  p.at[graph::kUidSfK] = const_cast<std::uint8_t*>(m.sf_k);
+  p.at[graph::kUidSfKT] = const_cast<std::uint8_t*>(m.sf_k_t);
+  p.at[graph::kUidSfV] = const_cast<std::uint8_t*>(m.sf_v);
+  p.at[graph::kUidSfDO] = const_cast<std::uint8_t*>(m.sf_d_o);
+  p.at[graph::kUidSfDOT] = const_cast<std::uint8_t*>(m.sf_d_o_t);
+  p.at[graph::kUidMxfp8AmaxDQ] = m.amax_d_q;
+  p.at[graph::kUidMxfp8AmaxDK] = m.amax_d_k;
+  p.at[graph::kUidMxfp8AmaxDV] = m.amax_d_v;
   place_score_mod(t.score_mod, p);
   return p;
 }

@@ -1,6 +1,6 @@
 // Graph layer interface: builds and runs cuDNN SDPA graphs without exposing the frontend headers.
 //
-// Only sdpa_graph.cpp includes cudnn_frontend.h; everything above sees this small interface.
+// Only src/graph/ includes cudnn_frontend.h; everything above sees this small interface.
 #pragma once
 
 #include <cstddef>
@@ -35,7 +35,12 @@ enum Uid : std::int64_t {
   // A score modifier's runtime scalars and tensors, by slot (fusedattn/score_mod.h)
   kUidScoreModScalar0,
   kUidScoreModTensor0 = kUidScoreModScalar0 + kMaxScoreModScalars,
-  kUidEnd = kUidScoreModTensor0 + kMaxScoreModTensors  // one past the last
+  // MXFP8 (fusedattn/mxfp8_scales.h): the block scales (E8M0, 128x4 swizzled), the backward's FP8
+  // copies, and the amaxes, which come from other pointers than per-tensor FP8's
+  kUidSfQ = kUidScoreModTensor0 + kMaxScoreModTensors, kUidSfK, kUidSfV, kUidSfQT, kUidSfKT, kUidSfDO, kUidSfDOT,
+  kUidQT, kUidKT, kUidDOFp8, kUidDOT,
+  kUidMxfp8AmaxO, kUidMxfp8AmaxDQ, kUidMxfp8AmaxDK, kUidMxfp8AmaxDV,
+  kUidEnd  // one past the last
 };
 
 /// A built and compiled graph, ready to execute on any thread.

@@ -2,14 +2,17 @@
 #include "spec/tensor_set.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 #include <utility>
 
 #include "fusedattn/errors.h"
+#include "fusedattn/mxfp8.h"
 
 namespace fusedattn::detail {
 namespace {
@@ -48,30 +51,52 @@ void check_optional(const char* field, const void* pointer, bool spec_has, const
   }
 }
 
-template <std::size_t N>
-void require_scales(const Named (&scales)[N]) {
-  for (auto [field, pointer] : scales) require_float_scalar(field, pointer);
+std::array<Named, 8> named(const Fp8ForwardScales& f) {
+  return {{{"tensors.fp8.descale_q", f.descale_q}, {"tensors.fp8.descale_k", f.descale_k},
+           {"tensors.fp8.descale_v", f.descale_v}, {"tensors.fp8.descale_s", f.descale_s},
+           {"tensors.fp8.scale_s", f.scale_s},     {"tensors.fp8.scale_o", f.scale_o},
+           {"tensors.fp8.amax_s", f.amax_s},       {"tensors.fp8.amax_o", f.amax_o}}};
 }
 
-void require_scales(const Fp8ForwardScales& f) {
-  const Named scales[] = {{"tensors.fp8.descale_q", f.descale_q}, {"tensors.fp8.descale_k", f.descale_k},
-                          {"tensors.fp8.descale_v", f.descale_v}, {"tensors.fp8.descale_s", f.descale_s},
-                          {"tensors.fp8.scale_s", f.scale_s},     {"tensors.fp8.scale_o", f.scale_o},
-                          {"tensors.fp8.amax_s", f.amax_s},       {"tensors.fp8.amax_o", f.amax_o}};
-  require_scales(scales);
+std::array<Named, 16> named(const Fp8BackwardScales& f) {
+  return {{{"tensors.fp8.descale_q", f.descale_q},     {"tensors.fp8.descale_k", f.descale_k},
+           {"tensors.fp8.descale_v", f.descale_v},     {"tensors.fp8.descale_o", f.descale_o},
+           {"tensors.fp8.descale_d_o", f.descale_d_o}, {"tensors.fp8.descale_s", f.descale_s},
+           {"tensors.fp8.descale_d_p", f.descale_d_p}, {"tensors.fp8.scale_s", f.scale_s},
+           {"tensors.fp8.scale_d_p", f.scale_d_p},     {"tensors.fp8.scale_d_q", f.scale_d_q},
+           {"tensors.fp8.scale_d_k", f.scale_d_k},     {"tensors.fp8.scale_d_v", f.scale_d_v},
+           {"tensors.fp8.amax_d_q", f.amax_d_q},       {"tensors.fp8.amax_d_k", f.amax_d_k},
+           {"tensors.fp8.amax_d_v", f.amax_d_v},       {"tensors.fp8.amax_d_p", f.amax_d_p}}};
 }
 
-void require_scales(const Fp8BackwardScales& f) {
-  const Named scales[] = {
-      {"tensors.fp8.descale_q", f.descale_q},     {"tensors.fp8.descale_k", f.descale_k},
-      {"tensors.fp8.descale_v", f.descale_v},     {"tensors.fp8.descale_o", f.descale_o},
-      {"tensors.fp8.descale_d_o", f.descale_d_o}, {"tensors.fp8.descale_s", f.descale_s},
-      {"tensors.fp8.descale_d_p", f.descale_d_p}, {"tensors.fp8.scale_s", f.scale_s},
-      {"tensors.fp8.scale_d_p", f.scale_d_p},     {"tensors.fp8.scale_d_q", f.scale_d_q},
-      {"tensors.fp8.scale_d_k", f.scale_d_k},     {"tensors.fp8.scale_d_v", f.scale_d_v},
-      {"tensors.fp8.amax_d_q", f.amax_d_q},       {"tensors.fp8.amax_d_k", f.amax_d_k},
-      {"tensors.fp8.amax_d_v", f.amax_d_v},       {"tensors.fp8.amax_d_p", f.amax_d_p}};
-  require_scales(scales);
+bool is_mxfp8(const AttentionSpec& spec) { return spec.fp8_scaling == Fp8Scaling::mxfp8; }
+
+// Per-tensor FP8 scales: required for an FP8 spec that scales per tensor, refused for an MXFP8 one
+// (a caller who gives them built the call for the other scaling), ignored for a 16-bit one.
+template <class Scales>
+void check_fp8_scales(const AttentionSpec& spec, const Scales& scales) {
+  if (!is_fp8(spec.q.dtype)) return;
+  for (auto [field, pointer] : named(scales)) {
+    if (is_mxfp8(spec)) {
+      refuse_extra(field, pointer, "MXFP8 block scales (fp8_scaling=mxfp8: tensors.mxfp8), not per-tensor ones");
+    } else {
+      require_float_scalar(field, pointer);
+    }
+  }
+}
+
+// MXFP8's tensors (`arrays`: FP8 copies and block scales, `amaxes`: float32 scalars): required for
+// an MXFP8 spec, refused for any other.
+void check_mxfp8(const AttentionSpec& spec, std::initializer_list<Named> arrays, std::initializer_list<Named> amaxes) {
+  constexpr const char* kOther = "no MXFP8 block scaling (fp8_scaling is not mxfp8)";
+  for (auto [field, pointer] : arrays) check_optional(field, pointer, is_mxfp8(spec), kOther);
+  for (auto [field, pointer] : amaxes) {
+    if (is_mxfp8(spec)) {
+      require_float_scalar(field, pointer);
+    } else {
+      refuse_extra(field, pointer, kOther);
+    }
+  }
 }
 
 bool is_ragged(const AttentionSpec& spec) { return spec.ragged_q() || spec.ragged_kv(); }
@@ -201,6 +226,18 @@ std::size_t stats_bytes(const AttentionSpec& spec) {
   return static_cast<std::size_t>(spec.batch() * spec.heads_q() * spec.seq_q()) * sizeof(float);
 }
 
+// The block scales of `of` blocked along `blocked`, as a byte range.
+Region scales_region(const char* field, const std::uint8_t* data, const TensorDesc& of, Axis blocked) {
+  return Region{field, data, nullptr, static_cast<std::size_t>(mxfp8_scale_shape(of.dims, blocked).swizzled_bytes())};
+}
+
+// An MXFP8 backward's FP8 copy of O (dO, and dO blocked along s): O's dims and strides in q's dtype.
+TensorDesc fp8_o_desc(const AttentionSpec& spec) {
+  TensorDesc out = spec.o;
+  out.dtype = spec.q.dtype;
+  return out;
+}
+
 }  // namespace
 
 void check_scale(float scale) {
@@ -251,14 +288,27 @@ void check_tensor_set(const AttentionSpec& spec, const ForwardTensors& t) {
   check_optional("tensors.page_table_k", t.page_table_k, spec.paged_kv(), "no paged cache (kv_pages=0)");
   check_optional("tensors.page_table_v", t.page_table_v, spec.paged_kv(), "no paged cache (kv_pages=0)");
   check_optional("tensors.max_logit", t.max_logit, spec.max_logit != MaxLogit::none, "no max logit (max_logit=none)");
-  if (is_fp8(spec.q.dtype)) require_scales(t.fp8);
+  check_fp8_scales(spec, t.fp8);
+  const Mxfp8ForwardTensors& m = t.mxfp8;
+  check_mxfp8(spec,
+              {{"tensors.mxfp8.sf_q", m.sf_q}, {"tensors.mxfp8.sf_k", m.sf_k}, {"tensors.mxfp8.sf_v", m.sf_v}},
+              {{"tensors.mxfp8.amax_o", m.amax_o}});
   const Region inputs[] = {{"tensors.q", t.q, &spec.q}, {"tensors.k", t.k, &spec.k}, {"tensors.v", t.v, &spec.v}};
+  auto apart = [&](const auto& outputs) {
+    check_apart(inputs, outputs);
+    if (!is_mxfp8(spec)) return;
+    const Region scales[] = {scales_region("tensors.mxfp8.sf_q", m.sf_q, spec.q, kDim),
+                             scales_region("tensors.mxfp8.sf_k", m.sf_k, spec.k, kDim),
+                             scales_region("tensors.mxfp8.sf_v", m.sf_v, spec.v, kSeq)};
+    check_apart(scales, outputs);
+  };
+  const Region o{"tensors.o", t.o, &spec.o};
   if (spec.stats) {
-    const Region outputs[] = {{"tensors.o", t.o, &spec.o}, {"tensors.stats", t.stats, nullptr, stats_bytes(spec)}};
-    check_apart(inputs, outputs);
+    const Region outputs[] = {o, {"tensors.stats", t.stats, nullptr, stats_bytes(spec)}};
+    apart(outputs);
   } else {
-    const Region outputs[] = {{"tensors.o", t.o, &spec.o}};
-    check_apart(inputs, outputs);
+    const Region outputs[] = {o};
+    apart(outputs);
   }
 }
 
@@ -275,7 +325,17 @@ void check_tensor_set(const AttentionSpec& spec, const BackwardTensors& t) {
   check_dropout(spec, t.dropout_seed, t.dropout_offset);
   check_optional("tensors.d_bias", t.d_bias, spec.bias_grad, "no bias gradient (bias_grad=0)");
   check_optional("tensors.d_sink", t.d_sink, spec.softmax == Softmax::sink, "no learnable sink (softmax is not sink)");
-  if (is_fp8(spec.q.dtype)) require_scales(t.fp8);
+  check_fp8_scales(spec, t.fp8);
+  const Mxfp8BackwardTensors& m = t.mxfp8;
+  check_mxfp8(spec,
+              {{"tensors.mxfp8.q_t", m.q_t},       {"tensors.mxfp8.k_t", m.k_t},
+               {"tensors.mxfp8.d_o", m.d_o},       {"tensors.mxfp8.d_o_t", m.d_o_t},
+               {"tensors.mxfp8.sf_q", m.sf_q},     {"tensors.mxfp8.sf_q_t", m.sf_q_t},
+               {"tensors.mxfp8.sf_k", m.sf_k},     {"tensors.mxfp8.sf_k_t", m.sf_k_t},
+               {"tensors.mxfp8.sf_v", m.sf_v},     {"tensors.mxfp8.sf_d_o", m.sf_d_o},
+               {"tensors.mxfp8.sf_d_o_t", m.sf_d_o_t}},
+              {{"tensors.mxfp8.amax_d_q", m.amax_d_q}, {"tensors.mxfp8.amax_d_k", m.amax_d_k},
+               {"tensors.mxfp8.amax_d_v", m.amax_d_v}});
   const TensorDesc d_q = gradient_desc(spec.q, spec), d_k = gradient_desc(spec.k, spec);
   const TensorDesc d_v = gradient_desc(spec.v, spec);
   const Region inputs[] = {{"tensors.q", t.q, &spec.q},
@@ -286,6 +346,20 @@ void check_tensor_set(const AttentionSpec& spec, const BackwardTensors& t) {
                            {"tensors.stats", t.stats, nullptr, stats_bytes(spec)}};
   const Region outputs[] = {{"tensors.d_q", t.d_q, &d_q}, {"tensors.d_k", t.d_k, &d_k}, {"tensors.d_v", t.d_v, &d_v}};
   check_apart(inputs, outputs);
+  if (!is_mxfp8(spec)) return;
+  const TensorDesc fp8_o = fp8_o_desc(spec);
+  const Region copies[] = {{"tensors.mxfp8.q_t", m.q_t, &spec.q},
+                           {"tensors.mxfp8.k_t", m.k_t, &spec.k},
+                           {"tensors.mxfp8.d_o", m.d_o, &fp8_o},
+                           {"tensors.mxfp8.d_o_t", m.d_o_t, &fp8_o},
+                           scales_region("tensors.mxfp8.sf_q", m.sf_q, spec.q, kDim),
+                           scales_region("tensors.mxfp8.sf_q_t", m.sf_q_t, spec.q, kSeq),
+                           scales_region("tensors.mxfp8.sf_k", m.sf_k, spec.k, kDim),
+                           scales_region("tensors.mxfp8.sf_k_t", m.sf_k_t, spec.k, kSeq),
+                           scales_region("tensors.mxfp8.sf_v", m.sf_v, spec.v, kDim),
+                           scales_region("tensors.mxfp8.sf_d_o", m.sf_d_o, spec.o, kDim),
+                           scales_region("tensors.mxfp8.sf_d_o_t", m.sf_d_o_t, spec.o, kSeq)};
+  check_apart(copies, outputs);
 }
 
 }  // namespace fusedattn::detail

@@ -13,8 +13,9 @@
 namespace fusedattn::detail {
 
 /// Throws InvalidArgument naming the tensor ("tensors.bias"), the value seen (null, the address,
-/// "given", "overlaps tensors.q at 0x...") and the requirement. FP8 scales and the ragged arrays
-/// of a spec that does not use them are ignored, as attention.h documents.
+/// "given", "overlaps tensors.q at 0x...") and the requirement. Per-tensor FP8 scales beside a
+/// 16-bit spec and the ragged arrays of a dense one are ignored, as attention.h documents; MXFP8's
+/// tensors are refused beside any other spec, and per-tensor scales beside an MXFP8 one.
 void check_tensor_set(const AttentionSpec& spec, const ForwardTensors& tensors);
 void check_tensor_set(const AttentionSpec& spec, const BackwardTensors& tensors);
 

@@ -30,6 +30,7 @@ bool in_16_byte_rows(const TensorDesc& desc) noexcept {
 
 bool expands_kv_heads(const AttentionSpec& spec, Pass pass, int multiprocessors) noexcept {
   if (pass != Pass::backward || !is_fp8(spec.q.dtype) || spec.heads_q() <= spec.heads_kv()) return false;
+  if (spec.fp8_scaling == Fp8Scaling::mxfp8) return false;
   // Padding stays grouped: rows past a length may be left unwritten in the ungrouped dK, dV, and
   // the sums (and their amaxes) would read them.
   if (spec.padding || spec.ragged_q() || spec.ragged_kv() || spec.paged_kv() || multiprocessors <= 0) return false;

@@ -21,9 +21,11 @@ namespace fusedattn::detail {
 constexpr std::int64_t kExpansionKeyTile = 128;
 constexpr std::int64_t kExpansionMinWaves = 8;
 
-/// True for a dense FP8 backward without padding, with grouped heads (h_q > h_kv) whose b * h_kv * ceil(s_kv / 128)
-/// key tiles make fewer than kExpansionMinWaves waves over `multiprocessors` SMs, and whose K and V
-/// have rows in 16-byte units (in_16_byte_rows), which the copies move at once.
+/// True for a dense per-tensor FP8 backward without padding (MXFP8 stays grouped: its FP8 copies
+/// and block scales of K and V would need expanding too), with grouped heads (h_q > h_kv) whose
+/// b * h_kv * ceil(s_kv / 128) key tiles make fewer than kExpansionMinWaves waves over
+/// `multiprocessors` SMs, and whose K and V have rows in 16-byte units (in_16_byte_rows), which the
+/// copies move at once.
 bool expands_kv_heads(const AttentionSpec& spec, Pass pass, int multiprocessors) noexcept;
 
 /// The head dim and every stride but d's a multiple of 16 bytes.

@@ -54,6 +54,10 @@ TEST(KvExpansion, OnlyGroupedDenseFp8Backwards) {
   padded.padding = true;  // rows past the lengths: the sums would read what cuDNN left there
   EXPECT_FALSE(expands_kv_heads(padded, Pass::backward, kH200));
   EXPECT_TRUE(expands_kv_heads(spec_of(1, 8192, 64, 8, DType::e5m2), Pass::backward, kH200));
+  AttentionSpec mxfp8 = grouped;
+  mxfp8.fp8_scaling = Fp8Scaling::mxfp8;  // its K copies and block scales are the caller's, grouped
+  mxfp8.o.dtype = DType::bf16;
+  EXPECT_FALSE(expands_kv_heads(mxfp8, Pass::backward, kH200));
 }
 
 TEST(KvExpansion, OnlyKvRowsIn16ByteUnits) {

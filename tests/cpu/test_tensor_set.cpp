@@ -7,6 +7,8 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "fusedattn/errors.h"
 #include "fusedattn/layout.h"
@@ -250,6 +252,167 @@ TEST(TensorSet, OverlapOfStridedTensors) {
   TensorDesc empty = rows;
   empty.dims[kSeq] = 0;
   EXPECT_FALSE(tensors_overlap(empty, base, rows, base));
+}
+
+// --- MXFP8 (fp8_scaling=mxfp8: fusedattn/mxfp8_scales.h) ---------------------------------------
+
+AttentionSpec mxfp8_spec() {
+  AttentionSpec spec = spec_of(Layout::bshd);
+  spec.q.dtype = spec.k.dtype = spec.v.dtype = DType::e4m3;
+  spec.fp8_scaling = Fp8Scaling::mxfp8;  // O stays bf16
+  validate(spec);
+  return spec;
+}
+
+ForwardTensors mxfp8_forward_set() {
+  ForwardTensors t = forward_set();
+  t.mxfp8.sf_q = at<const std::uint8_t>(30);
+  t.mxfp8.sf_k = at<const std::uint8_t>(31);
+  t.mxfp8.sf_v = at<const std::uint8_t>(32);
+  t.mxfp8.amax_o = at<float>(33);
+  return t;
+}
+
+BackwardTensors mxfp8_backward_set() {
+  BackwardTensors t = backward_set();
+  Mxfp8BackwardTensors& m = t.mxfp8;
+  m.q_t = at(30);
+  m.k_t = at(31);
+  m.d_o = at(32);
+  m.d_o_t = at(33);
+  m.sf_q = at<const std::uint8_t>(34);
+  m.sf_q_t = at<const std::uint8_t>(35);
+  m.sf_k = at<const std::uint8_t>(36);
+  m.sf_k_t = at<const std::uint8_t>(37);
+  m.sf_v = at<const std::uint8_t>(38);
+  m.sf_d_o = at<const std::uint8_t>(39);
+  m.sf_d_o_t = at<const std::uint8_t>(40);
+  m.amax_d_q = at<float>(41);
+  m.amax_d_k = at<float>(42);
+  m.amax_d_v = at<float>(43);
+  return t;
+}
+
+// Every MXFP8 pointer of each pass, by the name the refusals give it, with a way to clear it.
+struct Mxfp8Field {
+  const char* field;
+  std::function<void(ForwardTensors&)> clear_forward;
+  std::function<void(BackwardTensors&)> clear_backward;
+  bool amax;
+};
+
+std::vector<Mxfp8Field> mxfp8_fields() {
+  using F = ForwardTensors;
+  using B = BackwardTensors;
+  return {
+      {"tensors.mxfp8.sf_q", [](F& t) { t.mxfp8.sf_q = nullptr; }, [](B& t) { t.mxfp8.sf_q = nullptr; }, false},
+      {"tensors.mxfp8.sf_k", [](F& t) { t.mxfp8.sf_k = nullptr; }, [](B& t) { t.mxfp8.sf_k = nullptr; }, false},
+      {"tensors.mxfp8.sf_v", [](F& t) { t.mxfp8.sf_v = nullptr; }, [](B& t) { t.mxfp8.sf_v = nullptr; }, false},
+      {"tensors.mxfp8.amax_o", [](F& t) { t.mxfp8.amax_o = nullptr; }, nullptr, true},
+      {"tensors.mxfp8.q_t", nullptr, [](B& t) { t.mxfp8.q_t = nullptr; }, false},
+      {"tensors.mxfp8.k_t", nullptr, [](B& t) { t.mxfp8.k_t = nullptr; }, false},
+      {"tensors.mxfp8.d_o", nullptr, [](B& t) { t.mxfp8.d_o = nullptr; }, false},
+      {"tensors.mxfp8.d_o_t", nullptr, [](B& t) { t.mxfp8.d_o_t = nullptr; }, false},
+      {"tensors.mxfp8.sf_q_t", nullptr, [](B& t) { t.mxfp8.sf_q_t = nullptr; }, false},
+      {"tensors.mxfp8.sf_k_t", nullptr, [](B& t) { t.mxfp8.sf_k_t = nullptr; }, false},
+      {"tensors.mxfp8.sf_d_o", nullptr, [](B& t) { t.mxfp8.sf_d_o = nullptr; }, false},
+      {"tensors.mxfp8.sf_d_o_t", nullptr, [](B& t) { t.mxfp8.sf_d_o_t = nullptr; }, false},
+      {"tensors.mxfp8.amax_d_q", nullptr, [](B& t) { t.mxfp8.amax_d_q = nullptr; }, true},
+      {"tensors.mxfp8.amax_d_k", nullptr, [](B& t) { t.mxfp8.amax_d_k = nullptr; }, true},
+      {"tensors.mxfp8.amax_d_v", nullptr, [](B& t) { t.mxfp8.amax_d_v = nullptr; }, true},
+  };
+}
+
+TEST(Mxfp8TensorSet, AGoodSetPasses) {
+  EXPECT_NO_THROW(check_tensor_set(mxfp8_spec(), mxfp8_forward_set()));
+  EXPECT_NO_THROW(check_tensor_set(mxfp8_spec(), mxfp8_backward_set()));
+}
+
+TEST(Mxfp8TensorSet, EveryBlockScaleCopyAndAmaxIsRequired) {
+  const AttentionSpec spec = mxfp8_spec();
+  int cleared = 0;
+  for (const Mxfp8Field& f : mxfp8_fields()) {
+    const char* requirement = f.amax ? "float32 scalar" : "a device pointer";
+    if (f.clear_forward) {
+      ForwardTensors t = mxfp8_forward_set();
+      f.clear_forward(t);
+      expect_refused([&] { check_tensor_set(spec, t); }, f.field, "null", requirement);
+      ++cleared;
+    }
+    if (f.clear_backward) {
+      BackwardTensors b = mxfp8_backward_set();
+      f.clear_backward(b);
+      expect_refused([&] { check_tensor_set(spec, b); }, f.field, "null", requirement);
+      ++cleared;
+    }
+  }
+  EXPECT_EQ(cleared, 4 + 14);  // the forward's pointers and the backward's, each once
+  ForwardTensors t = mxfp8_forward_set();
+  t.mxfp8.sf_v = at<const std::uint8_t>(32, 8);  // cuDNN loads the scales in 16-byte pieces
+  expect_refused([&] { check_tensor_set(spec, t); }, "tensors.mxfp8.sf_v", "0x", "16-byte aligned");
+}
+
+// Every per-tensor FP8 scale of both passes given, as an FP8 spec scaled per tensor needs them.
+template <class Tensors>
+Tensors with_fp8_scales(Tensors t) {
+  const auto* scale = at<const float>(20);
+  auto* amax = at<float>(21);
+  auto& f = t.fp8;
+  f.descale_q = f.descale_k = f.descale_v = f.descale_s = f.scale_s = scale;
+  if constexpr (std::is_same_v<Tensors, ForwardTensors>) {
+    f.scale_o = scale;
+    f.amax_s = f.amax_o = amax;
+  } else {
+    f.descale_o = f.descale_d_o = f.descale_d_p = f.scale_d_p = f.scale_d_q = f.scale_d_k = f.scale_d_v = scale;
+    f.amax_d_q = f.amax_d_k = f.amax_d_v = f.amax_d_p = amax;
+  }
+  return t;
+}
+
+TEST(Mxfp8TensorSet, RefusedBesideAnyOtherSpec) {
+  AttentionSpec per_tensor = mxfp8_spec();
+  per_tensor.fp8_scaling = Fp8Scaling::tensor;
+  per_tensor.o.dtype = DType::e4m3;
+  const AttentionSpec sixteen_bit = spec_of(Layout::bshd);
+  for (const AttentionSpec& spec : {sixteen_bit, per_tensor}) {
+    ForwardTensors t = with_fp8_scales(forward_set());
+    BackwardTensors b = with_fp8_scales(backward_set());
+    ASSERT_NO_THROW(check_tensor_set(spec, t));
+    ASSERT_NO_THROW(check_tensor_set(spec, b));
+    t.mxfp8.sf_k = at<const std::uint8_t>(31);
+    expect_refused([&] { check_tensor_set(spec, t); }, "tensors.mxfp8.sf_k", "0x", "fp8_scaling is not mxfp8");
+    t.mxfp8.sf_k = nullptr;
+    t.mxfp8.amax_o = at<float>(33);
+    expect_refused([&] { check_tensor_set(spec, t); }, "tensors.mxfp8.amax_o", "0x", "fp8_scaling is not mxfp8");
+    b.mxfp8.d_o_t = at(33);
+    expect_refused([&] { check_tensor_set(spec, b); }, "tensors.mxfp8.d_o_t", "0x", "fp8_scaling is not mxfp8");
+  }
+}
+
+TEST(Mxfp8TensorSet, PerTensorScalesAreRefused) {
+  // A call built for per-tensor scaling would leave the block scales to chance.
+  ForwardTensors t = mxfp8_forward_set();
+  t.fp8.scale_o = at<const float>(20);
+  expect_refused([&] { check_tensor_set(mxfp8_spec(), t); }, "tensors.fp8.scale_o", "0x", "MXFP8 block scales");
+  BackwardTensors b = mxfp8_backward_set();
+  b.fp8.amax_d_p = at<float>(20);
+  expect_refused([&] { check_tensor_set(mxfp8_spec(), b); }, "tensors.fp8.amax_d_p", "0x", "MXFP8 block scales");
+}
+
+TEST(Mxfp8TensorSet, OutputsApartFromTheCopiesAndScales) {
+  const AttentionSpec spec = mxfp8_spec();
+  BackwardTensors b = mxfp8_backward_set();
+  b.d_q = const_cast<void*>(b.mxfp8.q_t);
+  expect_refused([&] { check_tensor_set(spec, b); }, "tensors.d_q", "overlaps tensors.mxfp8.q_t", "memory apart");
+  b = mxfp8_backward_set();
+  b.d_v = at(39, 16);  // inside dO's block scales (b * h_q * 128 rows * 4 blocks = 8 KiB)
+  expect_refused([&] { check_tensor_set(spec, b); }, "tensors.d_v", "overlaps tensors.mxfp8.sf_d_o", "memory apart");
+  ForwardTensors t = mxfp8_forward_set();
+  // V's scales blocked along s: 2 * 2 heads of 128 rows (d = 64, padded) x 4 blocks (2, padded) = 2 KiB.
+  t.o = at(32, 2048 - 16);
+  expect_refused([&] { check_tensor_set(spec, t); }, "tensors.o", "overlaps tensors.mxfp8.sf_v", "memory apart");
+  t.o = at(32, 2048);  // right after them: apart
+  EXPECT_NO_THROW(check_tensor_set(spec, t));
 }
 
 }  // namespace
