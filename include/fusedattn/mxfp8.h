@@ -24,6 +24,14 @@
 //   used as the B operand of dS^T Q, dS K and P^T dO) are blocked along s: SF_Q_T [b, h_q,
 //   ceil(s_q/32) padded, d padded], likewise SF_K_T and SF_dO_T (:444-452, :464-472, :497-505,
 //   :958-966, :1063-1077, :1122-1134). O and a 16-bit dO enter unquantized, for dO . O (:665).
+//   The frontend's own MXFP8 backward sample describes Q_T, K_T and dO_T with their originals'
+//   dims and strides; only their scales' axis differs.
+// - O and the gradients come out of plain matrix products with no output scale, so they are 16-bit:
+//   HALF/BFLOAT16 outputs of the FP8 nodes need SM 10.0 or newer and cuDNN 9.13
+//   (sdpa_support_surface.h:276-282, sdpa_fp8_bwd.h:345-354). On SM 10.x the MXFP8 backward is
+//   always the deterministic algorithm (sdpa_fp8_bwd.h:317-342: cuDNN 9.19, no dropout).
+// - The detection is all there is: scales of type E8M0 without the F8_128x4 reordering make a graph
+//   that validates as per-tensor FP8 (seen in tests/graph/test_mxfp8_graph.cpp), never an error.
 // - The padding: the frontend sets SF_K_T's strides to {h_k * P * 128, P * 128, ..., 1} with
 //   P = ((s_kv + 127) / 128) * 4 (sdpa_fp8_bwd.h:1073-1075, and SF_Q_T at :1132-1134): the block
 //   count padded to a multiple of 4, the other axis to a multiple of 128, one padded matrix per

@@ -15,11 +15,25 @@ namespace fusedattn::graph::detail {
 
 namespace fe = cudnn_frontend;
 
+using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
+
+/// frontend_graph's target: the current device, which the frontend asks CUDA for at validation.
+constexpr int kCurrentDeviceSm = 0;
+
 /// The frontend graph of `spec`'s `pass`, not yet validated; `uids` gets the UIDs it uses, ascending.
-/// The implementation choice applies to the forward (the backward has one).
+/// The implementation choice applies to the forward (the backward has one). `target_sm` (major * 10
+/// + minor) builds for that GPU instead of the current device: the frontend copies the graph's
+/// target into each node as the node is made, so it must be set here, before the nodes (the CPU
+/// tests build for GPUs they do not have).
 std::shared_ptr<fe::graph::Graph> frontend_graph(const AttentionSpec& spec, Pass pass,
                                                  fe::AttentionImplementation_t implementation,
-                                                 std::vector<std::int64_t>& uids);
+                                                 std::vector<std::int64_t>& uids, int target_sm = kCurrentDeviceSm);
+
+/// An input described by `desc` (dims, strides, element type) under `uid`.
+fe::graph::Tensor_attributes describe(const char* name, Uid uid, const TensorDesc& desc);
+
+/// `tensor` made a float32 scalar output (an amax) under `uid`, which joins `uids`.
+void mark_scalar_output(const TensorPtr& tensor, const char* name, Uid uid, std::vector<std::int64_t>& uids);
 
 /// A frontend stage's failure as a reason naming the stage; true when it succeeded.
 bool stage_ok(fe::error_t status, const char* stage, const char* implementation, std::vector<Reason>& rejections);

@@ -1,5 +1,6 @@
-// The graph layer: AttentionSpec -> cuDNN SDPA graph, compiled. With score_mod_lowering.cpp and
-// plan_choice.cpp, the only files that include cudnn_frontend.h (through frontend_graph.h).
+// The graph layer: AttentionSpec -> cuDNN SDPA graph, compiled. With the other files of src/graph/
+// (the MXFP8 tensors, the score modifiers' lowering, plan choice), the only code that includes
+// cudnn_frontend.h (through frontend_graph.h).
 #include "graph/sdpa_graph.h"
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 
 #include "fusedattn/errors.h"
 #include "graph/frontend_graph.h"
+#include "graph/mxfp8_graph.h"
 #include "graph/score_mod_lowering.h"
 #include "support/cudnn_status.h"
 
@@ -18,7 +20,9 @@ namespace fusedattn::graph {
 namespace fe = cudnn_frontend;
 namespace {
 
-using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
+using detail::describe;
+using detail::mark_scalar_output;
+using detail::TensorPtr;
 
 fe::DataType_t frontend_type(DType dtype) {
   switch (dtype) {
@@ -40,15 +44,6 @@ std::vector<std::int64_t> frontend_strides(const TensorDesc& desc) {
   std::vector<std::int64_t> strides = to_vector(desc.strides);
   if (desc.ragged()) strides[kBatch] = desc.dims[kSeq] * desc.strides[kSeq];
   return strides;
-}
-
-fe::graph::Tensor_attributes describe(const char* name, Uid uid, const TensorDesc& desc) {
-  return fe::graph::Tensor_attributes()
-      .set_name(name)
-      .set_uid(uid)
-      .set_dim(to_vector(desc.dims))
-      .set_stride(frontend_strides(desc))
-      .set_data_type(frontend_type(desc.dtype));
 }
 
 void mark_output(const TensorPtr& tensor, const char* name, Uid uid, const TensorDesc& desc) {
@@ -141,13 +136,6 @@ fe::graph::Tensor_attributes scalar_desc(const char* name, Uid uid) {
 TensorPtr scalar_input(fe::graph::Graph& graph, const char* name, Uid uid, std::vector<std::int64_t>& uids) {
   uids.push_back(uid);
   return graph.tensor(scalar_desc(name, uid));
-}
-
-void mark_scalar_output(const TensorPtr& tensor, const char* name, Uid uid, std::vector<std::int64_t>& uids) {
-  const fe::graph::Tensor_attributes desc = scalar_desc(name, uid);
-  tensor->set_output(true).set_name(name).set_uid(uid).set_dim(desc.get_dim()).set_stride(desc.get_stride())
-      .set_data_type(fe::DataType_t::FLOAT);
-  uids.push_back(uid);
 }
 
 // Runtime lengths: int32 [b, 1, 1, 1], one per batch entry.
@@ -335,17 +323,18 @@ void apply_score_mod(fe::graph::Graph& graph, Attributes& attributes, const Atte
   }
 }
 
-std::shared_ptr<fe::graph::Graph> new_graph(const AttentionSpec& spec) {
+std::shared_ptr<fe::graph::Graph> new_graph(const AttentionSpec& spec, int target_sm) {
   auto graph = std::make_shared<fe::graph::Graph>();
   graph->set_io_data_type(frontend_type(spec.q.dtype))
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
+  if (target_sm != detail::kCurrentDeviceSm) graph->set_sm_version(target_sm);
   return graph;
 }
 
 std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionSpec& spec, fe::AttentionImplementation_t implementation,
-                                                std::vector<std::int64_t>& uids) {
-  auto graph = new_graph(spec);
+                                                std::vector<std::int64_t>& uids, int target_sm) {
+  auto graph = new_graph(spec, target_sm);
   auto q = graph->tensor(describe("q", kUidQ, spec.q));
   auto k = graph->tensor(describe("k", kUidK, spec.k));
   auto v = graph->tensor(describe("v", kUidV, spec.v));
@@ -390,7 +379,11 @@ std::shared_ptr<fe::graph::Graph> forward_graph(const AttentionSpec& spec, fe::A
     uids.push_back(kUidSumExp);
   }
   TensorPtr o, stats;
-  if (is_fp8(spec.q.dtype)) {
+  if (spec.fp8_scaling == Fp8Scaling::mxfp8) {
+    const std::array<TensorPtr, 2> out = detail::mxfp8_outputs(*graph, spec, {q, k, v}, attributes, uids);
+    o = out[0];
+    stats = out[1];
+  } else if (is_fp8(spec.q.dtype)) {
     // Q, K and V come with their descales; the probabilities are quantized inside with scale_s
     // (descale_s undoes it), O is written with scale_o, and the amaxes of S and O come out.
     auto out = graph->sdpa_fp8(q, k, v, scalar_input(*graph, "descale_q", kUidDescaleQ, uids),
@@ -469,8 +462,9 @@ std::array<TensorPtr, 3> gradients(fe::graph::Graph& graph, const std::array<Ten
 // The backward of either kind: `Attributes` is SDPA_backward_attributes (f16/bf16) or
 // SDPA_fp8_backward_attributes (FP8), which share the mask, padding and dropout settings.
 template <class Attributes>
-std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionSpec& spec, std::vector<std::int64_t>& uids) {
-  auto graph = new_graph(spec);
+std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionSpec& spec, std::vector<std::int64_t>& uids,
+                                                 int target_sm) {
+  auto graph = new_graph(spec, target_sm);
   auto q = graph->tensor(describe("q", kUidQ, spec.q));
   auto k = graph->tensor(describe("k", kUidK, spec.k));
   auto v = graph->tensor(describe("v", kUidV, spec.v));
@@ -495,7 +489,8 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const AttentionSpec& spec, std:
   const std::array<TensorPtr, 6> in = {q, k, v, o, d_o, stats};
   std::array<TensorPtr, 3> grads;
   if constexpr (std::is_same_v<Attributes, fe::graph::SDPA_fp8_backward_attributes>) {
-    grads = fp8_gradients(*graph, in, attributes, uids);
+    grads = spec.fp8_scaling == Fp8Scaling::mxfp8 ? detail::mxfp8_gradients(*graph, spec, in, attributes, uids)
+                                                  : fp8_gradients(*graph, in, attributes, uids);
   } else {
     grads = gradients(*graph, in, spec, lengths, attributes, uids);
   }
@@ -560,12 +555,6 @@ Attempt compile(std::shared_ptr<fe::graph::Graph> graph, cudnnHandle_t handle, c
 // the backend then refuses; the composite one covers more configurations).
 Attempt attempt_build(const AttentionSpec& spec, Pass pass, cudnnHandle_t handle, bool every_candidate,
                       std::vector<std::int64_t>& uids) {
-  // The graphs below take per-tensor scales only: an MXFP8 spec the policy lets through (cuDNN
-  // 9.21 on SM 10.x) gets a refusal here rather than a per-tensor graph that would misread its scales.
-  if (spec.fp8_scaling == Fp8Scaling::mxfp8) {
-    return Attempt{nullptr, {Reason{"fp8_scaling", to_string(spec.fp8_scaling),
-                                    "per-tensor FP8 scaling (the MXFP8 graph is not built yet)", ""}}, {}};
-  }
   // The FP8 graphs below take no score modifier: refused here too, never built without it.
   if (!spec.score_mod.empty() && is_fp8(spec.q.dtype)) {
     return Attempt{nullptr, {Reason{"score_mod", to_string(spec.score_mod),
@@ -597,10 +586,26 @@ namespace detail {
 
 std::shared_ptr<fe::graph::Graph> frontend_graph(const AttentionSpec& spec, Pass pass,
                                                  fe::AttentionImplementation_t implementation,
-                                                 std::vector<std::int64_t>& uids) {
-  if (pass == Pass::forward) return forward_graph(spec, implementation, uids);
-  return is_fp8(spec.q.dtype) ? backward_graph<fe::graph::SDPA_fp8_backward_attributes>(spec, uids)
-                              : backward_graph<fe::graph::SDPA_backward_attributes>(spec, uids);
+                                                 std::vector<std::int64_t>& uids, int target_sm) {
+  if (pass == Pass::forward) return forward_graph(spec, implementation, uids, target_sm);
+  return is_fp8(spec.q.dtype) ? backward_graph<fe::graph::SDPA_fp8_backward_attributes>(spec, uids, target_sm)
+                              : backward_graph<fe::graph::SDPA_backward_attributes>(spec, uids, target_sm);
+}
+
+fe::graph::Tensor_attributes describe(const char* name, Uid uid, const TensorDesc& desc) {
+  return fe::graph::Tensor_attributes()
+      .set_name(name)
+      .set_uid(uid)
+      .set_dim(to_vector(desc.dims))
+      .set_stride(frontend_strides(desc))
+      .set_data_type(frontend_type(desc.dtype));
+}
+
+void mark_scalar_output(const TensorPtr& tensor, const char* name, Uid uid, std::vector<std::int64_t>& uids) {
+  const fe::graph::Tensor_attributes desc = scalar_desc(name, uid);
+  tensor->set_output(true).set_name(name).set_uid(uid).set_dim(desc.get_dim()).set_stride(desc.get_stride())
+      .set_data_type(fe::DataType_t::FLOAT);
+  uids.push_back(uid);
 }
 
 bool stage_ok(fe::error_t status, const char* stage, const char* implementation, std::vector<Reason>& rejections) {
