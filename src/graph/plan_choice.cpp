@@ -75,8 +75,15 @@ class FrontendCandidates final : public Candidates {
       std::size_t reach = 1;
       const auto& dims = tensor.get_dim();
       const auto& strides = tensor.get_stride();
-      for (std::size_t i = 0; i < dims.size() && i < strides.size(); ++i) {
-        reach += static_cast<std::size_t>(dims[i] - 1) * static_cast<std::size_t>(strides[i]);
+      if (tensor.get_reordering_type() != fe::TensorReordering_t::NONE) {
+        // MXFP8's block scales fill their padded dims, whatever their strides say: the frontend
+        // rewrites SF_Q_T's and SF_K_T's so that one step along the blocks passes every (b, h)
+        // matrix (sdpa_fp8_bwd.h:1073-1075), which would reach ~blocks times too far.
+        for (std::int64_t dim : dims) reach *= static_cast<std::size_t>(dim);
+      } else {
+        for (std::size_t i = 0; i < dims.size() && i < strides.size(); ++i) {
+          reach += static_cast<std::size_t>(dims[i] - 1) * static_cast<std::size_t>(strides[i]);
+        }
       }
       extents.push_back(TensorExtent{uid, reach * element_bytes(tensor.get_data_type()), tensor.get_is_pass_by_value()});
     }
