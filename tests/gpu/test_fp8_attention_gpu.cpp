@@ -8,6 +8,7 @@
 
 #include "fusedattn/attention.h"
 #include "fusedattn/errors.h"
+#include "fusedattn/plan_cache.h"
 #include "gpu_skip.h"
 #include "testing/fp8_check.h"
 
@@ -85,6 +86,38 @@ TEST(Fp8Calls, ABottomRightDiagonalIsRefusedOnHopperNamingBlackwell) {
                                        Pass::forward);
   ASSERT_FALSE(answer.ok());
   EXPECT_NE(answer.to_string().find("Blackwell"), std::string::npos) << answer.to_string();
+}
+
+// MXFP8 needs cuDNN 9.21 and, forward, an SM 10.x GPU (its backward's 16-bit gradients SM 10.0 or
+// newer): on the H200 with cuDNN 9.19 the policy refuses it, naming both, before any graph is built.
+TEST(Fp8Calls, Mxfp8IsRefusedNamingCudnn9_21AndSm10AndNothingIsBuilt) {
+  FUSEDATTN_REQUIRE_FP8_GPU();
+  const DeviceCaps caps = current_device_caps();
+  const int cudnn = current_versions().cudnn_runtime;
+  if (caps.sm_major >= 10 && cudnn >= 92100) GTEST_SKIP() << "this GPU and cuDNN may take MXFP8";
+  AttentionSpec spec = parse_spec("layout=bshd dtype=e4m3 b=1 s=128 h=2 d=128 causal fp8_scaling=mxfp8");
+  spec.o.dtype = DType::bf16;  // MXFP8 writes O unscaled, in 16 bits
+  const std::size_t plans = live_plans();
+  for (Pass pass : {Pass::forward, Pass::backward}) {
+    const bool needs_sm10 = pass == Pass::forward ? caps.sm_major != 10 : caps.sm_major < 10;
+    const Support answer = check_support(spec, pass);
+    ASSERT_FALSE(answer.ok()) << to_string(pass);
+    for (const Reason& reason : answer.reasons) {
+      EXPECT_EQ(reason.field, "fp8_scaling") << "not the policy's refusal: " << answer.to_string();
+    }
+    EXPECT_EQ(answer.to_string().find("cuDNN 9.21") != std::string::npos, cudnn < 92100) << answer.to_string();
+    EXPECT_EQ(answer.to_string().find("SM 10.") != std::string::npos, needs_sm10) << answer.to_string();
+    try {
+      get_plan(spec, pass);
+      FAIL() << to_string(pass) << ": a plan for MXFP8 on SM " << caps.sm();
+    } catch (const NotSupported& error) {
+      const std::string what = error.what();
+      EXPECT_NE(what.find("fp8_scaling=mxfp8"), std::string::npos) << what;  // the spec, printed
+      EXPECT_EQ(what.find("cuDNN 9.21") != std::string::npos, cudnn < 92100) << what;
+      EXPECT_EQ(what.find("SM 10.") != std::string::npos, needs_sm10) << what;
+    }
+  }
+  EXPECT_EQ(live_plans(), plans) << "a plan was made for a refused spec";
 }
 
 }  // namespace
