@@ -164,8 +164,9 @@ std::vector<std::uint8_t> mxfp8_unswizzle_scales(const std::vector<std::uint8_t>
 /// dst = the MXFP8 data of src blocked along `blocked` (kDim for Q, K, dO and the backward's V;
 /// kSeq for the forward's V and for Q_T, K_T, dO_T), and `scales` = its swizzled scales
 /// (mxfp8_scale_shape(src_desc.dims, blocked).swizzled_bytes() bytes, padding written as 0).
-/// src is f16 or bf16 and dst E4M3 or E5M2, of the same dims and any strides each (a Q_T copy is
-/// just a dst whose s stride is 1). Conversions saturate as in fusedattn/fp8.h. Bit for bit what
+/// src is f16 or bf16 and dst E4M3 or E5M2, of the same dims and any strides each (an attention
+/// call's Q_T, K_T and dO_T keep their originals' strides: fusedattn/mxfp8_scales.h; only the
+/// axis differs). Conversions saturate as in fusedattn/fp8.h. Bit for bit what
 /// mxfp8_quantize_host gives for each (b, h) matrix. Throws InvalidArgument before any GPU work for
 /// other dtypes, differing dims, a ragged tensor or another axis; CudaError if the launch fails.
 void quantize_mxfp8(const TensorDesc& src_desc, const void* src, const TensorDesc& dst_desc, void* dst, Axis blocked,
