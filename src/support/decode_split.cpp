@@ -80,7 +80,9 @@ AttentionSpec decode_chunks_spec(const AttentionSpec& spec, const DecodeSplit& s
   return out;
 }
 
-std::int64_t decode_query_group(const AttentionSpec& spec) noexcept { return spec.heads_q() / spec.heads_kv(); }
+std::int64_t decode_query_group(const AttentionSpec& spec) noexcept {
+  return spec.seq_q() > 1 ? spec.heads_q() / spec.heads_kv() : 1;
+}
 
 AttentionSpec decode_masked_spec(const AttentionSpec& spec, const DecodeSplit& split) {
   AttentionSpec out = spec;

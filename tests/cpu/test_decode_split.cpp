@@ -120,6 +120,11 @@ TEST(DecodeSplit, TheInnerCallsSpecsAndTheyDoNotSplitAgain) {
   EXPECT_EQ(chunks.o.dims, chunks.q.dims);
   EXPECT_EQ(chunks.o.strides, chunks.q.strides);
   EXPECT_EQ(chunks.heads_q(), chunks.heads_kv());  // one query head per K/V head now
+  // One query stays unfolded (cuDNN ran the folded rows slower there): [entries, 1, h_q, d].
+  const AttentionSpec one = decode("b=1 s_q=1 s_kv=8192");
+  const DecodeSplit one_split = decode_split(one, Pass::forward, kH200);
+  EXPECT_EQ(decode_query_group(one), 1);
+  EXPECT_EQ(decode_chunks_spec(one, one_split).q.dims, (std::array<std::int64_t, 4>{one_split.chunks, 32, 1, 128}));
   EXPECT_EQ(chunks.k, spec.k);  // the caller's pools
   const AttentionSpec masked = decode_masked_spec(spec, split);
   EXPECT_NO_THROW(validate(masked));
