@@ -134,16 +134,22 @@ print("KINDS", sorted(set(CALLS)))
 """
 
 
-def run_child(scheme, causal, balanced, h_kv, with_sink=False, window=(-1, -1)):
+def run_program(program, *args):
+    """`program` in a child process on 4 host devices: (its "NAME value" lines as a dict, its stdout)."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     # faulthandler: a crash of the child (JAX 0.11.2's host collectives died with SIGSEGV on the
     # GPU machine) leaves its Python stack in stderr, which the assertion shows.
-    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", CHILD, scheme, str(int(causal)),
-                           str(int(balanced)), str(h_kv), str(int(with_sink)), "%d,%d" % tuple(window)],
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", program, *args], env=env, capture_output=True,
+                          text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line), done.stdout
+
+
+def run_child(scheme, causal, balanced, h_kv, with_sink=False, window=(-1, -1), program=CHILD):
+    """A context-parallel child (CHILD, or PACKED_CHILD) with its arguments."""
+    return run_program(program, scheme, str(int(causal)), str(int(balanced)), str(h_kv), str(int(with_sink)),
+                       "%d,%d" % tuple(window))
 
 
 @pytest.mark.parametrize("scheme", ["ring", "all_gather"])
@@ -325,20 +331,10 @@ print("CALLS", sorted(set(CALLS)))
          "all_gather_causal_contiguous"])
 def test_packed_sequences_equal_each_sequences_own_attention(scheme, causal, balanced, h_kv, with_sink):
     # Sequences of 24, 0, 8 and 48 tokens over 4 devices (chunks of 3, 0, 1 and 6 tokens balanced).
-    lines, out = run_packed_child(scheme, causal, balanced, h_kv, with_sink)
+    lines, out = run_child(scheme, causal, balanced, h_kv, with_sink, program=PACKED_CHILD)
     assert float(lines["OUT_ERR"]) < 1e-2 and float(lines["GRAD_ERR"]) < 2e-2, out
     halves = 10 if causal and balanced else 20  # each call: one half of a device's 80 / 4 tokens, or all
     assert f"('forward', {halves}, {halves}, False)" in lines["CALLS"], out
-
-
-def run_packed_child(scheme, causal, balanced, h_kv, with_sink=False, window=(-1, -1)):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", PACKED_CHILD, scheme, str(int(causal)),
-                           str(int(balanced)), str(h_kv), str(int(with_sink)), "%d,%d" % tuple(window)],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line), done.stdout
 
 
 @pytest.mark.parametrize("scheme, causal, balanced, window", [("ring", True, True, (5, 0)),
@@ -350,7 +346,7 @@ def test_packed_sequences_under_a_window_equal_each_sequences_own_attention(sche
     # The chunks differ per sequence (3, 0, 1 and 6 tokens balanced; 6, 0, 2 and 12 contiguous), so
     # one piece meets a band in some sequences, the whole pair or nothing in others: the pieces past
     # the diagonal run as the modifier of each sequence's bounds.
-    lines, out = run_packed_child(scheme, causal, balanced, 2, window=window)
+    lines, out = run_child(scheme, causal, balanced, 2, window=window, program=PACKED_CHILD)
     assert float(lines["OUT_ERR"]) < 1e-2 and float(lines["GRAD_ERR"]) < 2e-2, out
     assert "True)" in lines["CALLS"], out  # some pieces ran as the per-sequence band
 
@@ -407,9 +403,5 @@ def test_kernel_results_typed_as_not_varying_still_switch():
     # On the H200 every switch over piece kinds failed to trace ("switch branches must have equal
     # output types"): the FFI calls' results carry no varying mesh axis in their type, a neutral
     # branch's (made from q) does. The stand-ins here return such results.
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=4",
-               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", UNVARYING_CHILD], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert done.stdout.count("COMPILED") == 3, done.stdout
+    _, out = run_program(UNVARYING_CHILD)
+    assert out.count("COMPILED") == 3, out
