@@ -202,6 +202,7 @@ class _Kinds:
         self.packed = packed
         self.axis, self.stats_axis = (0, 0) if packed is not None else (1, 2)
         self.extra = (packed,) if packed is not None else ()  # the block kernels' last argument, packed
+        self._bands = {}  # packed windows: a chunk distance's mask, made once a call (its bounds on the device)
 
     def _pieces(self, rank, source, length):
         if self.window is not None and self.packed is not None:
@@ -219,13 +220,27 @@ class _Kinds:
         for q_part, k_part in _cp.window_pairs(self.balanced):
             m = _cp.chunk_index(rank, q_part, self.n, self.balanced) - \
                 _cp.chunk_index(source, k_part, self.n, self.balanced)
-            if m == 0:
-                out.append((q_part, k_part, (_cp.DIAGONAL, self.window)))
-                continue
-            low, high, hidden, full = _cp.sequence_band(m, self.packed.sizes, self.window)
-            if not bool(hidden.all()):
-                out.append((q_part, k_part, (_cp.FULL, 0) if bool(full.all()) else (_cp.SEQUENCE_BAND, (low, high))))
+            mask = self._band(m)
+            if mask is not None:
+                out.append((q_part, k_part, mask))
         return out
+
+    def _band(self, m):
+        """The mask of packed halves m chunks apart under the window, or None where it misses every
+        sequence's pair; each distance's is made once, its bounds copied to the device once."""
+        if m in self._bands:
+            return self._bands[m]
+        mask = (_cp.DIAGONAL, self.window)
+        if m != 0:
+            low, high, hidden, full = _cp.sequence_band(m, self.packed.sizes, self.window)
+            if bool(hidden.all()):
+                mask = None
+            elif bool(full.all()):
+                mask = (_cp.FULL, 0)
+            else:
+                mask = (_cp.SEQUENCE_BAND, tuple(x.to(self.packed.cu.device, torch.float32) for x in (low, high)))
+        self._bands[m] = mask
+        return mask
 
     def forward(self, q, k, v, rank, source):
         """The block's partial result for all of q's rows (neutral where a piece leaves rows out)."""
