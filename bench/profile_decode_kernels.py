@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Where a split paged decode's time goes: torch.profiler over fusedattn.torch.paged_attention
+(h 32/8, d 128, 64-token pages, BF16), kernels grouped by name, per call; then, in a process with
+FUSEDATTN_SPLIT_DECODE=0, cuDNN's paged call alone over the same keys cut into E entries of P pages
+(what a split's chunks call is), so that the chunk size can be chosen by measurement. A diagnostic,
+not a benchmark.
+
+    FUSEDATTN_PYTHON_BUILD=build/python python bench/profile_decode_kernels.py [--no-sweep]
+"""
+import argparse
+import collections
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.environ.get("FUSEDATTN_PYTHON_BUILD", "build/python"))
+sys.path.insert(0, str(Path(__file__).parent))
+import fusedattn.torch as fa  # noqa: E402
+from harness import cuda_median_ms  # noqa: E402
+
+H_Q, H_KV, D, PAGE = 32, 8, 128, 64
+POINTS = [(1, 1, 8192), (1, 1, 32768), (1, 1, 131072), (8, 1, 8192), (8, 1, 32768), (4, 8, 8192), (1, 16, 32768)]
+
+
+def cache(batch, seq_kv, queries, group=1):
+    """q [batch, queries * group, H_Q / group, D] and a shuffled page pool of batch * seq_kv keys."""
+    pages = batch * seq_kv // PAGE
+    k = torch.rand(pages, PAGE, H_KV, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.rand_like(k)
+    q = torch.rand(batch, queries * group, H_Q // group, D, device="cuda", dtype=torch.bfloat16)
+    table = torch.randperm(pages, device="cuda", dtype=torch.int32).reshape(batch, -1)
+    return q, k, v, table
+
+
+def per_call_kernels(call, calls=10):
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    totals = collections.defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name] += event.device_time_total / calls
+    return sorted(totals.items(), key=lambda x: -x[1])
+
+
+def split_calls():
+    for batch, queries, seq_kv in POINTS:
+        q, k, v, table = cache(batch, seq_kv, queries)
+        lengths = torch.full((batch,), seq_kv, device="cuda", dtype=torch.int32)
+        causal = queries == 1
+
+        def call():
+            fa.paged_attention(q, k, v, table, table, lengths, causal=causal)
+        us = cuda_median_ms(call, 3, 20) * 1e3
+        print(f"\nsplit decode b={batch} s_q={queries} s_kv={seq_kv}: {us:.1f} us a call (events)", flush=True)
+        for name, total in per_call_kernels(call):
+            print(f"  {total:8.1f} us  {name[:110]}")
+        del q, k, v, table
+        torch.cuda.empty_cache()
+
+
+def chunk_sweep():
+    """cuDNN's paged call over 32k (and 8k) keys of one sequence cut into E entries of P pages, the
+    queries unfolded (one row of 32 heads) and folded (4 rows of 8 heads), no mask."""
+    for seq_kv in (8192, 32768):
+        for queries in (1, 16):
+            for group in (1, 4):
+                for entries in (8, 16, 32, 64, 128, 256):
+                    pages = seq_kv // PAGE // entries
+                    if pages < 1:
+                        continue
+                    q, k, v, table = cache(entries, pages * PAGE, queries, group)
+                    lengths = torch.full((entries,), pages * PAGE, device="cuda", dtype=torch.int32)
+                    us = cuda_median_ms(lambda: fa.paged_attention(q, k, v, table, table, lengths, causal=False),
+                                        3, 20) * 1e3
+                    fraction = 2 * k.numel() * 2 / (us * 1e-6) / 4.26e12
+                    print(f"s_kv={seq_kv} s_q={queries} group={group} entries={entries} pages={pages}: "
+                          f"{us:.1f} us ({fraction:.2f} of 4.26 TB/s)", flush=True)
+        qt = torch.rand(1, H_Q, 1, D, device="cuda", dtype=torch.bfloat16)
+        kt = torch.rand(1, H_KV, seq_kv, D, device="cuda", dtype=torch.bfloat16)
+        vt = torch.rand_like(kt)
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
+            us = cuda_median_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True), 3, 20) * 1e3
+            print(f"s_kv={seq_kv}: PyTorch cuDNN dense, one query: {us:.1f} us", flush=True)
+            for name, total in per_call_kernels(lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)):
+                print(f"  {total:8.1f} us  {name[:110]}")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sweep", action="store_true", help="the chunk sweep only (run unsplit)")
+    parser.add_argument("--no-sweep", action="store_true", help="the split calls' kernels only")
+    args = parser.parse_args()
+    if args.sweep:
+        chunk_sweep()
+        return
+    split_calls()
+    if not args.no_sweep:
+        subprocess.run([sys.executable, __file__, "--sweep"], env=dict(os.environ, FUSEDATTN_SPLIT_DECODE="0"), check=False)
+
+
+if __name__ == "__main__":
+    main()
