@@ -11,7 +11,8 @@
 # `ctest -j $(nproc)`, so GPU tests run in parallel on this one GPU; log in $OUT/test_sh.txt),
 # matrix (the support matrix from this GPU), bench (PyTorch comparison), fp8bench (FP8 beside BF16,
 # the CLI's bench), modbench (a softcap score modifier beside plain attention), varlen (ragged step and
-# paged decode), jaxbench (JAX comparison), kernels (the kernels each side of a training step launches,
+# paged decode), decodeprof (a split decode's kernels and cuDNN's paged call by chunk size; not in
+# the default list), jaxbench (JAX comparison), kernels (the kernels each side of a training step launches,
 # fusedattn.torch beside PyTorch's cuDNN backend, with the cuDNN frontend's log of both graphs), plans
 # (plans built cold and restored from the disk cache in new processes, with and without autotune),
 # sanitizer (compute-sanitizer's memcheck and racecheck over a part of the GPU tier: MEMCHECK_FILTER,
@@ -203,6 +204,12 @@ if part varlen; then
   # shellcheck disable=SC2086  # VARLEN_ARGS is a list of arguments (--no-step: the decode rows only)
   python3 -X faulthandler bench/run_bench_varlen.py --build "$build" --out "$OUT" ${VARLEN_ARGS:-} || status=1
 fi
+if part decodeprof; then
+  echo "== diagnostic: a split decode's kernels and cuDNN's paged call by chunk size"
+  # shellcheck disable=SC2086  # DECODEPROF_ARGS is a list of arguments (--no-sweep)
+  FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 -X faulthandler bench/profile_decode_kernels.py ${DECODEPROF_ARGS:-} \
+    | tee "$OUT/decode_kernels.txt" || status=1
+fi
 if part jaxbench; then
   echo "== benchmark: fusedattn.jax against jax.nn.dot_product_attention"
   XLA_PYTHON_CLIENT_PREALLOCATE=false FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" \
@@ -249,11 +256,17 @@ if part tsan; then
   if cmake -S . -B "$tsan_build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CUDA_ARCHITECTURES=90 \
        -DFUSEDATTN_PYTHON=OFF -DFUSEDATTN_SANITIZE=thread >"$tsan_build/cmake.txt" 2>&1 &&
      ninja -C "$tsan_build" -j"$(nproc)" fusedattn_gpu_tests >"$tsan_build/ninja.txt" 2>&1; then
+    # libcudnn.so.9 dlopens its sub-libraries (graph, engines) by name; ThreadSanitizer intercepts
+    # dlopen, so the search no longer starts from libcudnn.so.9's own folder, and the first run
+    # (2026-12-02) loaded the system's cuDNN 9.14 beside the package's 9.19 ("compiled 9.19.0,
+    # loaded 9.14.0"). The library's folder goes first on the path for this binary.
+    cudnn_lib=$(sed -n 's/.*fusedattn: cuDNN [0-9.]*: [^,]*, \(.*\)\/libcudnn[^/]*$/\1/p' "$tsan_build/cmake.txt")
+    LD_LIBRARY_PATH="$cudnn_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
       FUSEDATTN_THREADS_CALLS=${TSAN_THREADS_CALLS:-500} "$tsan_build/tests/fusedattn_gpu_tests" \
       --gtest_filter="${TSAN_FILTER:-SerialThreads*:Execution.*}" >"$OUT/tsan.txt" 2>&1
     rc=$?
-    grep -E "threads:|WARNING: ThreadSanitizer|SUMMARY|FATAL|tests ran|PASSED|FAILED" "$OUT/tsan.txt" | head -20
+    grep -E "cuDNN compiled|threads:|WARNING: ThreadSanitizer|SUMMARY|FATAL|tests ran|PASSED|FAILED" "$OUT/tsan.txt" | head -20
     [ $rc -eq 0 ] || { echo "tsan: exit $rc"; status=1; }
   else
     tail -30 "$tsan_build/cmake.txt" "$tsan_build/ninja.txt"
