@@ -21,6 +21,7 @@ namespace {
 
 constexpr std::size_t kAlign = 256;
 constexpr int kThreads = 256;
+constexpr int kMergeThreads = 128;  // a row's columns (d_v <= 256) and chunks
 std::size_t round_up(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 struct Cut {
@@ -80,75 +81,97 @@ __global__ void cut_kernel(Cut cut, const std::int32_t* len_q, const std::int32_
   }
 }
 
-// The queries of every chunk: entry e = i * chunks + c is sequence i's, folded (decode_chunks_spec):
-// out's logical [e, h_kv, s_q * g, d] element (e, k, t * g + j, x) is q's (i, k * g + j, t, x).
-__global__ void copy_queries_kernel(Strided q, Strided out, std::int64_t chunks, std::int64_t group,
-                                    const std::uint16_t* from, std::uint16_t* to, std::int64_t n) {
-  const std::int64_t h_kv = out.dims[1], rows = out.dims[2], d = out.dims[3], s_q = rows / group;
-  for (std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; k < n;
-       k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t x = k % d, row = (k / d) % rows, kv_head = (k / d / rows) % h_kv, e = k / d / rows / h_kv;
-    const std::int64_t head = kv_head * group + row % group, t = row / group, sequence = e / chunks;
-    const std::int64_t source = ((sequence * h_kv * group + head) * s_q + t) * d + x;  // q's logical order
-    to[strided_offset(out, k)] = from[strided_offset(q, source)];
+// The queries of every chunk, one block per row of the chunks' call: entry e = i * chunks + c is
+// sequence i's, folded (decode_chunks_spec): out's dense bshd [e, t * g + j, k, x] is q's logical
+// (i, k * g + j, t, x). A block's threads take the row's heads * d elements `Vector` at a time (16
+// bytes where q's rows are contiguous and aligned): the copy is a few microseconds even with 16
+// queries, where a thread per element that divides its index into four axes twice took 35 µs.
+template <class Vector>
+__global__ void copy_queries_kernel(Strided q, std::int64_t chunks, std::int64_t group, std::int64_t heads,
+                                    const std::uint16_t* from, std::uint16_t* to) {
+  constexpr int kPer = sizeof(Vector) / sizeof(std::uint16_t);
+  const std::int64_t d = q.dims[3], rows = q.dims[2] * group;
+  const std::int64_t e = blockIdx.x / rows, row = blockIdx.x % rows;
+  const std::int64_t sequence = e / chunks, t = row / group, j = row % group;
+  const std::int64_t vectors = d / kPer;
+  const std::uint16_t* source = from + sequence * q.strides[0] + t * q.strides[2] + j * q.strides[1];
+  std::uint16_t* target = to + static_cast<std::int64_t>(blockIdx.x) * heads * d;
+  for (std::int64_t n = threadIdx.x; n < heads * vectors; n += blockDim.x) {
+    const std::int64_t head = n / vectors, x = n % vectors * kPer;  // head k of the chunks' call
+    *reinterpret_cast<Vector*>(target + head * d + x) =
+        *reinterpret_cast<const Vector*>(source + head * group * q.strides[1] + x * q.strides[3]);
   }
 }
 
-// Per element of the caller's O (logical [b, h, s, d] order): the partials of the chunks with keys
-// merged by their log-sum-exp. The chunks' partials are folded (decode_chunks_spec): dense bshd
-// [entries, s_q * g, h / g, d_v], statistics [entries, h / g, s_q * g], query r of head k * g + j
-// at row r * g + j of head k; the masked call's are dense bshd [b, s_q, h, d_v] and [b, h, s_q]. A
-// row whose chunks have no keys (or a statistic that is not finite) gets 0 and a log-sum-exp of
-// -inf, as the references give a row that sees no key.
+// `x` reduced by `op` over the block, in every thread (blockDim.x a multiple of 32, at most 1024).
+template <class Op>
+__device__ float block_reduce(float x, Op op, float* scratch) {
+  for (int offset = 16; offset > 0; offset /= 2) x = op(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  const int warp = static_cast<int>(threadIdx.x) / 32, warps = static_cast<int>(blockDim.x) / 32;
+  __syncthreads();  // scratch may still be read by the previous reduction
+  if (threadIdx.x % 32 == 0) scratch[warp] = x;
+  __syncthreads();
+  x = scratch[0];
+  for (int w = 1; w < warps; ++w) x = op(x, scratch[w]);
+  return x;
+}
+
+// One block per row (i, head, r) of the caller's O: the partials of the chunks with keys merged by
+// their log-sum-exp. Each chunk's weight is computed once, in shared memory, then the threads take
+// the row's columns, every chunk's loads of a column independent of each other (a thread per
+// element that walked the chunks twice, one dependent load at a time, took 17-25 µs at b = 1).
+// The chunks' partials are folded (decode_chunks_spec): dense bshd [entries, s_q * g, h / g, d_v],
+// statistics [entries, h / g, s_q * g], query r of head k * g + j at row r * g + j of head k; the
+// masked call's are dense bshd [b, s_q, h, d_v] and [b, h, s_q]. A row whose chunks have no keys
+// (or a statistic that is not finite) gets 0 and a log-sum-exp of -inf, as the references give a
+// row that sees no key; a row past its sequence's queries gets 0.
 template <class T>
 __global__ void merge_kernel(Strided o, T* out, float* stats, const T* o_chunks, const T* o_masked,
                              const float* stats_chunks, const float* stats_masked, const std::int32_t* len_q,
                              const std::int32_t* len_kv_chunks, const std::int32_t* len_kv_masked,
-                             std::int64_t chunks, std::int64_t group, std::int64_t n) {
+                             std::int64_t chunks, std::int64_t group) {
+  extern __shared__ float weights[];  // chunks + 1 (the masked call's last), then 32 for reductions
+  float* scratch = weights + chunks + 1;
   const std::int64_t h = o.dims[1], s = o.dims[2], d = o.dims[3];
-  for (std::int64_t k = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; k < n;
-       k += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t col = k % d, r = (k / d) % s, head = (k / d / s) % h, i = k / d / s / h;
-    const std::int64_t stats_row = head * s + r;
-    // The same row in the chunks' folded partials: head head / g, row r * g + head % g.
-    const std::int64_t folded_row = r * group + head % group, kv_head = head / group;
-    const std::int64_t chunk_stats_row = kv_head * s * group + folded_row;
-    if (r >= len_q[i]) {
-      out[strided_offset(o, k)] = from_float<T>(0.0f);
-      continue;
-    }
-    auto lse_of = [&](const float* table, std::int64_t e, std::int64_t row, bool has_keys) {
-      const float lse = has_keys ? table[e * h * s + row] : -INFINITY;
-      return isfinite(lse) ? lse : -INFINITY;
-    };
-    const bool masked = o_masked != nullptr && len_kv_masked[i] > 0;
-    float largest = masked ? lse_of(stats_masked, i, stats_row, true) : -INFINITY;
-    for (std::int64_t c = 0; c < chunks; ++c) {
-      const std::int64_t e = i * chunks + c;
-      largest = fmaxf(largest, lse_of(stats_chunks, e, chunk_stats_row, len_kv_chunks[e] > 0));
-    }
-    float weight_sum = 0.0f, acc = 0.0f;
-    if (largest > -INFINITY) {
-      for (std::int64_t c = 0; c < chunks; ++c) {
-        const std::int64_t e = i * chunks + c;
-        const float lse = lse_of(stats_chunks, e, chunk_stats_row, len_kv_chunks[e] > 0);
-        if (lse == -INFINITY) continue;
-        const float w = __expf(lse - largest);
-        weight_sum += w;
-        acc += w * to_float(o_chunks[((e * s * group + folded_row) * (h / group) + kv_head) * d + col]);
-      }
-      const float lse = masked ? lse_of(stats_masked, i, stats_row, true) : -INFINITY;
-      if (lse > -INFINITY) {
-        const float w = __expf(lse - largest);
-        weight_sum += w;
-        acc += w * to_float(o_masked[((i * s + r) * h + head) * d + col]);
-      }
-    }
-    out[strided_offset(o, k)] = from_float<T>(weight_sum > 0.0f ? acc / weight_sum : 0.0f);
-    if (stats != nullptr && col == 0) {
-      stats[i * h * s + stats_row] = weight_sum > 0.0f ? largest + __logf(weight_sum) : -INFINITY;
-    }
+  const std::int64_t row_id = blockIdx.x, r = row_id % s, head = row_id / s % h, i = row_id / s / h;
+  T* target = out + i * o.strides[0] + head * o.strides[1] + r * o.strides[2];
+  if (r >= len_q[i]) {
+    for (std::int64_t col = threadIdx.x; col < d; col += blockDim.x) target[col * o.strides[3]] = from_float<T>(0.0f);
+    return;
   }
+  const std::int64_t folded_row = r * group + head % group, kv_head = head / group;
+  const std::int64_t chunk_stats_row = kv_head * s * group + folded_row, stats_row = head * s + r;
+  const bool masked = o_masked != nullptr && len_kv_masked[i] > 0;
+  auto finite_or_minus_inf = [](float lse) { return isfinite(lse) ? lse : -INFINITY; };
+  float largest = -INFINITY;
+  for (std::int64_t c = threadIdx.x; c <= chunks; c += blockDim.x) {
+    float lse = -INFINITY;
+    if (c < chunks && len_kv_chunks[i * chunks + c] > 0) {
+      lse = finite_or_minus_inf(stats_chunks[(i * chunks + c) * h * s + chunk_stats_row]);
+    } else if (c == chunks && masked) {
+      lse = finite_or_minus_inf(stats_masked[i * h * s + stats_row]);
+    }
+    weights[c] = lse;
+    largest = fmaxf(largest, lse);
+  }
+  largest = block_reduce(largest, [](float a, float b) { return fmaxf(a, b); }, scratch);
+  float sum = 0.0f;
+  for (std::int64_t c = threadIdx.x; c <= chunks; c += blockDim.x) {
+    const float w = largest > -INFINITY && weights[c] > -INFINITY ? __expf(weights[c] - largest) : 0.0f;
+    weights[c] = w;
+    sum += w;
+  }
+  sum = block_reduce(sum, [](float a, float b) { return a + b; }, scratch);  // also orders the weights' writes
+  const T* first = o_chunks + ((i * chunks * s * group + folded_row) * (h / group) + kv_head) * d;
+  const std::int64_t chunk_stride = s * h * d;  // one entry's partial O
+  for (std::int64_t col = threadIdx.x; col < d; col += blockDim.x) {
+    float acc = 0.0f;
+#pragma unroll 8
+    for (std::int64_t c = 0; c < chunks; ++c) acc += weights[c] * to_float(first[c * chunk_stride + col]);
+    if (masked) acc += weights[chunks] * to_float(o_masked[((i * s + r) * h + head) * d + col]);
+    target[col * o.strides[3]] = from_float<T>(sum > 0.0f ? acc / sum : 0.0f);
+  }
+  if (stats != nullptr && threadIdx.x == 0) stats[i * h * s + stats_row] = sum > 0.0f ? largest + __logf(sum) : -INFINITY;
 }
 
 template <class P>
@@ -218,11 +241,20 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
       at<std::int32_t>(ours, s.len_kv_chunks), at<std::int32_t>(ours, s.len_q_masked),
       at<std::int32_t>(ours, s.len_kv_masked));
   check_cuda(cudaGetLastError(), "decode split: cut");
-  const AttentionSpec& chunked = chunks_->spec();
-  const std::int64_t q_elements = chunked.q.elements();
-  copy_queries_kernel<<<grid_stride_blocks(q_elements, kThreads), kThreads, 0, stream>>>(
-      make_strided(spec_.q), make_strided(chunked.q), split_.chunks, group, static_cast<const std::uint16_t*>(t.q),
-      at<std::uint16_t>(ours, s.q_chunks), q_elements);
+  // A row of the chunks' call a block; 16-byte vectors where q's rows allow (its d contiguous,
+  // every row start and d a multiple of 8 elements).
+  const std::int64_t heads = spec_.heads_q() / group;  // of the chunks' call
+  const auto copy_blocks = static_cast<unsigned int>(b * split_.chunks * spec_.seq_q() * group);
+  const Strided q = make_strided(spec_.q);
+  const bool vectors = q.strides[3] == 1 && q.dims[3] % 8 == 0 && q.strides[0] % 8 == 0 && q.strides[1] % 8 == 0 &&
+                       q.strides[2] % 8 == 0 && reinterpret_cast<std::uintptr_t>(t.q) % 16 == 0;
+  const auto* from = static_cast<const std::uint16_t*>(t.q);
+  auto* to = at<std::uint16_t>(ours, s.q_chunks);
+  if (vectors) {
+    copy_queries_kernel<uint4><<<copy_blocks, kThreads, 0, stream>>>(q, split_.chunks, group, heads, from, to);
+  } else {
+    copy_queries_kernel<std::uint16_t><<<copy_blocks, kThreads, 0, stream>>>(q, split_.chunks, group, heads, from, to);
+  }
   check_cuda(cudaGetLastError(), "decode split: copy queries");
 
   // An inner call: the caller's pools, our partials, lengths and tables (offsets into `ours`).
@@ -248,16 +280,16 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
                  scale, stream, inner);
   }
 
-  const std::int64_t n = spec_.o.elements();
-  const unsigned int blocks = grid_stride_blocks(n, kThreads);
+  const auto rows = static_cast<unsigned int>(spec_.o.elements() / spec_.head_dim_v());  // one block each
+  const std::size_t shared = (static_cast<std::size_t>(split_.chunks) + 1 + 32) * sizeof(float);
   float* stats = spec_.stats ? t.stats : nullptr;
   auto merge = [&](auto* out) {
     using T = std::remove_pointer_t<decltype(out)>;
-    merge_kernel<T><<<blocks, kThreads, 0, stream>>>(
+    merge_kernel<T><<<rows, kMergeThreads, shared, stream>>>(
         make_strided(spec_.o), out, stats, at<const T>(ours, s.o_chunks),
         masked_ ? at<const T>(ours, s.o_masked) : nullptr, at<const float>(ours, s.stats_chunks),
         at<const float>(ours, s.stats_masked), t.seq_len_q, at<const std::int32_t>(ours, s.len_kv_chunks),
-        at<const std::int32_t>(ours, s.len_kv_masked), split_.chunks, group, n);
+        at<const std::int32_t>(ours, s.len_kv_masked), split_.chunks, group);
   };
   if (spec_.o.dtype == DType::bf16) {
     merge(static_cast<__nv_bfloat16*>(t.o));
