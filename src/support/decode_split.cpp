@@ -53,7 +53,6 @@ DecodeSplit decode_split(const AttentionSpec& spec, Pass pass, int multiprocesso
   const std::int64_t pairs = spec.batch() * spec.heads_kv();
   const std::int64_t wanted = kDecodePairsPerSm * std::max(multiprocessors, 1);
   if (pairs >= wanted) return {};
-  if (spec.seq_q() > 1 && pairs * kDecodeSmsPerPairWithSeveralQueries > std::max(multiprocessors, 1)) return {};
   // At least as many chunks as make the pairs wanted (chunk pages rounded down, so that the
   // chunks' call has them and never splits again), each of at least kDecodeMinChunkKeys keys in
   // whole pages (a chunk that small has few pages: its call does not split again either).

@@ -27,12 +27,6 @@ constexpr std::int64_t kDecodePairsPerSm = 2;
 constexpr std::int64_t kDecodeMinChunkKeys = 256;
 /// The most queries a split decode takes (speculative decoding's 2 .. 16).
 constexpr std::int64_t kDecodeMaxQueries = 16;
-/// With several queries cuDNN's paged kernel keeps more of the GPU busy unsplit, and its chunks'
-/// call is slower per key: on the H200 (h 32/8, 8 or 16 unmasked queries) b = 4 at 8k keys took
-/// 139.5 µs unsplit against 188.4 split, while b = 1 at 32k took 515.7 unsplit against 225.5
-/// split. So several queries split only where the pairs are at most one per this many SMs
-/// (b = 1, h_kv = 8: 8 pairs on 132 SMs; b = 4 makes 32).
-constexpr std::int64_t kDecodeSmsPerPairWithSeveralQueries = 16;
 
 struct DecodeSplit {
   std::int64_t chunks = 1;       ///< chunks of a sequence's keys in the unmasked call; 1: no split
@@ -43,11 +37,10 @@ struct DecodeSplit {
 
 /// The pure rule: a forward over a paged cache with dense queries (at most kDecodeMaxQueries of
 /// them), vanilla softmax, no bias, ALiBi, dropout, score modifier, max logit or FP8, and no mask
-/// or a bottom-right causal one, splits when b * h_kv pairs are fewer than kDecodePairsPerSm per SM
-/// (with several queries: at most one per kDecodeSmsPerPairWithSeveralQueries SMs):
-/// into at least as many chunks as make that many pairs in the unmasked call, each of at least
-/// kDecodeMinChunkKeys keys; no split where the cache holds fewer than two such chunks. The inner
-/// calls then never split.
+/// or a bottom-right causal one, splits when b * h_kv pairs are fewer than kDecodePairsPerSm per SM,
+/// with one query or several: into at least as many chunks as make that many pairs in the unmasked
+/// call, each of at least kDecodeMinChunkKeys keys; no split where the cache holds fewer than two
+/// such chunks. The inner calls then never split.
 DecodeSplit decode_split(const AttentionSpec& spec, Pass pass, int multiprocessors) noexcept;
 
 /// Whether the split has a masked call (a bottom-right causal mask with several queries).
