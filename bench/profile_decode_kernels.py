@@ -2,8 +2,8 @@
 """Where a split paged decode's time goes: torch.profiler over fusedattn.torch.paged_attention
 (h 32/8, d 128, 64-token pages, BF16), kernels grouped by name, per call; then, in a process with
 FUSEDATTN_SPLIT_DECODE=0, cuDNN's paged call alone over the same keys cut into E entries of P pages
-(what a split's chunks call is), so that the chunk size can be chosen by measurement. A diagnostic,
-not a benchmark.
+(what a split's chunks call is), so that the chunk size can be chosen by measurement; and the split
+calls again with FUSEDATTN_AUTOTUNE=1. A diagnostic, not a benchmark.
 
     FUSEDATTN_PYTHON_BUILD=build/python python bench/profile_decode_kernels.py [--no-sweep]
 """
@@ -98,14 +98,20 @@ def chunk_sweep():
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--sweep", action="store_true", help="the chunk sweep only (run unsplit)")
-    parser.add_argument("--no-sweep", action="store_true", help="the split calls' kernels only")
+    parser.add_argument("--split-only", action="store_true", help="the split calls' kernels only, in this process")
+    parser.add_argument("--no-sweep", action="store_true", help="leave the chunk sweep out")
     args = parser.parse_args()
     if args.sweep:
         chunk_sweep()
         return
     split_calls()
+    if args.split_only:
+        return
+    print("\n== the same with FUSEDATTN_AUTOTUNE=1 (the chunks' plan chosen by measurement)", flush=True)
+    subprocess.run([sys.executable, __file__, "--split-only"], env=dict(os.environ, FUSEDATTN_AUTOTUNE="1"), check=False)
     if not args.no_sweep:
-        subprocess.run([sys.executable, __file__, "--sweep"], env=dict(os.environ, FUSEDATTN_SPLIT_DECODE="0"), check=False)
+        subprocess.run([sys.executable, __file__, "--sweep"], env=dict(os.environ, FUSEDATTN_SPLIT_DECODE="0"),
+                       check=False)
 
 
 if __name__ == "__main__":
