@@ -2,6 +2,7 @@
 through fusedattn_bench (bench/bench_module.cpp), the tensors, PyTorch's and fusedattn.torch's
 calls on them, and the two timers (GPU time from CUDA events, host time of Python loops).
 """
+import collections
 import contextlib
 import statistics
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.profiler import ProfilerActivity, profile
 
 BACKENDS = {"torch_cudnn": SDPBackend.CUDNN_ATTENTION, "torch_flash": SDPBackend.FLASH_ATTENTION}
 
@@ -261,6 +263,24 @@ def cuda_median_ms(fn, warmup, iters):
         end.record()
     torch.cuda.synchronize()
     return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def kernel_times(step, steps=5):
+    """The kernels `step` launches, from torch.profiler over `steps` calls after 3 warm-up calls:
+    (name, launches a call, ms a call), longest first. For the diagnostics, not the benchmarks."""
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    totals = collections.defaultdict(lambda: [0, 0.0])
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name][0] += 1
+            totals[event.name][1] += event.device_time_total / 1000.0
+    return [(name, count // steps, ms / steps) for name, (count, ms) in sorted(totals.items(), key=lambda x: -x[1][1])]
 
 
 def gpu_us_per_call(enqueue, calls=200):

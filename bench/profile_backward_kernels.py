@@ -10,17 +10,17 @@ A shape ending in ",softcap" runs fusedattn.torch alone with the softcap 30·tan
 score modifier (PyTorch's cuDNN backend takes none), to show the calls a modified step makes.
 """
 import argparse
-import collections
 import os
 import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.environ.get("FUSEDATTN_PYTHON_BUILD", "build/python"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fusedattn.torch as fa  # noqa: E402
+from harness import kernel_times  # noqa: E402
 
 DEFAULT_SHAPES = ["16,1024,16,128,causal", "1,8192,64/8,128,causal", "2,8192,16,128,causal,softcap"]
 
@@ -33,22 +33,6 @@ def parse(text):
 
 def softcap(score, b, h, q_idx, kv_idx):
     return 30.0 * torch.tanh(score / 30.0)
-
-
-def kernels(step, steps=5):
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    totals = collections.defaultdict(lambda: [0, 0.0])
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name][0] += 1
-            totals[event.name][1] += event.device_time_total / 1000.0
-    return [(name, count // steps, ms / steps) for name, (count, ms) in sorted(totals.items(), key=lambda x: -x[1][1])]
 
 
 def main():
@@ -73,7 +57,7 @@ def main():
         sides = [("fusedattn.torch", ours)] + ([] if capped else [("PyTorch cuDNN", theirs)])
         for who, step in sides:
             print(f"--- {text}: {who}, per training step")
-            for name, count, ms in kernels(step):
+            for name, count, ms in kernel_times(step):
                 print(f"  {ms:8.3f} ms  x{count}  {name[:160]}")
         q.grad = k.grad = v.grad = None
 

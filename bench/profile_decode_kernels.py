@@ -8,7 +8,6 @@ calls again with FUSEDATTN_AUTOTUNE=1. A diagnostic, not a benchmark.
     FUSEDATTN_PYTHON_BUILD=build/python python bench/profile_decode_kernels.py [--no-sweep]
 """
 import argparse
-import collections
 import os
 import subprocess
 import sys
@@ -16,12 +15,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.environ.get("FUSEDATTN_PYTHON_BUILD", "build/python"))
 sys.path.insert(0, str(Path(__file__).parent))
 import fusedattn.torch as fa  # noqa: E402
-from harness import cuda_median_ms  # noqa: E402
+from harness import cuda_median_ms, kernel_times  # noqa: E402
 
 H_Q, H_KV, D, PAGE = 32, 8, 128, 64
 POINTS = [(1, 1, 8192), (1, 1, 32768), (1, 1, 131072), (8, 1, 8192), (8, 1, 32768), (4, 8, 8192), (1, 16, 32768)]
@@ -37,21 +35,6 @@ def cache(batch, seq_kv, queries, group=1):
     return q, k, v, table
 
 
-def per_call_kernels(call, calls=10):
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            call()
-        torch.cuda.synchronize()
-    totals = collections.defaultdict(float)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name] += event.device_time_total / calls
-    return sorted(totals.items(), key=lambda x: -x[1])
-
-
 def split_calls():
     for batch, queries, seq_kv in POINTS:
         q, k, v, table = cache(batch, seq_kv, queries)
@@ -62,8 +45,8 @@ def split_calls():
             fa.paged_attention(q, k, v, table, table, lengths, causal=causal)
         us = cuda_median_ms(call, 3, 20) * 1e3
         print(f"\nsplit decode b={batch} s_q={queries} s_kv={seq_kv}: {us:.1f} us a call (events)", flush=True)
-        for name, total in per_call_kernels(call):
-            print(f"  {total:8.1f} us  {name[:110]}")
+        for name, count, ms in kernel_times(call, 10):
+            print(f"  {ms * 1e3:8.1f} us  x{count}  {name[:110]}")
         del q, k, v, table
         torch.cuda.empty_cache()
 
@@ -91,8 +74,8 @@ def chunk_sweep():
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
             us = cuda_median_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True), 3, 20) * 1e3
             print(f"s_kv={seq_kv}: PyTorch cuDNN dense, one query: {us:.1f} us", flush=True)
-            for name, total in per_call_kernels(lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)):
-                print(f"  {total:8.1f} us  {name[:110]}")
+            for name, count, ms in kernel_times(lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True), 10):
+                print(f"  {ms * 1e3:8.1f} us  x{count}  {name[:110]}")
 
 
 def main():
