@@ -52,22 +52,24 @@ def split_calls():
 
 
 def chunk_sweep():
-    """cuDNN's paged call over 32k (and 8k) keys of one sequence cut into E entries of P pages, the
-    queries unfolded (one row of 32 heads) and folded (4 rows of 8 heads), no mask."""
+    """cuDNN's paged call over b sequences of s_kv keys, each cut into c chunks: b * c entries of
+    s_kv / 64 / c pages, no mask, as a split's chunks call runs them: one query unfolded (one row of
+    32 heads), 16 folded (64 rows of 8 heads). And PyTorch's dense cuDNN call over one sequence."""
+    for batch, seq_kv in ((1, 8192), (1, 32768), (8, 8192), (8, 32768)):
+        for queries, group in ((1, 1), (16, 4)):
+            for chunks in (2, 4, 8, 16, 32):
+                pages = seq_kv // PAGE // chunks
+                entries = batch * chunks
+                q, k, v, table = cache(entries, pages * PAGE, queries, group)
+                lengths = torch.full((entries,), pages * PAGE, device="cuda", dtype=torch.int32)
+                us = cuda_median_ms(lambda: fa.paged_attention(q, k, v, table, table, lengths, causal=False),
+                                    3, 20) * 1e3
+                fraction = 2 * k.numel() * 2 / (us * 1e-6) / 4.26e12
+                print(f"b={batch} s_kv={seq_kv} s_q={queries} group={group} chunks={chunks} ({entries} entries of "
+                      f"{pages} pages): {us:.1f} us ({fraction:.2f} of 4.26 TB/s)", flush=True)
+                del q, k, v, table
+                torch.cuda.empty_cache()
     for seq_kv in (8192, 32768):
-        for queries in (1, 16):
-            for group in (1, 4):
-                for entries in (8, 16, 32, 64, 128, 256):
-                    pages = seq_kv // PAGE // entries
-                    if pages < 1:
-                        continue
-                    q, k, v, table = cache(entries, pages * PAGE, queries, group)
-                    lengths = torch.full((entries,), pages * PAGE, device="cuda", dtype=torch.int32)
-                    us = cuda_median_ms(lambda: fa.paged_attention(q, k, v, table, table, lengths, causal=False),
-                                        3, 20) * 1e3
-                    fraction = 2 * k.numel() * 2 / (us * 1e-6) / 4.26e12
-                    print(f"s_kv={seq_kv} s_q={queries} group={group} entries={entries} pages={pages}: "
-                          f"{us:.1f} us ({fraction:.2f} of 4.26 TB/s)", flush=True)
         qt = torch.rand(1, H_Q, 1, D, device="cuda", dtype=torch.bfloat16)
         kt = torch.rand(1, H_KV, seq_kv, D, device="cuda", dtype=torch.bfloat16)
         vt = torch.rand_like(kt)
