@@ -187,7 +187,15 @@ class Plan {
   ReplayStats replay_stats() const;
 
  private:
-  void enqueue(const ForwardTensors& tensors, float scale, cudaStream_t stream, const Workspace& workspace) const;
+  friend class detail::DecodeSplitComposite;
+  // What a forward leaves in O's rows past the sequence lengths: zeros (README), or what cuDNN left
+  // there, for a split decode's partials, whose merge reads only the rows within the lengths (the
+  // zeroing launch was a tenth of a decode at b = 1).
+  enum class RowsPastLengths { zeroed, untouched };
+  void run(const ForwardTensors& tensors, float scale, cudaStream_t stream, const Workspace& workspace,
+           RowsPastLengths rows) const;
+  void enqueue(const ForwardTensors& tensors, float scale, cudaStream_t stream, const Workspace& workspace,
+               RowsPastLengths rows) const;
   void enqueue(const BackwardTensors& tensors, float scale, cudaStream_t stream, const Workspace& workspace) const;
   // `workspace` has workspace_bytes(): cuDNN's part first, then ours.
   void execute(void* const* by_uid, cudaStream_t stream, void* workspace) const;

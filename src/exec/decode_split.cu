@@ -1,4 +1,4 @@
-// A split paged decode (decode_split.h): the kernels that cut, copy and merge, and the calls.
+// A split paged decode (decode_split.h): the kernels that prepare the inner calls and merge, and the calls.
 #include "exec/decode_split.h"
 
 #include <cuda_bf16.h>
@@ -46,60 +46,61 @@ __device__ std::int32_t page_of(const std::int32_t* table, std::int64_t row, int
   return table[row + (page < pages ? page : 0)];
 }
 
-// One block per sequence: its chunks' lengths and tables, and its masked call's.
-__global__ void cut_kernel(Cut cut, const std::int32_t* len_q, const std::int32_t* len_kv, const std::int32_t* table_k,
-                           const std::int32_t* table_v, std::int32_t* table_k_chunks, std::int32_t* table_v_chunks,
-                           std::int32_t* table_k_masked, std::int32_t* table_v_masked, std::int32_t* len_q_chunks,
-                           std::int32_t* len_kv_chunks, std::int32_t* len_q_masked, std::int32_t* len_kv_masked) {
-  const int i = static_cast<int>(blockIdx.x);
-  const int queries = len_q[i], keys = len_kv[i];
-  const int unmasked = unmasked_keys(keys, queries, cut);
-  const int chunk_keys = cut.chunk_pages * cut.page_size;
-  const std::int64_t row = static_cast<std::int64_t>(i) * cut.pages;
-  for (int c = static_cast<int>(threadIdx.x); c < cut.chunks; c += blockDim.x) {
-    const std::int64_t e = static_cast<std::int64_t>(i) * cut.chunks + c;
-    const int chunk = min(max(unmasked - c * chunk_keys, 0), chunk_keys);
-    len_kv_chunks[e] = chunk;
-    len_q_chunks[e] = chunk > 0 ? queries * cut.group : 0;  // folded rows; an entry without keys computes nothing
-  }
-  const int slots = cut.chunks * cut.chunk_pages;  // chunk c's pages: c * chunk_pages ..
-  for (int j = static_cast<int>(threadIdx.x); j < slots; j += blockDim.x) {
-    const std::int64_t out = static_cast<std::int64_t>(i) * slots + j;
-    table_k_chunks[out] = page_of(table_k, row, j, cut.pages);
-    table_v_chunks[out] = page_of(table_v, row, j, cut.pages);
-  }
-  if (cut.masked_pages == 0) return;
-  const int first = unmasked / cut.page_size;  // the masked keys start at a page
-  for (int j = static_cast<int>(threadIdx.x); j < cut.masked_pages; j += blockDim.x) {
-    const std::int64_t out = static_cast<std::int64_t>(i) * cut.masked_pages + j;
-    table_k_masked[out] = page_of(table_k, row, first + j, cut.pages);
-    table_v_masked[out] = page_of(table_v, row, first + j, cut.pages);
-  }
-  if (threadIdx.x == 0) {
-    len_kv_masked[i] = keys - unmasked;
-    len_q_masked[i] = keys - unmasked > 0 ? queries : 0;
-  }
-}
+// What the inner calls read besides the caller's pools: the chunks' queries, lengths and tables,
+// and the masked call's lengths and tables.
+struct InnerArrays {
+  std::uint16_t* q_chunks;
+  std::int32_t *len_q_chunks, *len_kv_chunks, *table_k_chunks, *table_v_chunks;
+  std::int32_t *len_q_masked, *len_kv_masked, *table_k_masked, *table_v_masked;
+};
 
-// The queries of every chunk, one block per row of the chunks' call: entry e = i * chunks + c is
-// sequence i's, folded (decode_chunks_spec): out's dense bshd [e, t * g + j, k, x] is q's logical
-// (i, k * g + j, t, x). A block's threads take the row's heads * d elements `Vector` at a time (16
-// bytes where q's rows are contiguous and aligned): the copy is a few microseconds even with 16
-// queries, where a thread per element that divides its index into four axes twice took 35 µs.
+// The inner calls' arrays, in one launch (a launch of its own for the cut cost a microsecond or
+// two, at b = 1 a tenth of the call). One block per row of the chunks' call: entry e = i * chunks
+// + c is sequence i's, folded (decode_chunks_spec): q_chunks' dense bshd [e, t * g + j, k, x] is
+// q's logical (i, k * g + j, t, x), which the block's threads copy `Vector` at a time (16 bytes
+// where q's rows are contiguous and aligned; a thread an element that divided its index into four
+// axes twice took 35 µs with 16 queries). Row 0's block also writes entry e's length and table
+// slice, and chunk 0's the masked call's for sequence i.
 template <class Vector>
-__global__ void copy_queries_kernel(Strided q, std::int64_t chunks, std::int64_t group, std::int64_t heads,
-                                    const std::uint16_t* from, std::uint16_t* to) {
+__global__ void prepare_kernel(Cut cut, Strided q, std::int64_t heads, const std::uint16_t* from,
+                               const std::int32_t* len_q, const std::int32_t* len_kv, const std::int32_t* table_k,
+                               const std::int32_t* table_v, InnerArrays out) {
   constexpr int kPer = sizeof(Vector) / sizeof(std::uint16_t);
-  const std::int64_t d = q.dims[3], rows = q.dims[2] * group;
+  const std::int64_t group = cut.group, d = q.dims[3], rows = q.dims[2] * group;
   const std::int64_t e = blockIdx.x / rows, row = blockIdx.x % rows;
-  const std::int64_t sequence = e / chunks, t = row / group, j = row % group;
+  const std::int64_t i = e / cut.chunks, c = e % cut.chunks, t = row / group, j = row % group;
   const std::int64_t vectors = d / kPer;
-  const std::uint16_t* source = from + sequence * q.strides[0] + t * q.strides[2] + j * q.strides[1];
-  std::uint16_t* target = to + static_cast<std::int64_t>(blockIdx.x) * heads * d;
+  const std::uint16_t* source = from + i * q.strides[0] + t * q.strides[2] + j * q.strides[1];
+  std::uint16_t* target = out.q_chunks + static_cast<std::int64_t>(blockIdx.x) * heads * d;
   for (std::int64_t n = threadIdx.x; n < heads * vectors; n += blockDim.x) {
     const std::int64_t head = n / vectors, x = n % vectors * kPer;  // head k of the chunks' call
     *reinterpret_cast<Vector*>(target + head * d + x) =
         *reinterpret_cast<const Vector*>(source + head * group * q.strides[1] + x * q.strides[3]);
+  }
+  if (row != 0) return;
+  const int queries = len_q[i], keys = len_kv[i];
+  const int unmasked = unmasked_keys(keys, queries, cut);
+  const std::int64_t table_row = i * cut.pages;
+  for (int n = static_cast<int>(threadIdx.x); n < cut.chunk_pages; n += blockDim.x) {  // chunk c's pages
+    const int page = static_cast<int>(c) * cut.chunk_pages + n;
+    out.table_k_chunks[e * cut.chunk_pages + n] = page_of(table_k, table_row, page, cut.pages);
+    out.table_v_chunks[e * cut.chunk_pages + n] = page_of(table_v, table_row, page, cut.pages);
+  }
+  if (threadIdx.x == 0) {
+    const int chunk_keys = cut.chunk_pages * cut.page_size;
+    const int chunk = min(max(unmasked - static_cast<int>(c) * chunk_keys, 0), chunk_keys);
+    out.len_kv_chunks[e] = chunk;
+    out.len_q_chunks[e] = chunk > 0 ? queries * cut.group : 0;  // folded rows; an entry without keys computes nothing
+  }
+  if (cut.masked_pages == 0 || c != 0) return;
+  const int first = unmasked / cut.page_size;  // the masked keys start at a page
+  for (int n = static_cast<int>(threadIdx.x); n < cut.masked_pages; n += blockDim.x) {
+    out.table_k_masked[i * cut.masked_pages + n] = page_of(table_k, table_row, first + n, cut.pages);
+    out.table_v_masked[i * cut.masked_pages + n] = page_of(table_v, table_row, first + n, cut.pages);
+  }
+  if (threadIdx.x == 0) {
+    out.len_kv_masked[i] = keys - unmasked;
+    out.len_q_masked[i] = keys - unmasked > 0 ? queries : 0;
   }
 }
 
@@ -234,28 +235,30 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
   const Cut cut{static_cast<int>(split_.chunks), static_cast<int>(split_.chunk_pages),
                 static_cast<int>(split_.final_pages), static_cast<int>(spec_.kv_pages),
                 static_cast<int>(spec_.page_size()), static_cast<int>(group)};
-  cut_kernel<<<static_cast<unsigned int>(b), kThreads, 0, stream>>>(
-      cut, t.seq_len_q, t.seq_len_kv, t.page_table_k, t.page_table_v, at<std::int32_t>(ours, s.table_k_chunks),
-      at<std::int32_t>(ours, s.table_v_chunks), at<std::int32_t>(ours, s.table_k_masked),
-      at<std::int32_t>(ours, s.table_v_masked), at<std::int32_t>(ours, s.len_q_chunks),
-      at<std::int32_t>(ours, s.len_kv_chunks), at<std::int32_t>(ours, s.len_q_masked),
-      at<std::int32_t>(ours, s.len_kv_masked));
-  check_cuda(cudaGetLastError(), "decode split: cut");
   // A row of the chunks' call a block; 16-byte vectors where q's rows allow (its d contiguous,
   // every row start and d a multiple of 8 elements).
   const std::int64_t heads = spec_.heads_q() / group;  // of the chunks' call
-  const auto copy_blocks = static_cast<unsigned int>(b * split_.chunks * spec_.seq_q() * group);
-  const Strided q = make_strided(spec_.q);
-  const bool vectors = q.strides[3] == 1 && q.dims[3] % 8 == 0 && q.strides[0] % 8 == 0 && q.strides[1] % 8 == 0 &&
-                       q.strides[2] % 8 == 0 && reinterpret_cast<std::uintptr_t>(t.q) % 16 == 0;
+  const auto blocks = static_cast<unsigned int>(b * split_.chunks * spec_.seq_q() * group);
+  const Strided q_desc = make_strided(spec_.q);
+  const std::int64_t* q_strides = q_desc.strides;
+  const bool vectors = q_strides[3] == 1 && q_desc.dims[3] % 8 == 0 && q_strides[0] % 8 == 0 && q_strides[1] % 8 == 0 &&
+                       q_strides[2] % 8 == 0 && reinterpret_cast<std::uintptr_t>(t.q) % 16 == 0;
   const auto* from = static_cast<const std::uint16_t*>(t.q);
-  auto* to = at<std::uint16_t>(ours, s.q_chunks);
+  const InnerArrays arrays{at<std::uint16_t>(ours, s.q_chunks),       at<std::int32_t>(ours, s.len_q_chunks),
+                           at<std::int32_t>(ours, s.len_kv_chunks),   at<std::int32_t>(ours, s.table_k_chunks),
+                           at<std::int32_t>(ours, s.table_v_chunks),  at<std::int32_t>(ours, s.len_q_masked),
+                           at<std::int32_t>(ours, s.len_kv_masked),   at<std::int32_t>(ours, s.table_k_masked),
+                           at<std::int32_t>(ours, s.table_v_masked)};
+  auto prepare = [&](auto kernel) {
+    kernel<<<blocks, kThreads, 0, stream>>>(cut, q_desc, heads, from, t.seq_len_q, t.seq_len_kv, t.page_table_k,
+                                            t.page_table_v, arrays);
+  };
   if (vectors) {
-    copy_queries_kernel<uint4><<<copy_blocks, kThreads, 0, stream>>>(q, split_.chunks, group, heads, from, to);
+    prepare(prepare_kernel<uint4>);
   } else {
-    copy_queries_kernel<std::uint16_t><<<copy_blocks, kThreads, 0, stream>>>(q, split_.chunks, group, heads, from, to);
+    prepare(prepare_kernel<std::uint16_t>);
   }
-  check_cuda(cudaGetLastError(), "decode split: copy queries");
+  check_cuda(cudaGetLastError(), "decode split: prepare the inner calls");
 
   // An inner call: the caller's pools, our partials, lengths and tables (offsets into `ours`).
   auto inner_call = [&](const void* q, std::size_t o, std::size_t stats, std::size_t len_q, std::size_t len_kv,
@@ -271,13 +274,14 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
     return call;
   };
   const Workspace inner{workspace, inner_workspace_};
+  const auto partials = Plan::RowsPastLengths::untouched;  // the merge reads the rows within the lengths only
   chunks_->run(inner_call(ours + s.q_chunks, s.o_chunks, s.stats_chunks, s.len_q_chunks, s.len_kv_chunks,
                           s.table_k_chunks, s.table_v_chunks),
-               scale, stream, inner);
+               scale, stream, inner, partials);
   if (masked_) {  // on the caller's queries
     masked_->run(inner_call(t.q, s.o_masked, s.stats_masked, s.len_q_masked, s.len_kv_masked, s.table_k_masked,
                             s.table_v_masked),
-                 scale, stream, inner);
+                 scale, stream, inner, partials);
   }
 
   const auto rows = static_cast<unsigned int>(spec_.o.elements() / spec_.head_dim_v());  // one block each

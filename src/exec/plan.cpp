@@ -241,14 +241,20 @@ std::size_t live_plans() noexcept { return g_live_plans.load(std::memory_order_r
 
 // A CUDA or cuDNN failure while enqueueing names the plan's pass and spec.
 void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace) const {
-  detail::naming_the_call(pass_, spec_, [&] { enqueue(t, scale, stream, workspace); });
+  run(t, scale, stream, workspace, RowsPastLengths::zeroed);
+}
+
+void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace,
+               RowsPastLengths rows) const {
+  detail::naming_the_call(pass_, spec_, [&] { enqueue(t, scale, stream, workspace, rows); });
 }
 
 void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace) const {
   detail::naming_the_call(pass_, spec_, [&] { enqueue(t, scale, stream, workspace); });
 }
 
-void Plan::enqueue(const ForwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace) const {
+void Plan::enqueue(const ForwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace,
+                   RowsPastLengths rows) const {
   require_pass(pass_, Pass::forward);
   require_device();
   detail::check_tensor_set(spec_, t);
@@ -282,8 +288,10 @@ void Plan::enqueue(const ForwardTensors& t, float scale, cudaStream_t stream, co
   if (!spec_.stats) by_uid[graph::kUidSumExp] = ours;
   execute(by_uid, stream, scratch.data());
   const std::int32_t* lengths = spec_.padding && !is_ragged(spec_) ? t.seq_len_q : nullptr;
-  zero_past_lengths(spec_, spec_.o, t.o, lengths_q(spec_, t, ragged), ragged.offset_o, t.ragged.cu_seqlens_q_padded,
-                    stream);
+  if (rows == RowsPastLengths::zeroed) {
+    zero_past_lengths(spec_, spec_.o, t.o, lengths_q(spec_, t, ragged), ragged.offset_o,
+                      t.ragged.cu_seqlens_q_padded, stream);
+  }
   if (spec_.max_logit == MaxLogit::none) return;
   const std::int64_t b = spec_.batch(), h = spec_.heads_q(), s_q = spec_.seq_q();
   detail::finish_row_maxima(row_maxima, spec_.stats ? t.stats : nullptr, b, h, s_q, lengths, stream);
