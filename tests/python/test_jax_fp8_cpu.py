@@ -4,13 +4,13 @@ attention, the amaxes, O and the gradients quantized with their scales, as cuDNN
 and return them); the program exported for CUDA with the real FFI calls and their FP8 operands."""
 import functools
 
-import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax", reason="JAX not installed")
 fj = pytest.importorskip("fusedattn.jax")
 pytest.importorskip("fusedattn._jax_ffi", reason="the XLA FFI handlers were not built (jax was missing at configure)")
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402  (JAX brings it; a machine without JAX may lack it)
 
 import fusedattn  # noqa: E402
 from fusedattn._jax_calls import BACKWARD, FORWARD  # noqa: E402

@@ -2,7 +2,6 @@
 FFI calls, against float32 attention of the unquantized inputs (the tolerances of
 test_torch_fp8_gpu.py: the errors include the inputs' quantization), the recipes' scales from the
 kernels' amaxes, and Hopper's refusal of a d=64 FP8 backward."""
-import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax", reason="JAX not installed")
@@ -11,6 +10,7 @@ if not any(d.platform == "gpu" for d in jax.devices()):
 fj = pytest.importorskip("fusedattn.jax")
 pytest.importorskip("fusedattn._jax_ffi", reason="the XLA FFI handlers were not built")
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402  (JAX brings it; a machine without JAX may lack it)
 
 import fusedattn  # noqa: E402
 from test_jax_fp8_cpu import E4M3_MAX, SLOT, attend, fp8_inputs, rel_l2, training_step  # noqa: E402
