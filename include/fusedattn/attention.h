@@ -190,7 +190,7 @@ class Plan {
   friend class detail::DecodeSplitComposite;
   // What a forward leaves in O's rows past the sequence lengths: zeros (README), or what cuDNN left
   // there, for a split decode's partials, whose merge reads only the rows within the lengths (the
-  // zeroing launch was a tenth of a decode at b = 1).
+  // zeroing launch took 1.3-2.3 µs of a decode that takes 15-50 at b = 1).
   enum class RowsPastLengths { zeroed, untouched };
   void run(const ForwardTensors& tensors, float scale, cudaStream_t stream, const Workspace& workspace,
            RowsPastLengths rows) const;
