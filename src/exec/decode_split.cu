@@ -21,7 +21,7 @@ namespace {
 
 constexpr std::size_t kAlign = 256;
 constexpr int kThreads = 256;
-constexpr int kMergeThreads = 128;  // a row's columns (d_v <= 256) and chunks
+constexpr int kMergeThreads = 256;  // a row's d_v / 8 column packs (d_v <= 256) times the chunk groups
 std::size_t round_up(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 struct Cut {
@@ -117,22 +117,31 @@ __device__ float block_reduce(float x, Op op, float* scratch) {
   return x;
 }
 
+// kPer elements of a partial O, loaded at once.
+template <class T, int kPer>
+struct alignas(sizeof(T) * kPer) Pack {
+  T x[kPer];
+};
+
 // One block per row (i, head, r) of the caller's O: the partials of the chunks with keys merged by
-// their log-sum-exp. Each chunk's weight is computed once, in shared memory, then the threads take
-// the row's columns, every chunk's loads of a column independent of each other (a thread per
-// element that walked the chunks twice, one dependent load at a time, took 17-25 µs at b = 1).
-// The chunks' partials are folded (decode_chunks_spec): dense bshd [entries, s_q * g, h / g, d_v],
-// statistics [entries, h / g, s_q * g], query r of head k * g + j at row r * g + j of head k; the
-// masked call's are dense bshd [b, s_q, h, d_v] and [b, h, s_q]. A row whose chunks have no keys
-// (or a statistic that is not finite) gets 0 and a log-sum-exp of -inf, as the references give a
-// row that sees no key; a row past its sequence's queries gets 0.
-template <class T>
+// their log-sum-exp. Each chunk's weight is computed once, in shared memory; then the block's
+// threads are groups of d_v / kPer, each group summing every groups-th chunk kPer columns at a time,
+// and the groups' sums are added in shared memory. (A thread a column walking all chunks took 4.7-7.5
+// µs at b = 1 and 32-35 chunks, one a thread an element 17-25 µs.) The chunks' partials are folded
+// (decode_chunks_spec): dense bshd [entries, s_q * g, h / g, d_v], statistics [entries, h / g,
+// s_q * g], query r of head k * g + j at row r * g + j of head k; the masked call's are dense bshd
+// [b, s_q, h, d_v] and [b, h, s_q]. A row whose chunks have no keys (or a statistic that is not
+// finite) gets 0 and a log-sum-exp of -inf, as the references give a row that sees no key; a row
+// past its sequence's queries gets 0.
+template <class T, int kPer>
 __global__ void merge_kernel(Strided o, T* out, float* stats, const T* o_chunks, const T* o_masked,
                              const float* stats_chunks, const float* stats_masked, const std::int32_t* len_q,
                              const std::int32_t* len_kv_chunks, const std::int32_t* len_kv_masked,
                              std::int64_t chunks, std::int64_t group) {
-  extern __shared__ float weights[];  // chunks + 1 (the masked call's last), then 32 for reductions
-  float* scratch = weights + chunks + 1;
+  extern __shared__ float shared[];
+  float* weights = shared;                // chunks + 1 (the masked call's last)
+  float* scratch = weights + chunks + 1;  // 32, for the reductions
+  float* sums = scratch + 32;             // groups * d_v
   const std::int64_t h = o.dims[1], s = o.dims[2], d = o.dims[3];
   const std::int64_t row_id = blockIdx.x, r = row_id % s, head = row_id / s % h, i = row_id / s / h;
   T* target = out + i * o.strides[0] + head * o.strides[1] + r * o.strides[2];
@@ -163,13 +172,33 @@ __global__ void merge_kernel(Strided o, T* out, float* stats, const T* o_chunks,
     sum += w;
   }
   sum = block_reduce(sum, [](float a, float b) { return a + b; }, scratch);  // also orders the weights' writes
-  const T* first = o_chunks + ((i * chunks * s * group + folded_row) * (h / group) + kv_head) * d;
-  const std::int64_t chunk_stride = s * h * d;  // one entry's partial O
+
+  const std::int64_t packs = d / kPer, groups = blockDim.x / packs;  // d / kPer <= blockDim.x (host)
+  const std::int64_t pack = threadIdx.x % packs, my_group = threadIdx.x / packs;
+  if (my_group < groups) {
+    using P = Pack<T, kPer>;
+    const T* first = o_chunks + ((i * chunks * s * group + folded_row) * (h / group) + kv_head) * d + pack * kPer;
+    const std::int64_t chunk_stride = s * h * d;  // one entry's partial O
+    float acc[kPer] = {};
+    for (std::int64_t c = my_group; c < chunks; c += groups) {
+      const float w = weights[c];
+      if (w == 0.0f) continue;  // no keys: its partial was never written
+      const P v = *reinterpret_cast<const P*>(first + c * chunk_stride);
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) acc[k] += w * to_float(v.x[k]);
+    }
+    if (masked && my_group == 0 && weights[chunks] != 0.0f) {
+      const P v = *reinterpret_cast<const P*>(o_masked + ((i * s + r) * h + head) * d + pack * kPer);
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) acc[k] += weights[chunks] * to_float(v.x[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) sums[my_group * d + pack * kPer + k] = acc[k];
+  }
+  __syncthreads();
   for (std::int64_t col = threadIdx.x; col < d; col += blockDim.x) {
     float acc = 0.0f;
-#pragma unroll 8
-    for (std::int64_t c = 0; c < chunks; ++c) acc += weights[c] * to_float(first[c * chunk_stride + col]);
-    if (masked) acc += weights[chunks] * to_float(o_masked[((i * s + r) * h + head) * d + col]);
+    for (std::int64_t g = 0; g < groups; ++g) acc += sums[g * d + col];
     target[col * o.strides[3]] = from_float<T>(sum > 0.0f ? acc / sum : 0.0f);
   }
   if (stats != nullptr && threadIdx.x == 0) stats[i * h * s + stats_row] = sum > 0.0f ? largest + __logf(sum) : -INFINITY;
@@ -285,11 +314,15 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
   }
 
   const auto rows = static_cast<unsigned int>(spec_.o.elements() / spec_.head_dim_v());  // one block each
-  const std::size_t shared = (static_cast<std::size_t>(split_.chunks) + 1 + 32) * sizeof(float);
+  // 8 columns a load where d_v allows (cuDNN takes multiples of 8); groups of d_v / 8 threads.
+  const std::int64_t d_v = spec_.head_dim_v(), per = d_v % 8 == 0 ? 8 : 1;
+  const std::int64_t groups = kMergeThreads / (d_v / per);
+  const std::size_t shared = (static_cast<std::size_t>(split_.chunks) + 1 + 32 + groups * d_v) * sizeof(float);
   float* stats = spec_.stats ? t.stats : nullptr;
   auto merge = [&](auto* out) {
     using T = std::remove_pointer_t<decltype(out)>;
-    merge_kernel<T><<<rows, kMergeThreads, shared, stream>>>(
+    auto kernel = per == 8 ? merge_kernel<T, 8> : merge_kernel<T, 1>;
+    kernel<<<rows, kMergeThreads, shared, stream>>>(
         make_strided(spec_.o), out, stats, at<const T>(ours, s.o_chunks),
         masked_ ? at<const T>(ours, s.o_masked) : nullptr, at<const float>(ours, s.stats_chunks),
         at<const float>(ours, s.stats_masked), t.seq_len_q, at<const std::int32_t>(ours, s.len_kv_chunks),
