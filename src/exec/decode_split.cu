@@ -315,14 +315,18 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
 
   const auto rows = static_cast<unsigned int>(spec_.o.elements() / spec_.head_dim_v());  // one block each
   // 8 columns a load where d_v allows (cuDNN takes multiples of 8); groups of d_v / 8 threads.
-  const std::int64_t d_v = spec_.head_dim_v(), per = d_v % 8 == 0 ? 8 : 1;
-  const std::int64_t groups = kMergeThreads / (d_v / per);
+  // No more groups than chunks: with few chunks and many rows (b = 4, 8 queries: 10 chunks, 1024 rows)
+  // idle groups cost their share of the sums.
+  const std::int64_t d_v = spec_.head_dim_v(), per = d_v % 8 == 0 ? 8 : 1, packs = d_v / per;
+  const std::int64_t wanted = std::min<std::int64_t>(kMergeThreads / packs, split_.chunks) * packs;
+  const auto threads = static_cast<unsigned int>(std::min<std::int64_t>((wanted + 31) / 32 * 32, kMergeThreads));
+  const std::int64_t groups = threads / packs;  // as the kernel counts them
   const std::size_t shared = (static_cast<std::size_t>(split_.chunks) + 1 + 32 + groups * d_v) * sizeof(float);
   float* stats = spec_.stats ? t.stats : nullptr;
   auto merge = [&](auto* out) {
     using T = std::remove_pointer_t<decltype(out)>;
     auto kernel = per == 8 ? merge_kernel<T, 8> : merge_kernel<T, 1>;
-    kernel<<<rows, kMergeThreads, shared, stream>>>(
+    kernel<<<rows, threads, shared, stream>>>(
         make_strided(spec_.o), out, stats, at<const T>(ours, s.o_chunks),
         masked_ ? at<const T>(ours, s.o_masked) : nullptr, at<const float>(ours, s.stats_chunks),
         at<const float>(ours, s.stats_masked), t.seq_len_q, at<const std::int32_t>(ours, s.len_kv_chunks),
