@@ -227,7 +227,7 @@ if part sanitizer; then
   else
     # The default memcheck filter passes through each of fusedattn's own kernels at least once: the
     # ragged offsets and padding fills (Execution, Ragged), the dropout offset (Replay), the split
-    # decode's cut, query copy and merge, FP8 scaling and quantization, MXFP8 quantization, the max
+    # decode's prepare and merge kernels, FP8 scaling and quantization, MXFP8 quantization, the max
     # logit's rows and heads, the causal blocks' row sums and chunk sums (a softcap at 2k), the K/V
     # expansion of a grouped FP8 backward (gqa_16_4), and the allocators' fault paths.
     default_memcheck='Execution.*:Ragged.*:Replay.*:PagedSplitDecode.*:Fp8ScalingGpu.*:GpuMxfp8.*'
