@@ -22,6 +22,9 @@ namespace {
 constexpr std::size_t kAlign = 256;
 constexpr int kThreads = 256;
 constexpr int kMergeThreads = 256;  // a row's d_v / 8 column packs (d_v <= 256) times the chunk groups
+// Columns of a partial O a merge thread loads at once: 16 bytes. The partials are our own dense
+// buffers, 256-byte aligned, and validation holds d_v to a multiple of 8.
+constexpr int kMergePack = 8;
 std::size_t round_up(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 struct Cut {
@@ -117,15 +120,15 @@ __device__ float block_reduce(float x, Op op, float* scratch) {
   return x;
 }
 
-// kPer elements of a partial O, loaded at once.
-template <class T, int kPer>
-struct alignas(sizeof(T) * kPer) Pack {
-  T x[kPer];
+// kMergePack elements of a partial O, loaded at once.
+template <class T>
+struct alignas(sizeof(T) * kMergePack) Pack {
+  T x[kMergePack];
 };
 
 // One block per row (i, head, r) of the caller's O: the partials of the chunks with keys merged by
 // their log-sum-exp. Each chunk's weight is computed once, in shared memory; then the block's
-// threads are groups of d_v / kPer, each group summing every groups-th chunk kPer columns at a time,
+// threads are groups of d_v / 8, each group summing every groups-th chunk 8 columns at a time,
 // and the groups' sums are added in shared memory. (A thread a column walking all chunks took 4.7-7.5
 // µs at b = 1 and 32-35 chunks, one a thread an element 17-25 µs.) The chunks' partials are folded
 // (decode_chunks_spec): dense bshd [entries, s_q * g, h / g, d_v], statistics [entries, h / g,
@@ -133,7 +136,7 @@ struct alignas(sizeof(T) * kPer) Pack {
 // [b, s_q, h, d_v] and [b, h, s_q]. A row whose chunks have no keys (or a statistic that is not
 // finite) gets 0 and a log-sum-exp of -inf, as the references give a row that sees no key; a row
 // past its sequence's queries gets 0.
-template <class T, int kPer>
+template <class T>
 __global__ void merge_kernel(Strided o, T* out, float* stats, const T* o_chunks, const T* o_masked,
                              const float* stats_chunks, const float* stats_masked, const std::int32_t* len_q,
                              const std::int32_t* len_kv_chunks, const std::int32_t* len_kv_masked,
@@ -173,10 +176,11 @@ __global__ void merge_kernel(Strided o, T* out, float* stats, const T* o_chunks,
   }
   sum = block_reduce(sum, [](float a, float b) { return a + b; }, scratch);  // also orders the weights' writes
 
+  constexpr int kPer = kMergePack;
   const std::int64_t packs = d / kPer, groups = blockDim.x / packs;  // d / kPer <= blockDim.x (host)
   const std::int64_t pack = threadIdx.x % packs, my_group = threadIdx.x / packs;
   if (my_group < groups) {
-    using P = Pack<T, kPer>;
+    using P = Pack<T>;
     const T* first = o_chunks + ((i * chunks * s * group + folded_row) * (h / group) + kv_head) * d + pack * kPer;
     const std::int64_t chunk_stride = s * h * d;  // one entry's partial O
     float acc[kPer] = {};
@@ -264,14 +268,14 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
   const Cut cut{static_cast<int>(split_.chunks), static_cast<int>(split_.chunk_pages),
                 static_cast<int>(split_.final_pages), static_cast<int>(spec_.kv_pages),
                 static_cast<int>(spec_.page_size()), static_cast<int>(group)};
-  // A row of the chunks' call a block; 16-byte vectors where q's rows allow (its d contiguous,
-  // every row start and d a multiple of 8 elements).
+  // A row of the chunks' call a block; 16-byte vectors where q's rows allow (validation holds d to a
+  // multiple of 8 and its stride to 1, and q's pointer to 16 bytes; a spec's own strides need not
+  // keep every row start at a multiple of 8 elements).
   const std::int64_t heads = spec_.heads_q() / group;  // of the chunks' call
   const auto blocks = static_cast<unsigned int>(b * split_.chunks * spec_.seq_q() * group);
   const Strided q_desc = make_strided(spec_.q);
   const std::int64_t* q_strides = q_desc.strides;
-  const bool vectors = q_strides[3] == 1 && q_desc.dims[3] % 8 == 0 && q_strides[0] % 8 == 0 && q_strides[1] % 8 == 0 &&
-                       q_strides[2] % 8 == 0 && reinterpret_cast<std::uintptr_t>(t.q) % 16 == 0;
+  const bool vectors = q_strides[0] % 8 == 0 && q_strides[1] % 8 == 0 && q_strides[2] % 8 == 0;
   const auto* from = static_cast<const std::uint16_t*>(t.q);
   const InnerArrays arrays{at<std::uint16_t>(ours, s.q_chunks),       at<std::int32_t>(ours, s.len_q_chunks),
                            at<std::int32_t>(ours, s.len_kv_chunks),   at<std::int32_t>(ours, s.table_k_chunks),
@@ -314,10 +318,9 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
   }
 
   const auto rows = static_cast<unsigned int>(spec_.o.elements() / spec_.head_dim_v());  // one block each
-  // 8 columns a load where d_v allows (cuDNN takes multiples of 8); groups of d_v / 8 threads.
-  // No more groups than chunks: with few chunks and many rows (b = 4, 8 queries: 10 chunks, 1024 rows)
-  // idle groups cost their share of the sums.
-  const std::int64_t d_v = spec_.head_dim_v(), per = d_v % 8 == 0 ? 8 : 1, packs = d_v / per;
+  // Groups of d_v / 8 threads, no more groups than chunks: with few chunks and many rows (b = 4,
+  // 8 queries: 10 chunks, 1024 rows) idle groups cost their share of the sums.
+  const std::int64_t d_v = spec_.head_dim_v(), packs = d_v / kMergePack;
   const std::int64_t wanted = std::min<std::int64_t>(kMergeThreads / packs, split_.chunks) * packs;
   const auto threads = static_cast<unsigned int>(std::min<std::int64_t>((wanted + 31) / 32 * 32, kMergeThreads));
   const std::int64_t groups = threads / packs;  // as the kernel counts them
@@ -325,8 +328,7 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
   float* stats = spec_.stats ? t.stats : nullptr;
   auto merge = [&](auto* out) {
     using T = std::remove_pointer_t<decltype(out)>;
-    auto kernel = per == 8 ? merge_kernel<T, 8> : merge_kernel<T, 1>;
-    kernel<<<rows, threads, shared, stream>>>(
+    merge_kernel<T><<<rows, threads, shared, stream>>>(
         make_strided(spec_.o), out, stats, at<const T>(ours, s.o_chunks),
         masked_ ? at<const T>(ours, s.o_masked) : nullptr, at<const float>(ours, s.stats_chunks),
         at<const float>(ours, s.stats_masked), t.seq_len_q, at<const std::int32_t>(ours, s.len_kv_chunks),
