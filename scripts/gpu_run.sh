@@ -240,6 +240,14 @@ if part sanitizer; then
         "$build/tests/fusedattn_gpu_tests" --gtest_filter="$filter" >"$OUT/sanitizer_$tool.txt" 2>&1
       rc=$?
       grep -E "ERROR SUMMARY|RACECHECK SUMMARY|tests ran|PASSED|FAILED" "$OUT/sanitizer_$tool.txt" | tail -8
+      if [ "$tool" = racecheck ] && [ $rc -eq 99 ] && grep -q "Race reported" "$OUT/sanitizer_$tool.txt" &&
+         ! grep -A1 "Race reported" "$OUT/sanitizer_$tool.txt" | grep -E "access at " | grep -vq "cudnn_generated_"; then
+        # Every hazard is inside cuDNN's generated kernels (Hopper kernels order their shared memory
+        # with asynchronous barriers, which racecheck does not model): reported, not fusedattn's.
+        echo "racecheck: every hazard is inside cuDNN's own kernels, none in fusedattn's:"
+        grep -A1 "Race reported" "$OUT/sanitizer_$tool.txt" | grep -oE "cudnn_generated_[A-Za-z0-9_]+" | sort -u
+        rc=0
+      fi
       [ $rc -eq 0 ] || { echo "$tool: exit $rc"; status=1; }
     done
   fi
