@@ -265,6 +265,22 @@ def cuda_median_ms(fn, warmup, iters):
     return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
+def captured_median_ms(fn, warmup, iters):
+    """cuda_median_ms of one call of `fn` captured in a CUDA graph and replayed back to back: its
+    kernels' GPU time as a captured step (a serving engine's decode step) runs them, with the
+    graph's own launch in place of each kernel's."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    try:
+        return cuda_median_ms(graph.replay, warmup, iters)
+    finally:
+        del graph
+
+
 def kernel_times(step, steps=5):
     """The kernels `step` launches, from torch.profiler over `steps` calls after 3 warm-up calls:
     (name, launches a call, ms a call), longest first. For the diagnostics, not the benchmarks."""

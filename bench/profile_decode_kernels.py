@@ -3,7 +3,9 @@
 (h 32/8, d 128, 64-token pages, BF16), kernels grouped by name, per call; then, in a process with
 FUSEDATTN_SPLIT_DECODE=0, cuDNN's paged call alone over the same keys cut into E entries of P pages
 (what a split's chunks call is), so that the chunk size can be chosen by measurement; and the split
-calls again with FUSEDATTN_AUTOTUNE=1. A diagnostic, not a benchmark.
+calls' times again with our kernels launched late (FUSEDATTN_DECODE_EARLY_LAUNCH=0) and with the chunks'
+call executed rather than replayed (FUSEDATTN_REPLAY=0). Each call is timed on a stream and captured in a
+CUDA graph. A diagnostic, not a benchmark.
 
     FUSEDATTN_PYTHON_BUILD=build/python python bench/profile_decode_kernels.py [--no-sweep]
 """
@@ -19,7 +21,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.environ.get("FUSEDATTN_PYTHON_BUILD", "build/python"))
 sys.path.insert(0, str(Path(__file__).parent))
 import fusedattn.torch as fa  # noqa: E402
-from harness import cuda_median_ms, kernel_times  # noqa: E402
+from harness import captured_median_ms, cuda_median_ms, kernel_times  # noqa: E402
 
 H_Q, H_KV, D, PAGE = 32, 8, 128, 64
 POINTS = [(1, 1, 8192), (1, 1, 32768), (1, 1, 131072), (8, 1, 8192), (8, 1, 32768), (4, 8, 8192), (1, 16, 32768)]
@@ -35,7 +37,7 @@ def cache(batch, seq_kv, queries, group=1):
     return q, k, v, table
 
 
-def split_calls():
+def split_calls(kernels=True):
     for batch, queries, seq_kv in POINTS:
         q, k, v, table = cache(batch, seq_kv, queries)
         lengths = torch.full((batch,), seq_kv, device="cuda", dtype=torch.int32)
@@ -44,8 +46,10 @@ def split_calls():
         def call():
             fa.paged_attention(q, k, v, table, table, lengths, causal=causal)
         us = cuda_median_ms(call, 3, 20) * 1e3
-        print(f"\nsplit decode b={batch} s_q={queries} s_kv={seq_kv}: {us:.1f} us a call (events)", flush=True)
-        for name, count, ms in kernel_times(call, 10):
+        graph_us = captured_median_ms(call, 3, 20) * 1e3
+        print(f"\nsplit decode b={batch} s_q={queries} s_kv={seq_kv}: {us:.1f} us a call (events), "
+              f"{graph_us:.1f} us captured in a CUDA graph", flush=True)
+        for name, count, ms in kernel_times(call, 10) if kernels else ():
             print(f"  {ms * 1e3:8.1f} us  x{count}  {name[:110]}")
         del q, k, v, table
         torch.cuda.empty_cache()
@@ -85,15 +89,20 @@ def main():
     parser.add_argument("--sweep", action="store_true", help="the chunk sweep only (run unsplit)")
     parser.add_argument("--split-only", action="store_true", help="the split calls' kernels only, in this process")
     parser.add_argument("--no-sweep", action="store_true", help="leave the chunk sweep out")
+    parser.add_argument("--times-only", action="store_true", help="with --split-only: the calls' times, no kernels")
     args = parser.parse_args()
     if args.sweep:
         chunk_sweep()
         return
-    split_calls()
+    split_calls(kernels=not args.times_only)
     if args.split_only:
         return
-    print("\n== the same with FUSEDATTN_AUTOTUNE=1 (the chunks' plan chosen by measurement)", flush=True)
-    subprocess.run([sys.executable, __file__, "--split-only"], env=dict(os.environ, FUSEDATTN_AUTOTUNE="1"), check=False)
+    for setting, what in (("FUSEDATTN_DECODE_EARLY_LAUNCH=0", "our kernels launched after the previous one ends"),
+                          ("FUSEDATTN_REPLAY=0", "the chunks' call executed by cuDNN, not replayed from a graph")):
+        print(f"\n== the same with {setting} ({what})", flush=True)
+        name, value = setting.split("=")
+        subprocess.run([sys.executable, __file__, "--split-only", "--times-only"], env=dict(os.environ, **{name: value}),
+                       check=False)
     if not args.no_sweep:
         subprocess.run([sys.executable, __file__, "--sweep"], env=dict(os.environ, FUSEDATTN_SPLIT_DECODE="0"),
                        check=False)

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "exec/cuda_check.h"
 #include "exec/device.h"
@@ -25,7 +26,20 @@ constexpr int kMergeThreads = 256;  // a row's d_v / 8 column packs (d_v <= 256)
 // Columns of a partial O a merge thread loads at once: 16 bytes. The partials are our own dense
 // buffers, 256-byte aligned, and validation holds d_v to a multiple of 8.
 constexpr int kMergePack = 8;
+// Partial packs a merge thread loads before the chunks' weights are known: at b = 1 (32 rows of
+// 32-35 chunks, 16 groups of 16 threads) every partial of a row.
+constexpr int kMergeAhead = 4;
 std::size_t round_up(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// Programmatic dependent launch (SM 9.0): our kernels are launched while the kernel before them on
+// the stream is still running, and wait here, at their first instruction, until it has finished
+// and its writes are visible; what is saved is the launch's latency between the two. Before any
+// read or write of theirs, so they overlap nothing of the previous kernel's work.
+__device__ __forceinline__ void wait_for_the_previous_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 struct Cut {
   int chunks;           // chunks a sequence's keys take in the unmasked call
@@ -68,6 +82,7 @@ template <class Vector>
 __global__ void prepare_kernel(Cut cut, Strided q, std::int64_t heads, const std::uint16_t* from,
                                const std::int32_t* len_q, const std::int32_t* len_kv, const std::int32_t* table_k,
                                const std::int32_t* table_v, InnerArrays out) {
+  wait_for_the_previous_kernel();
   constexpr int kPer = sizeof(Vector) / sizeof(std::uint16_t);
   const std::int64_t group = cut.group, d = q.dims[3], rows = q.dims[2] * group;
   const std::int64_t e = blockIdx.x / rows, row = blockIdx.x % rows;
@@ -141,31 +156,49 @@ __global__ void merge_kernel(Strided o, T* out, float* stats, const T* o_chunks,
                              const float* stats_chunks, const float* stats_masked, const std::int32_t* len_q,
                              const std::int32_t* len_kv_chunks, const std::int32_t* len_kv_masked,
                              std::int64_t chunks, std::int64_t group) {
+  wait_for_the_previous_kernel();
   extern __shared__ float shared[];
   float* weights = shared;                // chunks + 1 (the masked call's last)
   float* scratch = weights + chunks + 1;  // 32, for the reductions
   float* sums = scratch + 32;             // groups * d_v
+  using P = Pack<T>;
+  constexpr int kPer = kMergePack;
   const std::int64_t h = o.dims[1], s = o.dims[2], d = o.dims[3];
   const std::int64_t row_id = blockIdx.x, r = row_id % s, head = row_id / s % h, i = row_id / s / h;
-  T* target = out + i * o.strides[0] + head * o.strides[1] + r * o.strides[2];
-  if (r >= len_q[i]) {
-    for (std::int64_t col = threadIdx.x; col < d; col += blockDim.x) target[col * o.strides[3]] = from_float<T>(0.0f);
-    return;
-  }
   const std::int64_t folded_row = r * group + head % group, kv_head = head / group;
   const std::int64_t chunk_stats_row = kv_head * s * group + folded_row, stats_row = head * s + r;
-  const bool masked = o_masked != nullptr && len_kv_masked[i] > 0;
-  auto finite_or_minus_inf = [](float lse) { return isfinite(lse) ? lse : -INFINITY; };
+  const std::int64_t packs = d / kPer, groups = blockDim.x / packs;  // d / kPer <= blockDim.x (host)
+  const std::int64_t pack = threadIdx.x % packs, my_group = threadIdx.x / packs;
+  const T* first = o_chunks + ((i * chunks * s * group + folded_row) * (h / group) + kv_head) * d + pack * kPer;
+  const std::int64_t chunk_stride = s * h * d;  // one entry's partial O
+  // Every load that depends on no other is issued here, before any is used: the row's length, the
+  // chunks' lengths and statistics, and this thread's first partials. A chunk without keys has a
+  // statistic and a partial that were never written: read, then given the weight 0 and skipped.
+  // (Loaded one after another, each waiting on the last, they made most of the merge's time.)
+  const int queries = len_q[i];
+  const bool has_masked = o_masked != nullptr;
+  P ahead[kMergeAhead];
+#pragma unroll
+  for (int k = 0; k < kMergeAhead; ++k) {
+    const std::int64_t c = my_group + k * groups;
+    if (my_group < groups && c < chunks) ahead[k] = *reinterpret_cast<const P*>(first + c * chunk_stride);
+  }
   float largest = -INFINITY;
   for (std::int64_t c = threadIdx.x; c <= chunks; c += blockDim.x) {
-    float lse = -INFINITY;
-    if (c < chunks && len_kv_chunks[i * chunks + c] > 0) {
-      lse = finite_or_minus_inf(stats_chunks[(i * chunks + c) * h * s + chunk_stats_row]);
-    } else if (c == chunks && masked) {
-      lse = finite_or_minus_inf(stats_masked[i * h * s + stats_row]);
+    const bool chunk = c < chunks;
+    if (!chunk && !has_masked) {
+      weights[c] = -INFINITY;
+      continue;
     }
-    weights[c] = lse;
-    largest = fmaxf(largest, lse);
+    const int keys = chunk ? len_kv_chunks[i * chunks + c] : len_kv_masked[i];
+    const float lse = chunk ? stats_chunks[(i * chunks + c) * h * s + chunk_stats_row] : stats_masked[i * h * s + stats_row];
+    weights[c] = keys > 0 && isfinite(lse) ? lse : -INFINITY;
+    largest = fmaxf(largest, weights[c]);
+  }
+  T* target = out + i * o.strides[0] + head * o.strides[1] + r * o.strides[2];
+  if (r >= queries) {  // the whole block leaves, before any barrier
+    for (std::int64_t col = threadIdx.x; col < d; col += blockDim.x) target[col * o.strides[3]] = from_float<T>(0.0f);
+    return;
   }
   largest = block_reduce(largest, [](float a, float b) { return fmaxf(a, b); }, scratch);
   float sum = 0.0f;
@@ -176,25 +209,23 @@ __global__ void merge_kernel(Strided o, T* out, float* stats, const T* o_chunks,
   }
   sum = block_reduce(sum, [](float a, float b) { return a + b; }, scratch);  // also orders the weights' writes
 
-  constexpr int kPer = kMergePack;
-  const std::int64_t packs = d / kPer, groups = blockDim.x / packs;  // d / kPer <= blockDim.x (host)
-  const std::int64_t pack = threadIdx.x % packs, my_group = threadIdx.x / packs;
   if (my_group < groups) {
-    using P = Pack<T>;
-    const T* first = o_chunks + ((i * chunks * s * group + folded_row) * (h / group) + kv_head) * d + pack * kPer;
-    const std::int64_t chunk_stride = s * h * d;  // one entry's partial O
     float acc[kPer] = {};
-    for (std::int64_t c = my_group; c < chunks; c += groups) {
-      const float w = weights[c];
-      if (w == 0.0f) continue;  // no keys: its partial was never written
-      const P v = *reinterpret_cast<const P*>(first + c * chunk_stride);
+    auto add = [&](float w, const P& v) {
 #pragma unroll
       for (int k = 0; k < kPer; ++k) acc[k] += w * to_float(v.x[k]);
-    }
-    if (masked && my_group == 0 && weights[chunks] != 0.0f) {
-      const P v = *reinterpret_cast<const P*>(o_masked + ((i * s + r) * h + head) * d + pack * kPer);
+    };
 #pragma unroll
-      for (int k = 0; k < kPer; ++k) acc[k] += weights[chunks] * to_float(v.x[k]);
+    for (int k = 0; k < kMergeAhead; ++k) {
+      const std::int64_t c = my_group + k * groups;
+      if (c < chunks && weights[c] != 0.0f) add(weights[c], ahead[k]);
+    }
+    for (std::int64_t c = my_group + kMergeAhead * groups; c < chunks; c += groups) {
+      const float w = weights[c];
+      if (w != 0.0f) add(w, *reinterpret_cast<const P*>(first + c * chunk_stride));
+    }
+    if (has_masked && my_group == 0 && weights[chunks] != 0.0f) {
+      add(weights[chunks], *reinterpret_cast<const P*>(o_masked + ((i * s + r) * h + head) * d + pack * kPer));
     }
 #pragma unroll
     for (int k = 0; k < kPer; ++k) sums[my_group * d + pack * kPer + k] = acc[k];
@@ -211,6 +242,37 @@ __global__ void merge_kernel(Strided o, T* out, float* stats, const T* o_chunks,
 template <class P>
 P* at(char* base, std::size_t offset) {
   return reinterpret_cast<P*>(base + offset);
+}
+
+// Whether this file's kernels may be launched early (wait_for_the_previous_kernel) on the current
+// device: only where the code that runs is SM 9.0's, which waits; on older GPUs, or from PTX built
+// for them, they serialize as usual. FUSEDATTN_DECODE_EARLY_LAUNCH=0 (read once) serializes always,
+// for the diagnostic's comparison.
+bool early_launch_here() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("FUSEDATTN_DECODE_EARLY_LAUNCH");
+    return !(value && std::string(value) == "0");
+  }();
+  cudaFuncAttributes attributes{};  // every kernel of this file is built for the same architectures
+  return enabled && cudaFuncGetAttributes(&attributes, merge_kernel<__nv_bfloat16>) == cudaSuccess &&
+         attributes.binaryVersion >= 90;
+}
+
+// kernel<<<blocks, threads, shared, stream>>>(args...), launched early where launches_early says so.
+template <class... Params, class... Args>
+cudaError_t launch(void (*kernel)(Params...), bool early, unsigned int blocks, unsigned int threads,
+                   std::size_t shared, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = shared;
+  config.stream = stream;
+  config.attrs = early ? &attribute : nullptr;
+  config.numAttrs = early ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 }  // namespace
@@ -258,7 +320,7 @@ DecodeSplitComposite::DecodeSplitComposite(const AttentionSpec& spec, DecodeSpli
     : spec_(spec), split_(split), chunks_(get_plan(decode_chunks_spec(spec, split), Pass::forward)),
       masked_(has_masked_call(split) ? get_plan(decode_masked_spec(spec, split), Pass::forward) : nullptr),
       inner_workspace_(round_up(std::max(chunks_->workspace_bytes(), masked_ ? masked_->workspace_bytes() : 0))),
-      scratch_(scratch_of(spec, split)) {}
+      scratch_(scratch_of(spec, split)), early_launch_(early_launch_here()) {}
 
 void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStream_t stream, char* workspace) const {
   const Scratch& s = scratch_;
@@ -283,15 +345,11 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
                            at<std::int32_t>(ours, s.len_kv_masked),   at<std::int32_t>(ours, s.table_k_masked),
                            at<std::int32_t>(ours, s.table_v_masked)};
   auto prepare = [&](auto kernel) {
-    kernel<<<blocks, kThreads, 0, stream>>>(cut, q_desc, heads, from, t.seq_len_q, t.seq_len_kv, t.page_table_k,
-                                            t.page_table_v, arrays);
+    return launch(kernel, early_launch_, blocks, kThreads, 0, stream, cut, q_desc, heads, from, t.seq_len_q,
+                  t.seq_len_kv, t.page_table_k, t.page_table_v, arrays);
   };
-  if (vectors) {
-    prepare(prepare_kernel<uint4>);
-  } else {
-    prepare(prepare_kernel<std::uint16_t>);
-  }
-  check_cuda(cudaGetLastError(), "decode split: prepare the inner calls");
+  check_cuda(vectors ? prepare(prepare_kernel<uint4>) : prepare(prepare_kernel<std::uint16_t>),
+             "decode split: prepare the inner calls");
 
   // An inner call: the caller's pools, our partials, lengths and tables (offsets into `ours`).
   auto inner_call = [&](const void* q, std::size_t o, std::size_t stats, std::size_t len_q, std::size_t len_kv,
@@ -328,18 +386,14 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
   float* stats = spec_.stats ? t.stats : nullptr;
   auto merge = [&](auto* out) {
     using T = std::remove_pointer_t<decltype(out)>;
-    merge_kernel<T><<<rows, threads, shared, stream>>>(
-        make_strided(spec_.o), out, stats, at<const T>(ours, s.o_chunks),
-        masked_ ? at<const T>(ours, s.o_masked) : nullptr, at<const float>(ours, s.stats_chunks),
-        at<const float>(ours, s.stats_masked), t.seq_len_q, at<const std::int32_t>(ours, s.len_kv_chunks),
-        at<const std::int32_t>(ours, s.len_kv_masked), split_.chunks, group);
+    return launch(merge_kernel<T>, early_launch_, rows, threads, shared, stream, make_strided(spec_.o), out, stats,
+                  at<const T>(ours, s.o_chunks), masked_ ? at<const T>(ours, s.o_masked) : nullptr,
+                  at<const float>(ours, s.stats_chunks), at<const float>(ours, s.stats_masked), t.seq_len_q,
+                  at<const std::int32_t>(ours, s.len_kv_chunks), at<const std::int32_t>(ours, s.len_kv_masked),
+                  split_.chunks, group);
   };
-  if (spec_.o.dtype == DType::bf16) {
-    merge(static_cast<__nv_bfloat16*>(t.o));
-  } else {
-    merge(static_cast<__half*>(t.o));
-  }
-  check_cuda(cudaGetLastError(), "decode split: merge");
+  check_cuda(spec_.o.dtype == DType::bf16 ? merge(static_cast<__nv_bfloat16*>(t.o)) : merge(static_cast<__half*>(t.o)),
+             "decode split: merge");
 }
 
 }  // namespace fusedattn::detail

@@ -46,6 +46,7 @@ class DecodeSplitComposite {
   std::shared_ptr<const Plan> chunks_, masked_;  // masked_: null without a masked call
   std::size_t inner_workspace_ = 0;  // the larger inner plan's, rounded up
   Scratch scratch_;                  // partials, tables, lengths
+  bool early_launch_ = false;        // our kernels launched while the previous one finishes (SM 9.0)
 };
 
 }  // namespace fusedattn::detail
