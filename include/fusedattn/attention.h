@@ -192,13 +192,19 @@ class Plan {
   // there, for a split decode's partials, whose merge reads only the rows within the lengths (the
   // zeroing launch took 1.3-2.3 µs of a decode that takes 15-50 at b = 1).
   enum class RowsPastLengths { zeroed, untouched };
+  // Whether a call seen before may be replayed from a recording (replay.h), or is executed by cuDNN:
+  // a split decode's inner calls are, since a replay took 3-5 µs longer on the GPU there (H200,
+  // b = 1 at 8k keys: 24.4 against 21.1 µs a decode), and its GPU time, not the host's, is what
+  // bounds a decode step.
+  enum class Recording { replayed, executed };
   void run(const ForwardTensors& tensors, float scale, cudaStream_t stream, const Workspace& workspace,
-           RowsPastLengths rows) const;
+           RowsPastLengths rows, Recording recording) const;
   void enqueue(const ForwardTensors& tensors, float scale, cudaStream_t stream, const Workspace& workspace,
-               RowsPastLengths rows) const;
+               RowsPastLengths rows, Recording recording) const;
   void enqueue(const BackwardTensors& tensors, float scale, cudaStream_t stream, const Workspace& workspace) const;
   // `workspace` has workspace_bytes(): cuDNN's part first, then ours.
-  void execute(void* const* by_uid, cudaStream_t stream, void* workspace) const;
+  void execute(void* const* by_uid, cudaStream_t stream, void* workspace,
+               Recording recording = Recording::replayed) const;
   void require_device() const;
 
   AttentionSpec spec_;

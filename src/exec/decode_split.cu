@@ -366,13 +366,14 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
   };
   const Workspace inner{workspace, inner_workspace_};
   const auto partials = Plan::RowsPastLengths::untouched;  // the merge reads the rows within the lengths only
+  const auto executed = Plan::Recording::executed;          // never replayed (attention.h says why)
   chunks_->run(inner_call(ours + s.q_chunks, s.o_chunks, s.stats_chunks, s.len_q_chunks, s.len_kv_chunks,
                           s.table_k_chunks, s.table_v_chunks),
-               scale, stream, inner, partials);
+               scale, stream, inner, partials, executed);
   if (masked_) {  // on the caller's queries
     masked_->run(inner_call(t.q, s.o_masked, s.stats_masked, s.len_q_masked, s.len_kv_masked, s.table_k_masked,
                             s.table_v_masked),
-                 scale, stream, inner, partials);
+                 scale, stream, inner, partials, executed);
   }
 
   const auto rows = static_cast<unsigned int>(spec_.o.elements() / spec_.head_dim_v());  // one block each

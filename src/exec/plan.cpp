@@ -241,12 +241,12 @@ std::size_t live_plans() noexcept { return g_live_plans.load(std::memory_order_r
 
 // A CUDA or cuDNN failure while enqueueing names the plan's pass and spec.
 void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace) const {
-  run(t, scale, stream, workspace, RowsPastLengths::zeroed);
+  run(t, scale, stream, workspace, RowsPastLengths::zeroed, Recording::replayed);
 }
 
 void Plan::run(const ForwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace,
-               RowsPastLengths rows) const {
-  detail::naming_the_call(pass_, spec_, [&] { enqueue(t, scale, stream, workspace, rows); });
+               RowsPastLengths rows, Recording recording) const {
+  detail::naming_the_call(pass_, spec_, [&] { enqueue(t, scale, stream, workspace, rows, recording); });
 }
 
 void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace) const {
@@ -254,7 +254,7 @@ void Plan::run(const BackwardTensors& t, float scale, cudaStream_t stream, const
 }
 
 void Plan::enqueue(const ForwardTensors& t, float scale, cudaStream_t stream, const Workspace& workspace,
-                   RowsPastLengths rows) const {
+                   RowsPastLengths rows, Recording recording) const {
   require_pass(pass_, Pass::forward);
   require_device();
   detail::check_tensor_set(spec_, t);
@@ -286,7 +286,7 @@ void Plan::enqueue(const ForwardTensors& t, float scale, cudaStream_t stream, co
   }
   by_uid[graph::kUidMaxLogit] = row_maxima;
   if (!spec_.stats) by_uid[graph::kUidSumExp] = ours;
-  execute(by_uid, stream, scratch.data());
+  execute(by_uid, stream, scratch.data(), recording);
   const std::int32_t* lengths = spec_.padding && !is_ragged(spec_) ? t.seq_len_q : nullptr;
   if (rows == RowsPastLengths::zeroed) {
     zero_past_lengths(spec_, spec_.o, t.o, lengths_q(spec_, t, ragged), ragged.offset_o,
@@ -343,12 +343,17 @@ void Plan::require_device() const {
   }
 }
 
-void Plan::execute(void* const* by_uid, cudaStream_t stream, void* workspace) const {
+void Plan::execute(void* const* by_uid, cudaStream_t stream, void* workspace, Recording recording) const {
   void* sorted[graph::kUidEnd];
   int count = 0;
   for (std::int64_t uid : graph_->uids()) sorted[count++] = by_uid[uid];
   cudnnHandle_t handle = detail::handle_for(device_, stream);
-  if (!replayed(*replays_, *graph_, by_uid, sorted, stream, handle, workspace)) graph_->execute(handle, sorted, workspace);
+  if (recording == Recording::executed) {
+    replays_->note_executed();
+  } else if (replayed(*replays_, *graph_, by_uid, sorted, stream, handle, workspace)) {
+    return;
+  }
+  graph_->execute(handle, sorted, workspace);
 }
 
 }  // namespace fusedattn

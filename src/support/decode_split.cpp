@@ -50,21 +50,32 @@ bool causal_queries(const AttentionSpec& spec) { return causal_bottom_right(spec
 DecodeSplit decode_split(const AttentionSpec& spec, Pass pass, int multiprocessors) noexcept {
   if (pass != Pass::forward || !spec.paged_kv() || spec.ragged_q() || !mergeable(spec)) return {};
   if (spec.seq_q() > kDecodeMaxQueries) return {};
-  const std::int64_t pairs = spec.batch() * spec.heads_kv();
-  const std::int64_t wanted = kDecodePairsPerSm * std::max(multiprocessors, 1);
-  if (pairs >= wanted) return {};
-  // At least as many chunks as make the pairs wanted (chunk pages rounded down, so that the
-  // chunks' call has them and never splits again), each of at least kDecodeMinChunkKeys keys in
-  // whole pages (a chunk that small has few pages: its call does not split again either).
-  const std::int64_t min_pages = ceil_div(kDecodeMinChunkKeys, spec.page_size());
-  if (spec.kv_pages < 2 * min_pages) return {};
   DecodeSplit out;
-  out.chunk_pages = std::max(min_pages, spec.kv_pages / ceil_div(wanted, pairs));
+  // The masked keys: from the page holding key len - s_q on, at most s_q - 1 + page_size keys. A
+  // cache no longer than that (the masked call's own) has nothing to split.
+  if (causal_queries(spec)) out.final_pages = ceil_div(spec.seq_q() - 1 + spec.page_size(), spec.page_size());
+  if (spec.kv_pages <= out.final_pages) return {};
+  // As many chunks as one round of tiles holds, each of at least kDecodeMinChunkKeys keys in whole
+  // pages. The chunks' call then fills a round (more than half of it: its b * chunks entries
+  // split again into fewer than two chunks), or its chunks are shorter than two of that minimum.
+  const std::int64_t round = decode_tiles_per_sm(spec) * std::max(multiprocessors, 1);
+  const std::int64_t min_pages = ceil_div(kDecodeMinChunkKeys, spec.page_size());
+  const std::int64_t chunks = std::min(round / (spec.batch() * decode_tiles_per_entry(spec)), spec.kv_pages / min_pages);
+  if (chunks < 2) return {};
+  out.chunk_pages = ceil_div(spec.kv_pages, chunks);
   out.chunks = ceil_div(spec.kv_pages, out.chunk_pages);
   if (out.chunks < 2) return {};
-  // The masked keys: from the page holding key len - s_q on, at most s_q - 1 + page_size keys.
-  if (causal_queries(spec)) out.final_pages = ceil_div(spec.seq_q() - 1 + spec.page_size(), spec.page_size());
   return out;
+}
+
+std::int64_t decode_tiles_per_entry(const AttentionSpec& spec) noexcept {
+  if (spec.seq_q() == 1) return spec.heads_q();  // unfolded: one tile a query head
+  const std::int64_t group = decode_query_group(spec);
+  return spec.heads_q() / group * ceil_div(spec.seq_q() * group, kDecodeFoldedTileRows);
+}
+
+std::int64_t decode_tiles_per_sm(const AttentionSpec& spec) noexcept {
+  return spec.seq_q() == 1 ? kDecodeOneQueryTilesPerSm : kDecodeFoldedTilesPerSm;
 }
 
 AttentionSpec decode_chunks_spec(const AttentionSpec& spec, const DecodeSplit& split) {

@@ -19,9 +19,17 @@
 
 namespace fusedattn::detail {
 
-/// The (sequence, K/V head) pairs a call must offer to keep an SM 9.0 GPU's multiprocessors busy:
-/// two per SM (b = 64 at h_kv = 8, 512 pairs on 132 SMs, reached 0.86 of the bandwidth unsplit).
-constexpr std::int64_t kDecodePairsPerSm = 2;
+/// cuDNN 9.19's paged decode kernels run a call as tiles of query rows, one (entry, head) each, so
+/// many at once per SM; the rest wait for a second round. Measured on the H200 (h 32/8, d 128,
+/// 64-token pages; `bench/profile_decode_kernels.py`, cuDNN's call alone over b sequences cut into
+/// c chunks, 2026-12-02): one query runs tiles of 16 rows, 4 an SM (b = 8 at 32k: 2 chunks, 512
+/// tiles in one round, 250 µs for the whole call, at the copy bandwidth; the earlier rule's 6
+/// chunks, 1,536 tiles in three rounds, 303 µs for cuDNN's kernel alone); several queries, folded,
+/// run tiles of 64 rows, 1 an SM (b = 8 with 16 queries at 8k: 128 tiles 82 µs, 256 84 µs, 512
+/// 86 µs).
+constexpr std::int64_t kDecodeOneQueryTilesPerSm = 4;
+constexpr std::int64_t kDecodeFoldedTileRows = 64;
+constexpr std::int64_t kDecodeFoldedTilesPerSm = 1;
 /// The fewest keys a chunk may have: below this a chunk's fixed cost (its row of partials, the
 /// merge's read of it) outweighs the keys it streams.
 constexpr std::int64_t kDecodeMinChunkKeys = 256;
@@ -37,11 +45,12 @@ struct DecodeSplit {
 
 /// The pure rule: a forward over a paged cache with dense queries (at most kDecodeMaxQueries of
 /// them), vanilla softmax, no bias, ALiBi, dropout, score modifier, max logit or FP8, and no mask
-/// or a bottom-right causal one, splits when b * h_kv pairs are fewer than kDecodePairsPerSm per SM,
-/// with one query or several (on the H200, b = 4 with 8 queries over 8k keys took 74.3 µs split
-/// against 145.2 unsplit): into at least as many chunks as make that many pairs in the unmasked
-/// call, each of at least kDecodeMinChunkKeys keys; no split where the cache holds fewer than two
-/// such chunks. The inner calls then never split.
+/// or a bottom-right causal one, splits each sequence's keys into as many chunks as fill one round
+/// of the chunks' call's tiles on `multiprocessors` SMs (decode_tiles_per_entry), each of at least
+/// kDecodeMinChunkKeys keys; no split where one round holds fewer than two chunks of every sequence
+/// (the call fills the GPU already; a second round would cost what the split saves), where the cache
+/// holds fewer than two chunks, or where it is no longer than the masked call's keys. The inner
+/// calls then never split.
 DecodeSplit decode_split(const AttentionSpec& spec, Pass pass, int multiprocessors) noexcept;
 
 /// Whether the split has a masked call (a bottom-right causal mask with several queries).
@@ -56,6 +65,11 @@ inline bool has_masked_call(const DecodeSplit& split) noexcept { return split.fi
 /// caller's queries and mask, partial O dense [b, s_q, h_q, d_v]. Both write their statistics.
 AttentionSpec decode_chunks_spec(const AttentionSpec& spec, const DecodeSplit& split);
 AttentionSpec decode_masked_spec(const AttentionSpec& spec, const DecodeSplit& split);
+/// The tiles of cuDNN's decode kernel one entry of the chunks' call takes: one query, a tile per
+/// query head; several queries, folded, kDecodeFoldedTileRows rows a tile per K/V head. And how
+/// many of them an SM runs at once.
+std::int64_t decode_tiles_per_entry(const AttentionSpec& spec) noexcept;
+std::int64_t decode_tiles_per_sm(const AttentionSpec& spec) noexcept;
 /// The query heads folded into one head's rows in the chunks' call: h_q / h_kv with several
 /// queries, 1 with one. Measured on the H200 (h 32/8, d 128, 64-token pages): folded, b = 1 with 16
 /// queries over 32k keys took 130.6 µs against 225.5 unfolded, but a single query got slower

@@ -21,32 +21,33 @@ AttentionSpec decode(const std::string& shape, const std::string& extra = " caus
   return spec;
 }
 
-// 264 (sequence, K/V head) pairs wanted: 2 per SM; a chunk's pages are the cache's pages over the
-// chunks wanted, rounded down, and at least 4 (256 keys of 64-token pages).
+// One round of cuDNN's tiles: 4 an SM with one query (528), 1 with several (132). One query takes a
+// tile per query head (32 an entry here); several, folded, a tile of 64 rows per K/V head (8 an
+// entry up to 16 queries of 4 heads each). A chunk has at least 4 pages (256 keys of 64-token pages).
 TEST(DecodeSplit, WorkedNumbersOnAnH200) {
   struct Case {
     const char* shape;
     std::int64_t chunks, chunk_pages;
   };
   const Case cases[] = {
-      // b = 1, h_kv = 8: 8 pairs, 33 chunks wanted; 8k tokens (128 pages) over 33 is 3 pages, under
-      // the 4 of 256 keys: 32 chunks of 4.
-      {"b=1 s_q=1 s_kv=8192", 32, 4},
-      // 32k: floor(512 / 33) = 15 pages, ceil(512 / 15) = 35 chunks.
-      {"b=1 s_q=1 s_kv=32768", 35, 15},
-      // 128k: floor(2048 / 33) = 62 pages, 34 chunks.
-      {"b=1 s_q=1 s_kv=131072", 34, 62},
-      // b = 8: 64 pairs, ceil(264 / 64) = 5 chunks wanted: floor(128 / 5) = 25 pages, 6 chunks.
-      {"b=8 s_q=1 s_kv=8192", 6, 25},
-      // b = 1 with 16 query tokens (speculative decoding): 8 pairs as with one, 35 chunks of 15 pages.
-      {"b=1 s_q=16 s_kv=32768", 35, 15},
-      // b = 4 with 8 queries: 32 pairs, ceil(264 / 32) = 9 chunks wanted: floor(128 / 9) = 14 pages,
-      // ceil(128 / 14) = 10 chunks.
-      {"b=4 s_q=8 s_kv=8192", 10, 14},
-      // 1k tokens: 4 chunks of 256 keys.
+      // b = 1: 528 / 32 = 16 chunks, at every length that holds 16 of 4 pages.
+      {"b=1 s_q=1 s_kv=8192", 16, 8},
+      {"b=1 s_q=1 s_kv=32768", 16, 32},
+      {"b=1 s_q=1 s_kv=131072", 16, 128},
+      // b = 2: 528 / 64 = 8; b = 4: 4; b = 6: 528 / 192 = 2; b = 8: 528 / 256 = 2.
+      {"b=2 s_q=1 s_kv=8192", 8, 16},
+      {"b=4 s_q=1 s_kv=8192", 4, 32},
+      {"b=6 s_q=1 s_kv=8192", 2, 64},
+      {"b=8 s_q=1 s_kv=8192", 2, 64},
+      {"b=8 s_q=1 s_kv=32768", 2, 256},
+      // 16 query tokens (speculative decoding), 64 folded rows: 8 tiles an entry, 132 / 8 = 16.
+      {"b=1 s_q=16 s_kv=32768", 16, 32},
+      // b = 4 with 8 queries: 32 rows, still a tile per K/V head: 132 / 32 = 4 chunks.
+      {"b=4 s_q=8 s_kv=8192", 4, 32},
+      // 1k tokens (16 pages) hold 4 chunks of 256 keys, fewer than the round's 16.
       {"b=1 s_q=1 s_kv=1024", 4, 4},
-      // 576 tokens (9 pages): 3 chunks of 4 pages, the last of one.
-      {"b=1 s_q=1 s_kv=576", 3, 4},
+      // 576 tokens (9 pages) hold 2: of 5 pages and of 4.
+      {"b=1 s_q=1 s_kv=576", 2, 5},
   };
   for (const Case& c : cases) {
     const DecodeSplit split = decode_split(decode(c.shape), Pass::forward, kH200);
@@ -56,16 +57,18 @@ TEST(DecodeSplit, WorkedNumbersOnAnH200) {
 }
 
 TEST(DecodeSplit, NoSplitWhereItDoesNotPay) {
-  // b = 64: 512 pairs already fill the GPU; 33 sequences make 264. 320 tokens (5 pages) and one page
-  // hold fewer than two chunks of 256 keys.
-  for (const char* shape : {"b=64 s_q=1 s_kv=8192", "b=33 s_q=1 s_kv=8192", "b=1 s_q=1 s_kv=320",
-                            "b=1 s_q=1 s_kv=64"}) {
+  // From b = 9 one round holds fewer than two chunks of each sequence (b = 16: 512 tiles fill a
+  // round unsplit). 320 tokens (5 pages) and one page hold fewer than two chunks of 256 keys.
+  for (const char* shape : {"b=64 s_q=1 s_kv=8192", "b=16 s_q=1 s_kv=8192", "b=9 s_q=1 s_kv=32768",
+                            "b=1 s_q=1 s_kv=320", "b=1 s_q=1 s_kv=64"}) {
     EXPECT_FALSE(decode_split(decode(shape), Pass::forward, kH200).split()) << shape;
   }
-  // Several queries fill the GPU at the same pairs: b = 33 with 16 queries.
+  // Several queries: b = 9 with 16 (72 tiles, a round of 132 holds one chunk of each) and b = 33.
+  EXPECT_FALSE(decode_split(decode("b=9 s_q=16 s_kv=8192", ""), Pass::forward, kH200).split());
   EXPECT_FALSE(decode_split(decode("b=33 s_q=16 s_kv=8192", ""), Pass::forward, kH200).split());
-  // Fewer SMs want fewer pairs: b = 8 on 32 SMs (64 pairs wanted) is already there.
+  // Fewer SMs hold fewer tiles: b = 8 on 32 SMs (a round of 128) does not split, b = 2 does in two.
   EXPECT_FALSE(decode_split(decode("b=8 s_q=1 s_kv=8192"), Pass::forward, 32).split());
+  EXPECT_EQ(decode_split(decode("b=2 s_q=1 s_kv=8192"), Pass::forward, 32).chunks, 2);
 }
 
 TEST(DecodeSplit, OnlyWhatMergesByLogSumExp) {
@@ -102,21 +105,21 @@ TEST(DecodeSplit, AMaskedCallOnlyForSeveralCausalQueries) {
 }
 
 TEST(DecodeSplit, TheInnerCallsSpecsAndTheyDoNotSplitAgain) {
-  // b = 1, 4 queries: 8 pairs, 33 chunks wanted: floor(128 / 33) = 3 pages, under 4: 32 chunks of 4.
+  // b = 1, 4 queries: 16 folded rows, 8 tiles an entry, 132 / 8 = 16 chunks of 8 pages.
   const AttentionSpec spec = decode("b=1 s_q=4 s_kv=8192");
   const DecodeSplit split = decode_split(spec, Pass::forward, kH200);
-  ASSERT_EQ(split.chunks, 32);
-  ASSERT_EQ(split.chunk_pages, 4);
+  ASSERT_EQ(split.chunks, 16);
+  ASSERT_EQ(split.chunk_pages, 8);
   ASSERT_EQ(split.final_pages, 2);
   const AttentionSpec chunks = decode_chunks_spec(spec, split);
   EXPECT_NO_THROW(validate(chunks));
-  EXPECT_EQ(chunks.batch(), 32);
-  EXPECT_EQ(chunks.kv_pages, 4);
+  EXPECT_EQ(chunks.batch(), 16);
+  EXPECT_EQ(chunks.kv_pages, 8);
   EXPECT_FALSE(chunks.window.bounded());  // every key of a chunk is visible
   EXPECT_TRUE(chunks.stats && chunks.padding);
   // Folded: the 4 query heads of each K/V head are 4 x 4 rows of one head, dense bshd.
   EXPECT_EQ(decode_query_group(spec), 4);
-  EXPECT_EQ(chunks.q.dims, (std::array<std::int64_t, 4>{32, 8, 16, 128}));
+  EXPECT_EQ(chunks.q.dims, (std::array<std::int64_t, 4>{16, 8, 16, 128}));
   EXPECT_EQ(chunks.q.strides, (std::array<std::int64_t, 4>{16 * 8 * 128, 128, 8 * 128, 1}));
   EXPECT_EQ(chunks.o.dims, chunks.q.dims);
   EXPECT_EQ(chunks.o.strides, chunks.q.strides);
@@ -135,7 +138,8 @@ TEST(DecodeSplit, TheInnerCallsSpecsAndTheyDoNotSplitAgain) {
   EXPECT_EQ(masked.window, spec.window);
   EXPECT_EQ(masked.alignment, Alignment::bottom_right);
   EXPECT_EQ(masked.o.strides, (std::array<std::int64_t, 4>{4 * 32 * 128, 128, 32 * 128, 1}));
-  // 32 x 8 pairs: the chunks' call does not split again, nor the masked one (2 pages).
+  // 16 x 8 tiles fill the round: the chunks' call does not split again, nor the masked one (2 pages,
+  // all of them its own masked keys).
   EXPECT_FALSE(decode_split(chunks, Pass::forward, kH200).split());
   EXPECT_FALSE(decode_split(masked, Pass::forward, kH200).split());
   for (const char* shape : {"b=1 s_q=1 s_kv=131072", "b=1 s_q=16 s_kv=131072", "b=1 s_q=2 s_kv=32768",
@@ -146,6 +150,15 @@ TEST(DecodeSplit, TheInnerCallsSpecsAndTheyDoNotSplitAgain) {
     EXPECT_FALSE(decode_split(decode_chunks_spec(s, d), Pass::forward, kH200).split()) << shape;
     if (has_masked_call(d)) EXPECT_FALSE(decode_split(decode_masked_spec(s, d), Pass::forward, kH200).split()) << shape;
   }
+  // 256-token pages: a chunk's minimum is one page, and the masked call's 2 pages (7 + 256 keys at
+  // most) are its own masked keys, so it does not split again either.
+  const AttentionSpec large_pages = parse_spec("layout=bshd_paged_bshd dtype=bf16 b=1 s_q=8 s_kv=8192 h_q=32 h_kv=8 "
+                                               "d=128 page_size=256 pages=64 causal align=bottom_right");
+  const DecodeSplit large = decode_split(large_pages, Pass::forward, kH200);
+  ASSERT_TRUE(large.split());
+  EXPECT_EQ(large.final_pages, 2);
+  EXPECT_FALSE(decode_split(decode_masked_spec(large_pages, large), Pass::forward, kH200).split());
+  EXPECT_FALSE(decode_split(decode_chunks_spec(large_pages, large), Pass::forward, kH200).split());
 }
 
 TEST(DecodeSplit, HowASequencesKeysAreCut) {

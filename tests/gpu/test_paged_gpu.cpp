@@ -43,8 +43,8 @@ std::vector<Case> paged_cases() {
   }
   out.push_back({"no_mask_prefill_bf16",
                  "layout=sbhd_paged_bshd dtype=bf16 b=2 s_q=100 s_kv=256 h_q=8 h_kv=2 d=128 page_size=64 pages=12"});
-  // Split decodes (src/support/decode_split.h; the cases above with b * h_kv < 264 split too): one
-  // sequence over long caches, and several queries without a mask.
+  // Split decodes (src/support/decode_split.h; most cases above split too, all but page_size_1 and
+  // the ragged and prefill ones): one sequence over long caches, and several queries without a mask.
   out.push_back({"split_b1_8k", "layout=bshd_paged_bshd dtype=bf16 b=1 s_q=1 s_kv=8192 h_q=32 h_kv=8 d=128 "
                                 "page_size=64 pages=128 causal align=bottom_right"});
   out.push_back({"split_b2_32k_sbhd", "layout=sbhd_paged_sbhd dtype=bf16 b=2 s_q=1 s_kv=32768 h_q=32 h_kv=8 d=128 "
@@ -78,7 +78,8 @@ void check_with_lengths(const char* spec, std::vector<std::int32_t> seq_len_q, s
 }
 
 // A split decode's edges, with lengths chosen: an empty sequence, one key, one page, a page
-// multiple, one short of the cache and the whole cache (chunks of 256 keys: 4 pages of 64).
+// multiple that ends the first chunk exactly, one short of the cache and the whole cache (b = 6 on
+// an H200: two chunks of 4096 keys).
 TEST(PagedSplitDecode, EmptySequencesOnePageAndPageMultiples) {
   FUSEDATTN_REQUIRE_GPU();
   check_with_lengths("layout=bshd_paged_bshd dtype=bf16 b=6 s_q=1 s_kv=8192 h_q=32 h_kv=8 d=128 page_size=64 "
@@ -89,7 +90,8 @@ TEST(PagedSplitDecode, EmptySequencesOnePageAndPageMultiples) {
 // Several causal queries: the keys some query cannot see go to the masked call, from the page
 // holding key len - s_q on (64-token pages: 8 queries over 1027 keys leave 960 to the chunks and 67,
 // over two pages, to the masked call; 12 over 1036 leave 1024 and 12; 12 over 12 leave all 12).
-// h_kv = 2: 6 pairs, few enough for several queries to split (decode_split.h).
+// h_kv = 2 and 96 folded rows: 4 tiles an entry, 12 for b = 3, so the 32-page cache splits into 8
+// chunks of 4 pages on an H200 (decode_split.h).
 TEST(PagedSplitDecode, TheMaskedCallTakesTheKeysSomeQueryCannotSee) {
   FUSEDATTN_REQUIRE_GPU();
   check_with_lengths("layout=bshd_paged_bshd dtype=bf16 b=3 s_q=12 s_kv=2048 h_q=16 h_kv=2 d=128 page_size=64 "
