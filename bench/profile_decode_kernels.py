@@ -3,9 +3,8 @@
 (h 32/8, d 128, 64-token pages, BF16), kernels grouped by name, per call; then, in a process with
 FUSEDATTN_SPLIT_DECODE=0, cuDNN's paged call alone over the same keys cut into E entries of P pages
 (what a split's chunks call is), so that the chunk size can be chosen by measurement; and the split
-calls' times again with our kernels launched late (FUSEDATTN_DECODE_EARLY_LAUNCH=0) and with the chunks'
-call executed rather than replayed (FUSEDATTN_REPLAY=0). Each call is timed on a stream and captured in a
-CUDA graph. A diagnostic, not a benchmark.
+calls' times again with our kernels launched late (FUSEDATTN_DECODE_EARLY_LAUNCH=0). Each call is timed on
+a stream and captured in a CUDA graph. A diagnostic, not a benchmark.
 
     FUSEDATTN_PYTHON_BUILD=build/python python bench/profile_decode_kernels.py [--no-sweep]
 """
@@ -97,8 +96,7 @@ def main():
     split_calls(kernels=not args.times_only)
     if args.split_only:
         return
-    for setting, what in (("FUSEDATTN_DECODE_EARLY_LAUNCH=0", "our kernels launched after the previous one ends"),
-                          ("FUSEDATTN_REPLAY=0", "the chunks' call executed by cuDNN, not replayed from a graph")):
+    for setting, what in (("FUSEDATTN_DECODE_EARLY_LAUNCH=0", "our kernels launched after the previous one ends"),):
         print(f"\n== the same with {setting} ({what})", flush=True)
         name, value = setting.split("=")
         subprocess.run([sys.executable, __file__, "--split-only", "--times-only"], env=dict(os.environ, **{name: value}),
