@@ -337,9 +337,40 @@ TensorPtr ScoreModLowering::forward(Graph& graph, const TensorPtr& score) {
   for (std::size_t i = 0; i < nodes.size(); ++i) values_.push_back(lower_node(i));
   TensorPtr modified = number(values_.back(), Kind::real, nodes.size() - 1);
   if (!is_virtual(modified)) modified = materialized(modified);  // a constant expression, score-shaped
-  keep_ = visibility();
-  for (const TensorPtr& keep : keep_) {
-    modified = emit(Mode::BINARY_SELECT, {modified, constant(kNegativeInfinity, false), keep}, Kind::real, Kind::real);
+  // With fixed lengths the window is written as the frontend writes its own (diagonal_band_mask),
+  // the form cuDNN's kernels know; its conditions are then built again only for the backward's dS.
+  const bool band = window_as_band();
+  if (band) modified = band_mask(modified);
+  keep_ = visibility(/*window=*/!band || derivatives_may_overflow(spec_.score_mod));
+  for (std::size_t k = band ? window_conditions_ : 0; k < keep_.size(); ++k) {
+    modified = emit(Mode::BINARY_SELECT, {modified, constant(kNegativeInfinity, false), keep_[k]}, Kind::real, Kind::real);
+  }
+  return modified;
+}
+
+bool ScoreModLowering::window_as_band() const noexcept {
+  return spec_.window.bounded() && !(inputs_.seq_len_q && inputs_.seq_len_kv);
+}
+
+// The window as the frontend's sliding-window mask builds it from diagonal band masks (right bound
+// first, then left), with the lengths fixed: keep row + shift + right >= col, and col + left - shift
+// > row, shift = s_kv - s_q bottom-right and 0 top-left.
+TensorPtr ScoreModLowering::band_mask(TensorPtr modified) {
+  using Attributes = fe::graph::DiagonalBandMask_attributes;
+  const bool bottom_right = spec_.alignment == Alignment::bottom_right;
+  const auto minus_infinity = [] { return constant(kNegativeInfinity, false); };
+  if (spec_.window.right >= 0) {
+    const TensorPtr s_q = bottom_right ? constant(static_cast<double>(spec_.seq_q()), true) : nullptr;
+    const TensorPtr s_kv = bottom_right ? constant(static_cast<double>(spec_.seq_kv()), true) : nullptr;
+    const TensorPtr right = spec_.window.right != 0 ? constant(static_cast<double>(spec_.window.right), true) : nullptr;
+    modified = graph_->diagonal_band_mask(modified, minus_infinity(), s_q, s_kv, nullptr, nullptr, nullptr, right,
+                                          Attributes().set_name("window_right").set_comparison_mode(Mode::CMP_GE));
+  }
+  if (spec_.window.left >= 0) {
+    const double shift = bottom_right ? static_cast<double>(spec_.seq_kv() - spec_.seq_q()) : 0.0;
+    modified = graph_->diagonal_band_mask(modified, minus_infinity(), nullptr, nullptr, nullptr, nullptr,
+                                          constant(static_cast<double>(spec_.window.left) - shift, false), nullptr,
+                                          Attributes().set_name("window_left").set_comparison_mode(Mode::CMP_GT));
   }
   return modified;
 }
@@ -347,16 +378,17 @@ TensorPtr ScoreModLowering::forward(Graph& graph, const TensorPtr& score) {
 // The window "p - left < j <= p + right" of spec.h (p = i, or i + len_kv - len_q bottom-right,
 // each entry's own lengths under padding) and the padding's rows and keys, as conditions that
 // each keep the visible scores.
-std::vector<TensorPtr> ScoreModLowering::visibility() {
+std::vector<TensorPtr> ScoreModLowering::visibility(bool window) {
   std::vector<TensorPtr> keep;
+  window_conditions_ = 0;
   const bool padded = inputs_.seq_len_q && inputs_.seq_len_kv;
-  if (!padded && !spec_.window.bounded()) return keep;
+  if (!padded && !(window && spec_.window.bounded())) return keep;
   const TensorPtr row = index(2), column = index(3);
   auto integer = [&](Mode mode, const TensorPtr& a, const TensorPtr& b) { return emit(mode, {a, b}, Kind::integer, Kind::integer); };
   auto condition = [&](Mode mode, const TensorPtr& a, const TensorPtr& b) {
     return emit(mode, {a, b}, Kind::condition, Kind::condition);
   };
-  if (spec_.window.bounded()) {
+  if (window && spec_.window.bounded()) {
     TensorPtr offset = integer(Mode::SUB, column, row);  // j - i - shift, shift = 0 top-left
     if (spec_.alignment == Alignment::bottom_right) {    // shift = len_kv - len_q
       offset = padded ? integer(Mode::SUB, integer(Mode::ADD, offset, inputs_.seq_len_q), inputs_.seq_len_kv)
@@ -368,6 +400,7 @@ std::vector<TensorPtr> ScoreModLowering::visibility() {
     if (spec_.window.left >= 0) {
       keep.push_back(condition(Mode::CMP_GT, offset, constant(static_cast<double>(-spec_.window.left), true)));
     }
+    window_conditions_ = keep.size();
   }
   if (padded) {
     keep.push_back(condition(Mode::CMP_LT, row, inputs_.seq_len_q));

@@ -94,12 +94,18 @@ TEST(ScoreModLowering, WorkedOperationCounts) {
   const Lowered softcap = lower(std::string(kBase) + " score_mod=mul(tanh(div(score,$0)),$0)");
   EXPECT_EQ(softcap.forward.size(), 3u);
   EXPECT_EQ(softcap.backward.size(), 5u);
-  // Causal adds the row and column indices, j - i, the comparison and the select: 5 forward; the
-  // backward masks dS again only where a derivative can overflow, which a softcap's cannot.
+  // Causal with fixed lengths is the frontend's own diagonal band mask (its operations are the
+  // frontend's, not emitted here): the forward stays 3; the backward masks dS again only where a
+  // derivative can overflow, which a softcap's cannot.
   const Lowered causal = lower(std::string(kBase) + " causal score_mod=mul(tanh(div(score,$0)),$0)");
-  EXPECT_EQ(causal.forward.size(), 8u);
+  EXPECT_EQ(causal.forward.size(), 3u);
   EXPECT_EQ(causal.backward.size(), 5u);
-  // A log of a distance can: one select of dS per mask condition.
+  // With runtime lengths the window is ours: the row and column indices, j - i, the comparison and
+  // the select (5), and the padding's two comparisons and two selects: 12 forward.
+  const Lowered padded = lower(std::string(kBase) + " padding=1 causal score_mod=mul(tanh(div(score,$0)),$0)");
+  EXPECT_EQ(padded.forward.size(), 12u);
+  // A log of a distance can overflow: the window's condition is built for the backward too (the
+  // indices, j - i and the comparison, no select in the forward), and dS gets one select.
   const Lowered logged = lower(std::string(kBase) + " causal score_mod=sub(score,log(add(abs(sub(kv,q)),1)))");
   EXPECT_EQ(logged.backward.size(), 1u);  // the select; the log carries no derivative to the score
   EXPECT_EQ(logged.backward[0].mode, Mode::BINARY_SELECT);
