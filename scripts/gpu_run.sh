@@ -176,11 +176,6 @@ layout=bshd b=2 s=8192 h=16 d=128"}
         | tee -a "$OUT/score_mod_bench.txt" || status=1
     done
   done <<<"$shapes"
-  if [ -z "${MODBENCH_SHAPES:-}" ]; then
-    echo "-- the causal softcap as one call (FUSEDATTN_CAUSAL_BLOCKS=0), beside its blocks above"
-    FUSEDATTN_CAUSAL_BLOCKS=0 "$build/fusedattn" bench "layout=bshd b=2 s=8192 h=16 d=128 causal score_mod=mul(tanh(div(score,\$0)),\$0)" \
-      --iters 20 | grep -v "^fusedattn\|^cuDNN\|^CUDA\|^GPU" | tee -a "$OUT/score_mod_bench.txt" || status=1
-  fi
   echo "-- the same softcap through fusedattn.torch beside compiled FlexAttention (bench/run_bench_score_mod.py)"
   # shellcheck disable=SC2086  # MODBENCH_ARGS is a list of arguments (--causal-only)
   FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 -X faulthandler bench/run_bench_score_mod.py --build "$build" \
@@ -228,13 +223,13 @@ if part sanitizer; then
     # The default memcheck filter passes through each of fusedattn's own kernels at least once: the
     # ragged offsets and padding fills (Execution, Ragged), the dropout offset (Replay), the split
     # decode's prepare and merge kernels, FP8 scaling and quantization, MXFP8 quantization, the max
-    # logit's rows and heads, the causal blocks' row sums and chunk sums (a softcap at 2k), the K/V
-    # expansion of a grouped FP8 backward (gqa_16_4), and the allocators' fault paths.
+    # logit's rows and heads, the K/V expansion of a grouped FP8 backward (gqa_16_4), and the
+    # allocators' fault paths.
     default_memcheck='Execution.*:Ragged.*:Replay.*:PagedSplitDecode.*:Fp8ScalingGpu.*:GpuMxfp8.*'
-    default_memcheck+=':*Numerics*max_logit*:*ScoreModNumerics*causal_blocks*:*Fp8Numerics*gqa_16_4*:Faults.AFailing*'
+    default_memcheck+=':*Numerics*max_logit*:*Fp8Numerics*gqa_16_4*:Faults.AFailing*'
     for tool in memcheck racecheck; do
       if [ "$tool" = memcheck ]; then filter=${MEMCHECK_FILTER:-$default_memcheck}
-      else filter=${RACECHECK_FILTER:-PagedSplitDecode.*:*ScoreModNumerics*causal_blocks*}; fi
+      else filter=${RACECHECK_FILTER:-PagedSplitDecode.*}; fi
       echo "-- $tool: $filter"
       "$sanitizer" --tool "$tool" --error-exitcode 99 --print-limit 50 \
         "$build/tests/fusedattn_gpu_tests" --gtest_filter="$filter" >"$OUT/sanitizer_$tool.txt" 2>&1

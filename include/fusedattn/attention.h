@@ -155,7 +155,6 @@ class CompiledGraph;
 namespace detail {
 class ReplayCache;
 class KvExpansion;
-class CausalComposite;
 class DecodeSplitComposite;
 }
 
@@ -165,8 +164,7 @@ class Plan {
   /// `graph` is the one built for the spec, except for an FP8 backward that runs its grouped K/V
   /// heads ungrouped (src/support/kv_expansion.h), whose graph is that of the ungrouped spec; null
   /// for a spec that runs as several calls, each a cached plan of its own that the plan then finds
-  /// or builds: a paged decode split into key chunks (src/support/decode_split.h), or a causal
-  /// score-modified spec run as blocks (src/support/causal_blocks.h).
+  /// or builds: a paged decode split into key chunks (src/support/decode_split.h).
   Plan(AttentionSpec spec, Pass pass, int device, std::shared_ptr<const graph::CompiledGraph> graph);
   ~Plan();
   const AttentionSpec& spec() const noexcept { return spec_; }
@@ -212,7 +210,6 @@ class Plan {
   int device_;
   std::unique_ptr<const detail::KvExpansion> kv_expansion_;  // grouped K/V heads run ungrouped, or null
   std::unique_ptr<const detail::DecodeSplitComposite> split_;  // a paged decode split into key chunks, or null
-  std::unique_ptr<const detail::CausalComposite> blocks_;    // a causal modified call run as blocks, or null
   std::size_t scratch_bytes_;          // ours after cuDNN's (ragged arrays, max logit rows, K/V expansion)
   std::size_t graph_workspace_bytes_;  // what cuDNN asks for
   std::shared_ptr<const graph::CompiledGraph> graph_;

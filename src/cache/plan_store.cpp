@@ -13,7 +13,6 @@
 
 #include "cache/disk_cache.h"
 #include "exec/autotune.h"
-#include "exec/causal_composite.h"
 #include "exec/decode_split.h"
 #include "exec/device.h"
 #include "exec/kv_expansion.h"
@@ -160,22 +159,6 @@ std::shared_ptr<const detail::CacheEntry> build_spec_entry(const PlanKey& key) {
       (!detail::has_masked_call(split) || check_support(detail::decode_masked_spec(key.spec, split), key.pass).ok())) {
     // The chunks' plans are cached under their own specs; where cuDNN refuses one, one call.
     entry->plan = std::make_shared<Plan>(key.spec, key.pass, key.device, nullptr);
-    return entry;
-  }
-  const detail::CausalBlocks blocks = detail::causal_blocks_in_use(key.spec);
-  if (blocks.split()) {
-    // Each block's plan and answer are cached under its own spec; the first refusal is the answer.
-    const std::int64_t count = key.pass == Pass::forward ? blocks.count : detail::backward_count(key.spec, blocks);
-    for (std::int64_t i = 0; i < count; ++i) {
-      const AttentionSpec block = key.pass == Pass::forward ? detail::forward_block(key.spec, blocks, i)
-                                                           : detail::backward_block(key.spec, blocks, i);
-      Support answer = check_support(block, key.pass);
-      if (!answer.ok()) {
-        entry->support = std::move(answer);
-        return entry;
-      }
-    }
-    entry->plan = std::make_shared<Plan>(key.spec, key.pass, key.device, nullptr);  // the blocks' plans
     return entry;
   }
   cudnnHandle_t handle = detail::handle_for(key.device, nullptr);

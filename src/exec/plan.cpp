@@ -9,7 +9,6 @@
 #include <string>
 #include <utility>
 
-#include "exec/causal_composite.h"
 #include "exec/decode_split.h"
 #include "exec/cuda_check.h"
 #include "exec/device.h"
@@ -202,20 +201,13 @@ std::atomic<std::size_t> g_live_plans{0};
 
 namespace {
 // Without a graph the spec runs as several calls, each a plan of its own: a paged decode split into
-// key chunks (support/decode_split.h), or causal blocks (support/causal_blocks.h).
+// key chunks (support/decode_split.h).
 std::unique_ptr<const detail::DecodeSplitComposite> split_of(const AttentionSpec& spec, Pass pass, int device,
                                                              bool has_graph) {
   if (has_graph) return nullptr;
   const detail::DecodeSplit split = detail::decode_split_in_use(spec, pass, device);
-  return split.split() ? std::make_unique<const detail::DecodeSplitComposite>(spec, split) : nullptr;
-}
-
-std::unique_ptr<const detail::CausalComposite> blocks_of(const AttentionSpec& spec, Pass pass, bool has_graph,
-                                                         bool split) {
-  if (has_graph || split) return nullptr;
-  const detail::CausalBlocks blocks = detail::causal_blocks_in_use(spec);
-  if (!blocks.split()) throw std::logic_error("fusedattn: a plan without a graph for a spec that is not split");
-  return std::make_unique<const detail::CausalComposite>(spec, pass, blocks);
+  if (!split.split()) throw std::logic_error("fusedattn: a plan without a graph for a spec that is not split");
+  return std::make_unique<const detail::DecodeSplitComposite>(spec, split);
 }
 }  // namespace
 
@@ -225,10 +217,8 @@ Plan::Plan(AttentionSpec spec, Pass pass, int device, std::shared_ptr<const grap
                         ? std::make_unique<const detail::KvExpansion>(spec_)
                         : nullptr),
       split_(split_of(spec_, pass, device, graph != nullptr)),
-      blocks_(blocks_of(spec_, pass, graph != nullptr, split_ != nullptr)),
-      scratch_bytes_(split_    ? split_->workspace_bytes()
-                     : blocks_ ? blocks_->workspace_bytes()
-                               : scratch_for(spec_, pass) + (kv_expansion_ ? kv_expansion_->workspace_bytes() : 0)),
+      scratch_bytes_(split_ ? split_->workspace_bytes()
+                            : scratch_for(spec_, pass) + (kv_expansion_ ? kv_expansion_->workspace_bytes() : 0)),
       graph_workspace_bytes_(!graph ? 0 : scratch_bytes_ ? round_up(graph->workspace_bytes()) : graph->workspace_bytes()),
       graph_(std::move(graph)), zero_sink_(zero_sink(spec_)),
       replays_(std::make_unique<detail::ReplayCache>()) {
@@ -259,11 +249,9 @@ void Plan::enqueue(const ForwardTensors& t, float scale, cudaStream_t stream, co
   require_device();
   detail::check_tensor_set(spec_, t);
   detail::check_scale(scale);
-  if (split_ || blocks_) {
+  if (split_) {
     CallWorkspace scratch(workspace_bytes(), workspace, stream);
-    char* data = static_cast<char*>(scratch.data());
-    if (split_) split_->forward(t, scale, stream, data);
-    if (blocks_) blocks_->forward(t, scale, stream, data);
+    split_->forward(t, scale, stream, static_cast<char*>(scratch.data()));
     return;
   }
   CallWorkspace scratch(workspace_bytes(), workspace, stream);  // first: a failing allocator leaves nothing written
@@ -305,11 +293,6 @@ void Plan::enqueue(const BackwardTensors& t, float scale, cudaStream_t stream, c
   require_device();
   detail::check_tensor_set(spec_, t);
   detail::check_scale(scale);
-  if (blocks_) {
-    CallWorkspace scratch(workspace_bytes(), workspace, stream);
-    blocks_->backward(t, scale, stream, static_cast<char*>(scratch.data()));
-    return;
-  }
   CallWorkspace scratch(workspace_bytes(), workspace, stream);  // first: a failing allocator leaves nothing written
   detail::PointersByUid pointers = detail::backward_pointers(t, &scale);
   if (spec_.fp8_scaling == Fp8Scaling::mxfp8) {

@@ -48,13 +48,14 @@ std::vector<ModCase> mod_cases() {
   add("softcap_padding_f16", "layout=bshd dtype=f16 b=3 s_q=200 s_kv=450 h=4 d=64 padding=1", kSoftcap, {1.5f});
   add("softcap_thd_bf16", "layout=thd_thd_thd dtype=bf16 b=3 s_q=300 s_kv=300 h_q=8 h_kv=2 d=64 causal", kSoftcap,
       {2.0f});
-  // Causal calls of 2048 rows and more run as blocks (src/support/causal_blocks.h): top-left and
-  // bottom-right, tensors along the queries and along the keys (views of the caller's).
-  add("softcap_causal_blocks_bf16", "layout=bshd dtype=bf16 b=1 s=2048 h=2 d=64 causal", kSoftcap, {2.0f});
-  add("softcap_causal_blocks_br_f16", "layout=bshd dtype=f16 b=1 s_q=2048 s_kv=3000 h=1 d=64 causal align=bottom_right",
+  // Long causal calls, where most key tiles of a query tile lie past the diagonal band that cuDNN
+  // skips (score_mod_lowering.cpp writes the window as the frontend's band mask): top-left and
+  // bottom-right, tensors along the queries and along the keys.
+  add("softcap_causal_2k_bf16", "layout=bshd dtype=bf16 b=1 s=2048 h=2 d=64 causal", kSoftcap, {2.0f});
+  add("softcap_causal_2k_br_f16", "layout=bshd dtype=f16 b=1 s_q=2048 s_kv=3000 h=1 d=64 causal align=bottom_right",
       kSoftcap, {2.0f});
-  add("alibi_causal_blocks_bf16", "layout=sbhd dtype=bf16 b=1 s=2304 h=2 d=64 causal", "add(score,mul(t0[h],sub(kv,q)))");
-  add("query_key_tensors_causal_blocks_bf16", "layout=bshd dtype=bf16 b=1 s=2048 h=1 d=64 causal",
+  add("alibi_causal_2304_bf16", "layout=sbhd dtype=bf16 b=1 s=2304 h=2 d=64 causal", "add(score,mul(t0[h],sub(kv,q)))");
+  add("query_key_tensors_causal_2k_bf16", "layout=bshd dtype=bf16 b=1 s=2048 h=1 d=64 causal",
       "add(mul(score,t0[q]),t1[kv])");
   // The named modifiers of the issue, written in: ALiBi with custom slopes, a prefix-LM mask, a
   // causal sliding window in the expression itself.
