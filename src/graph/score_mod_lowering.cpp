@@ -338,7 +338,9 @@ TensorPtr ScoreModLowering::forward(Graph& graph, const TensorPtr& score) {
   TensorPtr modified = number(values_.back(), Kind::real, nodes.size() - 1);
   if (!is_virtual(modified)) modified = materialized(modified);  // a constant expression, score-shaped
   // With fixed lengths the window is written as the frontend writes its own (diagonal_band_mask),
-  // the form cuDNN's kernels know; its conditions are then built again only for the backward's dS.
+  // a form cuDNN's kernels recognize and skip the tiles past (H200, a causal softcap at 2 x 8k:
+  // 1.19 ms forward and 3.26 backward, against 2.21 and 8.65 with the window as conditions). Its
+  // conditions are then built again only for the backward's dS.
   const bool band = window_as_band();
   if (band) modified = band_mask(modified);
   keep_ = visibility(/*window=*/!band || derivatives_may_overflow(spec_.score_mod));
