@@ -26,8 +26,9 @@ constexpr int kMergeThreads = 256;  // a row's d_v / 8 column packs (d_v <= 256)
 // Columns of a partial O a merge thread loads at once: 16 bytes. The partials are our own dense
 // buffers, 256-byte aligned, and validation holds d_v to a multiple of 8.
 constexpr int kMergePack = 8;
-// Partial packs a merge thread loads before the chunks' weights are known: at b = 1 (32 rows of
-// 32-35 chunks, 16 groups of 16 threads) every partial of a row.
+// Partial packs a merge thread loads before the chunks' weights are known: every partial of a row
+// wherever a row has at most 4 chunks per group of threads (on an H200 every split of
+// decode_split.h: b = 1 takes 16 chunks, 16 groups of 16 threads at d_v = 128).
 constexpr int kMergeAhead = 4;
 std::size_t round_up(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
@@ -258,7 +259,7 @@ bool early_launch_here() {
          attributes.binaryVersion >= 90;
 }
 
-// kernel<<<blocks, threads, shared, stream>>>(args...), launched early where launches_early says so.
+// kernel<<<blocks, threads, shared, stream>>>(args...), launched early where `early` (early_launch_here).
 template <class... Params, class... Args>
 cudaError_t launch(void (*kernel)(Params...), bool early, unsigned int blocks, unsigned int threads,
                    std::size_t shared, cudaStream_t stream, Args&&... args) {

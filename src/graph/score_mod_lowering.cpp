@@ -339,19 +339,23 @@ TensorPtr ScoreModLowering::forward(Graph& graph, const TensorPtr& score) {
   if (!is_virtual(modified)) modified = materialized(modified);  // a constant expression, score-shaped
   // With fixed lengths the window is written as the frontend writes its own (diagonal_band_mask),
   // a form cuDNN's kernels recognize and skip the tiles past (H200, a causal softcap at 2 x 8k:
-  // 1.19 ms forward and 3.26 backward, against 2.21 and 8.65 with the window as conditions). Its
-  // conditions are then built again only for the backward's dS.
-  const bool band = window_as_band();
-  if (band) modified = band_mask(modified);
-  keep_ = visibility(/*window=*/!band || derivatives_may_overflow(spec_.score_mod));
-  for (std::size_t k = band ? window_conditions_ : 0; k < keep_.size(); ++k) {
-    modified = emit(Mode::BINARY_SELECT, {modified, constant(kNegativeInfinity, false), keep_[k]}, Kind::real, Kind::real);
+  // 1.19 ms forward and 3.26 backward, against 2.21 and 8.65 with the window as conditions).
+  if (window_as_band()) {
+    keep_.clear();
+    return band_mask(modified);
+  }
+  keep_ = visibility();
+  for (const TensorPtr& keep : keep_) {
+    modified = emit(Mode::BINARY_SELECT, {modified, constant(kNegativeInfinity, false), keep}, Kind::real, Kind::real);
   }
   return modified;
 }
 
+// Not where the backward masks dS again with the window's conditions (a derivative that may
+// overflow): those would have to be built beside the band, and that form is the one measured.
 bool ScoreModLowering::window_as_band() const noexcept {
-  return spec_.window.bounded() && !(inputs_.seq_len_q && inputs_.seq_len_kv);
+  return spec_.window.bounded() && !(inputs_.seq_len_q && inputs_.seq_len_kv) &&
+         !derivatives_may_overflow(spec_.score_mod);
 }
 
 // The window as the frontend's sliding-window mask builds it from diagonal band masks (right bound
@@ -380,17 +384,16 @@ TensorPtr ScoreModLowering::band_mask(TensorPtr modified) {
 // The window "p - left < j <= p + right" of spec.h (p = i, or i + len_kv - len_q bottom-right,
 // each entry's own lengths under padding) and the padding's rows and keys, as conditions that
 // each keep the visible scores.
-std::vector<TensorPtr> ScoreModLowering::visibility(bool window) {
+std::vector<TensorPtr> ScoreModLowering::visibility() {
   std::vector<TensorPtr> keep;
-  window_conditions_ = 0;
   const bool padded = inputs_.seq_len_q && inputs_.seq_len_kv;
-  if (!padded && !(window && spec_.window.bounded())) return keep;
+  if (!padded && !spec_.window.bounded()) return keep;
   const TensorPtr row = index(2), column = index(3);
   auto integer = [&](Mode mode, const TensorPtr& a, const TensorPtr& b) { return emit(mode, {a, b}, Kind::integer, Kind::integer); };
   auto condition = [&](Mode mode, const TensorPtr& a, const TensorPtr& b) {
     return emit(mode, {a, b}, Kind::condition, Kind::condition);
   };
-  if (window && spec_.window.bounded()) {
+  if (spec_.window.bounded()) {
     TensorPtr offset = integer(Mode::SUB, column, row);  // j - i - shift, shift = 0 top-left
     if (spec_.alignment == Alignment::bottom_right) {    // shift = len_kv - len_q
       offset = padded ? integer(Mode::SUB, integer(Mode::ADD, offset, inputs_.seq_len_q), inputs_.seq_len_kv)
@@ -402,7 +405,6 @@ std::vector<TensorPtr> ScoreModLowering::visibility(bool window) {
     if (spec_.window.left >= 0) {
       keep.push_back(condition(Mode::CMP_GT, offset, constant(static_cast<double>(-spec_.window.left), true)));
     }
-    window_conditions_ = keep.size();
   }
   if (padded) {
     keep.push_back(condition(Mode::CMP_LT, row, inputs_.seq_len_q));

@@ -69,9 +69,7 @@ class ScoreModLowering {
   static bool small_power(const Value& exponent);
   TensorPtr product(const TensorPtr& x, int n);
   TensorPtr value_of(std::int32_t node);
-  // The spec's window and padding as conditions keeping the visible scores, the window's first
-  // (window_conditions_ of them; none unless `window`).
-  std::vector<TensorPtr> visibility(bool window);
+  std::vector<TensorPtr> visibility();  // the window and padding as conditions keeping the visible scores
   bool window_as_band() const noexcept;
   TensorPtr band_mask(TensorPtr modified);
 
@@ -82,7 +80,6 @@ class ScoreModLowering {
   TensorPtr zero_;             // anchor * 0, made once per subgraph where needed
   std::vector<Value> values_;  // the forward's node values, in the expression's post-order
   std::vector<TensorPtr> keep_;  // the masks' conditions (boolean), each keeping the visible scores
-  std::size_t window_conditions_ = 0;  // how many of keep_ are the window's (they come first)
   int names_ = 0;
   std::vector<Emitted> emitted_;
 };

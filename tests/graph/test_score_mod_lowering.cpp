@@ -104,8 +104,8 @@ TEST(ScoreModLowering, WorkedOperationCounts) {
   // the select (5), and the padding's two comparisons and two selects: 12 forward.
   const Lowered padded = lower(std::string(kBase) + " padding=1 causal score_mod=mul(tanh(div(score,$0)),$0)");
   EXPECT_EQ(padded.forward.size(), 12u);
-  // A log of a distance can overflow: the window's condition is built for the backward too (the
-  // indices, j - i and the comparison, no select in the forward), and dS gets one select.
+  // A log of a distance can overflow: the window stays conditions (measured that way), and dS gets
+  // one select.
   const Lowered logged = lower(std::string(kBase) + " causal score_mod=sub(score,log(add(abs(sub(kv,q)),1)))");
   EXPECT_EQ(logged.backward.size(), 1u);  // the select; the log carries no derivative to the score
   EXPECT_EQ(logged.backward[0].mode, Mode::BINARY_SELECT);
