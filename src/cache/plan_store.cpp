@@ -15,6 +15,7 @@
 #include "exec/autotune.h"
 #include "exec/decode_split.h"
 #include "exec/device.h"
+#include "exec/environment_switch.h"
 #include "exec/kv_expansion.h"
 #include "exec/relaxed_capture.h"
 #include "fusedattn/build_info.h"
@@ -69,10 +70,7 @@ void log_event(CacheEvent event, const PlanKey& key, double ms) {
   write_log_line(line + " " + to_string(key));
 }
 
-bool logging_requested_by_environment() {
-  const char* value = std::getenv("FUSEDATTN_LOG");
-  return value && *value && std::string(value) != "0";
-}
+bool logging_requested_by_environment() { return detail::switch_on_when_set("FUSEDATTN_LOG"); }
 
 PlanCache& plan_cache() {
   // Built on first use; FUSEDATTN_PLAN_CACHE_CAP and FUSEDATTN_LOG are read here and never again.

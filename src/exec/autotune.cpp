@@ -5,14 +5,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "exec/cuda_check.h"
 #include "exec/device.h"
+#include "exec/environment_switch.h"
 #include "exec/relaxed_capture.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/autotune.h"
@@ -22,10 +21,7 @@ namespace fusedattn {
 namespace {
 
 std::atomic<bool>& autotune_setting() {
-  static std::atomic<bool> setting{[] {
-    const char* value = std::getenv("FUSEDATTN_AUTOTUNE");
-    return value && *value && std::string(value) != "0";
-  }()};
+  static std::atomic<bool> setting{detail::switch_on_when_set("FUSEDATTN_AUTOTUNE")};
   return setting;
 }
 

@@ -7,13 +7,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 #include <utility>
 
 #include "exec/cuda_check.h"
 #include "exec/device.h"
+#include "exec/environment_switch.h"
 #include "exec/element_conversions.cuh"
 #include "exec/strided_elements.cuh"
 
@@ -250,10 +249,7 @@ P* at(char* base, std::size_t offset) {
 // for them, they serialize as usual. FUSEDATTN_DECODE_EARLY_LAUNCH=0 (read once) serializes always,
 // for the diagnostic's comparison.
 bool early_launch_here() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("FUSEDATTN_DECODE_EARLY_LAUNCH");
-    return !(value && std::string(value) == "0");
-  }();
+  static const bool enabled = switch_on_unless_zero("FUSEDATTN_DECODE_EARLY_LAUNCH");
   cudaFuncAttributes attributes{};  // every kernel of this file is built for the same architectures
   return enabled && cudaFuncGetAttributes(&attributes, merge_kernel<__nv_bfloat16>) == cudaSuccess &&
          attributes.binaryVersion >= 90;
@@ -279,10 +275,7 @@ cudaError_t launch(void (*kernel)(Params...), bool early, unsigned int blocks, u
 }  // namespace
 
 DecodeSplit decode_split_in_use(const AttentionSpec& spec, Pass pass, int device) {
-  static const bool enabled = [] {
-    const char* value = std::getenv("FUSEDATTN_SPLIT_DECODE");
-    return !(value && std::string(value) == "0");
-  }();
+  static const bool enabled = switch_on_unless_zero("FUSEDATTN_SPLIT_DECODE");
   if (!enabled || pass != Pass::forward || !spec.paged_kv()) return {};
   return decode_split(spec, pass, multiprocessor_count(device));
 }

@@ -4,12 +4,11 @@
 #include "exec/kv_expansion.h"
 
 #include <cstdint>
-#include <cstdlib>
-#include <string>
 
 #include "exec/cuda_check.h"
 #include "exec/device.h"
 #include "exec/element_conversions.cuh"
+#include "exec/environment_switch.h"
 #include "exec/strided_elements.cuh"
 #include "fusedattn/errors.h"
 #include "graph/sdpa_graph.h"
@@ -165,10 +164,7 @@ void sum_kv_head_groups(const TensorDesc& src_desc, const void* src, const Tenso
 bool expands_kv_heads_on(const AttentionSpec& spec, Pass pass, int device) {
   // FUSEDATTN_KV_EXPANSION=0 keeps every backward grouped (read once: plans built either way must
   // not meet in one cache); the benchmark times both ways with it.
-  static const bool allowed = [] {
-    const char* setting = std::getenv("FUSEDATTN_KV_EXPANSION");
-    return setting == nullptr || std::string(setting) != "0";
-  }();
+  static const bool allowed = switch_on_unless_zero("FUSEDATTN_KV_EXPANSION");
   return allowed && expands_kv_heads(spec, pass, multiprocessor_count(device));
 }
 

@@ -2,11 +2,10 @@
 #include "exec/replay.h"
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <exception>
 
 #include "exec/cuda_check.h"
+#include "exec/environment_switch.h"
 
 namespace fusedattn::detail {
 namespace {
@@ -130,10 +129,7 @@ cudaGraphExec_t ReplayCache::record(const graph::CompiledGraph& graph, cudnnHand
 
 namespace {
 std::atomic<bool>& replay_switch() noexcept {
-  static std::atomic<bool> on{[] {
-    const char* text = std::getenv("FUSEDATTN_REPLAY");
-    return text == nullptr || std::strcmp(text, "0") != 0;
-  }()};
+  static std::atomic<bool> on{switch_on_unless_zero("FUSEDATTN_REPLAY")};
   return on;
 }
 }  // namespace
