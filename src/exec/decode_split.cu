@@ -372,7 +372,7 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
 
   const auto rows = static_cast<unsigned int>(spec_.o.elements() / spec_.head_dim_v());  // one block each
   // Groups of d_v / 8 threads, no more groups than chunks: with few chunks and many rows (b = 4,
-  // 8 queries: 10 chunks, 1024 rows) idle groups cost their share of the sums.
+  // 8 queries on an H200: 4 chunks, 1024 rows) idle groups would cost their share of the sums.
   const std::int64_t d_v = spec_.head_dim_v(), packs = d_v / kMergePack;
   const std::int64_t wanted = std::min<std::int64_t>(kMergeThreads / packs, split_.chunks) * packs;
   const auto threads = static_cast<unsigned int>(std::min<std::int64_t>((wanted + 31) / 32 * 32, kMergeThreads));
