@@ -275,10 +275,7 @@ def captured_median_ms(fn, warmup, iters):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    try:
-        return cuda_median_ms(graph.replay, warmup, iters)
-    finally:
-        del graph
+    return cuda_median_ms(graph.replay, warmup, iters)
 
 
 def kernel_times(step, steps=5):
