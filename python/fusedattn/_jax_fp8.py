@@ -261,6 +261,26 @@ def _fp8_inputs_forward(call, q8, k8, v8, descales, state, out_dtype):
     return _dequantize(o8, descale_o, out_dtype), state
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 6))
+def _fp8_inputs_call(call, q8, k8, v8, descales, state, out_dtype):
+    """_fp8_inputs_forward, whose differentiation is refused by name (a traced gradient would
+    otherwise meet the FFI call's missing rule, or, with the plain-JAX kernel, give FP8 cotangents)."""
+    return _fp8_inputs_forward(call, q8, k8, v8, descales, state, out_dtype)
+
+
+def _fp8_inputs_call_fwd(call, q8, k8, v8, descales, state, out_dtype):
+    return _fp8_inputs_forward(call, q8, k8, v8, descales, state, out_dtype), None
+
+
+def _fp8_inputs_call_bwd(call, out_dtype, residuals, cotangents):
+    raise invalid_argument("q", "a float8 array under differentiation",
+                           "bfloat16 or float16 inputs for a gradient (quantized inside): JAX's cotangent of a float8 "
+                           "array is float8, with no room for the scale its values need")
+
+
+_fp8_inputs_call.defvjp(_fp8_inputs_call_fwd, _fp8_inputs_call_bwd)
+
+
 def _require_fp8_inputs(q, k, v, state, descales, out_dtype):
     for name, x in (("q", q), ("k", k), ("v", v)):
         if jnp.dtype(x.dtype) != state.dtype:
@@ -289,8 +309,11 @@ def fp8_attention(q, k, v, state, *, layout: str = "bshd", causal: bool = False,
     updates only).
 
     Inputs already in FP8 (the state's dtype) take descales=(descale_q, descale_k, descale_v),
-    float32 scalars (x = x8 * descale), and run the forward only (no gradient): O comes back in
-    out_dtype (default bfloat16), or, with out_dtype the state's dtype, as (o8, descale_o)."""
+    float32 scalars (x = x8 * descale), and run the forward only: O comes back in out_dtype
+    (default bfloat16), or, with out_dtype the state's dtype, as (o8, descale_o). Differentiating
+    such a call raises InvalidArgumentError: a float8 array's cotangent is float8 in JAX, with no room
+    for the scale its values need, so training passes bfloat16 or float16 inputs (quantized inside,
+    by the same kernels). fusedattn.torch.Fp8Tensor is PyTorch's way round it."""
     if not isinstance(state, Fp8State):
         raise invalid_argument("state", type(state).__name__, "a fusedattn.jax.Fp8State")
     if backward not in ("fp8", "model"):
@@ -313,7 +336,7 @@ def fp8_attention(q, k, v, state, *, layout: str = "bshd", causal: bool = False,
     spec = config.spec(*((state.dtype.name,) + view(x)[1:] for x in (q, k, v)), 0, 0, 0)
     call = Call(config, spec.default_scale if scale is None else float(scale), fp8=True)
     if fp8_inputs:
-        return _fp8_inputs_forward(call, q, k, v, descales, state, out_dtype)
+        return _fp8_inputs_call(call, q, k, v, tuple(descales), state, jnp.dtype(out_dtype))
     model_backward = None
     if backward == "model":
         model_spec = config.spec(view(q), view(k), view(v), 0, 0, 0)  # the same call in q's dtype

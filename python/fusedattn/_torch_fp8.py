@@ -22,6 +22,8 @@ unquantized inputs, with the FP8 forward's O and statistics.
 Inputs already in FP8 (the state's dtype) come with their descales and run the forward only
 (_fp8_inputs_forward_body; the operator fusedattn::fp8_inputs_forward for compiled code):
     o = fusedattn.torch.fp8_attention(q8, k8, v8, state, descales=(dq, dk, dv))   # O in bf16
+As Fp8Tensors (_torch_fp8_tensor.py: the payload and its descale under a bf16 or f16 tensor) they
+are differentiable: the same forward, and the backward above, with gradients of their values.
 
 Every scale, amax and history lives in one device buffer of the state, so a step captured in a
 CUDA graph replays with the values of each step. The operator bodies below take that buffer as a
@@ -51,6 +53,7 @@ from . import _config
 from . import _fp8_recipe as _recipe
 from . import _core as core
 from . import torch as _adapter
+from ._torch_fp8_tensor import Fp8Tensor
 from .errors import invalid_argument
 
 __all__ = ["Fp8State", "fp8_attention"]
@@ -214,19 +217,21 @@ def _forward_body(q, k, v, buffer, config_text, scale, recipe, margin, fp8_name)
 
 def _fp8_inputs_forward_body(q8, k8, v8, descale_q, descale_k, descale_v, buffer, config_text, scale, recipe, margin,
                              fp8_name, out_dtype):
-    """Inputs already in FP8, with their descales (float32 one-element tensors): (O in out_dtype, the
-    descale of O's FP8 form, [1]). O's scale comes from V's amax, measured here (max |V| bounds |O|).
-    Updates the state's slots of V (its amax) and O in `buffer`; Q's, K's and V's scales are the caller's."""
+    """Inputs already in FP8, with their descales (float32 one-element tensors): (o8, O in out_dtype,
+    the statistics, the descales of Q, K, V and O [4]); O in out_dtype is empty where out_dtype is
+    the state's FP8 dtype (o8 is that O). O's scale comes from V's amax, measured here (max |V|
+    bounds |O|). Updates the state's slots of V (its amax) and O in `buffer`; Q's, K's and V's scales
+    are the caller's."""
     state, config = _Scaling(buffer, recipe, margin, fp8_name), _config.parse(config_text)
     stream = state._stream()
     core.measure_amax(_adapter._view(v8), v8.data_ptr(), state.amax("v"), stream)  # of the stored values
     state.scalars[_SLOT["v"], 2].mul_(descale_v.reshape(()))
-    o8, _ = _kernel_forward(state, config, q8, k8, v8, [d.data_ptr() for d in (descale_q, descale_k, descale_v)],
-                            scale)
+    descales = (descale_q, descale_k, descale_v)
+    o8, stats = _kernel_forward(state, config, q8, k8, v8, [d.data_ptr() for d in descales], scale)
     with _adapter._on_device(q8.device):
-        descale_o = state.scalars[_SLOT["o"], 1:2].clone()
-        o = o8 if out_dtype == state.dtype else _dequantized(o8, state.descale("o"), out_dtype)
-    return o, descale_o
+        used = torch.cat([d.reshape(1) for d in descales] + [state.scalars[_SLOT["o"], 1:2]])
+        o = o8.new_empty(0) if out_dtype == state.dtype else _dequantized(o8, state.descale("o"), out_dtype)
+    return o8, o, stats, used
 
 
 def _backward_body(d_o, q8, k8, v8, o8, stats, used, like, buffer, config_text, scale, recipe, margin, fp8_name,
@@ -295,6 +300,25 @@ class _Fp8Attention(torch.autograd.Function):
         return d_q, d_k, d_v, None, None, None, None
 
 
+class _Fp8TensorAttention(_Fp8Attention):
+    """Eager calls of Fp8Tensors: the FP8-input body on their payloads and descales, saving what
+    _Fp8Attention's backward takes (its gradients are the values', in the Fp8Tensors' dtype;
+    backward="model" runs on the dequantized values)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, state, config_text, scale, model_backward):
+        o8, o, stats, used = _fp8_inputs_forward_body(q.data8, k.data8, v.data8, q.descale, k.descale, v.descale,
+                                                      state.buffer, config_text, scale, state.recipe, state.margin,
+                                                      state.name, q.dtype)
+        ctx.state, ctx.config, ctx.scale, ctx.model_backward = state, config_text, scale, model_backward
+        if model_backward:
+            values = [_dequantized(t.data8, t.descale.data_ptr(), q.dtype) for t in (q, k, v)]
+            ctx.save_for_backward(*values, o, stats)
+        else:
+            ctx.save_for_backward(q.data8, k.data8, v.data8, o8, stats, used, o)  # o: the gradients' dtype
+        return o
+
+
 # --- the front door: validation, then road 2 (eager) or road 3 (the operators) ---------------------
 
 @torch.compiler.assume_constant_result  # compiled code gets the text as a constant at trace time
@@ -324,17 +348,37 @@ def _fp8_inputs_attention(q, k, v, state, descales, config_text, scale, out_dtyp
             raise invalid_argument(f"{name}.dtype", t.dtype, f"{state.dtype}, the state's format, for every input")
         if t.requires_grad:
             raise invalid_argument(f"{name}.requires_grad", True,
-                                   "False: FP8 inputs run the forward only (pass bf16/f16 inputs for a backward)")
+                                   "False: a plain FP8 tensor's gradient would be FP8 without a scale (wrap the "
+                                   "inputs as fusedattn.torch.Fp8Tensor for a backward)")
     _require_descales(descales, q)
     if out_dtype not in (torch.bfloat16, torch.float16, state.dtype):
         raise invalid_argument("out_dtype", out_dtype, f"torch.bfloat16, torch.float16 or {state.dtype}")
-    if _adapter._eager_road(q, k, v, *descales):
-        o, descale_o = _fp8_inputs_forward_body(q, k, v, *descales, state.buffer, config_text, scale, state.recipe,
-                                                state.margin, state.name, out_dtype)
-    else:
-        o, descale_o = _ops.fp8_inputs_forward(q, k, v, *descales, state.buffer, config_text, scale, state.recipe,
-                                               state.margin, state.name, out_dtype)
-    return (o, descale_o) if out_dtype == state.dtype else o
+    run = _fp8_inputs_forward_body if _adapter._eager_road(q, k, v, *descales) else _ops.fp8_inputs_forward
+    o8, o, _, used = run(q, k, v, *descales, state.buffer, config_text, scale, state.recipe, state.margin, state.name,
+                         out_dtype)
+    return (o8, used[3:]) if out_dtype == state.dtype else o
+
+
+def _fp8_tensor_attention(q, k, v, state, descales, config_text, scale, out_dtype, model_backward):
+    """fp8_attention of Fp8Tensors: O in their dtype, differentiable with respect to their values."""
+    for name, t in zip("qkv", (q, k, v)):
+        if not isinstance(t, Fp8Tensor):
+            raise invalid_argument(f"{name}", type(t).__name__, "a fusedattn.torch.Fp8Tensor, as q is")
+        if t.data8.dtype != state.dtype:
+            raise invalid_argument(f"{name}.data8.dtype", t.data8.dtype, f"{state.dtype}, the state's format")
+        if t.dtype != q.dtype:
+            raise invalid_argument(f"{name}.dtype", t.dtype, f"{q.dtype}, q's")
+    if descales is not None:
+        raise invalid_argument("descales", "given", "not given for Fp8Tensors (each carries its descale)")
+    if out_dtype not in (None, q.dtype):
+        raise invalid_argument("out_dtype", out_dtype, f"{q.dtype}, the Fp8Tensors' dtype, or not given")
+    if _adapter._eager_road(q.data8, k.data8, v.data8):
+        return _Fp8TensorAttention.apply(q, k, v, state, config_text, scale, model_backward)
+    calibrated = state.calibrated
+    if not model_backward and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        state.calibrated = True  # this call's backward measures (see the module's docstring)
+    return _ops.fp8_tensor_attention(q, k, v, state.buffer, config_text, scale, state.recipe, state.margin, state.name,
+                                     model_backward, calibrated)
 
 
 def fp8_attention(q, k, v, state, *, layout="bshd", causal=False, align="top_left", window=(-1, -1), scale=None,
@@ -349,7 +393,9 @@ def fp8_attention(q, k, v, state, *, layout="bshd", causal=False, align="top_lef
     Inputs already in FP8 (the state's dtype, for example from an FP8 projection or cache) come with
     descales=(descale_q, descale_k, descale_v), float32 one-element tensors (x = x8 * descale), and
     run the forward only. O comes back in out_dtype (default torch.bfloat16), or, with out_dtype the
-    state's FP8 dtype, as (o8, descale_o). O's scale comes from V's amax, measured in the call."""
+    state's FP8 dtype, as (o8, descale_o). O's scale comes from V's amax, measured in the call.
+    Wrapped as Fp8Tensors (which carry their descales) they also have a backward: O comes back in
+    their dtype, and their gradients are their values', in that dtype."""
     if not isinstance(state, Fp8State):
         raise invalid_argument("state", type(state).__name__, "a fusedattn.torch.Fp8State")
     if backward not in ("fp8", "model"):
@@ -358,6 +404,8 @@ def fp8_attention(q, k, v, state, *, layout="bshd", causal=False, align="top_lef
     fp8_grads = _recipe.fp8_grads(state.name) if backward == "fp8" else ""  # the model backward has none
     config_text = _config_text(layout, causal, tuple(window), align, fp8_grads)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    if isinstance(q, Fp8Tensor):
+        return _fp8_tensor_attention(q, k, v, state, descales, config_text, scale, out_dtype, backward == "model")
     if q.dtype in _DTYPES:
         return _fp8_inputs_attention(q, k, v, state, descales, config_text, scale,
                                      torch.bfloat16 if out_dtype is None else out_dtype)

@@ -49,16 +49,20 @@ def _(q, k, v, state, config, scale, recipe, margin, fp8_dtype):
 @torch.library.custom_op("fusedattn::fp8_inputs_forward", mutates_args=("state",))
 def fp8_inputs_forward(q8: Tensor, k8: Tensor, v8: Tensor, descale_q: Tensor, descale_k: Tensor, descale_v: Tensor,
                        state: Tensor, config: str, scale: float, recipe: str, margin: int, fp8_dtype: str,
-                       out_dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
-    """(o, descale_o): the forward of inputs already in FP8 (no backward)."""
+                       out_dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(o8, o, stats, used): the forward of inputs already in FP8 (_fp8_inputs_forward_body)."""
     return _fp8._fp8_inputs_forward_body(q8, k8, v8, descale_q, descale_k, descale_v, state, config, scale, recipe,
                                          margin, fp8_dtype, out_dtype)
 
 
 @fp8_inputs_forward.register_fake
 def _(q8, k8, v8, descale_q, descale_k, descale_v, state, config, scale, recipe, margin, fp8_dtype, out_dtype):
-    _check_while_tracing(q8, k8, v8, _config.parse(config))
-    return q8.new_empty(_adapter._out_shape(q8, v8), dtype=out_dtype), q8.new_empty((1,), dtype=torch.float32)
+    parsed = _config.parse(config)
+    _check_while_tracing(q8, k8, v8, parsed)
+    o8 = q8.new_empty(_adapter._out_shape(q8, v8))
+    o = o8.new_empty(0) if out_dtype == o8.dtype else _like(o8, out_dtype)
+    stats = q8.new_empty(_adapter._stats_shape(q8, parsed.layout), dtype=torch.float32)
+    return o8, o, stats, q8.new_empty((4,), dtype=torch.float32)
 
 
 @torch.library.custom_op("fusedattn::fp8_backward", mutates_args=("state",))
@@ -104,11 +108,40 @@ class _OperatorAttention(torch.autograd.Function):
         return d_q, d_k, d_v, None, None, None, None, None, None, None, None
 
 
+def _distinct(q, k, v):
+    """k and v as distinct views where they are q (or v is k). PyTorch 2.11's torch.compile keeps one
+    slot's gradient and drops the others' when one tensor fills several of an autograd.Function's
+    inputs (pytorch/pytorch#181146): q passed as k and v got a third of its gradient."""
+    return (k.view_as(k) if k is q else k), (v.view_as(v) if v is q or v is k else v)
+
+
 def attention(q, k, v, state, config, scale, recipe, margin, fp8_dtype, model_backward, calibrated):
     """O of fusedattn::fp8_forward, differentiable."""
-    # PyTorch 2.11's torch.compile keeps one slot's gradient and drops the others' when one tensor
-    # fills several of an autograd.Function's inputs (pytorch/pytorch#181146): q passed as k and v
-    # got a third of its gradient here. Distinct views keep the slots apart.
-    k_in, v_in = (k.view_as(k) if k is q else k), (v.view_as(v) if v is q or v is k else v)
+    k_in, v_in = _distinct(q, k, v)
     return _OperatorAttention.apply(q, k_in, v_in, state, config, scale, recipe, margin, fp8_dtype, model_backward,
                                     calibrated)
+
+
+class _OperatorFp8TensorAttention(_OperatorAttention):
+    """Fp8Tensor inputs through the operators: fusedattn::fp8_inputs_forward on their payloads and
+    descales, saving what _OperatorAttention's backward takes (its gradients are the values', in the
+    Fp8Tensors' dtype; backward="model" runs on the dequantized values)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, state, config, scale, recipe, margin, fp8_dtype, model_backward, calibrated):
+        o8, o, stats, used = fp8_inputs_forward(q.data8, k.data8, v.data8, q.descale, k.descale, v.descale, state,
+                                                config, scale, recipe, margin, fp8_dtype, q.dtype)
+        ctx.model_backward, ctx.call = model_backward, (config, scale, recipe, margin, fp8_dtype, calibrated)
+        if model_backward:
+            ctx.save_for_backward(q.dequantize(), k.dequantize(), v.dequantize(), o, stats)
+        else:
+            ctx.save_for_backward(q.data8, k.data8, v.data8, o8, stats, used, o)  # o: the gradients' dtype
+        ctx.state = state  # stashed, as _OperatorAttention's
+        return o
+
+
+def fp8_tensor_attention(q, k, v, state, config, scale, recipe, margin, fp8_dtype, model_backward, calibrated):
+    """O in the Fp8Tensors' dtype, differentiable with respect to their values."""
+    k_in, v_in = _distinct(q, k, v)
+    return _OperatorFp8TensorAttention.apply(q, k_in, v_in, state, config, scale, recipe, margin, fp8_dtype,
+                                             model_backward, calibrated)

@@ -42,7 +42,7 @@ except ImportError:
     _fast = None
 
 __all__ = ["attention", "paged_attention", "scaled_dot_product_attention", "Attention", "fp8_attention", "Fp8State",
-           "context_parallel_attention", "load_balance", "unbalance"]
+           "Fp8Tensor", "fp8_quantize", "context_parallel_attention", "load_balance", "unbalance"]
 
 # --- the functional API ----------------------------------------------------------------------
 
@@ -474,4 +474,5 @@ torch.library.register_autograd("fusedattn::forward", _operator_gradients, setup
 
 
 from ._torch_fp8 import Fp8State, fp8_attention  # noqa: E402  (it uses the helpers above)
+from ._torch_fp8_tensor import Fp8Tensor, fp8_quantize  # noqa: E402
 from ._torch_context_parallel import context_parallel_attention, load_balance, unbalance  # noqa: E402

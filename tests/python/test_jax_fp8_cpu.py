@@ -376,6 +376,21 @@ def test_fp8_inputs_must_be_the_states_format():
     assert caught.value.field == "descales"
 
 
+def test_differentiating_fp8_inputs_is_refused_by_name(reference_kernels):
+    # JAX's cotangent of a float8 array is float8: no room for the scale the values' gradient needs.
+    (q8, k8, v8), descales, _ = fp8_inputs(0)
+    state = fj.fp8_state("current")
+
+    def loss(q8):
+        o, _ = fj.fp8_attention(q8, k8, v8, state, descales=descales)
+        return jnp.sum(o.astype(jnp.float32))
+
+    jax.jit(loss)(q8)  # the forward alone runs
+    with pytest.raises(fusedattn.InvalidArgumentError) as caught:
+        jax.grad(loss)(q8)
+    assert caught.value.field == "q" and "bfloat16 or float16 inputs" in caught.value.requirement
+
+
 # --- vmap and a mesh ---------------------------------------------------------------------------------
 
 def test_vmap_gives_each_element_the_amaxes_and_scales_of_a_call_of_its_own(reference_kernels):

@@ -255,3 +255,104 @@ def test_a_training_step_replays_in_a_cuda_graph_with_each_steps_values_and_scal
         ref.backward(d_o.float())
         assert rel(out, ref) < O_TOLERANCE
         assert max(rel(t.grad.permute(0, 2, 1, 3), b.grad) for t, b in zip(static, bhsd)) < GRAD_TOLERANCE
+
+
+# --- Fp8Tensors: inputs already in FP8, differentiable -----------------------------------------------
+
+def fp8_tensors(layout, seed, dtype=torch.float8_e4m3fn):
+    """Fp8Tensor leaves of fresh FP8 payloads and their descales, and their values in float32."""
+    payloads, descales, values = fp8_problem(layout, seed, dtype)
+    leaves = [fa.Fp8Tensor(x8, d, torch.bfloat16, requires_grad=True) for x8, d in zip(payloads, descales)]
+    return leaves, values
+
+
+@pytest.mark.parametrize("recipe", ["current", "delayed"])
+@pytest.mark.parametrize("backward", ["fp8", "model"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_fp8_tensors_have_the_gradients_of_their_values(recipe, backward, causal):
+    # Against float32 attention of the inputs' own values the errors are the kernels' alone: the C++
+    # check's tolerances for E4M3, 2^-4 forward and twice that for the gradients. Three steps, so the
+    # delayed recipe's scales of dO and the kernel-written gradients move.
+    state = fa.Fp8State(recipe, history=4)
+    for step in range(3):
+        (q, k, v), values = fp8_tensors("bshd", seed=40 + step)
+        d_o = torch.rand(q.shape, device="cuda", dtype=torch.bfloat16) * 2 - 1
+        o = fa.fp8_attention(q, k, v, state, causal=causal, backward=backward)
+        assert type(o) is torch.Tensor and o.dtype == torch.bfloat16
+        o.backward(d_o)
+        ref, bhsd = reference(*values, "bshd", causal=causal)
+        ref.backward(d_o.float())
+        errors = [rel(t.grad.permute(0, 2, 1, 3), b.grad) for t, b in zip((q, k, v), bhsd)]
+        assert all(type(t.grad) is torch.Tensor and t.grad.dtype == torch.bfloat16 for t in (q, k, v))
+        assert rel(o, ref) < 2.0 ** -4 and max(errors) < 2.0 ** -3, (step, rel(o, ref), errors)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "sbhd"])
+def test_quantized_fp8_tensors_train_as_the_quantizing_road_does(layout):
+    # fp8_quantize's current scaling is the "current" recipe's, so Fp8Tensors made from x give what
+    # passing x does, through a state of their own, and x's gradient comes straight through.
+    states = fa.Fp8State("current"), fa.Fp8State("current")
+    for step in range(2):
+        q, k, v = inputs(seed=50 + step)
+        if layout == "sbhd":
+            q, k, v = (t.detach().transpose(0, 1).contiguous().requires_grad_() for t in (q, k, v))
+        twins = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        d_o = torch.rand_like(q) * 2 - 1
+        o = fa.fp8_attention(*(fa.fp8_quantize(t) for t in (q, k, v)), states[0], layout=layout, causal=True)
+        want = fa.fp8_attention(*twins, states[1], layout=layout, causal=True)
+        o.backward(d_o)
+        want.backward(d_o)
+        assert rel(o, want) < 1e-2, step
+        assert max(rel(t.grad, w.grad) for t, w in zip((q, k, v), twins)) < 1e-2, step
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_fp8_tensor_steps_match_eager(backend):
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    states = fa.Fp8State("delayed", history=4), fa.Fp8State("delayed", history=4)
+    compiled = torch.compile(lambda q, k, v: fa.fp8_attention(q, k, v, states[1], causal=True), fullgraph=True,
+                             backend=backend)
+    for seed in range(3):
+        leaves, _ = fp8_tensors("bshd", seed=60 + seed)
+        twins = [fa.Fp8Tensor(t.data8, t.descale, t.dtype, requires_grad=True) for t in leaves]
+        d_o = torch.rand(leaves[0].shape, device="cuda", dtype=torch.bfloat16) * 2 - 1
+        want, got = fa.fp8_attention(*leaves, states[0], causal=True), compiled(*twins)
+        want.backward(d_o)
+        got.backward(d_o)
+        assert rel(got, want) < 1e-2, seed
+        assert max(rel(t.grad, w.grad) for t, w in zip(twins, leaves)) < 1e-2, seed
+    assert rel(states[1].buffer, states[0].buffer) < 1e-2
+    assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+def test_an_fp8_tensor_training_step_replays_in_a_cuda_graph():
+    state = fa.Fp8State("current", history=4)
+    static, _ = fp8_tensors("bshd", seed=70)
+    d_o = torch.rand(static[0].shape, device="cuda", dtype=torch.bfloat16) * 2 - 1
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # plans built, the state calibrated, outside the capture
+            fa.fp8_attention(*static, state, causal=True).backward(d_o)
+    torch.cuda.current_stream().wait_stream(side)
+    for t in static:
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fa.fp8_attention(*static, state, causal=True)
+        out.backward(d_o)
+    for seed in (71, 72):
+        fresh, values = fp8_tensors("bshd", seed=seed)
+        with torch.no_grad():
+            for dst, src in zip(static, fresh):
+                dst.data8.copy_(src.data8)
+                dst.descale.copy_(src.descale)
+                dst.grad.fill_(float("nan"))
+            out.fill_(float("nan"))
+        graph.replay()
+        ref, bhsd = reference(*values, "bshd", causal=True)
+        ref.backward(d_o.float())
+        assert rel(out, ref) < 2.0 ** -4, seed
+        assert max(rel(t.grad.permute(0, 2, 1, 3), b.grad) for t, b in zip(static, bhsd)) < 2.0 ** -3, seed
