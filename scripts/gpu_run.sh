@@ -8,7 +8,8 @@
 # Parts: gtest (the C++ GPU tier), torch and jax (the Python tiers on the GPU, each in its own
 # process), cli (CPU tier, demo and CLI checks on this machine), testsh (the README's own test
 # command, `bash scripts/test.sh`: its own build in build/ and every tier through
-# `ctest -j $(nproc)`, so GPU tests run in parallel on this one GPU; log in $OUT/test_sh.txt),
+# `ctest -j $(nproc)`, so GPU tests run in parallel on this one GPU; log in $OUT/test_sh.txt;
+# TESTSH_ARGS goes to ctest: "-LE python" and "-L python" split it in two calls under 600 s each),
 # matrix (the support matrix from this GPU), bench (PyTorch comparison), fp8bench (FP8 beside BF16,
 # the CLI's bench), modbench (a softcap score modifier beside plain attention), varlen (ragged step and
 # paged decode), decodeprof (a split decode's kernels and cuDNN's paged call by chunk size; not in
@@ -126,7 +127,7 @@ fi
 
 if part testsh; then
   echo "== bash scripts/test.sh (the README's test command: every tier, ctest -j $(nproc))"
-  bash scripts/test.sh >"$OUT/test_sh.txt" 2>&1
+  bash scripts/test.sh ${TESTSH_ARGS:-} >"$OUT/test_sh.txt" 2>&1
   rc=$?
   grep -E "^ctest: |tests passed|\*\*\*Failed|\(Failed\)|\(Timeout\)|Exception" "$OUT/test_sh.txt" | tail -40
   [ $rc -eq 0 ] || { echo "scripts/test.sh failed (exit $rc): see test_sh.txt"; status=1; }

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Every test tier: CPU (always), GPU (skips with its reason without a GPU), and the CLI.
+# Every test tier: CPU (always), GPU (skips with its reason without a GPU), and the CLI. Arguments go
+# to ctest (for example -L python or -LE python: one label's tests, or all but them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
 cd build
 log=$(mktemp)
 set +e
-ctest --output-on-failure -j "$(nproc)" 2>&1 | tee "$log"
+ctest --output-on-failure -j "$(nproc)" "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 # One plain closing line, whatever ctest listed last.
