@@ -374,11 +374,18 @@ def _fp8_tensor_attention(q, k, v, state, descales, config_text, scale, out_dtyp
         raise invalid_argument("out_dtype", out_dtype, f"{q.dtype}, the Fp8Tensors' dtype, or not given")
     if _adapter._eager_road(q.data8, k.data8, v.data8):
         return _Fp8TensorAttention.apply(q, k, v, state, config_text, scale, model_backward)
+    return _through_operators(_ops.fp8_tensor_attention, q, k, v, state, config_text, scale, model_backward)
+
+
+def _through_operators(operator, q, k, v, state, config_text, scale, model_backward):
+    """Road 3: `operator` (_ops.attention or _ops.fp8_tensor_attention) with the state's calibration
+    flag as this call sees it; a call whose FP8 backward will run sets it, since that backward
+    measures (the module's docstring)."""
     calibrated = state.calibrated
     if not model_backward and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        state.calibrated = True  # this call's backward measures (see the module's docstring)
-    return _ops.fp8_tensor_attention(q, k, v, state.buffer, config_text, scale, state.recipe, state.margin, state.name,
-                                     model_backward, calibrated)
+        state.calibrated = True
+    return operator(q, k, v, state.buffer, config_text, scale, state.recipe, state.margin, state.name, model_backward,
+                    calibrated)
 
 
 def fp8_attention(q, k, v, state, *, layout="bshd", causal=False, align="top_left", window=(-1, -1), scale=None,
@@ -418,11 +425,7 @@ def fp8_attention(q, k, v, state, *, layout="bshd", causal=False, align="top_lef
     model_backward = backward == "model"
     if _adapter._eager_road(q, k, v):
         return _Fp8Attention.apply(q, k, v, state, config_text, scale, model_backward)
-    calibrated = state.calibrated
-    if not model_backward and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        state.calibrated = True  # this call's backward measures (see the module's docstring)
-    return _ops.attention(q, k, v, state.buffer, config_text, scale, state.recipe, state.margin, state.name,
-                          model_backward, calibrated)
+    return _through_operators(_ops.attention, q, k, v, state, config_text, scale, model_backward)
 
 
 from . import _torch_fp8_ops as _ops  # noqa: E402  (it registers the operators around the bodies above)

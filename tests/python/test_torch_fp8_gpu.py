@@ -216,13 +216,9 @@ def test_fp8_inputs_replay_in_a_cuda_graph_with_new_values_and_scales():
         assert rel(out, want) < 2.0 ** -4, seed
 
 
-@pytest.mark.parametrize("recipe", ["current", "delayed"])
-def test_a_training_step_replays_in_a_cuda_graph_with_each_steps_values_and_scales(recipe):
-    # Quantizing, the FP8 forward and backward and the recipe's updates, captured once after two eager
-    # steps (which build the plans and calibrate the state), then replayed on new inputs: each replay
-    # must give what an eager step gives on a twin of the state as it was before that replay.
-    state, static = fa.Fp8State(recipe, history=4), inputs(seed=20)
-    d_o = torch.rand_like(static[0]) * 2 - 1
+def captured_training_step(static, state, d_o):
+    """(graph, O): a causal fp8_attention forward and backward on `static` captured in a CUDA graph,
+    after two eager steps on a side stream (which build the plans and calibrate the state)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -235,6 +231,17 @@ def test_a_training_step_replays_in_a_cuda_graph_with_each_steps_values_and_scal
     with torch.cuda.graph(graph):
         out = fa.fp8_attention(*static, state, causal=True)
         out.backward(d_o)
+    return graph, out
+
+
+@pytest.mark.parametrize("recipe", ["current", "delayed"])
+def test_a_training_step_replays_in_a_cuda_graph_with_each_steps_values_and_scales(recipe):
+    # Quantizing, the FP8 forward and backward and the recipe's updates, captured once after two eager
+    # steps (which build the plans and calibrate the state), then replayed on new inputs: each replay
+    # must give what an eager step gives on a twin of the state as it was before that replay.
+    state, static = fa.Fp8State(recipe, history=4), inputs(seed=20)
+    d_o = torch.rand_like(static[0]) * 2 - 1
+    graph, out = captured_training_step(static, state, d_o)
     for seed in (21, 22, 23):
         fresh = inputs(seed=seed)
         twin = fa.Fp8State(recipe, history=4)
@@ -331,18 +338,7 @@ def test_an_fp8_tensor_training_step_replays_in_a_cuda_graph():
     state = fa.Fp8State("current", history=4)
     static, _ = fp8_tensors("bshd", seed=70)
     d_o = torch.rand(static[0].shape, device="cuda", dtype=torch.bfloat16) * 2 - 1
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):  # plans built, the state calibrated, outside the capture
-            fa.fp8_attention(*static, state, causal=True).backward(d_o)
-    torch.cuda.current_stream().wait_stream(side)
-    for t in static:
-        t.grad = None
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fa.fp8_attention(*static, state, causal=True)
-        out.backward(d_o)
+    graph, out = captured_training_step(static, state, d_o)
     for seed in (71, 72):
         fresh, values = fp8_tensors("bshd", seed=seed)
         with torch.no_grad():
