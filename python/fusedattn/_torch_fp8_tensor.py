@@ -2,8 +2,8 @@
 
 PyTorch casts a gradient to its input's dtype, so the gradient of a plain float8 tensor is float8
 with no scale: a gradient's magnitudes (about descale times the value's gradient) underflow there.
-An Fp8Tensor is what FP8 training libraries pass between layers instead: its payload `data` (float8)
-and `descale` (a float32 one-element tensor, value = data * descale) under a tensor of `dtype`
+An Fp8Tensor is what FP8 training libraries pass between layers instead: its payload `data8` (float8)
+and `descale` (a float32 one-element tensor, value = data8 * descale) under a tensor of `dtype`
 (bfloat16 or float16), which is the dtype autograd sees. fp8_attention reads the payload and the
 descale directly, and the gradient it returns is the value's, in `dtype`.
 
@@ -12,7 +12,10 @@ descale directly, and the gradient it returns is the value's, in `dtype`.
     o.backward(d_o)                                                       # q.grad: bfloat16
     q = fusedattn.torch.fp8_quantize(x)   # from x in model precision, straight-through to x's gradient
 
-Any other operation sees the dequantized value (data * descale in `dtype`)."""
+Any other operation sees the dequantized value (data8 * descale in `dtype`). fp8_quantize is for
+tensors that leave the attention call too (as several consumers' FP8 input); for bf16 inputs of
+fp8_attention alone, passing them as they are quantizes each in one fused pass, fewer kernels than
+fp8_quantize's."""
 import torch
 
 from .errors import invalid_argument
@@ -47,7 +50,7 @@ class Fp8Tensor(torch.Tensor):
         self.data8, self.descale = data, descale.reshape(1)
 
     def dequantize(self):
-        """The value, data * descale, in this tensor's dtype."""
+        """The value, data8 * descale, in this tensor's dtype."""
         return (self.data8.float() * self.descale).to(self.dtype)
 
     def __repr__(self, *, tensor_contents=None):
