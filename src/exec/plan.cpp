@@ -249,12 +249,11 @@ void Plan::enqueue(const ForwardTensors& t, float scale, cudaStream_t stream, co
   require_device();
   detail::check_tensor_set(spec_, t);
   detail::check_scale(scale);
+  CallWorkspace scratch(workspace_bytes(), workspace, stream);  // first: a failing allocator leaves nothing written
   if (split_) {
-    CallWorkspace scratch(workspace_bytes(), workspace, stream);
     split_->forward(t, scale, stream, static_cast<char*>(scratch.data()));
     return;
   }
-  CallWorkspace scratch(workspace_bytes(), workspace, stream);  // first: a failing allocator leaves nothing written
   detail::PointersByUid pointers = detail::forward_pointers(t, &scale);
   if (spec_.fp8_scaling == Fp8Scaling::mxfp8) {
     zero_amaxes({t.mxfp8.amax_o}, stream);

@@ -62,9 +62,9 @@ DecodeSplit decode_split(const AttentionSpec& spec, Pass pass, int multiprocesso
   const std::int64_t min_pages = ceil_div(kDecodeMinChunkKeys, spec.page_size());
   const std::int64_t chunks = std::min(round / (spec.batch() * decode_tiles_per_entry(spec)), spec.kv_pages / min_pages);
   if (chunks < 2) return {};
+  // Whole pages a chunk; still at least two chunks (2 <= chunks <= kv_pages, so chunk_pages < kv_pages).
   out.chunk_pages = ceil_div(spec.kv_pages, chunks);
   out.chunks = ceil_div(spec.kv_pages, out.chunk_pages);
-  if (out.chunks < 2) return {};
   return out;
 }
 
