@@ -60,6 +60,7 @@ Outputs<float> run_fusedattn(const CheckProblem& p, AttentionBuffers& buffers) {
       tensors.page_table_k = paged_call->table_k.as<std::int32_t>();
       tensors.page_table_v = paged_call->table_v.as<std::int32_t>();
     }
+    if (p.options.forward_without_seq_len_q) tensors.seq_len_q = nullptr;
     forward(p.run_spec, tensors, scale, nullptr, Workspace{workspace.get(), workspace.bytes()});
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize(after fusedattn forward)");
   }

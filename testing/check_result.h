@@ -20,6 +20,9 @@ struct CheckOptions {
   std::vector<float> score_mod_scalars;
   /// A padded dense spec's lengths, one per batch entry (empty: drawn, entry 0 the longest).
   std::vector<std::int32_t> seq_len_q, seq_len_kv;
+  /// The forward called with seq_len_q null (attention.h: every entry's s_q queries); seq_len_q
+  /// above must then be s_q for every entry, which the reference uses.
+  bool forward_without_seq_len_q = false;
 };
 
 /// Outcome of one check. Errors are relative L2 errors; NaN means "not computed".

@@ -94,6 +94,19 @@ bool use_cpu_reference(const AttentionSpec& spec) {
   return work <= (spec.score_mod.empty() ? 3e8 : 1.6e9);
 }
 
+// A forward called without seq_len_q runs every entry's s_q queries: the reference must too.
+void require_full_query_rows(const AttentionSpec& spec, const std::vector<std::int32_t>& seq_len_q) {
+  if (!spec.padding || spec.ragged_q() || spec.ragged_kv()) {
+    throw InvalidArgument("options.forward_without_seq_len_q", "set", "a padded dense spec (padding=1, not thd)");
+  }
+  for (std::int32_t length : seq_len_q) {
+    if (length != spec.seq_q()) {
+      throw InvalidArgument("options.seq_len_q", std::to_string(length),
+                            "s_q (" + std::to_string(spec.seq_q()) + ") for every entry with forward_without_seq_len_q");
+    }
+  }
+}
+
 }  // namespace
 
 CheckResult check_against_reference(const AttentionSpec& spec, const CheckOptions& options) {
@@ -130,6 +143,7 @@ CheckResult check_against_reference(const AttentionSpec& spec, const CheckOption
     buffers.fill_inputs(p.options.seed);
     if (!options.score_mod_scalars.empty()) buffers.set_score_mod_scalars(options.score_mod_scalars);
     if (!options.seq_len_kv.empty()) buffers.set_lengths(options.seq_len_q, options.seq_len_kv);
+    if (options.forward_without_seq_len_q) require_full_query_rows(p.run_spec, buffers.seq_len_q());
     p.ref.score_mod_scalars = buffers.score_mod_scalars();
     p.ref.score_mod_tensors = buffers.score_mod_tensors();
     if (ragged) set_ragged_lengths(p.run_spec, buffers);

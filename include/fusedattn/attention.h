@@ -53,8 +53,10 @@ struct ScoreModTensors {
 /// layouts, K and V point inside the shared buffer: see LayoutTensors offsets). All must be
 /// 16-byte aligned. `stats` (float32 [b, h_q, s_q, 1], contiguous) is required when spec.stats;
 /// its rows past a padded sequence's length are unspecified. `seq_len_q` and `seq_len_kv`
-/// (int32 [b], on the device) are required when spec.padding: entry b uses its first
-/// seq_len_q[b] queries and seq_len_kv[b] keys, and O is zero in the rows past seq_len_q[b].
+/// (int32 [b], on the device) go with spec.padding: entry b uses its first seq_len_q[b] queries
+/// and seq_len_kv[b] keys, and O is zero in the rows past seq_len_q[b]. seq_len_kv is required;
+/// seq_len_q may be null, for every entry's s_q queries (a decode step), which saves the caller
+/// filling an array each call.
 struct ForwardTensors {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -84,7 +86,7 @@ struct ForwardTensors {
 
 /// Device pointers of a backward call. Gradients share their inputs' descriptors (so a packed
 /// QKV input gets a packed dQKV gradient); d_o shares O's. With padding, dQ is zero in the rows
-/// past seq_len_q[b] and dK, dV in the rows past seq_len_kv[b].
+/// past seq_len_q[b] and dK, dV in the rows past seq_len_kv[b]; both lengths are required here.
 struct BackwardTensors {
   const void* q = nullptr;
   const void* k = nullptr;

@@ -147,9 +147,7 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table_k: T
             raise invalid_argument("cu_seqlens_q", cu_seqlens_q, "cu_seqlens_q and max_seqlen_q with thd")
         cu_kv = torch.nn.functional.pad(seq_len_kv.cumsum(0, dtype=torch.int32), (1, 0))
         seq_len_q = seq_len_kv  # unused: the ragged arrays carry both lengths
-    elif seq_len_q is None:
-        seq_len_q = torch.full((batch,), q.shape[_AXES.get(layout, _AXES["bshd"])[2]], dtype=torch.int32,
-                               device=q.device)
+    # Without seq_len_q the core takes every sequence's s_q queries: no array to fill each call.
     config = _config_text(layout, cache_layout, causal, tuple(window), align, False, False, "vanilla", 0.0, False, True,
                           "", False, pages)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)

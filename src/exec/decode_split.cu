@@ -48,7 +48,13 @@ struct Cut {
   int pages;            // entries of a row of the caller's page tables (kv_pages)
   int page_size;
   int group;            // query heads folded into one head's rows in the chunks' call
+  int queries;          // s_q: every sequence's queries where the caller gives no seq_len_q
 };
+
+// Sequence i's queries: the caller's seq_len_q[i], or every one of s_q without it (attention.h).
+__device__ __forceinline__ int queries_of(const std::int32_t* len_q, std::int64_t i, int all) {
+  return len_q != nullptr ? len_q[i] : all;
+}
 
 // decode_cut (support/decode_split.cpp), on the device: the keys every query sees.
 __device__ int unmasked_keys(int keys, int queries, const Cut& cut) {
@@ -96,7 +102,7 @@ __global__ void prepare_kernel(Cut cut, Strided q, std::int64_t heads, const std
         *reinterpret_cast<const Vector*>(source + head * group * q.strides[1] + x * q.strides[3]);
   }
   if (row != 0) return;
-  const int queries = len_q[i], keys = len_kv[i];
+  const int queries = queries_of(len_q, i, cut.queries), keys = len_kv[i];
   const int unmasked = unmasked_keys(keys, queries, cut);
   const std::int64_t table_row = i * cut.pages;
   for (int n = static_cast<int>(threadIdx.x); n < cut.chunk_pages; n += blockDim.x) {  // chunk c's pages
@@ -175,7 +181,7 @@ __global__ void merge_kernel(Strided o, T* out, float* stats, const T* o_chunks,
   // chunks' lengths and statistics, and this thread's first partials. A chunk without keys has a
   // statistic and a partial that were never written: read, then given the weight 0 and skipped.
   // (Loaded one after another, each waiting on the last, they made most of the merge's time.)
-  const int queries = len_q[i];
+  const int queries = queries_of(len_q, i, static_cast<int>(s));
   const bool has_masked = o_masked != nullptr;
   P ahead[kMergeAhead];
 #pragma unroll
@@ -276,7 +282,9 @@ cudaError_t launch(void (*kernel)(Params...), bool early, unsigned int blocks, u
 
 DecodeSplit decode_split_in_use(const AttentionSpec& spec, Pass pass, int device) {
   static const bool enabled = switch_on_unless_zero("FUSEDATTN_SPLIT_DECODE");
+  static const std::int64_t forced_chunks = count_in_environment("FUSEDATTN_SPLIT_DECODE");
   if (!enabled || pass != Pass::forward || !spec.paged_kv()) return {};
+  if (forced_chunks >= 2) return decode_split_in_chunks(spec, pass, forced_chunks);
   return decode_split(spec, pass, multiprocessor_count(device));
 }
 
@@ -323,7 +331,7 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
   const std::int64_t group = decode_query_group(spec_);
   const Cut cut{static_cast<int>(split_.chunks), static_cast<int>(split_.chunk_pages),
                 static_cast<int>(split_.final_pages), static_cast<int>(spec_.kv_pages),
-                static_cast<int>(spec_.page_size()), static_cast<int>(group)};
+                static_cast<int>(spec_.page_size()), static_cast<int>(group), static_cast<int>(spec_.seq_q())};
   // A row of the chunks' call a block; 16-byte vectors where q's rows allow (validation holds d to a
   // multiple of 8 and its stride to 1, and q's pointer to 16 bytes; a spec's own strides need not
   // keep every row start at a multiple of 8 elements).

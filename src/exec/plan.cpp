@@ -12,6 +12,7 @@
 #include "exec/decode_split.h"
 #include "exec/cuda_check.h"
 #include "exec/device.h"
+#include "exec/full_lengths.h"
 #include "exec/kv_expansion.h"
 #include "exec/max_logit.h"
 #include "exec/padding_fill.h"
@@ -88,11 +89,19 @@ std::size_t ragged_bytes(const AttentionSpec& spec) {
   return is_ragged(spec) ? round_up(detail::RaggedArrays::bytes(spec.batch())) : 0;
 }
 
-// Ours after cuDNN's workspace: a ragged call's lengths and offsets; then, for a forward with a
-// max logit, the row maxima when the caller wants them per head, and the sums of exponentials
-// when there are no statistics to hold them.
+// A padded dense forward may come without seq_len_q (attention.h): every entry's s_q, written here.
+bool lengths_q_of_our_own(const AttentionSpec& spec, Pass pass) {
+  return pass == Pass::forward && spec.padding && !is_ragged(spec);
+}
+std::size_t full_rows_bytes(const AttentionSpec& spec, Pass pass) {
+  return lengths_q_of_our_own(spec, pass) ? round_up(static_cast<std::size_t>(spec.batch()) * sizeof(std::int32_t)) : 0;
+}
+
+// Ours after cuDNN's workspace: a ragged call's lengths and offsets, or a padded forward's query
+// lengths; then, for a forward with a max logit, the row maxima when the caller wants them per
+// head, and the sums of exponentials when there are no statistics to hold them.
 std::size_t scratch_for(const AttentionSpec& spec, Pass pass) {
-  std::size_t bytes = ragged_bytes(spec);
+  std::size_t bytes = ragged_bytes(spec) + full_rows_bytes(spec, pass);
   if (pass != Pass::forward || spec.max_logit == MaxLogit::none) return bytes;
   return bytes + (spec.max_logit == MaxLogit::head ? row_bytes(spec) : 0) + (spec.stats ? 0 : row_bytes(spec));
 }
@@ -266,6 +275,13 @@ void Plan::enqueue(const ForwardTensors& t, float scale, cudaStream_t stream, co
   detail::RaggedArrays ragged;
   if (is_ragged(spec_)) ragged = place_ragged(spec_, t.ragged, ours, by_uid, stream);
   ours += ragged_bytes(spec_);
+  const bool full_rows = lengths_q_of_our_own(spec_, pass_) && t.seq_len_q == nullptr;
+  if (full_rows) {  // cuDNN's padding mask reads both lengths
+    auto* lengths = reinterpret_cast<std::int32_t*>(ours);
+    detail::fill_lengths(lengths, spec_.batch(), static_cast<std::int32_t>(spec_.seq_q()), stream);
+    by_uid[graph::kUidSeqLenQ] = by_uid[graph::kUidScoreModSeqLenQ] = lengths;
+  }
+  ours += full_rows_bytes(spec_, pass_);
   float* row_maxima = t.max_logit;
   if (spec_.max_logit == MaxLogit::head) {
     row_maxima = reinterpret_cast<float*>(ours);
@@ -274,8 +290,9 @@ void Plan::enqueue(const ForwardTensors& t, float scale, cudaStream_t stream, co
   by_uid[graph::kUidMaxLogit] = row_maxima;
   if (!spec_.stats) by_uid[graph::kUidSumExp] = ours;
   execute(by_uid, stream, scratch.data(), recording);
+  // Null with full rows too: the row maxima then treat every row as within its length.
   const std::int32_t* lengths = spec_.padding && !is_ragged(spec_) ? t.seq_len_q : nullptr;
-  if (rows == RowsPastLengths::zeroed) {
+  if (rows == RowsPastLengths::zeroed && !full_rows) {  // full rows leave no row past a length
     zero_past_lengths(spec_, spec_.o, t.o, lengths_q(spec_, t, ragged), ragged.offset_o,
                       t.ragged.cu_seqlens_q_padded, stream);
   }

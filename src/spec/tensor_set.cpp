@@ -101,11 +101,18 @@ void check_mxfp8(const AttentionSpec& spec, std::initializer_list<Named> arrays,
 
 bool is_ragged(const AttentionSpec& spec) { return spec.ragged_q() || spec.ragged_kv(); }
 
-// Runtime lengths: a padded dense spec needs both; a ragged spec makes its own from the offsets
-// (attention.h: seq_len_* are then unused); a spec without padding has none.
-void check_lengths(const AttentionSpec& spec, const std::int32_t* seq_len_q, const std::int32_t* seq_len_kv) {
+// Whether a call's seq_len_q may be null under padding: a forward's (every entry's s_q rows).
+enum class QueryLengths { required, optional };
+
+// Runtime lengths: a padded dense spec needs both (a forward may leave seq_len_q out, attention.h);
+// a ragged spec makes its own from the offsets (attention.h: seq_len_* are then unused); a spec
+// without padding has none.
+void check_lengths(const AttentionSpec& spec, const std::int32_t* seq_len_q, const std::int32_t* seq_len_kv,
+                   QueryLengths query_lengths) {
   if (is_ragged(spec)) return;
-  check_optional("tensors.seq_len_q", seq_len_q, spec.padding, "no padding (padding=0)");
+  if (!spec.padding || query_lengths == QueryLengths::required || seq_len_q != nullptr) {
+    check_optional("tensors.seq_len_q", seq_len_q, spec.padding, "no padding (padding=0)");
+  }
   check_optional("tensors.seq_len_kv", seq_len_kv, spec.padding, "no padding (padding=0)");
 }
 
@@ -279,7 +286,7 @@ void check_tensor_set(const AttentionSpec& spec, const ForwardTensors& t) {
   require_pointer("tensors.v", t.v);
   require_pointer("tensors.o", t.o);
   check_optional("tensors.stats", t.stats, spec.stats, "no statistics (stats=0)");
-  check_lengths(spec, t.seq_len_q, t.seq_len_kv);
+  check_lengths(spec, t.seq_len_q, t.seq_len_kv, QueryLengths::optional);
   check_ragged(spec, t.ragged);
   check_score_terms(spec, t);
   check_dropout(spec, t.dropout_seed, t.dropout_offset);
@@ -319,7 +326,7 @@ void check_tensor_set(const AttentionSpec& spec, const BackwardTensors& t) {
         Named{"tensors.d_k", t.d_k}, Named{"tensors.d_v", t.d_v}}) {
     require_pointer(field, pointer);
   }
-  check_lengths(spec, t.seq_len_q, t.seq_len_kv);
+  check_lengths(spec, t.seq_len_q, t.seq_len_kv, QueryLengths::required);
   check_ragged(spec, t.ragged);
   check_score_terms(spec, t);
   check_dropout(spec, t.dropout_seed, t.dropout_offset);

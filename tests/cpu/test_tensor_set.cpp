@@ -102,9 +102,8 @@ TEST(TensorSet, TensorsTheSpecHasAreRequired) {
   spec.stats = true;
   spec.bias = Bias::one_hss;
   spec.padding = true;
-  expect_refused([&] { check_tensor_set(spec, forward_set()); }, "tensors.seq_len_q", "null", "a device pointer");
+  expect_refused([&] { check_tensor_set(spec, forward_set()); }, "tensors.seq_len_kv", "null", "a device pointer");
   ForwardTensors t = forward_set();
-  t.seq_len_q = at<const std::int32_t>(10);
   t.seq_len_kv = at<const std::int32_t>(11);
   expect_refused([&] { check_tensor_set(spec, t); }, "tensors.bias", "null", "a device pointer");
   spec.dropout = 0.1;
@@ -114,7 +113,22 @@ TEST(TensorSet, TensorsTheSpecHasAreRequired) {
   expect_refused([&] { check_tensor_set(spec, t); }, "tensors.dropout_seed", "misaligned", "8-byte");
   t.dropout_seed = at<const std::int64_t>(13);
   t.dropout_offset = at<const std::int64_t>(13, 8);  // seed and offset side by side, as adapters keep them
+  EXPECT_NO_THROW(check_tensor_set(spec, t));  // a forward's seq_len_q may be null: every entry's s_q rows
+  t.seq_len_q = at<const std::int32_t>(10, 2);
+  expect_refused([&] { check_tensor_set(spec, t); }, "tensors.seq_len_q", "0x", "16-byte aligned");
+  t.seq_len_q = at<const std::int32_t>(10);
   EXPECT_NO_THROW(check_tensor_set(spec, t));
+}
+
+TEST(TensorSet, ABackwardNeedsBothLengths) {
+  AttentionSpec spec = spec_of(Layout::bshd);
+  spec.stats = true;
+  spec.padding = true;
+  BackwardTensors b = backward_set();
+  b.seq_len_kv = at<const std::int32_t>(11);
+  expect_refused([&] { check_tensor_set(spec, b); }, "tensors.seq_len_q", "null", "a device pointer");
+  b.seq_len_q = at<const std::int32_t>(10);
+  EXPECT_NO_THROW(check_tensor_set(spec, b));
 }
 
 TEST(TensorSet, TensorsTheSpecLacksAreRefused) {

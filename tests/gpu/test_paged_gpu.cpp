@@ -66,12 +66,17 @@ TEST_P(PagedNumerics, MatchesReferenceOnGatheredKv) {
 INSTANTIATE_TEST_SUITE_P(Gpu, PagedNumerics, ::testing::ValuesIn(paged_cases()),
                          [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
-// A paged spec checked against the reference with these lengths (forward only).
-void check_with_lengths(const char* spec, std::vector<std::int32_t> seq_len_q, std::vector<std::int32_t> seq_len_kv) {
+enum class QueryLengths { given, left_out };
+
+// A paged spec checked against the reference with these lengths (forward only); left_out calls it
+// with seq_len_q null, every seq_len_q then being s_q.
+void check_with_lengths(const char* spec, std::vector<std::int32_t> seq_len_q, std::vector<std::int32_t> seq_len_kv,
+                        QueryLengths query_lengths = QueryLengths::given) {
   check::CheckOptions options;
   options.backward = false;
   options.seq_len_q = std::move(seq_len_q);
   options.seq_len_kv = std::move(seq_len_kv);
+  options.forward_without_seq_len_q = query_lengths == QueryLengths::left_out;
   const check::CheckResult result = check::check_against_reference(parse_spec(spec), options);
   std::printf("  %s\n", result.to_string().c_str());
   EXPECT_TRUE(result.passed) << result.to_string();
@@ -97,6 +102,27 @@ TEST(PagedSplitDecode, TheMaskedCallTakesTheKeysSomeQueryCannotSee) {
   check_with_lengths("layout=bshd_paged_bshd dtype=bf16 b=3 s_q=12 s_kv=2048 h_q=16 h_kv=2 d=128 page_size=64 "
                      "pages=96 causal align=bottom_right",
                      {8, 12, 12}, {1027, 1036, 12});
+}
+
+// A decode step without seq_len_q (attention.h): the split decode's kernels take every
+// sequence's s_q queries, and an unsplit paged or a padded dense forward gets them filled by the
+// plan. b = 2 with 8k keys splits on an H200, b = 64 does not; the dense spec never does.
+TEST(PagedSplitDecode, QueryLengthsLeftOut) {
+  FUSEDATTN_REQUIRE_GPU();
+  check_with_lengths("layout=bshd_paged_bshd dtype=bf16 b=2 s_q=1 s_kv=8192 h_q=32 h_kv=8 d=128 page_size=64 "
+                     "pages=256 causal align=bottom_right",
+                     {1, 1}, {8192, 3001}, QueryLengths::left_out);
+  check_with_lengths("layout=bshd_paged_bshd dtype=bf16 b=3 s_q=12 s_kv=2048 h_q=16 h_kv=2 d=128 page_size=64 "
+                     "pages=96 causal align=bottom_right",
+                     {12, 12, 12}, {1036, 12, 2048}, QueryLengths::left_out);
+  const std::vector<std::int32_t> ones(64, 1);
+  std::vector<std::int32_t> keys(64);
+  for (std::size_t i = 0; i < keys.size(); ++i) keys[i] = static_cast<std::int32_t>(1 + i * 31);
+  check_with_lengths("layout=bshd_paged_bshd dtype=bf16 b=64 s_q=1 s_kv=2048 h_q=32 h_kv=8 d=128 page_size=64 "
+                     "pages=2048 causal align=bottom_right",
+                     ones, keys, QueryLengths::left_out);
+  check_with_lengths("layout=bshd dtype=bf16 b=3 s_q=5 s_kv=300 h_q=8 h_kv=2 d=64 padding=1 causal align=bottom_right",
+                     {5, 5, 5}, {300, 7, 120}, QueryLengths::left_out);
 }
 
 }  // namespace

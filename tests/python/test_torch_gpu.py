@@ -184,6 +184,37 @@ def test_paged_decode_matches_attention_on_the_gathered_cache(cache_layout):
         assert rel(o[i:i + 1], ref) < 1e-2
 
 
+@pytest.mark.parametrize("batch, s_kv", [(1, 8192), (64, 1024)])  # split on an H200, and not
+def test_a_captured_decode_step_replays_with_new_lengths_and_queries(batch, s_kv):
+    """A serving engine's decode step: captured once, replayed with new queries and lengths written
+    in place; seq_len_q left out (every sequence's one query). Outputs poisoned before each replay."""
+    page, h_q, h_kv, d = 64, 32, 8, 128
+    per_seq = s_kv // page
+    k_pool = torch.rand(batch * per_seq, page, h_kv, d, device="cuda", dtype=torch.bfloat16) * 2 - 1
+    v_pool = torch.rand_like(k_pool) * 2 - 1
+    table = torch.randperm(batch * per_seq, device="cuda").to(torch.int32).reshape(batch, per_seq)
+    q = torch.empty(batch, 1, h_q, d, device="cuda", dtype=torch.bfloat16)
+    lengths = torch.full((batch,), s_kv, device="cuda", dtype=torch.int32)
+    with torch.no_grad():
+        fa.paged_attention(q.uniform_(-1, 1), k_pool, v_pool, table, table, lengths)  # the plan, built outside
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fa.paged_attention(q, k_pool, v_pool, table, table, lengths)
+        for step in range(3):
+            q.uniform_(-1, 1)
+            lengths.copy_(torch.randint(1, s_kv + 1, (batch,), device="cuda", dtype=torch.int32))
+            lengths[0] = (s_kv, 1, s_kv - 37)[step]
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            for i in range(batch):
+                n = int(lengths[i])
+                keys = [pool[table[i].long()].reshape(1, s_kv, h_kv, d)[:, :n] for pool in (k_pool, v_pool)]
+                ref, _ = reference(q[i:i + 1], *keys, "bshd")
+                assert rel(out[i:i + 1], ref) < 1e-2, (step, i, n)
+
+
 def test_max_logit_per_row_and_per_head():
     q, k, v = inputs("bshd", 2, 200, 300, 4, 4, 64)
     with torch.no_grad():
