@@ -296,6 +296,25 @@ def kernel_times(step, steps=5):
     return [(name, count // steps, ms / steps) for name, (count, ms) in sorted(totals.items(), key=lambda x: -x[1][1])]
 
 
+def kernel_timeline(step, steps=4):
+    """Every kernel of `steps` calls of `step` enqueued back to back behind a spin kernel (so the GPU,
+    not the host, sets the pace), from torch.profiler: (name, start µs, end µs) in start order, times
+    from the first kernel's start. A kernel launched early (programmatic dependent launch) starts
+    before the one ahead of it ends. For the diagnostics, not the benchmarks."""
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        torch.cuda._sleep(20_000_000)
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    kernels = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                     if e.device_type == torch.autograd.DeviceType.CUDA and "spin" not in e.name)
+    first = kernels[0][0] if kernels else 0
+    return [(name, start - first, end - first) for start, end, name in kernels]
+
+
 def gpu_us_per_call(enqueue, calls=200):
     """GPU time per call with the queue filled behind a spin kernel, so launch cost is hidden."""
     torch.cuda.synchronize()

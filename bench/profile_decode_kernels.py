@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Where a split paged decode's time goes: torch.profiler over fusedattn.torch.paged_attention
-(h 32/8, d 128, 64-token pages, BF16), kernels grouped by name, per call; then, in a process with
+(h 32/8, d 128, 64-token pages, BF16), kernels grouped by name, per call, and the timeline of two
+calls in a row (each kernel's start and end, and the gap before it); then the split calls' times with
+each chunk count forced (FUSEDATTN_SPLIT_DECODE=n, a process each), so that the rule's count can be
+checked by measurement; the calls' times again with our kernels launched late
+(FUSEDATTN_DECODE_EARLY_LAUNCH=0); and, with --cudnn-sweep, in a process with
 FUSEDATTN_SPLIT_DECODE=0, cuDNN's paged call alone over the same keys cut into E entries of P pages
-(what a split's chunks call is), so that the chunk size can be chosen by measurement; and the split
-calls' times again with our kernels launched late (FUSEDATTN_DECODE_EARLY_LAUNCH=0). Each call is timed on
-a stream and captured in a CUDA graph. A diagnostic, not a benchmark.
+(what a split's chunks call is). Each call is timed on a stream and captured in a CUDA graph. A
+diagnostic, not a benchmark.
 
-    FUSEDATTN_PYTHON_BUILD=build/python python bench/profile_decode_kernels.py [--no-sweep]
+    FUSEDATTN_PYTHON_BUILD=build/python python bench/profile_decode_kernels.py [--no-sweep] [--cudnn-sweep]
 """
 import argparse
 import os
@@ -20,10 +23,11 @@ import torch.nn.functional as F
 sys.path.insert(0, os.environ.get("FUSEDATTN_PYTHON_BUILD", "build/python"))
 sys.path.insert(0, str(Path(__file__).parent))
 import fusedattn.torch as fa  # noqa: E402
-from harness import captured_median_ms, cuda_median_ms, kernel_times  # noqa: E402
+from harness import captured_median_ms, cuda_median_ms, kernel_timeline, kernel_times  # noqa: E402
 
 H_Q, H_KV, D, PAGE = 32, 8, 128, 64
-POINTS = [(1, 1, 8192), (1, 1, 32768), (1, 1, 131072), (8, 1, 8192), (8, 1, 32768), (4, 8, 8192), (1, 16, 32768)]
+POINTS = [(1, 1, 8192), (1, 1, 32768), (1, 1, 131072), (8, 1, 2048), (8, 1, 8192), (8, 1, 32768), (4, 8, 8192),
+          (1, 16, 32768)]
 
 
 def cache(batch, seq_kv, queries, group=1):
@@ -48,10 +52,36 @@ def split_calls(kernels=True):
         graph_us = captured_median_ms(call, 3, 20) * 1e3
         print(f"\nsplit decode b={batch} s_q={queries} s_kv={seq_kv}: {us:.1f} us a call (events), "
               f"{graph_us:.1f} us captured in a CUDA graph", flush=True)
-        for name, count, ms in kernel_times(call, 10) if kernels else ():
-            print(f"  {ms * 1e3:8.1f} us  x{count}  {name[:110]}")
+        if kernels:
+            for name, count, ms in kernel_times(call, 10):
+                print(f"  {ms * 1e3:8.1f} us  x{count}  {name[:110]}")
+            print_timeline(kernel_timeline(call, 4))
         del q, k, v, table
         torch.cuda.empty_cache()
+
+
+def print_timeline(kernels):
+    """The kernels of the middle two of the calls (start, end, gap from the previous kernel's end, µs;
+    a negative gap: launched early, waiting beside it)."""
+    calls = 4
+    per_call = len(kernels) // calls
+    if per_call == 0:
+        return
+    shown = kernels[per_call:3 * per_call]
+    print("  timeline of two calls (us: start, end, gap before it):")
+    previous_end, origin = kernels[per_call - 1][2], shown[0][1]
+    for name, start, end in shown:
+        print(f"    {start - origin:7.1f} {end - origin:7.1f} {start - previous_end:+6.1f}  {name[:80]}")
+        previous_end = end
+
+
+def chunks_sweep():
+    """The split calls' times with each chunk count forced, a process each (the switch is read once)."""
+    for chunks in (2, 4, 8, 16, 32, 64):
+        print(f"\n== FUSEDATTN_SPLIT_DECODE={chunks} (every split call in {chunks} chunks, fewer where pages run out)",
+              flush=True)
+        subprocess.run([sys.executable, __file__, "--split-only", "--times-only"],
+                       env=dict(os.environ, FUSEDATTN_SPLIT_DECODE=str(chunks)), check=False)
 
 
 def chunk_sweep():
@@ -85,9 +115,10 @@ def chunk_sweep():
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--sweep", action="store_true", help="the chunk sweep only (run unsplit)")
+    parser.add_argument("--sweep", action="store_true", help="cuDNN's call alone by chunks only (run unsplit)")
     parser.add_argument("--split-only", action="store_true", help="the split calls' kernels only, in this process")
-    parser.add_argument("--no-sweep", action="store_true", help="leave the chunk sweep out")
+    parser.add_argument("--no-sweep", action="store_true", help="leave the sweep of forced chunk counts out")
+    parser.add_argument("--cudnn-sweep", action="store_true", help="also cuDNN's call alone by chunks, unsplit")
     parser.add_argument("--times-only", action="store_true", help="with --split-only: the calls' times, no kernels")
     args = parser.parse_args()
     if args.sweep:
@@ -96,11 +127,13 @@ def main():
     split_calls(kernels=not args.times_only)
     if args.split_only:
         return
+    if not args.no_sweep:
+        chunks_sweep()
     print("\n== the same with FUSEDATTN_DECODE_EARLY_LAUNCH=0 (our kernels launched after the previous one ends)",
           flush=True)
     subprocess.run([sys.executable, __file__, "--split-only", "--times-only"],
                    env=dict(os.environ, FUSEDATTN_DECODE_EARLY_LAUNCH="0"), check=False)
-    if not args.no_sweep:
+    if args.cudnn_sweep:
         subprocess.run([sys.executable, __file__, "--sweep"], env=dict(os.environ, FUSEDATTN_SPLIT_DECODE="0"),
                        check=False)
 

@@ -12,8 +12,8 @@
 # TESTSH_ARGS goes to ctest: "-LE python" and "-L python" split it in two calls under 600 s each),
 # matrix (the support matrix from this GPU), bench (PyTorch comparison), fp8bench (FP8 beside BF16,
 # the CLI's bench), modbench (a softcap score modifier beside plain attention), varlen (ragged step and
-# paged decode), decodeprof (a split decode's kernels and cuDNN's paged call by chunk size; not in
-# the default list), jaxbench (JAX comparison), kernels (the kernels each side of a training step launches,
+# paged decode), decodeprof (a split decode's kernels, their timeline and the calls by chunk count;
+# not in the default list), jaxbench (JAX comparison), kernels (the kernels each side of a training step launches,
 # fusedattn.torch beside PyTorch's cuDNN backend, with the cuDNN frontend's log of both graphs), plans
 # (plans built cold and restored from the disk cache in new processes, with and without autotune),
 # sanitizer (compute-sanitizer's memcheck and racecheck over a part of the GPU tier: MEMCHECK_FILTER,
@@ -201,8 +201,8 @@ if part varlen; then
   python3 -X faulthandler bench/run_bench_varlen.py --build "$build" --out "$OUT" ${VARLEN_ARGS:-} || status=1
 fi
 if part decodeprof; then
-  echo "== diagnostic: a split decode's kernels and cuDNN's paged call by chunk size"
-  # shellcheck disable=SC2086  # DECODEPROF_ARGS is a list of arguments (--no-sweep)
+  echo "== diagnostic: a split decode's kernels, their timeline and the calls by chunk count"
+  # shellcheck disable=SC2086  # DECODEPROF_ARGS is a list of arguments (--no-sweep, --cudnn-sweep)
   FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 -X faulthandler bench/profile_decode_kernels.py ${DECODEPROF_ARGS:-} \
     | tee "$OUT/decode_kernels.txt" || status=1
 fi

@@ -19,4 +19,13 @@ inline bool switch_on_when_set(const char* name) noexcept {
   return value != nullptr && *value != '\0' && std::strcmp(value, "0") != 0;
 }
 
+/// A count given in the variable: its value where it is a whole decimal number, else 0.
+inline long long count_in_environment(const char* name) noexcept {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return 0;
+  char* end = nullptr;
+  const long long count = std::strtoll(value, &end, 10);
+  return *end == '\0' && count > 0 ? count : 0;
+}
+
 }  // namespace fusedattn::detail

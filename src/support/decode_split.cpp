@@ -45,23 +45,37 @@ TensorDesc folded_entries(TensorDesc desc, std::int64_t batch, std::int64_t grou
 
 bool causal_queries(const AttentionSpec& spec) { return causal_bottom_right(spec) && spec.seq_q() > 1; }
 
+// The pages of the masked call's table: from the page holding key len - s_q on, at most s_q - 1 +
+// page_size keys; none without a bottom-right causal mask over several queries.
+std::int64_t masked_pages(const AttentionSpec& spec) {
+  return causal_queries(spec) ? ceil_div(spec.seq_q() - 1 + spec.page_size(), spec.page_size()) : 0;
+}
+
+// Whether the spec can be split at all: a cache no longer than the masked call's keys has nothing
+// to split.
+bool splittable(const AttentionSpec& spec, Pass pass) {
+  return pass == Pass::forward && spec.paged_kv() && !spec.ragged_q() && mergeable(spec) &&
+         spec.seq_q() <= kDecodeMaxQueries && spec.kv_pages > masked_pages(spec);
+}
+
 }  // namespace
 
 DecodeSplit decode_split(const AttentionSpec& spec, Pass pass, int multiprocessors) noexcept {
-  if (pass != Pass::forward || !spec.paged_kv() || spec.ragged_q() || !mergeable(spec)) return {};
-  if (spec.seq_q() > kDecodeMaxQueries) return {};
-  DecodeSplit out;
-  // The masked keys: from the page holding key len - s_q on, at most s_q - 1 + page_size keys. A
-  // cache no longer than that (the masked call's own) has nothing to split.
-  if (causal_queries(spec)) out.final_pages = ceil_div(spec.seq_q() - 1 + spec.page_size(), spec.page_size());
-  if (spec.kv_pages <= out.final_pages) return {};
+  if (!splittable(spec, pass)) return {};
   // As many chunks as one round of tiles holds, each of at least kDecodeMinChunkKeys keys in whole
   // pages. The chunks' call then fills a round (more than half of it: its b * chunks entries
   // split again into fewer than two chunks), or its chunks are shorter than two of that minimum.
   const std::int64_t round = decode_tiles_per_sm(spec) * std::max(multiprocessors, 1);
   const std::int64_t min_pages = ceil_div(kDecodeMinChunkKeys, spec.page_size());
-  const std::int64_t chunks = std::min(round / (spec.batch() * decode_tiles_per_entry(spec)), spec.kv_pages / min_pages);
-  if (chunks < 2) return {};
+  return decode_split_in_chunks(spec, pass,
+                                std::min(round / (spec.batch() * decode_tiles_per_entry(spec)), spec.kv_pages / min_pages));
+}
+
+DecodeSplit decode_split_in_chunks(const AttentionSpec& spec, Pass pass, std::int64_t chunks) noexcept {
+  chunks = std::min(chunks, spec.kv_pages);
+  if (chunks < 2 || !splittable(spec, pass)) return {};
+  DecodeSplit out;
+  out.final_pages = masked_pages(spec);
   // Whole pages a chunk; still at least two chunks (2 <= chunks <= kv_pages, so chunk_pages < kv_pages).
   out.chunk_pages = ceil_div(spec.kv_pages, chunks);
   out.chunks = ceil_div(spec.kv_pages, out.chunk_pages);

@@ -71,6 +71,32 @@ TEST(DecodeSplit, NoSplitWhereItDoesNotPay) {
   EXPECT_EQ(decode_split(decode("b=2 s_q=1 s_kv=8192"), Pass::forward, 32).chunks, 2);
 }
 
+// A chunk count asked for (the diagnostic's FUSEDATTN_SPLIT_DECODE=n): whole pages a chunk, so
+// the count may come out lower; no split below two or where the rule could not split at all.
+TEST(DecodeSplit, ACountAskedFor) {
+  struct Case {
+    const char* shape;
+    std::int64_t asked, chunks, chunk_pages;
+  };
+  const Case cases[] = {
+      {"b=1 s_q=1 s_kv=8192", 32, 32, 4},   // 128 pages: 32 of 4 (the rule's 16 of 8, doubled)
+      {"b=8 s_q=1 s_kv=8192", 16, 16, 8},   // beyond the round the rule stops at
+      {"b=1 s_q=1 s_kv=640", 4, 4, 3},      // 10 pages: 4 of 3, the last of 1
+      {"b=1 s_q=1 s_kv=640", 6, 5, 2},      // 10 pages: 5 of 2
+      {"b=1 s_q=1 s_kv=640", 64, 10, 1},    // never more chunks than pages
+      {"b=64 s_q=1 s_kv=8192", 2, 2, 64},   // where the rule keeps one call
+      {"b=1 s_q=1 s_kv=8192", 1, 1, 0},     // one chunk is no split
+  };
+  for (const Case& c : cases) {
+    const DecodeSplit split = decode_split_in_chunks(decode(c.shape), Pass::forward, c.asked);
+    EXPECT_EQ(split.chunks, c.chunks) << c.shape << " asked " << c.asked;
+    EXPECT_EQ(split.chunk_pages, c.chunk_pages) << c.shape << " asked " << c.asked;
+  }
+  EXPECT_EQ(decode_split_in_chunks(decode("b=1 s_q=8 s_kv=8192"), Pass::forward, 4).final_pages, 2);
+  EXPECT_FALSE(decode_split_in_chunks(decode("b=1 s_q=1 s_kv=8192"), Pass::backward, 4).split());
+  EXPECT_FALSE(decode_split_in_chunks(decode("b=1 s_q=17 s_kv=8192"), Pass::forward, 4).split());
+}
+
 TEST(DecodeSplit, OnlyWhatMergesByLogSumExp) {
   EXPECT_TRUE(decode_split(decode("b=1 s_q=1 s_kv=8192", ""), Pass::forward, kH200).split());  // no mask
   const char* refused[] = {
