@@ -29,6 +29,9 @@ constexpr int kMergePack = 8;
 // wherever a row has at most 4 chunks per group of threads (on an H200 every split of
 // decode_split.h: b = 1 takes 16 chunks, 16 groups of 16 threads at d_v = 128).
 constexpr int kMergeAhead = 4;
+// Query vectors a prepare thread loads before storing any: a whole row of the chunks' call wherever
+// it has at most 4 * 256 (one query at h 32, d 128: 512 of 16 bytes).
+constexpr int kPrepareAhead = 4;
 std::size_t round_up(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 // Programmatic dependent launch (SM 9.0): our kernels are launched while the kernel before them on
@@ -93,19 +96,52 @@ __global__ void prepare_kernel(Cut cut, Strided q, std::int64_t heads, const std
   const std::int64_t group = cut.group, d = q.dims[3], rows = q.dims[2] * group;
   const std::int64_t e = blockIdx.x / rows, row = blockIdx.x % rows;
   const std::int64_t i = e / cut.chunks, c = e % cut.chunks, t = row / group, j = row % group;
-  const std::int64_t vectors = d / kPer;
+  const std::int64_t vectors = d / kPer, count = heads * vectors;
   const std::uint16_t* source = from + i * q.strides[0] + t * q.strides[2] + j * q.strides[1];
   std::uint16_t* target = out.q_chunks + static_cast<std::int64_t>(blockIdx.x) * heads * d;
-  for (std::int64_t n = threadIdx.x; n < heads * vectors; n += blockDim.x) {
-    const std::int64_t head = n / vectors, x = n % vectors * kPer;  // head k of the chunks' call
-    *reinterpret_cast<Vector*>(target + head * d + x) =
-        *reinterpret_cast<const Vector*>(source + head * group * q.strides[1] + x * q.strides[3]);
+  auto source_of = [&](std::int64_t n) {  // head k of the chunks' call is q's head k * g + j
+    const std::int64_t head = n / vectors, x = n % vectors * kPer;
+    return reinterpret_cast<const Vector*>(source + head * group * q.strides[1] + x * q.strides[3]);
+  };
+  auto target_of = [&](std::int64_t n) {
+    return reinterpret_cast<Vector*>(target + n / vectors * d + n % vectors * kPer);
+  };
+  // Every load that depends on no other is issued here, before any store: the thread's first query
+  // vectors, and in row 0 the lengths and the thread's first page of each table. (Loaded after the
+  // stores before them, as written in order, they took three round trips to memory one after another.)
+  Vector ahead[kPrepareAhead];
+#pragma unroll
+  for (int k = 0; k < kPrepareAhead; ++k) {
+    const std::int64_t n = threadIdx.x + static_cast<std::int64_t>(k) * blockDim.x;
+    if (n < count) ahead[k] = *source_of(n);
   }
-  if (row != 0) return;
-  const int queries = queries_of(len_q, i, cut.queries), keys = len_kv[i];
-  const int unmasked = unmasked_keys(keys, queries, cut);
+  const bool lengths_row = row == 0;
   const std::int64_t table_row = i * cut.pages;
-  for (int n = static_cast<int>(threadIdx.x); n < cut.chunk_pages; n += blockDim.x) {  // chunk c's pages
+  const int my_page = static_cast<int>(threadIdx.x);  // of chunk c's
+  int queries = 0, keys = 0;
+  std::int32_t page_k = 0, page_v = 0;
+  if (lengths_row) {
+    queries = queries_of(len_q, i, cut.queries);
+    keys = len_kv[i];
+    if (my_page < cut.chunk_pages) {
+      page_k = page_of(table_k, table_row, static_cast<int>(c) * cut.chunk_pages + my_page, cut.pages);
+      page_v = page_of(table_v, table_row, static_cast<int>(c) * cut.chunk_pages + my_page, cut.pages);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kPrepareAhead; ++k) {
+    const std::int64_t n = threadIdx.x + static_cast<std::int64_t>(k) * blockDim.x;
+    if (n < count) *target_of(n) = ahead[k];
+  }
+  const std::int64_t rest = threadIdx.x + static_cast<std::int64_t>(kPrepareAhead) * blockDim.x;
+  for (std::int64_t n = rest; n < count; n += blockDim.x) *target_of(n) = *source_of(n);
+  if (!lengths_row) return;
+  const int unmasked = unmasked_keys(keys, queries, cut);
+  if (my_page < cut.chunk_pages) {
+    out.table_k_chunks[e * cut.chunk_pages + my_page] = page_k;
+    out.table_v_chunks[e * cut.chunk_pages + my_page] = page_v;
+  }
+  for (int n = my_page + static_cast<int>(blockDim.x); n < cut.chunk_pages; n += blockDim.x) {  // the rest of them
     const int page = static_cast<int>(c) * cut.chunk_pages + n;
     out.table_k_chunks[e * cut.chunk_pages + n] = page_of(table_k, table_row, page, cut.pages);
     out.table_v_chunks[e * cut.chunk_pages + n] = page_of(table_v, table_row, page, cut.pages);
@@ -128,16 +164,10 @@ __global__ void prepare_kernel(Cut cut, Strided q, std::int64_t heads, const std
   }
 }
 
-// `x` reduced by `op` over the block, in every thread (blockDim.x a multiple of 32, at most 1024).
+// `x` reduced by `op` over the warp, in every lane.
 template <class Op>
-__device__ float block_reduce(float x, Op op, float* scratch) {
+__device__ float warp_reduce(float x, Op op) {
   for (int offset = 16; offset > 0; offset /= 2) x = op(x, __shfl_xor_sync(0xffffffffu, x, offset));
-  const int warp = static_cast<int>(threadIdx.x) / 32, warps = static_cast<int>(blockDim.x) / 32;
-  __syncthreads();  // scratch may still be read by the previous reduction
-  if (threadIdx.x % 32 == 0) scratch[warp] = x;
-  __syncthreads();
-  x = scratch[0];
-  for (int w = 1; w < warps; ++w) x = op(x, scratch[w]);
   return x;
 }
 
@@ -164,9 +194,9 @@ __global__ void merge_kernel(Strided o, T* out, float* stats, const T* o_chunks,
                              std::int64_t chunks, std::int64_t group) {
   wait_for_the_previous_kernel();
   extern __shared__ float shared[];
-  float* weights = shared;                // chunks + 1 (the masked call's last)
-  float* scratch = weights + chunks + 1;  // 32, for the reductions
-  float* sums = scratch + 32;             // groups * d_v
+  float* weights = shared;               // chunks + 1 (the masked call's last)
+  float* totals = weights + chunks + 1;  // the largest log-sum-exp, the sum of the weights
+  float* sums = totals + 2;              // groups * d_v
   using P = Pack<T>;
   constexpr int kPer = kMergePack;
   const std::int64_t h = o.dims[1], s = o.dims[2], d = o.dims[3];
@@ -177,10 +207,11 @@ __global__ void merge_kernel(Strided o, T* out, float* stats, const T* o_chunks,
   const std::int64_t pack = threadIdx.x % packs, my_group = threadIdx.x / packs;
   const T* first = o_chunks + ((i * chunks * s * group + folded_row) * (h / group) + kv_head) * d + pack * kPer;
   const std::int64_t chunk_stride = s * h * d;  // one entry's partial O
-  // Every load that depends on no other is issued here, before any is used: the row's length, the
-  // chunks' lengths and statistics, and this thread's first partials. A chunk without keys has a
-  // statistic and a partial that were never written: read, then given the weight 0 and skipped.
-  // (Loaded one after another, each waiting on the last, they made most of the merge's time.)
+  // Every load that depends on no other is issued first, before any is used: the row's length and
+  // this thread's first partials here, the chunks' lengths and statistics by the first warp right
+  // after. A chunk without keys has a statistic and a partial that were never written: read, then
+  // given the weight 0 and skipped. (Loaded one after another, each waiting on the last, they made
+  // most of the merge's time.)
   const int queries = queries_of(len_q, i, static_cast<int>(s));
   const bool has_masked = o_masked != nullptr;
   P ahead[kMergeAhead];
@@ -189,31 +220,42 @@ __global__ void merge_kernel(Strided o, T* out, float* stats, const T* o_chunks,
     const std::int64_t c = my_group + k * groups;
     if (my_group < groups && c < chunks) ahead[k] = *reinterpret_cast<const P*>(first + c * chunk_stride);
   }
-  float largest = -INFINITY;
-  for (std::int64_t c = threadIdx.x; c <= chunks; c += blockDim.x) {
-    const bool chunk = c < chunks;
-    if (!chunk && !has_masked) {
-      weights[c] = -INFINITY;
-      continue;
-    }
-    const int keys = chunk ? len_kv_chunks[i * chunks + c] : len_kv_masked[i];
-    const float lse = chunk ? stats_chunks[(i * chunks + c) * h * s + chunk_stats_row] : stats_masked[i * h * s + stats_row];
-    weights[c] = keys > 0 && isfinite(lse) ? lse : -INFINITY;
-    largest = fmaxf(largest, weights[c]);
-  }
   T* target = out + i * o.strides[0] + head * o.strides[1] + r * o.strides[2];
   if (r >= queries) {  // the whole block leaves, before any barrier
     for (std::int64_t col = threadIdx.x; col < d; col += blockDim.x) target[col * o.strides[3]] = from_float<T>(0.0f);
     return;
   }
-  largest = block_reduce(largest, [](float a, float b) { return fmaxf(a, b); }, scratch);
-  float sum = 0.0f;
-  for (std::int64_t c = threadIdx.x; c <= chunks; c += blockDim.x) {
-    const float w = largest > -INFINITY && weights[c] > -INFINITY ? __expf(weights[c] - largest) : 0.0f;
-    weights[c] = w;
-    sum += w;
+  // The first warp weighs the chunks, reducing by shuffles; the block then meets at one barrier (two
+  // block-wide reductions took four).
+  if (threadIdx.x < 32) {
+    float largest = -INFINITY;
+    for (std::int64_t c = threadIdx.x; c <= chunks; c += 32) {
+      const bool chunk = c < chunks;
+      float lse = -INFINITY;
+      if (chunk || has_masked) {
+        const int keys = chunk ? len_kv_chunks[i * chunks + c] : len_kv_masked[i];
+        const float stat =
+            chunk ? stats_chunks[(i * chunks + c) * h * s + chunk_stats_row] : stats_masked[i * h * s + stats_row];
+        lse = keys > 0 && isfinite(stat) ? stat : -INFINITY;
+      }
+      weights[c] = lse;
+      largest = fmaxf(largest, lse);
+    }
+    largest = warp_reduce(largest, [](float a, float b) { return fmaxf(a, b); });
+    float sum = 0.0f;
+    for (std::int64_t c = threadIdx.x; c <= chunks; c += 32) {
+      const float w = largest > -INFINITY && weights[c] > -INFINITY ? __expf(weights[c] - largest) : 0.0f;
+      weights[c] = w;
+      sum += w;
+    }
+    sum = warp_reduce(sum, [](float a, float b) { return a + b; });
+    if (threadIdx.x == 0) {
+      totals[0] = largest;
+      totals[1] = sum;
+    }
   }
-  sum = block_reduce(sum, [](float a, float b) { return a + b; }, scratch);  // also orders the weights' writes
+  __syncthreads();
+  const float largest = totals[0], sum = totals[1];
 
   if (my_group < groups) {
     float acc[kPer] = {};
@@ -284,8 +326,9 @@ DecodeSplit decode_split_in_use(const AttentionSpec& spec, Pass pass, int device
   static const bool enabled = switch_on_unless_zero("FUSEDATTN_SPLIT_DECODE");
   static const std::int64_t forced_chunks = count_in_environment("FUSEDATTN_SPLIT_DECODE");
   if (!enabled || pass != Pass::forward || !spec.paged_kv()) return {};
-  if (forced_chunks >= 2) return decode_split_in_chunks(spec, pass, forced_chunks);
-  return decode_split(spec, pass, multiprocessor_count(device));
+  const DecodeSplit rule = decode_split(spec, pass, multiprocessor_count(device));
+  // Only where the rule splits: the inner calls, which it never splits, must stay whole.
+  return rule.split() && forced_chunks >= 2 ? decode_split_in_chunks(spec, pass, forced_chunks) : rule;
 }
 
 DecodeSplitComposite::Scratch DecodeSplitComposite::scratch_of(const AttentionSpec& spec, const DecodeSplit& split) {
@@ -385,7 +428,7 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
   const std::int64_t wanted = std::min<std::int64_t>(kMergeThreads / packs, split_.chunks) * packs;
   const auto threads = static_cast<unsigned int>(std::min<std::int64_t>((wanted + 31) / 32 * 32, kMergeThreads));
   const std::int64_t groups = threads / packs;  // as the kernel counts them
-  const std::size_t shared = (static_cast<std::size_t>(split_.chunks) + 1 + 32 + groups * d_v) * sizeof(float);
+  const std::size_t shared = (static_cast<std::size_t>(split_.chunks) + 1 + 2 + groups * d_v) * sizeof(float);
   float* stats = spec_.stats ? t.stats : nullptr;
   auto merge = [&](auto* out) {
     using T = std::remove_pointer_t<decltype(out)>;

@@ -22,8 +22,8 @@ namespace fusedattn::detail {
 
 /// decode_split(spec, pass, SMs of `device`), unless FUSEDATTN_SPLIT_DECODE (read once) says
 /// otherwise: 0 keeps every decode in one call (the benchmark times both ways with it); a count
-/// n >= 2 cuts wherever a split applies into n chunks (decode_split_in_chunks; the diagnostic's
-/// sweep of chunk counts).
+/// n >= 2 cuts the calls the rule splits into n chunks instead (decode_split_in_chunks; the
+/// diagnostic's sweep of chunk counts).
 DecodeSplit decode_split_in_use(const AttentionSpec& spec, Pass pass, int device);
 
 class DecodeSplitComposite {

@@ -67,8 +67,8 @@ DecodeSplit decode_split(const AttentionSpec& spec, Pass pass, int multiprocesso
   // split again into fewer than two chunks), or its chunks are shorter than two of that minimum.
   const std::int64_t round = decode_tiles_per_sm(spec) * std::max(multiprocessors, 1);
   const std::int64_t min_pages = ceil_div(kDecodeMinChunkKeys, spec.page_size());
-  return decode_split_in_chunks(spec, pass,
-                                std::min(round / (spec.batch() * decode_tiles_per_entry(spec)), spec.kv_pages / min_pages));
+  const std::int64_t in_a_round = round / (spec.batch() * decode_tiles_per_entry(spec));
+  return decode_split_in_chunks(spec, pass, std::min(in_a_round, spec.kv_pages / min_pages));
 }
 
 DecodeSplit decode_split_in_chunks(const AttentionSpec& spec, Pass pass, std::int64_t chunks) noexcept {

@@ -55,7 +55,7 @@ DecodeSplit decode_split(const AttentionSpec& spec, Pass pass, int multiprocesso
 /// The split into about `chunks` chunks of ceil(kv_pages / chunks) whole pages (10 pages asked in
 /// 4 chunks: 4 of 3 pages, the last partial; asked in 6: 5 of 2) wherever decode_split could split
 /// at all; no split for fewer than two. decode_split's own count goes through it; the diagnostic
-/// (FUSEDATTN_SPLIT_DECODE=n, exec/decode_split.h) forces others.
+/// (FUSEDATTN_SPLIT_DECODE=n, exec/decode_split.h) forces others where decode_split splits.
 DecodeSplit decode_split_in_chunks(const AttentionSpec& spec, Pass pass, std::int64_t chunks) noexcept;
 
 /// Whether the split has a masked call (a bottom-right causal mask with several queries).
