@@ -16,7 +16,10 @@
 // entries length 0, and a shorter longest sequence needs nothing at all.
 //
 // Ragged Q with dense or paged K/V: only the ragged sequence dims are bucketed. The batch is not,
-// since dense K/V (and page tables) hold exactly the call's entries: one plan per batch size.
+// since dense K/V (and page tables) hold exactly the call's entries: one plan per batch size. Over
+// a paged cache the query buckets start at 1 (1, 2, 4, ..., 64, ...): decode steps and speculative
+// ones have a few queries a sequence, and a plan for 64 would not split its keys (a split decode
+// takes at most 16 queries).
 #pragma once
 
 #include <cstdint>
@@ -28,7 +31,8 @@ namespace fusedattn {
 
 /// The plan batch for a call of `batch` sequences (>= 1).
 std::int64_t batch_bucket(std::int64_t batch) noexcept;
-/// The plan sequence dim for a call whose longest sequence has `seq` tokens (>= 1).
+/// The plan sequence dim for a call whose longest sequence has `seq` tokens (>= 1); for queries
+/// over a paged cache the buckets start at 1 instead (above).
 std::int64_t sequence_bucket(std::int64_t seq) noexcept;
 
 /// `spec` with the sequence dims of its ragged tensors rounded up to their buckets, and its batch

@@ -15,6 +15,13 @@ std::int64_t next_power_of_two(std::int64_t n) noexcept {
 
 constexpr std::int64_t kSmallestSequenceBucket = 64;
 
+// Ragged queries over a paged cache are decode steps and speculative ones (1 to 16 queries a
+// sequence) as often as prefills: their buckets start at 1, so that a step's plan has its own few
+// queries, which the split decode needs (support/decode_split.h: at most 16), and not 64 of them.
+std::int64_t smallest_bucket(const AttentionSpec& spec, bool queries) {
+  return spec.paged_kv() && queries ? 1 : kSmallestSequenceBucket;
+}
+
 }  // namespace
 
 std::int64_t batch_bucket(std::int64_t batch) noexcept { return next_power_of_two(std::max<std::int64_t>(batch, 1)); }
@@ -31,7 +38,8 @@ AttentionSpec bucketed(const AttentionSpec& spec) {
   const bool all_ragged = spec.ragged_q() && spec.ragged_kv();
   for (TensorDesc* desc : {&out.q, &out.k, &out.v, &out.o}) {
     if (all_ragged) desc->dims[kBatch] = batch_bucket(spec.batch());
-    if (desc->ragged()) desc->dims[kSeq] = sequence_bucket(desc->dims[kSeq]);
+    const std::int64_t smallest = smallest_bucket(spec, desc == &out.q || desc == &out.o);
+    if (desc->ragged()) desc->dims[kSeq] = next_power_of_two(std::max(desc->dims[kSeq], smallest));
   }
   return out;
 }
@@ -53,7 +61,7 @@ std::vector<AttentionSpec> ragged_buckets(const AttentionSpec& spec) {
   const AttentionSpec top = bucketed(spec);
   const bool all_ragged = spec.ragged_q() && spec.ragged_kv();
   const auto batches = all_ragged ? buckets_up_to(top.batch(), 1) : std::vector<std::int64_t>{top.batch()};
-  const auto seqs_q = spec.ragged_q() ? buckets_up_to(top.q.seq(), kSmallestSequenceBucket)
+  const auto seqs_q = spec.ragged_q() ? buckets_up_to(top.q.seq(), smallest_bucket(top, true))
                                       : std::vector<std::int64_t>{top.q.seq()};
   const auto seqs_kv = spec.ragged_kv() ? buckets_up_to(top.k.seq(), kSmallestSequenceBucket)
                                         : std::vector<std::int64_t>{top.k.seq()};

@@ -135,8 +135,24 @@ TEST(RaggedBuckets, ABatchIsBucketedOnlyWhenEveryTensorIsRagged) {
   const AttentionSpec paged = parse_spec(
       "layout=thd_paged_bshd dtype=bf16 b=5 s_q=16 s_kv=1024 h_q=8 h_kv=2 d=128 page_size=64 pages=80");
   EXPECT_EQ(bucketed(paged).batch(), 5);
-  EXPECT_EQ(bucketed(paged).seq_q(), 64);
+  EXPECT_EQ(bucketed(paged).seq_q(), 16);    // over pages, query buckets start at 1
   EXPECT_EQ(bucketed(paged).k.batch(), 80);  // the pool keeps its pages
+}
+
+// Over a paged cache, ragged queries' buckets start at 1: a decode step keeps its own few queries.
+TEST(RaggedBuckets, QueriesOverPagesStartAtOne) {
+  const std::string cache = " s_kv=1024 h_q=8 h_kv=2 d=128 page_size=64 pages=80";
+  for (auto [queries, bucket] : {std::pair{1, 1}, {3, 4}, {16, 16}, {17, 32}, {100, 128}}) {
+    const AttentionSpec spec =
+        parse_spec("layout=thd_paged_bshd dtype=bf16 b=5 s_q=" + std::to_string(queries) + cache);
+    EXPECT_EQ(bucketed(spec).seq_q(), bucket) << queries;
+    EXPECT_EQ(bucketed(spec).o.seq(), bucket) << queries;
+  }
+  const std::vector<AttentionSpec> specs =
+      ragged_buckets(parse_spec("layout=thd_paged_bshd dtype=bf16 b=5 s_q=16" + cache));
+  ASSERT_EQ(specs.size(), 5u);  // 1, 2, 4, 8, 16
+  EXPECT_EQ(specs.front().seq_q(), 1);
+  for (const AttentionSpec& spec : specs) EXPECT_EQ(bucketed(spec), spec) << to_string(spec);
 }
 
 // What a warm-up of a ragged training configuration builds (fusedattn/ragged.h ragged_buckets):
@@ -165,7 +181,7 @@ TEST(RaggedBuckets, OnlyWhatBucketingMovesIsVaried) {
   const AttentionSpec paged = parse_spec(
       "layout=thd_paged_bshd dtype=bf16 b=5 s_q=300 s_kv=1024 h_q=8 h_kv=2 d=128 page_size=64 pages=80");
   const std::vector<AttentionSpec> specs = ragged_buckets(paged);
-  ASSERT_EQ(specs.size(), 4u);  // Q buckets 64, 128, 256, 512; the batch stays 5, the cache as it is
+  ASSERT_EQ(specs.size(), 10u);  // Q buckets 1 .. 512 (over pages from 1); the batch stays 5, the cache as it is
   for (const AttentionSpec& spec : specs) {
     EXPECT_EQ(spec.batch(), 5);
     EXPECT_EQ(spec.k, paged.k);
