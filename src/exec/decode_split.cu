@@ -73,12 +73,25 @@ __device__ std::int32_t page_of(const std::int32_t* table, std::int64_t row, int
 }
 
 // What the inner calls read besides the caller's pools: the chunks' queries, lengths and tables,
-// and the masked call's lengths and tables.
+// and the masked call's lengths and tables (and its queries, copied dense from ragged ones; else null).
 struct InnerArrays {
-  std::uint16_t* q_chunks;
+  std::uint16_t *q_chunks, *q_masked;
   std::int32_t *len_q_chunks, *len_kv_chunks, *table_k_chunks, *table_v_chunks;
   std::int32_t *len_q_masked, *len_kv_masked, *table_k_masked, *table_v_masked;
 };
+
+// A ragged call's sequences (attention.h's RaggedTensors), cu_q null for dense queries: sequence i
+// has cu_q[i + 1] - cu_q[i] queries and cu_kv[i + 1] - cu_kv[i] keys, its first query row (of q, O
+// and the statistics) is token start[i], and its room runs to start[i + 1] (a gap past its queries
+// only with padded starts). Entries from `sequences` on are empty.
+struct RaggedRows {
+  const std::int32_t *cu_q, *cu_kv, *start;
+  int sequences;
+};
+
+__device__ int count_of(const std::int32_t* cumulative, std::int64_t i, int sequences) {
+  return i < sequences ? cumulative[i + 1] - cumulative[i] : 0;
+}
 
 // The inner calls' arrays, in one launch (the cut's launch of its own took 1.1-4.6 µs at b = 1,
 // beside cuDNN's 11-124). One block per row of the chunks' call: entry e = i * chunks
@@ -86,18 +99,25 @@ struct InnerArrays {
 // q's logical (i, k * g + j, t, x), which the block's threads copy `Vector` at a time (16 bytes
 // where q's rows are contiguous and aligned; a thread an element that divided its index into four
 // axes twice took 35 µs with 16 queries). Row 0's block also writes entry e's length and table
-// slice, and chunk 0's the masked call's for sequence i.
+// slice, and chunk 0's the masked call's for sequence i. Ragged queries are read from their
+// sequence's tokens (rows past its queries are left as they are: no call reads them), and chunk 0's
+// blocks also copy them dense, unfolded, for the masked call: q_masked [i, t, k * g + j, x].
 template <class Vector>
 __global__ void prepare_kernel(Cut cut, Strided q, std::int64_t heads, const std::uint16_t* from,
-                               const std::int32_t* len_q, const std::int32_t* len_kv, const std::int32_t* table_k,
-                               const std::int32_t* table_v, InnerArrays out) {
+                               const std::int32_t* len_q, const std::int32_t* len_kv, RaggedRows ragged,
+                               const std::int32_t* table_k, const std::int32_t* table_v, InnerArrays out) {
   wait_for_the_previous_kernel();
   constexpr int kPer = sizeof(Vector) / sizeof(std::uint16_t);
-  const std::int64_t group = cut.group, d = q.dims[3], rows = q.dims[2] * group;
+  const std::int64_t group = cut.group, s_q = q.dims[2], d = q.dims[3], rows = s_q * group;
   const std::int64_t e = blockIdx.x / rows, row = blockIdx.x % rows;
   const std::int64_t i = e / cut.chunks, c = e % cut.chunks, t = row / group, j = row % group;
   const std::int64_t vectors = d / kPer, count = heads * vectors;
-  const std::uint16_t* source = from + i * q.strides[0] + t * q.strides[2] + j * q.strides[1];
+  const bool is_ragged = ragged.cu_q != nullptr;
+  // Sequence i's queries (a ragged one's first is token `first_row` of q; a dense batch stride places it).
+  const std::int64_t first_row = is_ragged ? ragged.start[min(i, static_cast<std::int64_t>(ragged.sequences))] : 0;
+  const int ragged_queries = is_ragged ? count_of(ragged.cu_q, i, ragged.sequences) : 0;
+  const bool copy = !is_ragged || t < ragged_queries;
+  const std::uint16_t* source = from + i * q.strides[0] + (first_row + t) * q.strides[2] + j * q.strides[1];
   std::uint16_t* target = out.q_chunks + static_cast<std::int64_t>(blockIdx.x) * heads * d;
   auto source_of = [&](std::int64_t n) {  // head k of the chunks' call is q's head k * g + j
     const std::int64_t head = n / vectors, x = n % vectors * kPer;
@@ -106,6 +126,11 @@ __global__ void prepare_kernel(Cut cut, Strided q, std::int64_t heads, const std
   auto target_of = [&](std::int64_t n) {
     return reinterpret_cast<Vector*>(target + n / vectors * d + n % vectors * kPer);
   };
+  std::uint16_t* masked =
+      out.q_masked != nullptr && c == 0 ? out.q_masked + (i * s_q + t) * heads * group * d : nullptr;
+  auto masked_of = [&](std::int64_t n) {  // q_masked's [i, t, k * g + j, x]
+    return reinterpret_cast<Vector*>(masked + (n / vectors * group + j) * d + n % vectors * kPer);
+  };
   // Every load that depends on no other is issued here, before any store: the thread's first query
   // vectors, and in row 0 the lengths and the thread's first page of each table. (Loaded after the
   // stores before them, as written in order, they took three round trips to memory one after another.)
@@ -113,7 +138,7 @@ __global__ void prepare_kernel(Cut cut, Strided q, std::int64_t heads, const std
 #pragma unroll
   for (int k = 0; k < kPrepareAhead; ++k) {
     const std::int64_t n = threadIdx.x + static_cast<std::int64_t>(k) * blockDim.x;
-    if (n < count) ahead[k] = *source_of(n);
+    if (copy && n < count) ahead[k] = *source_of(n);
   }
   const bool lengths_row = row == 0;
   const std::int64_t table_row = i * cut.pages;
@@ -121,8 +146,8 @@ __global__ void prepare_kernel(Cut cut, Strided q, std::int64_t heads, const std
   int queries = 0, keys = 0;
   std::int32_t page_k = 0, page_v = 0;
   if (lengths_row) {
-    queries = queries_of(len_q, i, cut.queries);
-    keys = len_kv[i];
+    queries = is_ragged ? ragged_queries : queries_of(len_q, i, cut.queries);
+    keys = is_ragged ? count_of(ragged.cu_kv, i, ragged.sequences) : len_kv[i];
     if (my_page < cut.chunk_pages) {
       page_k = page_of(table_k, table_row, static_cast<int>(c) * cut.chunk_pages + my_page, cut.pages);
       page_v = page_of(table_v, table_row, static_cast<int>(c) * cut.chunk_pages + my_page, cut.pages);
@@ -131,10 +156,16 @@ __global__ void prepare_kernel(Cut cut, Strided q, std::int64_t heads, const std
 #pragma unroll
   for (int k = 0; k < kPrepareAhead; ++k) {
     const std::int64_t n = threadIdx.x + static_cast<std::int64_t>(k) * blockDim.x;
-    if (n < count) *target_of(n) = ahead[k];
+    if (!copy || n >= count) continue;
+    *target_of(n) = ahead[k];
+    if (masked != nullptr) *masked_of(n) = ahead[k];
   }
   const std::int64_t rest = threadIdx.x + static_cast<std::int64_t>(kPrepareAhead) * blockDim.x;
-  for (std::int64_t n = rest; n < count; n += blockDim.x) *target_of(n) = *source_of(n);
+  for (std::int64_t n = rest; copy && n < count; n += blockDim.x) {
+    const Vector v = *source_of(n);
+    *target_of(n) = v;
+    if (masked != nullptr) *masked_of(n) = v;
+  }
   if (!lengths_row) return;
   const int unmasked = unmasked_keys(keys, queries, cut);
   if (my_page < cut.chunk_pages) {
@@ -185,13 +216,14 @@ struct alignas(sizeof(T) * kMergePack) Pack {
 // (decode_chunks_spec): dense bshd [entries, s_q * g, h / g, d_v], statistics [entries, h / g,
 // s_q * g], query r of head k * g + j at row r * g + j of head k; the masked call's are dense bshd
 // [b, s_q, h, d_v] and [b, h, s_q]. A row whose chunks have no keys (or a statistic that is not
-// finite) gets 0 and a log-sum-exp of -inf, as the references give a row that sees no key; a row
-// past its sequence's queries gets 0.
+// finite) gets 0 and a log-sum-exp of -inf, as the references give a row that sees no key; a dense
+// row past its sequence's queries gets 0, and so does a ragged sequence's padded gap. Ragged O and
+// statistics are by token: row r of sequence i is token start[i] + r.
 template <class T>
 __global__ void merge_kernel(Strided o, T* out, float* stats, const T* o_chunks, const T* o_masked,
                              const float* stats_chunks, const float* stats_masked, const std::int32_t* len_q,
-                             const std::int32_t* len_kv_chunks, const std::int32_t* len_kv_masked,
-                             std::int64_t chunks, std::int64_t group) {
+                             RaggedRows ragged, const std::int32_t* len_kv_chunks,
+                             const std::int32_t* len_kv_masked, std::int64_t chunks, std::int64_t group) {
   wait_for_the_previous_kernel();
   extern __shared__ float shared[];
   float* weights = shared;               // chunks + 1 (the masked call's last)
@@ -212,7 +244,12 @@ __global__ void merge_kernel(Strided o, T* out, float* stats, const T* o_chunks,
   // after. A chunk without keys has a statistic and a partial that were never written: read, then
   // given the weight 0 and skipped. (Loaded one after another, each waiting on the last, they made
   // most of the merge's time.)
-  const int queries = queries_of(len_q, i, static_cast<int>(s));
+  const bool is_ragged = ragged.cu_q != nullptr;
+  const int queries =
+      is_ragged ? count_of(ragged.cu_q, i, ragged.sequences) : queries_of(len_q, i, static_cast<int>(s));
+  const std::int64_t used = min(i, static_cast<std::int64_t>(ragged.sequences));
+  const std::int64_t first_row = is_ragged ? ragged.start[used] : 0;  // a ragged sequence's, in tokens
+  const std::int64_t room = is_ragged && i < ragged.sequences ? ragged.start[i + 1] - first_row : 0;
   const bool has_masked = o_masked != nullptr;
   P ahead[kMergeAhead];
 #pragma unroll
@@ -220,9 +257,26 @@ __global__ void merge_kernel(Strided o, T* out, float* stats, const T* o_chunks,
     const std::int64_t c = my_group + k * groups;
     if (my_group < groups && c < chunks) ahead[k] = *reinterpret_cast<const P*>(first + c * chunk_stride);
   }
-  T* target = out + i * o.strides[0] + head * o.strides[1] + r * o.strides[2];
+  auto row_of = [&](std::int64_t row) {
+    return out + i * o.strides[0] + head * o.strides[1] + (first_row + row) * o.strides[2];
+  };
+  auto zero = [&](T* row) {
+    for (std::int64_t col = threadIdx.x; col < d; col += blockDim.x) row[col * o.strides[3]] = from_float<T>(0.0f);
+  };
+  // A ragged sequence's rows past its queries are the next one's, but for a padded start's gap,
+  // zero as the unsplit call leaves it: this block takes gap rows r, r + s_q, r + 2 s_q, ...
+  auto zero_gap = [&] {
+    for (std::int64_t row = r; row < room; row += s) {
+      if (row >= queries) zero(row_of(row));
+    }
+  };
+  T* target = row_of(r);
   if (r >= queries) {  // the whole block leaves, before any barrier
-    for (std::int64_t col = threadIdx.x; col < d; col += blockDim.x) target[col * o.strides[3]] = from_float<T>(0.0f);
+    if (is_ragged) {
+      zero_gap();
+    } else {
+      zero(target);
+    }
     return;
   }
   // The first warp weighs the chunks, reducing by shuffles; the block then meets at one barrier (two
@@ -284,7 +338,11 @@ __global__ void merge_kernel(Strided o, T* out, float* stats, const T* o_chunks,
     for (std::int64_t g = 0; g < groups; ++g) acc += sums[g * d + col];
     target[col * o.strides[3]] = from_float<T>(sum > 0.0f ? acc / sum : 0.0f);
   }
-  if (stats != nullptr && threadIdx.x == 0) stats[i * h * s + stats_row] = sum > 0.0f ? largest + __logf(sum) : -INFINITY;
+  if (stats != nullptr && threadIdx.x == 0) {  // dense [b, h, s_q]; ragged by token, [T, h]
+    const std::int64_t at = is_ragged ? (first_row + r) * h + head : i * h * s + stats_row;
+    stats[at] = sum > 0.0f ? largest + __logf(sum) : -INFINITY;
+  }
+  if (is_ragged) zero_gap();
 }
 
 template <class P>
@@ -345,6 +403,7 @@ DecodeSplitComposite::Scratch DecodeSplitComposite::scratch_of(const AttentionSp
     return here;
   };
   s.q_chunks = take(entries * rows * d_qk * element);
+  s.q_masked = take(spec.ragged_q() && has_masked_call(split) ? b * rows * d_qk * element : 0);
   s.o_chunks = take(entries * rows * d_v * element);
   s.o_masked = take(b * rows * d_v * element);
   s.stats_chunks = take(entries * rows * sizeof(float));
@@ -384,14 +443,25 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
   const std::int64_t* q_strides = q_desc.strides;
   const bool vectors = q_strides[0] % 8 == 0 && q_strides[1] % 8 == 0 && q_strides[2] % 8 == 0;
   const auto* from = static_cast<const std::uint16_t*>(t.q);
-  const InnerArrays arrays{at<std::uint16_t>(ours, s.q_chunks),       at<std::int32_t>(ours, s.len_q_chunks),
-                           at<std::int32_t>(ours, s.len_kv_chunks),   at<std::int32_t>(ours, s.table_k_chunks),
-                           at<std::int32_t>(ours, s.table_v_chunks),  at<std::int32_t>(ours, s.len_q_masked),
-                           at<std::int32_t>(ours, s.len_kv_masked),   at<std::int32_t>(ours, s.table_k_masked),
+  const bool copy_masked = spec_.ragged_q() && masked_ != nullptr;  // the masked call's dense queries
+  const InnerArrays arrays{at<std::uint16_t>(ours, s.q_chunks),
+                           copy_masked ? at<std::uint16_t>(ours, s.q_masked) : nullptr,
+                           at<std::int32_t>(ours, s.len_q_chunks),
+                           at<std::int32_t>(ours, s.len_kv_chunks),
+                           at<std::int32_t>(ours, s.table_k_chunks),
+                           at<std::int32_t>(ours, s.table_v_chunks),
+                           at<std::int32_t>(ours, s.len_q_masked),
+                           at<std::int32_t>(ours, s.len_kv_masked),
+                           at<std::int32_t>(ours, s.table_k_masked),
                            at<std::int32_t>(ours, s.table_v_masked)};
+  const RaggedTensors& r = t.ragged;  // ragged queries: their sequences (attention.h); else none
+  const std::int32_t* starts = r.cu_seqlens_q_padded ? r.cu_seqlens_q_padded : r.cu_seqlens_q;
+  const RaggedRows ragged = spec_.ragged_q()
+                                ? RaggedRows{r.cu_seqlens_q, r.cu_seqlens_kv, starts, static_cast<int>(r.sequences)}
+                                : RaggedRows{nullptr, nullptr, nullptr, 0};
   auto prepare = [&](auto kernel) {
     return launch(kernel, early_launch_, blocks, kThreads, 0, stream, cut, q_desc, heads, from, t.seq_len_q,
-                  t.seq_len_kv, t.page_table_k, t.page_table_v, arrays);
+                  t.seq_len_kv, ragged, t.page_table_k, t.page_table_v, arrays);
   };
   check_cuda(vectors ? prepare(prepare_kernel<uint4>) : prepare(prepare_kernel<std::uint16_t>),
              "decode split: prepare the inner calls");
@@ -415,8 +485,9 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
   chunks_->run(inner_call(ours + s.q_chunks, s.o_chunks, s.stats_chunks, s.len_q_chunks, s.len_kv_chunks,
                           s.table_k_chunks, s.table_v_chunks),
                scale, stream, inner, partials, executed);
-  if (masked_) {  // on the caller's queries
-    masked_->run(inner_call(t.q, s.o_masked, s.stats_masked, s.len_q_masked, s.len_kv_masked, s.table_k_masked,
+  if (masked_) {  // on the caller's queries (ragged ones: their dense copy)
+    const void* q = copy_masked ? ours + s.q_masked : t.q;
+    masked_->run(inner_call(q, s.o_masked, s.stats_masked, s.len_q_masked, s.len_kv_masked, s.table_k_masked,
                             s.table_v_masked),
                  scale, stream, inner, partials, executed);
   }
@@ -434,7 +505,7 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
     using T = std::remove_pointer_t<decltype(out)>;
     return launch(merge_kernel<T>, early_launch_, rows, threads, shared, stream, make_strided(spec_.o), out, stats,
                   at<const T>(ours, s.o_chunks), masked_ ? at<const T>(ours, s.o_masked) : nullptr,
-                  at<const float>(ours, s.stats_chunks), at<const float>(ours, s.stats_masked), t.seq_len_q,
+                  at<const float>(ours, s.stats_chunks), at<const float>(ours, s.stats_masked), t.seq_len_q, ragged,
                   at<const std::int32_t>(ours, s.len_kv_chunks), at<const std::int32_t>(ours, s.len_kv_masked),
                   split_.chunks, group);
   };

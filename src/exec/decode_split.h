@@ -37,7 +37,7 @@ class DecodeSplitComposite {
  private:
   // Where each of our arrays lies after the inner plans' workspace, in bytes (fixed by the spec).
   struct Scratch {
-    std::size_t q_chunks, o_chunks, o_masked, stats_chunks, stats_masked;
+    std::size_t q_chunks, q_masked, o_chunks, o_masked, stats_chunks, stats_masked;
     std::size_t table_k_chunks, table_v_chunks, table_k_masked, table_v_masked;
     std::size_t len_q_chunks, len_kv_chunks, len_q_masked, len_kv_masked, bytes;
   };

@@ -54,7 +54,7 @@ std::int64_t masked_pages(const AttentionSpec& spec) {
 // Whether the spec can be split at all: a cache no longer than the masked call's keys has nothing
 // to split.
 bool splittable(const AttentionSpec& spec, Pass pass) {
-  return pass == Pass::forward && spec.paged_kv() && !spec.ragged_q() && mergeable(spec) &&
+  return pass == Pass::forward && spec.paged_kv() && mergeable(spec) &&
          spec.seq_q() <= kDecodeMaxQueries && spec.kv_pages > masked_pages(spec);
 }
 
@@ -110,6 +110,7 @@ std::int64_t decode_query_group(const AttentionSpec& spec) noexcept {
 
 AttentionSpec decode_masked_spec(const AttentionSpec& spec, const DecodeSplit& split) {
   AttentionSpec out = spec;
+  if (spec.ragged_q()) out.q = dense_entries(spec.q, spec.batch());  // a dense copy of the queries
   out.o = dense_entries(spec.o, spec.batch());
   out.kv_pages = split.final_pages;
   out.stats = true;

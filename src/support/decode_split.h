@@ -43,9 +43,9 @@ struct DecodeSplit {
   bool split() const noexcept { return chunks > 1; }
 };
 
-/// The pure rule: a forward over a paged cache with dense queries (at most kDecodeMaxQueries of
-/// them), vanilla softmax, no bias, ALiBi, dropout, score modifier, max logit or FP8, and no mask
-/// or a bottom-right causal one, splits each sequence's keys into as many chunks as fill one round
+/// The pure rule: a forward over a paged cache with dense or ragged queries (at most
+/// kDecodeMaxQueries of them: a ragged plan's longest), vanilla softmax, no bias, ALiBi, dropout,
+/// score modifier, max logit or FP8, and no mask or a bottom-right causal one, splits each sequence's keys into as many chunks as fill one round
 /// of the chunks' call's tiles on `multiprocessors` SMs (decode_tiles_per_entry), each of at least
 /// kDecodeMinChunkKeys keys; no split where one round holds fewer than two chunks of every sequence
 /// (the call fills the GPU already; a second round would cost what the split saves), where the cache
@@ -67,7 +67,8 @@ inline bool has_masked_call(const DecodeSplit& split) noexcept { return split.fi
 /// (bshd; row t * g + i is query t of head k * g + i; g = 1: [entries, s_q, h_q, d]). Without a
 /// mask that is the same attention, and cuDNN's kernels then read a chunk's keys once per K/V head
 /// instead of once per query head. And the masked keys as b entries of final_pages pages, the
-/// caller's queries and mask, partial O dense [b, s_q, h_q, d_v]. Both write their statistics.
+/// caller's queries (ragged ones copied dense, [b, s_q, h_q, d]) and mask, partial O dense
+/// [b, s_q, h_q, d_v]. Both write their statistics.
 AttentionSpec decode_chunks_spec(const AttentionSpec& spec, const DecodeSplit& split);
 AttentionSpec decode_masked_spec(const AttentionSpec& spec, const DecodeSplit& split);
 /// The tiles of cuDNN's decode kernel one entry of the chunks' call takes: one query, a tile per

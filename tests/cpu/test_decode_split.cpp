@@ -6,6 +6,8 @@
 #include <array>
 #include <string>
 
+#include "fusedattn/layout.h"
+#include "fusedattn/ragged.h"
 #include "fusedattn/spec.h"
 #include "support/decode_split.h"
 
@@ -113,10 +115,31 @@ TEST(DecodeSplit, OnlyWhatMergesByLogSumExp) {
     EXPECT_FALSE(decode_split(spec, Pass::forward, kH200).split()) << extra;
   }
   EXPECT_FALSE(decode_split(decode("b=1 s_q=17 s_kv=8192"), Pass::forward, kH200).split());  // past 16 queries
-  // Ragged queries (thd) are not split yet.
-  AttentionSpec ragged = parse_spec("layout=thd_paged_bshd dtype=bf16 b=1 s_q=1 s_kv=8192 h_q=32 h_kv=8 d=128 "
-                                    "page_size=64 pages=4096 causal align=bottom_right");
-  EXPECT_FALSE(decode_split(ragged, Pass::forward, kH200).split());
+}
+
+// Ragged queries (thd) split as dense ones of the plan's longest (bucketed from 1 over pages: a
+// decode step's 1, a speculative step's 16); the masked call then takes a dense copy of them.
+TEST(DecodeSplit, RaggedQueriesSplitAsDenseOnes) {
+  for (const char* queries : {"s_q=1", "s_q=16"}) {
+    const std::string cache = std::string(" ") + queries + " s_kv=8192 h_q=32 h_kv=8 d=128 page_size=64 pages=4096 "
+                              "causal align=bottom_right";
+    const AttentionSpec ragged = bucketed(parse_spec("layout=thd_paged_bshd dtype=bf16 b=1" + cache));
+    const AttentionSpec dense = parse_spec("layout=bshd_paged_bshd dtype=bf16 b=1" + cache);
+    const DecodeSplit split = decode_split(ragged, Pass::forward, kH200);
+    EXPECT_TRUE(split.split()) << queries;
+    EXPECT_EQ(split.chunks, decode_split(dense, Pass::forward, kH200).chunks) << queries;
+    EXPECT_FALSE(decode_chunks_spec(ragged, split).ragged_q()) << queries;
+    if (!has_masked_call(split)) continue;
+    const AttentionSpec masked = decode_masked_spec(ragged, split);
+    EXPECT_FALSE(masked.ragged_q());
+    EXPECT_EQ(masked.q.dims, ragged.q.dims);
+    EXPECT_EQ(masked.q.strides[kBatch], ragged.seq_q() * 32 * 128);  // dense bshd [b, s_q, h_q, d]
+  }
+  // A prefill's queries bucket past 16 and stay whole.
+  EXPECT_FALSE(decode_split(bucketed(parse_spec("layout=thd_paged_bshd dtype=bf16 b=1 s_q=20 s_kv=8192 h_q=32 h_kv=8 "
+                                                "d=128 page_size=64 pages=4096 causal align=bottom_right")),
+                            Pass::forward, kH200)
+                   .split());
 }
 
 TEST(DecodeSplit, AMaskedCallOnlyForSeveralCausalQueries) {

@@ -44,7 +44,7 @@ std::vector<Case> paged_cases() {
   out.push_back({"no_mask_prefill_bf16",
                  "layout=sbhd_paged_bshd dtype=bf16 b=2 s_q=100 s_kv=256 h_q=8 h_kv=2 d=128 page_size=64 pages=12"});
   // Split decodes (src/support/decode_split.h; most cases above split too, all but page_size_1 and
-  // the ragged and prefill ones): one sequence over long caches, and several queries without a mask.
+  // the prefill): one sequence over long caches, and several queries without a mask.
   out.push_back({"split_b1_8k", "layout=bshd_paged_bshd dtype=bf16 b=1 s_q=1 s_kv=8192 h_q=32 h_kv=8 d=128 "
                                 "page_size=64 pages=128 causal align=bottom_right"});
   out.push_back({"split_b2_32k_sbhd", "layout=sbhd_paged_sbhd dtype=bf16 b=2 s_q=1 s_kv=32768 h_q=32 h_kv=8 d=128 "
@@ -53,6 +53,13 @@ std::vector<Case> paged_cases() {
                                      "page_size=64 pages=192 causal align=bottom_right"});
   out.push_back({"split_q4_no_mask_f16", "layout=bshd_paged_sbhd dtype=f16 b=2 s_q=4 s_kv=2048 h_q=8 h_kv=2 d=64 "
                                          "page_size=32 pages=128"});
+  // Ragged queries split too (the thd cases above, 4 chunks and the masked call): a decode step of
+  // one query (5 chunks of 26 pages on an H200) and a speculative one of up to 3 (8 chunks, masked),
+  // each with the checker's empty second sequence and its padded starts (gaps to zero).
+  out.push_back({"split_thd_decode_8k", "layout=thd_paged_bshd dtype=bf16 b=3 s_q=1 s_kv=8192 h_q=32 h_kv=8 d=128 "
+                                        "page_size=64 pages=384 causal align=bottom_right"});
+  out.push_back({"split_thd_q3_causal", "layout=thd_paged_sbhd dtype=bf16 b=4 s_q=3 s_kv=2048 h_q=16 h_kv=2 d=128 "
+                                        "page_size=64 pages=128 causal align=bottom_right"});
   return out;
 }
 

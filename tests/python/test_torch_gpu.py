@@ -215,6 +215,31 @@ def test_a_captured_decode_step_replays_with_new_lengths_and_queries(batch, s_kv
                 assert rel(out[i:i + 1], ref) < 1e-2, (step, i, n)
 
 
+def test_a_ragged_speculative_step_over_pages_matches_float32():
+    """thd queries (1 and 3 a sequence, and an empty one) over a paged cache, bottom-right causal:
+    split on an H200 into 8 chunks and the masked call, against each sequence's float32 attention."""
+    page, h_q, h_kv, d, s_kv = 64, 32, 8, 128, 4096
+    queries, keys = [1, 0, 3], [4096, 0, 2001]
+    per_seq = s_kv // page
+    b = len(queries)
+    k_pool = torch.rand(b * per_seq, page, h_kv, d, device="cuda", dtype=torch.bfloat16) * 2 - 1
+    v_pool = torch.rand_like(k_pool) * 2 - 1
+    table = torch.randperm(b * per_seq, device="cuda").to(torch.int32).reshape(b, per_seq)
+    q = torch.rand(sum(queries), h_q, d, device="cuda", dtype=torch.bfloat16) * 2 - 1
+    cu = torch.tensor([0, 1, 1, 4], device="cuda", dtype=torch.int32)
+    lengths = torch.tensor(keys, device="cuda", dtype=torch.int32)
+    with torch.no_grad():
+        o = fa.paged_attention(q, k_pool, v_pool, table, table, lengths, layout="thd", cu_seqlens_q=cu,
+                               max_seqlen_q=max(queries))
+    assert o.shape == q.shape
+    for i in (0, 2):
+        start, n = int(cu[i]), keys[i]
+        gathered = [pool[table[i].long()].reshape(1, s_kv, h_kv, d)[:, :n] for pool in (k_pool, v_pool)]
+        ref, _ = reference(q[start:start + queries[i]].unsqueeze(0), *gathered, "bshd", causal=True,
+                           align="bottom_right")
+        assert rel(o[start:start + queries[i]].unsqueeze(0), ref) < 1e-2, i
+
+
 def test_max_logit_per_row_and_per_head():
     q, k, v = inputs("bshd", 2, 200, 300, 4, 4, 64)
     with torch.no_grad():
