@@ -62,13 +62,16 @@ bool splittable(const AttentionSpec& spec, Pass pass) {
 
 DecodeSplit decode_split(const AttentionSpec& spec, Pass pass, int multiprocessors) noexcept {
   if (!splittable(spec, pass)) return {};
-  // As many chunks as one round of tiles holds, each of at least kDecodeMinChunkKeys keys in whole
-  // pages. The chunks' call then fills a round (more than half of it: its b * chunks entries
-  // split again into fewer than two chunks), or its chunks are shorter than two of that minimum.
+  // As many chunks as one round of tiles holds (two rounds with one query), each of at least
+  // kDecodeMinChunkKeys keys in whole pages. The chunks' call then fills its rounds (more than
+  // half of the last: its b * chunks entries split again into fewer than two chunks a round), or
+  // its chunks are shorter than two of that minimum.
   const std::int64_t round = decode_tiles_per_sm(spec) * std::max(multiprocessors, 1);
   const std::int64_t min_pages = ceil_div(kDecodeMinChunkKeys, spec.page_size());
   const std::int64_t in_a_round = round / (spec.batch() * decode_tiles_per_entry(spec));
-  return decode_split_in_chunks(spec, pass, std::min(in_a_round, spec.kv_pages / min_pages));
+  if (in_a_round < 2) return {};
+  const std::int64_t rounds = spec.seq_q() == 1 ? kDecodeOneQueryRounds : 1;
+  return decode_split_in_chunks(spec, pass, std::min(in_a_round * rounds, spec.kv_pages / min_pages));
 }
 
 DecodeSplit decode_split_in_chunks(const AttentionSpec& spec, Pass pass, std::int64_t chunks) noexcept {

@@ -30,6 +30,14 @@ namespace fusedattn::detail {
 constexpr std::int64_t kDecodeOneQueryTilesPerSm = 4;
 constexpr std::int64_t kDecodeFoldedTileRows = 64;
 constexpr std::int64_t kDecodeFoldedTilesPerSm = 1;
+/// The rounds of tiles a split fills: two with one query, one with several. One query was no slower
+/// in two rounds at any point measured, and faster at some (`bench/profile_decode_kernels.py`'s
+/// sweep of chunk counts, results/gpu-results-decode.md at d2cc665: b = 1 at 8k 20.3 µs in 32
+/// chunks against 21.7 in 16, at 128k 138.5 against 141.4; b = 8 at 32k 258.7 in 4 against 262.8
+/// in 2); several queries were slower (b = 4 with 8 at 8k: 58.2 µs in 8 chunks against 52.1 in 4;
+/// b = 1 with 16 at 32k: 63.3 in 32 against 57.2 in 16). Whether to split at all stays one round's
+/// question: where one round holds fewer than two chunks of every sequence the call is not split.
+constexpr std::int64_t kDecodeOneQueryRounds = 2;
 /// The fewest keys a chunk may have: below this a chunk's fixed cost (its row of partials, the
 /// merge's read of it) outweighs the keys it streams.
 constexpr std::int64_t kDecodeMinChunkKeys = 256;
@@ -45,12 +53,13 @@ struct DecodeSplit {
 
 /// The pure rule: a forward over a paged cache with dense or ragged queries (at most
 /// kDecodeMaxQueries of them: a ragged plan's longest), vanilla softmax, no bias, ALiBi, dropout,
-/// score modifier, max logit or FP8, and no mask or a bottom-right causal one, splits each sequence's keys into as many chunks as fill one round
-/// of the chunks' call's tiles on `multiprocessors` SMs (decode_tiles_per_entry), each of at least
-/// kDecodeMinChunkKeys keys; no split where one round holds fewer than two chunks of every sequence
-/// (the call fills the GPU already; a second round would cost what the split saves), where the cache
-/// holds fewer than two chunks, or where it is no longer than the masked call's keys. The inner
-/// calls then never split.
+/// score modifier, max logit or FP8, and no mask or a bottom-right causal one, splits each
+/// sequence's keys into as many chunks as fill kDecodeOneQueryRounds rounds of the chunks' call's
+/// tiles (one query) or one round (several) on `multiprocessors` SMs (decode_tiles_per_entry),
+/// each of at least kDecodeMinChunkKeys keys; no split where one round holds fewer than two chunks
+/// of every sequence (the call fills the GPU already; more rounds would cost what the split
+/// saves), where the cache holds fewer than two chunks, or where it is no longer than the masked
+/// call's keys. The inner calls then never split.
 DecodeSplit decode_split(const AttentionSpec& spec, Pass pass, int multiprocessors) noexcept;
 /// The split into about `chunks` chunks of ceil(kv_pages / chunks) whole pages (10 pages asked in
 /// 4 chunks: 4 of 3 pages, the last partial; asked in 6: 5 of 2) wherever decode_split could split

@@ -32,24 +32,27 @@ TEST(DecodeSplit, WorkedNumbersOnAnH200) {
     std::int64_t chunks, chunk_pages;
   };
   const Case cases[] = {
-      // b = 1: 528 / 32 = 16 chunks, at every length that holds 16 of 4 pages.
-      {"b=1 s_q=1 s_kv=8192", 16, 8},
-      {"b=1 s_q=1 s_kv=32768", 16, 32},
-      {"b=1 s_q=1 s_kv=131072", 16, 128},
-      // b = 2: 528 / 64 = 8; b = 4: 4; b = 6: 528 / 192 = 2; b = 8: 528 / 256 = 2.
-      {"b=2 s_q=1 s_kv=8192", 8, 16},
-      {"b=4 s_q=1 s_kv=8192", 4, 32},
-      {"b=6 s_q=1 s_kv=8192", 2, 64},
-      {"b=8 s_q=1 s_kv=8192", 2, 64},
-      {"b=8 s_q=1 s_kv=32768", 2, 256},
+      // One query fills two rounds. b = 1: 528 / 32 = 16 chunks a round, 32 in two, at every
+      // length that holds 32 of 4 pages.
+      {"b=1 s_q=1 s_kv=8192", 32, 4},
+      {"b=1 s_q=1 s_kv=32768", 32, 16},
+      {"b=1 s_q=1 s_kv=131072", 32, 64},
+      // b = 2: 528 / 64 = 8 a round, 16 in two; b = 4: 8; b = 6: 528 / 192 = 2 a round, 4; b = 8: 4.
+      {"b=2 s_q=1 s_kv=8192", 16, 8},
+      {"b=4 s_q=1 s_kv=8192", 8, 16},
+      {"b=6 s_q=1 s_kv=8192", 4, 32},
+      {"b=8 s_q=1 s_kv=8192", 4, 32},
+      {"b=8 s_q=1 s_kv=32768", 4, 128},
       // 16 query tokens (speculative decoding), 64 folded rows: 8 tiles an entry, 132 / 8 = 16.
       {"b=1 s_q=16 s_kv=32768", 16, 32},
       // b = 4 with 8 queries: 32 rows, still a tile per K/V head: 132 / 32 = 4 chunks.
       {"b=4 s_q=8 s_kv=8192", 4, 32},
-      // 1k tokens (16 pages) hold 4 chunks of 256 keys, fewer than the round's 16.
+      // 1k tokens (16 pages) hold 4 chunks of 256 keys, fewer than the rounds' 32.
       {"b=1 s_q=1 s_kv=1024", 4, 4},
       // 576 tokens (9 pages) hold 2: of 5 pages and of 4.
       {"b=1 s_q=1 s_kv=576", 2, 5},
+      // 2k tokens at b = 8 (32 pages) hold 8 chunks: the rounds' 4, of 8 pages.
+      {"b=8 s_q=1 s_kv=2048", 4, 8},
   };
   for (const Case& c : cases) {
     const DecodeSplit split = decode_split(decode(c.shape), Pass::forward, kH200);
@@ -68,9 +71,10 @@ TEST(DecodeSplit, NoSplitWhereItDoesNotPay) {
   // Several queries: b = 9 with 16 (72 tiles, a round of 132 holds one chunk of each) and b = 33.
   EXPECT_FALSE(decode_split(decode("b=9 s_q=16 s_kv=8192", ""), Pass::forward, kH200).split());
   EXPECT_FALSE(decode_split(decode("b=33 s_q=16 s_kv=8192", ""), Pass::forward, kH200).split());
-  // Fewer SMs hold fewer tiles: b = 8 on 32 SMs (a round of 128) does not split, b = 2 does in two.
+  // Fewer SMs hold fewer tiles: b = 8 on 32 SMs (a round of 128) does not split, b = 2 does, in
+  // two rounds of two chunks.
   EXPECT_FALSE(decode_split(decode("b=8 s_q=1 s_kv=8192"), Pass::forward, 32).split());
-  EXPECT_EQ(decode_split(decode("b=2 s_q=1 s_kv=8192"), Pass::forward, 32).chunks, 2);
+  EXPECT_EQ(decode_split(decode("b=2 s_q=1 s_kv=8192"), Pass::forward, 32).chunks, 4);
 }
 
 // A chunk count asked for (the diagnostic's FUSEDATTN_SPLIT_DECODE=n): whole pages a chunk, so

@@ -54,7 +54,7 @@ std::vector<Case> paged_cases() {
   out.push_back({"split_q4_no_mask_f16", "layout=bshd_paged_sbhd dtype=f16 b=2 s_q=4 s_kv=2048 h_q=8 h_kv=2 d=64 "
                                          "page_size=32 pages=128"});
   // Ragged queries split too (the thd cases above, 4 chunks and the masked call): a decode step of
-  // one query (5 chunks of 26 pages on an H200) and a speculative one of up to 3 (8 chunks, masked),
+  // one query (10 chunks of 13 pages on an H200) and a speculative one of up to 3 (8 chunks, masked),
   // each with the checker's empty second sequence and its padded starts (gaps to zero).
   out.push_back({"split_thd_decode_8k", "layout=thd_paged_bshd dtype=bf16 b=3 s_q=1 s_kv=8192 h_q=32 h_kv=8 d=128 "
                                         "page_size=64 pages=384 causal align=bottom_right"});
@@ -90,8 +90,8 @@ void check_with_lengths(const char* spec, std::vector<std::int32_t> seq_len_q, s
 }
 
 // A split decode's edges, with lengths chosen: an empty sequence, one key, one page, a page
-// multiple that ends the first chunk exactly, one short of the cache and the whole cache (b = 6 on
-// an H200: two chunks of 4096 keys).
+// multiple that ends a chunk exactly, one short of the cache and the whole cache (b = 6 on an H200:
+// four chunks of 2048 keys, 4096 ending the second).
 TEST(PagedSplitDecode, EmptySequencesOnePageAndPageMultiples) {
   FUSEDATTN_REQUIRE_GPU();
   check_with_lengths("layout=bshd_paged_bshd dtype=bf16 b=6 s_q=1 s_kv=8192 h_q=32 h_kv=8 d=128 page_size=64 "
