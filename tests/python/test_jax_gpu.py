@@ -246,6 +246,39 @@ def test_paged_decode_matches_attention_on_the_gathered_cache(cache_layout):
         assert rel(out[i:i + 1], ref) < TOLERANCE[jnp.bfloat16], i
 
 
+def test_split_decodes_dense_and_ragged_match_xla():
+    """Calls the split decode takes on an H200 (support/decode_split.h): one query a sequence at b = 3
+    over 4096-token caches (10 chunks), and ragged queries (1, 0 and 3 a sequence, thd: 5 chunks and
+    the masked call), each against XLA's float32 attention on the sequence's gathered keys."""
+    page, per_seq, h_q, h_kv, d = 64, 64, 32, 8, 128
+    b = 3
+    keys = jax.random.split(jax.random.key(53), 4)
+    k_pool, v_pool = (jax.random.uniform(key, (b * per_seq, page, h_kv, d), minval=-1, maxval=1).astype(jnp.bfloat16)
+                      for key in keys[:2])
+    table = jax.random.permutation(keys[2], b * per_seq).reshape(b, per_seq).astype(jnp.int32)
+    lengths = jnp.array([4096, 0, 2001], jnp.int32)
+
+    def reference(q_i, i):  # q_i [1, s, h_q, d]: bottom-right causal over sequence i's keys
+        n, s = int(lengths[i]), q_i.shape[1]
+        k_i, v_i = (pool[table[i]].reshape(per_seq * page, h_kv, d)[:n][None].astype(jnp.float32)
+                    for pool in (k_pool, v_pool))
+        return jax.nn.dot_product_attention(q_i.astype(jnp.float32), k_i, v_i,
+                                            mask=jnp.tril(jnp.ones((s, n), bool), n - s)[None, None],
+                                            implementation="xla")
+
+    q = jax.random.uniform(keys[3], (b, 1, h_q, d), minval=-1, maxval=1).astype(jnp.bfloat16)
+    out = jax.jit(lambda q, t, n: fj.paged_attention(q, k_pool, v_pool, t, t, n))(q, table, lengths)
+    for i in (0, 2):
+        assert rel(out[i:i + 1], reference(q[i:i + 1], i)) < TOLERANCE[jnp.bfloat16], i
+    queries, cu = [1, 0, 3], jnp.array([0, 1, 1, 4], jnp.int32)
+    q = jax.random.uniform(keys[3], (sum(queries), h_q, d), minval=-1, maxval=1).astype(jnp.bfloat16)
+    out = jax.jit(lambda q, t, n, cu: fj.paged_attention(q, k_pool, v_pool, t, t, n, layout="thd", cu_seqlens_q=cu,
+                                                         max_seqlen_q=3))(q, table, lengths, cu)
+    for i in (0, 2):
+        rows = slice(int(cu[i]), int(cu[i + 1]))
+        assert rel(out[rows][None], reference(q[rows][None], i)) < TOLERANCE[jnp.bfloat16], i
+
+
 def test_runtime_lengths_match_each_entry_alone():
     q, k, v = random_qkv(jnp.float16, shape_q=(3, 160, 4, 64), heads_kv=4, seed=61)
     len_q, len_kv = jnp.array([160, 37, 1], jnp.int32), jnp.array([160, 100, 64], jnp.int32)

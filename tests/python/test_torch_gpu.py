@@ -217,7 +217,7 @@ def test_a_captured_decode_step_replays_with_new_lengths_and_queries(batch, s_kv
 
 def test_a_ragged_speculative_step_over_pages_matches_float32():
     """thd queries (1 and 3 a sequence, and an empty one) over a paged cache, bottom-right causal:
-    split on an H200 into 8 chunks and the masked call, against each sequence's float32 attention."""
+    split on an H200 into 5 chunks and the masked call, against each sequence's float32 attention."""
     page, h_q, h_kv, d, s_kv = 64, 32, 8, 128, 4096
     queries, keys = [1, 0, 3], [4096, 0, 2001]
     per_seq = s_kv // page
