@@ -101,8 +101,9 @@ void require_full_query_rows(const AttentionSpec& spec, const std::vector<std::i
   }
   for (std::int32_t length : seq_len_q) {
     if (length != spec.seq_q()) {
+      const std::string s_q = std::to_string(spec.seq_q());
       throw InvalidArgument("options.seq_len_q", std::to_string(length),
-                            "s_q (" + std::to_string(spec.seq_q()) + ") for every entry with forward_without_seq_len_q");
+                            "s_q (" + s_q + ") for every entry, with forward_without_seq_len_q");
     }
   }
 }

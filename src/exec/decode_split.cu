@@ -27,7 +27,7 @@ constexpr int kMergeThreads = 256;  // a row's d_v / 8 column packs (d_v <= 256)
 constexpr int kMergePack = 8;
 // Partial packs a merge thread loads before the chunks' weights are known: every partial of a row
 // wherever a row has at most 4 chunks per group of threads (on an H200 every split of
-// decode_split.h: b = 1 takes 16 chunks, 16 groups of 16 threads at d_v = 128).
+// decode_split.h: b = 1 takes 32 chunks, 2 for each of 16 groups of 16 threads at d_v = 128).
 constexpr int kMergeAhead = 4;
 // Query vectors a prepare thread loads before storing any: a whole row of the chunks' call wherever
 // it has at most 4 * 256 (one query at h 32, d 128: 512 of 16 bytes).
