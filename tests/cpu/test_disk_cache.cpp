@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -78,6 +79,41 @@ TEST(PlanFileFormat, EveryFlippedBitIsRefused) {
   }
 }
 
+// The checksum's own cases beyond one flipped bit: the same bit flipped in two words (which cancel
+// in a plain xor-and-multiply of words), in one lane and across lanes, and two words swapped.
+TEST(PlanChecksum, PairedFlipsAndSwappedWordsChangeIt) {
+  const auto bytes = payload_of(1024 + 13, 8);  // 32 rounds of four words, and a tail
+  const std::uint64_t sum = plan_checksum(bytes.data(), bytes.size());
+  const std::size_t words = bytes.size() / 8;
+  for (std::size_t first : std::vector<std::size_t>{0, 1, 5, 64}) {
+    for (std::size_t second : std::vector<std::size_t>{first + 1, first + 4, first + 12, words - 1}) {
+      for (int bit = 0; bit < 64; ++bit) {
+        std::vector<std::uint8_t> damaged = bytes;
+        damaged[first * 8 + bit / 8] ^= static_cast<std::uint8_t>(1u << (bit % 8));
+        damaged[second * 8 + bit / 8] ^= static_cast<std::uint8_t>(1u << (bit % 8));
+        EXPECT_NE(plan_checksum(damaged.data(), damaged.size()), sum)
+            << "bit " << bit << " of words " << first << " and " << second;
+      }
+      std::vector<std::uint8_t> swapped = bytes;
+      std::swap_ranges(swapped.begin() + first * 8, swapped.begin() + first * 8 + 8, swapped.begin() + second * 8);
+      if (swapped != bytes) {
+        EXPECT_NE(plan_checksum(swapped.data(), swapped.size()), sum) << "words " << first << " and " << second;
+      }
+    }
+  }
+  std::vector<std::uint8_t> longer = bytes;
+  longer.push_back(0);  // a zero byte more is another file
+  EXPECT_NE(plan_checksum(longer.data(), longer.size()), sum);
+}
+
+// The checksum is part of the file format: changing it must bump kPlanFileFormat (plan_file.h),
+// and this value with it.
+TEST(PlanChecksum, IsPinnedByTheFormat) {
+  const auto bytes = payload_of(100, 9);
+  EXPECT_EQ(kPlanFileFormat, 3u);
+  EXPECT_EQ(plan_checksum(bytes.data(), bytes.size()), 0x2215d912c095c1aaull);
+}
+
 TEST(PlanFileFormat, AnotherKeyOrFormatIsRefused) {
   const auto bytes = encode_plan_file(kKey, payload_of(64, 4));
   EXPECT_EQ(decode_plan_file(bytes, kKey + " tuned").check, PlanFileCheck::other_key);
@@ -86,7 +122,7 @@ TEST(PlanFileFormat, AnotherKeyOrFormatIsRefused) {
   std::vector<std::uint8_t> other = bytes;
   other[8] = static_cast<std::uint8_t>(kPlanFileFormat + 1);
   other.resize(other.size() - 8);
-  const std::uint64_t sum = fnv1a64(other.data(), other.size());
+  const std::uint64_t sum = plan_checksum(other.data(), other.size());
   for (int i = 0; i < 8; ++i) other.push_back(static_cast<std::uint8_t>(sum >> (8 * i)));
   EXPECT_EQ(decode_plan_file(other, kKey).check, PlanFileCheck::old_format);
 }
