@@ -68,12 +68,14 @@ def make_timers(bench, adapter, spec, t, errors, notes):
 
 def bench_shape(bench, adapter, shape, args):
     """Rows for forward and forward+backward. Implementations take turns round by round, so clock
-    and thermal drift hit them alike; each value is the median over rounds."""
+    and thermal drift hit them alike, in the reverse order every other round, so that none always
+    runs first or right after another; each value is the median over rounds."""
     spec, t = bench.make_spec(shape), Tensors(shape)
     samples, errors, notes = {}, {}, {}
     fns = make_timers(bench, adapter, spec, t, errors, notes)
-    for _ in range(args.rounds):
-        for name, pair in fns.items():
+    for round_number in range(args.rounds):
+        turns = list(fns.items())
+        for name, pair in turns if round_number % 2 == 0 else reversed(turns):
             for p, fn in enumerate(pair):
                 if (name, p) not in errors:
                     try:
