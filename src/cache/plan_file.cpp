@@ -41,8 +41,8 @@ std::uint64_t get(const std::uint8_t* in, int bytes) {
 }
 
 // The file's bytes in one read into a buffer of its size (a 64 KB buffer appended to a growing
-// vector took two copies and a regrowth for a 100 KB plan). A file larger than any valid one is
-// read up to one byte past that bound: decode_plan_file then refuses it by its size.
+// vector took two copies and a regrowth for a 100 KB plan). Of a file larger than any valid one
+// only the header is read: decode_plan_file then refuses it by its size or its magic.
 bool read_whole_file(const std::string& path, std::vector<std::uint8_t>& bytes, int& error) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
@@ -56,7 +56,8 @@ bool read_whole_file(const std::string& path, std::vector<std::uint8_t>& bytes, 
     return false;
   }
   constexpr std::uint64_t kLargest = kHeaderBytes + kMaxKeyBytes + kMaxPayloadBytes + kChecksumBytes;
-  const auto size = static_cast<std::size_t>(std::min<std::uint64_t>(static_cast<std::uint64_t>(status.st_size), kLargest + 1));
+  const auto file_size = static_cast<std::uint64_t>(status.st_size);
+  const std::size_t size = file_size > kLargest ? kHeaderBytes : static_cast<std::size_t>(file_size);
   bytes.resize(size);
   std::size_t got_bytes = 0;
   while (got_bytes < size) {  // a file another process replaces meanwhile reads as what it was, or short
@@ -149,9 +150,8 @@ std::string plan_file_name(const std::string& key) {
 }
 
 std::vector<std::uint8_t> encode_plan_file(const std::string& key, const std::vector<std::uint8_t>& payload) {
-  std::vector<std::uint8_t> out;
+  std::vector<std::uint8_t> out(kMagic, kMagic + sizeof kMagic);
   out.reserve(kHeaderBytes + key.size() + payload.size() + kChecksumBytes);
-  out.insert(out.end(), kMagic, kMagic + sizeof kMagic);
   put(out, kPlanFileFormat, 4);
   put(out, key.size(), 8);
   put(out, payload.size(), 8);
