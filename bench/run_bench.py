@@ -73,8 +73,8 @@ def bench_shape(bench, adapter, shape, args):
     spec, t = bench.make_spec(shape), Tensors(shape)
     samples, errors, notes = {}, {}, {}
     fns = make_timers(bench, adapter, spec, t, errors, notes)
+    turns = list(fns.items())
     for round_number in range(args.rounds):
-        turns = list(fns.items())
         for name, pair in turns if round_number % 2 == 0 else reversed(turns):
             for p, fn in enumerate(pair):
                 if (name, p) not in errors:

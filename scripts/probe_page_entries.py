@@ -76,8 +76,8 @@ def main():
     print("µs a call of cuDNN's kernels and of all kernels (torch.profiler, 10 calls), h 32/8, d 128, bf16,")
     print("one query; fraction: K and V bytes over cuDNN's time over 4.26 TB/s (earlier runs' copy bandwidth)")
     cases = [(1, 8192), (1, 32768), (8, 2048), (8, 8192)]
-    forms = [("split paged (today)", lambda b, s: split_paged_call(b, s)),
-             ("dense, PyTorch cuDNN", lambda b, s: dense_torch_call(b, s)),
+    forms = [("split paged (today)", split_paged_call),
+             ("dense, PyTorch cuDNN", dense_torch_call),
              ("page entries, folded", lambda b, s: entries_call(b, s, 64, True)),
              ("page entries", lambda b, s: entries_call(b, s, 64, False)),
              ("2-page entries, folded", lambda b, s: entries_call(b, s, 128, True)),
@@ -92,7 +92,7 @@ def main():
                 print(f"  {label:24s} cuDNN {ours:7.1f} µs ({fraction:4.2f}), all {every:7.1f}   " +
                       "; ".join(f"{n[:60]} {t:.1f}" for n, t in rows[:3]))
             except Exception as error:  # one form refused must not hide the others
-                print(f"  {label:26s} failed: {str(error).splitlines()[0][:200]}")
+                print(f"  {label:24s} failed: {str(error).splitlines()[0][:200]}")
         torch.cuda.empty_cache()
 
 
