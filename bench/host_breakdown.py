@@ -7,7 +7,7 @@ op pays: an allocation, a one-kernel op forward and backward on the GPU, and the
 where the engine runs the backward on the calling thread instead of handing it to its GPU
 thread. A diagnostic beside host_overhead.py's table, at the same shape and with the same timer.
 
-    python bench/host_breakdown.py --build build [--out DIR]
+    python bench/host_breakdown.py --build build [--out results]   # --out: writes DIR/bench-host-breakdown.md
 """
 import argparse
 import statistics
@@ -99,7 +99,7 @@ def main():
     text = "\n".join(lines)
     print(text)
     if args.out:
-        Path(args.out, "host_breakdown.md").write_text(text + "\n")
+        Path(args.out, "bench-host-breakdown.md").write_text(text + "\n")
 
 
 if __name__ == "__main__":

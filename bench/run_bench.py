@@ -2,7 +2,7 @@
 """bench/run_bench.py — fusedattn against PyTorch SDPA (cuDNN and flash backends) in one process,
 on the same tensors, timed the same way; writes JSON, a markdown table and a bar chart.
 
-    python bench/run_bench.py --build build --out bench/results [--shapes 2,8192,16,128,causal]
+    python bench/run_bench.py --build build [--shapes 2,8192,16,128,causal]   # writes results/bench-attention.*
 
 The build must be configured with FUSEDATTN_PYTHON=ON: its python/ folder then holds the package
 and fusedattn_bench, the module that times fusedattn's C++ API (bench/bench_module.cpp). The host
@@ -198,8 +198,8 @@ def guarded(what, failures, fn, *args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", default="build", help="the build folder (FUSEDATTN_PYTHON=ON); default: build")
-    parser.add_argument("--out", default="bench/results")
-    parser.add_argument("--name", help="results file stem (default: date and GPU)")
+    parser.add_argument("--out", default="results", help="folder of the results (default: results)")
+    parser.add_argument("--name", default="bench-attention", help="file stem, overwritten each run")
     parser.add_argument("--shapes", nargs="*", help="keys such as 2,8192,16,128,causal ('none': host section only)")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
@@ -224,7 +224,7 @@ def main():
                    f"python bench/run_bench.py --build {args.build} --shapes none")
 
     gpu = torch.cuda.get_device_name()
-    name = args.name or f"{datetime.datetime.now():%Y%m%d-%H%M}_{gpu.replace(' ', '_')}"
+    name = args.name
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if rows:

@@ -3,7 +3,7 @@
 under jit, in one process, on the same arrays, timed the same way; writes JSON
 and a markdown table.
 
-    python bench/run_bench_jax.py --out bench/results [--shapes 2,8192,16,128,causal] [--rounds 5]
+    python bench/run_bench_jax.py [--shapes 2,8192,16,128,causal] [--rounds 5]   # writes results/bench-jax.*
 
 Timing: each implementation's jitted function is called `iters` times back to back and blocked
 on once, host clock around the loop: with async dispatch the GPU runs the calls back to back, so
@@ -12,7 +12,6 @@ implementations; the median over rounds is reported. Forward: O only (inference)
 backward: O and dQ, dK, dV for a given dO (jax.vjp), the usual 3.5 x forward FLOPs.
 """
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -133,7 +132,7 @@ def markdown(rows, notes):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--out", default="results", help="folder of the results (default: results)")
     parser.add_argument("--shapes", nargs="*", default=SHAPES)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
@@ -146,7 +145,7 @@ def main():
     notes, rows = [], []
     for key in args.shapes:
         rows += bench_shape(parse_shape(key), args.rounds, notes)
-    stem = f"{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M}-jax_{gpu.device_kind.replace(' ', '_')}"
+    stem = "bench-jax"  # one name, overwritten each run
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(jax=jax.__version__, device=gpu.device_kind, rounds=args.rounds)

@@ -4,14 +4,13 @@ disk cache (fusedattn/disk_cache.h), each in a fresh `fusedattn warmup` process 
 every number is one plan's own time; then the same with autotune (tuned cold, restored warm), and
 a ragged training configuration's buckets warmed up on one thread and on eight.
 
-    python bench/run_bench_plans.py --build build --out bench/results
+    python bench/run_bench_plans.py --build build [--log FILE]   # writes results/bench-plans.*
 
 Writes a markdown table and JSON. Target (issue 16): a restored plan in at most 5% of its cold build.
 The first plan of each process also carries cuDNN's start-up (plan_specs.txt puts a small plan
 there); the table marks its rows.
 """
 import argparse
-import datetime
 import json
 import os
 import re
@@ -46,14 +45,16 @@ def warmup(cli, folder, args, echo, loads=None):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", default="build")
-    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--out", default="results", help="folder of the results (default: results)")
+    parser.add_argument("--log", default=str(Path(tempfile.gettempdir()) / "bench-plans.log"),
+                        help="the warm-up processes' raw output (a run's output folder, not the tree)")
     parser.add_argument("--specs", default=str(Path(__file__).with_name("plan_specs.txt")))
     args = parser.parse_args()
     cli = Path(args.build) / "fusedattn"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = f"{datetime.datetime.now():%Y%m%d-%H%M}_plans"
-    log = open(out / f"{name}.log", "w")
+    name = "bench-plans"  # one name, overwritten each run
+    log = open(args.log, "w")
     rows, sections, stages = [], {}, {}
     for label, extra in (("heuristics", []), ("autotune", ["--autotune"])):
         with tempfile.TemporaryDirectory() as folder:

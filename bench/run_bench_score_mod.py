@@ -3,13 +3,12 @@
 through fusedattn.torch beside compiled FlexAttention with the same function and beside
 fusedattn.torch's plain attention, in one process on the same tensors; writes JSON and markdown.
 
-    python bench/run_bench_score_mod.py --build build --out bench/results
+    python bench/run_bench_score_mod.py --build build   # writes results/bench-score-mod.*
 
 TFLOP/s as ANCHORS.md counts them (forward 4·b·h·s²·d, halved when causal; forward+backward 3.5x),
 the modifier's work not counted.
 """
 import argparse
-import datetime
 import json
 import sys
 from pathlib import Path
@@ -28,7 +27,7 @@ def softcap(score, b, h, q_idx, kv_idx):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--build", default="build")
-    parser.add_argument("--out", default="bench/results")
+    parser.add_argument("--out", default="results", help="folder of the results (default: results)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
@@ -78,11 +77,11 @@ def main():
                 row["softcap / plain"] = plain["ms"] / ours["ms"]
             rows.append(row)
             print(json.dumps(row), flush=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")
+    stem = "bench-score-mod"  # one name, overwritten each run
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stamp}_score_mod.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows},
-                                                            indent=1))
+    (out / f"{stem}.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows},
+                                                indent=1))
     lines = ["| shape | pass | fusedattn softcap | fusedattn plain | FlexAttention softcap | vs Flex | vs plain |",
              "|---|---|---|---|---|---|---|"]
     cell = lambda x: f"{x['ms']:.3f} ms, {x['tflops']:.0f}" if isinstance(x, dict) else x
@@ -90,7 +89,7 @@ def main():
         lines.append(f"| {r['shape']} | {r['pass']} | {cell(r['fusedattn softcap'])} | {cell(r['fusedattn plain'])} | "
                      f"{cell(r['FlexAttention softcap'])} | {r.get('softcap / Flex', 0):.2f} | "
                      f"{r.get('softcap / plain', 0):.2f} |")
-    (out / f"{stamp}_score_mod.md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -3,7 +3,7 @@
 process: a packed training step (host time per step, plan builds, TFLOP/s) and decode over a paged
 cache (fraction of the memory bandwidth measured in the same run). Writes JSON and a markdown table.
 
-    python bench/run_bench_varlen.py --build build --out bench/results
+    python bench/run_bench_varlen.py --build build   # writes results/bench-varlen.*
 
 fusedattn runs through fusedattn_bench (bench/bench_module.cpp), which a build configured with
 FUSEDATTN_PYTHON=ON puts in its python/ folder.
@@ -233,8 +233,8 @@ def markdown(step, rows, bandwidth):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--build", default="build", help="the build folder (FUSEDATTN_PYTHON=ON); default: build")
-    parser.add_argument("--out", default="bench/results")
-    parser.add_argument("--name", help="results file stem (default: date, GPU, varlen)")
+    parser.add_argument("--out", default="results", help="folder of the results (default: results)")
+    parser.add_argument("--name", default="bench-varlen", help="file stem, overwritten each run")
     parser.add_argument("--tokens", type=int, default=32768, help="tokens per packed training step")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--max-cache-gb", type=float, default=40.0, help="skip decode rows whose K+V exceed this")
@@ -270,7 +270,7 @@ def main():
     if not args.decode_only and not args.no_unsplit:
         add_unsplit(rows, args)
     gpu = torch.cuda.get_device_name()
-    name = args.name or f"{datetime.datetime.now():%Y%m%d-%H%M}_{gpu.replace(' ', '_')}_varlen"
+    name = args.name
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     record = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "build_info": info, "gpu": gpu,

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds fusedattn on the GPU machine and runs every GPU check and benchmark in one go, writing
-# the results file (DESIGN.md §8) and the benchmark outputs into $OUT (default: ./gpu-out).
+# the results file (DESIGN.md §8) and the raw logs into $OUT (default: ./gpu-out), and each
+# benchmark's one file name into $OUT/results/ (bench-attention.json, bench-jax.json, ...: the
+# names they have under results/ in the tree, overwritten by each run; copy them over to keep them).
 #
 #   bash scripts/gpu_run.sh                          # everything
 #   PARTS="gtest torch" bash scripts/gpu_run.sh      # only the named parts
@@ -33,7 +35,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench modbench varlen jaxbench kernels plans sanitizer tsan}
-mkdir -p "$OUT"
+RESULTS=$OUT/results  # the benchmarks' files, named as in the tree's results/
+mkdir -p "$OUT" "$RESULTS"
 exec > >(tee "$OUT/gpu_log.txt") 2>&1
 export PYTHONUNBUFFERED=1
 status=0
@@ -141,8 +144,8 @@ fi
 if part bench; then
   echo "== benchmark: fusedattn (C++ and fusedattn.torch) against PyTorch"
   # shellcheck disable=SC2086  # BENCH_ARGS is a list of arguments (--shapes none: the host section only)
-  python3 -X faulthandler bench/run_bench.py --build "$build" --out "$OUT" --rounds 5 ${BENCH_ARGS:-} || status=1
-  python3 bench/host_breakdown.py --build "$build" --out "$OUT" || status=1
+  python3 -X faulthandler bench/run_bench.py --build "$build" --out "$RESULTS" --rounds 5 ${BENCH_ARGS:-} || status=1
+  python3 bench/host_breakdown.py --build "$build" --out "$RESULTS" || status=1
   FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 bench/profile_torch_call.py 2>&1 \
     | grep -E "^---|tottime|[0-9] +[0-9.]+ +[0-9.]+" | head -40
 fi
@@ -155,15 +158,16 @@ b=2 s=8192 h=16 d=128 causal
 b=8 s=2048 h=32 d=128 causal
 b=1 s=32768 h_q=32 h_kv=8 d=128 causal
 b=1 s=8192 h_q=64 h_kv=8 d=128 causal"}
+  : >"$RESULTS/bench-fp8.txt"  # one file a run
   while IFS= read -r shape; do
     # shellcheck disable=SC2086  # FP8_BENCH_ARGS is a list of arguments (--autotune)
     "$build/fusedattn" bench "layout=bshd dtype=e4m3 $shape" --iters 20 ${FP8_BENCH_ARGS:-} \
-      | grep -v "^fusedattn\|^cuDNN\|^CUDA\|^GPU" | tee -a "$OUT/fp8_bench.txt" || status=1
+      | grep -v "^fusedattn\|^cuDNN\|^CUDA\|^GPU" | tee -a "$RESULTS/bench-fp8.txt" || status=1
   done <<<"$shapes"
   if [ -z "${FP8_BENCH_SHAPES:-}" ]; then
     echo "-- the grouped-heads shape with its FP8 backward kept grouped (FUSEDATTN_KV_EXPANSION=0), beside the above"
     FUSEDATTN_KV_EXPANSION=0 "$build/fusedattn" bench "layout=bshd dtype=e4m3 b=1 s=8192 h_q=64 h_kv=8 d=128 causal" \
-      --iters 20 | grep -v "^fusedattn\|^cuDNN\|^CUDA\|^GPU" | tee -a "$OUT/fp8_bench.txt" || status=1
+      --iters 20 | grep -v "^fusedattn\|^cuDNN\|^CUDA\|^GPU" | tee -a "$RESULTS/bench-fp8.txt" || status=1
   fi
 fi
 if part modbench; then
@@ -171,20 +175,21 @@ if part modbench; then
   # MODBENCH_SHAPES (one spec per line, without the modifier) replaces the default shapes.
   shapes=${MODBENCH_SHAPES:-"layout=bshd b=2 s=8192 h=16 d=128 causal
 layout=bshd b=2 s=8192 h=16 d=128"}
+  : >"$RESULTS/bench-score-mod-cli.txt"  # one file a run
   while IFS= read -r shape; do
     for mod in "" " score_mod=mul(tanh(div(score,\$0)),\$0)"; do
       "$build/fusedattn" bench "$shape$mod" --iters 20 | grep -v "^fusedattn\|^cuDNN\|^CUDA\|^GPU" \
-        | tee -a "$OUT/score_mod_bench.txt" || status=1
+        | tee -a "$RESULTS/bench-score-mod-cli.txt" || status=1
     done
   done <<<"$shapes"
   echo "-- the same softcap through fusedattn.torch beside compiled FlexAttention (bench/run_bench_score_mod.py)"
   # shellcheck disable=SC2086  # MODBENCH_ARGS is a list of arguments (--causal-only)
   FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 -X faulthandler bench/run_bench_score_mod.py --build "$build" \
-    --out "$OUT" ${MODBENCH_ARGS:-} || status=1
+    --out "$RESULTS" ${MODBENCH_ARGS:-} || status=1
 fi
 if part plans; then
   echo "== plans: cold builds against restores from the disk cache, in new processes (bench/run_bench_plans.py)"
-  python3 bench/run_bench_plans.py --build "$build" --out "$OUT" || status=1
+  python3 bench/run_bench_plans.py --build "$build" --out "$RESULTS" --log "$OUT/bench-plans.log" || status=1
 fi
 if part kernels; then
   echo "== kernels of a training step: fusedattn.torch beside PyTorch's cuDNN backend"
@@ -198,7 +203,7 @@ fi
 if part varlen; then
   echo "== benchmark: ragged training step and paged decode"
   # shellcheck disable=SC2086  # VARLEN_ARGS is a list of arguments (--no-step: the decode rows only)
-  python3 -X faulthandler bench/run_bench_varlen.py --build "$build" --out "$OUT" ${VARLEN_ARGS:-} || status=1
+  python3 -X faulthandler bench/run_bench_varlen.py --build "$build" --out "$RESULTS" ${VARLEN_ARGS:-} || status=1
 fi
 if part decodeprof; then
   echo "== diagnostic: a split decode's kernels, their timeline and the calls by chunk count"
@@ -209,7 +214,7 @@ fi
 if part jaxbench; then
   echo "== benchmark: fusedattn.jax against jax.nn.dot_product_attention"
   XLA_PYTHON_CLIENT_PREALLOCATE=false FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" \
-    python3 -X faulthandler bench/run_bench_jax.py --out "$OUT" || status=1
+    python3 -X faulthandler bench/run_bench_jax.py --out "$RESULTS" || status=1
 fi
 
 if part sanitizer; then
