@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from . import _config
-from ._jax_calls import view
+from .jax._calls import view
 from .jax import attention
 
 __all__ = ["MultiHeadAttention"]

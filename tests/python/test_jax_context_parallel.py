@@ -32,7 +32,7 @@ import jax, jax.numpy as jnp
 from jax.sharding import AxisType, PartitionSpec as P
 import fusedattn.jax as fj
 from fusedattn import _config, _context_parallel as _cp
-from fusedattn._jax_calls import BACKWARD, FORWARD
+from fusedattn.jax._calls import BACKWARD, FORWARD
 
 SCHEME, CAUSAL, BALANCED, H_KV = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1", int(sys.argv[4])
 WITH_SINK = sys.argv[5] == "1"
@@ -196,10 +196,10 @@ def test_a_two_sided_window_equals_the_whole_sequences(scheme, window):
 
 
 def test_the_traced_window_rule_is_the_shared_one():
-    # _jax_context_parallel._window_kind traces _context_parallel.window_piece's comparisons.
+    # fusedattn.jax._context_parallel._window_kind traces _context_parallel.window_piece's comparisons.
     import jax.numpy as jnp
     from fusedattn import _context_parallel as shared
-    from fusedattn import _jax_context_parallel as jcp
+    from fusedattn.jax import _context_parallel as jcp
     for chunk in (1, 16, 32):
         for bounds in ((1, 0), (5, 0), (16, 0), (40, 0), (100, 0), (5, 40), (40, 5), (-1, 20), (20, -1), (1, 1)):
             for m in range(-8, 9):
@@ -213,7 +213,7 @@ import jax, jax.numpy as jnp
 from jax.sharding import AxisType, PartitionSpec as P
 import fusedattn.jax as fj
 from fusedattn import _config, _context_parallel as _cp
-from fusedattn._jax_calls import BACKWARD, FORWARD
+from fusedattn.jax._calls import BACKWARD, FORWARD
 
 SCHEME, CAUSAL, BALANCED, H_KV, WITH_SINK = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1", int(sys.argv[4]), \
     sys.argv[5] == "1"
@@ -355,7 +355,7 @@ def test_packed_orders_are_the_shared_rule_traced():
     # load_balance's and the halves' orders in jnp, against PyTorch's (both _context_parallel's formulas).
     import jax.numpy as jnp
     torch = pytest.importorskip("torch", reason="PyTorch not installed")
-    from fusedattn import _jax_context_parallel as jcp
+    from fusedattn.jax import _context_parallel as jcp
     from fusedattn import _torch_context_parallel as tcp
     lengths = [24, 0, 8, 48]
     cu = [0] + [sum(lengths[:i + 1]) for i in range(len(lengths))]
@@ -372,7 +372,7 @@ UNVARYING_CHILD = r"""
 import functools, jax, jax.numpy as jnp
 from jax.sharding import AxisType, PartitionSpec as P
 import fusedattn.jax as fj
-from fusedattn._jax_calls import BACKWARD, FORWARD
+from fusedattn.jax._calls import BACKWARD, FORWARD
 
 # Stand-ins whose results are typed as not varying over the mesh axis, as the core's FFI calls'
 # are on the GPU (zeros, not made from the inputs): every lax.switch over piece kinds must still

@@ -72,7 +72,7 @@ def test_vmap_folds_the_mapped_axis_into_one_call_on_a_larger_batch():
 
 @pytest.mark.parametrize("layout, axis", [("bshd", 0), ("sbhd", 1), ("bhsd", 0)])
 def test_folding_keeps_each_mapped_element_in_its_own_batch_entries(layout, axis):
-    from fusedattn._jax_batching import fold as _fold, unfold as _unfold
+    from fusedattn.jax._batching import fold as _fold, unfold as _unfold
     x = jnp.arange(3 * 4 * 5 * 2 * 6).reshape(3, *((4, 5, 2, 6) if axis == 0 else (5, 4, 2, 6)))  # n=3, b=4
     folded = _fold(x, axis)
     for i in range(3):
@@ -244,7 +244,7 @@ def test_what_the_core_cannot_see_is_checked_here_in_torchs_words():
 
 def test_the_call_is_the_core_config_plus_scale_and_bucket():
     from fusedattn import _config
-    from fusedattn._jax_calls import BACKWARD, FORWARD, Call
+    from fusedattn.jax._calls import BACKWARD, FORWARD, Call
     config = _config.config("bshd", causal=True, softmax="sink", dropout=0.1, max_logit="row").with_bias(
         ("bfloat16", (1, 4, 64, 80), (20480, 5120, 80, 1)), ("bfloat16", (2, 64, 4, 64), (16384, 256, 64, 1)),
         ("bfloat16", (2, 80, 4, 64), (20480, 256, 64, 1)))
@@ -262,8 +262,8 @@ def test_the_call_is_the_core_config_plus_scale_and_bucket():
 
 def test_packed_statistics_are_split_by_their_heads_axis():
     from fusedattn import _config
-    from fusedattn._jax_calls import FORWARD, Call
-    from fusedattn._jax_partition import sharding_rule
+    from fusedattn.jax._calls import FORWARD, Call
+    from fusedattn.jax._partition import sharding_rule
     call = Call(_config.config("thd", padding=True), 0.125, (128, 128))
     rule = sharding_rule(call, call.inputs(FORWARD), call.outputs(FORWARD), "same")
     assert rule == "s g d, t g d, t g e, cq, ck -> s g e, s g"  # stats are [t, h_q], like q's first two axes
@@ -275,7 +275,7 @@ SLOPES = jnp.linspace(0.0, 0.5, 4)
 
 
 def test_score_mod_functions_trace_into_expressions():
-    from fusedattn._jax_score_mod import trace
+    from fusedattn.jax._score_mod import trace
     cases = [
         (lambda s, b, h, q, kv: 30.0 * jnp.tanh(s / 30.0), "mul($0,tanh(div(score,$0)))", (30.0,)),
         (lambda s, b, h, q, kv: s + SLOPES[h] * (kv - q), "add(score,mul(t0[h],sub(kv,q)))", ()),
@@ -361,7 +361,7 @@ def test_vmap_of_a_score_modified_call_runs_per_element():
 def test_a_modifier_reading_the_batch_or_head_index_keeps_that_axis_whole_under_a_mesh():
     # Each shard would see its own b and h: only their use as numbers forbids the split; indexing
     # the modifier's tensors by them is right (the tensors are split with q).
-    from fusedattn._jax_partition import _reads_index
+    from fusedattn.jax._partition import _reads_index
     assert not _reads_index("add(score,mul(t0[h],sub(kv,q)))", "h")
     assert _reads_index("select(ne(h,1),score,abs(score))", "h")
     assert _reads_index("add(score,mul($0,b))", "b") and not _reads_index("add(score,t0[b,h])", "b")

@@ -13,8 +13,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402  (JAX brings it; a machine without JAX may lack it)
 
 import fusedattn  # noqa: E402
-from fusedattn._jax_calls import BACKWARD, FORWARD  # noqa: E402
-from fusedattn._jax_fp8 import TENSORS  # noqa: E402
+from fusedattn.jax._calls import BACKWARD, FORWARD  # noqa: E402
+from fusedattn.jax._fp8 import TENSORS  # noqa: E402
 
 SLOT = {name: i for i, name in enumerate(TENSORS)}
 E4M3_MAX, E5M2_MAX = 448.0, 57344.0
@@ -267,7 +267,7 @@ def test_bad_calls_name_the_field():
 
 def test_the_fp8_call_takes_its_scalars_last_and_returns_its_amaxes_last():
     from fusedattn import _config
-    from fusedattn._jax_calls import Call
+    from fusedattn.jax._calls import Call
     call = Call(_config.config("bshd", causal=True), 0.125, fp8=True)
     assert call != Call(call.config, 0.125) and hash(call) == hash(Call(call.config, 0.125, fp8=True))
     assert call.inputs(FORWARD) == ("q", "k", "v", "descale_q", "descale_k", "descale_v", "descale_s", "scale_s",
@@ -425,7 +425,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 sys.path.insert(0, sys.argv[1])
 import test_jax_fp8_cpu as t
 import fusedattn.jax as fj
-from fusedattn._jax_calls import BACKWARD, FORWARD
+from fusedattn.jax._calls import BACKWARD, FORWARD
 
 SHAPES = set()  # q's shape at each kernel call, as traced
 

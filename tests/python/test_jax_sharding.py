@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import fusedattn.jax as fj
 from fusedattn import _config
-from fusedattn._jax_calls import BACKWARD, FORWARD, Call
+from fusedattn.jax._calls import BACKWARD, FORWARD, Call
 
 LAYOUT, H_KV, EXTRA, AXES = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 WITH_BIAS = EXTRA == "bias"

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ._jax_calls import AXES, FP8_INPUTS, FP8_OUTPUTS, STATS
+from ._calls import AXES, FP8_INPUTS, FP8_OUTPUTS, STATS
 
 _KV = ("k", "v", "d_k", "d_v")
 _V_DIM = ("v", "o", "d_o", "d_v")

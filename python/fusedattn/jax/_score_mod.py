@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _score_mod
-from ._score_mod import Sym, not_covered
+from .. import _score_mod
+from .._score_mod import Sym, not_covered
 
 _BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "max", "min": "min", "pow": "pow",
            "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne", "and": "and", "or": "or"}
@@ -144,7 +144,7 @@ def dense_bias(part, q, k, layout, stopped=()):
     of this call, in q's dtype, in the nearest bias shape the core takes (_score_mod.bias_shape),
     differentiable in the arrays it reads; and whether any of them may be differentiated (traced,
     and not taken through stop_gradient, whose ids are `stopped`: then the call computes dBias)."""
-    from ._jax_calls import AXES
+    from ._calls import AXES
     sizes = _score_mod.bias_sizes(layout, AXES, q.shape, k.shape)
     grids = {name: jnp.arange(n, dtype=jnp.int32).reshape((1,) * axis + (n,) + (1,) * (3 - axis))
              for axis, (name, n) in enumerate(zip(("b", "h", "q", "kv"), sizes))}

@@ -52,11 +52,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _config
-from . import _fp8_recipe as _recipe
-from . import _core as core
-from ._jax_calls import AXES, BACKWARD, FORWARD, Call, view
-from .errors import invalid_argument
+from .. import _config
+from .. import _fp8_recipe as _recipe
+from .. import _core as core
+from ._calls import AXES, BACKWARD, FORWARD, Call, view
+from ..errors import invalid_argument
 
 __all__ = ["Fp8State", "fp8_state", "fp8_attention"]
 
@@ -169,7 +169,7 @@ def _dequantize(x8, descale, dtype):
 def _kernel(pass_, call, q, k):
     """The FP8 `pass_` of `call` on q and k's heads, with attention()'s vmap rule and partitioning
     (its kernel from jax.py's _KERNELS: the CUDA call, or what a test put there)."""
-    from . import jax as adapter
+    from .. import jax as adapter
     heads = AXES[call.config.layout][1]
     return adapter._call(pass_, call, (q.shape[heads], k.shape[heads]))
 
@@ -214,7 +214,7 @@ def _fp8_attention_fwd(call, model_backward, q, k, v, state):
 def _fp8_attention_bwd(call, model_backward, residuals, cotangents):
     d_o, _ = cotangents  # the returned state's cotangent is not used: the step's state comes out as `state`'s
     if model_backward is not None:
-        from . import jax as adapter
+        from .. import jax as adapter
         q, k, v, o, stats, state = residuals
         model_call, heads = model_backward
         d_q, d_k, d_v = adapter._call(BACKWARD, model_call, heads)(q, k, v, o, stats, d_o.astype(o.dtype))[:3]

@@ -22,16 +22,17 @@ from typing import Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from . import _config, _jax_batching, _jax_calls, _jax_partition, _jax_score_mod
-from ._jax_calls import BACKWARD, FORWARD, Call, view
-from .errors import NotSupportedError, invalid_argument
+from .. import _config
+from . import _batching, _calls, _partition, _score_mod
+from ._calls import BACKWARD, FORWARD, Call, view
+from ..errors import NotSupportedError, invalid_argument
 
 __all__ = ["attention", "paged_attention", "Fp8State", "fp8_state", "fp8_attention", "context_parallel_attention",
            "load_balance", "unbalance"]
 
 # The kernel behind each pass; tests put plain-JAX references here to check batching and
 # partitioning without a GPU.
-_KERNELS = {pass_: functools.partial(_jax_calls.run, pass_) for pass_ in (FORWARD, BACKWARD)}
+_KERNELS = {pass_: functools.partial(_calls.run, pass_) for pass_ in (FORWARD, BACKWARD)}
 
 
 def _kernel(pass_):
@@ -42,7 +43,7 @@ def _kernel(pass_):
 def _call(pass_, call, heads):
     """The `pass_` of `call` on arrays with (h_q, h_kv) heads: a function of arrays alone, with its
     vmap rule and its partitioning."""
-    return _jax_batching.with_batching(_jax_partition.partitioned(_kernel, pass_, call, *heads), pass_, call)
+    return _batching.with_batching(_partition.partitioned(_kernel, pass_, call, *heads), pass_, call)
 
 
 def _traced(config, scale, max_seqlen, q, k, v, sequences):
@@ -131,9 +132,9 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False, align: str
     ragged = layout == "thd"
     _require_arrays(ragged, sink, softmax, dropout_rate, dropout_key, seq_len_q, seq_len_kv, cu_seqlens_q,
                     cu_seqlens_kv, max_seqlen_q, max_seqlen_kv)
-    mod, stopped = _jax_score_mod.trace(score_mod) if score_mod is not None else (None, ())
+    mod, stopped = _score_mod.trace(score_mod) if score_mod is not None else (None, ())
     if mod is not None and mod.bias is not None:  # its gathered or learned terms, added to the score as a bias
-        mod_bias, learned = _jax_score_mod.dense_bias(mod.bias, q, k, layout, stopped)
+        mod_bias, learned = _score_mod.dense_bias(mod.bias, q, k, layout, stopped)
         mod_bias = mod_bias if learned else jax.lax.stop_gradient(mod_bias)
         given_grad = bias is not None and bias_grad
         if bias is not None and not bias_grad:
@@ -169,7 +170,7 @@ def _score_mod_arrays(mod, stopped, spec):
         return ()
     arrays = (jnp.asarray(mod.scalars, jnp.float32),) if mod.scalars else ()
     for slot, array in enumerate(mod.tensors):
-        if _jax_score_mod.learned(array, stopped):
+        if _score_mod.learned(array, stopped):
             raise NotSupportedError(f"score_mod: captured array t{slot} is being differentiated: gradients of arrays "
                                     "inside a score modifier are not built yet (stop_gradient it, or pass it as bias=)")
         want = tuple(spec.score_mod_tensor_shape(slot))
@@ -223,5 +224,5 @@ def paged_attention(q, k_cache, v_cache, page_table_k, page_table_v, seq_len_kv,
     return _call(FORWARD, call, (spec.heads_q, spec.heads_kv))(q, k_cache, v_cache, *extras, *tables)
 
 
-from ._jax_fp8 import Fp8State, fp8_attention, fp8_state  # noqa: E402  (FP8: _jax_fp8.py)
-from ._jax_context_parallel import context_parallel_attention, load_balance, unbalance  # noqa: E402
+from ._fp8 import Fp8State, fp8_attention, fp8_state  # noqa: E402  (FP8: _fp8.py)
+from ._context_parallel import context_parallel_attention, load_balance, unbalance  # noqa: E402

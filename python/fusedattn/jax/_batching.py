@@ -11,7 +11,7 @@ each element's own, and so are the scales a mapped state gives them).
 import jax
 import jax.numpy as jnp
 
-from ._jax_calls import AXES, STATS
+from ._calls import AXES, STATS
 
 
 def _batch_axis(role, layout):

@@ -32,10 +32,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _config
-from . import _context_parallel as _cp
-from ._jax_calls import BACKWARD, FORWARD
-from .errors import invalid_argument
+from .. import _config
+from .. import _context_parallel as _cp
+from ._calls import BACKWARD, FORWARD
+from ..errors import invalid_argument
 
 __all__ = ["context_parallel_attention", "load_balance", "unbalance"]
 
@@ -99,7 +99,7 @@ class _Blocks:
         # The kernel itself (jax.py's _KERNELS: the CUDA call, or what a test put there): inside
         # shard_map every array is already this device's, so attention()'s partitioning has no part.
         # Returns it with the band's scalar operand, or a packed call's offsets, bound after the arrays.
-        from . import jax as adapter
+        from .. import jax as adapter
         causal, window, score_mod = _cp.mask_options(mask)
         config = _config.config("thd" if packed else "bshd", causal=causal, window=window, stats=True,
                                 score_mod=score_mod, padding=packed is not None)

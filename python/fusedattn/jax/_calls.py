@@ -23,9 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _config
-from . import _core as core
-from .errors import CudaError, SetupError
+from .. import _config
+from .. import _core as core
+from ..errors import CudaError, SetupError
 
 FORWARD, BACKWARD = _config.FORWARD, _config.BACKWARD
 TARGETS = {FORWARD: "fusedattn_forward", BACKWARD: "fusedattn_backward"}
@@ -102,7 +102,7 @@ def register():
     global _registered
     if _registered:
         return
-    from . import _jax_ffi
+    from .. import _jax_ffi
     jax.ffi.register_ffi_type("fusedattn_plan_state", _jax_ffi.plan_state_type(), platform="CUDA")
     for name, stages in _jax_ffi.handlers().items():
         jax.ffi.register_ffi_target(name, stages, platform="CUDA")
