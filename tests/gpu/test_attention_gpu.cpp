@@ -620,9 +620,3 @@ TEST(Execution, DebugLogReportsMissBuildAndHit) {
 
 }  // namespace
 }  // namespace fusedattn
-
-int main(int argc, char** argv) {
-  std::printf("%s\n", fusedattn::build_info().to_string().c_str());
-  ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
-}
