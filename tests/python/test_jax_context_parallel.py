@@ -1,8 +1,8 @@
 """fusedattn.jax.context_parallel_attention without a GPU: 4 host devices on a mesh axis, the
 sequence split across them, ring and all-gather, against attention of the whole sequence (outputs
-and gradients). The per-device kernels are plain-JAX stand-ins in jax.py's _KERNELS that take and
-return what the core's FFI calls do; the backward one uses the O and statistics it is given, as
-cuDNN's does, so the test holds the merged statistics the algorithm hands each block."""
+and gradients). The per-device kernels are plain-JAX stand-ins in fusedattn.jax._kernels.KERNELS
+that take and return what the core's FFI calls do; the backward one uses the O and statistics it is
+given, as cuDNN's does, so the test holds the merged statistics the algorithm hands each block."""
 import os
 import subprocess
 import sys
@@ -33,6 +33,7 @@ from jax.sharding import AxisType, PartitionSpec as P
 import fusedattn.jax as fj
 from fusedattn import _config, _context_parallel as _cp
 from fusedattn.jax._calls import BACKWARD, FORWARD
+from fusedattn.jax._kernels import KERNELS
 
 SCHEME, CAUSAL, BALANCED, H_KV = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1", int(sys.argv[4])
 WITH_SINK = sys.argv[5] == "1"
@@ -83,7 +84,7 @@ def backward(call, q, k, v, o, stats, d_o, *mods):  # cuDNN's formula, with the 
     return d_q.astype(q.dtype), fold(d_k).astype(k.dtype), fold(d_v).astype(v.dtype)
 
 
-fj._KERNELS.update({FORWARD: forward, BACKWARD: backward})
+KERNELS.update({FORWARD: forward, BACKWARD: backward})
 n = 4
 mesh = jax.make_mesh((n,), ("cp",), axis_types=(AxisType.Auto,))
 b, s, h_q, d = 2, 128, 4, 32
@@ -196,10 +197,10 @@ def test_a_two_sided_window_equals_the_whole_sequences(scheme, window):
 
 
 def test_the_traced_window_rule_is_the_shared_one():
-    # fusedattn.jax._context_parallel._window_kind traces _context_parallel.window_piece's comparisons.
+    # fusedattn.jax._context_parallel_pieces._window_kind traces _context_parallel.window_piece's comparisons.
     import jax.numpy as jnp
     from fusedattn import _context_parallel as shared
-    from fusedattn.jax import _context_parallel as jcp
+    from fusedattn.jax import _context_parallel_pieces as jcp
     for chunk in (1, 16, 32):
         for bounds in ((1, 0), (5, 0), (16, 0), (40, 0), (100, 0), (5, 40), (40, 5), (-1, 20), (20, -1), (1, 1)):
             for m in range(-8, 9):
@@ -214,6 +215,7 @@ from jax.sharding import AxisType, PartitionSpec as P
 import fusedattn.jax as fj
 from fusedattn import _config, _context_parallel as _cp
 from fusedattn.jax._calls import BACKWARD, FORWARD
+from fusedattn.jax._kernels import KERNELS
 
 SCHEME, CAUSAL, BALANCED, H_KV, WITH_SINK = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1", int(sys.argv[4]), \
     sys.argv[5] == "1"
@@ -271,7 +273,7 @@ def backward(call, q, k, v, o, stats, d_o, cu_q, cu_k, *bands):  # cuDNN's formu
     return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype)
 
 
-fj._KERNELS.update({FORWARD: forward, BACKWARD: backward})
+KERNELS.update({FORWARD: forward, BACKWARD: backward})
 n = 4
 mesh = jax.make_mesh((n,), ("cp",), axis_types=(AxisType.Auto,))
 t, h_q, d = sum(LENGTHS), 4, 32
@@ -355,16 +357,16 @@ def test_packed_orders_are_the_shared_rule_traced():
     # load_balance's and the halves' orders in jnp, against PyTorch's (both _context_parallel's formulas).
     import jax.numpy as jnp
     torch = pytest.importorskip("torch", reason="PyTorch not installed")
-    from fusedattn.jax import _context_parallel as jcp
+    from fusedattn.jax import _context_parallel_order as jcp
     from fusedattn import _torch_context_parallel as tcp
     lengths = [24, 0, 8, 48]
     cu = [0] + [sum(lengths[:i + 1]) for i in range(len(lengths))]
     for balanced in (True, False):
-        got = jcp._packed_order(jnp.asarray(cu, jnp.int32), 4, balanced, cu[-1])
+        got = jcp._packed_order(jnp.asarray(cu, jnp.int32), 4, balanced=balanced, tokens=cu[-1])
         want = tcp._packed_order(torch.tensor(cu, dtype=torch.int32), 4, balanced)
         assert [int(x) for x in got] == want.tolist()
     with pytest.raises(Exception) as caught:
-        jcp._offsets(jnp.asarray([0, 8, 18], jnp.int32), 2, True)
+        jcp.checked_offsets(jnp.asarray([0, 8, 18], jnp.int32), 2, balanced=True)
     assert "multiples of 4" in str(caught.value)
 
 
@@ -373,6 +375,7 @@ import functools, jax, jax.numpy as jnp
 from jax.sharding import AxisType, PartitionSpec as P
 import fusedattn.jax as fj
 from fusedattn.jax._calls import BACKWARD, FORWARD
+from fusedattn.jax._kernels import KERNELS
 
 # Stand-ins whose results are typed as not varying over the mesh axis, as the core's FFI calls'
 # are on the GPU (zeros, not made from the inputs): every lax.switch over piece kinds must still
@@ -382,7 +385,7 @@ def forward(call, q, k, v, *rest):
     return jnp.zeros(q.shape, q.dtype), stats
 def backward(call, q, k, v, o, stats, d_o, *rest):
     return jnp.zeros(q.shape, q.dtype), jnp.zeros(k.shape, k.dtype), jnp.zeros(v.shape, v.dtype)
-fj._KERNELS.update({FORWARD: forward, BACKWARD: backward})
+KERNELS.update({FORWARD: forward, BACKWARD: backward})
 mesh = jax.make_mesh((4,), ("cp",), axis_types=(AxisType.Auto,))
 q, t, cu = jnp.ones((2, 64, 4, 32), jnp.bfloat16), jnp.ones((80, 4, 32), jnp.bfloat16), jnp.asarray([0, 24, 24, 32, 80])
 for scheme, causal, balanced, window, packed in (("ring", True, True, (-1, -1), False), ("all_gather", False, False, (5, 9), False),

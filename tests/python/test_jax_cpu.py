@@ -104,9 +104,10 @@ def test_bias_sink_and_their_gradients_reach_the_spec_and_the_calls():
 def test_dropout_draws_its_seed_from_the_key_and_replays_it():
     q = shaped(2, 64, 4, 64)
     key = jax.random.key(42)
-    rng = fj._dropout_rng(key)
+    from fusedattn.jax._attention import _dropout_rng
+    rng = _dropout_rng(key)
     assert rng.dtype == jnp.uint32 and rng.shape == (4,) and int(rng[1]) < 2 ** 31 and int(rng[2]) == 0
-    assert jnp.array_equal(rng, fj._dropout_rng(key)) and not jnp.array_equal(rng, fj._dropout_rng(jax.random.key(43)))
+    assert jnp.array_equal(rng, _dropout_rng(key)) and not jnp.array_equal(rng, _dropout_rng(jax.random.key(43)))
     text = exported_text(lambda q: jax.grad(lambda q: fj.attention(q, q, q, dropout_rate=0.1, dropout_key=key)
                                             .astype(jnp.float32).sum())(q), q)
     assert "dropout=0.1" in text and text.count("tensor<4xui32>") >= 2  # the same seed into forward and backward

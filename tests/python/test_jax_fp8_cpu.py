@@ -1,7 +1,8 @@
 """fusedattn.jax.fp8_attention without a GPU: the scaling recipes and the functional state, with a
-plain-JAX FP8 kernel in jax.py's _KERNELS (dequantize the FP8 inputs with their descales, float32
-attention, the amaxes, O and the gradients quantized with their scales, as cuDNN's FP8 kernels take
-and return them); the program exported for CUDA with the real FFI calls and their FP8 operands."""
+plain-JAX FP8 kernel in fusedattn.jax._kernels.KERNELS (dequantize the FP8 inputs with their
+descales, float32 attention, the amaxes, O and the gradients quantized with their scales, as cuDNN's
+FP8 kernels take and return them); the program exported for CUDA with the real FFI calls and their
+FP8 operands."""
 import functools
 
 import pytest
@@ -14,7 +15,8 @@ import numpy as np  # noqa: E402  (JAX brings it; a machine without JAX may lack
 
 import fusedattn  # noqa: E402
 from fusedattn.jax._calls import BACKWARD, FORWARD  # noqa: E402
-from fusedattn.jax._fp8 import TENSORS  # noqa: E402
+from fusedattn.jax._fp8_state import TENSORS  # noqa: E402
+from fusedattn.jax._kernels import KERNELS  # noqa: E402
 
 SLOT = {name: i for i, name in enumerate(TENSORS)}
 E4M3_MAX, E5M2_MAX = 448.0, 57344.0
@@ -69,8 +71,8 @@ def fp8_backward(call, *arrays):
 
 @pytest.fixture
 def reference_kernels(monkeypatch):
-    monkeypatch.setitem(fj._KERNELS, FORWARD, fp8_forward)
-    monkeypatch.setitem(fj._KERNELS, BACKWARD, fp8_backward)
+    monkeypatch.setitem(KERNELS, FORWARD, fp8_forward)
+    monkeypatch.setitem(KERNELS, BACKWARD, fp8_backward)
 
 
 def inputs(seed, shape=(2, 64, 4, 64), kv_heads=4, amax=(1.0, 1.0, 1.0)):
@@ -426,6 +428,7 @@ sys.path.insert(0, sys.argv[1])
 import test_jax_fp8_cpu as t
 import fusedattn.jax as fj
 from fusedattn.jax._calls import BACKWARD, FORWARD
+from fusedattn.jax._kernels import KERNELS
 
 SHAPES = set()  # q's shape at each kernel call, as traced
 
@@ -437,7 +440,7 @@ def recorded(kernel):
     return run
 
 
-fj._KERNELS.update({FORWARD: recorded(t.fp8_forward), BACKWARD: recorded(t.fp8_backward)})
+KERNELS.update({FORWARD: recorded(t.fp8_forward), BACKWARD: recorded(t.fp8_backward)})
 mesh = jax.make_mesh((2, 4), ("data", "model"))
 split = NamedSharding(mesh, P("data", None, "model", None))  # bshd: batch over "data", heads over "model"
 step = t.training_step(True)

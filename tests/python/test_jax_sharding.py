@@ -21,6 +21,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
 import fusedattn.jax as fj
 from fusedattn import _config
 from fusedattn.jax._calls import BACKWARD, FORWARD, Call
+from fusedattn.jax._kernels import KERNELS
 
 LAYOUT, H_KV, EXTRA, AXES = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 WITH_BIAS = EXTRA == "bias"
@@ -73,7 +74,7 @@ def backward(call, *arrays):
     return pullback(a["d_o"])  # with the bias's gradient
 
 
-fj._KERNELS.update({FORWARD: forward, BACKWARD: backward})
+KERNELS.update({FORWARD: forward, BACKWARD: backward})
 mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto if AXES == "auto" else AxisType.Explicit,) * 2)
 b, s, h_q, h_kv, d = 4, 32, 8, H_KV, 16
 shape = {"bshd": lambda h: (b, s, h, d), "sbhd": lambda h: (s, b, h, d)}[LAYOUT]

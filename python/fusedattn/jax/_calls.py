@@ -1,9 +1,8 @@
-"""fusedattn.jax's calls into the core: what fixes a call (Call: the core Config and the little it
-cannot hold), what each pass takes and returns, and the XLA FFI custom call itself
-(python/bindings/jax_ffi.cpp handles them).
+"""What fixes one of fusedattn.jax's calls into the core (Call: the core Config and the little it
+cannot hold), and the arrays each pass takes and returns, by role.
 
-A pass's arrays come in a fixed order with roles, decided by the Config (the handler reads the same
-order from the spec the Config makes):
+A pass's arrays come in a fixed order with roles, decided by the Config (the handler,
+python/bindings/jax_ffi.cpp, reads the same order from the spec the Config makes):
     forward:  q, k, v, [bias], [sink], [rng], [seq_len_q, seq_len_kv],
               [cu_seqlens_q, cu_seqlens_kv], [page_table_k, page_table_v], [mod_scalars], [mod_t0 ..]
     backward: q, k, v, o, stats, d_o, then the same optional ones (never paged)
@@ -19,16 +18,12 @@ amaxes its kernels write after its other results:
 import dataclasses
 from typing import Tuple
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .. import _config
 from .. import _core as core
-from ..errors import CudaError, SetupError
 
 FORWARD, BACKWARD = _config.FORWARD, _config.BACKWARD
-TARGETS = {FORWARD: "fusedattn_forward", BACKWARD: "fusedattn_backward"}
 STATS = "stats"
 
 # Per dense layout, the array axis that holds each logical axis (batch, heads, sequence, head dim):
@@ -50,6 +45,11 @@ def view(x):
         strides.append(step)
         step *= size
     return jnp.dtype(x.dtype).name, tuple(x.shape), tuple(reversed(strides))
+
+
+def as_int32(x):
+    """Lengths, offsets and page tables as the calls take them."""
+    return jnp.asarray(x, jnp.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,64 +94,10 @@ class Call:
                 + (("d_sink",) if c.softmax == "sink" else ()) + fp8)
 
 
-_registered = False
-
-
-def register():
-    """Registers the handlers and their state type with XLA for CUDA, once per process."""
-    global _registered
-    if _registered:
-        return
-    from .. import _jax_ffi
-    jax.ffi.register_ffi_type("fusedattn_plan_state", _jax_ffi.plan_state_type(), platform="CUDA")
-    for name, stages in _jax_ffi.handlers().items():
-        jax.ffi.register_ffi_target(name, stages, platform="CUDA")
-    _registered = True
-
-
-def _workspace(spec, pass_):
-    """The workspace result of a call: uint8 [bytes the plan needs], so XLA plans the memory.
-    Where this process has a GPU the plan is built here, while tracing (raising NotSupportedError
-    with every reason), and the compiled call finds it in the cache; a process without one
-    (exporting for CUDA elsewhere) gives 0 bytes and the handler asks XLA's scratch allocator."""
-    try:
-        size = core.get_plan(spec, pass_).workspace_bytes
-    except (CudaError, SetupError):
-        size = 0
-    return jax.ShapeDtypeStruct((size,), jnp.uint8)
-
-
-def _result_types(call, spec, named):
-    """Each result role's shape and dtype. Per query row (stats, a row max logit): float32
-    [b, h_q, s_q], or [t, h_q] by token for thd; a head's max logit: [h_q]; an FP8 amax: float32 []."""
-    q, v = named["q"], named["v"]
-    rows = (q.shape[0], spec.heads_q) if call.config.layout == "thd" else (spec.batch, spec.heads_q, spec.seq_q)
-    types = {"o": jax.ShapeDtypeStruct(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype),
-             STATS: jax.ShapeDtypeStruct(rows, jnp.float32),
-             "max_logit": jax.ShapeDtypeStruct(rows if call.config.max_logit == "row" else (spec.heads_q,),
-                                               jnp.float32)}
-    for role, source in (("d_q", "q"), ("d_k", "k"), ("d_v", "v"), ("d_bias", "bias"), ("d_sink", "sink")):
-        if source in named:
-            # An FP8 backward writes its gradients in dO's format (E5M2 beside E4M3 inputs: hybrid).
-            fp8_gradient = call.fp8 and "d_o" in named and role in ("d_q", "d_k", "d_v")
-            dtype = named["d_o"].dtype if fp8_gradient else named[source].dtype
-            types[role] = jax.ShapeDtypeStruct(named[source].shape, dtype)
-    for role in FP8_OUTPUTS[FORWARD] + FP8_OUTPUTS[BACKWARD]:  # float32 scalars
-        types[role] = jax.ShapeDtypeStruct((), jnp.float32)
-    return types
-
-
-def run(pass_, call, *arrays):
-    """The custom call of `pass_` (FORWARD or BACKWARD) on `arrays` (in the roles Call.inputs
-    gives); its results in the roles Call.outputs gives (one array where there is one role)."""
-    named = dict(zip(call.inputs(pass_), arrays))
-    sequences = named["cu_q"].shape[0] - 1 if call.ragged else 0
-    spec = call.spec(named["q"], named["k"], named["v"], sequences)
-    workspace = _workspace(spec, pass_)
-    register()
-    types = _result_types(call, spec, named)
-    outputs = call.outputs(pass_)
-    results = jax.ffi.ffi_call(TARGETS[pass_], tuple(types[r] for r in outputs) + (workspace,))(
-        *arrays, spec=str(spec), sequences=np.int64(sequences), scale=np.float32(call.scale))
-    results = results[:-1]
-    return results[0] if len(outputs) == 1 else tuple(results)
+def traced_call(config, q, k, v, *, scale=None, max_seqlen=(0, 0), sequences=0):
+    """The Call of `config` on these arrays, and its spec on them: the core validates the whole
+    call here, while tracing, in the words it uses for every adapter. scale: None for the spec's
+    default; max_seqlen: thd's longest sequences (q, kv), host ints; sequences: thd's count."""
+    max_seqlen = (int(max_seqlen[0]), int(max_seqlen[1]))
+    spec = config.spec(view(q), view(k), view(v), sequences, *max_seqlen)
+    return Call(config, spec.default_scale if scale is None else float(scale), max_seqlen), spec

@@ -1,98 +1,20 @@
-"""fusedattn.jax's calls into the core: what fixes a call (Call: the core Config and the little it
-cannot hold), what each pass takes and returns, and the XLA FFI custom call itself
-(python/bindings/jax_ffi.cpp handles them).
-
-A pass's arrays come in a fixed order with roles, decided by the Config (the handler reads the same
-order from the spec the Config makes):
-    forward:  q, k, v, [bias], [sink], [rng], [seq_len_q, seq_len_kv],
-              [cu_seqlens_q, cu_seqlens_kv], [page_table_k, page_table_v], [mod_scalars], [mod_t0 ..]
-    backward: q, k, v, o, stats, d_o, then the same optional ones (never paged)
-(mod_*: a score modifier's float32 scalars [n] and its tensors, fusedattn/score_mod.h)
-and it returns o, [stats], [max_logit] (forward) or d_q, d_k, d_v, [d_bias], [d_sink] (backward);
-every call also returns its workspace, which the kernels drop. An FP8 call (Call.fp8: q, k, v in
-E4M3 or E5M2, fusedattn/fp8_scales.h) takes float32 scalars after all of those and returns the
-amaxes its kernels write after its other results:
-    forward:  ... descale_q, descale_k, descale_v, descale_s, scale_s, scale_o -> ... amax_s, amax_o
-    backward: ... descale_q, descale_k, descale_v, descale_o, descale_d_o, descale_s, descale_d_p,
-              scale_s, scale_d_p, scale_d_q, scale_d_k, scale_d_v -> ... amax_d_q, amax_d_k, amax_d_v, amax_d_p
-"""
-import dataclasses
-from typing import Tuple
-
+"""The XLA FFI custom call of one pass into the core (python/bindings/jax_ffi.cpp handles it): the
+handlers' registration, the results' types, and the workspace XLA plans for the call."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _config
 from .. import _core as core
 from ..errors import CudaError, SetupError
+from ._calls import BACKWARD, FORWARD, FP8_OUTPUTS, STATS
 
-FORWARD, BACKWARD = _config.FORWARD, _config.BACKWARD
+try:  # the compiled handlers exist only where jaxlib was there to build them
+    from .. import _jax_ffi
+    _FFI_MISSING = None
+except ImportError as missing:  # raised when a call needs them, as importing them there would
+    _jax_ffi, _FFI_MISSING = None, missing
+
 TARGETS = {FORWARD: "fusedattn_forward", BACKWARD: "fusedattn_backward"}
-STATS = "stats"
-
-# Per dense layout, the array axis that holds each logical axis (batch, heads, sequence, head dim):
-# for the axes vmap folds and a mesh splits. The core describes the arrays themselves.
-AXES = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}
-
-# An FP8 call's scalar operands and the amaxes it returns, in the order jax_ffi.cpp reads them.
-FP8_INPUTS = {FORWARD: ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"),
-              BACKWARD: ("descale_q", "descale_k", "descale_v", "descale_o", "descale_d_o", "descale_s",
-                         "descale_d_p", "scale_s", "scale_d_p", "scale_d_q", "scale_d_k", "scale_d_v")}
-FP8_OUTPUTS = {FORWARD: ("amax_s", "amax_o"), BACKWARD: ("amax_d_q", "amax_d_k", "amax_d_v", "amax_d_p")}
-
-
-def view(x):
-    """An array as the core takes it: (dtype name, shape, element strides); JAX arrays are dense
-    and row-major."""
-    strides, step = [], 1
-    for size in reversed(x.shape):
-        strides.append(step)
-        step *= size
-    return jnp.dtype(x.dtype).name, tuple(x.shape), tuple(reversed(strides))
-
-
-@dataclasses.dataclass(frozen=True)
-class Call:
-    """What fixes a call beyond its arrays' shapes: the core Config (every option, shared with
-    fusedattn.torch), the scale, and for thd the longest sequences (the plan's bucket: host values
-    the arrays do not carry), and whether q, k, v are FP8 (then the call takes and returns its
-    scaling scalars). Hashable: calls are cached and traced by it."""
-    config: core.Config
-    scale: float
-    max_seqlen: Tuple[int, int] = (0, 0)
-    fp8: bool = False
-
-    @property
-    def ragged(self):
-        """Sequences placed by cumulative offsets (cu_seqlens_q, cu_seqlens_kv)."""
-        return "thd" in (self.config.layout, self.config.kv_layout)
-
-    def spec(self, q, k, v, sequences=0):
-        """The validated spec of this call on q, k, v (for paged calls k, v are the pools): the core
-        checks everything here, while tracing, with the words it uses for every adapter."""
-        return self.config.spec(view(q), view(k), view(v), sequences, *self.max_seqlen)
-
-    def inputs(self, pass_):
-        c = self.config
-        fixed = ("q", "k", "v") if pass_ == FORWARD else ("q", "k", "v", "o", STATS, "d_o")
-        return (fixed + (("bias",) if c.bias != "none" else ()) + (("sink",) if c.softmax == "sink" else ())
-                + (("rng",) if c.dropout > 0.0 else ())
-                + (("seq_len_q", "seq_len_kv") if c.padding and not self.ragged else ())
-                + (("cu_q", "cu_kv") if self.ragged else ())
-                + (("page_table_k", "page_table_v") if c.kv_pages else ())
-                + (("mod_scalars",) if c.score_mod_scalars else ())
-                + tuple(f"mod_t{i}" for i in range(len(c.score_mod_tensor_axes)))
-                + (FP8_INPUTS[pass_] if self.fp8 else ()))
-
-    def outputs(self, pass_):
-        c = self.config
-        fp8 = FP8_OUTPUTS[pass_] if self.fp8 else ()
-        if pass_ == FORWARD:
-            return ("o",) + ((STATS,) if c.stats else ()) + (("max_logit",) if c.max_logit != "none" else ()) + fp8
-        return (("d_q", "d_k", "d_v") + (("d_bias",) if c.bias_grad else ())
-                + (("d_sink",) if c.softmax == "sink" else ()) + fp8)
-
 
 _registered = False
 
@@ -102,7 +24,8 @@ def register():
     global _registered
     if _registered:
         return
-    from .. import _jax_ffi
+    if _jax_ffi is None:
+        raise _FFI_MISSING.with_traceback(None)
     jax.ffi.register_ffi_type("fusedattn_plan_state", _jax_ffi.plan_state_type(), platform="CUDA")
     for name, stages in _jax_ffi.handlers().items():
         jax.ffi.register_ffi_target(name, stages, platform="CUDA")

@@ -13,7 +13,6 @@ the forward's as long as q comes to it sharded as it came to the forward). An FP
 are replicated scalars, and the amaxes its kernels write are the max over the shards (each shard
 measured its part), so every device holds the amax of the whole tensor.
 """
-import functools
 import math
 import re
 
@@ -137,11 +136,11 @@ def _shard_index(mesh, names):
     return index
 
 
-@functools.lru_cache(maxsize=None)
-def partitioned(kernels, pass_, call, heads_q, heads_kv):
-    """The `pass_` kernel, `kernels(pass_)(call, *arrays)`, as a custom_partitioning function whose
+def partitioned(kernel_of, pass_, call, *, heads_q, heads_kv):
+    """The `pass_` kernel, `kernel_of(pass_)(call, *arrays)`, as a custom_partitioning function whose
     per-device call sees the device's shard. The kernel is looked up when the call is traced or
-    lowered, so tests can substitute reference kernels."""
+    lowered, so tests can substitute reference kernels. (Not cached here: _kernels.pass_function,
+    its one caller, caches what it makes of it.)"""
     inputs, outputs = call.inputs(pass_), call.outputs(pass_)
     single = len(outputs) == 1
     dropout, head_max_logit = call.config.dropout > 0.0, call.config.max_logit == "head"
@@ -149,7 +148,7 @@ def partitioned(kernels, pass_, call, heads_q, heads_kv):
 
     @custom_partitioning
     def kernel(*arrays):
-        return kernels(pass_)(call, *arrays)
+        return kernel_of(pass_)(call, *arrays)
 
     def choose(mesh, arg_shapes):
         batch, heads = _split_axes(mesh, call, arg_shapes[0].sharding, heads_kv)
@@ -166,7 +165,7 @@ def partitioned(kernels, pass_, call, heads_q, heads_kv):
                 rng = shards[position]
                 rng = rng.at[2].add(_shard_index(mesh, split))
                 shards = shards[:position] + (rng,) + shards[position + 1:]
-            out = kernels(pass_)(call, *shards)
+            out = kernel_of(pass_)(call, *shards)
             if head_max_logit and _names(batch):  # each shard saw part of the batch
                 out = out[:-1] + (jax.lax.pmax(out[-1], _names(batch)),)
             if amaxes and split:  # each shard measured its part of the tensor

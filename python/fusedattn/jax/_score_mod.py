@@ -1,15 +1,18 @@
 """fusedattn.jax's score_mod: FlexAttention-style functions fn(score, b, h, q_idx, kv_idx) written
 with jax.numpy, traced by JAX (make_jaxpr on scalars) and their jaxpr read into the core's
-expressions with the framework-free builder of _score_mod.py: the same numbers-as-scalars rule,
-arrays the function captures (constants of the jaxpr) indexed by b, h, q_idx, kv_idx as tensor
-leaves, and NotSupportedError naming any primitive the expressions lack. Works under jit: the
-captured arrays may be tracers of the enclosing computation."""
+expressions with the framework-free builder of fusedattn/_score_mod.py: the same numbers-as-scalars
+rule, arrays the function captures (constants of the jaxpr) indexed by b, h, q_idx, kv_idx as
+tensor leaves, and NotSupportedError naming any primitive the expressions lack. Works under jit:
+the captured arrays may be tracers of the enclosing computation. Then what a call passes for a
+traced modifier: its bias terms as a dense bias, its scalars and captured arrays as operands."""
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .. import _score_mod
 from .._score_mod import Sym, not_covered
+from ..errors import NotSupportedError, invalid_argument
+from ._calls import AXES
 
 _BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "max", "min": "min", "pow": "pow",
            "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne", "and": "and", "or": "or"}
@@ -139,12 +142,11 @@ def learned(array, stopped):
     return _differentiated(array) and id(array) not in stopped
 
 
-def dense_bias(part, q, k, layout, stopped=()):
+def dense_bias(part, q, k, *, layout, stopped=()):
     """The bias of a traced bias part (_score_mod.py): its expression at every (b, h, q_idx, kv_idx)
     of this call, in q's dtype, in the nearest bias shape the core takes (_score_mod.bias_shape),
     differentiable in the arrays it reads; and whether any of them may be differentiated (traced,
     and not taken through stop_gradient, whose ids are `stopped`: then the call computes dBias)."""
-    from ._calls import AXES
     sizes = _score_mod.bias_sizes(layout, AXES, q.shape, k.shape)
     grids = {name: jnp.arange(n, dtype=jnp.int32).reshape((1,) * axis + (n,) + (1,) * (3 - axis))
              for axis, (name, n) in enumerate(zip(("b", "h", "q", "kv"), sizes))}
@@ -152,6 +154,37 @@ def dense_bias(part, q, k, layout, stopped=()):
     value = value.reshape((1,) * (4 - value.ndim) + value.shape)
     bias = jnp.broadcast_to(value, _score_mod.bias_shape(value.shape, sizes)).astype(q.dtype)
     return bias, any(learned(t, stopped) for t in part.tensors)
+
+
+def with_modifier_bias(traced, q, k, *, layout, stopped, bias, bias_grad):
+    """(bias, bias_grad) of a call whose modifier has bias terms (its gathered or learned terms,
+    added to the score as a bias): the given bias plus the terms' dense bias, differentiated where
+    the given one was or a term is learned."""
+    mod_bias, learned_terms = dense_bias(traced.bias, q, k, layout=layout, stopped=stopped)
+    mod_bias = mod_bias if learned_terms else jax.lax.stop_gradient(mod_bias)
+    given_grad = bias is not None and bias_grad
+    if bias is not None and not bias_grad:
+        bias = jax.lax.stop_gradient(bias)
+    return (mod_bias if bias is None else bias + mod_bias), given_grad or learned_terms
+
+
+def operands(traced, spec, *, stopped):
+    """A traced modifier's operands: its scalars (float32 [n]) and its captured arrays (float32),
+    each of the shape its indices span in this call (`spec`), not differentiated (an array under
+    differentiation that the function did not stop_gradient is refused)."""
+    if traced is None:
+        return ()
+    arrays = (jnp.asarray(traced.scalars, jnp.float32),) if traced.scalars else ()
+    for slot, array in enumerate(traced.tensors):
+        if learned(array, stopped):
+            raise NotSupportedError(f"score_mod: captured array t{slot} is being differentiated: gradients of arrays "
+                                    "inside a score modifier are not built yet (stop_gradient it, or pass it as bias=)")
+        want = tuple(spec.score_mod_tensor_shape(slot))
+        if tuple(array.shape) != want:
+            raise invalid_argument(f"score_mod.t{slot}.shape", tuple(array.shape),
+                                   f"shape {want}, the sizes its indices span in this call")
+        arrays += (jax.lax.stop_gradient(jnp.asarray(array, jnp.float32)),)
+    return arrays
 
 
 def _operations(sizes):
