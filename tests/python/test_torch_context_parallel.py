@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch not installed")
 fa = pytest.importorskip("fusedattn.torch")
 
-from fusedattn import _torch_context_parallel as cp  # noqa: E402
+from fusedattn.torch import _context_parallel as cp  # noqa: E402
 
 
 def visible(rows, cols, mask, device="cpu"):
@@ -432,7 +432,7 @@ import os, sys
 import torch, torch.distributed as dist
 sys.path.insert(0, sys.argv[1])
 import test_torch_context_parallel as t
-from fusedattn import _torch_context_parallel as cp
+from fusedattn.torch import _context_parallel as cp
 
 def main(rank, n, scheme, causal, balanced, h_kv, port, with_sink, left, packed):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

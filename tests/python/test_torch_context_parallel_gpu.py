@@ -9,7 +9,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device: torch.cuda.is_available() is False", allow_module_level=True)
 fa = pytest.importorskip("fusedattn.torch")
 
-from fusedattn import _torch_context_parallel as cp  # noqa: E402
+from fusedattn.torch import _context_parallel as cp  # noqa: E402
 from test_torch_context_parallel import run_packed, whole, whole_packed  # noqa: E402
 
 

@@ -11,7 +11,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch not installed")
 fa = pytest.importorskip("fusedattn.torch")
 
-from fusedattn import InvalidArgumentError, _torch_fp8, _torch_fp8_ops  # noqa: E402
+from fusedattn import InvalidArgumentError  # noqa: E402
+from fusedattn.torch import _fp8 as _torch_fp8, _fp8_operators as _torch_fp8_ops  # noqa: E402
 
 
 def meta(*shape, dtype=torch.bfloat16, grad=True):

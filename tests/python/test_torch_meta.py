@@ -230,7 +230,7 @@ SLOPES = torch.rand(4)
 
 
 def test_score_mod_functions_trace_into_expressions():
-    from fusedattn._torch_score_mod import traced
+    from fusedattn.torch._score_mod import traced
     cases = [
         (lambda s, b, h, q, kv: 30.0 * torch.tanh(s / 30.0), "mul($0,tanh(div(score,$0)))", (30.0,)),
         (lambda s, b, h, q, kv: s + SLOPES[h] * (kv - q), "add(score,mul(t0[h],sub(kv,q)))", ()),
@@ -248,7 +248,7 @@ def test_score_mod_functions_trace_into_expressions():
 
 
 def test_score_mod_closure_numbers_retrace_and_tensors_are_kept():
-    from fusedattn._torch_score_mod import traced
+    from fusedattn.torch._score_mod import traced
 
     def capped(cap):
         return lambda s, b, h, q, kv: cap * torch.tanh(s / cap)
@@ -275,7 +275,7 @@ def test_gathered_and_learned_terms_run_as_a_dense_bias_with_gradients():
     # A relative-position table by clamped distance and learnable ALiBi slopes: the terms come apart
     # as the call's bias, evaluated with torch operations, equal to the function on index grids and
     # differentiable into the tensors (on the CPU: the bias alone, without attention).
-    from fusedattn import _torch_score_mod
+    from fusedattn.torch import _score_mod as _torch_score_mod
     table, slopes = torch.randn(4, 17, requires_grad=True), torch.rand(4, requires_grad=True)
 
     def fn(s, b, h, qi, kv):

@@ -49,12 +49,12 @@ import math
 
 import torch
 
-from . import _config
-from . import _fp8_recipe as _recipe
-from . import _core as core
-from . import torch as _adapter
-from ._torch_fp8_tensor import Fp8Tensor
-from .errors import invalid_argument
+from .. import _config
+from .. import _fp8_recipe as _recipe
+from .. import _core as core
+from .. import torch as _adapter
+from ._fp8_tensor import Fp8Tensor
+from ..errors import invalid_argument
 
 __all__ = ["Fp8State", "fp8_attention"]
 
@@ -428,4 +428,4 @@ def fp8_attention(q, k, v, state, *, layout="bshd", causal=False, align="top_lef
     return _through_operators(_ops.attention, q, k, v, state, config_text, scale, model_backward)
 
 
-from . import _torch_fp8_ops as _ops  # noqa: E402  (it registers the operators around the bodies above)
+from . import _fp8_operators as _ops  # noqa: E402  (it registers the operators around the bodies above)

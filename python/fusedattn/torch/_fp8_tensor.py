@@ -18,7 +18,7 @@ fp8_attention alone, passing them as they are quantizes each in one fused pass, 
 fp8_quantize's."""
 import torch
 
-from .errors import invalid_argument
+from ..errors import invalid_argument
 
 __all__ = ["Fp8Tensor", "fp8_quantize"]
 

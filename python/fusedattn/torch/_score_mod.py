@@ -10,8 +10,8 @@ import weakref
 
 import torch
 
-from . import _score_mod
-from .errors import NotSupportedError, invalid_argument
+from .. import _score_mod
+from ..errors import NotSupportedError, invalid_argument
 
 
 class _TorchSym(_score_mod.Sym):
@@ -162,7 +162,7 @@ def dense_bias(part, q, k, layout):
     """The bias of a traced bias part: its expression at every (b, h, q_idx, kv_idx) of this call,
     in q's dtype, in the nearest bias shape the core takes (_score_mod.bias_shape), differentiable
     in the tensors it reads."""
-    from . import torch as adapter  # its layouts' axes
+    from .. import torch as adapter  # its layouts' axes
     sizes = _score_mod.bias_sizes(layout, adapter._AXES, q.shape, k.shape)
     grids = {name: torch.arange(n, device=q.device).view(*([1] * axis), n, *([1] * (3 - axis)))
              for axis, (name, n) in enumerate(zip(("b", "h", "q", "kv"), sizes))}

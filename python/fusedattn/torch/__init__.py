@@ -30,14 +30,15 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _config
-from . import _core as core
-from . import _torch_fallback
-from . import _torch_score_mod
-from .errors import NotSupportedError, invalid_argument
+from .. import _config
+from .. import _core as core
+from ..errors import NotSupportedError, invalid_argument
+
+from . import _fallback as _torch_fallback
+from . import _score_mod as _torch_score_mod
 
 try:  # the C++ eager path, built where PyTorch with CUDA was at build time
-    from . import _torch_ops as _fast
+    from .. import _torch_ops as _fast
 except ImportError:
     _fast = None
 
@@ -471,6 +472,6 @@ def _operator_gradients(ctx, d_o, _d_stats, _d_max_logit):
 torch.library.register_autograd("fusedattn::forward", _operator_gradients, setup_context=_setup_context)
 
 
-from ._torch_fp8 import Fp8State, fp8_attention  # noqa: E402  (it uses the helpers above)
-from ._torch_fp8_tensor import Fp8Tensor, fp8_quantize  # noqa: E402
-from ._torch_context_parallel import context_parallel_attention, load_balance, unbalance  # noqa: E402
+from ._fp8 import Fp8State, fp8_attention  # noqa: E402  (it uses the helpers above)
+from ._fp8_tensor import Fp8Tensor, fp8_quantize  # noqa: E402
+from ._context_parallel import context_parallel_attention, load_balance, unbalance  # noqa: E402

@@ -8,9 +8,9 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
-from . import _config
-from . import _torch_fp8 as _fp8
-from . import torch as _adapter
+from .. import _config
+from .. import torch as _adapter
+from . import _fp8
 
 # The operators carry the state as its buffer and its options (recipe, margin, the FP8 format's
 # name: "e4m3", "e5m2" or "hybrid", _fp8_recipe.FORMATS), and the config as its printed form:

@@ -28,8 +28,8 @@ import contextlib
 
 import torch
 
-from . import _context_parallel as _cp
-from .errors import invalid_argument
+from .. import _context_parallel as _cp
+from ..errors import invalid_argument
 
 __all__ = ["context_parallel_attention", "load_balance", "unbalance", "SimulatedRanks", "Packed"]
 
@@ -120,13 +120,13 @@ class FusedattnBlocks:
         self.scale = scale
 
     def _config(self, mask, packed=None):
-        from . import torch as adapter
+        from .. import torch as adapter
         causal, window, score_mod = _cp.mask_options(mask)
         return adapter._config_text("thd" if packed else "bshd", "", causal, window, "top_left", False, False,
                                     "vanilla", 0.0, False, packed is not None, "", True, 0, score_mod)
 
     def _extras(self, mask, q, packed=None):
-        from . import torch as adapter
+        from .. import torch as adapter
         scalars = torch.tensor([float(mask[1])], dtype=torch.float32, device=q.device) \
             if mask[0] in (_cp.BAND_PIECE, _cp.BAND_UPPER) else None
         bands = [x.to(q.device, torch.float32) for x in mask[1]] if mask[0] == _cp.SEQUENCE_BAND else (None, None)
@@ -135,7 +135,7 @@ class FusedattnBlocks:
                                cu_seqlens_kv=offsets)
 
     def forward(self, q, k, v, mask, packed=None):
-        from . import torch as adapter
+        from .. import torch as adapter
         longest = packed.max_seqlen if packed is not None else 0
         o, stats, _ = adapter._forward_body(q, k, v, None, None, self._extras(mask, q, packed),
                                             self._config(mask, packed), self.scale, longest, longest)
@@ -144,7 +144,7 @@ class FusedattnBlocks:
     def backward(self, q, k, v, o, stats, d_o, mask, packed=None):
         # q, k, v may be views (the core takes their strides); O, dO and the statistics are read as
         # the dense tensors the core allocates, so halves of them are copied.
-        from . import torch as adapter
+        from .. import torch as adapter
         longest = packed.max_seqlen if packed is not None else 0
         d_q, d_k, d_v, _, _ = adapter._backward_body(d_o.contiguous(), q, k, v, o.contiguous(), stats.contiguous(), None,
                                                     None, self._extras(mask, q, packed), self._config(mask, packed),
