@@ -14,7 +14,11 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch not installed")
 fa = pytest.importorskip("fusedattn.torch")
 
+from fusedattn import _context_parallel as _cp  # noqa: E402
 from fusedattn.torch import _context_parallel as cp  # noqa: E402
+from fusedattn.torch._cp_blocks import FusedattnBlocks  # noqa: E402
+from fusedattn.torch._cp_schedule import _Kinds, run_backward, run_forward  # noqa: E402
+from fusedattn.torch._cp_transports import SimulatedRanks  # noqa: E402
 
 
 def visible(rows, cols, mask, device="cpu"):
@@ -24,17 +28,17 @@ def visible(rows, cols, mask, device="cpu"):
     low <= j - i <= high (SEQUENCE_BAND)."""
     kind, value = mask
     i, j = torch.arange(rows, device=device)[:, None], torch.arange(cols, device=device)[None, :]
-    if kind == cp._cp.FULL:
+    if kind == _cp.FULL:
         return torch.ones(rows, cols, dtype=torch.bool, device=device)
-    if kind == cp._cp.DIAGONAL:
+    if kind == _cp.DIAGONAL:
         left, right = value
         return ((j > i - left) if left >= 0 else True) & ((j <= i + right) if right >= 0 else True)
-    if kind == cp._cp.BAND_UPPER:
+    if kind == _cp.BAND_UPPER:
         return j - i <= value
-    if kind == cp._cp.SEQUENCE_BAND:  # one sequence's bounds (ReferenceBlocks hands each its own)
+    if kind == _cp.SEQUENCE_BAND:  # one sequence's bounds (ReferenceBlocks hands each its own)
         low, high = value
         return (j - i >= low) & (j - i <= high)
-    assert kind == cp._cp.BAND_PIECE, mask
+    assert kind == _cp.BAND_PIECE, mask
     return j - i >= value
 
 
@@ -81,7 +85,7 @@ class ReferenceBlocks:
 
 def sequence_mask(mask, i):
     """Sequence i's share of a packed call's mask: its own bounds of a per-sequence band."""
-    if mask[0] != cp._cp.SEQUENCE_BAND:
+    if mask[0] != _cp.SEQUENCE_BAND:
         return mask
     low, high = mask[1]
     return mask[0], (int(low[i]), int(high[i]))
@@ -99,7 +103,7 @@ def whole(q, k, v, causal, scale, sink=None, window=None):
     group = q.shape[2] // k.shape[2]
     s = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(group, 2)) * scale
     if causal or window is not None:
-        mask = (cp._cp.DIAGONAL, window or (-1, 0))
+        mask = (_cp.DIAGONAL, window or (-1, 0))
         s = s.masked_fill(~visible(s.shape[-2], s.shape[-1], mask, s.device), float("-inf"))
     if sink is not None:
         column = sink.to(s.dtype).view(1, -1, 1, 1).expand(*s.shape[:3], 1)
@@ -129,11 +133,11 @@ def test_simulated_ranks_equal_the_whole_sequence(scheme, causal, balanced, h_kv
     arrange = (lambda x: cp.load_balance(x, n)) if balanced else (lambda x: x)
     restore = (lambda x: cp.unbalance(x, n)) if balanced else (lambda x: x)
     parts = [arrange(x).chunk(n, 1) for x in (q, k, v, d_o)]
-    ranks, blocks = cp.SimulatedRanks(n), ReferenceBlocks(scale)
-    outs = cp.run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal, balanced, scheme)
+    ranks, blocks = SimulatedRanks(n), ReferenceBlocks(scale)
+    outs = run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal=causal, balanced=balanced, scheme=scheme)
     o = restore(torch.cat([o for o, _ in outs], 1))
-    grads, no_sink = cp.run_backward(parts[0], parts[1], parts[2], [o for o, _ in outs], [s for _, s in outs],
-                                     parts[3], ranks, blocks, causal, balanced, scheme)
+    grads, no_sink = run_backward(parts[0], parts[1], parts[2], [o for o, _ in outs], [s for _, s in outs],
+                                  parts[3], ranks, blocks, causal=causal, balanced=balanced, scheme=scheme)
     assert no_sink is None
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     ref = whole(*leaves, causal, scale)
@@ -154,10 +158,11 @@ def test_a_sink_joins_each_row_once_and_gets_its_gradient_summed_over_the_ranks(
     arrange = (lambda x: cp.load_balance(x, n)) if balanced else (lambda x: x)
     restore = (lambda x: cp.unbalance(x, n)) if balanced else (lambda x: x)
     parts = [arrange(x).chunk(n, 1) for x in (q, k, v, d_o)]
-    ranks, blocks = cp.SimulatedRanks(n), ReferenceBlocks(scale)
-    outs = cp.run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal, balanced, scheme, sink)
-    grads, d_sinks = cp.run_backward(parts[0], parts[1], parts[2], [o for o, _ in outs], [s for _, s in outs],
-                                     parts[3], ranks, blocks, causal, balanced, scheme, sink)
+    ranks, blocks = SimulatedRanks(n), ReferenceBlocks(scale)
+    outs = run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal=causal, balanced=balanced, scheme=scheme,
+                       sink=sink)
+    grads, d_sinks = run_backward(parts[0], parts[1], parts[2], [o for o, _ in outs], [s for _, s in outs],
+                                  parts[3], ranks, blocks, causal=causal, balanced=balanced, scheme=scheme, sink=sink)
     leaves = [x.clone().requires_grad_() for x in (q, k, v, sink)]
     ref = whole(*leaves[:3], causal, scale, leaves[3])
     ref.backward(d_o)
@@ -171,9 +176,10 @@ def test_a_sink_joins_each_row_once_and_gets_its_gradient_summed_over_the_ranks(
 def test_a_rank_that_sees_no_key_of_a_block_takes_a_neutral_statistic():
     # Contiguous causal chunks: rank 0 sees nothing of rank 1's keys; the merge must leave it alone.
     q, k, v, _ = problem(4)
-    ranks, blocks = cp.SimulatedRanks(2), ReferenceBlocks(0.25)
-    outs = cp.run_forward(q.chunk(2, 1), k.chunk(2, 1), v.chunk(2, 1), ranks, blocks, True, False, "ring")
-    alone = blocks.forward(q.chunk(2, 1)[0], k.chunk(2, 1)[0], v.chunk(2, 1)[0], (cp._cp.DIAGONAL, (-1, 0)))
+    ranks, blocks = SimulatedRanks(2), ReferenceBlocks(0.25)
+    outs = run_forward(q.chunk(2, 1), k.chunk(2, 1), v.chunk(2, 1), ranks, blocks, causal=True, balanced=False,
+                       scheme="ring")
+    alone = blocks.forward(q.chunk(2, 1)[0], k.chunk(2, 1)[0], v.chunk(2, 1)[0], (_cp.DIAGONAL, (-1, 0)))
     assert torch.allclose(outs[0][0], alone[0]) and torch.allclose(outs[0][1], alone[1])
 
 
@@ -200,12 +206,13 @@ def run_packed(n, q, k, v, d_o, cu, causal, balanced, scheme, blocks, sink=None,
     restore = lambda x: cp.unbalance(x, n, cu_seqlens=cu, balanced=balanced)
     packed = cp.Packed(cu, n, balanced, device)
     parts = [[packed.halves(p.contiguous()) for p in arrange(x).chunk(n, 0)] for x in (q, k, v, d_o)]
-    ranks = cp.SimulatedRanks(n)
-    outs = cp.run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal, balanced, scheme, sink, window,
-                          packed=packed)
+    ranks = SimulatedRanks(n)
+    outs = run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal=causal, balanced=balanced, scheme=scheme,
+                       sink=sink, window=window, packed=packed)
     os_ = [o if out_dtype is None else o.to(out_dtype) for o, _ in outs]
-    grads, d_sinks = cp.run_backward(parts[0], parts[1], parts[2], os_, [s for _, s in outs],
-                                     parts[3], ranks, blocks, causal, balanced, scheme, sink, window, packed=packed)
+    grads, d_sinks = run_backward(parts[0], parts[1], parts[2], os_, [s for _, s in outs],
+                                  parts[3], ranks, blocks, causal=causal, balanced=balanced, scheme=scheme, sink=sink,
+                                  window=window, packed=packed)
     whole_batch = lambda per_rank: restore(torch.cat([packed.restore(x) for x in per_rank]))
     return whole_batch(os_), [whole_batch([g[i] for g in grads]) for i in range(3)], d_sinks
 
@@ -300,7 +307,7 @@ def test_packed_sequences_under_a_window_equal_each_sequences_own_attention(sche
     assert torch.allclose(o, ref, atol=1e-10)
     for i, leaf in enumerate(leaves):
         assert torch.allclose(grads[i], leaf.grad, atol=1e-9), "dqkv"[i]
-    assert cp._cp.SEQUENCE_BAND in {kind for kind, _ in blocks.masks}
+    assert _cp.SEQUENCE_BAND in {kind for kind, _ in blocks.masks}
 
 
 def test_packed_window_pieces_worked_numbers():
@@ -311,7 +318,7 @@ def test_packed_window_pieces_worked_numbers():
     # 2c - 5 = -1 .. 4 (covered) and 11 .. 16 (missed, 11 >= 8).
     from fusedattn import _context_parallel as shared
     packed = cp.Packed(torch.tensor([0, 8, 40, 40], dtype=torch.int32), 4, False, "cpu")
-    kinds = cp._Kinds(None, True, False, 4, (6, 0), packed)
+    kinds = _Kinds(None, True, False, 4, (6, 0), packed)
     ((q_part, k_part, (kind, (low, high))),) = kinds._pieces(2, 1, 10)
     assert (q_part, k_part, kind) == ("all", "all", shared.SEQUENCE_BAND)
     assert low.tolist()[:2] == [-3, 3] and high.tolist()[:2] == [2, 8]
@@ -320,7 +327,7 @@ def test_packed_window_pieces_worked_numbers():
     assert kinds._pieces(2, 2, 10) == [("all", "all", (shared.DIAGONAL, (6, 0)))]
     assert kinds._pieces(2, 3, 10) == []  # later keys, causal: every sequence's pair missed
     # A window of 40 covers every sequence's pair with rank 1's keys: a plain piece.
-    assert cp._Kinds(None, True, False, 4, (40, 0), packed)._pieces(2, 1, 10) == [("all", "all", (shared.FULL, 0))]
+    assert _Kinds(None, True, False, 4, (40, 0), packed)._pieces(2, 1, 10) == [("all", "all", (shared.FULL, 0))]
 
 
 def run_window(n, balanced, scheme, window, causal):
@@ -331,10 +338,11 @@ def run_window(n, balanced, scheme, window, causal):
     arrange = (lambda x: cp.load_balance(x, n)) if balanced else (lambda x: x)
     restore = (lambda x: cp.unbalance(x, n)) if balanced else (lambda x: x)
     parts = [arrange(x).chunk(n, 1) for x in (q, k, v, d_o)]
-    ranks, blocks = cp.SimulatedRanks(n), ReferenceBlocks(scale)
-    outs = cp.run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal, balanced, scheme, window=window)
-    grads, _ = cp.run_backward(parts[0], parts[1], parts[2], [o for o, _ in outs], [s for _, s in outs], parts[3],
-                               ranks, blocks, causal, balanced, scheme, window=window)
+    ranks, blocks = SimulatedRanks(n), ReferenceBlocks(scale)
+    outs = run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal=causal, balanced=balanced, scheme=scheme,
+                       window=window)
+    grads, _ = run_backward(parts[0], parts[1], parts[2], [o for o, _ in outs], [s for _, s in outs], parts[3],
+                            ranks, blocks, causal=causal, balanced=balanced, scheme=scheme, window=window)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     ref = whole(*leaves, causal, scale, window=window)
     ref.backward(d_o)
@@ -352,7 +360,7 @@ def test_a_causal_sliding_window_equals_the_whole_sequence(scheme, balanced, lef
     # several, and wider than a rank's part.
     kinds = run_window(4, balanced, scheme, (left, 0), True)
     if left in (5, 40):  # windows that end inside a chunk need the band
-        assert cp._cp.BAND_PIECE in kinds, kinds
+        assert _cp.BAND_PIECE in kinds, kinds
 
 
 @pytest.mark.parametrize("scheme", ["ring", "all_gather"])
@@ -363,9 +371,9 @@ def test_a_two_sided_window_equals_the_whole_sequence(scheme, window):
     # one side open, wider than the sequence; bands above the diagonal (keys on later ranks) too.
     kinds = run_window(4, False, scheme, window, False)
     if window in ((40, 20), (3, 40)):
-        assert {cp._cp.BAND_PIECE, cp._cp.BAND_UPPER} & kinds, kinds
+        assert {_cp.BAND_PIECE, _cp.BAND_UPPER} & kinds, kinds
     if window == (3, 40):
-        assert cp._cp.BAND_UPPER in kinds, kinds
+        assert _cp.BAND_UPPER in kinds, kinds
 
 
 def test_window_pieces_worked_numbers():
@@ -500,7 +508,7 @@ def test_the_block_kernels_configs_for_window_pieces():
     # What fusedattn's kernels are asked for (the spec string of each piece's call): the diagonal
     # with its window (causal, or two-sided), a full piece, and the bands with one runtime scalar.
     from fusedattn import _config
-    blocks, shared = cp.FusedattnBlocks(0.125), cp._cp
+    blocks, shared = FusedattnBlocks(0.125), _cp
     diagonal = str(_config.parse(blocks._config((shared.DIAGONAL, (300, 0)))))
     assert "window=300,0" in diagonal and "score_mod" not in diagonal
     assert "window=-1,0" in str(_config.parse(blocks._config((shared.DIAGONAL, (-1, 0)))))

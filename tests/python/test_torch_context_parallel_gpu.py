@@ -10,6 +10,9 @@ if not torch.cuda.is_available():
 fa = pytest.importorskip("fusedattn.torch")
 
 from fusedattn.torch import _context_parallel as cp  # noqa: E402
+from fusedattn.torch._cp_blocks import FusedattnBlocks  # noqa: E402
+from fusedattn.torch._cp_schedule import run_backward, run_forward  # noqa: E402
+from fusedattn.torch._cp_transports import SimulatedRanks  # noqa: E402
 from test_torch_context_parallel import run_packed, whole, whole_packed  # noqa: E402
 
 
@@ -36,11 +39,12 @@ def test_simulated_ranks_on_one_gpu_equal_the_whole_sequence(scheme, causal, bal
     arrange = (lambda x: cp.load_balance(x, n)) if balanced else (lambda x: x)
     restore = (lambda x: cp.unbalance(x, n)) if balanced else (lambda x: x)
     parts = [[p.contiguous() for p in arrange(x).chunk(n, 1)] for x in (q, k, v, d_o)]
-    ranks, blocks = cp.SimulatedRanks(n), cp.FusedattnBlocks(scale)
-    outs = cp.run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal, balanced, scheme, window=window)
+    ranks, blocks = SimulatedRanks(n), FusedattnBlocks(scale)
+    outs = run_forward(parts[0], parts[1], parts[2], ranks, blocks, causal=causal, balanced=balanced, scheme=scheme,
+                       window=window)
     os_ = [o.to(torch.bfloat16) for o, _ in outs]
-    grads, _ = cp.run_backward(parts[0], parts[1], parts[2], os_, [st for _, st in outs], parts[3], ranks, blocks,
-                               causal, balanced, scheme, window=window)
+    grads, _ = run_backward(parts[0], parts[1], parts[2], os_, [st for _, st in outs], parts[3], ranks, blocks,
+                            causal=causal, balanced=balanced, scheme=scheme, window=window)
     leaves = [x.float().requires_grad_() for x in (q, k, v)]
     ref = whole(*leaves, causal, scale, window=window)
     ref.backward(d_o.float())
@@ -66,7 +70,7 @@ def test_packed_sequences_on_one_gpu_equal_each_sequences_own_attention(scheme, 
     q, k, v, d_o = make(h_q), make(h_kv), make(h_kv), make(h_q)
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32)
     scale = d ** -0.5
-    o, grads, _ = run_packed(n, q, k, v, d_o, cu, causal, balanced, scheme, cp.FusedattnBlocks(scale),
+    o, grads, _ = run_packed(n, q, k, v, d_o, cu, causal, balanced, scheme, FusedattnBlocks(scale),
                              device="cuda", out_dtype=torch.bfloat16, window=window)
     leaves = [x.float().requires_grad_() for x in (q, k, v)]
     ref = whole_packed(*leaves, cu, causal, scale, window=window)

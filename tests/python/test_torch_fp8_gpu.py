@@ -57,7 +57,7 @@ def test_the_hybrid_recipe_matches_float32_attention_with_e5m2_gradients(recipe)
         ref.backward(d_o.float())
         errors = [rel(got.permute(0, 2, 1, 3), want.grad) for got, want in ((q.grad, qb), (k.grad, kb), (v.grad, vb))]
         assert rel(o, ref) < O_TOLERANCE and max(errors) < 2 * GRAD_TOLERANCE, (step, errors)
-    from fusedattn.torch._fp8 import _SLOT as slot
+    from fusedattn._fp8_recipe import SLOT as slot
     largest = state.histories.max(dim=1).values if recipe == "delayed" else state.scalars[:, 2]
     assert state.scalars[slot["d_o"], 0].item() == pytest.approx(57344.0 / largest[slot["d_o"]].item(), rel=1e-6)
     assert state.scalars[slot["d_q"], 0].item() == pytest.approx(

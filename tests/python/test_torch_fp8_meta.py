@@ -11,8 +11,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch not installed")
 fa = pytest.importorskip("fusedattn.torch")
 
-from fusedattn import InvalidArgumentError  # noqa: E402
-from fusedattn.torch import _fp8 as _torch_fp8, _fp8_operators as _torch_fp8_ops  # noqa: E402
+from fusedattn import InvalidArgumentError, _fp8_recipe  # noqa: E402
+from fusedattn.torch import _call_config, _fp8_bodies, _fp8_operators, _fp8_state, _tensors  # noqa: E402
 
 
 def meta(*shape, dtype=torch.bfloat16, grad=True):
@@ -50,7 +50,7 @@ def test_packed_qkv_views_get_packed_strided_gradients():
 def test_the_fakes_give_fp8_tensors_statistics_and_descales():
     q, k, v = meta(2, 64, 4, 128, grad=False), meta(2, 80, 2, 128, grad=False), meta(2, 80, 2, 64, grad=False)
     state = fa.Fp8State(dtype=torch.float8_e5m2, device="meta")
-    config = _torch_fp8._config_text("bshd", True, (-1, -1), "top_left", "")
+    config = _call_config.fp8_config_text(layout="bshd", causal=True, window=(-1, -1), align="top_left", fp8_grads="")
     o, q8, k8, v8, o8, stats, used = torch.ops.fusedattn.fp8_forward(q, k, v, state.buffer, config, 0.125, "delayed",
                                                                      0, "e5m2")
     assert o.shape == (2, 64, 4, 64) and o.dtype == torch.bfloat16
@@ -67,8 +67,9 @@ def test_the_fakes_give_fp8_tensors_statistics_and_descales():
 def test_the_hybrid_state_has_e4m3_forward_and_e5m2_gradient_scales():
     state = fa.Fp8State("delayed", grad_dtype=torch.float8_e5m2, device="cpu")
     assert state.name == "hybrid" and state.dtype == torch.float8_e4m3fn and state.grad_dtype == torch.float8_e5m2
-    assert state.scalars[_torch_fp8._SLOT["s"], 0].item() == 448.0  # the probabilities: the forward's format
-    config = _torch_fp8._config_text("bshd", True, (-1, -1), "top_left", "e5m2")
+    assert state.scalars[_fp8_recipe.SLOT["s"], 0].item() == 448.0  # the probabilities: the forward's format
+    config = _call_config.fp8_config_text(layout="bshd", causal=True, window=(-1, -1), align="top_left",
+                                           fp8_grads="e5m2")
     assert "fp8_grads=e5m2" in config
     with pytest.raises(InvalidArgumentError) as caught:
         fa.Fp8State(dtype=torch.float8_e5m2, grad_dtype=torch.float8_e4m3fn, device="meta")
@@ -148,9 +149,9 @@ def stand_in_bodies(monkeypatch):
 
     def forward(q, k, v, buffer, config, scale, recipe, margin, name):
         buffer[0] += 1
-        fp8 = _torch_fp8._FORMATS[name][0]
+        fp8 = _fp8_state.FORMATS[name][0]
         o = q * 2
-        stats = torch.zeros(_torch_fp8._adapter._stats_shape(q, "bshd"), dtype=torch.float32)
+        stats = torch.zeros(_tensors.stats_shape(q, "bshd"), dtype=torch.float32)
         return o, q.to(fp8), k.to(fp8), v.to(fp8), o.to(fp8), stats, buffer[:4].clone()
 
     def backward(d_o, q8, k8, v8, o8, stats, used, like, buffer, config, scale, recipe, margin, name, calibrated):
@@ -158,21 +159,22 @@ def stand_in_bodies(monkeypatch):
         buffer[1] += 1
         return d_o * 2, d_o * 3, d_o * 4
 
-    monkeypatch.setattr(_torch_fp8, "_forward_body", forward)
-    monkeypatch.setattr(_torch_fp8, "_backward_body", backward)
+    monkeypatch.setattr(_fp8_bodies, "forward", forward)
+    monkeypatch.setattr(_fp8_bodies, "backward", backward)
     return backwards
 
 
 def call(q, k, v, state):
-    config = _torch_fp8._config_text("bshd", False, (-1, -1), "top_left", "")
-    return _torch_fp8_ops.attention(q, k, v, state.buffer, config, 0.125, state.recipe, state.margin, state.name,
-                                    False, state.calibrated)
+    config = _call_config.fp8_config_text(layout="bshd", causal=False, window=(-1, -1), align="top_left", fp8_grads="")
+    return _fp8_operators.attention(q, k, v, buffer=state.buffer, config=config, scale=0.125, recipe=state.recipe,
+                                    margin=state.margin, name=state.name, model_backward=False,
+                                    calibrated=state.calibrated)
 
 
 def test_opcheck_with_stand_in_bodies(stand_in_bodies):
     q = torch.randn(2, 16, 2, 32, dtype=torch.bfloat16)
     buffer = fa.Fp8State(device="cpu").buffer
-    config = _torch_fp8._config_text("bshd", False, (-1, -1), "top_left", "")
+    config = _call_config.fp8_config_text(layout="bshd", causal=False, window=(-1, -1), align="top_left", fp8_grads="")
     torch.library.opcheck(torch.ops.fusedattn.fp8_forward.default, (q, q, q, buffer, config, 0.125, "delayed", 0,
                                                                      "e4m3"))
     o, _, _, _, _, stats, used = torch.ops.fusedattn.fp8_forward(q, q, q, buffer, config, 0.125, "delayed", 0, "e4m3")
@@ -198,7 +200,7 @@ def test_compiled_state_updates_reach_the_buffer(stand_in_bodies, backend):
 
 
 def test_aot_autograd_refuses_a_forward_between_a_compiled_forward_and_its_backward(stand_in_bodies):
-    """The limit _torch_fp8.py's docstring states (PyTorch 2.11 checks the buffer's version)."""
+    """The limit _fp8_operators.py's docstring states (PyTorch 2.11 checks the buffer's version)."""
     torch._dynamo.reset()
     state = fa.Fp8State(device="cpu")
     step = torch.compile(call, fullgraph=True, backend="aot_eager")
@@ -369,14 +371,14 @@ def stand_in_fp8_inputs_bodies(monkeypatch):
 
     def forward(q8, k8, v8, descale_q, descale_k, descale_v, buffer, config, scale, recipe, margin, name, out_dtype):
         o = (v8.float() * descale_v * 2).to(out_dtype)
-        stats = torch.zeros(_torch_fp8._adapter._stats_shape(q8, "bshd"), dtype=torch.float32)
+        stats = torch.zeros(_tensors.stats_shape(q8, "bshd"), dtype=torch.float32)
         return v8.clone(), o, stats, torch.cat([descale_q, descale_k, descale_v, descale_v])
 
     def backward(d_o, q8, k8, v8, o8, stats, used, like, buffer, config, scale, recipe, margin, name, calibrated):
         return (d_o * 1).to(like.dtype), (d_o * 2).to(like.dtype), (d_o * 3).to(like.dtype)
 
-    monkeypatch.setattr(_torch_fp8, "_fp8_inputs_forward_body", forward)
-    monkeypatch.setattr(_torch_fp8, "_backward_body", backward)
+    monkeypatch.setattr(_fp8_bodies, "fp8_inputs_forward", forward)
+    monkeypatch.setattr(_fp8_bodies, "backward", backward)
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
@@ -384,11 +386,12 @@ def test_compiled_fp8_tensors_take_their_gradients_through_quantizing(stand_in_f
     torch._dynamo.reset()
     state = fa.Fp8State(device="cpu")
     state.calibrated = True
-    config = _torch_fp8._config_text("bshd", False, (-1, -1), "top_left", "")
+    config = _call_config.fp8_config_text(layout="bshd", causal=False, window=(-1, -1), align="top_left", fp8_grads="")
 
     def call(x, k, v):  # fp8_attention's road 3 past its check of the device
-        return _torch_fp8_ops.fp8_tensor_attention(fa.fp8_quantize(x), k, v, state.buffer, config, 0.125, state.recipe,
-                                                   state.margin, state.name, False, True)
+        return _fp8_operators.fp8_tensor_attention(fa.fp8_quantize(x), k, v, buffer=state.buffer, config=config,
+                                                   scale=0.125, recipe=state.recipe, margin=state.margin,
+                                                   name=state.name, model_backward=False, calibrated=True)
 
     step = torch.compile(call, fullgraph=True, backend=backend)
     x = torch.randn(2, 16, 2, 32, dtype=torch.bfloat16, requires_grad=True)

@@ -14,6 +14,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 import fusedattn  # noqa: E402
+from fusedattn.torch import _bodies, _call_config, _tensors  # noqa: E402
 
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
 TO_BHSD = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}
@@ -371,11 +372,11 @@ def test_the_cpp_fast_path_gives_what_the_python_path_gives(layout):
     if layout == "sbhd":
         k, v = packed[:, :, 0], packed[:, :, 1]
     config_id = fa._plain_config_id(layout, True, (-1, -1), "bottom_right", False, "vanilla", False)
-    text = fa._config_text(layout, "", True, (-1, -1), "bottom_right", False, False, "vanilla", 0.0, False, False, "",
-                           False, 0)
+    text = _call_config.config_text(layout=layout, causal=True, window=(-1, -1), align="bottom_right", stats=False)
     with torch.no_grad():
         ours = fast.forward(q, k, v, config_id, 0.125)
-        python, _, _ = fa._forward_body(q, k, v, None, None, fa._Extras(), text, 0.125, 0, 0)
+        python, _, _ = _bodies.forward_body(q, k, v, bias=None, sink=None, extras=_tensors.Extras(), config=text,
+                                            scale=0.125, max_seqlen_q=0, max_seqlen_kv=0)
     assert torch.equal(ours, python)
     assert ours.shape == python.shape and ours.stride() == python.stride()
 
@@ -441,7 +442,7 @@ def test_ten_thousand_shapes_keep_the_plans_at_the_cap():
     # Plans other holders still keep (an XLA executable of an earlier JAX test keeps its calls'
     # plans while it lives) are not fusedattn.torch's: count from them.
     held_elsewhere = core.plan_cache_stats()["live_plans"]
-    configs_before, fallbacks_before = fa._plain_config_id.cache_info().currsize, len(fa._torch_fallback.LOGGED)
+    configs_before, fallbacks_before = fa._plain_config_id.cache_info().currsize, len(fa._fallback.LOGGED)
     core.set_plan_cache_capacity(4)
     try:
         kv = torch.rand(10_000, 2, 64, device="cuda", dtype=torch.bfloat16)
@@ -467,6 +468,6 @@ def test_ten_thousand_shapes_keep_the_plans_at_the_cap():
         assert stats["evictions"] >= 24 and stats["builds"] >= 24 + 8, stats
         # The adapter's only state (configs by option set, fallbacks logged) grew by the one plain config used here.
         assert fa._plain_config_id.cache_info().currsize <= configs_before + 1
-        assert len(fa._torch_fallback.LOGGED) == fallbacks_before
+        assert len(fa._fallback.LOGGED) == fallbacks_before
     finally:
         core.set_plan_cache_capacity(512)

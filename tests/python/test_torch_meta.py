@@ -6,6 +6,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch not installed")
 fa = pytest.importorskip("fusedattn.torch")
 
+from fusedattn.torch import _tensors  # noqa: E402
+
 
 def meta(*shape, dtype=torch.bfloat16, grad=True):
     return torch.empty(*shape, device="meta", dtype=dtype, requires_grad=grad)
@@ -150,7 +152,7 @@ def test_max_logit_per_row_and_per_head():
 def spec_of(q, k, v, layout, kv_layout="", sequences=0, max_q=0, max_kv=0, **options):
     from fusedattn import _config
     config = _config.config(layout, kv_layout, stats=False, **options)
-    return str(config.spec(fa._view(q), fa._view(k), fa._view(v), sequences, max_q, max_kv))
+    return str(config.spec(_tensors.view(q), _tensors.view(k), _tensors.view(v), sequences, max_q, max_kv))
 
 
 @pytest.mark.parametrize("layout, q_shape, kv_shape", [
@@ -210,7 +212,8 @@ def test_the_fallback_applies_the_cores_window_rule(left, right, align, with_bia
     torch.manual_seed(3)
     q, k, v = torch.randn(2, 40, 4, 16), torch.randn(2, 56, 2, 16), torch.randn(2, 56, 2, 16)
     bias = torch.randn(2, 4, 40, 56) if with_bias else None
-    out = fa._torch_fallback.run(q, k, v, "bshd", left, right, align, 0.25, bias, 0.0)
+    out = fa._fallback.run(q, k, v, layout="bshd", window=(left, right), align=align, scale=0.25, bias=bias,
+                           dropout_p=0.0)
     qb, kb, vb = (t.transpose(1, 2) for t in (q, k, v))
     kb, vb = kb.repeat_interleave(2, 1), vb.repeat_interleave(2, 1)
     scores = qb @ kb.transpose(-1, -2) * 0.25 + (bias if with_bias else 0)

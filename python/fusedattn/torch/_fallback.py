@@ -4,9 +4,11 @@ import logging
 
 import torch
 
+from ._tensors import AXES
+
 _LOG = logging.getLogger("fusedattn")
 
-LOGGED = set()
+LOGGED = set()  # the configurations whose fallback was logged (capped: a log line, not a cache)
 
 
 def log_once(config_text, q, k, error):
@@ -16,11 +18,12 @@ def log_once(config_text, q, k, error):
         _LOG.warning("fusedattn: falling back to torch.nn.functional.scaled_dot_product_attention: %s", error)
 
 
-def run(q, k, v, layout, left, right, align, scale, bias, dropout_p):
+def run(q, k, v, *, layout, window, align, scale, bias, dropout_p):
     """PyTorch's own attention on [b, h, s, d] views, the result back in q's layout. The window
     (left, right; -1 open) is the core's: with the diagonal at p (row i, shifted by s_kv - s_q when
     bottom-right), keys p - left < j <= p + right are visible."""
-    to_bhsd = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}[layout]
+    left, right = window
+    to_bhsd = AXES[layout]
     qb, kb, vb = (t.permute(*to_bhsd) for t in (q, k, v))
     mask = bias
     # SDPA's own is_causal is top-left causal without a mask; anything else becomes the mask.

@@ -1,97 +1,179 @@
-"""The registered operators of fusedattn.torch.fp8_attention (road 3 of torch.py's docstring:
-compiled code, meta tensors, subclasses, dispatch modes): fusedattn::fp8_forward and
-fusedattn::fp8_backward run _torch_fp8.py's bodies on the state's buffer, which they mutate; their
-fake implementations give torch.compile every output's shape, strides and dtype; an
-autograd.Function wires the backward (fusedattn::backward for backward="model")."""
+"""fp8_attention's two Python roads around its bodies (_fp8_bodies.py): eager calls through
+autograd.Functions that run the bodies directly (road 2 of fusedattn.torch's docstring), and the
+registered operators for compiled code, meta tensors, subclasses and dispatch modes (road 3):
+fusedattn::fp8_forward, fusedattn::fp8_inputs_forward and fusedattn::fp8_backward run the bodies on
+the state's buffer, which they mutate; their fake implementations give torch.compile every
+output's shape, strides and dtype; an autograd.Function wires the backward (fusedattn::backward for
+backward="model"). The operators carry the state as its buffer and its options (recipe, margin, the
+format's name: "e4m3", "e5m2" or "hybrid", _fp8_recipe.FORMATS), and the config as its printed
+form: compiled programs may outlive this process.
+
+Calls through the operators and the state's `calibrated` flag (whether its first backward has
+measured the kernel-written amaxes): an operator cannot reach the Python state, so such a call
+reads the flag at its forward and hands it to its backward as a constant (in compiled code Dynamo
+guards on it), and a call that will have an FP8 backward sets it then, since that backward
+measures (_fp8.py). A program compiled on a fresh state therefore compiles once more on its second
+call, and from then on its backwards run once. Unlike eager calls, which read the flag at the
+backward, a fresh state's second forward made before the first backward has run counts as
+calibrated: its backward, if it runs first, runs once with the initial scales of dP and the
+gradients. Under AOTAutograd (backends aot_eager and inductor) PyTorch 2.11 checks the version of
+the state's buffer at a compiled call's backward, so another forward on the same state before that
+backward raises autograd's "modified by an inplace operation"; eager calls take any order.
+"""
 from typing import Tuple
 
 import torch
 from torch import Tensor
 
 from .. import _config
-from .. import torch as _adapter
-from . import _fp8
+from . import _fp8_bodies as bodies  # by module: the tests stand CPU bodies in for the CUDA ones
+from ._fp8_state import FORMATS, dequantized
+from ._operators import plain_backward
+from ._tensors import out_shape, stats_shape, view
 
-# The operators carry the state as its buffer and its options (recipe, margin, the FP8 format's
-# name: "e4m3", "e5m2" or "hybrid", _fp8_recipe.FORMATS), and the config as its printed form:
-# compiled programs may outlive this process.
+# --- road 2: eager calls, the bodies directly -------------------------------------------------------
 
+def eager_attention(q, k, v, *, state, config, scale, model_backward):
+    """O in q's dtype of model-precision inputs, differentiable; `state`: the Fp8State."""
+    return _Fp8Attention.apply(q, k, v, state, config, scale, model_backward)
+
+
+def eager_fp8_tensor_attention(q, k, v, *, state, config, scale, model_backward):
+    """O in the Fp8Tensors' dtype, differentiable with respect to their values."""
+    return _Fp8TensorAttention.apply(q, k, v, state, config, scale, model_backward)
+
+
+class _Fp8Attention(torch.autograd.Function):
+    """Eager calls: the bodies directly, without the dispatcher. The backward reads the state's
+    calibration flag when it runs, and sets it."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, state, config, scale, model_backward):
+        o, q8, k8, v8, o8, stats, used = bodies.forward(q, k, v, buffer=state.buffer, config=config, scale=scale,
+                                                        recipe=state.recipe, margin=state.margin, name=state.name)
+        ctx.state, ctx.config, ctx.scale, ctx.model_backward = state, config, scale, model_backward
+        saved = (q, k, v, o, stats) if model_backward else (q8, k8, v8, o8, stats, used, q)
+        ctx.save_for_backward(*saved)
+        return o
+
+    @staticmethod
+    def backward(ctx, d_o):
+        state = ctx.state
+        if ctx.model_backward:
+            d_q, d_k, d_v = bodies.model_backward(d_o, *ctx.saved_tensors, config=ctx.config, scale=ctx.scale)
+        else:
+            d_q, d_k, d_v = bodies.backward(d_o, *ctx.saved_tensors, buffer=state.buffer, config=ctx.config,
+                                            scale=ctx.scale, recipe=state.recipe, margin=state.margin, name=state.name,
+                                            calibrated=state.calibrated)
+            state.calibrated = True
+        return d_q, d_k, d_v, None, None, None, None
+
+
+class _Fp8TensorAttention(_Fp8Attention):
+    """Eager calls of Fp8Tensors: the FP8-input body on their payloads and descales, saving what
+    _Fp8Attention's backward takes (its gradients are the values', in the Fp8Tensors' dtype;
+    backward="model" runs on the dequantized values)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, state, config, scale, model_backward):
+        o8, o, stats, used = bodies.fp8_inputs_forward(q.data8, k.data8, v.data8, q.descale, k.descale, v.descale,
+                                                       buffer=state.buffer, config=config, scale=scale,
+                                                       recipe=state.recipe, margin=state.margin, name=state.name,
+                                                       out_dtype=q.dtype)
+        ctx.state, ctx.config, ctx.scale, ctx.model_backward = state, config, scale, model_backward
+        if model_backward:
+            values = [dequantized(t.data8, t.descale.data_ptr(), q.dtype) for t in (q, k, v)]
+            ctx.save_for_backward(*values, o, stats)
+        else:
+            ctx.save_for_backward(q.data8, k.data8, v.data8, o8, stats, used, o)  # o: the gradients' dtype
+        return o
+
+
+# --- road 3: the registered operators ---------------------------------------------------------------
 
 @torch.library.custom_op("fusedattn::fp8_forward", mutates_args=("state",))
-def fp8_forward(q: Tensor, k: Tensor, v: Tensor, state: Tensor, config: str, scale: float, recipe: str, margin: int,
+def _forward_op(q: Tensor, k: Tensor, v: Tensor, state: Tensor, config: str, scale: float, recipe: str, margin: int,
                 fp8_dtype: str) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(o, q8, k8, v8, o8, stats, used): O in q's dtype, what the backward takes, and the descales
     of Q, K, V and O this call used."""
-    return _fp8._forward_body(q, k, v, state, config, scale, recipe, margin, fp8_dtype)
+    return bodies.forward(q, k, v, buffer=state, config=config, scale=scale, recipe=recipe, margin=margin,
+                          name=fp8_dtype)
 
 
 def _check_while_tracing(q8, k8, v8, config):
     """Tracing meets bad input as eager calls do: the core builds the spec from the fake FP8
     tensors' sizes, where they are plain numbers (not symbolic)."""
     if all(isinstance(n, int) for t in (q8, k8, v8) for n in (*t.shape, *t.stride())):
-        config.spec(_adapter._view(q8), _adapter._view(k8), _adapter._view(v8), 0, 0, 0)
+        config.spec(view(q8), view(k8), view(v8), 0, 0, 0)
 
 
 def _like(t, dtype):
     return torch.empty_strided(t.size(), t.stride(), dtype=dtype, device=t.device)
 
 
-@fp8_forward.register_fake
+@_forward_op.register_fake
 def _(q, k, v, state, config, scale, recipe, margin, fp8_dtype):
-    parsed, fp8 = _config.parse(config), _fp8._FORMATS[fp8_dtype][0]
+    parsed, fp8 = _config.parse(config), FORMATS[fp8_dtype][0]
     q8, k8, v8 = _like(q, fp8), _like(k, fp8), _like(v, fp8)  # quantize keeps each input's strides
     _check_while_tracing(q8, k8, v8, parsed)
-    o8 = q.new_empty(_adapter._out_shape(q8, v8), dtype=fp8)
-    stats = q.new_empty(_adapter._stats_shape(q, parsed.layout), dtype=torch.float32)
+    o8 = q.new_empty(out_shape(q8, v8), dtype=fp8)
+    stats = q.new_empty(stats_shape(q, parsed.layout), dtype=torch.float32)
     return _like(o8, q.dtype), q8, k8, v8, o8, stats, q.new_empty((4,), dtype=torch.float32)
 
 
 @torch.library.custom_op("fusedattn::fp8_inputs_forward", mutates_args=("state",))
-def fp8_inputs_forward(q8: Tensor, k8: Tensor, v8: Tensor, descale_q: Tensor, descale_k: Tensor, descale_v: Tensor,
+def _inputs_forward_op(q8: Tensor, k8: Tensor, v8: Tensor, descale_q: Tensor, descale_k: Tensor, descale_v: Tensor,
                        state: Tensor, config: str, scale: float, recipe: str, margin: int, fp8_dtype: str,
                        out_dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(o8, o, stats, used): the forward of inputs already in FP8 (_fp8_inputs_forward_body)."""
-    return _fp8._fp8_inputs_forward_body(q8, k8, v8, descale_q, descale_k, descale_v, state, config, scale, recipe,
-                                         margin, fp8_dtype, out_dtype)
+    """(o8, o, stats, used): the forward of inputs already in FP8 (_fp8_bodies.fp8_inputs_forward)."""
+    return bodies.fp8_inputs_forward(q8, k8, v8, descale_q, descale_k, descale_v, buffer=state, config=config,
+                                     scale=scale, recipe=recipe, margin=margin, name=fp8_dtype, out_dtype=out_dtype)
 
 
-@fp8_inputs_forward.register_fake
+@_inputs_forward_op.register_fake
 def _(q8, k8, v8, descale_q, descale_k, descale_v, state, config, scale, recipe, margin, fp8_dtype, out_dtype):
     parsed = _config.parse(config)
     _check_while_tracing(q8, k8, v8, parsed)
-    o8 = q8.new_empty(_adapter._out_shape(q8, v8))
+    o8 = q8.new_empty(out_shape(q8, v8))
     o = o8.new_empty(0) if out_dtype == o8.dtype else _like(o8, out_dtype)
-    stats = q8.new_empty(_adapter._stats_shape(q8, parsed.layout), dtype=torch.float32)
+    stats = q8.new_empty(stats_shape(q8, parsed.layout), dtype=torch.float32)
     return o8, o, stats, q8.new_empty((4,), dtype=torch.float32)
 
 
 @torch.library.custom_op("fusedattn::fp8_backward", mutates_args=("state",))
-def fp8_backward(d_o: Tensor, q8: Tensor, k8: Tensor, v8: Tensor, o8: Tensor, stats: Tensor, used: Tensor,
+def _backward_op(d_o: Tensor, q8: Tensor, k8: Tensor, v8: Tensor, o8: Tensor, stats: Tensor, used: Tensor,
                  like: Tensor, state: Tensor, config: str, scale: float, recipe: str, margin: int, fp8_dtype: str, *,
                  calibrated: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """(d_q, d_k, d_v) in like's dtype (like: the forward's q)."""
-    return _fp8._backward_body(d_o, q8, k8, v8, o8, stats, used, like, state, config, scale, recipe, margin,
-                               fp8_dtype, calibrated)
+    return bodies.backward(d_o, q8, k8, v8, o8, stats, used, like, buffer=state, config=config, scale=scale,
+                           recipe=recipe, margin=margin, name=fp8_dtype, calibrated=calibrated)
 
 
-@fp8_backward.register_fake
+@_backward_op.register_fake
 def _(d_o, q8, k8, v8, o8, stats, used, like, state, config, scale, recipe, margin, fp8_dtype, *, calibrated):
     return tuple(_like(t, like.dtype) for t in (q8, k8, v8))  # dequantize keeps the FP8 tensors' strides
+
+
+def fp8_inputs_forward(q8, k8, v8, descale_q, descale_k, descale_v, *, buffer, config, scale, recipe, margin, name,
+                       out_dtype):
+    """fusedattn::fp8_inputs_forward, called as its body is (_fp8_bodies.fp8_inputs_forward)."""
+    return _inputs_forward_op(q8, k8, v8, descale_q, descale_k, descale_v, buffer, config, scale, recipe, margin,
+                              name, out_dtype)
 
 
 class _OperatorAttention(torch.autograd.Function):
     """The operators' autograd: torch.library.register_autograd takes only functional operators, and
     these mutate the state, so an autograd.Function (which Dynamo traces into the graph) wires them.
-    The backward's `calibrated` is the flag as the forward was traced (_torch_fp8.py's docstring)."""
+    The backward's `calibrated` is the flag as the forward was traced (the module's docstring)."""
 
     @staticmethod
     def forward(ctx, q, k, v, state, config, scale, recipe, margin, fp8_dtype, model_backward, calibrated):
-        o, q8, k8, v8, o8, stats, used = fp8_forward(q, k, v, state, config, scale, recipe, margin, fp8_dtype)
+        o, q8, k8, v8, o8, stats, used = _forward_op(q, k, v, state, config, scale, recipe, margin, fp8_dtype)
         ctx.model_backward, ctx.call = model_backward, (config, scale, recipe, margin, fp8_dtype, calibrated)
         ctx.save_for_backward(*((q, k, v, o, stats) if model_backward else (q8, k8, v8, o8, stats, used, q)))
         # Stashed, not saved: the backward mutates the buffer, and another forward may before it
         # runs, which a saved tensor's version check refuses. AOTAutograd (aot_eager, inductor)
-        # checks it anyway in PyTorch 2.11 (_torch_fp8.py's docstring).
+        # checks it anyway in PyTorch 2.11 (the module's docstring).
         ctx.state = state
         return o
 
@@ -99,27 +181,11 @@ class _OperatorAttention(torch.autograd.Function):
     def backward(ctx, d_o):
         config, scale, recipe, margin, fp8_dtype, calibrated = ctx.call
         if ctx.model_backward:
-            q, k, v, o, stats = ctx.saved_tensors
-            extras = [None] * len(_adapter._Extras.NAMES)
-            d_q, d_k, d_v, _, _ = _adapter._backward_op(d_o, q, k, v, o, stats, None, None, extras, config, scale, 0, 0)
+            d_q, d_k, d_v = plain_backward(d_o, *ctx.saved_tensors, config=config, scale=scale)
         else:
-            d_q, d_k, d_v = fp8_backward(d_o, *ctx.saved_tensors, ctx.state, config, scale, recipe, margin, fp8_dtype,
+            d_q, d_k, d_v = _backward_op(d_o, *ctx.saved_tensors, ctx.state, config, scale, recipe, margin, fp8_dtype,
                                          calibrated=calibrated)
         return d_q, d_k, d_v, None, None, None, None, None, None, None, None
-
-
-def _distinct(q, k, v):
-    """k and v as distinct views where they are q (or v is k). PyTorch 2.11's torch.compile keeps one
-    slot's gradient and drops the others' when one tensor fills several of an autograd.Function's
-    inputs (pytorch/pytorch#181146): q passed as k and v got a third of its gradient."""
-    return (k.view_as(k) if k is q else k), (v.view_as(v) if v is q or v is k else v)
-
-
-def attention(q, k, v, state, config, scale, recipe, margin, fp8_dtype, model_backward, calibrated):
-    """O of fusedattn::fp8_forward, differentiable."""
-    k_in, v_in = _distinct(q, k, v)
-    return _OperatorAttention.apply(q, k_in, v_in, state, config, scale, recipe, margin, fp8_dtype, model_backward,
-                                    calibrated)
 
 
 class _OperatorFp8TensorAttention(_OperatorAttention):
@@ -129,7 +195,7 @@ class _OperatorFp8TensorAttention(_OperatorAttention):
 
     @staticmethod
     def forward(ctx, q, k, v, state, config, scale, recipe, margin, fp8_dtype, model_backward, calibrated):
-        o8, o, stats, used = fp8_inputs_forward(q.data8, k.data8, v.data8, q.descale, k.descale, v.descale, state,
+        o8, o, stats, used = _inputs_forward_op(q.data8, k.data8, v.data8, q.descale, k.descale, v.descale, state,
                                                 config, scale, recipe, margin, fp8_dtype, q.dtype)
         ctx.model_backward, ctx.call = model_backward, (config, scale, recipe, margin, fp8_dtype, calibrated)
         if model_backward:
@@ -140,8 +206,22 @@ class _OperatorFp8TensorAttention(_OperatorAttention):
         return o
 
 
-def fp8_tensor_attention(q, k, v, state, config, scale, recipe, margin, fp8_dtype, model_backward, calibrated):
+def _distinct(q, k, v):
+    """k and v as distinct views where they are q (or v is k). PyTorch 2.11's torch.compile keeps one
+    slot's gradient and drops the others' when one tensor fills several of an autograd.Function's
+    inputs (pytorch/pytorch#181146): q passed as k and v got a third of its gradient."""
+    return (k.view_as(k) if k is q else k), (v.view_as(v) if v is q or v is k else v)
+
+
+def attention(q, k, v, *, buffer, config, scale, recipe, margin, name, model_backward, calibrated):
+    """O of fusedattn::fp8_forward, differentiable; `calibrated`: the state's flag as this call sees it."""
+    k_in, v_in = _distinct(q, k, v)
+    return _OperatorAttention.apply(q, k_in, v_in, buffer, config, scale, recipe, margin, name, model_backward,
+                                    calibrated)
+
+
+def fp8_tensor_attention(q, k, v, *, buffer, config, scale, recipe, margin, name, model_backward, calibrated):
     """O in the Fp8Tensors' dtype, differentiable with respect to their values."""
     k_in, v_in = _distinct(q, k, v)
-    return _OperatorFp8TensorAttention.apply(q, k_in, v_in, state, config, scale, recipe, margin, fp8_dtype,
+    return _OperatorFp8TensorAttention.apply(q, k_in, v_in, buffer, config, scale, recipe, margin, name,
                                              model_backward, calibrated)

@@ -1,17 +1,19 @@
 """fusedattn.torch's score_mod: FlexAttention's score functions traced into the core's expressions
-(_score_mod.py), and their runtime values (scalars, captured tensors) as tensors of the call.
+(fusedattn/_score_mod.py), and their runtime values (scalars, captured tensors) as tensors of the
+call.
 
 A function is traced once per function object and per value of the numbers its closure holds, so
 a cap kept in a closure variable is seen when it changes; captured tensors are read at every call
 (their values are runtime data, as the scalars are). Terms added to the score that gather from a
-tensor or read one that requires grad become the call's bias (_score_mod.py), evaluated here with
-torch operations on index grids, so autograd carries dBias into the tensors' gradients."""
+tensor or read one that requires grad become the call's bias (fusedattn/_score_mod.py), evaluated
+here with torch operations on index grids, so autograd carries dBias into the tensors' gradients."""
 import weakref
 
 import torch
 
 from .. import _score_mod
 from ..errors import NotSupportedError, invalid_argument
+from ._tensors import AXES
 
 
 class _TorchSym(_score_mod.Sym):
@@ -131,7 +133,7 @@ class _Part:
 
 
 def prepare(fn, q, k, layout):
-    """(expression text, the call's score_mod tensors as fusedattn.torch's extras carry them, the
+    """(expression text, the call's score_mod tensors as Extras carries them (_tensors.py), the
     bias of its gathered or learned terms or None): the scalars (float32 [n], made once per device
     in eager calls) and each captured tensor as float32, contiguous, on q's device. In compiled code
     the trace comes in as constants and the tensors as graph inputs."""
@@ -162,8 +164,7 @@ def dense_bias(part, q, k, layout):
     """The bias of a traced bias part: its expression at every (b, h, q_idx, kv_idx) of this call,
     in q's dtype, in the nearest bias shape the core takes (_score_mod.bias_shape), differentiable
     in the tensors it reads."""
-    from .. import torch as adapter  # its layouts' axes
-    sizes = _score_mod.bias_sizes(layout, adapter._AXES, q.shape, k.shape)
+    sizes = _score_mod.bias_sizes(layout, AXES, q.shape, k.shape)
     grids = {name: torch.arange(n, device=q.device).view(*([1] * axis), n, *([1] * (3 - axis)))
              for axis, (name, n) in enumerate(zip(("b", "h", "q", "kv"), sizes))}
     value = torch.as_tensor(_score_mod.evaluate_dense(part, grids, _operations(q.device, sizes)), device=q.device)
@@ -195,14 +196,3 @@ def _operations(device, sizes):
     ops.update(leaf=leaf, integer=integer, gather=lambda t, indices: t.to(device)[tuple(indices)])
     return ops
 
-
-def check_tensors(spec, extras):
-    """Each captured tensor has the shape its axes span in this call (the core says which)."""
-    for slot in range(4):
-        tensor = getattr(extras, f"mod_t{slot}")
-        if tensor is None:
-            break
-        want = tuple(spec.score_mod_tensor_shape(slot))
-        if tuple(tensor.shape) != want:
-            raise invalid_argument(f"score_mod.t{slot}.shape", tuple(tensor.shape),
-                                   f"shape {want}, the sizes its indices span in this call")

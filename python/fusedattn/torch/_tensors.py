@@ -1,0 +1,96 @@
+"""Tensors in the core's terms: (dtype, sizes, strides) views, device addresses, the extra tensors a
+call carries beside q, k, v, bias and sink (Extras), and the shapes of the outputs. The core
+describes the tensors themselves; these shapes are only what the adapter allocates."""
+from typing import Optional
+
+from torch import Tensor
+
+from ..errors import invalid_argument
+
+# Per dense layout, the tensor axis that holds each logical axis (batch, heads, sequence, head dim).
+AXES = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}
+
+EMPTY = (0,)  # the operators return an empty tensor for an output not asked for
+
+
+def view(t: Tensor):
+    """A tensor as the core takes it: (dtype name, sizes, strides)."""
+    return str(t.dtype)[len("torch."):], tuple(t.shape), t.stride()
+
+
+def address(t: Optional[Tensor]) -> int:
+    """A tensor's device address, 0 where it is absent or empty."""
+    return 0 if t is None or t.numel() == 0 else t.data_ptr()
+
+
+class Extras:
+    """The tensors a call may carry beside q, k, v, bias and sink; none of them differentiable. They
+    travel through the operators as one list in this order (mod_*: a score modifier's scalars and
+    tensors)."""
+    NAMES = ("rng", "cu_seqlens_q", "cu_seqlens_kv", "seq_len_q", "seq_len_kv", "page_table_k", "page_table_v",
+             "mod_scalars", "mod_t0", "mod_t1", "mod_t2", "mod_t3")
+    __slots__ = NAMES
+
+    def __init__(self, **tensors):
+        for name in self.NAMES:
+            setattr(self, name, tensors.get(name))
+
+    @classmethod
+    def of(cls, tensors):
+        """The Extras of the operators' list."""
+        return cls(**dict(zip(cls.NAMES, tensors)))
+
+    def as_list(self):
+        return [getattr(self, name) for name in self.NAMES]
+
+    def sequences(self):
+        return self.cu_seqlens_q.numel() - 1 if self.cu_seqlens_q is not None else (
+            self.page_table_k.shape[0] if self.page_table_k is not None else 0)
+
+    def addresses(self):
+        """The tensor set's fields these fill, as device addresses (0 where absent)."""
+        rng = self.rng
+        out = dict(seq_len_q=address(self.seq_len_q), seq_len_kv=address(self.seq_len_kv),
+                   cu_seqlens_q=address(self.cu_seqlens_q), cu_seqlens_kv=address(self.cu_seqlens_kv),
+                   sequences=self.sequences() if self.cu_seqlens_q is not None else 0,
+                   dropout_seed=address(rng),
+                   dropout_offset=address(rng) + rng.element_size() if rng is not None else 0)
+        if self.mod_scalars is not None or self.mod_t0 is not None:
+            out.update(score_mod_scalars=address(self.mod_scalars),
+                       score_mod_tensors=[address(self.mod_t0), address(self.mod_t1), address(self.mod_t2),
+                                          address(self.mod_t3)])
+        return out
+
+    def check_score_mod_tensors(self, spec):
+        """Each tensor a score modifier captured has the shape its axes span in this call (the core
+        says which)."""
+        for slot in range(4):
+            tensor = getattr(self, f"mod_t{slot}")
+            if tensor is None:
+                break
+            want = tuple(spec.score_mod_tensor_shape(slot))
+            if tuple(tensor.shape) != want:
+                raise invalid_argument(f"score_mod.t{slot}.shape", tuple(tensor.shape),
+                                       f"shape {want}, the sizes its indices span in this call")
+
+
+def out_shape(q: Tensor, v: Tensor):
+    """O: q's shape with v's head dim."""
+    return tuple(q.shape[:-1]) + (v.shape[-1],)
+
+
+def stats_shape(q: Tensor, layout: str):
+    """float32 statistics: [b, h_q, s_q] for dense Q, [t, h_q] (by token) for ragged."""
+    if layout == "thd":
+        return tuple(q.shape[:2])
+    axes = AXES[layout]
+    return q.shape[axes[0]], q.shape[axes[1]], q.shape[axes[2]]
+
+
+def max_logit_shape(q: Tensor, config):
+    """float32 max logit: [b, h_q, s_q] per row, [h_q] per head; empty when not asked for."""
+    if config.max_logit == "row":
+        return stats_shape(q, config.layout)
+    if config.max_logit == "head":
+        return (q.shape[1] if config.layout == "thd" else q.shape[AXES[config.layout][1]],)
+    return EMPTY
