@@ -18,10 +18,10 @@ def kernel(pass_):
     return KERNELS[pass_]
 
 
-# One entry per (pass, Call, heads): a Call holds options, scale and thd's bucket but no shapes, so a
-# program meets far fewer of them than the plans the core keeps (its default cap is 512,
-# plan_cache.h); 512 holds every one such a program makes, and a miss past it only builds the
-# function again (jit's own caches keep compiled programs).
+# Bounded at the core's default plan-cache cap, 512 (plan_cache.h): an entry, (pass, Call, heads),
+# stands for at least one plan (a plan adds the arrays' shapes), so a program whose plans fit the
+# core's cache finds all its functions here too. A miss past it only makes the function again while
+# tracing (no plan, no compile: jit keeps compiled programs by its own key).
 @functools.lru_cache(maxsize=512)
 def pass_function(pass_, call, heads):
     """The `pass_` of `call` on arrays with `heads`, (h_q, h_kv): a function of arrays alone, with
