@@ -1,3 +1,4 @@
+cmake_minimum_required(VERSION 3.24)  # IN_LIST (policy CMP0057) in script mode
 # Mirrors the Python package's sources (python/fusedattn, subpackages included) into the build
 # tree's package folder, and removes .py files there that the source no longer has, so a module that
 # moved (fusedattn/torch.py into fusedattn/torch/) leaves nothing stale to import. The compiled
