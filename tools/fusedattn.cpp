@@ -58,6 +58,8 @@ const char* const kHelp = R"(
 
 SPEC is the one-line string every fusedattn error and log prints, for example
   "layout=bshd b=2 s=1024 h=16 d=128 causal"
+(causal closes the window's right side: "... causal window=256,-1" is a causal sliding window of 256
+keys, and a window with a right bound of 1 or more beside causal is refused.)
 Exit codes: 0 ok, 1 check failed / not supported, 2 usage or invalid spec, 3 not supported (run,
 bench), 4 no GPU, 5 CUDA / cuDNN / setup error.
 )";

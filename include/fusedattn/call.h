@@ -45,8 +45,9 @@ struct CallConfig {
 
 /// A config from the adapters' terms: layouts by name and options as (spec-string key, text)
 /// pairs (window "-1,0", align "bottom_right", bias "11ss", dropout "0.1", ...), parsed with the
-/// spec parser's own messages. The key "causal" with "1" closes the window on the right (after
-/// every other option, so window=(W, -1) with causal is a causal sliding window). Throws
+/// spec parser's own messages. The key "causal" with "1" applies causal_window (options.h) after
+/// every other option, as the spec parser does: window=(W, -1) or (W, 0) with causal is the causal
+/// sliding window (W, 0), and a window with a right bound of 1 or more is refused. Throws
 /// InvalidArgument naming the key.
 CallConfig make_call_config(const std::string& layout, const std::string& kv_layout,
                             const std::vector<std::pair<std::string, std::string>>& options);

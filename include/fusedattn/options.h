@@ -39,6 +39,15 @@ std::string to_string(const Window& window);
 /// The causal window {-1, 0}.
 constexpr Window kCausal{-1, 0};
 
+/// What `causal` means wherever a call can say it (the spec string's `causal`, the adapters'
+/// causal=True, the CLI, context parallelism), written once: no key to the right of the diagonal.
+/// It closes the window's right side and keeps its left: {-1, -1} becomes {-1, 0} (causal), and
+/// {W, -1} and {W, 0} become {W, 0} (a causal sliding window of W keys). A window that looks ahead
+/// (a right bound of 1 or more) contradicts it, so it is refused rather than silently cut:
+/// InvalidArgument("window", "L,R", ...), as is any other right bound but 0 or -1. The left bound
+/// is validate()'s to check. Without causal, a call's window is used as it is.
+Window causal_window(const Window& window);
+
 /// Which dims of the post-scale bias [b, h, s_q, s_kv] are real (the others broadcast, size 1).
 /// The bias tensor is contiguous in its own shape and has q's dtype; it is added to the scaled
 /// scores before the mask and the softmax.

@@ -227,6 +227,16 @@ NB_MODULE(_core, m) {
           },
           "slot"_a, "The shape the modifier's tensor `slot` has in this call: the sizes of the axes it spans.");
 
+  m.def(
+      "causal_window",
+      [](const std::pair<std::int64_t, std::int64_t>& window) {
+        const fa::Window closed = fa::causal_window(fa::Window{window.first, window.second});
+        return std::make_pair(closed.left, closed.right);
+      },
+      "window"_a,
+      "The window (left, right) under causal, by the rule every entry point shares (fusedattn/options.h): "
+      "the right bound 0, the left kept; InvalidArgumentError for a right bound but 0 or -1 (one that looks ahead).");
+
   nb::class_<fa::CallConfig>(m, "Config",
                              "The frozen configuration of a call: its layouts and every option (fusedattn/call.h). "
                              "Options take the spec string's keys (window, align, bias, bias_grad, alibi, softmax, "

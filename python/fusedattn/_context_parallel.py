@@ -35,6 +35,7 @@ m c_b + R (sequence_band), unless the window misses every sequence's pair (no ca
 one (a plain call); m = 0 is the window itself in every sequence.
 """
 
+from . import _core as core
 from .errors import invalid_argument
 
 LOCAL, EARLIER, LATER = 0, 1, 2
@@ -198,17 +199,19 @@ def sequence_band(m, sizes, bounds):
 # --- sliding windows -------------------------------------------------------------------------------
 
 def window_bounds(window, causal):
-    """A window's bounds (L, R) under context parallelism, or None for none: causal sliding (W, 0)
-    (window=(W, 0), or (W, -1) with causal), or with causal=False two-sided (L, R), either -1 for
-    no bound. InvalidArgument for a bound that is not one."""
+    """A window's bounds (L, R) under context parallelism, or None for none (plain causal included,
+    which runs as pieces()): causal sliding (W, 0) (window=(W, 0), or (W, -1) with causal), or with
+    causal=False two-sided (L, R), either -1 for no bound. What causal does to a window is the core's
+    rule (causal_window, the same words as every adapter's); then InvalidArgument for a bound that is
+    not one."""
     left, right = (int(x) for x in window)
     if left == -1 and right == -1:
         return None
+    if causal:
+        left, right = core.causal_window((left, right))
     if left == 0 or left < -1 or right < -1:
         raise invalid_argument("window", f"{left},{right}", "bounds of -1 (none) or at least 1 key on the left")
-    if causal and right >= 1:
-        raise invalid_argument("window", f"{left},{right}", "a right bound of 0 or -1 with causal")
-    return (left, 0) if causal else (left, right)
+    return left, right
 
 
 def mask_options(mask):

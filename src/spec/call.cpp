@@ -78,7 +78,7 @@ CallConfig make_call_config(const std::string& layout, const std::string& kv_lay
     }
     detail::parse_option(config.options, key, text);
   }
-  if (causal) config.options.window.right = 0;
+  if (causal) config.options.window = causal_window(config.options.window);  // the spec parser's rule and words
   return config;
 }
 

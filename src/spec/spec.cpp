@@ -213,8 +213,8 @@ std::string known_keys() {
   visit_fields([&](const char* name, Reads, auto&) { out += std::string(" ") + name; }, unused);
   out += " layout dtype";
   for (const SizeKey& size : kSizeKeys) out += std::string(" ") + size.key;
-  out += ", page_size pages (paged layouts), shorthands s h d, causal=0|1 (window -1,-1 or -1,0) and the bare word "
-         "causal";
+  out += ", page_size pages (paged layouts), shorthands s h d, causal=0|1 and the bare word causal (no key right "
+         "of the diagonal: the window's right bound 0)";
   return out;
 }
 
@@ -467,7 +467,6 @@ void require_no_self_overlap(const char* name, const TensorDesc& desc) {
 }  // namespace
 
 const char* to_string(Alignment alignment) noexcept { return name_of(alignment); }
-std::string to_string(const Window& window) { return std::to_string(window.left) + "," + std::to_string(window.right); }
 const char* to_string(Bias bias) noexcept { return name_of(bias); }
 const char* to_string(Softmax softmax) noexcept { return name_of(softmax); }
 const char* to_string(MaxLogit max_logit) noexcept { return name_of(max_logit); }
@@ -539,12 +538,14 @@ AttentionSpec parse_spec(const std::string& text) {
   GivenKeys given;
   bool any_tensor = false;
   std::vector<Token> short_tokens;  // layout-form keys, in order, to name the first one if mixed
+  bool causal = false;
   for (const Token& token : tokenize(text)) {
-    // "causal=1" is the common window, kept as the friendlier way to write it; it sets the window.
+    // "causal" is no field of its own: it closes the window's right side (causal_window), after
+    // every token, so "causal window=W,-1" is the causal sliding window W,0 in any order.
     if (token.key == "causal") {
       if (token.value != "0" && token.value != "1") throw InvalidArgument("causal", token.value, "0 or 1");
-      given.claim(token, "window");
-      spec.window = token.value == "1" ? kCausal : Window{};
+      given.claim(token, token.key);
+      causal = token.value == "1";
       continue;
     }
     bool is_field = false;
@@ -565,6 +566,7 @@ AttentionSpec parse_spec(const std::string& text) {
     given.claim(token, token.key);
     short_tokens.push_back(token);
   }
+  if (causal) spec.window = causal_window(spec.window);
   return any_tensor ? build_full_form(spec, given, short_tokens) : build_short_form(spec, given);
 }
 

@@ -59,6 +59,12 @@ expect "head dim not mult. of 8" '^2$' 'invalid_argument.*d_qk' -- support "layo
 expect "unknown layout"          '^2$' 'invalid_argument.*layout' -- support "layout=bogus b=2 s=128 h=8 d=64"
 expect "run validates first"     '^2$' 'invalid_argument.*h_q'  -- run "layout=bshd b=2 s=128 h_q=12 h_kv=8 d=64"
 
+# causal closes the window's right side: beside W,-1 it is the causal sliding window W,0 (printed
+# as such), and beside a window that looks ahead it is refused in the core's words.
+expect "causal sliding window"   '^(0|1)$' 'spec="layout=bshd .* window=100,0"' -- support "$VALID causal window=100,-1"
+expect "causal refuses R >= 1"   '^2$' "invalid_argument: window = 100,5: a right bound of 0 or -1 with causal \\(causal closes the window's right side\\)" \
+                                                                -- support "$VALID window=100,5 causal"
+
 # Support answers: the policy path without a GPU, the full check with one.
 if [[ "$has_gpu" == 1 ]]; then
   expect "support valid spec"    '^0$' 'forward: supported'     -- support "$VALID"

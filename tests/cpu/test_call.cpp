@@ -73,6 +73,29 @@ TEST(CallConfig, CausalClosesAWindowOnTheRightWhateverTheOrder) {
   EXPECT_NE(a, make_call_config("bshd", "", {{"window", "128,-1"}}));
 }
 
+TEST(CallConfig, CausalMeansWhatTheSpecStringsCausalMeans) {
+  const std::string base = "layout=bshd b=1 s=64 h=2 d=64 ";
+  const std::vector<std::pair<Options, std::string>> cases = {
+      {{{"causal", "1"}}, "causal"},
+      {{{"causal", "1"}, {"window", "100,-1"}}, "causal window=100,-1"},
+      {{{"window", "100,0"}, {"causal", "1"}}, "window=100,0 causal"},
+      {{{"causal", "0"}, {"window", "100,5"}}, "causal=0 window=100,5"},
+  };
+  for (const auto& [options, spec_text] : cases) {
+    EXPECT_EQ(make_call_config("bshd", "", options).options.window, parse_spec(base + spec_text).window) << spec_text;
+  }
+  EXPECT_EQ(make_call_config("bshd", "", {{"causal", "1"}, {"window", "100,-1"}}).options.window, (Window{100, 0}));
+  EXPECT_EQ(make_call_config("bshd", "", {{"causal", "0"}, {"window", "100,5"}}).options.window, (Window{100, 5}));
+}
+
+TEST(CallConfig, CausalBesideAWindowThatLooksAheadIsRefusedAsTheParserRefusesIt) {
+  // Not cut to (100, 0) behind the caller's back: the same words as `fusedattn support "... causal window=100,5"`.
+  const std::string from_config = message_of([] { make_call_config("bshd", "", {{"window", "100,5"}, {"causal", "1"}}); });
+  EXPECT_EQ(from_config, "window = 100,5: a right bound of 0 or -1 with causal (causal closes the window's right side)");
+  EXPECT_EQ(from_config, message_of([] { parse_spec("layout=bshd b=1 s=8 h=1 d=8 causal window=100,5"); }));
+  EXPECT_EQ(from_config, message_of([] { parse_call_config("layout=bshd window=100,5 causal=1"); }));
+}
+
 TEST(CallConfig, BadOptionsGetTheParsersMessages) {
   // The same words as `fusedattn run "... align=diagonal"`: both come from the spec's field table.
   const std::string from_config = message_of([] { make_call_config("bshd", "", {{"align", "diagonal"}}); });

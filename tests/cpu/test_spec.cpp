@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fusedattn/errors.h"
@@ -249,8 +250,8 @@ TEST(SpecErrors, DuplicatesAreRejected) {
       {"b=2 s=8 s=8 h=1 d=8", "s"},
       {"b=2 s=8 s_q=8 s_q=4 h=1 d=8", "s_q"},
       {"b=2 s=8 h=1 d=8 causal causal=1", "causal"},
-      {"b=2 s=8 h=1 d=8 window=4,0 causal", "causal"},
-      {"b=2 s=8 h=1 d=8 causal=1 window=4,0", "window"},
+      {"b=2 s=8 h=1 d=8 causal=0 causal", "causal"},
+      {"b=2 s=8 h=1 d=8 window=4,0 window=4,-1", "window"},
       {"b=2 s=8 h=1 d=8 stats=1 stats=0", "stats"},
       {"layout=bshd layout=sbhd b=2 s=8 h=1 d=8", "layout"},
   };
@@ -261,6 +262,59 @@ TEST(SpecErrors, DuplicatesAreRejected) {
   }
   const std::string t = "bf16[1,1,8,8]/[64,64,8,1]";
   EXPECT_EQ(parse_error("q=" + t + " q=" + t + " k=" + t + " v=" + t + " o=" + t).field(), "q");
+}
+
+// `causal` has one meaning (causal_window, fusedattn/options.h): no key right of the diagonal. It
+// closes the window's right side, keeps its left, and refuses a window that looks ahead.
+TEST(CausalWindow, ClosesTheRightSideAndKeepsTheLeft) {
+  EXPECT_EQ(causal_window(Window{}), kCausal);
+  EXPECT_EQ(causal_window(kCausal), kCausal);
+  EXPECT_EQ(causal_window(Window{100, -1}), (Window{100, 0}));
+  EXPECT_EQ(causal_window(Window{100, 0}), (Window{100, 0}));
+}
+
+TEST(CausalWindow, RefusesAWindowThatLooksAhead) {
+  for (const Window& ahead : {Window{100, 5}, Window{-1, 1}, Window{100, -2}}) {
+    try {
+      causal_window(ahead);
+      ADD_FAILURE() << to_string(ahead) << " was taken";
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(e.field(), "window");
+      EXPECT_EQ(e.value(), to_string(ahead));
+      EXPECT_EQ(e.requirement(), "a right bound of 0 or -1 with causal (causal closes the window's right side)");
+    }
+  }
+  EXPECT_STREQ(parse_error(std::string(kBase) + " causal window=100,5").what(),
+               "window = 100,5: a right bound of 0 or -1 with causal (causal closes the window's right side)");
+}
+
+TEST(SpecCausal, AloneIsTheCausalWindow) {
+  EXPECT_EQ(parse_spec(std::string(kBase) + " causal").window, kCausal);
+  EXPECT_EQ(parse_spec(std::string(kBase) + " causal=1").window, kCausal);
+  EXPECT_EQ(parse_spec(std::string(kBase) + " causal=1"), parse_spec(std::string(kBase) + " window=-1,0"));
+}
+
+TEST(SpecCausal, BesideAWindowInAnyOrder) {
+  const std::vector<std::pair<std::string, Window>> cases = {
+      {" causal window=100,-1", {100, 0}}, {" window=100,-1 causal", {100, 0}}, {" causal=1 window=100,0", {100, 0}},
+      {" window=100,0 causal", {100, 0}},  {" window=-1,-1 causal", kCausal},  {" window=-1,0 causal", kCausal},
+  };
+  for (const auto& [extra, window] : cases) EXPECT_EQ(parse_spec(std::string(kBase) + extra).window, window) << extra;
+  EXPECT_EQ(parse_spec(std::string(kBase) + " causal window=100,-1"), parse_spec(std::string(kBase) + " window=100,0"));
+}
+
+TEST(SpecCausal, ZeroLeavesTheWindowAsGiven) {
+  EXPECT_EQ(parse_spec(std::string(kBase) + " causal=0").window, Window{});
+  EXPECT_EQ(parse_spec(std::string(kBase) + " causal=0 window=100,5").window, (Window{100, 5}));
+  EXPECT_EQ(parse_spec(std::string(kBase) + " window=7,-1 causal=0").window, (Window{7, -1}));
+}
+
+TEST(SpecCausal, ASlidingWindowPrintsAndParsesBack) {
+  const AttentionSpec spec = parse_spec("layout=bshd b=2 s=512 h=8 d=64 causal window=128,-1 align=bottom_right");
+  EXPECT_EQ(spec.window, (Window{128, 0}));
+  const std::string text = to_string(spec);
+  EXPECT_NE(text.find(" window=128,0"), std::string::npos) << text;
+  expect_round_trip(spec);
 }
 
 TEST(SpecErrors, FullFormNeedsAllTensorsAndNoLayoutKeys) {

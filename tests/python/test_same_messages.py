@@ -1,6 +1,7 @@
 """One check, one wording: the same bad call gets the same message from the C++ core (a spec string
 parsed and validated), the CLI, fusedattn.torch (meta tensors, no GPU) and fusedattn.jax (traced on
-the CPU), since every adapter hands its call to the core's Config and make_spec (fusedattn/call.h)."""
+the CPU), since every adapter hands its call to the core's Config and make_spec (fusedattn/call.h);
+context parallelism takes what `causal` does to a window from the core too (causal_window)."""
 import os
 import subprocess
 from pathlib import Path
@@ -65,6 +66,9 @@ CASES = [
     ("align", "layout=bshd b=1 s=16 h=4 d=64 align=diagonal", (1, 16, 4, 64), (1, 16, 4, 64), {"align": "diagonal"}),
     ("softmax", "layout=bshd b=1 s=16 h=4 d=64 softmax=sparse", (1, 16, 4, 64), (1, 16, 4, 64),
      {"softmax": "sparse"}),
+    # causal closes the window's right side; beside a window that looks ahead it is a conflict.
+    ("causal_window", "layout=bshd b=1 s=16 h=4 d=64 causal window=100,5", (1, 16, 4, 64), (1, 16, 4, 64),
+     {"causal": True, "window": (100, 5)}),
 ]
 
 
@@ -95,3 +99,19 @@ def test_adapters_say_the_same_of_what_no_spec_string_holds():
     assert from_torch.startswith("q.dtype = float32: ")
     assert jax_message(lambda jax, fj: jax_traced(jax, fj, (1, 16, 4, 64), (1, 16, 4, 64), dtype="float32")) == \
         from_torch
+
+
+CAUSAL_CONFLICT = "window = 100,5: a right bound of 0 or -1 with causal (causal closes the window's right side)"
+
+
+def test_context_parallelism_says_what_every_adapter_says_of_causal_beside_a_window_that_looks_ahead():
+    """The words are the core's (causal_window) in the spec string and in both context-parallel calls,
+    which refuse the call before they look at a process group or a mesh axis."""
+    assert core_message("layout=bshd b=1 s=16 h=4 d=64 causal window=100,5") == CAUSAL_CONFLICT
+    assert torch_message(lambda torch, fa: fa.context_parallel_attention(
+        *(torch_meta(torch, 1, 16, 4, 64),) * 3, causal=True, window=(100, 5))) == CAUSAL_CONFLICT
+
+    def jax_context_parallel(jax, fj):
+        x = jax.numpy.zeros((1, 16, 4, 64), jax.numpy.bfloat16)
+        fj.context_parallel_attention(x, x, x, axis_name="cp", causal=True, window=(100, 5))
+    assert jax_message(jax_context_parallel) == CAUSAL_CONFLICT
