@@ -89,9 +89,11 @@ TEST(CallConfig, CausalMeansWhatTheSpecStringsCausalMeans) {
 }
 
 TEST(CallConfig, CausalBesideAWindowThatLooksAheadIsRefusedAsTheParserRefusesIt) {
-  // Not cut to (100, 0) behind the caller's back: the same words as `fusedattn support "... causal window=100,5"`.
-  const std::string from_config = message_of([] { make_call_config("bshd", "", {{"window", "100,5"}, {"causal", "1"}}); });
-  EXPECT_EQ(from_config, "window = 100,5: a right bound of 0 or -1 with causal (causal closes the window's right side)");
+  // Not cut to (100, 0) behind the caller's back: the words of `fusedattn support "... causal window=100,5"`.
+  const std::string from_config =
+      message_of([] { make_call_config("bshd", "", {{"window", "100,5"}, {"causal", "1"}}); });
+  EXPECT_EQ(from_config,
+            "window = 100,5: a right bound of 0 or -1 with causal (causal closes the window's right side)");
   EXPECT_EQ(from_config, message_of([] { parse_spec("layout=bshd b=1 s=8 h=1 d=8 causal window=100,5"); }));
   EXPECT_EQ(from_config, message_of([] { parse_call_config("layout=bshd window=100,5 causal=1"); }));
 }
