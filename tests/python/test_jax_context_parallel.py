@@ -358,7 +358,7 @@ def test_packed_orders_are_the_shared_rule_traced():
     import jax.numpy as jnp
     torch = pytest.importorskip("torch", reason="PyTorch not installed")
     from fusedattn.jax import _context_parallel_order as jcp
-    from fusedattn import _torch_context_parallel as tcp
+    from fusedattn.torch import _context_parallel as tcp
     lengths = [24, 0, 8, 48]
     cu = [0] + [sum(lengths[:i + 1]) for i in range(len(lengths))]
     for balanced in (True, False):
