@@ -118,11 +118,9 @@ double parse_double(const CommandLine& line, const std::string& name, double fal
 }
 
 // Parse and validate: both throw InvalidArgument naming the field.
-fa::AttentionSpec parse_valid_spec(const CommandLine& line) {
+fa::ValidatedSpec parse_valid_spec(const CommandLine& line) {
   if (line.spec.empty()) throw UsageError{"'" + line.command + "' needs a spec string"};
-  fa::AttentionSpec spec = fa::parse_spec(line.spec);
-  fa::validate(spec);
-  return spec;
+  return fa::ValidatedSpec(fa::parse_spec(line.spec));
 }
 
 // Empty when a GPU can be used; otherwise why not.
@@ -167,7 +165,8 @@ void print_verdict(const std::string& label, const fa::Support& support, const f
 
 int cmd_support(const CommandLine& line) {
   const std::vector<fa::Pass> passes = passes_of(line);
-  const fa::AttentionSpec spec = parse_valid_spec(line);
+  const fa::ValidatedSpec valid = parse_valid_spec(line);
+  const fa::AttentionSpec& spec = valid.spec();
   const std::string no_gpu = gpu_unavailable();
   bool all_ok = true;
   if (!no_gpu.empty()) {
@@ -191,7 +190,7 @@ int cmd_support(const CommandLine& line) {
     const std::string name = fa::to_string(pass);
     print_verdict(name + " policy", fa::check_support_policy(spec, pass, caps, versions), spec);
     // The final word: the policy again plus cuDNN's own check (which builds and caches the plan).
-    fa::Support full = fa::check_support(spec, pass);
+    fa::Support full = fa::check_support(valid, pass);
     print_verdict(name, full, spec);
     all_ok = all_ok && full.ok();
   }
@@ -206,7 +205,7 @@ void print_not_supported(const fa::NotSupported& error, const fa::AttentionSpec&
 // --- run --------------------------------------------------------------------------------------
 
 int cmd_run(const CommandLine& line) {
-  const fa::AttentionSpec spec = parse_valid_spec(line);
+  const fa::AttentionSpec spec = parse_valid_spec(line).spec();
   fa::check::CheckOptions options;
   options.backward = !line.has("--no-backward");
   options.seed = parse_unsigned(line, "--seed", 0);
@@ -340,7 +339,7 @@ void print_bench(const fa::AttentionSpec& spec, const BenchResult& r, int iters)
 }
 
 int cmd_bench(const CommandLine& line) {
-  const fa::AttentionSpec spec = parse_valid_spec(line);
+  const fa::AttentionSpec spec = parse_valid_spec(line).spec();
   const int iters = static_cast<int>(std::max<std::uint64_t>(1, parse_unsigned(line, "--iters", 20)));
   const std::string no_gpu = gpu_unavailable();
   if (!no_gpu.empty()) {

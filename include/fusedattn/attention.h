@@ -239,6 +239,11 @@ std::shared_ptr<const Plan> get_plan(const AttentionSpec& spec, Pass pass);
 /// The same, with the plan chosen as `options` say (autotune: fusedattn/autotune.h).
 std::shared_ptr<const Plan> get_plan(const AttentionSpec& spec, Pass pass, const PlanOptions& options);
 
+/// check_support and get_plan of a spec validated already (make_spec, or ValidatedSpec's own
+/// constructor): the same answers without validating it a second time in the same call.
+Support check_support(const ValidatedSpec& spec, Pass pass);
+std::shared_ptr<const Plan> get_plan(const ValidatedSpec& spec, Pass pass, const PlanOptions& options = {});
+
 /// One-call forms: look up (or build) the plan, then run it.
 void forward(const AttentionSpec& spec, const ForwardTensors& tensors, float scale, cudaStream_t stream,
              const Workspace& workspace = {});

@@ -80,8 +80,9 @@ TensorDesc describe(const TensorView& view, AxisOrder order, std::int64_t sequen
 
 /// The validated spec of a call: q, k, v described in the config's axis orders, o as the adapters
 /// allocate it (q's sizes with v's head dim, dense in q's axis order). Throws InvalidArgument
-/// naming the tensor and field (fusedattn/spec.h validate()).
-AttentionSpec make_spec(const CallConfig& config, const CallShape& shape);
+/// naming the tensor and field (fusedattn/spec.h validate()). Hand the result to get_plan or
+/// check_support as it is: they do not validate a ValidatedSpec again.
+ValidatedSpec make_spec(const CallConfig& config, const CallShape& shape);
 
 /// The bias kind of a post-scale bias tensor of `bias`'s sizes beside q and k of `shape`:
 /// [b|1, h_q|1, s_q|1, s_kv] in logical order (a size-1 dim broadcasts), in q's dtype; for thd

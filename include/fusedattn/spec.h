@@ -87,6 +87,19 @@ std::size_t hash_value(const AttentionSpec& spec) noexcept;
 /// would overlap themselves.
 void validate(const AttentionSpec& spec);
 
+/// A spec that validate() accepted, unchangeable from then on: the proof that lets a call check
+/// its spec once. get_plan and check_support (fusedattn/attention.h) take it without validating
+/// again, while their forms on a plain AttentionSpec validate first, so no spec reaches the plan
+/// cache unchecked. Only validation makes one: this constructor, or make_spec (fusedattn/call.h).
+/// The spec is a private base, read through spec(), so no field can change after the check (a base
+/// rather than a member so that the Python module can offer it as a read-only Spec).
+class ValidatedSpec : private AttentionSpec {
+ public:
+  /// Validates `spec` (InvalidArgument naming the field) and keeps it.
+  explicit ValidatedSpec(AttentionSpec spec);
+  const AttentionSpec& spec() const noexcept { return *this; }
+};
+
 }  // namespace fusedattn
 
 template <>

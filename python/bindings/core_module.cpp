@@ -163,6 +163,14 @@ fa::PlanOptions plan_options(std::optional<bool> autotune) {
   return options;
 }
 
+// A support answer as Python takes it: (ok, [(field, value, requirement, lifted_by)], text).
+std::tuple<bool, std::vector<std::tuple<std::string, std::string, std::string, std::string>>, std::string>
+support_tuple(const fa::Support& support) {
+  std::vector<std::tuple<std::string, std::string, std::string, std::string>> reasons;
+  for (const fa::Reason& r : support.reasons) reasons.emplace_back(r.field, r.value, r.requirement, r.lifted_by);
+  return {support.ok(), reasons, support.to_string()};
+}
+
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -226,6 +234,11 @@ NB_MODULE(_core, m) {
             return shape;
           },
           "slot"_a, "The shape the modifier's tensor `slot` has in this call: the sizes of the axes it spans.");
+
+  // What Config.spec returns: a Spec (it inherits every method above) that the core has validated,
+  // read-only as every Spec is here, so get_plan and check_support take it without validating again.
+  nb::class_<fa::ValidatedSpec, fa::AttentionSpec>(
+      m, "ValidatedSpec", "A Spec validated where it was made (Config.spec): the plan path does not check it again.");
 
   m.def(
       "causal_window",
@@ -295,7 +308,8 @@ NB_MODULE(_core, m) {
             return fa::make_spec(config, call_shape(q, k, v, sequences, max_seq_q, max_seq_kv));
           },
           "q"_a, "k"_a, "v"_a, "sequences"_a = 0, "max_seq_q"_a = 0, "max_seq_kv"_a = 0,
-          "The validated spec of a call on q, k, v, each (dtype name, sizes, strides) in the config's layouts.")
+          "The validated spec (a ValidatedSpec) of a call on q, k, v, each (dtype name, sizes, strides) in the "
+          "config's layouts.")
       .def(
           "with_bias",
           [](const fa::CallConfig& config, nb::handle bias, nb::handle q, nb::handle k, std::int64_t sequences,
@@ -374,25 +388,34 @@ NB_MODULE(_core, m) {
           "tensors"_a, "scale"_a, "stream"_a, "workspace"_a = 0, "workspace_bytes"_a = 0,
           "Enqueues a backward (dQ, dK, dV and the rest) on `stream`.");
 
+  // Each takes a ValidatedSpec (from Config.spec) as it is, and validates any other Spec first: the
+  // ValidatedSpec overloads come first, so nanobind tries them first.
+  const char* const check_support_doc =
+      "(supported, [(field, value, requirement, lifted_by)], text) on the current device: the policy, then "
+      "cuDNN's own check, which builds and caches the plan.";
   m.def(
       "check_support",
-      [](const fa::AttentionSpec& spec, fa::Pass pass) {
-        const fa::Support support = fa::check_support(spec, pass);
-        std::vector<std::tuple<std::string, std::string, std::string, std::string>> reasons;
-        for (const fa::Reason& r : support.reasons) reasons.emplace_back(r.field, r.value, r.requirement, r.lifted_by);
-        return std::make_tuple(support.ok(), reasons, support.to_string());
+      [](const fa::ValidatedSpec& spec, fa::Pass pass) { return support_tuple(fa::check_support(spec, pass)); },
+      "spec"_a, "pass_"_a, check_support_doc);
+  m.def(
+      "check_support",
+      [](const fa::AttentionSpec& spec, fa::Pass pass) { return support_tuple(fa::check_support(spec, pass)); },
+      "spec"_a, "pass_"_a, check_support_doc);
+  const char* const get_plan_doc =
+      "The cached plan (from memory, the disk cache, or built on first use); autotune=None takes the "
+      "process default (set_autotune). Raises NotSupportedError with every reason.";
+  m.def(
+      "get_plan",
+      [](const fa::ValidatedSpec& spec, fa::Pass pass, std::optional<bool> autotune) {
+        return fa::get_plan(spec, pass, plan_options(autotune));
       },
-      "spec"_a, "pass_"_a,
-      "(supported, [(field, value, requirement, lifted_by)], text) on the current device: the policy, then "
-      "cuDNN's own check, which builds and caches the plan.");
+      "spec"_a, "pass_"_a, "autotune"_a = nb::none(), get_plan_doc);
   m.def(
       "get_plan",
       [](const fa::AttentionSpec& spec, fa::Pass pass, std::optional<bool> autotune) {
         return fa::get_plan(spec, pass, plan_options(autotune));
       },
-      "spec"_a, "pass_"_a, "autotune"_a = nb::none(),
-      "The cached plan (from memory, the disk cache, or built on first use); autotune=None takes the "
-      "process default (set_autotune). Raises NotSupportedError with every reason.");
+      "spec"_a, "pass_"_a, "autotune"_a = nb::none(), get_plan_doc);
   m.def("set_autotune", &fa::set_autotune, "enabled"_a,
         "Sets the process default of autotune (FUSEDATTN_AUTOTUNE=1 starts it on); returns the previous one.");
   m.def("plan_dir", &fa::plan_dir, "The disk cache's folder, '' when it is off.");

@@ -43,9 +43,9 @@ void check_cuda(cudaError_t status, const char* call) {
 // What an instantiated call keeps: its spec and pass, and one plan per device it has run on.
 struct PlanState {
   static ffi::TypeId id;
-  PlanState(fa::AttentionSpec spec, fa::Pass pass) : spec(std::move(spec)), pass(pass) {}
+  PlanState(fa::ValidatedSpec spec, fa::Pass pass) : spec(std::move(spec)), pass(pass) {}
 
-  const fa::AttentionSpec spec;
+  const fa::ValidatedSpec spec;  // validated once, at instantiation: get_plan does not again
   const fa::Pass pass;
 
   // Built with `device` current (the caller's device is restored); a no-op once built.
@@ -98,9 +98,7 @@ ffi::Error to_ffi_error(const fa::Error& error) {
 
 ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate(std::string_view spec_text, fa::Pass pass) {
   try {
-    fa::AttentionSpec spec = fa::parse_spec(std::string(spec_text));
-    fa::validate(spec);
-    return std::make_unique<PlanState>(std::move(spec), pass);
+    return std::make_unique<PlanState>(fa::ValidatedSpec(fa::parse_spec(std::string(spec_text))), pass);
   } catch (const fa::Error& error) {
     return ffi::Unexpected(to_ffi_error(error));
   }
@@ -254,8 +252,9 @@ ffi::Error run_pass(cudaStream_t stream, ffi::ScratchAllocator& scratch, std::in
   try {
     Operands io(args, rets);
     Tensors t;
-    take(state->spec, io, t);
-    if (!io.all_taken()) return mismatch(state->spec);
+    const fa::AttentionSpec& spec = state->spec.spec();
+    take(spec, io, t);
+    if (!io.all_taken()) return mismatch(spec);
     auto launch = prepare_launch(device, state, scratch, io.workspace());
     if (launch.has_error()) return launch.error();
     launch->plan->run(t, scale, stream, launch->workspace);

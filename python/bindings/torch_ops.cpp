@@ -35,6 +35,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fusedattn/attention.h"
@@ -63,16 +64,18 @@ fa::TensorView view_of(const at::Tensor& t) {
   return view;
 }
 
-// The spec of a dense call on q, k, v: the core builds and validates it.
-fa::AttentionSpec spec_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const fa::CallConfig& config,
+// The spec of a dense call on q, k, v: the core builds and validates it, once (get_plan takes the
+// ValidatedSpec as it is). It writes the statistics only when training: the backward reads them.
+fa::ValidatedSpec spec_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const fa::CallConfig& config,
                           bool training) {
   fa::CallShape shape;
   shape.q = view_of(q);
   shape.k = view_of(k);
   shape.v = view_of(v);
-  fa::AttentionSpec spec = fa::make_spec(config, shape);
-  spec.stats = training;  // the backward reads the forward's statistics
-  return spec;
+  if (config.options.stats == training) return fa::make_spec(config, shape);
+  fa::CallConfig with_stats = config;
+  with_stats.options.stats = training;
+  return fa::make_spec(with_stats, shape);
 }
 
 // Whether forward() takes calls of this config: dense, and no tensor but q, k and v.
@@ -150,8 +153,10 @@ at::Tensor empty_like_strided(const at::Tensor& t) {
 // dQ, dK, dV from the core's backward, with the forward's spec (its plan key drops what the
 // backward does not read) and scale. The engine runs it on the forward's stream.
 struct AttentionBackward : torch::autograd::Node {
-  fa::AttentionSpec spec;
-  float scale = 0.0f;
+  AttentionBackward(fa::ValidatedSpec spec, float scale) : spec(std::move(spec)), scale(scale) {}
+
+  const fa::ValidatedSpec spec;  // validated by the forward: the backward's get_plan does not again
+  const float scale;
   torch::autograd::SavedVariable q, k, v, o, stats;
 
   std::string name() const override { return "fusedattn::AttentionBackward"; }
@@ -222,7 +227,8 @@ float scale_value(PyObject* scale, const fa::AttentionSpec& spec) {
 at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const fa::CallConfig& config,
                    PyObject* scale_object) {
   const bool training = c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  const fa::AttentionSpec spec = spec_of(q, k, v, config, training);
+  const fa::ValidatedSpec valid = spec_of(q, k, v, config, training);
+  const fa::AttentionSpec& spec = valid.spec();
   const float scale = scale_value(scale_object, spec);
   const c10::cuda::CUDAGuard device(q.device());
   // empty_cuda: straight to the caching allocator, without a trip through the dispatcher.
@@ -239,12 +245,10 @@ at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
     stats = at::detail::empty_cuda(stats_sizes, at::kFloat, q.device(), std::nullopt);
     t.stats = stats.data_ptr<float>();
   }
-  enqueue(*fa::get_plan(spec, fa::Pass::forward), t, scale, q.get_device());
+  enqueue(*fa::get_plan(valid, fa::Pass::forward), t, scale, q.get_device());
   if (!training) return o;
-  auto node = std::shared_ptr<AttentionBackward>(new AttentionBackward(), torch::autograd::deleteNode);
+  auto node = std::shared_ptr<AttentionBackward>(new AttentionBackward(valid, scale), torch::autograd::deleteNode);
   node->set_next_edges(torch::autograd::collect_next_edges(q, k, v));
-  node->spec = spec;
-  node->scale = scale;
   torch::autograd::set_history(o, node);
   node->q = torch::autograd::SavedVariable(q, false);
   node->k = torch::autograd::SavedVariable(k, false);

@@ -188,7 +188,6 @@ std::shared_ptr<const detail::CacheEntry> build_entry(const PlanKey& key) {
 namespace detail {
 
 std::shared_ptr<const CacheEntry> find_or_build(const AttentionSpec& spec, Pass pass, const PlanOptions& options) {
-  validate(spec);
   int device = current_device();
   const Versions& v = versions();
   static const bool versions_checked = (require_matching_cudnn(), true);

@@ -17,7 +17,8 @@ struct CacheEntry {
 
 /// The entry for `spec` and `pass` on the current device: from memory, else from the disk cache
 /// (fusedattn/disk_cache.h), else built (and tuned, with options.autotune) and written there.
-/// Validates the spec first (InvalidArgument) and checks cuDNN's versions (SetupError).
+/// Checks cuDNN's versions (SetupError). `spec` must be valid: the public entries (get_plan,
+/// check_support, warm_up) validate it, once a call, or take a ValidatedSpec; this does not again.
 std::shared_ptr<const CacheEntry> find_or_build(const AttentionSpec& spec, Pass pass, const PlanOptions& options = {});
 
 }  // namespace fusedattn::detail

@@ -18,17 +18,39 @@ DeviceCaps current_device_caps() { return detail::device_caps(detail::current_de
 
 Versions current_versions() { return detail::versions(); }
 
-Support check_support(const AttentionSpec& spec, Pass pass) { return detail::find_or_build(spec, pass)->support; }
+namespace {
 
-std::shared_ptr<const Plan> get_plan(const AttentionSpec& spec, Pass pass) { return get_plan(spec, pass, PlanOptions{}); }
-
-std::shared_ptr<const Plan> get_plan(const AttentionSpec& spec, Pass pass, const PlanOptions& options) {
+// The plan path below the public entries, for a spec they have validated (each entry validates
+// once: a plain AttentionSpec here, a ValidatedSpec where it was made; find_or_build does not).
+std::shared_ptr<const Plan> plan_of_valid(const AttentionSpec& spec, Pass pass, const PlanOptions& options) {
   auto entry = detail::find_or_build(spec, pass, options);
   if (!entry->support.ok()) {
     throw NotSupported(std::string(to_string(pass)) + " not supported: " + to_string(spec) + "\n" +
                        entry->support.to_string());
   }
   return entry->plan;
+}
+
+}  // namespace
+
+Support check_support(const AttentionSpec& spec, Pass pass) {
+  validate(spec);
+  return detail::find_or_build(spec, pass)->support;
+}
+
+Support check_support(const ValidatedSpec& spec, Pass pass) {
+  return detail::find_or_build(spec.spec(), pass)->support;
+}
+
+std::shared_ptr<const Plan> get_plan(const AttentionSpec& spec, Pass pass) { return get_plan(spec, pass, PlanOptions{}); }
+
+std::shared_ptr<const Plan> get_plan(const AttentionSpec& spec, Pass pass, const PlanOptions& options) {
+  validate(spec);
+  return plan_of_valid(spec, pass, options);
+}
+
+std::shared_ptr<const Plan> get_plan(const ValidatedSpec& spec, Pass pass, const PlanOptions& options) {
+  return plan_of_valid(spec.spec(), pass, options);
 }
 
 namespace {

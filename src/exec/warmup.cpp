@@ -24,6 +24,7 @@ WarmupResult warm(const AttentionSpec& spec, Pass pass, const PlanOptions& optio
   result.pass = pass;
   const auto start = std::chrono::steady_clock::now();
   try {
+    validate(spec);  // InvalidArgument into the result's message, as every failure
     const Support support = detail::find_or_build(spec, pass, options)->support;
     result.ok = support.ok();
     if (!result.ok) result.message = support.to_string();

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <deque>
 #include <mutex>
+#include <utility>
 
 #include "fusedattn/errors.h"
 #include "spec/fields.h"
@@ -135,7 +136,7 @@ TensorDesc describe(const TensorView& view, AxisOrder order, std::int64_t sequen
   return desc;
 }
 
-AttentionSpec make_spec(const CallConfig& config, const CallShape& shape) {
+ValidatedSpec make_spec(const CallConfig& config, const CallShape& shape) {
   AttentionSpec spec;
   static_cast<AttentionOptions&>(spec) = config.options;
   const bool ragged_q = config.layout == AxisOrder::thd;
@@ -154,8 +155,7 @@ AttentionSpec make_spec(const CallConfig& config, const CallShape& shape) {
     throw InvalidArgument("sequences", std::to_string(shape.sequences),
                           "at least 1 with a thd layout (cu_seqlens of n + 1 offsets give n sequences)");
   }
-  validate(spec);
-  return spec;
+  return ValidatedSpec(std::move(spec));
 }
 
 Bias bias_kind(const TensorView& bias, const CallConfig& config, const CallShape& shape) {

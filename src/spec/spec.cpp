@@ -681,6 +681,8 @@ void validate(const AttentionSpec& spec) {
   }
 }
 
+ValidatedSpec::ValidatedSpec(AttentionSpec spec) : AttentionSpec(std::move(spec)) { validate(*this); }
+
 DType gradient_dtype(const AttentionSpec& spec) noexcept {
   if (spec.fp8_scaling == Fp8Scaling::mxfp8) return spec.o.dtype;  // validate(): 16-bit
   return spec.fp8_gradients == Fp8Gradients::e5m2 ? DType::e5m2 : spec.q.dtype;

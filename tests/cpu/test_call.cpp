@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -112,10 +113,13 @@ TEST(CallConfig, BadOptionsGetTheParsersMessages) {
             std::string::npos);
 }
 
+// make_spec hands back the proof of its validation, which get_plan takes without validating again.
+static_assert(std::is_same_v<decltype(make_spec(CallConfig{}, CallShape{})), ValidatedSpec>);
+
 TEST(MakeSpec, EqualsTheNamedLayoutsSpec) {
   const CallConfig config = make_call_config("bshd", "", {{"causal", "1"}});
   const AttentionSpec made =
-      make_spec(config, shape_of(dense({2, 100, 8, 64}), dense({2, 70, 2, 64}), dense({2, 70, 2, 32})));
+      make_spec(config, shape_of(dense({2, 100, 8, 64}), dense({2, 70, 2, 64}), dense({2, 70, 2, 32}))).spec();
   AttentionSpec expected = parse_spec("layout=bshd b=2 s_q=100 s_kv=70 h_q=8 h_kv=2 d_qk=64 d_v=32 causal");
   EXPECT_EQ(made, expected) << to_string(made);
 }
@@ -125,7 +129,7 @@ TEST(MakeSpec, TakesViewsOfPackedBuffersAsTheyAre) {
   const std::int64_t b = 2, s = 50, h = 4, d = 64;
   TensorView view = dense({b, s, h, d});
   view.strides = {s * 3 * h * d, 3 * h * d, d, 1};
-  const AttentionSpec made = make_spec(make_call_config("bshd", "", {}), shape_of(view, view, view));
+  const AttentionSpec made = make_spec(make_call_config("bshd", "", {}), shape_of(view, view, view)).spec();
   ProblemShape shape{DType::bf16, b, s, s, h, h, d, d};
   const LayoutTensors packed = make_layout(Layout::bs3hd, shape);
   EXPECT_EQ(made.q, packed.q);
@@ -137,7 +141,8 @@ TEST(MakeSpec, RaggedCallsTakeSequencesAndLongestLengths) {
   CallShape shape = shape_of(dense({300, 8, 64}), dense({300, 8, 64}), dense({300, 8, 64}));
   shape.sequences = 3;
   shape.max_seq_q = shape.max_seq_kv = 150;
-  const AttentionSpec made = make_spec(make_call_config("thd", "", {{"padding", "1"}, {"causal", "1"}}), shape);
+  const AttentionSpec made =
+      make_spec(make_call_config("thd", "", {{"padding", "1"}, {"causal", "1"}}), shape).spec();
   EXPECT_TRUE(made.ragged_q());
   EXPECT_EQ(made.batch(), 3);
   EXPECT_EQ(made.seq_q(), 150);

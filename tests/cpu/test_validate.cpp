@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <string>
+#include <type_traits>
 
 #include "fusedattn/errors.h"
 #include "fusedattn/layout.h"
@@ -234,6 +235,36 @@ TEST(ValidateDropout, ProbabilityInRangeAndAMaskOnlyWithDropout) {
   expect_invalid(spec, "dropout_mask_out", "1", "dropout > 0");
   spec.dropout = 0.5;
   EXPECT_NO_THROW(validate(spec));
+}
+
+// A ValidatedSpec is the proof that get_plan and check_support take without validating again
+// (fusedattn/attention.h): only validation makes one, and nothing changes it afterwards.
+static_assert(!std::is_convertible_v<AttentionSpec, ValidatedSpec>, "made only by validating, never implicitly");
+static_assert(!std::is_default_constructible_v<ValidatedSpec>, "no unchecked default one");
+static_assert(!std::is_convertible_v<ValidatedSpec*, AttentionSpec*>, "its fields cannot be changed after the check");
+
+TEST(ValidatedSpec, KeepsAValidSpecAsItIs) {
+  const AttentionSpec spec = good_spec(Layout::thd_thd_thd);
+  EXPECT_EQ(ValidatedSpec(spec).spec(), spec);
+}
+
+TEST(ValidatedSpec, RefusesWhatValidateRefusesInItsWords) {
+  AttentionSpec spec = good_spec();
+  spec.k.dims[kHead] = 3;
+  spec.v.dims[kHead] = 3;
+  std::string from_validate, from_proof;
+  try {
+    validate(spec);
+  } catch (const InvalidArgument& e) {
+    from_validate = e.what();
+  }
+  try {
+    static_cast<void>(ValidatedSpec{spec});
+  } catch (const InvalidArgument& e) {
+    from_proof = e.what();
+  }
+  EXPECT_NE(from_validate.find("h_q = 8: a multiple of h_kv = 3"), std::string::npos) << from_validate;
+  EXPECT_EQ(from_proof, from_validate);
 }
 
 }  // namespace

@@ -115,3 +115,18 @@ def test_context_parallelism_says_what_every_adapter_says_of_causal_beside_a_win
         x = jax.numpy.zeros((1, 16, 4, 64), jax.numpy.bfloat16)
         fj.context_parallel_attention(x, x, x, axis_name="cp", causal=True, window=(100, 5))
     assert jax_message(jax_context_parallel) == CAUSAL_CONFLICT
+
+
+def test_the_plan_path_validates_a_spec_that_no_one_validated_in_the_same_words():
+    """Config.spec validates once and hands back a ValidatedSpec, which get_plan and check_support
+    take as it is; a Spec that was only parsed is validated by them, before any device is asked."""
+    spec_text = "layout=bshd b=1 s=16 h_q=6 h_kv=4 d=64"
+    parsed = core.Spec.parse(spec_text)
+    for entry in (core.get_plan, core.check_support):
+        with pytest.raises(InvalidArgumentError) as caught:
+            entry(parsed, core.Pass.forward)
+        assert str(caught.value) == core_message(spec_text)
+    view = ("bf16", (1, 16, 4, 64), (4096, 256, 64, 1))
+    made = core.Config("bshd", causal=True).spec(view, view, view)
+    assert isinstance(made, core.ValidatedSpec) and isinstance(made, core.Spec)
+    assert made == core.Spec.parse("layout=bshd b=1 s=16 h=4 d=64 causal")
