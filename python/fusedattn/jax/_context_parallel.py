@@ -36,8 +36,9 @@ import jax
 import jax.numpy as jnp
 
 from .. import _context_parallel as _cp
+from .._merge import rows
 from ..errors import invalid_argument
-from ._context_parallel_blocks import merge, neutral, rows
+from ._context_parallel_blocks import merge, neutral
 from ._context_parallel_order import JnpOps, checked_offsets
 from ._context_parallel_pieces import BlockSchedule
 from ._context_parallel_schemes import SCHEMES

@@ -1,6 +1,6 @@
 """Context parallelism's block calls and partial results: the core's forward (O and statistics) and
 backward of one device's queries against a block of keys under a piece's mask, and partial
-results over disjoint keys merged by their log-sum-exp."""
+results over disjoint keys merged by the one log-sum-exp merge (fusedattn/_merge.py)."""
 import functools
 
 import jax
@@ -8,6 +8,7 @@ import jax.numpy as jnp
 
 from .. import _config
 from .. import _context_parallel as _cp
+from .. import _merge
 from ._calls import BACKWARD, FORWARD, traced_call
 from ._kernels import kernel
 
@@ -62,28 +63,12 @@ def zeros_like(x):
 
 def neutral(q):
     """No keys seen: O 0, statistics -inf ([b, h, s] for bshd q, [tokens, h] for packed q)."""
-    return zeros_like(q), rows(zeros_like(q[..., 0])) - jnp.inf
-
-
-def rows(stats):
-    """Statistics in O's order of rows ([b, h, s] <-> [b, s, h]); packed ones ([tokens, h]) are."""
-    return jnp.transpose(stats, (0, 2, 1)) if stats.ndim == 3 else stats
+    return zeros_like(q), _merge.rows(zeros_like(q[..., 0])) - jnp.inf
 
 
 def merge(a, b):
-    """Two partial results (O float32 [b, s, h, d], statistics [b, h, s]) of the same rows over
-    disjoint keys, as one. A row that saw no key of a part (statistic -inf, or not finite at all: a
-    band piece's row left of its band) takes nothing from it, whatever its O holds there."""
-    (o_a, lse_a), (o_b, lse_b) = a, b
-    finite_a, finite_b = jnp.isfinite(lse_a), jnp.isfinite(lse_b)
-    lse = jnp.logaddexp(jnp.where(finite_a, lse_a, -jnp.inf), jnp.where(finite_b, lse_b, -jnp.inf))
-    safe = jnp.where(jnp.isfinite(lse), lse, 0.0)
-    o_rows = lambda x: rows(x)[..., None]  # O's rows, and its last axis
-
-    def weighted(o, x, finite):
-        w = jnp.where(finite, jnp.exp(jnp.where(finite, x, 0.0) - safe), 0.0)
-        return jnp.where(o_rows(finite), o * o_rows(w), 0.0)
-    return weighted(o_a, lse_a, finite_a) + weighted(o_b, lse_b, finite_b), lse
+    """The one merge (fusedattn/_merge.py) in jax.numpy."""
+    return _merge.merge(a, b, jnp)
 
 
 def part_of(x, part, axis=1):

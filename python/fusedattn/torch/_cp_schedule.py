@@ -8,6 +8,7 @@ the blocks, and its gradient is summed over the ranks."""
 import torch
 
 from .. import _context_parallel as _cp
+from .. import _merge
 
 # --- partial results: O and statistics of some of the keys, merged through the log-sum-exp ------------
 
@@ -26,24 +27,9 @@ def _neutral(q):
     return _zeros(q), torch.full(shape, float("-inf"), dtype=_wide(q), device=q.device)
 
 
-def _rows(stats):
-    """Statistics in O's order of rows: [b, s, h] from [b, h, s]; packed ones ([tokens, h]) are."""
-    return stats.transpose(1, 2) if stats.dim() == 3 else stats
-
-
-def _merge(a, b):
-    """Two partial results of the same rows over disjoint keys, as one. A row that saw no key of a
-    part (statistic -inf, or not finite at all: a band piece's row left of its band) takes nothing
-    from it, whatever its O holds there."""
-    (o_a, lse_a), (o_b, lse_b) = a, b
-    finite_a, finite_b = torch.isfinite(lse_a), torch.isfinite(lse_b)
-    lse = torch.logaddexp(torch.where(finite_a, lse_a, float("-inf")), torch.where(finite_b, lse_b, float("-inf")))
-    safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
-
-    def weighted(o, x, finite):
-        w = _rows(torch.where(finite, torch.exp(torch.where(finite, x, 0) - safe), torch.zeros_like(x)))
-        return torch.where(_rows(finite)[..., None], o * w[..., None], torch.zeros_like(o))
-    return weighted(o_a, lse_a, finite_a) + weighted(o_b, lse_b, finite_b), lse
+def _merged(a, b):
+    """The one merge (fusedattn/_merge.py) in PyTorch."""
+    return _merge.merge(a, b, torch)
 
 
 def _part(x, part, dim=1):
@@ -112,7 +98,7 @@ class _Kinds:
             start, stop = _cp.span(q_part, q.shape[a])
             piece = self.blocks.forward(_part(q, q_part, a), _part(k, k_part, a), _part(v, k_part, a), mask,
                                         *self.extra)
-            rows = _merge((_part(o, q_part, a), _part(lse, q_part, sa)), piece)
+            rows = _merged((_part(o, q_part, a), _part(lse, q_part, sa)), piece)
             o = torch.cat([o.narrow(a, 0, start), rows[0], o.narrow(a, stop, o.shape[a] - stop)], a)
             lse = torch.cat([lse.narrow(sa, 0, start), rows[1], lse.narrow(sa, stop, lse.shape[sa] - stop)], sa)
         return o, lse
@@ -136,14 +122,14 @@ def _sink_partial(q, sink):
     """A learnable sink's share of every row: no value (O 0), the logit sink[h] (counted once, after
     the blocks, so that no block adds it again)."""
     o, stats = _neutral(q)
-    return o, _rows(sink.to(stats.dtype).expand(_rows(stats).shape))
+    return o, _merge.rows(sink.to(stats.dtype).expand(_merge.rows(stats).shape))
 
 
 def _d_sink(o, stats, d_o, sink):
     """A sink's gradient from one rank's rows: -sum over rows of P_sink * rowsum(dO * O), P_sink =
     exp(sink - lse) (O = sum_j P_j v_j, and the sink moves every P_j by -P_sink)."""
     rows = (d_o.to(_wide(o)) * o.to(_wide(o))).sum(-1)  # O's rows: [b, s, h] or [tokens, h]
-    return -(torch.exp(sink.to(stats.dtype) - _rows(stats)) * rows).flatten(0, -2).sum(0)
+    return -(torch.exp(sink.to(stats.dtype) - _merge.rows(stats)) * rows).flatten(0, -2).sum(0)
 
 
 def run_forward(qs, ks, vs, transport, blocks, *, causal, balanced, scheme, sink=None, window=None, packed=None):
@@ -157,17 +143,17 @@ def run_forward(qs, ks, vs, transport, blocks, *, causal, balanced, scheme, sink
         gathered = transport.all_gather(list(zip(ks, vs)))
         for j, r in enumerate(ranks):
             for s in range(n):
-                outs[j] = _merge(outs[j], kinds.forward(qs[j], *gathered[j][s], r, s))
+                outs[j] = _merged(outs[j], kinds.forward(qs[j], *gathered[j][s], r, s))
     else:
         kv = list(zip(ks, vs))
         for t in range(n):  # at step t each rank holds the keys of rank r - t
             incoming = transport.shift(kv) if t < n - 1 else None  # travels while this step computes
             for j, r in enumerate(ranks):
-                outs[j] = _merge(outs[j], kinds.forward(qs[j], *kv[j], r, (r - t) % n))
+                outs[j] = _merged(outs[j], kinds.forward(qs[j], *kv[j], r, (r - t) % n))
             if incoming is not None:
                 kv = incoming.wait()
     if sink is not None:
-        outs = [_merge(out, _sink_partial(q, sink)) for out, q in zip(outs, qs)]
+        outs = [_merged(out, _sink_partial(q, sink)) for out, q in zip(outs, qs)]
     return outs
 
 
