@@ -48,6 +48,8 @@ def main():
     parser.add_argument("--xml", required=True, nargs="+", help="JUnit XML files (GoogleTest's, pytest's)")
     parser.add_argument("--info-bin", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--tier", default="GPU tier", help="what the reports cover, for the file's title line")
+    parser.add_argument("--wall", default="", help="the run's wall time, as the tier's command reported it")
     args = parser.parse_args()
 
     cases = []
@@ -60,7 +62,7 @@ def main():
     counts = {kind: sum(1 for c in cases if c[1] == kind) for kind in ("passed", "failed", "skipped")}
     gpu = run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
     lines = [
-        "# GPU results",
+        f"# GPU results: {args.tier}",
         "",
         f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- commit: {os.environ.get('FUSEDATTN_COMMIT') or run(['git', 'rev-parse', '--short', 'HEAD']) or 'unknown'}",
@@ -68,6 +70,7 @@ def main():
         *([f"- test filter: `{os.environ['GTEST_FILTER']}` (a partial run: only the tests it selects)"]
           if os.environ.get("GTEST_FILTER") else []),
         *([f"- parts: {os.environ['PARTS']}"] if os.environ.get("PARTS") else []),
+        *([f"- wall time: {args.wall}"] if args.wall else []),
         "- build:",
         "",
         "```",
@@ -75,7 +78,7 @@ def main():
         "```",
         "",
         f"**{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped** "
-        f"(GPU tier, `scripts/gpu_run.sh`)",
+        f"({args.tier}, `scripts/gpu_run.sh`)",
         "",
     ]
     if counts["failed"]:

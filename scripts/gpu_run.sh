@@ -48,14 +48,21 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 echo "commit: ${FUSEDATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}; parts: $PARTS"
 
 echo "== build"
-bash scripts/setup.sh
-build=build-gpu
-mkdir -p "$build"
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DFUSEDATTN_PYTHON=ON \
-  >"$build/cmake.txt" 2>&1 || { cat "$build/cmake.txt"; exit 1; }
-grep "fusedattn:" "$build/cmake.txt"
-# shellcheck disable=SC2086  # BUILD_TARGETS is a list of targets
-ninja -C "$build" -j"$(nproc)" ${BUILD_TARGETS:-} >/dev/null || { ninja -C "$build" -j1 ${BUILD_TARGETS:-} 2>&1 | tail -50; exit 1; }
+if [ "$PARTS" = testsh ]; then
+  # The README's test command alone: the README's own build (scripts/build.sh into build/), which
+  # test.sh then finds done, and no second build beside it.
+  build=build
+  bash scripts/build.sh >"$OUT/build.txt" 2>&1 || { tail -50 "$OUT/build.txt"; exit 1; }
+else
+  bash scripts/setup.sh
+  build=build-gpu
+  mkdir -p "$build"
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DFUSEDATTN_PYTHON=ON \
+    >"$build/cmake.txt" 2>&1 || { cat "$build/cmake.txt"; exit 1; }
+  grep "fusedattn:" "$build/cmake.txt"
+  # shellcheck disable=SC2086  # BUILD_TARGETS is a list of targets
+  ninja -C "$build" -j"$(nproc)" ${BUILD_TARGETS:-} >/dev/null || { ninja -C "$build" -j1 ${BUILD_TARGETS:-} 2>&1 | tail -50; exit 1; }
+fi
 "$build/fusedattn" info || status=1
 xmls=()
 
@@ -134,6 +141,15 @@ if part testsh; then
   rc=$?
   grep -E "^ctest: |tests passed|\*\*\*Failed|\(Failed\)|\(Timeout\)|Exception" "$OUT/test_sh.txt" | tail -40
   [ $rc -eq 0 ] || { echo "scripts/test.sh failed (exit $rc): see test_sh.txt"; status=1; }
+  # The results files of the README's test command, one per tier, from each case's JUnit report.
+  wall=$(grep -oE "^ctest: [0-9]+ s of wall time" "$OUT/test_sh.txt" | grep -oE "[0-9]+ s" || true)
+  mkdir -p "$RESULTS"
+  python3 scripts/gpu_results.py --xml build/test-reports/gpu_*.xml --info-bin build/fusedattn \
+    --tier "C++ GPU tier through bash scripts/test.sh" --wall "${wall:-unknown} (all tiers together, ctest -j $(nproc))" \
+    --out "$RESULTS/gpu-results.md" >/dev/null || status=1
+  python3 scripts/gpu_results.py --xml build/test-reports/python_*.xml --info-bin build/fusedattn \
+    --tier "Python tier (PyTorch and JAX adapters) through bash scripts/test.sh" \
+    --wall "${wall:-unknown} (all tiers together, ctest -j $(nproc))" --out "$RESULTS/gpu-results-adapters.md" >/dev/null || status=1
 fi
 
 if part matrix; then

@@ -6,10 +6,13 @@ cd "$(dirname "$0")/.."
 bash scripts/build.sh
 cd build
 log=$(mktemp)
+rm -rf test-reports && mkdir test-reports  # this run's JUnit reports only (tests/CMakeLists.txt)
+started=$SECONDS
 set +e
 ctest --output-on-failure -j "$(nproc)" "$@" 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
+echo "ctest: $((SECONDS - started)) s of wall time"
 # One plain closing line, whatever ctest listed last.
 # ctest says "N% tests passed, F tests failed out of T"; its "passed" includes the skipped ones (a GPU
 # test without a GPU, a Python file whose every test skipped), which its progress lines mark
