@@ -8,7 +8,7 @@ windows (300, 200) 3% off while causal windows and (-1, 700) passed; this says w
 import torch
 
 from fusedattn import _context_parallel as shared
-from fusedattn import _torch_context_parallel as cp
+from fusedattn.torch import _cp_blocks as cp
 
 
 def visible(rows, cols, mask):

@@ -1,8 +1,8 @@
 """fusedattn.torch's context parallelism: attention over sequences split across the ranks of a
 torch.distributed process group, by ring (each key/value block passed to the next rank) or
 all-gather, built on the core's forward and backward and their log-sum-exp, as fusedattn.jax's
-(_jax_context_parallel.py has the algorithm's notes: load balancing, merged statistics, skipped
-blocks, neutral statistics).
+(fusedattn/jax/_context_parallel.py has the algorithm's notes: load balancing, merged statistics,
+skipped blocks, neutral statistics).
 
     o = fusedattn.torch.context_parallel_attention(q, k, v, group=group, causal=True)
 
