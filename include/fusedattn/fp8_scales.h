@@ -8,6 +8,7 @@
 // amax is max |X| of the unscaled tensor, for the caller's scaling recipe to use next. All are
 // required for an FP8 spec with per-tensor scaling, refused for an MXFP8 one (fp8_scaling=mxfp8
 // takes fusedattn/mxfp8_scales.h's instead) and ignored for a 16-bit one.
+// fusedattn/tensor_slots.h lists every field by name and role (a field added here needs a slot there).
 #pragma once
 
 namespace fusedattn {

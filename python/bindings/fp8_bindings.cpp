@@ -15,6 +15,7 @@
 #include "fusedattn/attention.h"
 #include "fusedattn/errors.h"
 #include "fusedattn/fp8.h"
+#include "fusedattn/tensor_slots.h"
 
 namespace nb = nanobind;
 namespace fa = fusedattn;
@@ -53,45 +54,45 @@ fa::TensorDesc elementwise_desc(const nb::handle& described, const char* name) {
   return desc;
 }
 
-template <class Set, class Class, class Scales, class T>
-void scale_property(Class& cls, const char* name, T* Scales::*member) {
-  cls.def_prop_rw(
-      name, [member](const Set& set) { return reinterpret_cast<std::uintptr_t>(set.fp8.*member); },
-      [member](Set& set, std::uintptr_t value) { set.fp8.*member = reinterpret_cast<T*>(value); });
+// Each FP8 slot of `Set` (fusedattn/tensor_slots.h) as a read-write address property. The table's
+// names are string literals, so their data outlives the class.
+template <class Set, class Class>
+void bind_scale_slots(Class& cls) {
+  using Scales = decltype(Set::fp8);
+  for (const fa::Fp8Slot<Scales>& slot : fa::fp8_slots<Scales>()) {
+    cls.def_prop_rw(
+        slot.name.data(),
+        [slot](const Set& set) { return reinterpret_cast<std::uintptr_t>(fa::slot_address(set.fp8, slot)); },
+        [slot](Set& set, std::uintptr_t value) { fa::set_slot(set.fp8, slot, value); });
+  }
+}
+
+// A pass's slots as (name, role) pairs in the table's order, role "scale" (read) or "amax" (written).
+template <class Scales>
+std::vector<std::tuple<std::string, std::string>> slot_list() {
+  std::vector<std::tuple<std::string, std::string>> out;
+  for (const fa::Fp8Slot<Scales>& slot : fa::fp8_slots<Scales>()) {
+    out.emplace_back(std::string(slot.name), slot.role == fa::SlotRole::fp8_scale_read ? "scale" : "amax");
+  }
+  return out;
 }
 
 }  // namespace
 
 void bind_fp8_scales(nb::class_<fa::ForwardTensors>& forward, nb::class_<fa::BackwardTensors>& backward) {
-  using F = fa::Fp8ForwardScales;
-  scale_property<fa::ForwardTensors>(forward, "descale_q", &F::descale_q);
-  scale_property<fa::ForwardTensors>(forward, "descale_k", &F::descale_k);
-  scale_property<fa::ForwardTensors>(forward, "descale_v", &F::descale_v);
-  scale_property<fa::ForwardTensors>(forward, "descale_s", &F::descale_s);
-  scale_property<fa::ForwardTensors>(forward, "scale_s", &F::scale_s);
-  scale_property<fa::ForwardTensors>(forward, "scale_o", &F::scale_o);
-  scale_property<fa::ForwardTensors>(forward, "amax_s", &F::amax_s);
-  scale_property<fa::ForwardTensors>(forward, "amax_o", &F::amax_o);
-  using B = fa::Fp8BackwardScales;
-  scale_property<fa::BackwardTensors>(backward, "descale_q", &B::descale_q);
-  scale_property<fa::BackwardTensors>(backward, "descale_k", &B::descale_k);
-  scale_property<fa::BackwardTensors>(backward, "descale_v", &B::descale_v);
-  scale_property<fa::BackwardTensors>(backward, "descale_o", &B::descale_o);
-  scale_property<fa::BackwardTensors>(backward, "descale_d_o", &B::descale_d_o);
-  scale_property<fa::BackwardTensors>(backward, "descale_s", &B::descale_s);
-  scale_property<fa::BackwardTensors>(backward, "descale_d_p", &B::descale_d_p);
-  scale_property<fa::BackwardTensors>(backward, "scale_s", &B::scale_s);
-  scale_property<fa::BackwardTensors>(backward, "scale_d_p", &B::scale_d_p);
-  scale_property<fa::BackwardTensors>(backward, "scale_d_q", &B::scale_d_q);
-  scale_property<fa::BackwardTensors>(backward, "scale_d_k", &B::scale_d_k);
-  scale_property<fa::BackwardTensors>(backward, "scale_d_v", &B::scale_d_v);
-  scale_property<fa::BackwardTensors>(backward, "amax_d_q", &B::amax_d_q);
-  scale_property<fa::BackwardTensors>(backward, "amax_d_k", &B::amax_d_k);
-  scale_property<fa::BackwardTensors>(backward, "amax_d_v", &B::amax_d_v);
-  scale_property<fa::BackwardTensors>(backward, "amax_d_p", &B::amax_d_p);
+  bind_scale_slots<fa::ForwardTensors>(forward);
+  bind_scale_slots<fa::BackwardTensors>(backward);
 }
 
 void bind_fp8_kernels(nb::module_& m) {
+  m.def(
+      "fp8_scale_slots",
+      [](fa::Pass pass) {
+        return pass == fa::Pass::forward ? slot_list<fa::Fp8ForwardScales>() : slot_list<fa::Fp8BackwardScales>();
+      },
+      "pass_"_a,
+      "A pass's FP8 scaling slots (fusedattn/tensor_slots.h) as (name, role) pairs, role 'scale' (read) or "
+      "'amax' (written), in the order the JAX custom call takes its scales and returns its amaxes.");
   m.def("fp8_max", [](const std::string& dtype) { return fa::fp8_max(fa::parse_dtype(dtype, "dtype")); }, "dtype"_a,
         "The largest finite value of an FP8 dtype (448 for E4M3, 57344 for E5M2).");
   m.def(

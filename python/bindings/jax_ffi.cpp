@@ -15,7 +15,6 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
-#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -26,6 +25,7 @@
 
 #include "fusedattn/attention.h"
 #include "fusedattn/errors.h"
+#include "fusedattn/tensor_slots.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace nb = nanobind;
@@ -166,18 +166,16 @@ void count_capture(cudaStream_t stream) {
   }
 }
 
-// The operands and results of a call, in this order (fusedattn/_jax_calls.py's Call.inputs and
+// The operands and results of a call, in this order (fusedattn/jax/_calls.py's Call.inputs and
 // Call.outputs give the same order); which optional ones are there follows from the spec:
 //   forward:  q, k, v, [bias], [sink], [rng], [seq_len_q, seq_len_kv], [cu_seqlens_q, cu_seqlens_kv],
 //             [page_table_k, page_table_v], [mod_scalars], [mod_t0 ..] -> o, [stats], [max_logit], workspace
 //   backward: q, k, v, o, stats, d_o, then the same optional ones (never paged)
 //             -> d_q, d_k, d_v, [d_bias], [d_sink], workspace
 // rng is uint32[4]: Philox seed and offset as two int64 (JAX has no 64-bit integers by default).
-// An FP8 spec (q in E4M3 or E5M2) adds float32 scalars (fusedattn/fp8_scales.h) after all operands
-// and the amaxes its kernels write after all results, before the workspace:
-//   forward:  ..., descale_q, descale_k, descale_v, descale_s, scale_s, scale_o -> ..., amax_s, amax_o
-//   backward: ..., descale_q, descale_k, descale_v, descale_o, descale_d_o, descale_s, descale_d_p, scale_s,
-//             scale_d_p, scale_d_q, scale_d_k, scale_d_v -> ..., amax_d_q, amax_d_k, amax_d_v, amax_d_p
+// An FP8 spec (q in E4M3 or E5M2) adds float32 scalars after all operands and the amaxes its
+// kernels write after all results, before the workspace, each in the order of its pass's table in
+// fusedattn/tensor_slots.h (which fusedattn.jax reads through _core.fp8_scale_slots).
 class Operands {
  public:
   Operands(const ffi::RemainingArgs& args, const ffi::RemainingRets& rets) : args_(args), rets_(rets) {}
@@ -238,6 +236,20 @@ void take_score_mod(const fa::AttentionSpec& spec, Operands& in, Tensors& t) {
   for (int i = 0; i < spec.score_mod.tensors(); ++i) t.score_mod.tensors[static_cast<std::size_t>(i)] = in.scalar();
 }
 
+// An FP8 call's scales (operands) and amaxes (results), in its pass's table order: every operand
+// and every result comes after all of the pass's others, so the two interleave freely here.
+template <class Scales>
+void take_fp8_scales(const fa::AttentionSpec& spec, Operands& io, Scales& scales) {
+  if (!fa::is_fp8(spec.q.dtype)) return;
+  for (const fa::Fp8Slot<Scales>& slot : fa::fp8_slots<Scales>()) {
+    if (slot.role == fa::SlotRole::fp8_scale_read) {
+      scales.*slot.read = io.scalar();
+    } else {
+      scales.*slot.written = io.amax();
+    }
+  }
+}
+
 ffi::Error mismatch(const fa::AttentionSpec& spec) {
   return ffi::Error::InvalidArgument("fusedattn: the call's operands do not match its spec [" + fa::to_string(spec) +
                                      "]");
@@ -280,15 +292,7 @@ ffi::Error run_forward(cudaStream_t stream, ffi::ScratchAllocator scratch, std::
         t.o = io.ret();
         t.stats = static_cast<float*>(io.ret_if(spec.stats));
         t.max_logit = static_cast<float*>(io.ret_if(spec.max_logit != fa::MaxLogit::none));
-        if (fa::is_fp8(spec.q.dtype)) {
-          fa::Fp8ForwardScales& f = t.fp8;
-          for (const float** scalar :
-               {&f.descale_q, &f.descale_k, &f.descale_v, &f.descale_s, &f.scale_s, &f.scale_o}) {
-            *scalar = io.scalar();
-          }
-          f.amax_s = io.amax();
-          f.amax_o = io.amax();
-        }
+        take_fp8_scales(spec, io, t.fp8);
       });
 }
 
@@ -311,15 +315,7 @@ ffi::Error run_backward(cudaStream_t stream, ffi::ScratchAllocator scratch, std:
         t.d_v = io.ret();
         t.d_bias = io.ret_if(spec.bias_grad);
         t.d_sink = static_cast<float*>(io.ret_if(has_sink(spec)));
-        if (fa::is_fp8(spec.q.dtype)) {
-          fa::Fp8BackwardScales& f = t.fp8;
-          for (const float** scalar : {&f.descale_q, &f.descale_k, &f.descale_v, &f.descale_o, &f.descale_d_o,
-                                       &f.descale_s, &f.descale_d_p, &f.scale_s, &f.scale_d_p, &f.scale_d_q,
-                                       &f.scale_d_k, &f.scale_d_v}) {
-            *scalar = io.scalar();
-          }
-          for (float** amax : {&f.amax_d_q, &f.amax_d_k, &f.amax_d_v, &f.amax_d_p}) *amax = io.amax();
-        }
+        take_fp8_scales(spec, io, t.fp8);
       });
 }
 

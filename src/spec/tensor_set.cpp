@@ -2,7 +2,6 @@
 #include "spec/tensor_set.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -13,6 +12,7 @@
 
 #include "fusedattn/errors.h"
 #include "fusedattn/mxfp8.h"
+#include "fusedattn/tensor_slots.h"
 
 namespace fusedattn::detail {
 namespace {
@@ -51,24 +51,6 @@ void check_optional(const char* field, const void* pointer, bool spec_has, const
   }
 }
 
-std::array<Named, 8> named(const Fp8ForwardScales& f) {
-  return {{{"tensors.fp8.descale_q", f.descale_q}, {"tensors.fp8.descale_k", f.descale_k},
-           {"tensors.fp8.descale_v", f.descale_v}, {"tensors.fp8.descale_s", f.descale_s},
-           {"tensors.fp8.scale_s", f.scale_s},     {"tensors.fp8.scale_o", f.scale_o},
-           {"tensors.fp8.amax_s", f.amax_s},       {"tensors.fp8.amax_o", f.amax_o}}};
-}
-
-std::array<Named, 16> named(const Fp8BackwardScales& f) {
-  return {{{"tensors.fp8.descale_q", f.descale_q},     {"tensors.fp8.descale_k", f.descale_k},
-           {"tensors.fp8.descale_v", f.descale_v},     {"tensors.fp8.descale_o", f.descale_o},
-           {"tensors.fp8.descale_d_o", f.descale_d_o}, {"tensors.fp8.descale_s", f.descale_s},
-           {"tensors.fp8.descale_d_p", f.descale_d_p}, {"tensors.fp8.scale_s", f.scale_s},
-           {"tensors.fp8.scale_d_p", f.scale_d_p},     {"tensors.fp8.scale_d_q", f.scale_d_q},
-           {"tensors.fp8.scale_d_k", f.scale_d_k},     {"tensors.fp8.scale_d_v", f.scale_d_v},
-           {"tensors.fp8.amax_d_q", f.amax_d_q},       {"tensors.fp8.amax_d_k", f.amax_d_k},
-           {"tensors.fp8.amax_d_v", f.amax_d_v},       {"tensors.fp8.amax_d_p", f.amax_d_p}}};
-}
-
 bool is_mxfp8(const AttentionSpec& spec) { return spec.fp8_scaling == Fp8Scaling::mxfp8; }
 
 // Per-tensor FP8 scales: required for an FP8 spec that scales per tensor, refused for an MXFP8 one
@@ -76,11 +58,14 @@ bool is_mxfp8(const AttentionSpec& spec) { return spec.fp8_scaling == Fp8Scaling
 template <class Scales>
 void check_fp8_scales(const AttentionSpec& spec, const Scales& scales) {
   if (!is_fp8(spec.q.dtype)) return;
-  for (auto [field, pointer] : named(scales)) {
+  for (const auto& slot : fp8_slots<Scales>()) {
+    const std::string field = "tensors.fp8." + std::string(slot.name);
+    const void* pointer = slot_address(scales, slot);
     if (is_mxfp8(spec)) {
-      refuse_extra(field, pointer, "MXFP8 block scales (fp8_scaling=mxfp8: tensors.mxfp8), not per-tensor ones");
+      refuse_extra(field.c_str(), pointer,
+                   "MXFP8 block scales (fp8_scaling=mxfp8: tensors.mxfp8), not per-tensor ones");
     } else {
-      require_float_scalar(field, pointer);
+      require_float_scalar(field.c_str(), pointer);
     }
   }
 }

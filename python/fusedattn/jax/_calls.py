@@ -10,10 +10,9 @@ python/bindings/jax_ffi.cpp, reads the same order from the spec the Config makes
 and it returns o, [stats], [max_logit] (forward) or d_q, d_k, d_v, [d_bias], [d_sink] (backward);
 every call also returns its workspace, which the kernels drop. An FP8 call (Call.fp8: q, k, v in
 E4M3 or E5M2, fusedattn/fp8_scales.h) takes float32 scalars after all of those and returns the
-amaxes its kernels write after its other results:
-    forward:  ... descale_q, descale_k, descale_v, descale_s, scale_s, scale_o -> ... amax_s, amax_o
-    backward: ... descale_q, descale_k, descale_v, descale_o, descale_d_o, descale_s, descale_d_p,
-              scale_s, scale_d_p, scale_d_q, scale_d_k, scale_d_v -> ... amax_d_q, amax_d_k, amax_d_v, amax_d_p
+amaxes its kernels write after its other results, both in the order of the core's table
+(fusedattn/tensor_slots.h, read here through core.fp8_scale_slots), e.g. for the forward:
+    ... descale_q, descale_k, descale_v, descale_s, scale_s, scale_o -> ... amax_s, amax_o
 """
 import dataclasses
 from typing import Tuple
@@ -30,11 +29,13 @@ STATS = "stats"
 # for the axes vmap folds and a mesh splits. The core describes the arrays themselves.
 AXES = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}
 
-# An FP8 call's scalar operands and the amaxes it returns, in the order jax_ffi.cpp reads them.
-FP8_INPUTS = {FORWARD: ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"),
-              BACKWARD: ("descale_q", "descale_k", "descale_v", "descale_o", "descale_d_o", "descale_s",
-                         "descale_d_p", "scale_s", "scale_d_p", "scale_d_q", "scale_d_k", "scale_d_v")}
-FP8_OUTPUTS = {FORWARD: ("amax_s", "amax_o"), BACKWARD: ("amax_d_q", "amax_d_k", "amax_d_v", "amax_d_p")}
+# An FP8 call's scalar operands and the amaxes it returns, from the core's one table, so they come
+# in the order jax_ffi.cpp reads them.
+def _fp8_slots(role):
+    return {p: tuple(name for name, r in core.fp8_scale_slots(p) if r == role) for p in (FORWARD, BACKWARD)}
+
+
+FP8_INPUTS, FP8_OUTPUTS = _fp8_slots("scale"), _fp8_slots("amax")
 
 
 def view(x):

@@ -22,10 +22,9 @@ def _kernel_forward(state, config, q8, k8, v8, descales, scale):
         o8 = torch.empty(out_shape(q8, v8), dtype=state.dtype, device=q8.device)
         stats = torch.empty(stats_shape(q8, config.layout), dtype=torch.float32, device=q8.device)
         descale_q, descale_k, descale_v = descales
+        scales = state.slot_addresses(_config.FORWARD, descale_q=descale_q, descale_k=descale_k, descale_v=descale_v)
         tensors = core.ForwardTensors(q=q8.data_ptr(), k=k8.data_ptr(), v=v8.data_ptr(), o=o8.data_ptr(),
-                                      stats=stats.data_ptr(), descale_q=descale_q, descale_k=descale_k,
-                                      descale_v=descale_v, descale_s=state.descale("s"), scale_s=state.scale("s"),
-                                      scale_o=state.scale("o"), amax_s=state.amax("s"), amax_o=state.amax("o"))
+                                      stats=stats.data_ptr(), **scales)
         run(core.get_plan(spec, _config.FORWARD), tensors, scale, q8.device)
     return o8, stats
 
@@ -76,12 +75,8 @@ def backward(d_o, q8, k8, v8, o8, stats, used, like, *, buffer, config, scale, r
         tensors = core.BackwardTensors(
             q=q8.data_ptr(), k=k8.data_ptr(), v=v8.data_ptr(), o=o8.data_ptr(), d_o=d_o8.data_ptr(),
             stats=stats.data_ptr(), d_q=grads8[0].data_ptr(), d_k=grads8[1].data_ptr(), d_v=grads8[2].data_ptr(),
-            descale_q=descale_q, descale_k=descale_k, descale_v=descale_v, descale_o=descale_o,
-            descale_d_o=state.descale("d_o"), descale_s=state.descale("s"),
-            descale_d_p=state.descale("d_p"), scale_s=state.scale("s"), scale_d_p=state.scale("d_p"),
-            scale_d_q=state.scale("d_q"), scale_d_k=state.scale("d_k"), scale_d_v=state.scale("d_v"),
-            amax_d_q=state.amax("d_q"), amax_d_k=state.amax("d_k"), amax_d_v=state.amax("d_v"),
-            amax_d_p=state.amax("d_p"))
+            **state.slot_addresses(_config.BACKWARD, descale_q=descale_q, descale_k=descale_k, descale_v=descale_v,
+                                   descale_o=descale_o))
         plan = core.get_plan(spec, _config.BACKWARD)
         # A state's first backward measures the kernel-written tensors' amaxes, then runs again
         # with scales from them. The gradients are dequantized with the descales their run used,

@@ -80,6 +80,17 @@ class Scaling:
     def amax(self, name):
         return self._at(name, 2)
 
+    def slot_addresses(self, pass_, **given):
+        """Every FP8 slot of the pass's tensor set (the core's table, core.fp8_scale_slots) as a device
+        address: those `given` as given (the inputs' descales), the others from this state, a slot
+        named descale_x, scale_x or amax_x taking x's descale, scale or amax."""
+        of_state = {"descale": self.descale, "scale": self.scale, "amax": self.amax}
+        out = {}
+        for slot, _ in core.fp8_scale_slots(pass_):
+            kind, tensor = slot.split("_", 1)
+            out[slot] = given[slot] if slot in given else of_state[kind](tensor)
+        return out
+
     def stream(self):
         return torch._C._cuda_getCurrentRawStream(self.device.index)
 

@@ -1,0 +1,117 @@
+// fusedattn/tensor_slots.h — the FP8 scaling slots of each pass's tensor set (fp8_scales.h) as one
+// table, which the checks, the Python properties, the JAX custom call's operand order and the
+// adapters' lists all walk, so a slot added or renamed here is added or renamed everywhere at once.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+#include "fusedattn/fp8_scales.h"
+
+namespace fusedattn {
+
+/// What a call does with a slot's float32 scalar.
+enum class SlotRole : std::uint8_t {
+  fp8_scale_read,    ///< a scale or descale the kernels read (the JAX call's operand)
+  fp8_amax_written,  ///< an amax the kernels write (the JAX call's result)
+};
+
+/// The passes that use a slot (a bit set).
+enum SlotPasses : unsigned { kForwardSlot = 1u, kBackwardSlot = 2u };
+
+/// One slot of `Scales` (Fp8ForwardScales or Fp8BackwardScales): its name as the bindings, the
+/// adapters and the error messages spell it ("descale_q"; messages prefix "tensors.fp8."), its
+/// role, and the field; `read` is set for fp8_scale_read and `written` for fp8_amax_written (the
+/// two kinds of field differ in constness, so one member pointer cannot name both).
+template <class Scales>
+struct Fp8Slot {
+  std::string_view name;
+  SlotRole role;
+  unsigned passes;
+  const float* Scales::*read = nullptr;
+  float* Scales::*written = nullptr;
+};
+
+namespace slot_detail {
+template <class Scales>
+constexpr Fp8Slot<Scales> read(std::string_view name, unsigned passes, const float* Scales::*field) {
+  return {name, SlotRole::fp8_scale_read, passes, field, nullptr};
+}
+template <class Scales>
+constexpr Fp8Slot<Scales> written(std::string_view name, unsigned passes, float* Scales::*field) {
+  return {name, SlotRole::fp8_amax_written, passes, nullptr, field};
+}
+constexpr unsigned kBoth = kForwardSlot | kBackwardSlot;
+}  // namespace slot_detail
+
+/// THE forward list, in the JAX custom call's order: its scales are operands after all others,
+/// its amaxes results after all others (python/bindings/jax_ffi.cpp).
+inline constexpr std::array<Fp8Slot<Fp8ForwardScales>, 8> kFp8ForwardSlots = [] {
+  using namespace slot_detail;
+  using F = Fp8ForwardScales;
+  return std::array<Fp8Slot<F>, 8>{
+      read("descale_q", kBoth, &F::descale_q),      read("descale_k", kBoth, &F::descale_k),
+      read("descale_v", kBoth, &F::descale_v),      read("descale_s", kBoth, &F::descale_s),
+      read("scale_s", kBoth, &F::scale_s),          read("scale_o", kForwardSlot, &F::scale_o),
+      written("amax_s", kForwardSlot, &F::amax_s),  written("amax_o", kForwardSlot, &F::amax_o)};
+}();
+
+/// THE backward list, in the JAX custom call's order.
+inline constexpr std::array<Fp8Slot<Fp8BackwardScales>, 16> kFp8BackwardSlots = [] {
+  using namespace slot_detail;
+  using B = Fp8BackwardScales;
+  return std::array<Fp8Slot<B>, 16>{
+      read("descale_q", kBoth, &B::descale_q),
+      read("descale_k", kBoth, &B::descale_k),
+      read("descale_v", kBoth, &B::descale_v),
+      read("descale_o", kBackwardSlot, &B::descale_o),
+      read("descale_d_o", kBackwardSlot, &B::descale_d_o),
+      read("descale_s", kBoth, &B::descale_s),
+      read("descale_d_p", kBackwardSlot, &B::descale_d_p),
+      read("scale_s", kBoth, &B::scale_s),
+      read("scale_d_p", kBackwardSlot, &B::scale_d_p),
+      read("scale_d_q", kBackwardSlot, &B::scale_d_q),
+      read("scale_d_k", kBackwardSlot, &B::scale_d_k),
+      read("scale_d_v", kBackwardSlot, &B::scale_d_v),
+      written("amax_d_q", kBackwardSlot, &B::amax_d_q),
+      written("amax_d_k", kBackwardSlot, &B::amax_d_k),
+      written("amax_d_v", kBackwardSlot, &B::amax_d_v),
+      written("amax_d_p", kBackwardSlot, &B::amax_d_p)};
+}();
+
+// Every field of the scale structs is a float pointer, so their sizes count the fields: a field
+// added to fp8_scales.h without a slot here stops the build.
+static_assert(sizeof(Fp8ForwardScales) == kFp8ForwardSlots.size() * sizeof(float*));
+static_assert(sizeof(Fp8BackwardScales) == kFp8BackwardSlots.size() * sizeof(float*));
+
+/// The table of a scale struct.
+template <class Scales>
+constexpr const auto& fp8_slots() noexcept {
+  if constexpr (std::is_same_v<Scales, Fp8ForwardScales>) {
+    return kFp8ForwardSlots;
+  } else {
+    return kFp8BackwardSlots;
+  }
+}
+
+/// A slot's address in `scales` (null where unset).
+template <class Scales>
+const void* slot_address(const Scales& scales, const Fp8Slot<Scales>& slot) noexcept {
+  return slot.role == SlotRole::fp8_scale_read ? static_cast<const void*>(scales.*slot.read)
+                                               : static_cast<const void*>(scales.*slot.written);
+}
+
+/// Sets a slot of `scales` to a device address.
+template <class Scales>
+void set_slot(Scales& scales, const Fp8Slot<Scales>& slot, std::uintptr_t address) noexcept {
+  if (slot.role == SlotRole::fp8_scale_read) {
+    scales.*slot.read = reinterpret_cast<const float*>(address);
+  } else {
+    scales.*slot.written = reinterpret_cast<float*>(address);
+  }
+}
+
+}  // namespace fusedattn
