@@ -26,6 +26,9 @@ enum class AxisOrder : std::uint8_t { bshd, sbhd, bhsd, thd };
 const char* to_string(AxisOrder order) noexcept;
 /// Parses "bshd", "sbhd", "bhsd" or "thd"; InvalidArgument naming `field` otherwise.
 AxisOrder parse_axis_order(const std::string& text, const std::string& field);
+/// Per dense axis order, the tensor axis that holds each logical axis (batch, heads, sequence, head
+/// dim); thd answers bshd's, which its [t, h, d] does not follow (check for thd first).
+std::array<int, 4> axes_of(AxisOrder order) noexcept;
 
 /// A framework tensor before it has a layout: element type, sizes and element strides in the
 /// tensor's own axis order (rank 4, or 3 for thd).

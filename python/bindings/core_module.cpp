@@ -25,6 +25,7 @@
 #include "fusedattn/call.h"
 #include "fusedattn/disk_cache.h"
 #include "fusedattn/errors.h"
+#include "fusedattn/output_shapes.h"
 #include "fusedattn/plan_cache.h"
 #include "fusedattn/spec.h"
 #include "fusedattn/warmup.h"
@@ -310,6 +311,23 @@ NB_MODULE(_core, m) {
           "q"_a, "k"_a, "v"_a, "sequences"_a = 0, "max_seq_q"_a = 0, "max_seq_kv"_a = 0,
           "The validated spec (a ValidatedSpec) of a call on q, k, v, each (dtype name, sizes, strides) in the "
           "config's layouts.")
+      .def(
+          "output_axes",
+          [](const fa::CallConfig& config, fa::Pass pass) {
+            static const char* const kInputs[] = {"q", "k", "v"};
+            nb::dict out;
+            for (const fa::OutputAxes& o : fa::output_axes(config, pass)) {
+              nb::list axes;
+              for (const fa::AxisPick& pick : o.axes) {
+                axes.append(nb::make_tuple(kInputs[static_cast<int>(pick.input)], pick.axis));
+              }
+              out[o.name.c_str()] = nb::tuple(axes);
+            }
+            return out;
+          },
+          "pass_"_a,
+          "Each output of the pass by name (o, stats, max_logit; d_q, d_k, d_v, d_sink), as a tuple of (input, "
+          "axis) picks: output axis i has the size of that axis of q, k or v (fusedattn/output_shapes.h).")
       .def(
           "with_bias",
           [](const fa::CallConfig& config, nb::handle bias, nb::handle q, nb::handle k, std::int64_t sequences,

@@ -49,3 +49,19 @@ def require_arrays(ragged, *, sink, softmax, seq_len_q, seq_len_kv, cu_seqlens_q
         raise invalid_argument("seq_len_q", "given", "a dense layout (thd's lengths are its cu_seqlens)")
     if (softmax == "sink") != (sink is not None):
         raise invalid_argument("sink", "given" if sink is not None else None, "a sink exactly when softmax='sink'")
+
+
+@functools.lru_cache(maxsize=4096)
+def _output_axes(config, pass_):
+    return config.output_axes(pass_)
+
+
+def output_shapes(config, pass_, q, k, v):
+    """Each output of the pass by name (o, stats, max_logit; d_q, d_k, d_v, d_sink: those the config
+    has) and its sizes in the caller's axis order, for the adapters to allocate. The core says which
+    axis of q, k or v each output axis takes (fusedattn/output_shapes.h); taking the sizes here, from
+    any array with a .shape, keeps torch.compile's symbolic sizes symbolic (so the fake
+    implementations use this too) and JAX's tracers' shapes as they are."""
+    inputs = {"q": q, "k": k, "v": v}
+    return {name: tuple(inputs[tensor].shape[axis] for tensor, axis in picks)
+            for name, picks in _output_axes(config, pass_).items()}

@@ -20,15 +20,6 @@ struct NamedOrder {
 constexpr NamedOrder kOrders[] = {
     {AxisOrder::bshd, "bshd"}, {AxisOrder::sbhd, "sbhd"}, {AxisOrder::bhsd, "bhsd"}, {AxisOrder::thd, "thd"}};
 
-// Per dense axis order, the tensor axis that holds each logical axis (batch, heads, sequence, dim).
-constexpr std::array<int, 4> axes_of(AxisOrder order) {
-  switch (order) {
-    case AxisOrder::sbhd: return {1, 2, 0, 3};
-    case AxisOrder::bhsd: return {0, 1, 2, 3};
-    default: return {0, 2, 1, 3};
-  }
-}
-
 std::array<std::int64_t, 4> dense_strides(const std::array<std::int64_t, 4>& sizes, int rank) {
   std::array<std::int64_t, 4> strides{};
   std::int64_t step = 1;
@@ -50,6 +41,14 @@ std::string sizes_text(const TensorView& view) {
 std::int64_t tokens(const TensorView& view) { return view.rank > 0 ? view.sizes[0] : 0; }
 
 }  // namespace
+
+std::array<int, 4> axes_of(AxisOrder order) noexcept {
+  switch (order) {
+    case AxisOrder::sbhd: return {1, 2, 0, 3};
+    case AxisOrder::bhsd: return {0, 1, 2, 3};
+    default: return {0, 2, 1, 3};
+  }
+}
 
 const char* to_string(AxisOrder order) noexcept {
   for (const NamedOrder& entry : kOrders) {

@@ -11,8 +11,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="PyTorch not installed")
 fa = pytest.importorskip("fusedattn.torch")
 
-from fusedattn import InvalidArgumentError, _fp8_recipe  # noqa: E402
-from fusedattn.torch import _call_config, _fp8_bodies, _fp8_operators, _fp8_state, _tensors  # noqa: E402
+from fusedattn import InvalidArgumentError, _config, _fp8_recipe  # noqa: E402
+from fusedattn.torch import _call_config, _fp8_bodies, _fp8_operators, _fp8_state  # noqa: E402
 
 
 def meta(*shape, dtype=torch.bfloat16, grad=True):
@@ -151,7 +151,8 @@ def stand_in_bodies(monkeypatch):
         buffer[0] += 1
         fp8 = _fp8_state.FORMATS[name][0]
         o = q * 2
-        stats = torch.zeros(_tensors.stats_shape(q, "bshd"), dtype=torch.float32)
+        stats = torch.zeros(_config.output_shapes(_config.parse(config), _config.FORWARD, q, k, v)["stats"],
+                            dtype=torch.float32)
         return o, q.to(fp8), k.to(fp8), v.to(fp8), o.to(fp8), stats, buffer[:4].clone()
 
     def backward(d_o, q8, k8, v8, o8, stats, used, like, buffer, config, scale, recipe, margin, name, calibrated):
@@ -371,7 +372,8 @@ def stand_in_fp8_inputs_bodies(monkeypatch):
 
     def forward(q8, k8, v8, descale_q, descale_k, descale_v, buffer, config, scale, recipe, margin, name, out_dtype):
         o = (v8.float() * descale_v * 2).to(out_dtype)
-        stats = torch.zeros(_tensors.stats_shape(q8, "bshd"), dtype=torch.float32)
+        stats = torch.zeros(_config.output_shapes(_config.parse(config), _config.FORWARD, q8, k8, v8)["stats"],
+                            dtype=torch.float32)
         return v8.clone(), o, stats, torch.cat([descale_q, descale_k, descale_v, descale_v])
 
     def backward(d_o, q8, k8, v8, o8, stats, used, like, buffer, config, scale, recipe, margin, name, calibrated):

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import _config
 from .. import _core as core
 from ..errors import CudaError, SetupError
 from ._calls import BACKWARD, FORWARD, FP8_OUTPUTS, STATS
@@ -44,22 +45,25 @@ def _workspace(spec, pass_):
     return jax.ShapeDtypeStruct((size,), jnp.uint8)
 
 
-def _result_types(call, spec, named):
-    """Each result role's shape and dtype. Per query row (stats, a row max logit): float32
-    [b, h_q, s_q], or [t, h_q] by token for thd; a head's max logit: [h_q]; an FP8 amax: float32 []."""
-    q, v = named["q"], named["v"]
-    rows = (q.shape[0], spec.heads_q) if call.config.layout == "thd" else (spec.batch, spec.heads_q, spec.seq_q)
-    types = {"o": jax.ShapeDtypeStruct(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype),
-             STATS: jax.ShapeDtypeStruct(rows, jnp.float32),
-             "max_logit": jax.ShapeDtypeStruct(rows if call.config.max_logit == "row" else (spec.heads_q,),
-                                               jnp.float32)}
-    for role, source in (("d_q", "q"), ("d_k", "k"), ("d_v", "v"), ("d_bias", "bias"), ("d_sink", "sink")):
-        if source in named:
-            # An FP8 backward writes its gradients in dO's format (E5M2 beside E4M3 inputs: hybrid).
-            fp8_gradient = call.fp8 and "d_o" in named and role in ("d_q", "d_k", "d_v")
-            dtype = named["d_o"].dtype if fp8_gradient else named[source].dtype
-            types[role] = jax.ShapeDtypeStruct(named[source].shape, dtype)
-    for role in FP8_OUTPUTS[FORWARD] + FP8_OUTPUTS[BACKWARD]:  # float32 scalars
+def _result_types(pass_, call, named):
+    """Each result role's shape and dtype: the sizes the core gives (_config.output_shapes), in q's
+    dtype for O, float32 for the statistics, the max logit and an FP8 amax (a scalar []), and each
+    gradient in its input's (an FP8 backward's dQ, dK, dV in dO's format: E5M2 beside E4M3 inputs,
+    hybrid); dBias is the bias's shape, which the core's answer does not carry."""
+    shapes = _config.output_shapes(call.config, pass_, named["q"], named["k"], named["v"])
+    sources = {"o": "q", "d_q": "q", "d_k": "k", "d_v": "v", "d_sink": "sink"}
+    types = {}
+    for role, shape in shapes.items():
+        if role in (STATS, "max_logit"):
+            dtype = jnp.float32
+        elif call.fp8 and role in ("d_q", "d_k", "d_v"):
+            dtype = named["d_o"].dtype
+        else:
+            dtype = named[sources[role]].dtype
+        types[role] = jax.ShapeDtypeStruct(shape, dtype)
+    if "bias" in named and pass_ == BACKWARD:
+        types["d_bias"] = jax.ShapeDtypeStruct(named["bias"].shape, named["bias"].dtype)
+    for role in FP8_OUTPUTS[pass_]:  # float32 scalars
         types[role] = jax.ShapeDtypeStruct((), jnp.float32)
     return types
 
@@ -72,7 +76,7 @@ def run(pass_, call, *arrays):
     spec = call.spec(named["q"], named["k"], named["v"], sequences)
     workspace = _workspace(spec, pass_)
     register()
-    types = _result_types(call, spec, named)
+    types = _result_types(pass_, call, named)
     outputs = call.outputs(pass_)
     results = jax.ffi.ffi_call(TARGETS[pass_], tuple(types[r] for r in outputs) + (workspace,))(
         *arrays, spec=str(spec), sequences=np.int64(sequences), scale=np.float32(call.scale))

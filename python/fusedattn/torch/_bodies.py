@@ -11,7 +11,7 @@ from .. import _config
 from .. import _core as core
 from ..errors import invalid_argument
 from ._call_config import call_spec
-from ._tensors import address, max_logit_shape, out_shape, stats_shape, view
+from ._tensors import address, view
 
 _SAME_DEVICE = contextlib.nullcontext()
 
@@ -44,10 +44,10 @@ def forward_body(q, k, v, *, bias, sink, extras, config, scale, max_seqlen_q, ma
     parsed, spec = call_spec(q, k, v, bias=bias, extras=extras, config=config, max_seqlen_q=max_seqlen_q,
                              max_seqlen_kv=max_seqlen_kv)
     with on_device(q.device):
-        o = q.new_empty(out_shape(q, v))
-        stats = q.new_empty(stats_shape(q, parsed.layout), dtype=torch.float32) if spec.stats else None
-        max_logit = q.new_empty(max_logit_shape(q, parsed), dtype=torch.float32) if parsed.max_logit != "none" \
-            else None
+        shapes = _config.output_shapes(parsed, _config.FORWARD, q, k, v)
+        o = q.new_empty(shapes["o"])
+        stats = q.new_empty(shapes["stats"], dtype=torch.float32) if spec.stats else None
+        max_logit = q.new_empty(shapes["max_logit"], dtype=torch.float32) if "max_logit" in shapes else None
         tensors = core.ForwardTensors(q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(),
                                       stats=address(stats), max_logit=address(max_logit), bias=address(bias),
                                       sink=address(sink), page_table_k=address(extras.page_table_k),

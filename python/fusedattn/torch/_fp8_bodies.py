@@ -9,7 +9,7 @@ from .. import _core as core
 from .. import _fp8_recipe as _recipe
 from ._bodies import backward_body, on_device, run
 from ._fp8_state import Scaling, dequantized
-from ._tensors import Extras, out_shape, stats_shape, view
+from ._tensors import Extras, view
 
 
 def _kernel_forward(state, config, q8, k8, v8, descales, scale):
@@ -19,8 +19,9 @@ def _kernel_forward(state, config, q8, k8, v8, descales, scale):
     state.set_from_amax("o", source="v")
     spec = config.spec(view(q8), view(k8), view(v8), 0, 0, 0)
     with on_device(q8.device):
-        o8 = torch.empty(out_shape(q8, v8), dtype=state.dtype, device=q8.device)
-        stats = torch.empty(stats_shape(q8, config.layout), dtype=torch.float32, device=q8.device)
+        shapes = _config.output_shapes(config, _config.FORWARD, q8, k8, v8)
+        o8 = torch.empty(shapes["o"], dtype=state.dtype, device=q8.device)
+        stats = torch.empty(shapes["stats"], dtype=torch.float32, device=q8.device)
         descale_q, descale_k, descale_v = descales
         scales = state.slot_addresses(_config.FORWARD, descale_q=descale_q, descale_k=descale_k, descale_v=descale_v)
         tensors = core.ForwardTensors(q=q8.data_ptr(), k=k8.data_ptr(), v=v8.data_ptr(), o=o8.data_ptr(),

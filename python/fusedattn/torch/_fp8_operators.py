@@ -29,7 +29,7 @@ from .. import _config
 from . import _fp8_bodies as bodies  # by module: the tests stand CPU bodies in for the CUDA ones
 from ._fp8_state import FORMATS, dequantized
 from ._operators import plain_backward
-from ._tensors import out_shape, stats_shape, view
+from ._tensors import view
 
 # --- road 2: eager calls, the bodies directly -------------------------------------------------------
 
@@ -116,8 +116,9 @@ def _(q, k, v, state, config, scale, recipe, margin, fp8_dtype):
     parsed, fp8 = _config.parse(config), FORMATS[fp8_dtype][0]
     q8, k8, v8 = _like(q, fp8), _like(k, fp8), _like(v, fp8)  # quantize keeps each input's strides
     _check_while_tracing(q8, k8, v8, parsed)
-    o8 = q.new_empty(out_shape(q8, v8), dtype=fp8)
-    stats = q.new_empty(stats_shape(q, parsed.layout), dtype=torch.float32)
+    shapes = _config.output_shapes(parsed, _config.FORWARD, q8, k8, v8)
+    o8 = q.new_empty(shapes["o"], dtype=fp8)
+    stats = q.new_empty(shapes["stats"], dtype=torch.float32)
     return _like(o8, q.dtype), q8, k8, v8, o8, stats, q.new_empty((4,), dtype=torch.float32)
 
 
@@ -134,9 +135,10 @@ def _inputs_forward_op(q8: Tensor, k8: Tensor, v8: Tensor, descale_q: Tensor, de
 def _(q8, k8, v8, descale_q, descale_k, descale_v, state, config, scale, recipe, margin, fp8_dtype, out_dtype):
     parsed = _config.parse(config)
     _check_while_tracing(q8, k8, v8, parsed)
-    o8 = q8.new_empty(out_shape(q8, v8))
+    shapes = _config.output_shapes(parsed, _config.FORWARD, q8, k8, v8)
+    o8 = q8.new_empty(shapes["o"])
     o = o8.new_empty(0) if out_dtype == o8.dtype else _like(o8, out_dtype)
-    stats = q8.new_empty(stats_shape(q8, parsed.layout), dtype=torch.float32)
+    stats = q8.new_empty(shapes["stats"], dtype=torch.float32)
     return o8, o, stats, q8.new_empty((4,), dtype=torch.float32)
 
 

@@ -11,7 +11,7 @@ from torch import Tensor
 from .. import _config
 from ._bodies import backward_body, forward_body
 from ._call_config import call_spec
-from ._tensors import EMPTY, Extras, max_logit_shape, out_shape, stats_shape
+from ._tensors import EMPTY, Extras
 
 
 def eager_road(*tensors):
@@ -86,9 +86,9 @@ def _check_while_tracing(q, k, v, bias, extras, config, max_seqlen_q, max_seqlen
 @_forward_op.register_fake
 def _(q, k, v, bias, sink, extras, config, scale, max_seqlen_q, max_seqlen_kv):
     _check_while_tracing(q, k, v, bias, extras, config, max_seqlen_q, max_seqlen_kv)
-    parsed = _config.parse(config)
-    stats = q.new_empty(stats_shape(q, parsed.layout) if parsed.stats else EMPTY, dtype=torch.float32)
-    return q.new_empty(out_shape(q, v)), stats, q.new_empty(max_logit_shape(q, parsed), dtype=torch.float32)
+    shapes = _config.output_shapes(_config.parse(config), _config.FORWARD, q, k, v)
+    stats = q.new_empty(shapes.get("stats", EMPTY), dtype=torch.float32)
+    return q.new_empty(shapes["o"]), stats, q.new_empty(shapes.get("max_logit", EMPTY), dtype=torch.float32)
 
 
 @torch.library.custom_op("fusedattn::backward", mutates_args=())

@@ -1,13 +1,14 @@
 """Tensors in the core's terms: (dtype, sizes, strides) views, device addresses, the extra tensors a
-call carries beside q, k, v, bias and sink (Extras), and the shapes of the outputs. The core
-describes the tensors themselves; these shapes are only what the adapter allocates."""
+call carries beside q, k, v, bias and sink (Extras). The core describes the tensors themselves, and
+gives the outputs' shapes (_config.output_shapes)."""
 from typing import Optional
 
 from torch import Tensor
 
 from ..errors import invalid_argument
 
-# Per dense layout, the tensor axis that holds each logical axis (batch, heads, sequence, head dim).
+# Per dense layout, the tensor axis that holds each logical axis (batch, heads, sequence, head dim):
+# for the fallback's permutation to bhsd (_fallback.py).
 AXES = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}
 
 EMPTY = (0,)  # the operators return an empty tensor for an output not asked for
@@ -72,25 +73,3 @@ class Extras:
             if tuple(tensor.shape) != want:
                 raise invalid_argument(f"score_mod.t{slot}.shape", tuple(tensor.shape),
                                        f"shape {want}, the sizes its indices span in this call")
-
-
-def out_shape(q: Tensor, v: Tensor):
-    """O: q's shape with v's head dim."""
-    return tuple(q.shape[:-1]) + (v.shape[-1],)
-
-
-def stats_shape(q: Tensor, layout: str):
-    """float32 statistics: [b, h_q, s_q] for dense Q, [t, h_q] (by token) for ragged."""
-    if layout == "thd":
-        return tuple(q.shape[:2])
-    axes = AXES[layout]
-    return q.shape[axes[0]], q.shape[axes[1]], q.shape[axes[2]]
-
-
-def max_logit_shape(q: Tensor, config):
-    """float32 max logit: [b, h_q, s_q] per row, [h_q] per head; empty when not asked for."""
-    if config.max_logit == "row":
-        return stats_shape(q, config.layout)
-    if config.max_logit == "head":
-        return (q.shape[1] if config.layout == "thd" else q.shape[AXES[config.layout][1]],)
-    return EMPTY
