@@ -474,6 +474,18 @@ NB_MODULE(_core, m) {
       "specs"_a, "passes"_a, "threads"_a = 0, "autotune"_a = nb::none(),
       "Builds (or restores) the plan of every spec for every pass in parallel threads: "
       "[(spec string, pass, ok, message, ms)].");
+  m.def(
+      "dense_axes",
+      [] {
+        nb::dict out;
+        for (fa::AxisOrder order : {fa::AxisOrder::bshd, fa::AxisOrder::sbhd, fa::AxisOrder::bhsd}) {
+          const std::array<int, 4> axes = fa::axes_of(order);
+          out[fa::to_string(order)] = nb::make_tuple(axes[0], axes[1], axes[2], axes[3]);
+        }
+        return out;
+      },
+      "Per dense axis order (bshd, sbhd, bhsd), the tensor axis holding each logical axis (batch, heads, "
+      "sequence, head dim): fusedattn/call.h's axes_of.");
   m.def("ragged_buckets", &fa::ragged_buckets, "spec"_a,
         "Every bucketed spec a ragged training loop up to this spec's sizes can meet.");
   m.def("build_info", [] { return fa::build_info().to_string(); }, "Versions compiled and loaded, and the GPU.");

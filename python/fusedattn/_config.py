@@ -9,6 +9,11 @@ from .errors import invalid_argument
 
 FORWARD, BACKWARD = core.Pass.forward, core.Pass.backward
 
+# Per dense layout, the array axis that holds each logical axis (batch, heads, sequence, head dim),
+# from the core's one table (call.h's axes_of): for the axes vmap folds, a mesh splits, and the
+# fallback permutes.
+AXES = core.dense_axes()
+
 
 @functools.lru_cache(maxsize=4096)  # configs, not plans: a program uses a handful of option sets
 def config(layout="bshd", kv_layout="", *, causal=False, window=(-1, -1), align="top_left", bias="none",

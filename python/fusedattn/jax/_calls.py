@@ -25,9 +25,7 @@ from .. import _core as core
 FORWARD, BACKWARD = _config.FORWARD, _config.BACKWARD
 STATS = "stats"
 
-# Per dense layout, the array axis that holds each logical axis (batch, heads, sequence, head dim):
-# for the axes vmap folds and a mesh splits. The core describes the arrays themselves.
-AXES = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}
+AXES = _config.AXES  # per dense layout, the array axis of each logical axis
 
 # An FP8 call's scalar operands and the amaxes it returns, from the core's one table, so they come
 # in the order jax_ffi.cpp reads them.

@@ -5,11 +5,10 @@ from typing import Optional
 
 from torch import Tensor
 
+from .. import _config
 from ..errors import invalid_argument
 
-# Per dense layout, the tensor axis that holds each logical axis (batch, heads, sequence, head dim):
-# for the fallback's permutation to bhsd (_fallback.py).
-AXES = {"bshd": (0, 2, 1, 3), "sbhd": (1, 2, 0, 3), "bhsd": (0, 1, 2, 3)}
+AXES = _config.AXES  # per dense layout, the tensor axis of each logical axis
 
 EMPTY = (0,)  # the operators return an empty tensor for an output not asked for
 
