@@ -7,7 +7,7 @@ and runs them. This package imports without PyTorch or JAX; `import fusedattn.to
     fusedattn.check_support("layout=bshd b=2 s=4096 h=16 d=128 causal", "backward")
 """
 from .errors import (CudaError, CudnnError, FusedAttnError, InvalidArgumentError, NotSupportedError,
-                     SetupError)
+                     SetupError, invalid_argument)
 
 __version__ = "0.1.0"
 __all__ = ["FusedAttnError", "InvalidArgumentError", "NotSupportedError", "CudnnError", "CudaError", "SetupError",
@@ -37,7 +37,6 @@ def __getattr__(name):  # fusedattn.Spec and friends come from the compiled modu
 def _pass_of(core, pass_):
     if isinstance(pass_, str):
         if pass_ not in core.Pass.__members__:
-            from .errors import invalid_argument
             raise invalid_argument("pass", pass_, "forward or backward")
         return core.Pass.__members__[pass_]
     return pass_
