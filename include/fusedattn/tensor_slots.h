@@ -1,6 +1,9 @@
-// fusedattn/tensor_slots.h — the FP8 scaling slots of each pass's tensor set (fp8_scales.h) as one
-// table, which the checks, the Python properties, the JAX custom call's operand order and the
+// fusedattn/tensor_slots.h — the slots of each pass's tensor set (attention.h) as one list: its
+// top-level tensors (for_each_tensor_slot) and its FP8 scaling scalars (fp8_scales.h, a constexpr
+// table), which the checks, the Python properties, the JAX custom call's operand order and the
 // adapters' lists all walk, so a slot added or renamed here is added or renamed everywhere at once.
+// The nested groups keep their own homes: ragged offsets (RaggedTensors), MXFP8's block scales
+// (mxfp8_scales.h) and a score modifier's values (ScoreModTensors).
 #pragma once
 
 #include <array>
@@ -9,12 +12,16 @@
 #include <string_view>
 #include <type_traits>
 
+#include "fusedattn/attention.h"
 #include "fusedattn/fp8_scales.h"
 
 namespace fusedattn {
 
-/// What a call does with a slot's float32 scalar.
+/// What a call does with a slot.
 enum class SlotRole : std::uint8_t {
+  input,             ///< a tensor the kernels read (q, k, v, bias, ...)
+  output,            ///< a tensor the kernels write (o, stats, gradients, ...)
+  runtime_array,     ///< small device arrays of run-time values: lengths, page tables, dropout's seed
   fp8_scale_read,    ///< a scale or descale the kernels read (the JAX call's operand)
   fp8_amax_written,  ///< an amax the kernels write (the JAX call's result)
 };
@@ -86,6 +93,43 @@ inline constexpr std::array<Fp8Slot<Fp8BackwardScales>, 16> kFp8BackwardSlots = 
 // added to fp8_scales.h without a slot here stops the build.
 static_assert(sizeof(Fp8ForwardScales) == kFp8ForwardSlots.size() * sizeof(float*));
 static_assert(sizeof(Fp8BackwardScales) == kFp8BackwardSlots.size() * sizeof(float*));
+
+/// THE list of each tensor set's top-level tensors: `f(name, role, passes, member)` once per field,
+/// `member` a pointer to the field (of its own type, so this is a visitor rather than an array).
+/// tests/cpu/test_tensor_slots.cpp checks that every field is visited once.
+template <class Set, class F>
+constexpr void for_each_tensor_slot(F&& f) {
+  constexpr unsigned kBoth = kForwardSlot | kBackwardSlot;
+  f("q", SlotRole::input, kBoth, &Set::q);
+  f("k", SlotRole::input, kBoth, &Set::k);
+  f("v", SlotRole::input, kBoth, &Set::v);
+  if constexpr (std::is_same_v<Set, ForwardTensors>) {
+    f("o", SlotRole::output, kBoth, &Set::o);
+    f("stats", SlotRole::output, kBoth, &Set::stats);
+  } else {
+    f("o", SlotRole::input, kBoth, &Set::o);  // the forward's outputs, read back
+    f("d_o", SlotRole::input, kBackwardSlot, &Set::d_o);
+    f("stats", SlotRole::input, kBoth, &Set::stats);
+    f("d_q", SlotRole::output, kBackwardSlot, &Set::d_q);
+    f("d_k", SlotRole::output, kBackwardSlot, &Set::d_k);
+    f("d_v", SlotRole::output, kBackwardSlot, &Set::d_v);
+  }
+  f("seq_len_q", SlotRole::runtime_array, kBoth, &Set::seq_len_q);
+  f("seq_len_kv", SlotRole::runtime_array, kBoth, &Set::seq_len_kv);
+  f("bias", SlotRole::input, kBoth, &Set::bias);
+  f("sink", SlotRole::input, kBoth, &Set::sink);
+  f("dropout_seed", SlotRole::runtime_array, kBoth, &Set::dropout_seed);
+  f("dropout_offset", SlotRole::runtime_array, kBoth, &Set::dropout_offset);
+  if constexpr (std::is_same_v<Set, ForwardTensors>) {
+    f("max_logit", SlotRole::output, kForwardSlot, &Set::max_logit);
+    f("dropout_mask", SlotRole::output, kForwardSlot, &Set::dropout_mask);
+    f("page_table_k", SlotRole::runtime_array, kForwardSlot, &Set::page_table_k);
+    f("page_table_v", SlotRole::runtime_array, kForwardSlot, &Set::page_table_v);
+  } else {
+    f("d_bias", SlotRole::output, kBackwardSlot, &Set::d_bias);
+    f("d_sink", SlotRole::output, kBackwardSlot, &Set::d_sink);
+  }
+}
 
 /// The table of a scale struct.
 template <class Scales>

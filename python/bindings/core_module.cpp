@@ -28,6 +28,7 @@
 #include "fusedattn/output_shapes.h"
 #include "fusedattn/plan_cache.h"
 #include "fusedattn/spec.h"
+#include "fusedattn/tensor_slots.h"
 #include "fusedattn/warmup.h"
 #include "fp8_bindings.h"
 #include "python_errors.h"
@@ -118,15 +119,10 @@ void init_from_kwargs(Set* set, const nb::kwargs& kwargs) {
 
 template <class Set, class Class>
 void common_properties(Class& cls) {
-  address_property<Set>(cls, "q", &Set::q);
-  address_property<Set>(cls, "k", &Set::k);
-  address_property<Set>(cls, "v", &Set::v);
-  address_property<Set>(cls, "seq_len_q", &Set::seq_len_q);
-  address_property<Set>(cls, "seq_len_kv", &Set::seq_len_kv);
-  address_property<Set>(cls, "bias", &Set::bias);
-  address_property<Set>(cls, "sink", &Set::sink);
-  address_property<Set>(cls, "dropout_seed", &Set::dropout_seed);
-  address_property<Set>(cls, "dropout_offset", &Set::dropout_offset);
+  // Every top-level tensor of the set, from the one list (fusedattn/tensor_slots.h).
+  fa::for_each_tensor_slot<Set>([&cls](const char* name, fa::SlotRole, unsigned, auto member) {
+    address_property<Set>(cls, name, member);
+  });
   ragged_property<Set>(cls, "cu_seqlens_q", &fa::RaggedTensors::cu_seqlens_q);
   ragged_property<Set>(cls, "cu_seqlens_kv", &fa::RaggedTensors::cu_seqlens_kv);
   cls.def_prop_rw(
@@ -350,24 +346,11 @@ NB_MODULE(_core, m) {
                                                         "Device addresses of a forward call, by name; 0 is none.");
   forward_tensors.def("__init__", &init_from_kwargs<fa::ForwardTensors>);
   common_properties<fa::ForwardTensors>(forward_tensors);
-  address_property<fa::ForwardTensors>(forward_tensors, "o", &fa::ForwardTensors::o);
-  address_property<fa::ForwardTensors>(forward_tensors, "stats", &fa::ForwardTensors::stats);
-  address_property<fa::ForwardTensors>(forward_tensors, "max_logit", &fa::ForwardTensors::max_logit);
-  address_property<fa::ForwardTensors>(forward_tensors, "page_table_k", &fa::ForwardTensors::page_table_k);
-  address_property<fa::ForwardTensors>(forward_tensors, "page_table_v", &fa::ForwardTensors::page_table_v);
 
   auto backward_tensors = nb::class_<fa::BackwardTensors>(m, "BackwardTensors",
                                                           "Device addresses of a backward call, by name; 0 is none.");
   backward_tensors.def("__init__", &init_from_kwargs<fa::BackwardTensors>);
   common_properties<fa::BackwardTensors>(backward_tensors);
-  address_property<fa::BackwardTensors>(backward_tensors, "o", &fa::BackwardTensors::o);
-  address_property<fa::BackwardTensors>(backward_tensors, "d_o", &fa::BackwardTensors::d_o);
-  address_property<fa::BackwardTensors>(backward_tensors, "stats", &fa::BackwardTensors::stats);
-  address_property<fa::BackwardTensors>(backward_tensors, "d_q", &fa::BackwardTensors::d_q);
-  address_property<fa::BackwardTensors>(backward_tensors, "d_k", &fa::BackwardTensors::d_k);
-  address_property<fa::BackwardTensors>(backward_tensors, "d_v", &fa::BackwardTensors::d_v);
-  address_property<fa::BackwardTensors>(backward_tensors, "d_bias", &fa::BackwardTensors::d_bias);
-  address_property<fa::BackwardTensors>(backward_tensors, "d_sink", &fa::BackwardTensors::d_sink);
   fa::python::bind_fp8_scales(forward_tensors, backward_tensors);
   fa::python::bind_fp8_kernels(m);
 

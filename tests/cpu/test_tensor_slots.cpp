@@ -1,12 +1,17 @@
-// Tier 1: the FP8 scaling slots' one table (fusedattn/tensor_slots.h) — every field of the scale
-// structs in it exactly once, names and roles as fp8_scales.h documents them, passes consistent
-// across the two tables, and the address helpers reaching the field each slot names.
+// Tier 1: the tensor sets' slots (fusedattn/tensor_slots.h) — every field of the tensor sets and of
+// the scale structs listed exactly once, names and roles as attention.h and fp8_scales.h document
+// them, passes consistent across the two passes, and the address helpers reaching each slot's field.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "fusedattn/tensor_slots.h"
 
@@ -95,6 +100,59 @@ TEST(TensorSlots, RoleNamesItsMemberPointer) {
   for (const auto& slot : kFp8BackwardSlots) {
     EXPECT_EQ(slot.read != nullptr, slot.role == SlotRole::fp8_scale_read) << slot.name;
     EXPECT_EQ(slot.written != nullptr, slot.role == SlotRole::fp8_amax_written) << slot.name;
+  }
+}
+
+// The byte ranges of a tensor set's fields: those the list visits, and the nested groups that keep
+// their own homes. Distinct, and together the whole struct: every field is listed, none twice.
+template <class Set>
+std::vector<std::pair<std::size_t, std::size_t>> covered(std::map<std::string, std::pair<SlotRole, unsigned>>& listed) {
+  static Set set;
+  const auto* base = reinterpret_cast<const char*>(&set);
+  std::vector<std::pair<std::size_t, std::size_t>> ranges;
+  auto add = [&](const auto& field) {
+    ranges.emplace_back(static_cast<std::size_t>(reinterpret_cast<const char*>(&field) - base), sizeof field);
+  };
+  for_each_tensor_slot<Set>([&](const char* name, SlotRole role, unsigned passes, auto member) {
+    EXPECT_TRUE(listed.emplace(name, std::make_pair(role, passes)).second) << name << " listed twice";
+    add(set.*member);
+  });
+  add(set.ragged);
+  add(set.fp8);
+  add(set.mxfp8);
+  add(set.score_mod);
+  return ranges;
+}
+
+template <class Set>
+void expect_whole_struct(std::map<std::string, std::pair<SlotRole, unsigned>>& listed) {
+  auto ranges = covered<Set>(listed);
+  std::sort(ranges.begin(), ranges.end());
+  std::size_t end = 0;
+  for (const auto& [offset, size] : ranges) {
+    EXPECT_EQ(offset, end) << "a field at byte " << end << " is not listed (or two overlap)";
+    end = offset + size;
+  }
+  EXPECT_EQ(end, sizeof(Set)) << "fields at the struct's end are not listed";
+}
+
+TEST(TensorSlots, EveryTensorFieldOnce) {
+  std::map<std::string, std::pair<SlotRole, unsigned>> forward, backward;
+  expect_whole_struct<ForwardTensors>(forward);
+  expect_whole_struct<BackwardTensors>(backward);
+  EXPECT_EQ(forward.at("o").first, SlotRole::output);
+  EXPECT_EQ(backward.at("o").first, SlotRole::input);  // the forward's output, read back
+  EXPECT_EQ(forward.at("max_logit").first, SlotRole::output);
+  EXPECT_EQ(forward.at("page_table_k").first, SlotRole::runtime_array);
+  EXPECT_EQ(backward.at("d_q").first, SlotRole::output);
+  EXPECT_EQ(backward.at("seq_len_kv").first, SlotRole::runtime_array);
+  EXPECT_EQ(backward.at("bias").first, SlotRole::input);
+  // A slot of both passes is in both sets; one of one pass, in that pass's only.
+  for (const auto& [name, role_passes] : forward) {
+    EXPECT_EQ(backward.count(name) == 1, (role_passes.second & kBackwardSlot) != 0) << name;
+  }
+  for (const auto& [name, role_passes] : backward) {
+    EXPECT_EQ(forward.count(name) == 1, (role_passes.second & kForwardSlot) != 0) << name;
   }
 }
 
