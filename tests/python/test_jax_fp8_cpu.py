@@ -4,6 +4,9 @@ descales, float32 attention, the amaxes, O and the gradients quantized with thei
 FP8 kernels take and return them); the program exported for CUDA with the real FFI calls and their
 FP8 operands."""
 import functools
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -88,16 +91,30 @@ def rel_l2(x, y):
     return float(np.linalg.norm(x - y) / np.linalg.norm(y))
 
 
-def training_step(causal, backward="fp8"):
+# Where the default device is the host: its programs run a few times on small arrays, and LLVM's
+# optimization of them was most of their compile time, which was most of this file's. (Nothing on a
+# GPU changes.)
+HOST_FAST_COMPILE = ({"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+                     if jax.default_backend() == "cpu" else None)
+
+
+def make_training_step(causal, backward="fp8"):
+    """A jitted training step: (loss, O, the gradients of q, k, v, the next state)."""
     def loss_fn(q, k, v, state, w):
         o, _ = fj.fp8_attention(q, k, v, state, causal=causal, backward=backward)
         return (o.astype(jnp.float32) * w).sum(), o
 
-    @jax.jit
+    @functools.partial(jax.jit, compiler_options=HOST_FAST_COMPILE)
     def step(q, k, v, state, w):
         (loss, o), grads = jax.value_and_grad(loss_fn, argnums=(0, 1, 2, 3), has_aux=True)(q, k, v, state, w)
         return loss, o, grads[:3], grads[3]  # the state's gradient is the next state
     return step
+
+
+# One jitted step per (causal, backward), shared by the tests: those whose inputs have the same
+# shapes and whose states the same structure reuse its compiled programs. (A test that changes what
+# tracing does makes its own, make_training_step.)
+training_step = functools.cache(make_training_step)
 
 
 def reference(q, k, v, w, causal):
@@ -107,8 +124,9 @@ def reference(q, k, v, w, causal):
     return o, pullback(w)
 
 
-@pytest.mark.parametrize("recipe", ["current", "delayed"])
-@pytest.mark.parametrize("causal", [False, True])
+# Each recipe once, each with its own causal: causal reaches only the call's config (the kernel's
+# mask), the scaling never looks at it, so the other two pairings tested nothing of their own.
+@pytest.mark.parametrize("causal, recipe", [(False, "current"), (True, "delayed")])
 def test_a_jitted_training_step_over_three_steps_is_close_to_float32(reference_kernels, recipe, causal):
     step, state = training_step(causal), fj.fp8_state(recipe, history=4)
     for i in range(3):
@@ -235,7 +253,7 @@ def test_a_states_first_backward_measures_the_gradients_before_the_run_that_coun
     assert max(rel_l2(g, r) for g, r in zip(grads, ref_grads)) < 0.15
     assert int((state.history[SLOT["d_q"]] != 0).sum()) == 2  # the measuring run and the one that counts
     monkeypatch.setattr(fj.Fp8State, "_calibrated", lambda self: jnp.bool_(True))  # as if measured before
-    _, _, grads, _ = training_step(False)(q, k, v, fj.fp8_state("current"), w)
+    _, _, grads, _ = make_training_step(False)(q, k, v, fj.fp8_state("current"), w)  # traced again
     assert min(rel_l2(g, r) for g, r in zip(grads, ref_grads)) > 0.5
 
 
@@ -334,8 +352,9 @@ def fp8_inputs(seed, dtype=jnp.float8_e4m3fn):
     return [t[0] for t in out], tuple(t[1] for t in out), [t[2] for t in out]
 
 
-@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
-@pytest.mark.parametrize("causal", [False, True])
+# Each format once, each with its own causal (as the training steps above: the mask is the kernel's).
+@pytest.mark.parametrize("causal, dtype", [(False, jnp.float8_e4m3fn), (True, jnp.float8_e5m2)],
+                         ids=["e4m3", "causal_e5m2"])
 def test_fp8_inputs_run_the_forward_on_their_values(reference_kernels, causal, dtype):
     (q8, k8, v8), descales, values = fp8_inputs(0, dtype)
     want = attend(*values, 1 / np.sqrt(q8.shape[-1]), causal)[0]
@@ -444,42 +463,54 @@ KERNELS.update({FORWARD: recorded(t.fp8_forward), BACKWARD: recorded(t.fp8_backw
 mesh = jax.make_mesh((2, 4), ("data", "model"))
 split = NamedSharding(mesh, P("data", None, "model", None))  # bshd: batch over "data", heads over "model"
 step = t.training_step(True)
-whole_state = sharded_state = fj.fp8_state(sys.argv[2], history=4)
-for i in range(2):  # the second step runs on scales the first one's amaxes set
-    q, k, v, w = t.inputs(i, shape=(4, 64, 8, 64), kv_heads=4, amax=(1.0, 2.0, 3.0 + i))
-    _, o, grads, whole_state = step(q, k, v, whole_state, w)
-    arrays = [jax.device_put(x, split) for x in (q, k, v, w)]
-    _, sharded_o, sharded_grads, sharded_state = step(*arrays[:3], sharded_state, arrays[3])
-    print("OUT_ERR", t.rel_l2(sharded_o, o))
-    print("GRAD_ERR", max(t.rel_l2(g, want) for g, want in zip(sharded_grads, grads)))
-    print("STATE_ERR", max(float(jnp.max(jnp.abs(a - b) / jnp.maximum(jnp.abs(b), 1e-30)))
-                           for a, b in zip(jax.tree_util.tree_leaves(sharded_state),
-                                           jax.tree_util.tree_leaves(whole_state))))
-    print("SPECS", sharded_o.sharding.spec == split.spec, [g.sharding.spec == split.spec for g in sharded_grads])
-text = step.lower(*arrays[:3], sharded_state, arrays[3]).compile().as_text()
-print("GATHERS", sum(text.count(op) for op in ("all-gather", "all-to-all", "collective-permute")))
-print("SHAPES", sorted(SHAPES))
+for recipe in sys.argv[2:]:  # each recipe's lines start with its name
+    SHAPES.clear()
+    whole_state = sharded_state = fj.fp8_state(recipe, history=4)
+    for i in range(2):  # the second step runs on scales the first one's amaxes set
+        q, k, v, w = t.inputs(i, shape=(4, 64, 8, 64), kv_heads=4, amax=(1.0, 2.0, 3.0 + i))
+        _, o, grads, whole_state = step(q, k, v, whole_state, w)
+        arrays = [jax.device_put(x, split) for x in (q, k, v, w)]
+        _, sharded_o, sharded_grads, sharded_state = step(*arrays[:3], sharded_state, arrays[3])
+        print(recipe, "OUT_ERR", t.rel_l2(sharded_o, o))
+        print(recipe, "GRAD_ERR", max(t.rel_l2(g, want) for g, want in zip(sharded_grads, grads)))
+        print(recipe, "STATE_ERR", max(float(jnp.max(jnp.abs(a - b) / jnp.maximum(jnp.abs(b), 1e-30)))
+                                       for a, b in zip(jax.tree_util.tree_leaves(sharded_state),
+                                                       jax.tree_util.tree_leaves(whole_state))))
+        print(recipe, "SPECS", sharded_o.sharding.spec == split.spec,
+              [g.sharding.spec == split.spec for g in sharded_grads])
+    text = step.lower(*arrays[:3], sharded_state, arrays[3]).compile().as_text()
+    print(recipe, "GATHERS", sum(text.count(op) for op in ("all-gather", "all-to-all", "collective-permute")))
+    print(recipe, "SHAPES", sorted(SHAPES))
 """
+RECIPES = ("current", "delayed")
+# The child's programs run once on small arrays: LLVM's optimization of the host code would cost
+# more than it saves, and changes nothing the test looks at.
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 
-@pytest.mark.parametrize("recipe", ["current", "delayed"])
-def test_under_a_mesh_each_device_runs_its_shard_and_the_state_is_the_whole_tensors(recipe):
-    import os
-    import subprocess
-    import sys
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8",
+@functools.cache
+def mesh_child():
+    """One child process on 8 host devices checking every recipe: its (recipe, NAME, value) lines
+    and its stdout, made by the first test that asks."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8 " + FAST_COMPILE,
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    done = subprocess.run([sys.executable, "-c", MESH_CHILD, os.path.dirname(__file__), recipe], env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", MESH_CHILD, os.path.dirname(__file__), *RECIPES], env=env,
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    lines = [line.split(" ", 1) for line in done.stdout.splitlines() if " " in line]
+    return [line.split(" ", 2) for line in done.stdout.splitlines() if line.count(" ") >= 2], done.stdout
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_under_a_mesh_each_device_runs_its_shard_and_the_state_is_the_whole_tensors(recipe):
+    lines, stdout = mesh_child()
+    lines = [(key, value) for name, key, value in lines if name == recipe]
     for key, value in lines:
         if key in ("OUT_ERR", "GRAD_ERR"):
-            assert float(value) < 1e-3, done.stdout  # a few FP8 roundings may fall the other way
+            assert float(value) < 1e-3, stdout  # a few FP8 roundings may fall the other way
         if key == "STATE_ERR":  # every amax, scale and history: each shard's amaxes were maxed over all
-            assert float(value) < 1e-5, done.stdout
+            assert float(value) < 1e-5, stdout
         if key == "SPECS":
-            assert value == "True [True, True, True]", done.stdout
+            assert value == "True [True, True, True]", stdout
     values = dict(lines)
-    assert values["GATHERS"] == "0", done.stdout  # only reductions of amaxes cross the devices
-    assert values["SHAPES"] == "[(2, 64, 2, 64), (4, 64, 8, 64)]", done.stdout  # per shard, and the whole one
+    assert values["GATHERS"] == "0", stdout  # only reductions of amaxes cross the devices
+    assert values["SHAPES"] == "[(2, 64, 2, 64), (4, 64, 8, 64)]", stdout  # per shard, and the whole one
