@@ -21,9 +21,17 @@
 //         | lt le gt ge eq ne                           (two; 1 where true, else 0)
 //         | select                                      (three: the second where the first is not
 //                                                        0, else the third)
+//         | "G" N                                       (1 to kMaxGatherIndices: tensor N gathered,
+//                                                        its element at the arguments, one index per
+//                                                        dimension; in expressions only)
 // Scalars and tensors are numbered from 0 without gaps (at most kMaxScoreModScalars and
 // kMaxScoreModTensors of them), and a tensor keeps one set of axes.
 // Two modifiers are equal exactly when their expressions are the same tree.
+//
+// A gather reads a table at computed indices (a relative-position bias by clamped distance): cuDNN's
+// score graph has no gather, so a modifier (ScoreMod, what a call runs) never holds one. A
+// ScoreExpression, what the adapters trace a Python function into, may: its terms added to the score
+// that gather move to the call's bias, which the adapter evaluates densely (score_expression.h).
 #pragma once
 
 #include <array>
@@ -37,6 +45,9 @@ namespace fusedattn {
 /// How many runtime scalars and tensors one modifier may use (slots $0 .. and t0 ..).
 constexpr int kMaxScoreModScalars = 8;
 constexpr int kMaxScoreModTensors = 4;
+/// How many indices a gather takes: a tensor of the adapters' functions has at most the four axes
+/// b, h, q, kv.
+constexpr int kMaxGatherIndices = 4;
 
 /// One node's operation. The leaves first, then by number of arguments.
 enum class ScoreOp : std::uint8_t {
@@ -45,7 +56,13 @@ enum class ScoreOp : std::uint8_t {
   add, sub, mul, div, pow, min, max, logical_and, logical_or,           // two
   lt, le, gt, ge, eq, ne,                                               // two, 1 or 0
   select,                                                               // three
+  gather,                                                               // 1 to 4 (expressions only)
 };
+
+/// The operation's name in the text form ("add", "tanh", "select"; the leaves' "score", "b", "h",
+/// "q", "kv"); "constant", "scalar", "tensor" and "gather" for the nodes the text writes by value
+/// or slot.
+std::string to_string(ScoreOp op);
 
 /// The axes a tensor leaf spans, as bits: kAxisB | kAxisH | kAxisQ | kAxisKv.
 constexpr std::uint8_t kAxisB = 1, kAxisH = 2, kAxisQ = 4, kAxisKv = 8;
@@ -54,9 +71,9 @@ constexpr std::uint8_t kAxisB = 1, kAxisH = 2, kAxisQ = 4, kAxisKv = 8;
 struct ScoreModNode {
   ScoreOp op = ScoreOp::score;
   double value = 0.0;              ///< constant: its value
-  std::int32_t slot = 0;           ///< scalar, tensor: the slot
+  std::int32_t slot = 0;           ///< scalar, tensor, gather: the slot
   std::uint8_t axes = 0;           ///< tensor: the axes it spans
-  std::array<std::int32_t, 3> args{-1, -1, -1};  ///< indices of the argument nodes
+  std::array<std::int32_t, kMaxGatherIndices> args{-1, -1, -1, -1};  ///< the argument nodes, -1 after the last
 
   friend bool operator==(const ScoreModNode& a, const ScoreModNode& b) noexcept;
   friend bool operator!=(const ScoreModNode& a, const ScoreModNode& b) noexcept { return !(a == b); }
@@ -86,7 +103,8 @@ class ScoreMod {
 };
 
 /// Parses the text form; "" gives the empty modifier. Throws InvalidArgument naming field
-/// "score_mod", with the place it stopped and what it wanted there.
+/// "score_mod", with the place it stopped and what it wanted there; a gather is refused there too
+/// (cuDNN's score graph cannot run one).
 ScoreMod parse_score_mod(const std::string& text);
 
 /// `mod` with q read as q + q_offset and kv as kv + kv_offset: the modifier of a block of a larger

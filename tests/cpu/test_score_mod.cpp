@@ -1,6 +1,7 @@
 // Tier 1: score modifiers (fusedattn/score_mod.h): the text form round-trips, equality is by
-// structure, every malformed text is refused naming where and what, and the host evaluator computes
-// the named modifiers of FlexAttention's users.
+// structure, every malformed text is refused naming where and what (a gather too, which only a
+// traced expression may hold), and the host evaluator computes the named modifiers of
+// FlexAttention's users.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 
 #include "fusedattn/errors.h"
 #include "fusedattn/layout.h"
+#include "fusedattn/score_expression.h"
 #include "fusedattn/score_mod.h"
 #include "fusedattn/spec.h"
 #include "fusedattn/support.h"
@@ -100,6 +102,70 @@ TEST(ScoreMod, MalformedTextIsRefusedNamingWhereAndWhat) {
   std::string deep = "score";
   for (int i = 0; i < 300; ++i) deep = "neg(" + deep + ")";
   EXPECT_THROW(parse_score_mod(deep), InvalidArgument);  // at most 256 nodes
+}
+
+// A relative-position table by clamped distance, as the adapters trace table[h, clamp(kv - q) + 8].
+const char* const kRelativePosition = "G0(h,add(min(max(sub(kv,q),-8),8),8))";
+
+TEST(ScoreMod, GathersRoundTripInExpressions) {
+  for (const char* text : {kRelativePosition, "G1(b,h,q,kv)", "add(mul($0,tanh(div(score,$0))),G2(sub(kv,q)))",
+                           "add(score,mul(t0[h],G1(kv)))"}) {
+    const ScoreExpression expression = parse_score_expression(text);
+    EXPECT_EQ(to_string(expression), text);
+    EXPECT_EQ(to_string(parse_score_expression(to_string(expression))), text);
+  }
+  const ScoreExpression table = parse_score_expression(kRelativePosition);
+  const ScoreModNode& root = table.nodes().back();
+  EXPECT_EQ(root.op, ScoreOp::gather);
+  EXPECT_EQ(root.slot, 0);
+  EXPECT_EQ(table.nodes()[static_cast<std::size_t>(root.args[0])].op, ScoreOp::head);
+  EXPECT_EQ(root.args[2], -1);  // two indices
+  EXPECT_EQ(to_string(ScoreOp::gather), "gather");
+  EXPECT_EQ(to_string(ScoreOp::logical_not), "not");
+  EXPECT_EQ(to_string(ScoreOp::kv_index), "kv");
+  // An expression's slots are as the tracer wrote them: gaps and more than a modifier takes.
+  EXPECT_NO_THROW(parse_score_expression("add(t5[h],$9)"));
+  EXPECT_TRUE(parse_score_expression("").empty());
+}
+
+TEST(ScoreMod, AGatherIsRefusedWhereCudnnWouldRunIt) {
+  // cuDNN's score graph has no gather: a modifier, and so a spec and a call's config, refuse one,
+  // saying where the term runs instead.
+  for (const char* text : {kRelativePosition, "add(score,G0(h,kv))"}) {
+    try {
+      parse_score_mod(text);
+      ADD_FAILURE() << text << " was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(e.field(), "score_mod");
+      EXPECT_NE(e.value().find(text), std::string::npos) << e.what();
+      EXPECT_NE(e.requirement().find("cuDNN's score graph cannot gather"), std::string::npos) << e.what();
+      EXPECT_NE(e.requirement().find("runs as the call's bias"), std::string::npos) << e.what();
+    }
+  }
+  try {
+    parse_spec("layout=bshd b=1 s=64 h=2 d=64 score_mod=add(score,G0(h,kv))");
+    ADD_FAILURE() << "a spec with a gather was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.field(), "score_mod");
+    EXPECT_NE(e.requirement().find("cannot gather"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ScoreMod, MalformedGathersAreRefusedNamingWhereAndWhat) {
+  for (const Refusal& r : std::vector<Refusal>{
+           {"G0()", "an operation"},  // an index wanted
+           {"G0(h", "')'"},
+           {"G0(b,h,q,kv,b)", "at most 4 indices"},
+           {"G(h)", "an operation"},
+       }) {
+    try {
+      parse_score_expression(r.text);
+      ADD_FAILURE() << r.text << " was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(e.field(), "score_mod") << r.text;
+      EXPECT_NE(e.requirement().find(r.wanted), std::string::npos) << r.text << ": " << e.what();
+    }
+  }
 }
 
 double at(const char* text, double score, std::array<std::int64_t, 4> index, std::vector<float> scalars = {},
