@@ -32,6 +32,7 @@
 #include "fusedattn/warmup.h"
 #include "fp8_bindings.h"
 #include "python_errors.h"
+#include "score_mod_bindings.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -353,6 +354,7 @@ NB_MODULE(_core, m) {
   common_properties<fa::BackwardTensors>(backward_tensors);
   fa::python::bind_fp8_scales(forward_tensors, backward_tensors);
   fa::python::bind_fp8_kernels(m);
+  fa::python::bind_score_expressions(m);
 
   nb::class_<fa::Plan>(m, "Plan", "A compiled, cached plan: run it with a tensor set.")
       .def_prop_ro("workspace_bytes", &fa::Plan::workspace_bytes)
