@@ -1,7 +1,8 @@
 """Score modifiers from Python functions: FlexAttention's score_mod(score, b, h, q_idx, kv_idx)
-traced once with symbolic values into the core's expression text (fusedattn/score_mod.h).
-Framework-free: the adapters say what a tensor is (fusedattn.torch through __torch_function__,
-fusedattn.jax through its own hooks) and get back a Traced modifier.
+traced once with symbolic values (Sym, _score_mod_sym.py) into the core's expression text
+(fusedattn/score_mod.h, whose grammar only the core parses). Framework-free: the adapters say what a
+tensor is (fusedattn.torch through __torch_function__, fusedattn.jax through its own hooks) and get
+back a Traced modifier.
 
 Numbers in the function become runtime scalars ($0, $1, ...; one per distinct value), so changing a
 softcap's cap or a window's width keeps the plan; 0, 1, the infinities and whole exponents 2 .. 8
@@ -14,22 +15,18 @@ Terms added to the score that gather from a tensor (a relative-position table in
 key-minus-query distance) or read a tensor that needs a gradient cannot run inside cuDNN's score
 graph, which has no gather and gives no gradient of its operands. They come apart as the bias of
 the call (Traced.bias): evaluated densely by the adapter with its framework's operations
-(evaluate_dense), so the framework's autodiff takes the bias's gradient, which cuDNN computes as
+(_score_mod_bias.py), so the framework's autodiff takes the bias's gradient, which cuDNN computes as
 dBias, back into the tables. In that bias's text a gather is G<slot>(index, ...)."""
 import math
 import re
 
+from ._score_mod_bias import bias_tree, split_bias
+from ._score_mod_sym import Sym, not_covered
 from .errors import NotSupportedError
 
-_LEAVES = ("score", "b", "h", "q", "kv")
+LEAVES = ("score", "b", "h", "q", "kv")  # the traced function's arguments, as the expression names them
 _AXIS_ORDER = ("b", "h", "q", "kv")
 _STRUCTURAL = (0.0, 1.0, math.inf, -math.inf)
-
-
-def not_covered(what):
-    return NotSupportedError(f"score_mod: {what} is not covered by fusedattn's score modifiers "
-                             "(the operations of fusedattn/score_mod.h: arithmetic, tanh, exp, log, sqrt, "
-                             "sigmoid, abs, min, max, comparisons, logic and where)")
 
 
 class Traced:
@@ -44,7 +41,9 @@ class Traced:
         self.bias = bias
 
 
-class _Tracer:
+class Tracer:
+    """One tracing of a function: the numbers it met (runtime scalars) and the tensors it captured, by
+    slot; `sym_class` makes its symbolic values (a Sym subclass may add a framework's dispatch)."""
     stopped = frozenset()  # ids of tensors taken through stop_gradient (fusedattn.jax)
 
     def __init__(self, is_tensor, sym_class, is_learnable=lambda tensor: False):
@@ -109,164 +108,13 @@ def _numel(x):
     return n
 
 
-def _call(tracer, op, *args):
-    if op == "pow" and _small_whole(args[1]):
-        # A whole power 2 .. 8 stays in the structure: the graph layer makes it a product, which takes
-        # negative bases (cuDNN's own power does not).
-        return tracer.sym_class(tracer, f"pow({tracer.operand(args[0])},{int(args[1])})")
-    return tracer.sym_class(tracer, f"{op}({','.join(tracer.operand(a) for a in args)})")
-
-
-def _small_whole(x):
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and float(x).is_integer() and 2 <= x <= 8
-
-
-class Sym:
-    """A symbolic value of the traced function: operators build the expression."""
-    __slots__ = ("tracer", "text")
-
-    def __init__(self, tracer, text):
-        self.tracer, self.text = tracer, text
-
-    def _op(self, op, *others):
-        return _call(self.tracer, op, self, *others)
-
-    def _rop(self, op, other):
-        return _call(self.tracer, op, other, self)
-
-    __add__ = lambda self, o: self._op("add", o)
-    __radd__ = lambda self, o: self._rop("add", o)
-    __sub__ = lambda self, o: self._op("sub", o)
-    __rsub__ = lambda self, o: self._rop("sub", o)
-    __mul__ = lambda self, o: self._op("mul", o)
-    __rmul__ = lambda self, o: self._rop("mul", o)
-    __truediv__ = lambda self, o: self._op("div", o)
-    __rtruediv__ = lambda self, o: self._rop("div", o)
-    __pow__ = lambda self, o: self._op("pow", o)
-    __rpow__ = lambda self, o: self._rop("pow", o)
-    __neg__ = lambda self: self._op("neg")
-    __pos__ = lambda self: self
-    __abs__ = lambda self: self._op("abs")
-    __lt__ = lambda self, o: self._op("lt", o)
-    __le__ = lambda self, o: self._op("le", o)
-    __gt__ = lambda self, o: self._op("gt", o)
-    __ge__ = lambda self, o: self._op("ge", o)
-    __eq__ = lambda self, o: self._op("eq", o)
-    __ne__ = lambda self, o: self._op("ne", o)
-    __and__ = lambda self, o: self._op("and", o)
-    __rand__ = lambda self, o: self._rop("and", o)
-    __or__ = lambda self, o: self._op("or", o)
-    __ror__ = lambda self, o: self._rop("or", o)
-    __invert__ = lambda self: self._op("not")
-    __hash__ = None
-
-    def __bool__(self):
-        raise not_covered("Python control flow on a traced value (if, and, or, not: use torch.where, &, |, ~)")
-
-    def __floordiv__(self, other):
-        raise not_covered("floor division")
-
-    __rfloordiv__ = __mod__ = __rmod__ = __floordiv__
-
-    def __getattr__(self, name):
-        # Tensor methods (score.tanh(), score.clamp(max=...)) as the functions of the same name.
-        if name in _FUNCTIONS:
-            return lambda *args, **kwargs: apply(name, (self,) + args, kwargs)
-        if name in ("float", "to", "type_as", "contiguous", "clone", "detach"):
-            return lambda *args, **kwargs: self
-        raise not_covered(f"the method .{name}()")
-
-
-def _clamp(tracer, x, lo=None, hi=None):
-    out = x
-    if lo is not None:
-        out = _call(tracer, "max", out, lo)
-    if hi is not None:
-        out = _call(tracer, "min", out, hi)
-    return out
-
-
-def _where(tracer, cond, a, b):
-    return _call(tracer, "select", cond, a, b)
-
-
-def _unary(op):
-    return lambda tracer, x: _call(tracer, op, x)
-
-
-def _binary(op):
-    return lambda tracer, x, y: _call(tracer, op, x, y)
-
-
-# Functions by name (torch.tanh, Tensor.tanh and their jax.numpy namesakes) and what they become.
-_FUNCTIONS = {
-    "tanh": _unary("tanh"), "exp": _unary("exp"), "log": _unary("log"), "sqrt": _unary("sqrt"),
-    "sigmoid": _unary("sigmoid"), "abs": _unary("abs"), "absolute": _unary("abs"), "neg": _unary("neg"),
-    "negative": _unary("neg"), "logical_not": _unary("not"), "bitwise_not": _unary("not"),
-    "rsqrt": lambda tracer, x: _call(tracer, "div", 1.0, _call(tracer, "sqrt", x)),
-    "square": lambda tracer, x: _call(tracer, "mul", x, x),
-    "add": _binary("add"), "sub": _binary("sub"), "subtract": _binary("sub"), "mul": _binary("mul"),
-    "multiply": _binary("mul"), "div": _binary("div"), "divide": _binary("div"), "true_divide": _binary("div"),
-    "pow": _binary("pow"), "power": _binary("pow"), "minimum": _binary("min"), "maximum": _binary("max"),
-    "fmin": _binary("min"), "fmax": _binary("max"), "logical_and": _binary("and"), "logical_or": _binary("or"),
-    "bitwise_and": _binary("and"), "bitwise_or": _binary("or"),
-    "lt": _binary("lt"), "less": _binary("lt"), "le": _binary("le"), "less_equal": _binary("le"),
-    "gt": _binary("gt"), "greater": _binary("gt"), "ge": _binary("ge"), "greater_equal": _binary("ge"),
-    "eq": _binary("eq"), "equal": _binary("eq"), "ne": _binary("ne"), "not_equal": _binary("ne"),
-    "where": _where, "clamp": _clamp, "clip": _clamp,
-    "clamp_min": lambda tracer, x, lo: _clamp(tracer, x, lo=lo),
-    "clamp_max": lambda tracer, x, hi: _clamp(tracer, x, hi=hi),
-}
-
-# Dunder names some frameworks dispatch under (torch.Tensor.__add__ and the like).
-_DUNDERS = {"__add__": "add", "__radd__": "add", "__sub__": "sub", "__mul__": "mul", "__rmul__": "mul",
-            "__truediv__": "div", "__pow__": "pow", "__neg__": "neg", "__abs__": "abs", "__lt__": "lt",
-            "__le__": "le", "__gt__": "gt", "__ge__": "ge", "__eq__": "eq", "__ne__": "ne", "__and__": "and",
-            "__or__": "or", "__invert__": "not"}
-
-
-def _tracer_of(args):
-    for a in args:
-        if isinstance(a, Sym):
-            return a.tracer
-        if isinstance(a, (tuple, list)):
-            found = _tracer_of(a)
-            if found is not None:
-                return found
-    return None
-
-
-def apply(name, args, kwargs):
-    """A framework function `name` called on traced values (the adapters route their dispatch here)."""
-    tracer = _tracer_of(args)
-    if name == "__getitem__":
-        return tracer.index(args[0], args[1])
-    if name in ("__rsub__", "__rtruediv__", "__rpow__"):
-        return _call(tracer, {"__rsub__": "sub", "__rtruediv__": "div", "__rpow__": "pow"}[name], args[1], args[0])
-    if name in _DUNDERS:
-        return _call(tracer, _DUNDERS[name], *args)
-    rule = _FUNCTIONS.get(name)
-    kwargs = dict(kwargs or {})
-    if name in ("div", "divide", "true_divide") and kwargs.pop("rounding_mode", None) is not None:
-        raise not_covered("division with a rounding mode")
-    if name in ("clamp", "clip"):
-        lo = args[1] if len(args) > 1 else kwargs.pop("min", kwargs.pop("a_min", None))
-        hi = args[2] if len(args) > 2 else kwargs.pop("max", kwargs.pop("a_max", None))
-        if kwargs:
-            raise not_covered(f"{name} with {sorted(kwargs)}")
-        return _clamp(tracer, args[0], lo, hi)
-    if rule is None or kwargs:
-        raise not_covered(f"{name}({', '.join(sorted(kwargs))})" if kwargs and rule else f"{name}()")
-    return rule(tracer, *args)
-
-
 def trace(fn, is_tensor, sym_class=None, is_learnable=lambda tensor: False):
     """Traces fn(score, b, h, q_idx, kv_idx) into a Traced modifier; `is_tensor` says which Python
     objects are the framework's tensors (the ones fn may capture and index), `sym_class` (a
     subclass of Sym) may add the framework's dispatch hook, and `is_learnable` says which tensors
     need a gradient (their terms run as the bias)."""
-    tracer = _Tracer(is_tensor, sym_class or Sym, is_learnable)
-    leaves = [tracer.sym_class(tracer, name) for name in _LEAVES]
+    tracer = Tracer(is_tensor, sym_class or Sym, is_learnable)
+    leaves = [tracer.sym_class(tracer, name) for name in LEAVES]
     try:
         out = fn(*leaves)
     except NotSupportedError:
@@ -280,7 +128,7 @@ def finish(tracer, out):
     """The Traced modifier of `out`, the terms added to the score that gather or need a gradient
     split off as its bias (the module's docstring)."""
     text = out.text if isinstance(out, Sym) else tracer.operand(out)  # a function of nothing: a constant
-    modifier, bias = split_bias(text, tracer)
+    modifier, bias = split_bias(text)
     if bias is not None:
         # cuDNN 9.19 builds no backward of a modifier reading runtime scalars beside a bias and its
         # gradient ("!pointwise_node->bPort.tensor->getIsByValue()" for a softcap beside a learned
@@ -292,12 +140,14 @@ def finish(tracer, out):
     traced = _numbered(tracer, modifier)
     if bias is not None:
         traced.bias = _numbered(tracer, bias)
+        bias_tree(traced.bias.text)  # made now, outside any compiled code that will evaluate it
     return traced
 
 
 def _numbered(tracer, text):
     """The Traced of `text`, its slots renumbered in the order the text first uses them (a
-    framework's own steps may have made numbers or tensors that the result does not use)."""
+    framework's own steps may have made numbers or tensors that the result does not use). The
+    tracer's own slot tokens ($N, tN[...], GN(...)) are rewritten in place; nothing else is read."""
     scalars, tensors = [], []
 
     def scalar(match):
@@ -316,124 +166,3 @@ def _numbered(tracer, text):
     text = re.sub(r"\$(\d+)", scalar, text)
     text = re.sub(r"\b([tG])(\d+)([\[(])", tensor, text)
     return Traced(text, scalars, [t for t, _ in tensors], [a for _, a in tensors])
-
-
-# --- the bias part: terms added to the score that gather or need a gradient ------------------------
-
-def parse(text):
-    """An expression's tree: a leaf's text, or (operation, [arguments])."""
-    at = 0
-
-    def node():
-        nonlocal at
-        start = at
-        while at < len(text) and text[at] not in "(),[":
-            at += 1
-        if at < len(text) and text[at] == "[":  # t<slot>[axes]
-            at = text.index("]", at) + 1
-            return text[start:at]
-        name = text[start:at]
-        if at < len(text) and text[at] == "(":
-            at += 1
-            args = [node()]
-            while text[at] == ",":
-                at += 1
-                args.append(node())
-            at += 1  # ")"
-            return name, args
-        return name
-    return node()
-
-
-def unparse(tree):
-    return tree if isinstance(tree, str) else f"{tree[0]}({','.join(unparse(a) for a in tree[1])})"
-
-
-def _terms(tree, sign=1):
-    """The root's sum as (sign, term) pairs: add, sub and neg flattened."""
-    if isinstance(tree, tuple) and tree[0] in ("add", "sub"):
-        return _terms(tree[1][0], sign) + _terms(tree[1][1], sign if tree[0] == "add" else -sign)
-    if isinstance(tree, tuple) and tree[0] == "neg":
-        return _terms(tree[1][0], -sign)
-    return [(sign, tree)]
-
-
-def _leaves(tree):
-    if isinstance(tree, str):
-        return {tree}
-    return {tree[0]} | set().union(*(_leaves(a) for a in tree[1]))
-
-
-def _summed(terms):
-    out = None
-    for sign, term in terms:
-        if out is None:
-            out = term if sign > 0 else ("neg", [term])
-        else:
-            out = ("add" if sign > 0 else "sub", [out, term])
-    return out
-
-
-def split_bias(text, tracer):
-    """(the modifier's text, the bias's text or None): the root's terms that gather (G<slot>) or read
-    a tensor that needs a gradient move to the bias, which must not involve the score; a modifier that
-    is then the plain score is "" (none)."""
-    if re.search(r"\bG\d+\(", text) is None:
-        return text, None
-    terms = _terms(parse(text))
-    dense = [(sign, term) for sign, term in terms if any(leaf.startswith("G") for leaf in _leaves(term))]
-    for _, term in dense:
-        if "score" in _leaves(term):
-            raise NotSupportedError(f"score_mod: {unparse(term)} gathers from a tensor or reads one that needs a "
-                                    "gradient, and involves the score: such terms must be added to the score (they "
-                                    "run as the call's bias, which cuDNN differentiates); G<n> is tensor n gathered (under JAX's jit "
-                                    "every traced array may need a gradient: jax.lax.stop_gradient says it does not)")
-    rest = [(sign, term) for sign, term in terms if (sign, term) not in dense]
-    if not rest:
-        raise NotSupportedError("score_mod: a function whose result does not use the score beside its gathered or "
-                                "learned terms (return score + ...)")
-    modifier = _summed(rest)
-    return ("" if modifier == "score" else unparse(modifier)), unparse(_summed(dense))
-
-
-def bias_sizes(layout, axes, q_shape, k_shape):
-    """(b, h_q, s_q, s_kv) of a call whose q and k are in `layout`, for its dense bias; `axes` maps
-    the dense layouts to where they hold (batch, heads, sequence, ...). NotSupportedError for
-    another layout (thd)."""
-    if layout not in axes:
-        raise NotSupportedError(f"score_mod: a gathered or learned term (it runs as a bias) with layout={layout!r} "
-                                "(bshd, sbhd or bhsd)")
-    b_axis, h_axis, s_axis = axes[layout][:3]
-    return q_shape[b_axis], q_shape[h_axis], q_shape[s_axis], k_shape[s_axis]
-
-
-def bias_shape(shape, sizes):
-    """The nearest bias shape the core takes ([b|1, h|1, s_q|1, s_kv], s_q wherever b or h are there)
-    for a dense value of 4-d broadcast `shape` in a call of `sizes` (b, h_q, s_q, s_kv)."""
-    b, h, s_q = (sizes[i] if shape[i] != 1 else 1 for i in range(3))
-    return b, h, sizes[2] if (b > 1 or h > 1) else s_q, sizes[3]
-
-
-def evaluate_dense(traced, grids, ops):
-    """The value of `traced`'s expression (a bias: no score) at every index of `grids`, {"b", "h", "q",
-    "kv"}: integer arrays that broadcast against each other. `ops` gives the framework's operations:
-    one per operation name of fusedattn/score_mod.h (taking arrays or Python numbers), and
-    "leaf" (tensor, axes) -> the tensor broadcast over [b, h, q, kv], "gather" (tensor, [integer
-    indices]) -> tensor[indices], "integer" (x) -> x as integers (for gather indices)."""
-    def value(tree):
-        if isinstance(tree, str):
-            if tree in grids:
-                return grids[tree]
-            if tree.startswith("$"):
-                return traced.scalars[int(tree[1:])]
-            if tree.startswith("t"):
-                slot, axes = tree[1:].split("[")
-                return ops["leaf"](traced.tensors[int(slot)], axes[:-1])
-            if tree == "score":
-                raise not_covered("the score inside a bias term")
-            return float(tree)
-        name, args = tree
-        if name.startswith("G"):
-            return ops["gather"](traced.tensors[int(name[1:])], [ops["integer"](value(a)) for a in args])
-        return ops[name](*(value(a) for a in args))
-    return value(parse(traced.text))

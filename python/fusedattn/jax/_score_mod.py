@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _score_mod
-from .._score_mod import Sym, not_covered
+from .. import _score_mod, _score_mod_bias, _score_mod_sym
+from .._score_mod_sym import Sym, not_covered
 from ..errors import NotSupportedError, invalid_argument
 from ._calls import AXES
 
@@ -67,7 +67,7 @@ def _equation(tracer, eqn, args):
         pred, if_false, if_true = args
         if isinstance(pred, (bool, int, float)) and not isinstance(pred, Sym):
             return if_true if pred else if_false
-        return _score_mod._call(tracer, "select", pred, if_true, if_false)
+        return _score_mod_sym.call(tracer, "select", pred, if_true, if_false)
     if name == "lt" and _is_leaf_index(args[0]) and args[1] == 0:
         return False  # an index is never negative: JAX's wrap-around of negative indices folds away
     if name == "dynamic_slice":
@@ -78,15 +78,15 @@ def _equation(tracer, eqn, args):
             tracer.stopped.add(id(operand.array))
         return tracer.index(operand.array, tuple(indices))
     if name == "integer_pow":
-        return _score_mod._call(tracer, "pow", args[0], int(params["y"]))
+        return _score_mod_sym.call(tracer, "pow", args[0], int(params["y"]))
     if name == "square":
-        return _score_mod._call(tracer, "mul", args[0], args[0])
+        return _score_mod_sym.call(tracer, "mul", args[0], args[0])
     if name == "rsqrt":
-        return _score_mod._call(tracer, "div", 1.0, _score_mod._call(tracer, "sqrt", args[0]))
+        return _score_mod_sym.call(tracer, "div", 1.0, _score_mod_sym.call(tracer, "sqrt", args[0]))
     if name in _UNARY:
-        return _score_mod._call(tracer, _UNARY[name], args[0])
+        return _score_mod_sym.call(tracer, _UNARY[name], args[0])
     if name in _BINARY:
-        return _score_mod._call(tracer, _BINARY[name], args[0], args[1])
+        return _score_mod_sym.call(tracer, _BINARY[name], args[0], args[1])
     raise not_covered(f"the JAX primitive {name}")
 
 
@@ -116,10 +116,10 @@ def trace(fn):
     of those it took through stop_gradient."""
     scalars = (jax.ShapeDtypeStruct((), jnp.float32),) + tuple(jax.ShapeDtypeStruct((), jnp.int32) for _ in range(4))
     closed = jax.make_jaxpr(fn)(*scalars)
-    tracer = _score_mod._Tracer(lambda x: hasattr(x, "shape"), Sym)
+    tracer = _score_mod.Tracer(lambda x: hasattr(x, "shape"), Sym)
     tracer.stopped = set()
     tracer.is_learnable = lambda array: learned(array, tracer.stopped)
-    leaves = [Sym(tracer, name) for name in _score_mod._LEAVES]
+    leaves = [Sym(tracer, name) for name in _score_mod.LEAVES]
     out = _evaluate(tracer, closed.jaxpr, closed.consts, leaves)
     if isinstance(out, list):
         raise not_covered("a function with several results")
@@ -143,16 +143,16 @@ def learned(array, stopped):
 
 
 def dense_bias(part, q, k, *, layout, stopped=()):
-    """The bias of a traced bias part (_score_mod.py): its expression at every (b, h, q_idx, kv_idx)
-    of this call, in q's dtype, in the nearest bias shape the core takes (_score_mod.bias_shape),
+    """The bias of a traced bias part (_score_mod_bias.py): its expression at every (b, h, q_idx, kv_idx)
+    of this call, in q's dtype, in the nearest bias shape the core takes (_score_mod_bias.bias_shape),
     differentiable in the arrays it reads; and whether any of them may be differentiated (traced,
     and not taken through stop_gradient, whose ids are `stopped`: then the call computes dBias)."""
-    sizes = _score_mod.bias_sizes(layout, AXES, q.shape, k.shape)
+    sizes = _score_mod_bias.bias_sizes(layout, AXES, q.shape, k.shape)
     grids = {name: jnp.arange(n, dtype=jnp.int32).reshape((1,) * axis + (n,) + (1,) * (3 - axis))
              for axis, (name, n) in enumerate(zip(("b", "h", "q", "kv"), sizes))}
-    value = jnp.asarray(_score_mod.evaluate_dense(part, grids, _operations(sizes)), jnp.float32)
+    value = jnp.asarray(_score_mod_bias.evaluate_dense(part, grids, _operations(sizes)), jnp.float32)
     value = value.reshape((1,) * (4 - value.ndim) + value.shape)
-    bias = jnp.broadcast_to(value, _score_mod.bias_shape(value.shape, sizes)).astype(q.dtype)
+    bias = jnp.broadcast_to(value, _score_mod_bias.bias_shape(value.shape, sizes)).astype(q.dtype)
     return bias, any(learned(t, stopped) for t in part.tensors)
 
 

@@ -5,24 +5,24 @@ call.
 A function is traced once per function object and per value of the numbers its closure holds, so
 a cap kept in a closure variable is seen when it changes; captured tensors are read at every call
 (their values are runtime data, as the scalars are). Terms added to the score that gather from a
-tensor or read one that requires grad become the call's bias (fusedattn/_score_mod.py), evaluated
+tensor or read one that requires grad become the call's bias (fusedattn/_score_mod_bias.py), evaluated
 here with torch operations on index grids, so autograd carries dBias into the tensors' gradients."""
 import weakref
 
 import torch
 
-from .. import _score_mod
+from .. import _score_mod, _score_mod_bias, _score_mod_sym
 from ..errors import NotSupportedError, invalid_argument
 from ._tensors import AXES
 
 
-class _TorchSym(_score_mod.Sym):
+class _TorchSym(_score_mod_sym.Sym):
     """A traced value that torch functions (torch.tanh, torch.where, tensor[h]) dispatch to."""
     __slots__ = ()
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        return _score_mod.apply(getattr(func, "__name__", str(func)), args, kwargs)
+        return _score_mod_sym.apply(getattr(func, "__name__", str(func)), args, kwargs)
 
 
 def _is_tensor(x):
@@ -162,14 +162,14 @@ def prepare(fn, q, k, layout):
 
 def dense_bias(part, q, k, layout):
     """The bias of a traced bias part: its expression at every (b, h, q_idx, kv_idx) of this call,
-    in q's dtype, in the nearest bias shape the core takes (_score_mod.bias_shape), differentiable
+    in q's dtype, in the nearest bias shape the core takes (_score_mod_bias.bias_shape), differentiable
     in the tensors it reads."""
-    sizes = _score_mod.bias_sizes(layout, AXES, q.shape, k.shape)
+    sizes = _score_mod_bias.bias_sizes(layout, AXES, q.shape, k.shape)
     grids = {name: torch.arange(n, device=q.device).view(*([1] * axis), n, *([1] * (3 - axis)))
              for axis, (name, n) in enumerate(zip(("b", "h", "q", "kv"), sizes))}
-    value = torch.as_tensor(_score_mod.evaluate_dense(part, grids, _operations(q.device, sizes)), device=q.device)
+    value = torch.as_tensor(_score_mod_bias.evaluate_dense(part, grids, _operations(q.device, sizes)), device=q.device)
     value = value.reshape((1,) * (4 - value.dim()) + tuple(value.shape))
-    return value.expand(*_score_mod.bias_shape(value.shape, sizes)).contiguous().to(q.dtype)
+    return value.expand(*_score_mod_bias.bias_shape(value.shape, sizes)).contiguous().to(q.dtype)
 
 
 def _operations(device, sizes):
