@@ -35,6 +35,8 @@ m c_b + R (sequence_band), unless the window misses every sequence's pair (no ca
 one (a plain call); m = 0 is the window itself in every sequence.
 """
 
+from typing import NamedTuple, Optional, Tuple
+
 from . import _core as core
 from .errors import invalid_argument
 
@@ -96,9 +98,28 @@ def load_balanced_order(n):
     return [c for r in range(n) for c in (r, 2 * n - 1 - r)]
 
 
-def check_arguments(q_shape, k_shape, causal, load_balanced, scheme, holder, packed=False):
-    """What both adapters refuse, in the same words; `holder` names a device or a rank. `packed`:
-    thd parts ([tokens, h, d]), whose offsets check_packed_offsets checks."""
+class CallOptions(NamedTuple):
+    """A context-parallel call's options as both adapters run them: the window's bounds (None for
+    none), whether the diagonal is causal, whether the chunks are load-balanced, the scale."""
+    window: Optional[Tuple[int, int]]
+    causal: bool
+    balanced: bool
+    scale: float
+
+
+def call_options(q_shape, k_shape, *, window, causal, load_balanced, scheme, holder, packed, scale):
+    """The options of a call with these arguments, after refusing what both adapters refuse in the
+    same words (`holder` names a device or a rank); the scale defaults to 1/sqrt(d)."""
+    bounds = window_bounds(window, causal)
+    causal = bool(causal or (bounds is not None and bounds[1] == 0))
+    _check_arguments(q_shape, k_shape, causal=causal, load_balanced=load_balanced, scheme=scheme, holder=holder,
+                     packed=packed)
+    return CallOptions(window=bounds, causal=causal, balanced=bool(causal and load_balanced),
+                       scale=1.0 / q_shape[-1] ** 0.5 if scale is None else float(scale))
+
+
+def _check_arguments(q_shape, k_shape, *, causal, load_balanced, scheme, holder, packed):
+    """`packed`: thd parts ([tokens, h, d]), whose offsets check_packed_offsets checks."""
     if scheme not in ("ring", "all_gather"):
         raise invalid_argument("scheme", scheme, '"ring" or "all_gather"')
     axis = 0 if packed else 1

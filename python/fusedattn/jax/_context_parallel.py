@@ -100,13 +100,10 @@ def context_parallel_attention(q, k, v, *, axis_name, causal=False, window=(-1, 
     with cu_seqlens: chunks r and 2N-1-r of every sequence, or chunk r without load balancing),
     cu_seqlens the whole batch's int32 [b + 1] offsets, replicated, each length a multiple of 2N
     (N), and max_seqlen (static) at least its longest sequence."""
-    window = _cp.window_bounds(window, causal)
-    causal = causal or (window is not None and window[1] == 0)
     packed = cu_seqlens is not None
-    _cp.check_arguments(q.shape, k.shape, causal=causal, load_balanced=load_balanced, scheme=scheme, holder="device",
-                        packed=packed)
-    scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else float(scale)
-    balanced = bool(causal and load_balanced)
+    window, causal, balanced, scale = _cp.call_options(q.shape, k.shape, window=window, causal=causal,
+                                                       load_balanced=load_balanced, scheme=scheme, holder="device",
+                                                       packed=packed, scale=scale)
     if not packed:
         schedule = BlockSchedule(axis_name=axis_name, causal=bool(causal), balanced=balanced, scale=scale,
                                  window=window)

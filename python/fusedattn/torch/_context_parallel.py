@@ -150,14 +150,11 @@ def context_parallel_attention(q, k, v, *, group=None, causal=False, window=(-1,
     cu_seqlens the whole batch's int32 [b + 1] offsets, the same on every rank, each length a
     multiple of 2N (N). It is read on the host: pass it there to spare a device read.
     `blocks` replaces fusedattn's block kernels (tests of the algorithm on CPU groups)."""
-    window = _cp.window_bounds(window, causal)
-    causal = causal or (window is not None and window[1] == 0)
     packed_call = cu_seqlens is not None
-    _cp.check_arguments(q.shape, k.shape, causal=causal, load_balanced=load_balanced, scheme=scheme, holder="rank",
-                        packed=packed_call)
-    scale = 1.0 / q.shape[-1] ** 0.5 if scale is None else float(scale)
+    window, causal, balanced, scale = _cp.call_options(q.shape, k.shape, window=window, causal=causal,
+                                                       load_balanced=load_balanced, scheme=scheme, holder="rank",
+                                                       packed=packed_call, scale=scale)
     group = group if group is not None else dist.group.WORLD
-    balanced = bool(causal and load_balanced)
     packed = None
     if packed_call:
         packed = Packed(cu_seqlens, dist.get_world_size(group), balanced, q.device)
