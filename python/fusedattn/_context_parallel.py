@@ -98,6 +98,15 @@ def load_balanced_order(n):
     return [c for r in range(n) for c in (r, 2 * n - 1 - r)]
 
 
+def in_sequence_order(parts, n):
+    """The 2n chunks that load balancing put in the devices' order (load_balanced_order), back in
+    the sequence's order."""
+    order = [None] * (2 * n)
+    for position, chunk in enumerate(load_balanced_order(n)):
+        order[chunk] = parts[position]
+    return order
+
+
 class CallOptions(NamedTuple):
     """A context-parallel call's options as both adapters run them: the window's bounds (None for
     none), whether the diagonal is causal, whether the chunks are load-balanced, the scale."""

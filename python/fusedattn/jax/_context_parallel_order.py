@@ -23,10 +23,7 @@ def unbalance(x, n, axis=1, *, cu_seqlens=None, balanced=True):
     """The inverse of load_balance."""
     if cu_seqlens is not None:
         return jnp.zeros_like(x).at[_packed_order(cu_seqlens, n, balanced=balanced, tokens=x.shape[0])].set(x)
-    parts, order = jnp.split(x, 2 * n, axis=axis), [None] * (2 * n)
-    for position, c in enumerate(_cp.load_balanced_order(n)):
-        order[c] = parts[position]
-    return jnp.concatenate(order, axis=axis)
+    return jnp.concatenate(_cp.in_sequence_order(jnp.split(x, 2 * n, axis=axis), n), axis=axis)
 
 
 class JnpOps:

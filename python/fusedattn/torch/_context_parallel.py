@@ -47,10 +47,7 @@ def unbalance(x, n, dim=1, *, cu_seqlens=None, balanced=True):
     """The inverse of load_balance."""
     if cu_seqlens is not None:
         return torch.empty_like(x).index_copy_(0, _packed_order(cu_seqlens, n, balanced).to(x.device), x)
-    parts, order = x.chunk(2 * n, dim=dim), [None] * (2 * n)
-    for position, c in enumerate(_cp.load_balanced_order(n)):
-        order[c] = parts[position]
-    return torch.cat(order, dim=dim)
+    return torch.cat(_cp.in_sequence_order(x.chunk(2 * n, dim=dim), n), dim=dim)
 
 
 # --- packed sequences (thd) ----------------------------------------------------------------------
