@@ -61,7 +61,7 @@ def kind_of(rank, source):
     return LOCAL if source == rank else EARLIER if source < rank else LATER
 
 
-def pieces(kind, causal, balanced):
+def pieces(kind, *, causal, balanced):
     """The (queries, keys, mask) pieces a block of `kind` runs; empty: the block is hidden. A mask
     is (FULL, 0) or (DIAGONAL, (-1, 0)): causal from the top-left (under a window, the window's
     diagonal and bands too: window_pieces)."""
@@ -75,13 +75,14 @@ def pieces(kind, causal, balanced):
             LATER: [(SECOND, ALL, full)]}[kind]
 
 
-def window_pieces(rank, source, n, balanced, length, bounds):
+def window_pieces(rank, source, n, *, balanced, length, bounds):
     """The (queries, keys, mask) pieces of device `source`'s keys for device `rank`'s queries (plain
     integers) under a sliding window of `bounds` (L, R); `length`: tokens a device holds."""
     chunk = length // 2 if balanced else length
     out = []
     for q_part, k_part in window_pairs(balanced):
-        m = chunk_index(rank, q_part, n, balanced) - chunk_index(source, k_part, n, balanced)
+        m = (chunk_index(rank, q_part, n, balanced=balanced)
+             - chunk_index(source, k_part, n, balanced=balanced))
         kind, offset = window_piece(m, chunk, bounds)
         if kind != HIDDEN:
             out.append((q_part, k_part, (kind, {DIAGONAL: tuple(bounds), FULL: 0}.get(kind, offset))))
@@ -150,7 +151,7 @@ def _check_arguments(q_shape, k_shape, *, causal, load_balanced, scheme, holder,
 # each half is then a packed batch with offsets cu_seqlens / 2N, and the pieces of a block are
 # the dense case's (a half against a half) as ragged calls, each sequence against itself alone.
 
-def check_packed_offsets(shape, offsets, n, balanced, holder):
+def check_packed_offsets(shape, offsets, n, *, balanced, holder):
     """The chunks every sequence is cut into (2n, or n), after checking the whole batch's
     cu_seqlens as both adapters refuse it: int32 [b + 1] cumulative offsets from 0, each sequence's
     length a multiple of the chunks. `offsets`: its values as plain integers, or None where they
@@ -168,19 +169,19 @@ def check_packed_offsets(shape, offsets, n, balanced, holder):
     return chunks
 
 
-def packed_sizes(cu, n, balanced):
+def packed_sizes(cu, n, *, balanced):
     """(chunk lengths [b], offsets of one part's half (of the whole part, unbalanced) [b + 1]) of a
     packed batch with offsets `cu` (int arrays of a framework: the arithmetic is the same)."""
     size = (cu[1:] - cu[:-1]) // (2 * n if balanced else n)
     return size, cu // (2 * n if balanced else n)
 
 
-def packed_order(cu, n, balanced, tokens, positions, ops):
+def packed_order(cu, n, *, balanced, tokens, positions, ops):
     """The whole batch's token that each of `positions` of the ranks' parts laid end to end
     (load_balance's order: part r holds chunks r and 2n-1-r, or r, of every sequence in turn)
     holds. `cu`: the batch's offsets; `tokens`: its count; `ops.searchsorted(a, v)`: the index of
     the first element of a greater than v."""
-    size, _ = packed_sizes(cu, n, balanced)
+    size, _ = packed_sizes(cu, n, balanced=balanced)
     part = tokens // n
     rank, within_part = positions // part, positions % part
     local = cu // n  # where each sequence's chunks start in a part
@@ -196,7 +197,7 @@ def packed_order(cu, n, balanced, tokens, positions, ops):
 def halves_order(cu, n, tokens, positions, ops):
     """The token of a load-balanced part (`tokens` long) that each of `positions` of its halves
     order holds: every sequence's first chunk, then every sequence's second."""
-    size, half = packed_sizes(cu, n, True)
+    size, half = packed_sizes(cu, n, balanced=True)
     second = positions >= tokens // 2
     within_half = positions - ops.where(second, tokens // 2, 0)
     seq = ops.searchsorted(half[1:], within_half)
@@ -266,7 +267,7 @@ def window_pairs(balanced):
     return [(FIRST, FIRST), (FIRST, SECOND), (SECOND, FIRST), (SECOND, SECOND)] if balanced else [(ALL, ALL)]
 
 
-def chunk_index(device, part, n, balanced):
+def chunk_index(device, part, n, *, balanced):
     """The chunk of the whole sequence that `part` of `device`'s tokens is (in chunks of the part's
     length): load-balanced, chunks device and 2n-1-device of 2n; else chunk device of n. Plain
     integers, or arrays of a framework (the arithmetic is the same)."""

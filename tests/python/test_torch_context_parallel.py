@@ -402,28 +402,29 @@ def test_window_pieces_worked_numbers():
     # tokens, a causal window of 40 keys: rank 2's queries (64..95) see rank 1's keys (32..63) as a
     # band j - i >= 32 - 40 + 1 = -7, rank 0's as a band 64 - 39 = 25 (only its last keys, to its
     # first queries), and nothing of rank 3's.
-    pieces = lambda source: _cp.window_pieces(2, source, 4, False, 32, (40, 0))
+    pieces = lambda source: _cp.window_pieces(2, source, 4, balanced=False, length=32, bounds=(40, 0))
     assert pieces(2) == [("all", "all", (_cp.DIAGONAL, (40, 0)))]
     assert pieces(1) == [("all", "all", (_cp.BAND_PIECE, -7))]
     assert pieces(0) == [("all", "all", (_cp.BAND_PIECE, 25))]
     assert pieces(3) == []
     # A window of 100: rank 1's keys are all inside it (offset 32 - 99 = -67 <= -31), and rank 0's
     # too (64 - 99 = -35 <= -31): full pieces.
-    assert _cp.window_pieces(2, 1, 4, False, 32, (100, 0)) == [("all", "all", (_cp.FULL, 0))]
-    assert _cp.window_pieces(2, 0, 4, False, 32, (100, 0)) == [("all", "all", (_cp.FULL, 0))]
+    assert _cp.window_pieces(2, 1, 4, balanced=False, length=32, bounds=(100, 0)) == [("all", "all", (_cp.FULL, 0))]
+    assert _cp.window_pieces(2, 0, 4, balanced=False, length=32, bounds=(100, 0)) == [("all", "all", (_cp.FULL, 0))]
     # A window of 2: query 64 still sees key 63, rank 1's last (a band of offset 31, one pair); a
     # window of 1 is the diagonal alone, so rank 1's keys are hidden (offset 32 >= 32).
-    assert _cp.window_pieces(2, 1, 4, False, 32, (2, 0)) == [("all", "all", (_cp.BAND_PIECE, 31))]
-    assert _cp.window_pieces(2, 1, 4, False, 32, (1, 0)) == []
+    assert (_cp.window_pieces(2, 1, 4, balanced=False, length=32, bounds=(2, 0))
+            == [("all", "all", (_cp.BAND_PIECE, 31))])
+    assert _cp.window_pieces(2, 1, 4, balanced=False, length=32, bounds=(1, 0)) == []
     # Balanced (chunks of 16): rank 0 holds chunks 0 and 7; against its own keys under a window of
     # 16, chunk 7 sees chunk 0 not at all (offset 7 * 16 - 15 = 97 >= 16).
-    assert _cp.window_pieces(0, 0, 4, True, 32, (16, 0)) == [("first", "first", (_cp.DIAGONAL, (16, 0))),
-                                                                 ("second", "second", (_cp.DIAGONAL, (16, 0)))]
+    assert _cp.window_pieces(0, 0, 4, balanced=True, length=32, bounds=(16, 0)) == [
+        ("first", "first", (_cp.DIAGONAL, (16, 0))), ("second", "second", (_cp.DIAGONAL, (16, 0)))]
     # Two-sided (3, 40), not causal: rank 2's queries see rank 3's keys (96..127) as a band
     # j - i <= -32 + 40 = 8 (keys later), rank 1's as a band j - i >= 32 - 2 = 30, rank 0's not at
     # all (64 - 2 >= 32). Rank 3's keys under a right bound of 100 or none: all inside (full); of 31:
     # a band j - i <= -1 (query 64 sees key 95 alone); of 0: none (-32 <= -32).
-    two_sided = lambda source, window: _cp.window_pieces(2, source, 4, False, 32, window)
+    two_sided = lambda source, window: _cp.window_pieces(2, source, 4, balanced=False, length=32, bounds=window)
     assert two_sided(2, (3, 40)) == [("all", "all", (_cp.DIAGONAL, (3, 40)))]
     assert two_sided(3, (3, 40)) == [("all", "all", (_cp.BAND_UPPER, 8))]
     assert two_sided(1, (3, 40)) == [("all", "all", (_cp.BAND_PIECE, 30))]
