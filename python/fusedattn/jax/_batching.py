@@ -11,11 +11,12 @@ each element's own, and so are the scales a mapped state gives them).
 import jax
 import jax.numpy as jnp
 
-from ._calls import AXES, STATS
+from .. import _config
+from ._calls import STATS
 
 
 def _batch_axis(role, layout):
-    return 0 if role == STATS else AXES[layout][0]
+    return 0 if role == STATS else _config.AXES[layout][0]
 
 
 def fold(x, axis):

@@ -25,7 +25,6 @@ from .. import _core as core
 FORWARD, BACKWARD = _config.FORWARD, _config.BACKWARD
 STATS = "stats"
 
-AXES = _config.AXES  # per dense layout, the array axis of each logical axis
 
 # An FP8 call's scalar operands and the amaxes it returns, from the core's one table, so they come
 # in the order jax_ffi.cpp reads them.

@@ -3,7 +3,8 @@
 amaxes the kernels report written into the state."""
 import jax.numpy as jnp
 
-from ._calls import AXES, FORWARD
+from .. import _config
+from ._calls import FORWARD
 from ._fp8_state import SLOT
 from ._kernels import pass_function
 
@@ -11,7 +12,7 @@ from ._kernels import pass_function
 def fp8_pass(pass_, call, q, k):
     """The FP8 `pass_` of `call` on q and k's heads, with attention()'s vmap rule and partitioning
     (its kernel from _kernels.KERNELS: the CUDA call, or what a test put there)."""
-    heads = AXES[call.config.layout][1]
+    heads = _config.AXES[call.config.layout][1]
     return pass_function(pass_, call, (q.shape[heads], k.shape[heads]))
 
 

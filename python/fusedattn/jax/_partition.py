@@ -21,7 +21,8 @@ import jax.numpy as jnp
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
-from ._calls import AXES, FP8_INPUTS, FP8_OUTPUTS, STATS
+from .. import _config
+from ._calls import FP8_INPUTS, FP8_OUTPUTS, STATS
 
 _KV = ("k", "v", "d_k", "d_v")
 _V_DIM = ("v", "o", "d_o", "d_v")
@@ -69,7 +70,7 @@ def _axes(role, call, batch, heads, kv_heads):
 def _in_layout_order(logical, layout):
     """(batch, heads, seq, dim) entries placed on the array axes that hold them in `layout`."""
     order = [None] * 4
-    for index, axis in enumerate(AXES[layout]):
+    for index, axis in enumerate(_config.AXES[layout]):
         order[axis] = logical[index]
     return tuple(order)
 
@@ -102,7 +103,7 @@ def _split_axes(mesh, call, q_sharding, heads_kv):
     if call.config.layout == "thd":
         batch, heads = None, spec[1]
     else:
-        axes = AXES[call.config.layout]
+        axes = _config.AXES[call.config.layout]
         batch, heads = spec[axes[0]], spec[axes[1]]
     if heads is not None and heads_kv % math.prod(mesh.shape[n] for n in _names(heads)):
         heads = None

@@ -9,10 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _score_mod, _score_mod_bias, _score_mod_sym
+from .. import _config, _score_mod, _score_mod_bias, _score_mod_sym
 from .._score_mod_sym import Sym, not_covered
 from ..errors import NotSupportedError, invalid_argument
-from ._calls import AXES
 
 _BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "max", "min": "min", "pow": "pow",
            "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne", "and": "and", "or": "or"}
@@ -147,7 +146,7 @@ def dense_bias(part, q, k, *, layout, stopped=()):
     of this call, in q's dtype, in the nearest bias shape the core takes (_score_mod_bias.bias_shape),
     differentiable in the arrays it reads; and whether any of them may be differentiated (traced,
     and not taken through stop_gradient, whose ids are `stopped`: then the call computes dBias)."""
-    sizes = _score_mod_bias.bias_sizes(layout, AXES, q.shape, k.shape)
+    sizes = _score_mod_bias.bias_sizes(layout, _config.AXES, q.shape, k.shape)
     grids = {name: jnp.arange(n, dtype=jnp.int32).reshape((1,) * axis + (n,) + (1,) * (3 - axis))
              for axis, (name, n) in enumerate(zip(("b", "h", "q", "kv"), sizes))}
     value = jnp.asarray(_score_mod_bias.evaluate_dense(part, grids, _operations(sizes)), jnp.float32)

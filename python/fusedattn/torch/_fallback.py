@@ -4,7 +4,7 @@ import logging
 
 import torch
 
-from ._tensors import AXES
+from .. import _config
 
 _LOG = logging.getLogger("fusedattn")
 
@@ -23,7 +23,7 @@ def run(q, k, v, *, layout, window, align, scale, bias, dropout_p):
     (left, right; -1 open) is the core's: with the diagonal at p (row i, shifted by s_kv - s_q when
     bottom-right), keys p - left < j <= p + right are visible."""
     left, right = window
-    to_bhsd = AXES[layout]
+    to_bhsd = _config.AXES[layout]
     qb, kb, vb = (t.permute(*to_bhsd) for t in (q, k, v))
     mask = bias
     # SDPA's own is_causal is top-left causal without a mask; anything else becomes the mask.

@@ -11,9 +11,8 @@ import weakref
 
 import torch
 
-from .. import _score_mod, _score_mod_bias, _score_mod_sym
+from .. import _config, _score_mod, _score_mod_bias, _score_mod_sym
 from ..errors import NotSupportedError, invalid_argument
-from ._tensors import AXES
 
 
 class _TorchSym(_score_mod_sym.Sym):
@@ -164,7 +163,7 @@ def dense_bias(part, q, k, layout):
     """The bias of a traced bias part: its expression at every (b, h, q_idx, kv_idx) of this call,
     in q's dtype, in the nearest bias shape the core takes (_score_mod_bias.bias_shape), differentiable
     in the tensors it reads."""
-    sizes = _score_mod_bias.bias_sizes(layout, AXES, q.shape, k.shape)
+    sizes = _score_mod_bias.bias_sizes(layout, _config.AXES, q.shape, k.shape)
     grids = {name: torch.arange(n, device=q.device).view(*([1] * axis), n, *([1] * (3 - axis)))
              for axis, (name, n) in enumerate(zip(("b", "h", "q", "kv"), sizes))}
     value = torch.as_tensor(_score_mod_bias.evaluate_dense(part, grids, _operations(q.device, sizes)), device=q.device)

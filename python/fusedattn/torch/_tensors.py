@@ -8,7 +8,6 @@ from torch import Tensor
 from .. import _config
 from ..errors import invalid_argument
 
-AXES = _config.AXES  # per dense layout, the tensor axis of each logical axis
 
 EMPTY = (0,)  # the operators return an empty tensor for an output not asked for
 
