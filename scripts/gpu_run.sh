@@ -289,7 +289,7 @@ if part tsan; then
     LD_LIBRARY_PATH="$cudnn_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
     TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
       FUSEDATTN_THREADS_CALLS=${TSAN_THREADS_CALLS:-500} "$tsan_build/tests/fusedattn_gpu_tests" \
-      --gtest_filter="${TSAN_FILTER:-SerialThreads*:Execution.*}" >"$OUT/tsan.txt" 2>&1
+      --gtest_filter="${TSAN_FILTER:-Threads*:Execution.*}" >"$OUT/tsan.txt" 2>&1
     rc=$?
     grep -E "cuDNN compiled|threads:|WARNING: ThreadSanitizer|SUMMARY|FATAL|tests ran|PASSED|FAILED" "$OUT/tsan.txt" | head -20
     [ $rc -eq 0 ] || { echo "tsan: exit $rc"; status=1; }

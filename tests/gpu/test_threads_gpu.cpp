@@ -77,7 +77,7 @@ struct Outputs {
   DeviceBuffer o, stats, d_q, d_k, d_v, d_bias, d_sink, workspace;
 };
 
-TEST(SerialThreads, SixteenThreadsOfMixedCallsBuildEachPlanOnceAndAllGetTheSameResults) {
+TEST(Threads, SixteenThreadsOfMixedCallsBuildEachPlanOnceAndAllGetTheSameResults) {
   FUSEDATTN_REQUIRE_GPU();
   DiskCacheOff off;
   std::vector<Shared> shared(kSpecCount);

@@ -11,6 +11,12 @@ build = Path(os.environ.get("FUSEDATTN_PYTHON_BUILD", Path(__file__).resolve().p
 if (build / "fusedattn").is_dir():
     sys.path.insert(0, str(build))
 
+# XLA's programs here are the tests' references and glue, each compiled once and run once or twice:
+# autotuning their matrix products (cuBLAS algorithms, Triton tilings) took seconds per program and
+# changes nothing a test checks. Set before any test module imports JAX, unless the caller chose.
+if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_autotune_level=0").strip()
+
 # How this session's tests ended, for pytest_sessionfinish.
 outcomes = Counter()
 

@@ -2,8 +2,9 @@
 shard_map every block is this device's own, run through the core's FFI calls (cuDNN): the pieces
 of a load-balanced causal block (the diagonal halves, the full one, the hidden one), windows with
 their band modifiers, two-sided windows, packed sequences through ragged calls (windowed too). Against float32
-attention of the whole problem, outputs and gradients, ring and all-gather. The programs are the
-ones the CPU tests compile on host devices, here compiled for a GPU."""
+attention of the whole problem, outputs and gradients, ring and all-gather against one reference (both
+schemes of a case share it and its compiled program). The programs are the ones the CPU tests compile
+on host devices, here compiled for a GPU."""
 import functools
 
 import pytest
@@ -41,11 +42,24 @@ def one_device_mesh():
                          devices=[d for d in jax.devices() if d.platform == "gpu"][:1])
 
 
-@pytest.mark.parametrize("scheme", ["ring", "all_gather"])
+def check_schemes(split, reference, inputs, w):
+    """Output and gradients of split(*inputs, scheme) for both schemes against the jitted reference's,
+    computed once: relative error under 1e-2 each."""
+    loss = lambda f: (lambda *x: (f(*x).astype(jnp.float32) * w).sum())
+    want = jax.jit(reference)(*inputs)
+    want_grads = jax.jit(jax.grad(loss(reference), (0, 1, 2)))(*inputs)
+    for scheme in ("ring", "all_gather"):
+        ours = functools.partial(split, scheme=scheme)
+        assert rel(jax.jit(ours)(*inputs), want) < 1e-2, scheme
+        grads = jax.jit(jax.grad(loss(ours), (0, 1, 2)))(*inputs)
+        for name, got, expected in zip("qkv", grads, want_grads):
+            assert rel(got, expected) < 1e-2, f"{scheme}: d{name}"
+
+
 @pytest.mark.parametrize("causal, balanced, window", [
     (True, True, None), (True, False, None), (False, False, None), (True, True, (300, 0)), (False, False, (300, 200))],
     ids=["causal_balanced", "causal_contiguous", "full", "window300_balanced", "window300_200"])
-def test_one_device_equals_the_whole_sequence(scheme, causal, balanced, window):
+def test_one_device_equals_the_whole_sequence(causal, balanced, window):
     b, s, h_q, h_kv, d = 2, 1024, 8, 2, 128
     keys = jax.random.split(jax.random.key(7), 4)
     q = jax.random.uniform(keys[0], (b, s, h_q, d), minval=-1, maxval=1).astype(jnp.bfloat16)
@@ -53,25 +67,22 @@ def test_one_device_equals_the_whole_sequence(scheme, causal, balanced, window):
     w = jax.random.uniform(keys[3], (b, s, h_q, d), minval=-1, maxval=1)
     scale = d ** -0.5
 
-    @functools.partial(jax.shard_map, mesh=one_device_mesh(), in_specs=(P(None, "cp"),) * 3, out_specs=P(None, "cp"))
-    def split(q, k, v):
-        return fj.context_parallel_attention(q, k, v, axis_name="cp", causal=causal, scheme=scheme,
-                                             load_balanced=balanced, scale=scale,
-                                             window=window if window is not None else (-1, -1))
+    def split(q, k, v, scheme):
+        @functools.partial(jax.shard_map, mesh=one_device_mesh(), in_specs=(P(None, "cp"),) * 3,
+                           out_specs=P(None, "cp"))
+        def blocks(q, k, v):
+            return fj.context_parallel_attention(q, k, v, axis_name="cp", causal=causal, scheme=scheme,
+                                                 load_balanced=balanced, scale=scale,
+                                                 window=window if window is not None else (-1, -1))
+        return blocks(q, k, v)
 
-    loss = lambda f: (lambda q, k, v: (f(q, k, v).astype(jnp.float32) * w).sum())
-    reference = lambda q, k, v: whole(q, k, v, causal, window, scale)
-    assert rel(jax.jit(split)(q, k, v), reference(q, k, v)) < 1e-2
-    grads = jax.jit(jax.grad(loss(split), (0, 1, 2)))(q, k, v)
-    for name, ours, theirs in zip("qkv", grads, jax.grad(loss(reference), (0, 1, 2))(q, k, v)):
-        assert rel(ours, theirs) < 1e-2, f"d{name}"
+    check_schemes(split, lambda q, k, v: whole(q, k, v, causal, window, scale), (q, k, v), w)
 
 
-@pytest.mark.parametrize("scheme", ["ring", "all_gather"])
 @pytest.mark.parametrize("causal, balanced, window", [(True, True, None), (False, False, None),
                                                       (True, True, (200, 0))],
                          ids=["causal_balanced", "full", "window200_balanced"])
-def test_packed_sequences_on_one_device_equal_each_sequences_own_attention(scheme, causal, balanced, window):
+def test_packed_sequences_on_one_device_equal_each_sequences_own_attention(causal, balanced, window):
     # Sequences of 512, 0, 130 and 1002 tokens (multiples of 2), each piece one ragged call; under
     # the window (chunks of 256, 0, 65 and 501) the second chunk against the first runs as the
     # modifier of each sequence's bounds: covered in the short sequence, a band in the others.
@@ -84,11 +95,14 @@ def test_packed_sequences_on_one_device_equal_each_sequences_own_attention(schem
     w = jax.random.uniform(keys[3], (t, h_q, d), minval=-1, maxval=1)
     scale = d ** -0.5
 
-    @functools.partial(jax.shard_map, mesh=one_device_mesh(), in_specs=(P("cp"),) * 3 + (P(),), out_specs=P("cp"))
-    def split(q, k, v, cu):
-        return fj.context_parallel_attention(q, k, v, axis_name="cp", causal=causal, scheme=scheme,
-                                             load_balanced=balanced, scale=scale, cu_seqlens=cu,
-                                             max_seqlen=max(lengths), window=window or (-1, -1))
+    def split(q, k, v, scheme):
+        @functools.partial(jax.shard_map, mesh=one_device_mesh(), in_specs=(P("cp"),) * 3 + (P(),),
+                           out_specs=P("cp"))
+        def blocks(q, k, v, cu):
+            return fj.context_parallel_attention(q, k, v, axis_name="cp", causal=causal, scheme=scheme,
+                                                 load_balanced=balanced, scale=scale, cu_seqlens=cu,
+                                                 max_seqlen=max(lengths), window=window or (-1, -1))
+        return blocks(q, k, v, cu)
 
     def reference(q, k, v):
         outs, start = [], 0
@@ -98,9 +112,4 @@ def test_packed_sequences_on_one_device_equal_each_sequences_own_attention(schem
             start += length
         return jnp.concatenate(outs)
 
-    ours = lambda q, k, v: split(q, k, v, cu)
-    loss = lambda f: (lambda q, k, v: (f(q, k, v).astype(jnp.float32) * w).sum())
-    assert rel(jax.jit(ours)(q, k, v), reference(q, k, v)) < 1e-2
-    grads = jax.jit(jax.grad(loss(ours), (0, 1, 2)))(q, k, v)
-    for name, got, want in zip("qkv", grads, jax.grad(loss(reference), (0, 1, 2))(q, k, v)):
-        assert rel(got, want) < 1e-2, f"d{name}"
+    check_schemes(split, reference, (q, k, v), w)
