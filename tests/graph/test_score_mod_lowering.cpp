@@ -1,6 +1,6 @@
 // The score_mod lowering's shape, without a GPU: the operations it emits for each kind of
 // expression keep the rules cuDNN 9.19's fused kernels were measured to need on the H200 (every
-// operation's first input virtual, no logical and/or/not: results/gpu-results-score-mod.md), and
+// operation's first input virtual, no logical and/or/not; the GPU tier's ScoreModNumerics runs them), and
 // what each costs, in operations, as worked numbers.
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 """fusedattn.torch.fp8_attention on a GPU: both scaling recipes, the FP8 and the model-precision
 backward, against float32 math attention of the unquantized inputs (so the errors include the
-inputs' quantization: the tolerances are about twice what the C++ FP8 check measured against
-fusedattn's BF16 result, results/gpu-results-fp8.md), the recipes' scales, and the refusals."""
+inputs' quantization: the tolerances are about twice what the C++ FP8 check prints against
+fusedattn's BF16 result, tests/gpu/test_fp8_attention_gpu.cpp), the recipes' scales, and the refusals."""
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch not installed")
