@@ -32,7 +32,7 @@ constexpr std::int64_t kDecodeFoldedTileRows = 64;
 constexpr std::int64_t kDecodeFoldedTilesPerSm = 1;
 /// The rounds of tiles a split fills: two with one query, one with several. One query was no slower
 /// in two rounds at any point measured, and faster at some (`bench/profile_decode_kernels.py`'s
-/// sweep of chunk counts, results/gpu-results-decode.md at d2cc665: b = 1 at 8k 20.3 µs in 32
+/// sweep of chunk counts, the GPU script's decodeprof part: b = 1 at 8k 20.3 µs in 32
 /// chunks against 21.7 in 16, at 128k 138.5 against 141.4; b = 8 at 32k 258.7 in 4 against 262.8
 /// in 2); several queries were slower (b = 4 with 8 at 8k: 58.2 µs in 8 chunks against 52.1 in 4;
 /// b = 1 with 16 at 32k: 63.3 in 32 against 57.2 in 16). Whether to split at all stays one round's
