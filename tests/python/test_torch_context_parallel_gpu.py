@@ -13,7 +13,7 @@ from fusedattn.torch import _context_parallel as cp  # noqa: E402
 from fusedattn.torch._cp_blocks import FusedattnBlocks  # noqa: E402
 from fusedattn.torch._cp_schedule import run_backward, run_forward  # noqa: E402
 from fusedattn.torch._cp_transports import SimulatedRanks  # noqa: E402
-from test_torch_context_parallel import run_packed, whole, whole_packed  # noqa: E402
+from torch_cp_reference import run_packed, whole, whole_packed  # noqa: E402
 
 
 def rel(a, b):
