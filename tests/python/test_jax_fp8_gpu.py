@@ -13,11 +13,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402  (JAX brings it; a machine without JAX may lack it)
 
 import fusedattn  # noqa: E402
-from test_jax_fp8_cpu import E4M3_MAX, SLOT, attend, fp8_inputs, rel_l2  # noqa: E402
-# A fresh jitted step each time, not test_jax_fp8_cpu's shared ones: those may have been traced with
+from jax_fp8_reference import E4M3_MAX, SLOT, attend, fp8_inputs, rel_l2  # noqa: E402
+# A fresh jitted step each time, not jax_fp8_reference's shared ones: those may have been traced with
 # its stand-in kernels (one pytest run of both files), and a hit in their cache would skip cuDNN's.
-from test_jax_fp8_cpu import make_training_step as training_step  # noqa: E402
-from test_jax_fp8_cpu import reference as cpu_reference  # noqa: E402
+from jax_fp8_reference import make_training_step as training_step  # noqa: E402
+from jax_fp8_reference import reference as cpu_reference  # noqa: E402
 
 O_TOLERANCE, GRAD_TOLERANCE = 0.1, 0.15
 
