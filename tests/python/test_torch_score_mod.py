@@ -1,0 +1,111 @@
+"""fusedattn.torch's score_mod without a GPU: FlexAttention's functions traced into the core's
+expressions, what they cannot express named, gathered and learned terms as a dense bias with
+gradients, tensor shapes checked, and compiled in one graph on meta tensors."""
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch not installed")
+fa = pytest.importorskip("fusedattn.torch")
+
+from meta_tensors import meta  # noqa: E402
+
+
+SLOPES = torch.rand(4)
+
+
+def test_score_mod_functions_trace_into_expressions():
+    from fusedattn.torch._score_mod import traced
+    cases = [
+        (lambda s, b, h, q, kv: 30.0 * torch.tanh(s / 30.0), "mul($0,tanh(div(score,$0)))", (30.0,)),
+        (lambda s, b, h, q, kv: s + SLOPES[h] * (kv - q), "add(score,mul(t0[h],sub(kv,q)))", ()),
+        (lambda s, b, h, q, kv: torch.where((kv <= q) | (kv < 16), s, -float("inf")),
+         "select(or(le(kv,q),lt(kv,$0)),score,-inf)", (16.0,)),
+        (lambda s, b, h, q, kv: s.tanh().clamp(max=0.5) * 2, "mul(min(tanh(score),$0),$1)", (0.5, 2.0)),
+        (lambda s, b, h, q, kv: torch.sigmoid(s) - 1 + abs(s) ** 2.5 + s ** 2,
+         "add(add(sub(sigmoid(score),1),pow(abs(score),$0)),pow(score,2))", (2.5,)),
+    ]
+    for fn, text, scalars in cases:
+        entry = traced(fn)
+        assert (entry.traced.text, entry.traced.scalars) == (text, scalars)
+        core_text = str(fa._config.config(score_mod=entry.traced.text))  # the core parses it back
+        assert text in core_text
+
+
+def test_score_mod_closure_numbers_retrace_and_tensors_are_kept():
+    from fusedattn.torch._score_mod import traced
+
+    def capped(cap):
+        return lambda s, b, h, q, kv: cap * torch.tanh(s / cap)
+
+    fn = capped(5.0)
+    assert traced(fn) is traced(fn)  # traced once
+    assert traced(fn).traced.scalars == (5.0,)
+    assert traced(lambda s, b, h, q, kv: s + SLOPES[h]).traced.tensors[0] is SLOPES
+
+
+def test_score_mod_operations_it_cannot_express_are_named():
+    from fusedattn import NotSupportedError
+    q = meta(2, 64, 4, 64)
+    for fn, words in [(lambda s, b, h, qi, kv: s * SLOPES[kv - qi], "gathers from a tensor"),
+                      (lambda s, b, h, qi, kv: torch.erf(s), "erf()"),
+                      (lambda s, b, h, qi, kv: s if s > 0 else -s, "Python control flow"),
+                      (lambda s, b, h, qi, kv: s // 2, "floor division")]:
+        with pytest.raises(NotSupportedError) as caught:
+            fa.attention(q, q, q, score_mod=fn)
+        assert words in str(caught.value)
+
+
+def test_gathered_and_learned_terms_run_as_a_dense_bias_with_gradients():
+    # A relative-position table by clamped distance and learnable ALiBi slopes: the terms come apart
+    # as the call's bias, evaluated with torch operations, equal to the function on index grids and
+    # differentiable into the tensors (on the CPU: the bias alone, without attention).
+    from fusedattn.torch import _score_mod as _torch_score_mod
+    table, slopes = torch.randn(4, 17, requires_grad=True), torch.rand(4, requires_grad=True)
+
+    def fn(s, b, h, qi, kv):
+        return 2.0 * torch.tanh(s / 2.0) + table[h, (kv - qi).clamp(-8, 8) + 8] - slopes[h] * (qi - kv).abs()
+    traced = _torch_score_mod.traced(fn).traced
+    # beside a bias the modifier's numbers are written into it (cuDNN builds no backward otherwise)
+    assert traced.text == "mul(2.0,tanh(div(score,2.0)))" and traced.scalars == ()
+    q, k = torch.zeros(2, 20, 4, 64), torch.zeros(2, 24, 4, 64)
+    bias = _torch_score_mod.dense_bias(traced.bias, q, k, "bshd")
+    assert bias.shape == (1, 4, 20, 24) and bias.dtype == q.dtype
+    grids = [torch.arange(n).view(*([1] * a), n, *([1] * (3 - a))) for a, n in enumerate((2, 4, 20, 24))]
+    want = fn(torch.zeros(()), *grids) - 2.0 * torch.tanh(torch.zeros(()))
+    assert torch.equal(bias, want.expand(1, 4, 20, 24))
+    weights = torch.randn(bias.shape)
+    (bias * weights).sum().backward()
+    got = (table.grad.clone(), slopes.grad.clone())
+    table.grad = slopes.grad = None
+    (want * weights).sum().backward()
+    assert torch.allclose(got[0], table.grad) and torch.allclose(got[1], slopes.grad)
+    slopes.requires_grad_(False)  # no longer learned: its term goes back into the modifier (traced anew)
+    traced = _torch_score_mod.traced(fn).traced
+    assert "t0[h]" in traced.text and traced.bias.text.startswith("G0(")
+
+
+def test_score_mod_tensor_shapes_are_checked():
+    from fusedattn import InvalidArgumentError
+    q = meta(2, 64, 4, 64)
+    wrong = torch.rand(3)
+    with pytest.raises(InvalidArgumentError) as caught:
+        fa.attention(q, q, q, score_mod=lambda s, b, h, qi, kv: s + wrong[h])
+    assert caught.value.field == "score_mod.t0.shape"
+
+
+@pytest.mark.parametrize("where", ["global", "closure"])
+def test_score_mod_compiles_in_one_graph(where):
+    slopes = torch.rand(4, device="meta")
+    fn = (lambda s, b, h, qi, kv: s + SLOPES_META[h] * (kv - qi)) if where == "global" else \
+        (lambda s, b, h, qi, kv: 2.0 * torch.tanh(s / 2.0) + slopes[h])
+
+    def step(q):
+        return fa.attention(q, q, q, causal=True, score_mod=fn)
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    q = meta(2, 64, 4, 64)
+    y = compiled(q)
+    y.sum().backward()
+    assert y.shape == q.shape and q.grad.shape == q.shape
+
+
+SLOPES_META = torch.rand(4, device="meta")
