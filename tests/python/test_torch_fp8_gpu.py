@@ -128,9 +128,9 @@ def test_compiled_training_steps_match_eager(recipe, backend):
     gradients and the state within 1e-2 of eager steps (SGD between) over two steps."""
     import copy
     from torch._dynamo.utils import counters
-    from test_torch_fp8_meta import Block
+    from torch_blocks import Fp8Block
     torch.manual_seed(0)
-    eager = Block(state=fa.Fp8State(recipe, history=4)).to(device="cuda", dtype=torch.bfloat16)
+    eager = Fp8Block(state=fa.Fp8State(recipe, history=4)).to(device="cuda", dtype=torch.bfloat16)
     twin = copy.deepcopy(eager)
     twin.state = fa.Fp8State(recipe, history=4)
     torch._dynamo.reset()

@@ -1,0 +1,82 @@
+"""fusedattn.torch's FP8 operators without a GPU: their bodies need CUDA, so opcheck and the checks of
+what compiled code does with the state run here with CPU stand-in bodies: they test the schemas, the
+declared mutation, the fakes under dynamic shapes, the state's updates reaching its buffer and the
+gradients' wiring, not the bodies' numerics."""
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch not installed")
+fa = pytest.importorskip("fusedattn.torch")
+
+from fusedattn import _config  # noqa: E402
+from fusedattn.torch import _call_config, _fp8_bodies, _fp8_operators, _fp8_state  # noqa: E402
+
+
+@pytest.fixture
+def stand_in_bodies(monkeypatch):
+    """CPU stand-ins for the CUDA bodies: outputs of the fakes' shapes and dtypes, the state written
+    the way the bodies write it (in place), and a record of the calibration flag each backward got."""
+    backwards = []
+
+    def forward(q, k, v, buffer, config, scale, recipe, margin, name):
+        buffer[0] += 1
+        fp8 = _fp8_state.FORMATS[name][0]
+        o = q * 2
+        stats = torch.zeros(_config.output_shapes(_config.parse(config), _config.FORWARD, q, k, v)["stats"],
+                            dtype=torch.float32)
+        return o, q.to(fp8), k.to(fp8), v.to(fp8), o.to(fp8), stats, buffer[:4].clone()
+
+    def backward(d_o, q8, k8, v8, o8, stats, used, like, buffer, config, scale, recipe, margin, name, calibrated):
+        backwards.append(calibrated)
+        buffer[1] += 1
+        return d_o * 2, d_o * 3, d_o * 4
+
+    monkeypatch.setattr(_fp8_bodies, "forward", forward)
+    monkeypatch.setattr(_fp8_bodies, "backward", backward)
+    return backwards
+
+
+def call(q, k, v, state):
+    config = _call_config.fp8_config_text(layout="bshd", causal=False, window=(-1, -1), align="top_left", fp8_grads="")
+    return _fp8_operators.attention(q, k, v, buffer=state.buffer, config=config, scale=0.125, recipe=state.recipe,
+                                    margin=state.margin, name=state.name, model_backward=False,
+                                    calibrated=state.calibrated)
+
+
+def test_opcheck_with_stand_in_bodies(stand_in_bodies):
+    q = torch.randn(2, 16, 2, 32, dtype=torch.bfloat16)
+    buffer = fa.Fp8State(device="cpu").buffer
+    config = _call_config.fp8_config_text(layout="bshd", causal=False, window=(-1, -1), align="top_left", fp8_grads="")
+    torch.library.opcheck(torch.ops.fusedattn.fp8_forward.default, (q, q, q, buffer, config, 0.125, "delayed", 0,
+                                                                     "e4m3"))
+    o, _, _, _, _, stats, used = torch.ops.fusedattn.fp8_forward(q, q, q, buffer, config, 0.125, "delayed", 0, "e4m3")
+    # bf16 where the FP8 tensors go: SchemaCheckMode compares inputs before and after with a CPU mul
+    # that float8 lacks, and the schema takes any dtype.
+    torch.library.opcheck(torch.ops.fusedattn.fp8_backward.default,
+                          (o, q, q, q, o, stats, used, q, buffer, config, 0.125, "delayed", 0, "e4m3"),
+                          {"calibrated": True})
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_state_updates_reach_the_buffer(stand_in_bodies, backend):
+    torch._dynamo.reset()
+    state = fa.Fp8State(device="cpu", history=2)
+    step = torch.compile(call, fullgraph=True, backend=backend)
+    for _ in range(2):
+        q, k = (torch.randn(2, 16, 2, 32, requires_grad=True) for _ in range(2))
+        step(q, k, k, state).sum().backward()
+        # The slots' gradients accumulate as in eager, even with one tensor in two of them.
+        assert torch.equal(q.grad, torch.full_like(q, 2)) and torch.equal(k.grad, torch.full_like(k, 7))
+    assert state.buffer[0].item() == 1 + 2 and state.buffer[1].item() == 1 + 2  # both forwards, both backwards
+    assert stand_in_bodies == [False, False]  # the flag as traced: `call` does not set it, fp8_attention does
+
+
+def test_aot_autograd_refuses_a_forward_between_a_compiled_forward_and_its_backward(stand_in_bodies):
+    """The limit _fp8_operators.py's docstring states (PyTorch 2.11 checks the buffer's version)."""
+    torch._dynamo.reset()
+    state = fa.Fp8State(device="cpu")
+    step = torch.compile(call, fullgraph=True, backend="aot_eager")
+    q = torch.randn(2, 16, 2, 32, requires_grad=True)
+    first = step(q, q, q, state)
+    step(q, q, q, state)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        first.sum().backward()
