@@ -13,8 +13,9 @@
 //
 // Per call: the spec from the tensors' sizes and strides and the registered config (fusedattn/
 // call.h: the core validates, and its one bounded plan cache finds the plan), O from PyTorch's
-// caching allocator, a workspace (kept per stream while small), and the plan enqueued on the
-// current stream (a repeated call replays, src/exec/replay.h). Nothing is cached here.
+// caching allocator in the sizes the core's output table gives (fusedattn/output_shapes.h), a
+// workspace (kept per stream while small), and the plan enqueued on the current stream (a repeated
+// call replays, src/exec/replay.h). Only the table's answer per config id is kept here.
 #include <ATen/ATen.h>
 #include <ATen/cuda/EmptyTensor.h>
 #include <c10/core/GradMode.h>
@@ -41,6 +42,7 @@
 #include "fusedattn/attention.h"
 #include "fusedattn/call.h"
 #include "fusedattn/errors.h"
+#include "fusedattn/output_shapes.h"
 #include "fusedattn/spec.h"
 #include "python_errors.h"
 
@@ -76,6 +78,36 @@ fa::ValidatedSpec spec_of(const at::Tensor& q, const at::Tensor& k, const at::Te
   fa::CallConfig with_stats = config;
   with_stats.options.stats = training;
   return fa::make_spec(with_stats, shape);
+}
+
+// --- outputs: sizes from the core's table (fusedattn/output_shapes.h) -----------------------------
+
+// The forward's outputs of a registered config, inference [0] and training [1] (with the
+// statistics). The table depends on the config alone, so each id's is kept: ids are bounded
+// (call.h), and forward_call holds the GIL throughout, which orders these lookups.
+const std::vector<fa::OutputAxes>& forward_outputs(int id, const fa::CallConfig& config, bool training) {
+  static std::vector<std::array<std::vector<fa::OutputAxes>, 2>> known;
+  if (static_cast<std::size_t>(id) >= known.size()) known.resize(static_cast<std::size_t>(id) + 1);
+  std::vector<fa::OutputAxes>& outputs = known[static_cast<std::size_t>(id)][training ? 1 : 0];
+  if (outputs.empty()) {
+    fa::CallConfig with_stats = config;
+    with_stats.options.stats = training;
+    outputs = fa::output_axes(with_stats, fa::Pass::forward);
+  }
+  return outputs;
+}
+
+// An output of `type` in the sizes its axis picks name on q, k, v; empty_cuda: straight to the
+// caching allocator, without a trip through the dispatcher.
+at::Tensor allocate(const fa::OutputAxes& output, const std::array<const at::Tensor*, 3>& inputs,
+                    at::ScalarType type) {
+  std::array<std::int64_t, 4> sizes{};
+  const std::size_t rank = std::min(output.axes.size(), sizes.size());
+  for (std::size_t i = 0; i < rank; ++i) {
+    const fa::AxisPick pick = output.axes[i];
+    sizes[i] = inputs[static_cast<std::size_t>(pick.input)]->size(pick.axis);
+  }
+  return at::detail::empty_cuda(at::IntArrayRef(sizes.data(), rank), type, inputs[0]->device(), std::nullopt);
 }
 
 // Whether forward() takes calls of this config: dense, and no tensor but q, k and v.
@@ -224,25 +256,25 @@ float scale_value(PyObject* scale, const fa::AttentionSpec& spec) {
   return static_cast<float>(value);
 }
 
-at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const fa::CallConfig& config,
-                   PyObject* scale_object) {
+at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int config_id,
+                   const fa::CallConfig& config, PyObject* scale_object) {
   const bool training = c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   const fa::ValidatedSpec valid = spec_of(q, k, v, config, training);
   const fa::AttentionSpec& spec = valid.spec();
   const float scale = scale_value(scale_object, spec);
   const c10::cuda::CUDAGuard device(q.device());
-  // empty_cuda: straight to the caching allocator, without a trip through the dispatcher.
-  const std::array<std::int64_t, 4> o_sizes = {q.size(0), q.size(1), q.size(2), v.size(3)};
-  at::Tensor o = at::detail::empty_cuda(o_sizes, q.scalar_type(), q.device(), std::nullopt);
+  // A plain config's forward writes O, and the statistics when training (float32, the core's order).
+  const std::vector<fa::OutputAxes>& outputs = forward_outputs(config_id, config, training);
+  const std::array<const at::Tensor*, 3> inputs = {&q, &k, &v};
+  at::Tensor o = allocate(outputs[0], inputs, q.scalar_type());
   at::Tensor stats;
   fa::ForwardTensors t;
   t.q = q.data_ptr();
   t.k = k.data_ptr();
   t.v = v.data_ptr();
   t.o = o.data_ptr();
-  if (training) {  // float32 [b, h_q, s_q], the layout the core writes
-    const std::array<std::int64_t, 3> stats_sizes = {spec.batch(), spec.heads_q(), spec.seq_q()};
-    stats = at::detail::empty_cuda(stats_sizes, at::kFloat, q.device(), std::nullopt);
+  if (training) {
+    stats = allocate(outputs.at(1), inputs, at::kFloat);
     t.stats = stats.data_ptr<float>();
   }
   enqueue(*fa::get_plan(valid, fa::Pass::forward), t, scale, q.get_device());
@@ -275,7 +307,7 @@ PyObject* forward_call(PyObject* /*module*/, PyObject* const* args, Py_ssize_t c
     if (PyErr_Occurred()) return nullptr;
     const fa::CallConfig& config = fa::registered_config(static_cast<int>(id));
     if (!plain(config) || !runs_here(args)) Py_RETURN_NOTIMPLEMENTED;
-    return THPVariable_Wrap(forward(q, k, v, config, args[4]));
+    return THPVariable_Wrap(forward(q, k, v, static_cast<int>(id), config, args[4]));
   } catch (const fa::Error& error) {
     fa::python::set_python_error(error);
     return nullptr;
