@@ -1,7 +1,7 @@
 """fusedattn.torch.fp8_attention on a GPU: both scaling recipes, the FP8 and the model-precision
 backward, against float32 math attention of the unquantized inputs (so the errors include the
-inputs' quantization: the tolerances are about twice what the C++ FP8 check measured against
-fusedattn's BF16 result, results/gpu-results-fp8.md), the recipes' scales, the refusals,
+inputs' quantization: the tolerances are about twice what the C++ FP8 check prints against
+fusedattn's BF16 result, tests/gpu/test_fp8_attention_gpu.cpp), the recipes' scales, the refusals,
 torch.compile and a training step replayed in a CUDA graph. Inputs already in FP8:
 test_torch_fp8_inputs_gpu.py."""
 import pytest
