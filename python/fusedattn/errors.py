@@ -28,9 +28,18 @@ class SetupError(FusedAttnError, RuntimeError):
     """A library is missing, or compile-time and run-time versions disagree."""
 
 
+def shown_value(value):
+    """`value` as a message shows it, by the core's rule (shown_value in fusedattn/errors.h): whole
+    up to 200 characters, else its first 150, " ... ", its last 50 and its length."""
+    text = str(value)
+    if len(text) <= 200:
+        return text
+    return f"{text[:150]} ... {text[-50:]} ({len(text)} characters)"
+
+
 def invalid_argument(field, value, requirement):
     """An InvalidArgumentError raised by the adapters themselves, formed as the core forms its own
-    ("field = value: requirement") and carrying the three parts."""
-    error = InvalidArgumentError(f"{field} = {value}: {requirement}")
+    ("field = value: requirement", a long value shown cut) and carrying the three parts whole."""
+    error = InvalidArgumentError(f"{field} = {shown_value(value)}: {requirement}")
     error.field, error.value, error.requirement = field, str(value), requirement
     return error
