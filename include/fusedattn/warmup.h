@@ -8,6 +8,8 @@
 // later processes on the machine start with them. `fusedattn warmup` does the same from the shell.
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,10 @@ namespace fusedattn {
 struct WarmupOptions {
   int threads = 0;  ///< build threads; 0: the hardware's, at most 8
   PlanOptions plan;  ///< autotune or not (the timings run one at a time even so)
+  /// Called after each plan with the count done so far and the total, from the build threads but
+  /// one call at a time, so that a long warm-up can show it is moving (the CLI's progress lines).
+  /// Must not throw. Empty: nothing is called.
+  std::function<void(std::size_t done, std::size_t total)> progress;
 };
 
 /// One spec and pass of a warm-up.

@@ -46,11 +46,16 @@ std::vector<WarmupResult> warm_up(const std::vector<AttentionSpec>& specs, const
                                     : std::min(kMostThreads, static_cast<int>(std::thread::hardware_concurrency()));
   threads = std::clamp(threads, 1, static_cast<int>(results.size()));
   std::atomic<std::size_t> next{0};
+  std::mutex progress;
+  std::size_t done = 0;  // under `progress`
   auto work = [&] {
     detail::check_cuda(cudaSetDevice(device), "cudaSetDevice(warm-up thread)");
     detail::handle_for(device, nullptr);  // the thread's cuDNN handle, so that no plan's time includes it
     for (std::size_t i = next++; i < results.size(); i = next++) {
       results[i] = warm(specs[i / passes.size()], passes[i % passes.size()], options.plan);
+      if (!options.progress) continue;
+      std::lock_guard<std::mutex> lock(progress);
+      options.progress(++done, results.size());
     }
   };
   std::vector<std::thread> pool;
