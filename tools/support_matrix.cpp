@@ -121,13 +121,21 @@ void row(std::string& out, const std::vector<std::string>& cells) {
   out += "\n";
 }
 
+// The number of combinations done so far, for the progress callback.
+struct Tally {
+  const std::function<void(std::size_t, std::size_t)>& progress;
+  std::size_t done, total;
+};
+
 // One table row per entry: its labels, then both verdicts and every reason.
-void verdict_rows(std::string& out, const std::vector<MatrixEntry>& entries, const Verdicts& verdicts) {
+void verdict_rows(std::string& out, const std::vector<MatrixEntry>& entries, const Verdicts& verdicts,
+                  Tally& tally) {
   for (const MatrixEntry& entry : entries) {
     const Support forward = verdicts.ask(entry.spec, Pass::forward), backward = verdicts.ask(entry.spec, Pass::backward);
     std::vector<std::string> cells = entry.labels;
     cells.insert(cells.end(), {cell(forward), cell(backward), reasons(forward, backward)});
     row(out, cells);
+    if (tally.progress) tally.progress(++tally.done, tally.total);
   }
 }
 
@@ -160,8 +168,10 @@ std::vector<MatrixEntry> layout_entries(const MatrixSize& size) {
   return out;
 }
 
-std::string support_matrix_markdown(bool with_cudnn) {
+std::string support_matrix_markdown(bool with_cudnn, const std::function<void(std::size_t, std::size_t)>& progress) {
   const Verdicts verdicts(with_cudnn);
+  const std::vector<MatrixEntry> by_feature = feature_entries(kReportSize), by_layout = layout_entries(kReportSize);
+  Tally tally{progress, 0, by_feature.size() + by_layout.size()};
   const BuildInfo info = build_info();
   auto size_text = [](const MatrixSize& s) {
     return "b=" + std::to_string(s.batch) + ", s_q=" + std::to_string(s.seq_q) + ", s_kv=" + std::to_string(s.seq_kv) +
@@ -184,14 +194,14 @@ std::string support_matrix_markdown(bool with_cudnn) {
   out += "## Features, masks and head dims\n\nBF16, bshd, " + size_text(kReportSize) + " (GQA).\n\n";
   row(out, {"feature", "mask", "d_qk/d_v", "forward", "backward", "reasons"});
   row(out, {"---", "---", "---", "---", "---", "---"});
-  verdict_rows(out, feature_entries(kReportSize), verdicts);
+  verdict_rows(out, by_feature, verdicts, tally);
 
   out += "\n## Layouts and dtypes\n\nCausal top-left, d=128, " + size_text(kReportSize) +
          " (s_kv = s_q and h_kv = h_q where the layout packs K/V with Q; paged caches in pages of 64 tokens, "
          "s_kv rounded up to whole pages).\n\n";
   row(out, {"layout", "dtype", "forward", "backward", "reasons"});
   row(out, {"---", "---", "---", "---", "---"});
-  verdict_rows(out, layout_entries(kReportSize), verdicts);
+  verdict_rows(out, by_layout, verdicts, tally);
   return out;
 }
 

@@ -3,7 +3,9 @@
 // same combinations feed the GPU test that runs every supported one against the reference.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,6 +36,8 @@ std::vector<MatrixEntry> layout_entries(const MatrixSize& size);
 /// The whole report. With `with_cudnn`, each verdict is check_support on the current GPU (policy
 /// and cuDNN's own answer, building and caching every supported plan); without, the pure policy
 /// for an SM 9.0 device and the compiled cuDNN version, and the report says so at the top.
-std::string support_matrix_markdown(bool with_cudnn);
+/// `progress`, where given, hears after each combination how many are done of how many.
+std::string support_matrix_markdown(bool with_cudnn,
+                                    const std::function<void(std::size_t done, std::size_t total)>& progress = {});
 
 }  // namespace fusedattn::tools

@@ -33,7 +33,8 @@ expect() {
   else
     failed=$((failed + 1))
     echo "FAIL $name: $problem"
-    echo "     command: $CLI $*"
+    local command="$CLI $*"
+    echo "     command: ${command:0:300}"
     sed 's/^/     | /' <<<"$out" | head -20
   fi
 }
@@ -51,6 +52,45 @@ expect "bad --pass value"        '^2$' 'pass'                   -- support "$VAL
 expect "bad --seed value"        '^2$' 'seed'                   -- run "$VALID" --seed abc
 expect "two specs"               '^2$' 'usage'                  -- support "$VALID" "$VALID"
 expect "--help"                  '^0$' 'usage: fusedattn'       -- --help
+expect "--help lists commands"   '^0$' 'support-matrix +check_support' -- --help
+
+# Each command's own help (--help, -h, `help NAME`): its usage line and every option it takes.
+declare -A OPTIONS=(
+  [info]=""
+  [support]="--pass"
+  [run]="--no-backward --seed --scale --autotune"
+  [bench]="--iters --autotune"
+  [warmup]="--file --buckets --pass --threads --autotune"
+  [demo]=""
+  [support-matrix]="--out"
+)
+for command in "${!OPTIONS[@]}"; do
+  expect "$command --help"        '^0$' "^usage: fusedattn $command( |\$)" -- "$command" --help
+  expect "$command -h"            '^0$' "^usage: fusedattn $command( |\$)" -- "$command" -h
+  expect "help $command"          '^0$' "^usage: fusedattn $command( |\$)" -- help "$command"
+  for option in ${OPTIONS[$command]}; do
+    expect "$command --help: $option" '^0$' "^  $option( |\$)" -- "$command" --help
+  done
+done
+expect "help wins over a bad option" '^0$' '^usage: fusedattn support ' -- support "$VALID" --bogus --help
+expect "help of an unknown command"  '^2$' "unknown command 'frobnicate'" -- help frobnicate
+
+# Options that do not apply to a command are refused, naming the option, the command and the
+# options it does take.
+expect "support refuses --iters"  '^2$' "option --iters does not apply to 'support' \(it is an option of bench\); 'support' takes --pass" \
+                                                                -- support "$VALID" --iters 5
+expect "info refuses --pass"      '^2$' "option --pass does not apply to 'info'.*'info' takes no options" -- info --pass both
+expect "demo refuses --iters"     '^2$' "option --iters does not apply to 'demo'" -- demo --iters 3
+expect "run refuses --pass"       '^2$' "option --pass does not apply to 'run'.*takes --no-backward, --seed N, --scale X, --autotune" \
+                                                                -- run "$VALID" --pass forward
+expect "bench refuses --seed"     '^2$' "option --seed does not apply to 'bench'.*it is an option of run\)" -- bench "$VALID" --seed 1
+expect "warmup refuses --scale"   '^2$' "option --scale does not apply to 'warmup'" -- warmup "$VALID" --scale 1
+expect "support-matrix refuses --autotune" '^2$' "option --autotune does not apply to 'support-matrix'.*run, bench, warmup" \
+                                                                -- support-matrix --autotune
+expect "info takes no spec"       '^2$' "'info' takes no spec"  -- info "$VALID"
+expect "a flag takes no value"    '^2$' '--no-backward is a flag' -- run "$VALID" --no-backward=1
+expect "--iters=N form checked"   '^2$' "--iters needs a non-negative integer, got 'abc'" -- bench "$VALID" --iters=abc
+expect "refusal shows the usage"  '^2$' 'usage: fusedattn support SPEC \[--pass' -- support "$VALID" --iters 5
 
 # Malformed or invalid specs: exit 2, "invalid_argument:" naming the field.
 expect "heads not divisible"     '^2$' 'invalid_argument.*h_q'  -- support "layout=bshd b=2 s=128 h_q=12 h_kv=8 d=64"
@@ -118,6 +158,46 @@ else
   expect "support matrix says policy only" '^0$' 'No GPU: these are the pure policy' -- support-matrix
 fi
 expect "support matrix lists every reason" '^0$' 'both: bias = 1hss: needs no bottom-right diagonal' -- support-matrix
+
+# Progress of long work goes to stderr, stdout keeps the result alone. Without a GPU the report
+# takes well under the default 2 s between lines, so a line for every item is asked for; with one
+# it builds every plan (minutes), which the command above did already.
+expect_streams() {  # NAME CONDITION: CONDITION (shell code) reads $out and $err
+  local name="$1" condition="$2"
+  if eval "$condition"; then
+    passed=$((passed + 1))
+    echo "ok   $name"
+  else
+    failed=$((failed + 1))
+    echo "FAIL $name: [[ $condition ]] does not hold"
+    head -3 <<<"$err" | sed 's/^/     stderr | /'
+  fi
+}
+if [[ "$has_gpu" == 0 ]]; then
+  out="$(FUSEDATTN_PROGRESS_SECONDS=0 "$CLI" support-matrix 2>/tmp/fusedattn_cli_err.$$)"
+  err="$(cat /tmp/fusedattn_cli_err.$$)"
+  rm -f /tmp/fusedattn_cli_err.$$
+  expect_streams "support-matrix progress on stderr" \
+    'grep -Eq "^support-matrix: 1/[0-9]+ combinations \([0-9]+ s\)$" <<<"$err" && grep -Eq "^support-matrix: ([0-9]+)/\1 combinations \([0-9]+ s\): done$" <<<"$err"'
+  expect_streams "support-matrix stdout is the report alone" \
+    '[[ "$out" == "# Support matrix"* ]] && ! grep -Eq "^support-matrix: [0-9]+/" <<<"$out"'
+  out="$(FUSEDATTN_PROGRESS_SECONDS=off "$CLI" support-matrix 2>/tmp/fusedattn_cli_err.$$)"
+  err="$(cat /tmp/fusedattn_cli_err.$$)"
+  rm -f /tmp/fusedattn_cli_err.$$
+  expect_streams "support-matrix progress off" '[[ -z "$err" && "$out" == "# Support matrix"* ]]'
+fi
+
+# Long values are shown cut in errors (the core's InvalidArgument, and the CLI's own usage errors):
+# their start, " ... ", their end and their length, with the field and the requirement intact.
+LONG="$(printf 'z%.0s' {1..5000})"
+expect "a long layout is cut"    '^2$' '^invalid_argument: layout = z{150} \.\.\. z{50} \(5000 characters\): one of bshd' \
+                                                                -- support "layout=$LONG b=2 s=128 h=8 d=64"
+# A constant of 5000 digits and one ')' too many: the end, where the parse failed, is kept.
+expect "a long score_mod is cut" '^2$' '^invalid_argument: score_mod = "mul\(score,1\.0{137} \.\.\. 0{29}\)\)" at character 5013 \(5034 characters\): the end of the expression there$' \
+  -- support "layout=bshd b=1 s=64 h=2 d=64 score_mod=mul(score,1.${LONG//z/0}))"
+expect "a long argument is cut"  '^2$' "unexpected argument 'z{150} \.\.\. z{50} \(5000 characters\)'" -- support "$VALID" "$LONG"
+long_error="$("$CLI" support "layout=$LONG b=2 s=128 h=8 d=64" 2>&1)"
+expect_streams "a long value's error stays short" '(( ${#long_error} < 1000 ))'
 
 echo "$passed passed, $failed failed"
 [[ "$failed" == 0 ]]
