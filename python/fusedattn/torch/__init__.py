@@ -24,7 +24,9 @@ are in _fp8_operators.py).
 
 The modules beneath, each importing only those below it: the features (_fp8.py, _context_parallel.py,
 _score_mod.py, _fallback.py), then what every call shares (_operators.py, _bodies.py,
-_call_config.py, _tensors.py), then fusedattn's framework-free helpers and its compiled core.
+_call_config.py, _tensors.py), road 1's loader (_fast_path.py, which compiles the C++ path for the
+installed PyTorch where the package was not built against it), then fusedattn's framework-free
+helpers and its compiled core.
 """
 import functools
 import math
@@ -43,12 +45,10 @@ from ._fp8 import fp8_attention
 from ._fp8_state import Fp8State
 from ._fp8_tensor import Fp8Tensor, fp8_quantize
 from ._operators import attend
+from ._fast_path import load as _load_fast_path
 from ._tensors import Extras
 
-try:  # road 1, the C++ eager path, built where PyTorch with CUDA was at build time
-    from .. import _torch_ops as _fast
-except ImportError:
-    _fast = None
+_fast = _load_fast_path()  # road 1, the C++ eager path, for this PyTorch (_fast_path.py), or None
 
 __all__ = ["attention", "paged_attention", "scaled_dot_product_attention", "Attention", "fp8_attention", "Fp8State",
            "Fp8Tensor", "fp8_quantize", "context_parallel_attention", "load_balance", "unbalance"]
