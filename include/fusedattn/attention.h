@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include <cuda_runtime_api.h>
 
@@ -230,7 +231,17 @@ Versions current_versions();
 /// policy, then cuDNN's own check, which builds the plan and caches it together with the answer,
 /// so a later get_plan() for the same key is a hit and asking twice costs nothing. Asking about
 /// the backward pass works without ever having built or run a forward.
+/// Where the process has no GPU (no NVIDIA driver, or a driver that sees no GPU), the answer is the
+/// policy's for SM 9.0 with the loaded cuDNN's version, and its policy_only says that cuDNN's own
+/// check did not run and why, instead of a CudaError.
 Support check_support(const AttentionSpec& spec, Pass pass);
+
+/// The support answer for the device a target names ("sm80", "sm90", "sm100", "sm120"; "sm_90" too)
+/// instead of the current GPU: validation, then the pure policy for that device with the loaded
+/// cuDNN's version (the compiled one where none loads). Needs no GPU and makes no CUDA call;
+/// cuDNN's own check does not run, and the answer's policy_only says so. Throws InvalidArgument
+/// for the spec, or for a target that is not of that form or names an SM the policy does not know.
+Support check_support(const AttentionSpec& spec, Pass pass, const std::string& device);
 
 /// The cached plan for `spec` and `pass` on the current device: from memory, else restored from
 /// the disk cache (fusedattn/disk_cache.h), else built on this first use and written there.

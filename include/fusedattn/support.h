@@ -42,8 +42,13 @@ struct Reason {
 /// The answer: supported, or every reason not.
 struct Support {
   std::vector<Reason> reasons;
+  /// Set where the pure policy's answer stands alone because cuDNN's own check could not run
+  /// (check_support for a named device, or with no GPU to ask): "policy for SM 9.0 with cuDNN
+  /// 9.19.0 only, cuDNN's own check not run (no NVIDIA driver found)". Empty where cuDNN's check
+  /// ran, or the policy's refusal settled it first, and in check_support_policy's own answer.
+  std::string policy_only;
   bool ok() const noexcept { return reasons.empty(); }
-  /// "supported", or every reason on its own line.
+  /// "supported", or every reason on its own line; then policy_only, in parentheses, on its own line.
   std::string to_string() const;
 };
 

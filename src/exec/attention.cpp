@@ -7,6 +7,7 @@
 #include "exec/device.h"
 #include "cache/plan_store.h"
 #include "fusedattn/errors.h"
+#include "support/policy_only.h"
 
 namespace fusedattn {
 
@@ -31,15 +32,27 @@ std::shared_ptr<const Plan> plan_of_valid(const AttentionSpec& spec, Pass pass, 
   return entry->plan;
 }
 
+// Without a GPU there is no cuDNN to ask, but the question still has an answer worth giving: the
+// policy's for SM 9.0 (the GPU this library is tuned and tested on), marked as the policy's alone.
+Support check_valid(const AttentionSpec& spec, Pass pass) {
+  const std::string& absence = detail::gpu_absence();
+  if (!absence.empty()) return detail::policy_only_answer(spec, pass, DeviceCaps{9, 0}, detail::versions(), absence);
+  return detail::find_or_build(spec, pass)->support;
+}
+
 }  // namespace
 
 Support check_support(const AttentionSpec& spec, Pass pass) {
   validate(spec);
-  return detail::find_or_build(spec, pass)->support;
+  return check_valid(spec, pass);
 }
 
-Support check_support(const ValidatedSpec& spec, Pass pass) {
-  return detail::find_or_build(spec.spec(), pass)->support;
+Support check_support(const ValidatedSpec& spec, Pass pass) { return check_valid(spec.spec(), pass); }
+
+Support check_support(const AttentionSpec& spec, Pass pass, const std::string& device) {
+  const DeviceCaps caps = detail::device_target(device);
+  validate(spec);
+  return detail::policy_only_answer(spec, pass, caps, detail::versions(), "device " + device + " named");
 }
 
 std::shared_ptr<const Plan> get_plan(const AttentionSpec& spec, Pass pass) { return get_plan(spec, pass, PlanOptions{}); }

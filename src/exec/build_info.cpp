@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
+#include "exec/cuda_status.h"
 #include "fusedattn/errors.h"
 #include "fusedattn/support.h"
 #include "graph/sdpa_graph.h"
@@ -26,8 +27,9 @@ BuildInfo build_info() {
   cudaError_t status = cudaGetDeviceCount(&info.device_count);
   if (status != cudaSuccess || info.device_count == 0) {
     info.device_count = 0;
-    info.gpu_unavailable_reason = status != cudaSuccess ? std::string("cudaGetDeviceCount: ") + cudaGetErrorString(status)
-                                                        : "no CUDA device visible";
+    info.gpu_unavailable_reason = status != cudaSuccess
+                                      ? detail::cuda_failure(status, "cudaGetDeviceCount", info.cuda_driver)
+                                      : "no CUDA device visible";
     cudaGetLastError();  // clear the error cudaGetDeviceCount left, so later calls start clean
     return info;
   }

@@ -6,14 +6,16 @@
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
 
+#include "exec/cuda_status.h"
 #include "fusedattn/errors.h"
 
 namespace fusedattn::detail {
 
 inline void check_cuda(cudaError_t status, const char* call) {
-  if (status != cudaSuccess) {
-    throw CudaError(std::string(call) + " failed: " + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) + ")");
-  }
+  if (status == cudaSuccess) return;
+  int driver_version = -1;  // asked only on failure: 0 (no driver at all) changes the words
+  cudaDriverGetVersion(&driver_version);
+  throw CudaError(cuda_failure(status, call, driver_version));
 }
 
 inline void check_cudnn(cudnnStatus_t status, const char* call) {

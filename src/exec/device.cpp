@@ -38,6 +38,19 @@ int current_device() {
   return device;
 }
 
+const std::string& gpu_absence() {
+  static const std::string absence = [] {
+    int count = 0;
+    const cudaError_t status = cudaGetDeviceCount(&count);
+    if (status == cudaSuccess && count > 0) return std::string();
+    cudaGetLastError();  // clear what cudaGetDeviceCount left, so later calls start clean
+    int driver_version = -1;
+    cudaDriverGetVersion(&driver_version);
+    return std::string(gpu_missing(status == cudaSuccess ? cudaErrorNoDevice : status, driver_version));
+  }();
+  return absence;
+}
+
 const DeviceCaps& device_caps(int device) {
   check_device_index(device);
   static std::array<DeviceCaps, kMaxDevices> caps;

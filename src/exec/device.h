@@ -13,6 +13,11 @@ namespace fusedattn::detail {
 /// cudaGetDevice, checked.
 int current_device();
 
+/// Empty where a CUDA GPU is usable; else why none is: "no NVIDIA driver found" or "no CUDA GPU
+/// found" (exec/cuda_status.h). Any other failure reads empty here and is raised, in the runtime's
+/// words, by the first call that needs the GPU. Probed once: a process cannot gain a GPU later.
+const std::string& gpu_absence();
+
 /// Capabilities of `device`, queried once per device and then served from memory.
 const DeviceCaps& device_caps(int device);
 

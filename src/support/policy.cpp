@@ -190,12 +190,12 @@ std::string Reason::to_string() const {
 }
 
 std::string Support::to_string() const {
-  if (ok()) return "supported";
-  std::string out;
+  std::string out = ok() ? "supported" : "";
   for (const Reason& reason : reasons) {
     if (!out.empty()) out += '\n';
     out += reason.to_string();
   }
+  if (!policy_only.empty()) out += "\n(" + policy_only + ")";
   return out;
 }
 
