@@ -161,12 +161,12 @@ fa::PlanOptions plan_options(std::optional<bool> autotune) {
   return options;
 }
 
-// A support answer as Python takes it: (ok, [(field, value, requirement, lifted_by)], text).
-std::tuple<bool, std::vector<std::tuple<std::string, std::string, std::string, std::string>>, std::string>
+// A support answer as Python takes it: (ok, [(field, value, requirement, lifted_by)], policy_only, text).
+std::tuple<bool, std::vector<std::tuple<std::string, std::string, std::string, std::string>>, std::string, std::string>
 support_tuple(const fa::Support& support) {
   std::vector<std::tuple<std::string, std::string, std::string, std::string>> reasons;
   for (const fa::Reason& r : support.reasons) reasons.emplace_back(r.field, r.value, r.requirement, r.lifted_by);
-  return {support.ok(), reasons, support.to_string()};
+  return {support.ok(), reasons, support.policy_only, support.to_string()};
 }
 
 }  // namespace
@@ -394,16 +394,21 @@ NB_MODULE(_core, m) {
   // Each takes a ValidatedSpec (from Config.spec) as it is, and validates any other Spec first: the
   // ValidatedSpec overloads come first, so nanobind tries them first.
   const char* const check_support_doc =
-      "(supported, [(field, value, requirement, lifted_by)], text) on the current device: the policy, then "
-      "cuDNN's own check, which builds and caches the plan.";
+      "(supported, [(field, value, requirement, lifted_by)], policy_only, text) on the current device: the policy, "
+      "then cuDNN's own check, which builds and caches the plan. With device (\"sm90\", \"sm100\", ...), or where "
+      "the process has no GPU (then for SM 9.0), the policy's answer alone, policy_only saying so and why.";
   m.def(
       "check_support",
-      [](const fa::ValidatedSpec& spec, fa::Pass pass) { return support_tuple(fa::check_support(spec, pass)); },
-      "spec"_a, "pass_"_a, check_support_doc);
+      [](const fa::ValidatedSpec& spec, fa::Pass pass, const std::optional<std::string>& device) {
+        return support_tuple(device ? fa::check_support(spec.spec(), pass, *device) : fa::check_support(spec, pass));
+      },
+      "spec"_a, "pass_"_a, "device"_a = nb::none(), check_support_doc);
   m.def(
       "check_support",
-      [](const fa::AttentionSpec& spec, fa::Pass pass) { return support_tuple(fa::check_support(spec, pass)); },
-      "spec"_a, "pass_"_a, check_support_doc);
+      [](const fa::AttentionSpec& spec, fa::Pass pass, const std::optional<std::string>& device) {
+        return support_tuple(device ? fa::check_support(spec, pass, *device) : fa::check_support(spec, pass));
+      },
+      "spec"_a, "pass_"_a, "device"_a = nb::none(), check_support_doc);
   const char* const get_plan_doc =
       "The cached plan (from memory, the disk cache, or built on first use); autotune=None takes the "
       "process default (set_autotune). Raises NotSupportedError with every reason.";

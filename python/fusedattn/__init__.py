@@ -11,8 +11,8 @@ from .errors import (CudaError, CudnnError, FusedAttnError, InvalidArgumentError
 
 __version__ = "0.1.0"
 __all__ = ["FusedAttnError", "InvalidArgumentError", "NotSupportedError", "CudnnError", "CudaError", "SetupError",
-           "Spec", "Config", "Pass", "check_support", "build_info", "plan_cache_stats", "set_autotune", "plan_dir",
-           "set_plan_dir", "default_plan_dir", "disk_cache_stats", "reset_disk_cache_stats", "warm_up",
+           "Spec", "Config", "Pass", "Support", "check_support", "build_info", "plan_cache_stats", "set_autotune",
+           "plan_dir", "set_plan_dir", "default_plan_dir", "disk_cache_stats", "reset_disk_cache_stats", "warm_up",
            "ragged_buckets"]
 
 # Plans across processes (the C++ headers fusedattn/disk_cache.h, autotune.h and warmup.h say more):
@@ -62,9 +62,34 @@ def ragged_buckets(spec):
     return [str(s) for s in core.ragged_buckets(_spec_of(core, spec))]
 
 
-def check_support(spec, pass_="forward"):
-    """(supported, reasons) on the current GPU for a spec string or Spec: the policy, then cuDNN's own
-    check. Each reason is (field, value, requirement, lifted_by)."""
+class Support(tuple):
+    """check_support's answer. It unpacks as (ok, reasons), each reason (field, value, requirement,
+    lifted_by), so `ok, reasons = check_support(...)` reads it; `ok` and `reasons` name the parts.
+    `policy_only` is "" where cuDNN's own check ran (or the policy's refusal settled it); else it
+    says which device and cuDNN the policy answered for and why cuDNN did not check ("policy for SM
+    9.0 with cuDNN 9.19.0 only, cuDNN's own check not run (no NVIDIA driver found)"). str() is
+    every reason, one a line, then that note: the C++ Support::to_string()."""
+
+    def __new__(cls, ok, reasons, policy_only, text):
+        answer = super().__new__(cls, (ok, reasons))
+        answer.policy_only, answer._text = policy_only, text
+        return answer
+
+    ok = property(lambda self: self[0])
+    reasons = property(lambda self: self[1])
+
+    def __str__(self):
+        return self._text
+
+
+def check_support(spec, pass_="forward", device=None):
+    """Whether a spec string or Spec runs, and if not every reason why: a Support, which unpacks as
+    (ok, reasons), each reason (field, value, requirement, lifted_by).
+
+    device=None asks the current GPU: the policy, then cuDNN's own check (which builds and caches
+    the plan). In a process with no GPU (no NVIDIA driver, or none it sees) the answer is the
+    policy's for SM 9.0 instead of a CudaError. device="sm90" (or "sm80", "sm100", "sm120", ...)
+    asks the policy about that device, with or without a GPU here. Either way the answer's
+    policy_only says that cuDNN's own check did not run, and why."""
     core = _load_core()
-    ok, reasons, _ = core.check_support(_spec_of(core, spec), _pass_of(core, pass_))
-    return ok, reasons
+    return Support(*core.check_support(_spec_of(core, spec), _pass_of(core, pass_), device))

@@ -3,10 +3,12 @@ handlers' registration, the results' types, and the workspace XLA plans for the 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
 
 from .. import _config
 from .. import _core as core
-from ..errors import CudaError, SetupError
+from ..errors import CudaError, SetupError, invalid_argument
 from ._calls import BACKWARD, FORWARD, FP8_OUTPUTS, STATS
 
 try:  # the compiled handlers exist only where jaxlib was there to build them
@@ -31,6 +33,34 @@ def register():
     for name, stages in _jax_ffi.handlers().items():
         jax.ffi.register_ffi_target(name, stages, platform="CUDA")
     _registered = True
+
+
+def _not_on_cuda(platform):
+    return invalid_argument("q.device", platform, "a CUDA device (fusedattn.jax needs a CUDA device: its calls "
+                                                  "are XLA custom calls into cuDNN, registered for CUDA only)")
+
+
+def _refuse_lowering(ctx, q):
+    raise _not_on_cuda(", ".join(p for p in ctx.module_context.platforms if p != "cuda"))
+
+
+def _on_cuda_impl(q):
+    platform = next(iter(q.devices())).platform
+    if platform != "gpu":
+        raise _not_on_cuda(platform)
+    return q
+
+
+# Each call passes q through this identity, so that a call lowered for another platform (arrays on
+# the CPU, or jit where there is no GPU) raises InvalidArgumentError naming it, instead of XLA's
+# compiler stopping at "No FFI handler registered for fusedattn_forward on a platform Host". Only
+# lowering knows the platform: the arrays a call is traced with have no device, and jax.export
+# traces for CUDA on machines without one; the CUDA lowering of the identity is q itself.
+_on_cuda_p = Primitive("fusedattn_on_cuda")
+_on_cuda_p.def_abstract_eval(lambda q: q)
+_on_cuda_p.def_impl(_on_cuda_impl)
+mlir.register_lowering(_on_cuda_p, lambda ctx, q: [q], platform="cuda")
+mlir.register_lowering(_on_cuda_p, _refuse_lowering)
 
 
 def _workspace(spec, pass_):
@@ -79,6 +109,7 @@ def run(pass_, call, *arrays):
     types = _result_types(pass_, call, named)
     outputs = call.outputs(pass_)
     results = jax.ffi.ffi_call(TARGETS[pass_], tuple(types[r] for r in outputs) + (workspace,))(
-        *arrays, spec=str(spec), sequences=np.int64(sequences), scale=np.float32(call.scale))
+        _on_cuda_p.bind(arrays[0]), *arrays[1:], spec=str(spec), sequences=np.int64(sequences),
+        scale=np.float32(call.scale))
     results = results[:-1]
     return results[0] if len(outputs) == 1 else tuple(results)
