@@ -26,7 +26,7 @@ int support_without_gpu(const AttentionSpec& spec, const std::vector<Pass>& aske
   std::cout << "policy inputs: SM 9.0, cuDNN " << cudnn_version(versions.cudnn_runtime) << "\n";
   bool all_ok = true;
   for (Pass pass : asked) {
-    const Support policy = check_support_policy(spec, pass, DeviceCaps{9, 0}, versions);
+    const Support policy = check_support(spec, pass, "sm90");  // the policy alone, as the library answers
     print_verdict(to_string(pass), policy, spec);
     all_ok = all_ok && policy.ok();
   }
