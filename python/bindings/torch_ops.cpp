@@ -29,6 +29,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <array>
@@ -49,6 +50,10 @@
 namespace fa = fusedattn;
 namespace py = pybind11;
 using torch::autograd::variable_list;
+
+// PyTorch's version as one number (2.13: 213), for the two places where its autograd C++ API differs
+// between the versions this file builds with (2.11 on): how a node is owned, and creation hooks.
+#define FUSEDATTN_TORCH_VERSION (TORCH_VERSION_MAJOR * 100 + TORCH_VERSION_MINOR)
 
 namespace {
 
@@ -197,7 +202,8 @@ struct AttentionBackward : torch::autograd::Node {
     const at::Tensor& grad_o = grads[0];
     if (!grad_o.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
     const at::Tensor q_ = q.unpack(), k_ = k.unpack(), v_ = v.unpack();
-    const at::Tensor o_ = o.unpack(shared_from_this()), stats_ = stats.unpack();
+    // getptr(): this node's owning pointer, whichever kind this PyTorch uses.
+    const at::Tensor o_ = o.unpack(getptr()), stats_ = stats.unpack();
     const c10::cuda::CUDAGuard device(q_.device());
     const at::Tensor d_o = grad_o.is_contiguous() ? grad_o : grad_o.contiguous();  // O's own layout
     at::Tensor d_q = empty_like_strided(q_), d_k = empty_like_strided(k_), d_v = empty_like_strided(v_);
@@ -223,6 +229,17 @@ struct AttentionBackward : torch::autograd::Node {
     stats.reset_data();
   }
 };
+
+// A new AttentionBackward, owned as this PyTorch owns autograd nodes: through std::shared_ptr with
+// deleteNode before 2.13, through c10::intrusive_ptr (made by c10::make_intrusive) since. No call
+// makes a node in both, so the version decides.
+auto new_backward_node(const fa::ValidatedSpec& valid, float scale) {
+#if FUSEDATTN_TORCH_VERSION >= 213
+  return c10::make_intrusive<AttentionBackward>(valid, scale);
+#else
+  return std::shared_ptr<AttentionBackward>(new AttentionBackward(valid, scale), torch::autograd::deleteNode);
+#endif
+}
 
 // --- the call ----------------------------------------------------------------------------------------
 
@@ -279,7 +296,7 @@ at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   }
   enqueue(*fa::get_plan(valid, fa::Pass::forward), t, scale, q.get_device());
   if (!training) return o;
-  auto node = std::shared_ptr<AttentionBackward>(new AttentionBackward(valid, scale), torch::autograd::deleteNode);
+  const auto node = new_backward_node(valid, scale);
   node->set_next_edges(torch::autograd::collect_next_edges(q, k, v));
   torch::autograd::set_history(o, node);
   node->q = torch::autograd::SavedVariable(q, false);
@@ -287,6 +304,11 @@ at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   node->v = torch::autograd::SavedVariable(v, false);
   node->o = torch::autograd::SavedVariable(o, true);
   node->stats = torch::autograd::SavedVariable(stats, false);
+#if FUSEDATTN_TORCH_VERSION >= 214
+  // torch.autograd.graph.node_creation_hook (2.14 on) sees each node once it is complete, and it is
+  // whoever attaches a node that runs the hooks: PyTorch's own operators do so at this point.
+  torch::autograd::fire_node_creation_hooks(node);
+#endif
   return o;
 }
 
