@@ -20,7 +20,8 @@
 # (plans built cold and restored from the disk cache in new processes, with and without autotune),
 # sanitizer (compute-sanitizer's memcheck and racecheck over a part of the GPU tier: MEMCHECK_FILTER,
 # RACECHECK_FILTER), tsan (ThreadSanitizer over the threads test, in a build of its own: TSAN_FILTER,
-# TSAN_THREADS_CALLS). GTEST_SHARDS=N runs the GPU tier as N processes side by side, the Serial*
+# TSAN_THREADS_CALLS), cudnn (the GPU tiers under each other cuDNN named in CUDNN_ALT, folders from
+# scripts/cudnn_libs.sh; not in the default list). GTEST_SHARDS=N runs the GPU tier as N processes side by side, the Serial*
 # tests alone after them. The results file covers the gtest and Python parts
 # that ran; testsh reports its own counts (test.sh's closing "ctest:" line) and fails the run
 # when it fails. BUILD_TARGETS names the ninja targets to build (default: all; the benchmarks need
@@ -48,9 +49,10 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 echo "commit: ${FUSEDATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}; parts: $PARTS"
 
 echo "== build"
-if [ "$PARTS" = testsh ]; then
-  # The README's test command alone: the README's own build (scripts/build.sh into build/), which
-  # test.sh then finds done, and no second build beside it.
+others=$(for p in $PARTS; do case $p in testsh | cudnn) ;; *) echo "$p" ;; esac; done)
+if [ -z "$others" ]; then
+  # The README's test command (and the GPU tiers under another cuDNN) alone: the README's own build
+  # (scripts/build.sh into build/), which test.sh then finds done, and no second build beside it.
   build=build
   bash scripts/build.sh >"$OUT/build.txt" 2>&1 || { tail -50 "$OUT/build.txt"; exit 1; }
 else
@@ -150,6 +152,29 @@ if part testsh; then
   python3 scripts/gpu_results.py --xml build/test-reports/python_*.xml --info-bin build/fusedattn \
     --tier "Python tier (PyTorch and JAX adapters) through bash scripts/test.sh" \
     --wall "${wall:-unknown} (all tiers together, ctest -j $(nproc))" --out "$RESULTS/gpu-results-adapters.md" >/dev/null || status=1
+fi
+
+if part cudnn; then
+  # The GPU tiers (C++ and Python, through the README build's ctest) again under each other cuDNN in
+  # CUDNN_ALT: folders that scripts/cudnn_libs.sh packs from a nvidia-cudnn-cu13 wheel and unpacks
+  # here. The library stays built against the pinned headers and loads the other through
+  # LD_LIBRARY_PATH, as it does beside a PyTorch that brings a newer cuDNN. One results file per
+  # version: $RESULTS/gpu-results-cudnn-<version>.md.
+  for dir in ${CUDNN_ALT:-}; do
+    [ -d "$dir/lib" ] || bash scripts/cudnn_libs.sh unpack "$dir" || { status=1; continue; }
+    version=$(basename "$dir")
+    echo "== GPU tiers with cuDNN $version ($dir/lib)"
+    alt_path="$(cd "$dir/lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    LD_LIBRARY_PATH=$alt_path build/fusedattn info | grep -i cudnn
+    rm -rf build/test-reports && mkdir -p build/test-reports
+    started=$SECONDS
+    (cd build && LD_LIBRARY_PATH=$alt_path ctest -L "gpu|python" -j "$(nproc)" --output-on-failure) \
+      >"$OUT/cudnn-$version.txt" 2>&1 || status=1
+    grep -E "tests passed|\(Failed\)|\(Timeout\)" "$OUT/cudnn-$version.txt" | tail -20
+    LD_LIBRARY_PATH=$alt_path python3 scripts/gpu_results.py --xml build/test-reports/*.xml --info-bin build/fusedattn \
+      --tier "GPU tiers (C++ and Python) under cuDNN $version, through ctest -L 'gpu|python'" \
+      --wall "$((SECONDS - started)) s" --out "$RESULTS/gpu-results-cudnn-$version.md" >/dev/null || status=1
+  done
 fi
 
 if part matrix; then

@@ -20,22 +20,18 @@
 #include <ATen/cuda/EmptyTensor.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/python_variable.h>
-#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/utils/pybind.h>
-#include <torch/version.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,16 +42,17 @@
 #include "fusedattn/output_shapes.h"
 #include "fusedattn/spec.h"
 #include "python_errors.h"
+#include "torch_backward_node.h"
+#include "torch_workspace.h"
 
 namespace fa = fusedattn;
 namespace py = pybind11;
-using torch::autograd::variable_list;
-
-// PyTorch's version as one number (2.13: 213), for the two places where its autograd C++ API differs
-// between the versions this file builds with (2.11 on): how a node is owned, and creation hooks.
-#define FUSEDATTN_TORCH_VERSION (TORCH_VERSION_MAJOR * 100 + TORCH_VERSION_MINOR)
 
 namespace {
+
+using fusedattn_torch::AttentionBackward;
+using fusedattn_torch::enqueue;
+using fusedattn_torch::new_backward_node;
 
 // --- tensors to the core's terms -----------------------------------------------------------------
 
@@ -121,124 +118,6 @@ bool plain(const fa::CallConfig& config) {
   return config.layout != fa::AxisOrder::thd && config.kv_layout == config.layout && o.bias == fa::Bias::none &&
          o.softmax != fa::Softmax::sink && o.dropout == 0.0 && !o.padding && o.max_logit == fa::MaxLogit::none &&
          o.kv_pages == 0;
-}
-
-// --- workspaces ----------------------------------------------------------------------------------
-
-// A call's workspace. Small ones are kept per stream and reused by every later call on that stream,
-// which the stream runs in order: no trip through the caching allocator's lock and bookkeeping on
-// every call, and a stable address lets repeated calls replay. PyTorch keeps cuBLAS's workspaces
-// the same way. A capturing stream gets fresh memory from the allocator (from the graph's own pool),
-// since a captured graph may later run beside anything else that uses the stream's workspace;
-// so do large workspaces (their kernels outlast an allocation many times over) and streams past
-// the first few dozen. `per_call` holds fresh memory until the work is enqueued.
-constexpr std::size_t kKeptWorkspaceBytes = std::size_t{4} << 20;
-constexpr std::size_t kKeptWorkspaceStreams = 32;
-
-void* call_workspace(std::size_t bytes, int device, cudaStream_t stream, c10::DataPtr& per_call) {
-  if (bytes == 0) return nullptr;
-  c10::cuda::CUDACachingAllocator::CUDAAllocator* allocator = c10::cuda::CUDACachingAllocator::get();
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (bytes <= kKeptWorkspaceBytes && cudaStreamIsCapturing(stream, &capture) == cudaSuccess &&
-      capture == cudaStreamCaptureStatusNone) {
-    struct Kept {
-      int device;  // every device's legacy default stream has the same handle
-      cudaStream_t stream;
-      std::size_t bytes;
-      c10::DataPtr memory;
-    };
-    static std::mutex mutex;
-    // Never destroyed: at exit the allocator may already be gone; the memory goes with the process.
-    static auto* kept = new std::vector<Kept>();
-    std::lock_guard<std::mutex> lock(mutex);
-    auto found = std::find_if(kept->begin(), kept->end(),
-                              [&](const Kept& k) { return k.stream == stream && k.device == device; });
-    if (found == kept->end() && kept->size() < kKeptWorkspaceStreams) {
-      found = kept->insert(kept->end(), Kept{device, stream, 0, c10::DataPtr()});
-    }
-    if (found != kept->end()) {
-      if (found->bytes < bytes) {  // the old block goes back to this stream's pool, in stream order
-        std::size_t grown = std::max<std::size_t>(found->bytes, 64 << 10);
-        while (grown < bytes) grown *= 2;
-        found->memory = allocator->allocate(grown);
-        found->bytes = grown;
-      }
-      return found->memory.get();
-    }
-  }
-  (void)cudaGetLastError();  // a failed capture query is cuDNN's to meet and report, not ours
-  per_call = allocator->allocate(bytes);
-  return per_call.get();
-}
-
-// Runs `plan` with `tensors` on the device's current stream.
-template <class Tensors>
-void enqueue(const fa::Plan& plan, const Tensors& tensors, float scale, int device) {
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  const std::size_t bytes = plan.workspace_bytes();
-  c10::DataPtr per_call;
-  void* workspace = call_workspace(bytes, device, stream, per_call);
-  plan.run(tensors, scale, stream, fa::Workspace{workspace, bytes});
-}
-
-at::Tensor empty_like_strided(const at::Tensor& t) {
-  return at::detail::empty_strided_cuda(t.sizes(), t.strides(), t.scalar_type(), t.device());
-}
-
-// --- the autograd node of a training call ----------------------------------------------------------
-
-// dQ, dK, dV from the core's backward, with the forward's spec (its plan key drops what the
-// backward does not read) and scale. The engine runs it on the forward's stream.
-struct AttentionBackward : torch::autograd::Node {
-  AttentionBackward(fa::ValidatedSpec spec, float scale) : spec(std::move(spec)), scale(scale) {}
-
-  const fa::ValidatedSpec spec;  // validated by the forward: the backward's get_plan does not again
-  const float scale;
-  torch::autograd::SavedVariable q, k, v, o, stats;
-
-  std::string name() const override { return "fusedattn::AttentionBackward"; }
-
-  variable_list apply(variable_list&& grads) override {
-    const at::Tensor& grad_o = grads[0];
-    if (!grad_o.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
-    const at::Tensor q_ = q.unpack(), k_ = k.unpack(), v_ = v.unpack();
-    // getptr(): this node's owning pointer, whichever kind this PyTorch uses.
-    const at::Tensor o_ = o.unpack(getptr()), stats_ = stats.unpack();
-    const c10::cuda::CUDAGuard device(q_.device());
-    const at::Tensor d_o = grad_o.is_contiguous() ? grad_o : grad_o.contiguous();  // O's own layout
-    at::Tensor d_q = empty_like_strided(q_), d_k = empty_like_strided(k_), d_v = empty_like_strided(v_);
-    fa::BackwardTensors t;
-    t.q = q_.data_ptr();
-    t.k = k_.data_ptr();
-    t.v = v_.data_ptr();
-    t.o = o_.data_ptr();
-    t.d_o = d_o.data_ptr();
-    t.stats = stats_.data_ptr<float>();
-    t.d_q = d_q.data_ptr();
-    t.d_k = d_k.data_ptr();
-    t.d_v = d_v.data_ptr();
-    enqueue(*fa::get_plan(spec, fa::Pass::backward), t, scale, q_.get_device());
-    return {d_q, d_k, d_v};
-  }
-
-  void release_variables() override {
-    q.reset_data();
-    k.reset_data();
-    v.reset_data();
-    o.reset_data();
-    stats.reset_data();
-  }
-};
-
-// A new AttentionBackward, owned as this PyTorch owns autograd nodes: through std::shared_ptr with
-// deleteNode before 2.13, through c10::intrusive_ptr (made by c10::make_intrusive) since. No call
-// makes a node in both, so the version decides.
-auto new_backward_node(const fa::ValidatedSpec& valid, float scale) {
-#if FUSEDATTN_TORCH_VERSION >= 213
-  return c10::make_intrusive<AttentionBackward>(valid, scale);
-#else
-  return std::shared_ptr<AttentionBackward>(new AttentionBackward(valid, scale), torch::autograd::deleteNode);
-#endif
 }
 
 // --- the call ----------------------------------------------------------------------------------------

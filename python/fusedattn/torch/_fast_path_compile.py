@@ -71,14 +71,15 @@ def plan(package):
     source = package / "_torch_ops_src"
     # The wheel carries libfusedattn.so beside the package's modules; the build tree, one folder up.
     library = next((d for d in (package, package.parent.parent) if (d / "libfusedattn.so").is_file()), None)
-    pieces = [source / "torch_ops.cpp", source / "python_errors.h", package / "include" / "fusedattn"]
+    own = [source / name for name in ("torch_ops.cpp", "python_errors.h", "torch_workspace.h", "torch_backward_node.h")]
+    pieces = own + [package / "include" / "fusedattn"]
     absent = [str(p) for p in pieces if not p.exists()] + ([] if library else ["libfusedattn.so"])
     if absent:
         return None, (f"this fusedattn installation lacks {', '.join(absent)}; reinstall it: "
                       f"pip install --force-reinstall --no-deps fusedattn")
     torch_dir = Path(torch.__file__).resolve().parent
     headers = sorted((package / "include" / "fusedattn").glob("*.h"))
-    return Plan(compiler=compiler, sources=(source / "torch_ops.cpp", source / "python_errors.h", *headers),
+    return Plan(compiler=compiler, sources=(*own, *headers),
                 include_dirs=(package / "include", source),
                 system_include_dirs=(torch_dir / "include", torch_dir / "include" / "torch" / "csrc" / "api" / "include",
                                      python_include, cuda[0]),
