@@ -330,8 +330,8 @@ if [ ${#xmls[@]} -gt 0 ]; then
     || status=1
 fi
 # The device returns only a handful of files: the tests' raw outputs travel as one archive
-# (tests.tar.gz: the XML reports, each pytest tier's full output, test.sh's log).
-raw=$(cd "$OUT" && ls gpu_tests*.xml gpu_tests*.txt python_*.xml python_*.txt test_sh.txt sanitizer_*.txt tsan.txt 2>/dev/null)
+# (tests.tar.gz: the XML reports, each pytest tier's full output, test.sh's log, the cudnn part's logs).
+raw=$(cd "$OUT" && ls gpu_tests*.xml gpu_tests*.txt python_*.xml python_*.txt test_sh.txt cudnn-*.txt sanitizer_*.txt tsan.txt 2>/dev/null)
 if [ -n "$raw" ]; then
   # shellcheck disable=SC2086  # a list of file names without spaces
   (cd "$OUT" && tar czf tests.tar.gz $raw && rm -f $raw)

@@ -26,7 +26,7 @@ class Plan:
     cxx11_abi: int
 
     def command(self, output):
-        return ([self.compiler, "-O2", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden",
+        return ([self.compiler, "-O2", "-std=gnu++20", "-shared", "-fPIC", "-fvisibility=hidden",
                  f"-D_GLIBCXX_USE_CXX11_ABI={self.cxx11_abi}", "-DTORCH_EXTENSION_NAME=_torch_ops"]
                 + [f"-I{d}" for d in self.include_dirs]
                 + [arg for d in self.system_include_dirs for arg in ("-isystem", str(d))]
@@ -35,16 +35,29 @@ class Plan:
                 + [f"-Wl,-rpath,{folder}" for folder in dict.fromkeys(folder for folder, _ in self.libraries)])
 
 
+def _toolkit_major(root):
+    """The major version of the CUDA toolkit at `root` (from include/cuda_runtime_api.h), or None."""
+    header = root / "include" / "cuda_runtime_api.h"
+    if not header.is_file():
+        return None
+    for line in header.read_text(errors="replace").splitlines():
+        if line.startswith("#define CUDART_VERSION"):
+            return str(int(line.split()[2]) // 1000)
+    return None
+
+
 def _cuda_runtime():
-    """(include folder, library folder, -l name) of the CUDA runtime PyTorch was built with: the
-    nvidia-cuda-runtime package's (nvidia/cu<major>), or a toolkit's (CUDA_HOME, /usr/local/cuda)."""
+    """(include folder, library folder, -l name) of the CUDA runtime PyTorch was built with: a CUDA
+    toolkit's of that major version where there is one (CUDA_HOME, CUDA_PATH, /usr/local/cuda: what
+    PyTorch's own extensions compile against), else the nvidia-cuda-runtime package's
+    (nvidia/cu<major>, which PyTorch's wheel brings)."""
     major = torch.version.cuda.split(".")[0]
-    roots = []
+    roots = [Path(os.environ[v]) for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+    roots.append(Path("/usr/local/cuda"))
+    roots = [r for r in roots if _toolkit_major(r) == major]
     spec = importlib.util.find_spec("nvidia")
     if spec is not None:
         roots += [Path(p) / f"cu{major}" for p in spec.submodule_search_locations]
-    roots += [Path(os.environ[v]) for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
-    roots.append(Path("/usr/local/cuda"))
     for root in roots:
         for lib in ("lib", "lib64"):
             found = sorted((root / lib).glob("libcudart.so*"))
