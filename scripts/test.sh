@@ -14,10 +14,11 @@ status=${PIPESTATUS[0]}
 set -e
 echo "ctest: $((SECONDS - started)) s of wall time"
 # One plain closing line, whatever ctest listed last.
-# ctest says "N% tests passed, F tests failed out of T"; its "passed" includes the skipped ones (a GPU
-# test without a GPU, a Python file whose every test skipped), which its progress lines mark
-# "***Skipped". Only those lines are counted: a failing test's output, printed among them, is not.
-total=$(grep -oE 'tests failed out of [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1 || true)
+# ctest says "N% tests passed, F tests failed out of T" (or "100% tests passed out of T" when none
+# failed); its "passed" includes the skipped ones (a GPU test without a GPU, a Python file whose
+# every test skipped), which its progress lines mark "***Skipped". Only those lines are counted: a
+# failing test's output, printed among them, is not.
+total=$(grep -oE 'tests (passed|failed) out of [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1 || true)
 failed=$(grep -oE '[0-9]+ tests failed out of' "$log" | grep -oE '^[0-9]+' | tail -1 || true)
 skipped=$(grep -cE '^ *[0-9]+/[0-9]+ Test +#[0-9]+: .*\*\*\*Skipped +[0-9.]+ sec$' "$log" || true)
 echo "ctest: $((${total:-0} - ${failed:-0} - skipped)) passed, ${failed:-0} failed, $skipped skipped"
