@@ -13,7 +13,8 @@
 # `ctest -j $(nproc)`, so GPU tests run in parallel on this one GPU; log in $OUT/test_sh.txt;
 # TESTSH_ARGS goes to ctest: "-LE python" and "-L python" split it in two calls under 600 s each),
 # matrix (the support matrix from this GPU), bench (PyTorch comparison), fp8bench (FP8 beside BF16,
-# the CLI's bench), modbench (a softcap score modifier beside plain attention), varlen (ragged step and
+# the CLI's bench), fp8scaling (the FP8 element kernels' bandwidth against the GPU's copy), modbench
+# (a softcap score modifier beside plain attention), varlen (ragged step and
 # paged decode), decodeprof (a split decode's kernels, their timeline and the calls by chunk count;
 # not in the default list), jaxbench (JAX comparison), kernels (the kernels each side of a training step launches,
 # fusedattn.torch beside PyTorch's cuDNN backend, with the cuDNN frontend's log of both graphs), plans
@@ -35,7 +36,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
-export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench modbench varlen jaxbench kernels plans sanitizer tsan}
+export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench fp8scaling modbench varlen jaxbench kernels plans sanitizer tsan}
 RESULTS=$OUT/results  # the benchmarks' files, named as in the tree's results/
 mkdir -p "$OUT" "$RESULTS"
 exec > >(tee "$OUT/gpu_log.txt") 2>&1
@@ -175,6 +176,11 @@ if part cudnn; then
       --tier "GPU tiers (C++ and Python) under cuDNN $version, through ctest -L 'gpu|python'" \
       --wall "$((SECONDS - started)) s" --out "$RESULTS/gpu-results-cudnn-$version.md" >/dev/null || status=1
   done
+fi
+
+if part fp8scaling; then
+  echo "== FP8 element kernels against the GPU's copy (64 MB a tensor)"
+  "$build/fusedattn_fp8_bandwidth" --json "$RESULTS/bench-fp8-scaling.json" | tee "$RESULTS/bench-fp8-scaling.txt" || status=1
 fi
 
 if part matrix; then

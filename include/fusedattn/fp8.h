@@ -44,6 +44,34 @@ void quantize_fp8(const TensorDesc& src_desc, const void* src, const TensorDesc&
 void dequantize_fp8(const TensorDesc& src_desc, const void* src, const TensorDesc& dst_desc, void* dst,
                     const float* descale, cudaStream_t stream);
 
+/// One tensor of quantize_fp8_many: quantize_fp8's arguments.
+struct Fp8Quantization {
+  TensorDesc src_desc;
+  const void* src = nullptr;
+  TensorDesc dst_desc;
+  void* dst = nullptr;
+  const float* scale = nullptr;
+  float* amax = nullptr;  ///< may be null
+};
+
+/// quantize_fp8 of `count` tensors (Q, K and V of a forward; dO of a backward beside them): every
+/// one is checked before anything is enqueued (a field of tensors[i] is named so), and those of one
+/// dtype pair whose source and destination share rows of consecutive elements (dense tensors in one
+/// axis order, allocated like their inputs) run in one launch.
+void quantize_fp8_many(const Fp8Quantization* tensors, int count, cudaStream_t stream);
+
+/// One tensor of dequantize_fp8_many: dequantize_fp8's arguments.
+struct Fp8Dequantization {
+  TensorDesc src_desc;
+  const void* src = nullptr;
+  TensorDesc dst_desc;
+  void* dst = nullptr;
+  const float* descale = nullptr;
+};
+
+/// dequantize_fp8 of `count` tensors (dQ, dK and dV of a backward), as quantize_fp8_many.
+void dequantize_fp8_many(const Fp8Dequantization* tensors, int count, cudaStream_t stream);
+
 /// Current scaling: *scale = fp8_max(dtype) / (*amax * 2^margin) and *descale = 1 / *scale, with
 /// scale 1 where the amax is 0 or not finite (nothing to scale; NaN is left for the data to show).
 /// A scale past float's range (a tiny amax, a large margin) is clamped to [FLT_MIN, FLT_MAX], so

@@ -1,9 +1,13 @@
-// FP8 per-tensor scaling on the device: amax, quantize, dequantize and the scale updates of fusedattn/fp8.h.
+// FP8 per-tensor scaling on the device, the element-wise calls of fusedattn/fp8.h: amax, quantize
+// and dequantize, of one tensor or of several in one call (the scale updates are in
+// fp8_scale_updates.cu).
 //
-// The element kernels are grid-stride loops over the logical [b, h, s, d] order, each element's
-// address from the strides, so any layout works and in the usual ones (d fastest) a warp touches
-// consecutive addresses. Conversions are cuda_fp8.h's with __NV_SATFINITE, which the host codecs
-// (src/reference/fp8_codec.cpp) reproduce bit for bit.
+// Two walks. Tensors that share rows of consecutive elements (dense in one axis order, or packed
+// views with gaps between whole rows) take the memory-order path of fp8_rows.cu: wide loads and
+// stores, and up to four tensors of one dtype pair in one launch. Any other pair (bshd into sbhd)
+// takes the logical walk here: grid-stride loops over the [b, h, s, d] order, each element's
+// address from the strides. Conversions are cuda_fp8.h's with __NV_SATFINITE, which the host codecs
+// (src/reference/fp8_codec.cpp) reproduce bit for bit, the same in both walks.
 //
 // Amax is reduced on the bits of |x| (abs_bits: NaN propagates). Each block reduces to one value and
 // does one atomicMax into the output, which is zeroed on the stream first.
@@ -11,9 +15,9 @@
 // A ragged tensor (batch stride 0) is refused: its sequences sit at run-time offsets these calls do
 // not take, and read as written (every entry at offset 0, as gather_to_float_gpu reads it) a
 // quantize would race b writes onto the first entry. Pass the packed tokens as one dense entry.
-#include <cfloat>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -22,6 +26,7 @@
 
 #include "exec/cuda_check.h"
 #include "exec/element_conversions.cuh"
+#include "exec/fp8_rows.h"
 #include "exec/strided_elements.cuh"
 #include "fusedattn/errors.h"
 #include "fusedattn/fp8.h"
@@ -31,13 +36,17 @@ namespace fusedattn {
 namespace {
 
 constexpr int kThreads = 256;
-// Enough blocks to fill an H200 several times over; the grid-stride loop takes the rest, and fewer
-// blocks mean fewer atomics on the amax.
 
 using detail::abs_bits;
 using detail::E4M3;
 using detail::E5M2;
 using detail::from_float;
+using detail::launch_rows;
+using detail::row_width;
+using detail::RowJob;
+using detail::RowJobs;
+using detail::kMaxRowJobs;
+using detail::RowOp;
 using detail::grid_stride_blocks;
 using detail::make_strided;
 using detail::Strided;
@@ -80,65 +89,24 @@ __global__ void dequantize_kernel(Strided src_t, Strided dst_t, std::int64_t n, 
   }
 }
 
-// fp8_max / (amax * 2^margin), or 1 where the amax is not a positive finite number. A scale past
-// float's range is clamped into it, so that descale = 1 / scale stays finite and non-zero.
-__device__ void write_scale(float amax, float fp8_max, int margin, float* scale, float* descale) {
-  float s = 1.0f;
-  if (amax > 0.0f && isfinite(amax)) s = fminf(fmaxf(ldexpf(fp8_max / amax, -margin), FLT_MIN), FLT_MAX);
-  *scale = s;
-  *descale = 1.0f / s;
-}
-
-__global__ void scale_from_amax_kernel(const float* amax, float fp8_max, int margin, float* scale, float* descale) {
-  write_scale(*amax, fp8_max, margin, scale, descale);
-}
-
-// NaN wins, so that a NaN amax anywhere in the history shows (as scale 1, by write_scale).
-__device__ float max_with_nan(float a, float b) { return (isnan(a) || a > b) ? a : b; }
-
-// One block. The history shifts in chunks of kThreads slots from the top down: each chunk reads
-// all its sources before the barrier and writes after it, and its sources lie below every slot a
-// higher chunk wrote, so in place and out of place run the same code.
-__global__ void delayed_scaling_kernel(const float* history_in, float* history_out, std::int64_t length,
-                                       const float* amax, float fp8_max, int margin, float* scale, float* descale) {
-  const float newest = *amax;  // read before any barrier, so before any write to the history
-  float mine = threadIdx.x == 0 ? newest : 0.0f;
-  for (std::int64_t top = length; top > 1; top -= kThreads) {
-    const std::int64_t slot = top - 1 - threadIdx.x;
-    float moved = 0.0f;
-    if (slot >= 1) {
-      moved = history_in[slot - 1];
-      mine = max_with_nan(mine, moved);
-    }
-    __syncthreads();
-    if (slot >= 1) history_out[slot] = moved;
-  }
-  __shared__ float partial[kThreads];
-  partial[threadIdx.x] = mine;
-  __syncthreads();
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) partial[threadIdx.x] = max_with_nan(partial[threadIdx.x], partial[threadIdx.x + half]);
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) {
-    history_out[0] = newest;
-    write_scale(partial[0], fp8_max, margin, scale, descale);
-  }
-}
-
 // --- input checks: each names the field, the value and the requirement, before anything is enqueued
 
 bool is_16_bit(DType dtype) { return dtype == DType::f16 || dtype == DType::bf16; }
 
-void require_dtype(const char* field, DType dtype, bool ok, const char* requirement) {
+// `name` of the call's one tensor, or of tensors[i] of a call that takes several.
+std::string field(int index, const char* name) {
+  return index < 0 ? std::string(name) : "tensors[" + std::to_string(index) + "]." + name;
+}
+
+void require_dtype(const std::string& field, DType dtype, bool ok, const char* requirement) {
   if (!ok) throw InvalidArgument(field, to_string(dtype), requirement);
 }
 
-void require_pointer(const char* field, const void* pointer, const char* requirement) {
+void require_pointer(const std::string& field, const void* pointer, const char* requirement) {
   if (pointer == nullptr) throw InvalidArgument(field, "null", requirement);
 }
 
-void require_tensor(const char* field, const TensorDesc& desc) {
+void require_tensor(const std::string& field, const TensorDesc& desc) {
   for (int axis = 0; axis < 4; ++axis) {
     if (desc.dims[axis] < 0) throw InvalidArgument(field, to_string(desc), "dims must not be negative");
   }
@@ -149,45 +117,102 @@ void require_tensor(const char* field, const TensorDesc& desc) {
   }
 }
 
-void require_same_dims(const TensorDesc& src_desc, const TensorDesc& dst_desc) {
+// The checks quantize and dequantize share: one tensor into another of the same dims, both there.
+void require_pair(int i, const TensorDesc& src_desc, const void* src, const TensorDesc& dst_desc, const void* dst,
+                  const float* factor, const char* factor_name) {
   if (src_desc.dims != dst_desc.dims) {
-    throw InvalidArgument("dst_desc.dims", to_string(dst_desc),
+    throw InvalidArgument(field(i, "dst_desc.dims"), to_string(dst_desc),
                           "must equal src_desc's dims (" + to_string(src_desc) + ")");
+  }
+  require_tensor(field(i, "src_desc"), src_desc);
+  require_tensor(field(i, "dst_desc"), dst_desc);
+  require_pointer(field(i, factor_name), factor, "must point to a float32 in device memory");
+  if (src_desc.elements() > 0) {
+    require_pointer(field(i, "src"), src, "must point to the tensor in device memory");
+    require_pointer(field(i, "dst"), dst, "must point to the tensor in device memory");
   }
 }
 
-void require_fp8(DType dtype) { require_dtype("dtype", dtype, is_fp8(dtype), "must be e4m3 or e5m2"); }
+void require_count(int count, const void* tensors) {
+  if (count < 0) throw InvalidArgument("count", std::to_string(count), "must not be negative");
+  if (count > 0) require_pointer("tensors", tensors, "must point to `count` tensors");
+}
 
 void zero_amax(float* amax, cudaStream_t stream) {
   detail::check_cuda(cudaMemsetAsync(amax, 0, sizeof(float), stream), "cudaMemsetAsync(amax)");
 }
 
+// --- the logical walk, for tensors the memory-order path (fp8_rows.cu) does not take ------------
+
 template <class T>
 void launch_amax(const TensorDesc& desc, const void* data, float* amax, cudaStream_t stream) {
   const std::int64_t n = desc.elements();
-  amax_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(make_strided(desc), n, static_cast<const T*>(data),
-                                                      reinterpret_cast<unsigned int*>(amax));
+  amax_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(
+      make_strided(desc), n, static_cast<const T*>(data), reinterpret_cast<unsigned int*>(amax));
   detail::check_cuda(cudaGetLastError(), "measure_amax's kernel launch");
 }
 
 template <class Src, class Dst>
-void launch_quantize(const TensorDesc& src_desc, const void* src, const TensorDesc& dst_desc, void* dst,
-                     const float* scale, float* amax, cudaStream_t stream) {
-  const std::int64_t n = src_desc.elements();
-  quantize_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(make_strided(src_desc), make_strided(dst_desc), n,
-                                                          static_cast<const Src*>(src), static_cast<Dst*>(dst), scale,
-                                                          reinterpret_cast<unsigned int*>(amax));
+void launch_quantize(const Fp8Quantization& t, cudaStream_t stream) {
+  const std::int64_t n = t.src_desc.elements();
+  quantize_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(
+      make_strided(t.src_desc), make_strided(t.dst_desc), n, static_cast<const Src*>(t.src), static_cast<Dst*>(t.dst),
+      t.scale, reinterpret_cast<unsigned int*>(t.amax));
   detail::check_cuda(cudaGetLastError(), "quantize_fp8's kernel launch");
 }
 
 template <class Src, class Dst>
-void launch_dequantize(const TensorDesc& src_desc, const void* src, const TensorDesc& dst_desc, void* dst,
-                       const float* descale, cudaStream_t stream) {
-  const std::int64_t n = src_desc.elements();
-  dequantize_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(make_strided(src_desc), make_strided(dst_desc), n,
-                                                            static_cast<const Src*>(src), static_cast<Dst*>(dst),
-                                                            descale);
+void launch_dequantize(const Fp8Dequantization& t, cudaStream_t stream) {
+  const std::int64_t n = t.src_desc.elements();
+  dequantize_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(
+      make_strided(t.src_desc), make_strided(t.dst_desc), n, static_cast<const Src*>(t.src), static_cast<Dst*>(t.dst),
+      t.descale);
   detail::check_cuda(cudaGetLastError(), "dequantize_fp8's kernel launch");
+}
+
+void quantize_logically(const Fp8Quantization& t, cudaStream_t stream) {
+  const bool e4m3 = t.dst_desc.dtype == DType::e4m3;
+  if (t.src_desc.dtype == DType::bf16) {
+    if (e4m3) return launch_quantize<__nv_bfloat16, E4M3>(t, stream);
+    return launch_quantize<__nv_bfloat16, E5M2>(t, stream);
+  }
+  if (e4m3) return launch_quantize<__half, E4M3>(t, stream);
+  launch_quantize<__half, E5M2>(t, stream);
+}
+
+void dequantize_logically(const Fp8Dequantization& t, cudaStream_t stream) {
+  const bool e4m3 = t.src_desc.dtype == DType::e4m3;
+  if (t.dst_desc.dtype == DType::bf16) {
+    if (e4m3) return launch_dequantize<E4M3, __nv_bfloat16>(t, stream);
+    return launch_dequantize<E5M2, __nv_bfloat16>(t, stream);
+  }
+  if (e4m3) return launch_dequantize<E4M3, __half>(t, stream);
+  launch_dequantize<E5M2, __half>(t, stream);
+}
+
+// --- the memory-order path: tensors of one dtype pair and width share a launch ------------------
+
+struct RowTensor {
+  DType src, dst;
+  int width;
+  RowJob job;
+};
+
+void launch_grouped(RowOp op, const std::vector<RowTensor>& tensors, cudaStream_t stream) {
+  std::vector<bool> launched(tensors.size(), false);
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (launched[i]) continue;
+    const RowTensor& first = tensors[i];
+    RowJobs jobs;
+    int count = 0;
+    for (std::size_t j = i; j < tensors.size() && count < kMaxRowJobs; ++j) {
+      const RowTensor& t = tensors[j];
+      if (launched[j] || t.src != first.src || t.dst != first.dst || t.width != first.width) continue;
+      jobs.job[count++] = t.job;
+      launched[j] = true;
+    }
+    launch_rows(op, first.src, first.dst, jobs, count, first.width, stream);
+  }
 }
 
 }  // namespace
@@ -198,6 +223,13 @@ void measure_amax(const TensorDesc& desc, const void* data, float* amax, cudaStr
   if (desc.elements() > 0) require_pointer("data", data, "must point to the tensor in device memory");
   zero_amax(amax, stream);
   if (desc.elements() == 0) return;
+  RowTensor row{desc.dtype, desc.dtype, 0, RowJob{}};
+  row.width = row_width(desc, data, desc, nullptr, row.job);
+  if (row.width > 0) {
+    row.job.src = data;
+    row.job.amax = reinterpret_cast<unsigned int*>(amax);
+    return launch_grouped(RowOp::amax, {row}, stream);
+  }
   switch (desc.dtype) {
     case DType::f16: return launch_amax<__half>(desc, data, amax, stream);
     case DType::bf16: return launch_amax<__nv_bfloat16>(desc, data, amax, stream);
@@ -206,70 +238,76 @@ void measure_amax(const TensorDesc& desc, const void* data, float* amax, cudaStr
   }
 }
 
+void quantize_fp8_many(const Fp8Quantization* tensors, int count, cudaStream_t stream) {
+  require_count(count, tensors);
+  for (int i = 0; i < count; ++i) {
+    const Fp8Quantization& t = tensors[i];
+    const int at = count == 1 ? -1 : i;
+    require_dtype(field(at, "src_desc.dtype"), t.src_desc.dtype, is_16_bit(t.src_desc.dtype),
+                  "must be f16 or bf16 to quantize");
+    require_dtype(field(at, "dst_desc.dtype"), t.dst_desc.dtype, is_fp8(t.dst_desc.dtype),
+                  "must be e4m3 or e5m2 to quantize into");
+    require_pair(at, t.src_desc, t.src, t.dst_desc, t.dst, t.scale, "scale");
+  }
+  std::vector<RowTensor> rows;
+  for (int i = 0; i < count; ++i) {
+    const Fp8Quantization& t = tensors[i];
+    if (t.amax != nullptr) zero_amax(t.amax, stream);
+    if (t.src_desc.elements() == 0) continue;
+    RowTensor row{t.src_desc.dtype, t.dst_desc.dtype, 0, RowJob{}};
+    row.width = row_width(t.src_desc, t.src, t.dst_desc, t.dst, row.job);
+    if (row.width == 0) {
+      quantize_logically(t, stream);
+      continue;
+    }
+    row.job.src = t.src;
+    row.job.dst = t.dst;
+    row.job.factor = t.scale;
+    row.job.amax = reinterpret_cast<unsigned int*>(t.amax);
+    rows.push_back(row);
+  }
+  launch_grouped(RowOp::quantize, rows, stream);
+}
+
+void dequantize_fp8_many(const Fp8Dequantization* tensors, int count, cudaStream_t stream) {
+  require_count(count, tensors);
+  for (int i = 0; i < count; ++i) {
+    const Fp8Dequantization& t = tensors[i];
+    const int at = count == 1 ? -1 : i;
+    require_dtype(field(at, "src_desc.dtype"), t.src_desc.dtype, is_fp8(t.src_desc.dtype),
+                  "must be e4m3 or e5m2 to dequantize");
+    require_dtype(field(at, "dst_desc.dtype"), t.dst_desc.dtype, is_16_bit(t.dst_desc.dtype),
+                  "must be f16 or bf16 to dequantize into");
+    require_pair(at, t.src_desc, t.src, t.dst_desc, t.dst, t.descale, "descale");
+  }
+  std::vector<RowTensor> rows;
+  for (int i = 0; i < count; ++i) {
+    const Fp8Dequantization& t = tensors[i];
+    if (t.src_desc.elements() == 0) continue;
+    RowTensor row{t.src_desc.dtype, t.dst_desc.dtype, 0, RowJob{}};
+    row.width = row_width(t.src_desc, t.src, t.dst_desc, t.dst, row.job);
+    if (row.width == 0) {
+      dequantize_logically(t, stream);
+      continue;
+    }
+    row.job.src = t.src;
+    row.job.dst = t.dst;
+    row.job.factor = t.descale;
+    rows.push_back(row);
+  }
+  launch_grouped(RowOp::dequantize, rows, stream);
+}
+
 void quantize_fp8(const TensorDesc& src_desc, const void* src, const TensorDesc& dst_desc, void* dst,
                   const float* scale, float* amax, cudaStream_t stream) {
-  require_dtype("src_desc.dtype", src_desc.dtype, is_16_bit(src_desc.dtype), "must be f16 or bf16 to quantize");
-  require_dtype("dst_desc.dtype", dst_desc.dtype, is_fp8(dst_desc.dtype), "must be e4m3 or e5m2 to quantize into");
-  require_same_dims(src_desc, dst_desc);
-  require_tensor("src_desc", src_desc);
-  require_tensor("dst_desc", dst_desc);
-  require_pointer("scale", scale, "must point to a float32 in device memory");
-  if (src_desc.elements() > 0) {
-    require_pointer("src", src, "must point to the tensor in device memory");
-    require_pointer("dst", dst, "must point to the tensor in device memory");
-  }
-  if (amax != nullptr) zero_amax(amax, stream);
-  if (src_desc.elements() == 0) return;
-  const bool e4m3 = dst_desc.dtype == DType::e4m3;
-  if (src_desc.dtype == DType::bf16) {
-    if (e4m3) return launch_quantize<__nv_bfloat16, E4M3>(src_desc, src, dst_desc, dst, scale, amax, stream);
-    return launch_quantize<__nv_bfloat16, E5M2>(src_desc, src, dst_desc, dst, scale, amax, stream);
-  }
-  if (e4m3) return launch_quantize<__half, E4M3>(src_desc, src, dst_desc, dst, scale, amax, stream);
-  launch_quantize<__half, E5M2>(src_desc, src, dst_desc, dst, scale, amax, stream);
+  const Fp8Quantization one{src_desc, src, dst_desc, dst, scale, amax};
+  quantize_fp8_many(&one, 1, stream);
 }
 
 void dequantize_fp8(const TensorDesc& src_desc, const void* src, const TensorDesc& dst_desc, void* dst,
                     const float* descale, cudaStream_t stream) {
-  require_dtype("src_desc.dtype", src_desc.dtype, is_fp8(src_desc.dtype), "must be e4m3 or e5m2 to dequantize");
-  require_dtype("dst_desc.dtype", dst_desc.dtype, is_16_bit(dst_desc.dtype), "must be f16 or bf16 to dequantize into");
-  require_same_dims(src_desc, dst_desc);
-  require_tensor("src_desc", src_desc);
-  require_tensor("dst_desc", dst_desc);
-  require_pointer("descale", descale, "must point to a float32 in device memory");
-  if (src_desc.elements() == 0) return;
-  require_pointer("src", src, "must point to the tensor in device memory");
-  require_pointer("dst", dst, "must point to the tensor in device memory");
-  const bool e4m3 = src_desc.dtype == DType::e4m3;
-  if (dst_desc.dtype == DType::bf16) {
-    if (e4m3) return launch_dequantize<E4M3, __nv_bfloat16>(src_desc, src, dst_desc, dst, descale, stream);
-    return launch_dequantize<E5M2, __nv_bfloat16>(src_desc, src, dst_desc, dst, descale, stream);
-  }
-  if (e4m3) return launch_dequantize<E4M3, __half>(src_desc, src, dst_desc, dst, descale, stream);
-  launch_dequantize<E5M2, __half>(src_desc, src, dst_desc, dst, descale, stream);
-}
-
-void scale_from_amax(const float* amax, DType dtype, int margin, float* scale, float* descale, cudaStream_t stream) {
-  require_fp8(dtype);
-  require_pointer("amax", amax, "must point to a float32 in device memory");
-  require_pointer("scale", scale, "must point to a float32 in device memory");
-  require_pointer("descale", descale, "must point to a float32 in device memory");
-  scale_from_amax_kernel<<<1, 1, 0, stream>>>(amax, fp8_max(dtype), margin, scale, descale);
-  detail::check_cuda(cudaGetLastError(), "scale_from_amax's kernel launch");
-}
-
-void update_delayed_scaling(const float* history_in, float* history_out, std::int64_t length, const float* amax,
-                            DType dtype, int margin, float* scale, float* descale, cudaStream_t stream) {
-  require_fp8(dtype);
-  if (length < 1) throw InvalidArgument("length", std::to_string(length), "must be at least 1");
-  require_pointer("history_in", history_in, "must point to float32 [length] in device memory");
-  require_pointer("history_out", history_out, "must point to float32 [length] in device memory");
-  require_pointer("amax", amax, "must point to a float32 in device memory");
-  require_pointer("scale", scale, "must point to a float32 in device memory");
-  require_pointer("descale", descale, "must point to a float32 in device memory");
-  delayed_scaling_kernel<<<1, kThreads, 0, stream>>>(history_in, history_out, length, amax, fp8_max(dtype), margin,
-                                                    scale, descale);
-  detail::check_cuda(cudaGetLastError(), "update_delayed_scaling's kernel launch");
+  const Fp8Dequantization one{src_desc, src, dst_desc, dst, descale};
+  dequantize_fp8_many(&one, 1, stream);
 }
 
 }  // namespace fusedattn
