@@ -7,6 +7,7 @@
 #
 #   bash scripts/test_installed.sh            # FUSEDATTN_PACKAGE_VENV: where (default ~/.cache/...)
 #   PACKAGE_REQUIREMENTS="torch==2.11.0 jax==0.10.2" bash scripts/test_installed.sh   # other versions
+#   FUSEDATTN_WHEEL=dist/fusedattn-*.whl bash scripts/test_installed.sh  # a wheel built elsewhere
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd -P)
@@ -22,9 +23,14 @@ python3 -m venv "$venv"
 echo "test_installed: pip install ${requirements[*]} into a fresh $venv"
 "$venv/bin/python" -m pip install --quiet --upgrade pip
 "$venv/bin/python" -m pip install --quiet "${requirements[@]}"
-echo "test_installed: pip install . (its own isolated build: minutes; pip install -v . shows each step)"
 started=$SECONDS
-"$venv/bin/python" -m pip install --quiet .
+if [ -n "${FUSEDATTN_WHEEL:-}" ]; then
+  echo "test_installed: pip install $FUSEDATTN_WHEEL"
+  "$venv/bin/python" -m pip install --quiet "$FUSEDATTN_WHEEL"
+else
+  echo "test_installed: pip install . (its own isolated build: minutes; pip install -v . shows each step)"
+  "$venv/bin/python" -m pip install --quiet .
+fi
 echo "test_installed: installed in $((SECONDS - started)) s: $("$venv/bin/python" -m pip list 2>/dev/null |
   grep -iE '^(fusedattn|torch|jax|jaxlib|nvidia-cudnn-cu13) ' | tr -s ' ' | paste -sd ',' -)"
 
