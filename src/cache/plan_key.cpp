@@ -6,6 +6,7 @@
 #include "fusedattn/lru_cache.h"
 #include "fusedattn/plan_cache.h"
 #include "fusedattn/ragged.h"
+#include "spec/diagonal.h"
 #include "spec/fields.h"
 #include "spec/text.h"
 
@@ -18,8 +19,9 @@ PlanKey make_plan_key(const AttentionSpec& spec, Pass pass, int device, const De
   key.spec = bucketed(spec);
   // Fields the pass's graph does not read (the field table in spec.cpp says which) are reset.
   detail::reset_unread_fields(key.spec, pass);
-  // The alignment only places the window's diagonal; without a bound the graphs are identical.
-  if (!spec.window.bounded()) key.spec.alignment = Alignment::top_left;
+  // The alignment only places the window's diagonal: where two place it alike (no bound, or equal
+  // fixed lengths) the graphs are identical, and the top-left one is built.
+  key.spec.alignment = detail::placed_alignment(spec);
   key.device = device;
   key.sm = caps.sm();
   key.cudnn_runtime = versions.cudnn_runtime;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "spec/diagonal.h"
 #include "spec/text.h"
 #include "support/rules.h"
 
@@ -370,7 +371,10 @@ void score_mod_rule(const AttentionSpec& spec, Pass pass, const Versions& versio
   }
 }
 
-Support check_support_policy(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions) {
+Support check_support_policy(const AttentionSpec& given, Pass pass, const DeviceCaps& caps, const Versions& versions) {
+  // A bottom-right diagonal that sits where the top-left one does is judged as top-left, as it is built.
+  AttentionSpec spec = given;
+  spec.alignment = detail::placed_alignment(given);
   Support support;
   Reasons& out = support.reasons;
   device_rule(caps, out);

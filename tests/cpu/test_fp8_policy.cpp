@@ -92,10 +92,23 @@ TEST(Fp8Policy, HopperBackwardNeedsHeadDim128AndBlackwellLiftsIt) {
   EXPECT_EQ(fields(odd), "d_qk();d_v();");
 }
 
+// Causal bottom-right with more keys than queries: a diagonal Hopper's FP8 kernels do not take.
+AttentionSpec fp8_bottom_right(std::int64_t s_q, std::int64_t s_kv) {
+  ProblemShape shape;
+  shape.dtype = DType::e4m3;
+  shape.batch = 2;
+  shape.seq_q = s_q;
+  shape.seq_kv = s_kv;
+  shape.heads_q = shape.heads_kv = 8;
+  shape.head_dim_qk = shape.head_dim_v = 128;
+  AttentionSpec spec = spec_for_layout(Layout::bshd, shape);
+  spec.window = kCausal;
+  spec.alignment = Alignment::bottom_right;
+  return spec;
+}
+
 TEST(Fp8Policy, HopperLimitsNameTheGpuThatLiftsThem) {
-  AttentionSpec bottom_right = fp8_spec();
-  bottom_right.alignment = Alignment::bottom_right;
-  EXPECT_EQ(fields(check_support_policy(bottom_right, Pass::forward, kSm90, kCudnn9_19)),
+  EXPECT_EQ(fields(check_support_policy(fp8_bottom_right(512, 1024), Pass::forward, kSm90, kCudnn9_19)),
             "align(a Blackwell (SM 10.0) GPU);");
   AttentionSpec half_out = fp8_spec();
   half_out.o.dtype = DType::bf16;
@@ -313,6 +326,19 @@ TEST(Fp8Gradients, OnlyE4M3InputsTakeE5M2Gradients) {
           << error.what();
     }
   }
+}
+
+// At s_q == s_kv with lengths fixed by the spec, bottom-right places the diagonal where top-left
+// does: it is judged (and built) as top-left, forward and backward. Runtime lengths may differ
+// between Q and KV, so with them the refusal stands.
+TEST(Fp8Policy, BottomRightAtEqualFixedLengthsIsTopLeft) {
+  const AttentionSpec equal = fp8_bottom_right(512, 512);
+  EXPECT_TRUE(check_support_policy(equal, Pass::forward, kSm90, kCudnn9_19).ok());
+  EXPECT_TRUE(check_support_policy(equal, Pass::backward, kSm90, kCudnn9_19).ok());
+  AttentionSpec runtime_lengths = equal;
+  runtime_lengths.padding = true;
+  EXPECT_EQ(fields(check_support_policy(runtime_lengths, Pass::forward, kSm90, kCudnn9_19)),
+            "align(a Blackwell (SM 10.0) GPU);");
 }
 
 }  // namespace

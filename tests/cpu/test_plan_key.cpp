@@ -144,18 +144,26 @@ TEST(PlanKey, ForwardOnlyOutputsDoNotSplitBackwardEntries) {
   EXPECT_NE(make_plan_key(plain, Pass::forward, 0, caps, v), make_plan_key(outputs, Pass::forward, 0, caps, v));
 }
 
-TEST(PlanKey, AlignmentMattersOnlyWhenCausal) {
+// The alignment matters only where it moves the diagonal: with a bound, and lengths that differ (or
+// arrive at run time). Elsewhere bottom-right shares top-left's plan.
+TEST(PlanKey, AlignmentMattersOnlyWhereItMovesTheDiagonal) {
   const DeviceCaps caps{9, 0};
   const Versions v = versions(91900, 13200);
-  AttentionSpec top_left = spec_of(kSpec);
-  top_left.window = Window{};
-  AttentionSpec bottom_right = top_left;
-  bottom_right.alignment = Alignment::bottom_right;
-  for (Pass pass : {Pass::forward, Pass::backward}) {
-    EXPECT_EQ(make_plan_key(top_left, pass, 0, caps, v), make_plan_key(bottom_right, pass, 0, caps, v));
-  }
-  top_left.window = bottom_right.window = kCausal;
-  EXPECT_NE(make_plan_key(top_left, Pass::forward, 0, caps, v), make_plan_key(bottom_right, Pass::forward, 0, caps, v));
+  auto keys_equal = [&](const char* text, const Window& window, bool padding) {
+    AttentionSpec top_left = spec_of(text);
+    top_left.window = window;
+    top_left.padding = padding;
+    AttentionSpec bottom_right = top_left;
+    bottom_right.alignment = Alignment::bottom_right;
+    return make_plan_key(top_left, Pass::forward, 0, caps, v) == make_plan_key(bottom_right, Pass::forward, 0, caps, v) &&
+           make_plan_key(top_left, Pass::backward, 0, caps, v) == make_plan_key(bottom_right, Pass::backward, 0, caps, v);
+  };
+  const char* const longer_kv = "layout=bshd dtype=bf16 b=2 s_q=128 s_kv=192 h_q=8 h_kv=8 d_qk=64 d_v=64";
+  EXPECT_TRUE(keys_equal(kSpec, Window{}, false));
+  EXPECT_TRUE(keys_equal(longer_kv, Window{}, false));
+  EXPECT_TRUE(keys_equal(kSpec, kCausal, false));       // s_q == s_kv: the same diagonal
+  EXPECT_FALSE(keys_equal(kSpec, kCausal, true));       // runtime lengths may differ
+  EXPECT_FALSE(keys_equal(longer_kv, kCausal, false));  // the diagonal moves by 64
 }
 
 TEST(PlanKey, PrintsPassDeviceVersionsThenSpec) {
