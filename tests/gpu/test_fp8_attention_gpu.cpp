@@ -59,6 +59,8 @@ INSTANTIATE_TEST_SUITE_P(
         Fp8Case{"window_128", "layout=bshd dtype=e4m3 b=2 s=512 h=4 d=128 window=128,0", true},
         Fp8Case{"d256_forward", "layout=bshd dtype=e4m3 b=1 s=256 h=4 d=256 causal", false},
         Fp8Case{"e5m2_128", "layout=bshd dtype=e5m2 b=2 s=256 h=4 d=128 causal", true},
+        // Bottom-right at s_q == s_kv is the top-left diagonal, which Hopper's FP8 kernels take.
+        Fp8Case{"bottom_right_square", "layout=bshd dtype=e4m3 b=2 s=384 h=4 d=128 causal align=bottom_right", true},
         // The hybrid recipe: E4M3 inputs, dO and the gradients in E5M2; grouped (the K/V
         // expansion sums E5M2 partials) and not.
         Fp8Case{"hybrid_causal", "layout=bshd dtype=e4m3 b=2 s=512 h=8 d=128 causal fp8_grads=e5m2", true},
@@ -82,8 +84,8 @@ TEST(Fp8Calls, AMissingScaleIsNamedAndNothingRuns) {
 TEST(Fp8Calls, ABottomRightDiagonalIsRefusedOnHopperNamingBlackwell) {
   FUSEDATTN_REQUIRE_FP8_GPU();
   if (current_device_caps().sm_major != 9) GTEST_SKIP() << "the limit is Hopper's";
-  const Support answer = check_support(parse_spec("layout=bshd dtype=e4m3 b=1 s=128 h=2 d=128 causal align=bottom_right"),
-                                       Pass::forward);
+  const Support answer = check_support(
+      parse_spec("layout=bshd dtype=e4m3 b=1 s_q=128 s_kv=256 h=2 d=128 causal align=bottom_right"), Pass::forward);
   ASSERT_FALSE(answer.ok());
   EXPECT_NE(answer.to_string().find("Blackwell"), std::string::npos) << answer.to_string();
 }
