@@ -17,6 +17,9 @@
 //                                             b, h, q, kv (in that order; contiguous, broadcast over
 //                                             the axes it lacks), e.g. t0[h] per head
 //   op   := neg abs exp log sqrt tanh sigmoid not      (one argument)
+//         | floor ceil trunc sign                     (one argument: index arithmetic, as
+//                                                        //, % and integer casts trace; sign
+//                                                        gives -1, 0 or 1)
 //         | add sub mul div pow min max and or          (two)
 //         | lt le gt ge eq ne                           (two; 1 where true, else 0)
 //         | select                                      (three: the second where the first is not
@@ -52,7 +55,7 @@ constexpr int kMaxGatherIndices = 4;
 /// One node's operation. The leaves first, then by number of arguments.
 enum class ScoreOp : std::uint8_t {
   score, batch, head, q_index, kv_index, constant, scalar, tensor,       // leaves
-  neg, abs, exp, log, sqrt, tanh, sigmoid, logical_not,                 // one argument
+  neg, abs, exp, log, sqrt, tanh, sigmoid, logical_not, floor, ceil, trunc, sign,  // one argument
   add, sub, mul, div, pow, min, max, logical_and, logical_or,           // two
   lt, le, gt, ge, eq, ne,                                               // two, 1 or 0
   select,                                                               // three

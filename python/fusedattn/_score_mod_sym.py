@@ -8,7 +8,8 @@ from .errors import NotSupportedError
 def not_covered(what):
     return NotSupportedError(f"score_mod: {what} is not covered by fusedattn's score modifiers "
                              "(the operations of fusedattn/score_mod.h: arithmetic, tanh, exp, log, sqrt, "
-                             "sigmoid, abs, min, max, comparisons, logic and where)")
+                             "sigmoid, abs, min, max, floor, ceil, trunc, sign, integer casts, //, %, "
+                             "comparisons, logic and where)")
 
 
 def call(tracer, op, *args):
@@ -19,6 +20,36 @@ def call(tracer, op, *args):
         # negative bases (cuDNN's own power does not).
         return tracer.sym_class(tracer, f"pow({tracer.operand(args[0])},{int(args[1])})")
     return tracer.sym_class(tracer, f"{op}({','.join(tracer.operand(a) for a in args)})")
+
+
+def trunc(tracer, x):
+    """Rounding toward zero, as an integer cast does (.long(), .int(), astype(int32))."""
+    return call(tracer, "trunc", x)
+
+
+def floor_divide(tracer, x, y):
+    return call(tracer, "floor", call(tracer, "div", x, y))
+
+
+def remainder(tracer, x, y):
+    """x - floor(x / y) * y: Python's % and torch.remainder, the sign of the divisor."""
+    return call(tracer, "sub", x, call(tracer, "mul", floor_divide(tracer, x, y), y))
+
+
+def fmod(tracer, x, y):
+    """x - trunc(x / y) * y: C's remainder (torch.fmod, lax.rem), the sign of the dividend."""
+    return call(tracer, "sub", x, call(tracer, "mul", trunc(tracer, call(tracer, "div", x, y)), y))
+
+
+def _cast(tracer, x, dtype):
+    """x as `dtype`: an integer type rounds toward zero, bool is x != 0, a float type is x itself
+    (dtypes as PyTorch has them: torch.int64 and the like; anything else, a device or a float
+    type, changes no value)."""
+    if getattr(dtype, "is_floating_point", True) or getattr(dtype, "is_complex", False):
+        return x
+    if str(dtype).endswith("bool"):
+        return call(tracer, "ne", x, 0)
+    return trunc(tracer, x)
 
 
 def _small_whole(x):
@@ -67,16 +98,18 @@ class Sym:
     def __bool__(self):
         raise not_covered("Python control flow on a traced value (if, and, or, not: use torch.where, &, |, ~)")
 
-    def __floordiv__(self, other):
-        raise not_covered("floor division")
-
-    __rfloordiv__ = __mod__ = __rmod__ = __floordiv__
+    __floordiv__ = lambda self, o: floor_divide(self.tracer, self, o)
+    __rfloordiv__ = lambda self, o: floor_divide(self.tracer, o, self)
+    __mod__ = lambda self, o: remainder(self.tracer, self, o)
+    __rmod__ = lambda self, o: remainder(self.tracer, o, self)
 
     def __getattr__(self, name):
         # Tensor methods (score.tanh(), score.clamp(max=...)) as the functions of the same name.
         if name in _FUNCTIONS:
             return lambda *args, **kwargs: apply(name, (self,) + args, kwargs)
-        if name in ("float", "to", "type_as", "contiguous", "clone", "detach"):
+        if name == "to":  # .to(torch.int64), .to(device), .to(other_tensor, ...)
+            return lambda *args, **kwargs: _cast(self.tracer, self, kwargs.get("dtype", args[0] if args else None))
+        if name in ("float", "double", "half", "bfloat16", "type_as", "contiguous", "clone", "detach"):
             return lambda *args, **kwargs: self
         raise not_covered(f"the method .{name}()")
 
@@ -120,6 +153,11 @@ _FUNCTIONS = {
     "where": _where, "clamp": _clamp, "clip": _clamp,
     "clamp_min": lambda tracer, x, lo: _clamp(tracer, x, lo=lo),
     "clamp_max": lambda tracer, x, hi: _clamp(tracer, x, hi=hi),
+    # Index arithmetic (T5's buckets, block ids): floors, casts to integers, //, %.
+    "floor": _unary("floor"), "ceil": _unary("ceil"), "trunc": trunc, "fix": trunc, "sign": _unary("sign"),
+    "long": trunc, "int": trunc, "short": trunc, "bool": lambda tracer, x: call(tracer, "ne", x, 0),
+    "floor_divide": floor_divide, "remainder": remainder, "fmod": fmod,
+    "full_like": lambda tracer, x, value: value,
 }
 
 # Dunder names some frameworks dispatch under (torch.Tensor.__add__ and the like).
@@ -151,8 +189,21 @@ def apply(name, args, kwargs):
         return call(tracer, _DUNDERS[name], *args)
     rule = _FUNCTIONS.get(name)
     kwargs = dict(kwargs or {})
-    if name in ("div", "divide", "true_divide") and kwargs.pop("rounding_mode", None) is not None:
-        raise not_covered("division with a rounding mode")
+    if name in ("div", "divide", "true_divide") and kwargs.get("rounding_mode") is not None:
+        mode = kwargs.pop("rounding_mode")
+        if mode not in ("floor", "trunc"):
+            raise not_covered(f"division with rounding_mode={mode!r}")
+        quotient = call(tracer, "div", *args)
+        return call(tracer, "floor", quotient) if mode == "floor" else trunc(tracer, quotient)
+    if name in ("__floordiv__", "__rfloordiv__", "__mod__", "__rmod__"):
+        x, y = (args[0], args[1]) if name in ("__floordiv__", "__mod__") else (args[1], args[0])
+        return (floor_divide if "floordiv" in name else remainder)(tracer, x, y)
+    if name == "to":
+        return _cast(tracer, args[0], kwargs.get("dtype", args[1] if len(args) > 1 else None))
+    if name == "full_like":
+        return args[1] if len(args) > 1 else kwargs["fill_value"]
+    if name in ("min", "max") and len(args) == 2:  # torch.min(a, b): element-wise
+        return call(tracer, name, *args)
     if name in ("clamp", "clip"):
         lo = args[1] if len(args) > 1 else kwargs.pop("min", kwargs.pop("a_min", None))
         hi = args[2] if len(args) > 2 else kwargs.pop("max", kwargs.pop("a_max", None))

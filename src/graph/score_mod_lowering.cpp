@@ -126,6 +126,10 @@ double fold(ScoreOp op, double x, double y) {
     case ScoreOp::sqrt: return std::sqrt(x);
     case ScoreOp::tanh: return std::tanh(x);
     case ScoreOp::sigmoid: return 1.0 / (1.0 + std::exp(-x));
+    case ScoreOp::floor: return std::floor(x);
+    case ScoreOp::ceil: return std::ceil(x);
+    case ScoreOp::trunc: return std::trunc(x);
+    case ScoreOp::sign: return x > 0.0 ? 1.0 : x < 0.0 ? -1.0 : 0.0;
     case ScoreOp::add: return x + y;
     case ScoreOp::sub: return x - y;
     case ScoreOp::mul: return x * y;
@@ -304,6 +308,28 @@ ScoreModLowering::Value ScoreModLowering::lower_node(std::size_t i) {
     case ScoreOp::sqrt: return unary(Mode::SQRT, Kind::real);
     case ScoreOp::tanh: return unary(Mode::TANH_FWD, Kind::real);
     case ScoreOp::sigmoid: return unary(Mode::SIGMOID_FWD, Kind::real);
+    // An integer (an index, or arithmetic of indices and whole constants) is its own floor and ceil.
+    case ScoreOp::floor: return arithmetic == Kind::integer ? arg(0) : unary(Mode::FLOOR, Kind::real);
+    case ScoreOp::ceil: return arithmetic == Kind::integer ? arg(0) : unary(Mode::CEIL, Kind::real);
+    case ScoreOp::trunc: {  // cuDNN has no truncation: x < 0 ? ceil(x) : floor(x), on one x
+      if (arithmetic == Kind::integer) return arg(0);
+      const TensorPtr x = operand(0, Kind::real);
+      const TensorPtr negative = emit(Mode::CMP_LT, {x, constant(0.0, false)}, Kind::real, Kind::condition);
+      return Value{Kind::real, emit(Mode::BINARY_SELECT, {emit(Mode::CEIL, {x}, Kind::real, Kind::real),
+                                                          emit(Mode::FLOOR, {x}, Kind::real, Kind::real), negative},
+                                    Kind::real, Kind::real)};
+    }
+    case ScoreOp::sign: {  // (x > 0) - (x < 0), in float32
+      const TensorPtr x = operand(0, Kind::real), zero_value = constant(0.0, false);
+      const TensorPtr one_value = materialized(constant(1.0, false));
+      const TensorPtr positive = emit(Mode::BINARY_SELECT, {one_value, zero(), emit(Mode::CMP_GT, {x, zero_value},
+                                                                                     Kind::real, Kind::condition)},
+                                      Kind::real, Kind::real);
+      const TensorPtr negative = emit(Mode::BINARY_SELECT, {one_value, zero(), emit(Mode::CMP_LT, {x, zero_value},
+                                                                                     Kind::real, Kind::condition)},
+                                      Kind::real, Kind::real);
+      return Value{Kind::real, emit(Mode::SUB, {positive, negative}, Kind::real, Kind::real)};
+    }
     case ScoreOp::add: return binary(Mode::ADD, arithmetic);
     case ScoreOp::sub: return binary(Mode::SUB, arithmetic);
     case ScoreOp::mul: return binary(Mode::MUL, arithmetic);

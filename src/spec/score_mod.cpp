@@ -145,6 +145,10 @@ ScoreModValue evaluate_with_derivative(const ScoreMod& mod, const ScoreModPoint&
       case ScoreOp::tanh: v = std::tanh(x); dv = chain(dx, 1.0 - v * v); break;
       case ScoreOp::sigmoid: v = 1.0 / (1.0 + std::exp(-x)); dv = chain(dx, v * (1.0 - v)); break;
       case ScoreOp::logical_not: v = x == 0.0 ? 1.0 : 0.0; break;
+      case ScoreOp::floor: v = std::floor(x); break;  // flat between the steps: no slope
+      case ScoreOp::ceil: v = std::ceil(x); break;
+      case ScoreOp::trunc: v = std::trunc(x); break;
+      case ScoreOp::sign: v = x > 0.0 ? 1.0 : x < 0.0 ? -1.0 : 0.0; break;
       case ScoreOp::add: v = x + y; dv = dx + dy; break;
       case ScoreOp::sub: v = x - y; dv = dx - dy; break;
       case ScoreOp::mul: v = x * y; dv = chain(dx, y) + chain(dy, x); break;

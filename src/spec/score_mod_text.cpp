@@ -25,6 +25,8 @@ constexpr OpName kOps[] = {
     {ScoreOp::neg, "neg", 1},     {ScoreOp::abs, "abs", 1},      {ScoreOp::exp, "exp", 1},
     {ScoreOp::log, "log", 1},     {ScoreOp::sqrt, "sqrt", 1},    {ScoreOp::tanh, "tanh", 1},
     {ScoreOp::sigmoid, "sigmoid", 1}, {ScoreOp::logical_not, "not", 1},
+    {ScoreOp::floor, "floor", 1}, {ScoreOp::ceil, "ceil", 1},    {ScoreOp::trunc, "trunc", 1},
+    {ScoreOp::sign, "sign", 1},
     {ScoreOp::add, "add", 2},     {ScoreOp::sub, "sub", 2},      {ScoreOp::mul, "mul", 2},
     {ScoreOp::div, "div", 2},     {ScoreOp::pow, "pow", 2},      {ScoreOp::min, "min", 2},
     {ScoreOp::max, "max", 2},     {ScoreOp::logical_and, "and", 2}, {ScoreOp::logical_or, "or", 2},

@@ -78,6 +78,9 @@ TEST(ScoreModLowering, EveryExpressionKeepsCudnnsRules) {
       "select(not(ge(q,kv)),sub(score,2),score)", "add(score,mul(lt(kv,q),$0))", "abs(score)", "add(mul(score,score),score)",
       "mul(score,add(t0[b],2))", "add(score,mul(0.05,pow(score,3)))", "pow(score,$0)", "sub($0,$1)",
       "select(1,score,$0)", "select(lt(kv,q),$0,$1)",
+      // index arithmetic: blocks (//), remainders (%), casts toward zero, signs
+      "select(eq(floor(div(q,$0)),floor(div(kv,$0))),score,-inf)", "add(score,sub(kv,mul(floor(div(kv,$0)),$0)))",
+      "add(score,trunc(div(score,$0)))", "add(score,mul(sign(sub(kv,q)),$0))", "add(score,ceil(div(sub(kv,q),3)))",
   };
   for (const char* masks : {"", " causal", " window=64,16 align=bottom_right s_kv=300", " padding=1 causal"}) {
     for (const char* mod : expressions) {
@@ -117,6 +120,21 @@ TEST(ScoreModLowering, WorkedOperationCounts) {
   int selects = 0;
   for (const Emitted& op : window.forward) selects += op.mode == Mode::BINARY_SELECT;
   EXPECT_EQ(selects, 2);
+  // An index is its own floor, ceil and truncation: no operation for them.
+  const Lowered same_index = lower(std::string(kBase) + " score_mod=select(eq(floor(q),trunc(kv)),score,-inf)");
+  for (const Emitted& op : same_index.forward) {
+    EXPECT_NE(op.mode, Mode::FLOOR);
+    EXPECT_NE(op.mode, Mode::CEIL);
+  }
+  // A real's truncation: the comparison, CEIL, FLOOR and their select (4) on one value.
+  const Lowered truncated = lower(std::string(kBase) + " score_mod=add(score,trunc(div(score,$0)))");
+  int floors = 0, ceils = 0;
+  for (const Emitted& op : truncated.forward) {
+    floors += op.mode == Mode::FLOOR;
+    ceils += op.mode == Mode::CEIL;
+  }
+  EXPECT_EQ(floors, 1);
+  EXPECT_EQ(ceils, 1);
 }
 
 }  // namespace

@@ -29,6 +29,40 @@ def test_score_mod_functions_trace_into_expressions():
         assert (traced.text, traced.scalars) == (text, scalars)
 
 
+def t5_bucket(relative, num_buckets=32, max_distance=128):
+    """T5's bidirectional relative-position bucket in jax.numpy: integer division, casts, a clamp."""
+    num_buckets //= 2
+    buckets = (relative > 0).astype(jnp.int32) * num_buckets
+    relative = jnp.abs(relative)
+    max_exact = num_buckets // 2
+    large = max_exact + (jnp.log(relative.astype(jnp.float32) / max_exact) / jnp.log(max_distance / max_exact)
+                         * (num_buckets - max_exact)).astype(jnp.int32)
+    large = jnp.minimum(large, num_buckets - 1)
+    return buckets + jnp.where(relative < max_exact, relative, large)
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("t5", lambda s, b, h, qi, kv, table: s + table[t5_bucket(kv - qi), h]),
+    ("blocks and remainders", lambda s, b, h, qi, kv, table: s + table[(kv // 64 - qi // 64) % 32, h]
+     + table[(kv - qi) % 5, h] * (kv // 3 == qi // 3)),
+])
+def test_index_arithmetic_traces_into_a_bias_equal_to_the_function(name, fn):
+    # Integer // and %, casts toward zero (astype(int32) of a float: not a rounding) and clamps, as
+    # JAX lowers them (lax.div and lax.rem round toward zero; jnp corrects them with sign): the
+    # table's terms run as the call's bias, evaluated on index grids, equal to the function there.
+    from fusedattn.jax import _score_mod as _jax_score_mod
+    table = jax.random.normal(jax.random.key(3), (32, 4))
+    bound = lambda s, b, h, qi, kv: fn(s, b, h, qi, kv, table)
+    traced, stopped = _jax_score_mod.trace(bound)
+    assert traced.bias is not None and traced.bias.text, name
+    q, k = jnp.zeros((1, 150, 4, 64)), jnp.zeros((1, 200, 4, 64))
+    bias, _ = _jax_score_mod.dense_bias(traced.bias, q, k, layout="bshd", stopped=stopped)
+    qi, kv = jnp.arange(150)[:, None], jnp.arange(200)[None, :]
+    want = jax.vmap(lambda h: fn(0.0, 0, h, qi, kv, table))(jnp.arange(4))[None]  # [1, h, s_q, s_kv]
+    assert bias.shape == want.shape, (bias.shape, want.shape)
+    assert jnp.array_equal(bias.astype(jnp.float32), want.astype(jnp.float32)), name
+
+
 def test_score_mod_primitives_it_cannot_express_are_named():
     q = shaped(2, 64, 4, 64)
     for fn, words in [(lambda s, b, h, qi, kv: jax.scipy.special.erf(s), "the JAX primitive erf"),

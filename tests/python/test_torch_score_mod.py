@@ -1,6 +1,8 @@
 """fusedattn.torch's score_mod without a GPU: FlexAttention's functions traced into the core's
 expressions, what they cannot express named, gathered and learned terms as a dense bias with
 gradients, tensor shapes checked, and compiled in one graph on meta tensors."""
+import math
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch not installed")
@@ -22,6 +24,14 @@ def test_score_mod_functions_trace_into_expressions():
         (lambda s, b, h, q, kv: s.tanh().clamp(max=0.5) * 2, "mul(min(tanh(score),$0),$1)", (0.5, 2.0)),
         (lambda s, b, h, q, kv: torch.sigmoid(s) - 1 + abs(s) ** 2.5 + s ** 2,
          "add(add(sub(sigmoid(score),1),pow(abs(score),$0)),pow(score,2))", (2.5,)),
+        # index arithmetic: blocks by //, remainders by %, casts to integers toward zero
+        (lambda s, b, h, q, kv: torch.where(q // 64 == kv // 64, s, -float("inf")),
+         "select(eq(floor(div(q,$0)),floor(div(kv,$0))),score,-inf)", (64.0,)),
+        (lambda s, b, h, q, kv: s + (kv - q) % 7, "add(score,sub(sub(kv,q),mul(floor(div(sub(kv,q),$0)),$0)))",
+         (7.0,)),
+        (lambda s, b, h, q, kv: s + (s / 2).to(torch.int64) + torch.div(kv, 3, rounding_mode="floor"),
+         "add(add(score,trunc(div(score,$0))),floor(div(kv,$1)))",
+         (2.0, 3.0)),
     ]
     for fn, text, scalars in cases:
         entry = traced(fn)
@@ -48,7 +58,7 @@ def test_score_mod_operations_it_cannot_express_are_named():
     for fn, words in [(lambda s, b, h, qi, kv: s * SLOPES[kv - qi], "gathers from a tensor"),
                       (lambda s, b, h, qi, kv: torch.erf(s), "erf()"),
                       (lambda s, b, h, qi, kv: s if s > 0 else -s, "Python control flow"),
-                      (lambda s, b, h, qi, kv: s // 2, "floor division")]:
+                      (lambda s, b, h, qi, kv: torch.round(s), "round()")]:
         with pytest.raises(NotSupportedError) as caught:
             fa.attention(q, q, q, score_mod=fn)
         assert words in str(caught.value)
@@ -81,6 +91,42 @@ def test_gathered_and_learned_terms_run_as_a_dense_bias_with_gradients():
     slopes.requires_grad_(False)  # no longer learned: its term goes back into the modifier (traced anew)
     traced = _torch_score_mod.traced(fn).traced
     assert "t0[h]" in traced.text and traced.bias.text.startswith("G0(")
+
+
+def t5_bucket(relative, num_buckets=32, max_distance=128):
+    """T5's bidirectional relative-position bucket, as transformers and FlexAttention's tests write it."""
+    num_buckets //= 2
+    buckets = (relative > 0).to(torch.long) * num_buckets
+    relative = torch.abs(relative)
+    max_exact = num_buckets // 2
+    is_small = relative < max_exact
+    large = max_exact + (torch.log(relative.float() / max_exact) / math.log(max_distance / max_exact)
+                         * (num_buckets - max_exact)).to(torch.long)
+    large = torch.min(large, torch.full_like(large, num_buckets - 1))
+    return buckets + torch.where(is_small, relative, large)
+
+
+def test_t5_bucketed_bias_traces_into_a_dense_bias_equal_to_the_function():
+    # Casts, floor division and a clamp by torch.min: the table's term runs as the call's bias,
+    # evaluated on index grids, equal to the function there (and differentiable into the table).
+    from fusedattn.torch import _score_mod as _torch_score_mod
+    table = torch.randn(32, 4, requires_grad=True)
+
+    def fn(s, b, h, qi, kv):
+        return s + table[t5_bucket(kv - qi), h]
+    traced = _torch_score_mod.traced(fn).traced
+    assert traced.text == "" and traced.bias.text.startswith("G0(")  # the score itself is left alone
+    q, k = torch.zeros(1, 150, 4, 64), torch.zeros(1, 200, 4, 64)
+    bias = _torch_score_mod.dense_bias(traced.bias, q, k, "bshd")
+    qi, kv = torch.arange(150).view(150, 1), torch.arange(200).view(1, 200)
+    want = table[t5_bucket(kv - qi), :].permute(2, 0, 1).unsqueeze(0)  # [1, h, s_q, s_kv]
+    assert torch.equal(bias, want)
+    weights = torch.randn(bias.shape)
+    (bias * weights).sum().backward()
+    got = table.grad.clone()
+    table.grad = None
+    (want * weights).sum().backward()
+    assert torch.allclose(got, table.grad)
 
 
 def test_score_mod_tensor_shapes_are_checked():

@@ -16,8 +16,8 @@ from ..errors import NotSupportedError, invalid_argument
 _BINARY = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "max", "min": "min", "pow": "pow",
            "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne", "and": "and", "or": "or"}
 _UNARY = {"neg": "neg", "abs": "abs", "exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh",
-          "logistic": "sigmoid", "not": "not"}
-_SAME = ("convert_element_type", "squeeze", "reshape", "broadcast_in_dim", "copy", "copy_p")
+          "logistic": "sigmoid", "not": "not", "floor": "floor", "ceil": "ceil", "sign": "sign"}
+_SAME = ("squeeze", "reshape", "broadcast_in_dim", "copy", "copy_p")
 _CALLS = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call", "remat", "checkpoint")
 _LEAF_INDICES = ("b", "h", "q", "kv")
 
@@ -50,11 +50,38 @@ def _inner(params):
     raise not_covered("a call without a jaxpr")
 
 
+def _integral(var):
+    """Whether a jaxpr variable (or literal) holds integers."""
+    return jnp.issubdtype(var.aval.dtype, jnp.integer)
+
+
+def _integer_arithmetic(tracer, eqn, args):
+    """The primitives whose meaning on integers differs from the expressions' real arithmetic:
+    division and remainder round toward zero (lax.div, lax.rem; jnp's // and % correct them with
+    sign), and a cast to an integer type rounds toward zero. None where `eqn` is none of them."""
+    name = eqn.primitive.name
+    if name == "convert_element_type":
+        x, to, source = args[0], eqn.params["new_dtype"], eqn.invars[0].aval.dtype
+        if jnp.issubdtype(to, jnp.bool_) and not jnp.issubdtype(source, jnp.bool_):
+            return _score_mod_sym.call(tracer, "ne", x, 0)
+        if jnp.issubdtype(to, jnp.integer) and jnp.issubdtype(source, jnp.floating):
+            return _score_mod_sym.trunc(tracer, x)
+        return x  # a bool as 0 or 1, an integer as a float: the same number
+    if name == "rem":
+        return _score_mod_sym.fmod(tracer, args[0], args[1])
+    if name == "div" and _integral(eqn.outvars[0]):
+        return _score_mod_sym.trunc(tracer, _score_mod_sym.call(tracer, "div", args[0], args[1]))
+    return None
+
+
 def _equation(tracer, eqn, args):
     name = eqn.primitive.name
     params = eqn.params
     if name in _SAME:
         return args[0]
+    integer = _integer_arithmetic(tracer, eqn, args)
+    if integer is not None:
+        return integer
     if name == "stop_gradient":
         return _Captured(args[0].array, True) if isinstance(args[0], _Captured) else args[0]
     if name in _CALLS:
@@ -201,7 +228,12 @@ def _operations(sizes):
         return jnp.round(x).astype(jnp.int32) if jnp.issubdtype(x.dtype, jnp.floating) else x
 
     unary = {"neg": jnp.negative, "abs": jnp.abs, "exp": jnp.exp, "log": jnp.log, "sqrt": jnp.sqrt,
-             "tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid, "not": jnp.logical_not}
+             "tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid, "not": jnp.logical_not,
+             # on a condition too (a bool cast to an integer): as the 0 or 1 it stands for
+             "floor": lambda x: jnp.floor(jnp.asarray(x, jnp.float32)),
+             "ceil": lambda x: jnp.ceil(jnp.asarray(x, jnp.float32)),
+             "trunc": lambda x: jnp.trunc(jnp.asarray(x, jnp.float32)),
+             "sign": lambda x: jnp.sign(jnp.asarray(x, jnp.float32))}
     ops = {name: (lambda f: lambda x: f(array(x)))(f) for name, f in unary.items()}
     binary = {"add": jnp.add, "sub": jnp.subtract, "mul": jnp.multiply, "div": jnp.true_divide, "pow": jnp.power,
               "min": jnp.minimum, "max": jnp.maximum, "and": jnp.logical_and, "or": jnp.logical_or,

@@ -185,7 +185,10 @@ def _operations(device, sizes):
             x if isinstance(x, torch.Tensor) else int(x))
 
     unary = {"neg": torch.neg, "abs": torch.abs, "exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt,
-             "tanh": torch.tanh, "sigmoid": torch.sigmoid, "not": lambda x: torch.logical_not(tensor(x))}
+             "tanh": torch.tanh, "sigmoid": torch.sigmoid, "not": lambda x: torch.logical_not(tensor(x)),
+             # on a condition too (a bool cast to an integer): as the 0 or 1 it stands for
+             "floor": lambda x: torch.floor(tensor(x).float()), "ceil": lambda x: torch.ceil(tensor(x).float()),
+             "trunc": lambda x: torch.trunc(tensor(x).float()), "sign": lambda x: torch.sign(tensor(x).float())}
     ops = {name: (lambda f: lambda x: f(tensor(x)))(f) for name, f in unary.items()}
     binary = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.true_divide, "pow": torch.pow,
               "min": torch.minimum, "max": torch.maximum, "and": torch.logical_and, "or": torch.logical_or,
