@@ -198,6 +198,18 @@ struct RowTensor {
   RowJob job;
 };
 
+// One tensor pair on the memory-order path (width > 0), or width 0 where the logical walk must take it.
+RowTensor row_of(const TensorDesc& src_desc, const void* src, const TensorDesc& dst_desc, void* dst,
+                 const float* factor, float* amax) {
+  RowTensor row{src_desc.dtype, dst_desc.dtype, 0, RowJob{}};
+  row.width = row_width(src_desc, src, dst_desc, dst, row.job);
+  row.job.src = src;
+  row.job.dst = dst;
+  row.job.factor = factor;
+  row.job.amax = reinterpret_cast<unsigned int*>(amax);
+  return row;
+}
+
 void launch_grouped(RowOp op, const std::vector<RowTensor>& tensors, cudaStream_t stream) {
   std::vector<bool> launched(tensors.size(), false);
   for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -223,13 +235,8 @@ void measure_amax(const TensorDesc& desc, const void* data, float* amax, cudaStr
   if (desc.elements() > 0) require_pointer("data", data, "must point to the tensor in device memory");
   zero_amax(amax, stream);
   if (desc.elements() == 0) return;
-  RowTensor row{desc.dtype, desc.dtype, 0, RowJob{}};
-  row.width = row_width(desc, data, desc, nullptr, row.job);
-  if (row.width > 0) {
-    row.job.src = data;
-    row.job.amax = reinterpret_cast<unsigned int*>(amax);
-    return launch_grouped(RowOp::amax, {row}, stream);
-  }
+  const RowTensor row = row_of(desc, data, desc, nullptr, nullptr, amax);
+  if (row.width > 0) return launch_grouped(RowOp::amax, {row}, stream);
   switch (desc.dtype) {
     case DType::f16: return launch_amax<__half>(desc, data, amax, stream);
     case DType::bf16: return launch_amax<__nv_bfloat16>(desc, data, amax, stream);
@@ -254,17 +261,9 @@ void quantize_fp8_many(const Fp8Quantization* tensors, int count, cudaStream_t s
     const Fp8Quantization& t = tensors[i];
     if (t.amax != nullptr) zero_amax(t.amax, stream);
     if (t.src_desc.elements() == 0) continue;
-    RowTensor row{t.src_desc.dtype, t.dst_desc.dtype, 0, RowJob{}};
-    row.width = row_width(t.src_desc, t.src, t.dst_desc, t.dst, row.job);
-    if (row.width == 0) {
-      quantize_logically(t, stream);
-      continue;
-    }
-    row.job.src = t.src;
-    row.job.dst = t.dst;
-    row.job.factor = t.scale;
-    row.job.amax = reinterpret_cast<unsigned int*>(t.amax);
-    rows.push_back(row);
+    const RowTensor row = row_of(t.src_desc, t.src, t.dst_desc, t.dst, t.scale, t.amax);
+    if (row.width > 0) rows.push_back(row);
+    else quantize_logically(t, stream);
   }
   launch_grouped(RowOp::quantize, rows, stream);
 }
@@ -284,16 +283,9 @@ void dequantize_fp8_many(const Fp8Dequantization* tensors, int count, cudaStream
   for (int i = 0; i < count; ++i) {
     const Fp8Dequantization& t = tensors[i];
     if (t.src_desc.elements() == 0) continue;
-    RowTensor row{t.src_desc.dtype, t.dst_desc.dtype, 0, RowJob{}};
-    row.width = row_width(t.src_desc, t.src, t.dst_desc, t.dst, row.job);
-    if (row.width == 0) {
-      dequantize_logically(t, stream);
-      continue;
-    }
-    row.job.src = t.src;
-    row.job.dst = t.dst;
-    row.job.factor = t.descale;
-    rows.push_back(row);
+    const RowTensor row = row_of(t.src_desc, t.src, t.dst_desc, t.dst, t.descale, nullptr);
+    if (row.width > 0) rows.push_back(row);
+    else dequantize_logically(t, stream);
   }
   launch_grouped(RowOp::dequantize, rows, stream);
 }
