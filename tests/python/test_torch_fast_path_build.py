@@ -93,6 +93,15 @@ def test_a_module_built_against_another_pytorch_is_not_loaded(monkeypatch, tmp_p
         assert _fast_path.load() is None
 
 
+def test_an_unwritable_cache_is_said_and_every_call_still_works(monkeypatch, tmp_path):
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    monkeypatch.setenv("FUSEDATTN_CACHE_DIR", str(not_a_folder))
+    monkeypatch.setattr(_fast_path, "_built_against", lambda folder: None)  # as if built for another PyTorch
+    with pytest.warns(RuntimeWarning, match="FUSEDATTN_CACHE_DIR"):
+        assert _fast_path.load() is None
+
+
 def test_turned_off_or_without_cuda_there_is_no_module(monkeypatch):
     monkeypatch.setenv("FUSEDATTN_TORCH_FAST_PATH", "0")
     assert _fast_path.load() is None

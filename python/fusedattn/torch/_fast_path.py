@@ -88,16 +88,19 @@ def load():
     """The C++ eager path as a module, or None (after one warning saying why, where it was wanted)."""
     if os.environ.get("FUSEDATTN_TORCH_FAST_PATH", "1") == "0" or not torch.version.cuda:
         return None  # turned off, or a PyTorch without CUDA, where no call could take the path
-    beside = _module_file(_PACKAGE)
-    if beside is not None and _built_against(_PACKAGE) == torch.__version__:
-        return _import(beside)
-    plan, missing = _compile.plan(_PACKAGE)
-    if missing:
-        return _unavailable(missing)
-    module_path, error = _compiled(_cache_folder(plan.sources), plan)
-    if error:
-        return _unavailable(error)
-    return _import(module_path)
+    try:
+        beside = _module_file(_PACKAGE)
+        if beside is not None and _built_against(_PACKAGE) == torch.__version__:
+            return _import(beside)
+        plan, missing = _compile.plan(_PACKAGE)
+        if missing:
+            return _unavailable(missing)
+        module_path, error = _compiled(_cache_folder(plan.sources), plan)
+        if error:
+            return _unavailable(error)
+        return _import(module_path)
+    except (OSError, ImportError) as error:  # an unwritable cache, a module that does not load
+        return _unavailable(f"{type(error).__name__}: {error} (FUSEDATTN_CACHE_DIR moves the cache)")
 
 
 def _unavailable(reason):
