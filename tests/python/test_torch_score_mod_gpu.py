@@ -10,6 +10,9 @@ if not torch.cuda.is_available():
 fa = pytest.importorskip("fusedattn.torch")
 
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
+# A learned tensor's gradient is a sum that cancels (dBias sums to zero along each row): the bf16 O
+# and dBias a correct kernel stores in reach about 1% on their own (test_score_mod_gradient_precision.py).
+LEARNED_TOLERANCE = {torch.bfloat16: 2e-2}
 SLOPES = torch.rand(8, device="cuda") * 0.2  # per-head slopes, a global the functions read
 
 
@@ -165,7 +168,7 @@ def test_learned_tensors_in_the_function_get_their_gradients(make, shape, causal
     o = fa.attention(q, k, v, causal=causal, scale=scale, score_mod=make(ours))
     ref, leaves = reference(q, k, v, make(theirs), scale, causal)
     check(o, ref, q, k, v, leaves, torch.rand_like(o) * 2 - 1, dtype)
-    assert ours.grad.shape == shape and rel(ours.grad, theirs.grad) < TOLERANCE[dtype], "the tensor's gradient"
+    assert ours.grad.shape == shape and rel(ours.grad, theirs.grad) < LEARNED_TOLERANCE[dtype], "the tensor's gradient"
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -193,4 +196,4 @@ def test_a_learned_table_compiles_in_one_graph():
     theirs = table.detach().clone().requires_grad_()
     ref, leaves = reference(q, k, v, relative_position(theirs), 0.5, causal=True)
     check(o, ref, q, k, v, leaves, torch.rand_like(o) * 2 - 1, dtype)
-    assert rel(table.grad, theirs.grad) < TOLERANCE[dtype]
+    assert rel(table.grad, theirs.grad) < LEARNED_TOLERANCE[dtype]
