@@ -63,6 +63,19 @@ def test_index_arithmetic_traces_into_a_bias_equal_to_the_function(name, fn):
     assert jnp.array_equal(bias.astype(jnp.float32), want.astype(jnp.float32)), name
 
 
+def test_mask_mod_beside_score_mod_traces_into_one_expression():
+    from fusedattn.jax._score_mod import trace, with_mask
+    prefix_lm = lambda b, h, q, kv: (q >= kv) | (kv < 256)  # noqa: E731
+    softcap = lambda s, b, h, q, kv: 30.0 * jnp.tanh(s / 30.0)  # noqa: E731
+    traced, _ = trace(with_mask(None, prefix_lm))
+    assert (traced.text, traced.scalars) == ("select(or(ge(q,kv),lt(kv,$0)),score,-inf)", (256.0,))
+    traced, _ = trace(with_mask(softcap, prefix_lm))
+    assert traced.text == "select(or(ge(q,kv),lt(kv,$0)),mul($1,tanh(div(score,$1))),-inf)"
+    q = shaped(2, 512, 4, 64)
+    out = jax.eval_shape(lambda q: fj.attention(q, q, q, score_mod=softcap, mask_mod=prefix_lm), q)
+    assert out.shape == q.shape
+
+
 def test_score_mod_primitives_it_cannot_express_are_named():
     q = shaped(2, 64, 4, 64)
     for fn, words in [(lambda s, b, h, qi, kv: jax.scipy.special.erf(s), "the JAX primitive erf"),

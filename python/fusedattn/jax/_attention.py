@@ -26,7 +26,7 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False, align: str
               alibi: bool = False, softmax: str = "vanilla", sink=None, dropout_rate: float = 0.0,
               dropout_key=None, deterministic: bool = False, seq_len_q=None, seq_len_kv=None,
               cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q: int = 0, max_seqlen_kv: int = 0,
-              return_max_logit: str = "", score_mod=None):
+              return_max_logit: str = "", score_mod=None, mask_mod=None):
     """Fused attention of q, k, v in `layout`: "bshd" (JAX's usual [batch, seq, heads, dim]),
     "sbhd", "bhsd", or "thd" for packed sequences ([tokens, heads, dim] with cu_seqlens_q and
     cu_seqlens_kv, int32 [n + 1] cumulative offsets, and max_seqlen_q / max_seqlen_kv, the
@@ -45,8 +45,10 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False, align: str
     score_mod: a function (score, b, h, q_idx, kv_idx) -> score written with jax.numpy, applied to
     each scaled score before the masks (FlexAttention's score_mod), traced by JAX into the core's
     expression: numbers become runtime scalars, arrays it captures and indexes by b, h, q_idx,
-    kv_idx are read at each call (not differentiated: a captured array under differentiation
-    raises NotSupportedError), and a primitive the expressions lack raises NotSupportedError.
+    kv_idx are read at each call, terms added to the score that gather from an array or read one
+    under differentiation run as a bias (with its gradient), and a primitive the expressions lack
+    raises NotSupportedError. mask_mod: FlexAttention's mask function (b, h, q_idx, kv_idx) -> bool,
+    traced the same way: keys it drops get -inf after score_mod.
 
     Errors raise fusedattn.errors classes while tracing, worded by the core as for every adapter;
     where the tracing process has a GPU, an unsupported configuration raises NotSupportedError
@@ -56,6 +58,8 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False, align: str
     _require_arrays(ragged=ragged, sink=sink, softmax=softmax, dropout_rate=dropout_rate, dropout_key=dropout_key,
                     seq_len_q=seq_len_q, seq_len_kv=seq_len_kv, cu_seqlens_q=cu_seqlens_q,
                     cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv)
+    if mask_mod is not None:
+        score_mod = _score_mod.with_mask(score_mod, mask_mod)
     mod, stopped = _score_mod.trace(score_mod) if score_mod is not None else (None, ())
     if mod is not None and mod.bias is not None:
         bias, bias_grad = _score_mod.with_modifier_bias(mod, q, k, layout=layout, stopped=stopped, bias=bias,

@@ -137,6 +137,15 @@ def _evaluate(tracer, jaxpr, consts, args):
     return outs[0] if len(outs) == 1 else outs
 
 
+def with_mask(score_mod, mask_mod):
+    """FlexAttention's mask_mod(b, h, q_idx, kv_idx) -> bool beside score_mod (or none): the modified
+    score where the mask keeps a key, -inf where it does not."""
+    def masked(score, b, h, q_idx, kv_idx):
+        kept = score if score_mod is None else score_mod(score, b, h, q_idx, kv_idx)
+        return jnp.where(mask_mod(b, h, q_idx, kv_idx), kept, -jnp.inf)
+    return masked
+
+
 def trace(fn):
     """The Traced modifier of fn, its captured arrays as they are (concrete or tracers), and the ids
     of those it took through stop_gradient."""

@@ -50,8 +50,9 @@ from ._tensors import Extras
 
 _fast = _load_fast_path()  # road 1, the C++ eager path, for this PyTorch (_fast_path.py), or None
 
-__all__ = ["attention", "paged_attention", "scaled_dot_product_attention", "Attention", "fp8_attention", "Fp8State",
-           "Fp8Tensor", "fp8_quantize", "context_parallel_attention", "load_balance", "unbalance"]
+__all__ = ["attention", "paged_attention", "scaled_dot_product_attention", "flex_attention", "Attention",
+           "fp8_attention", "Fp8State", "Fp8Tensor", "fp8_quantize", "context_parallel_attention", "load_balance",
+           "unbalance"]
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: bool = False,
@@ -61,7 +62,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
               cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_kv: Optional[Tensor] = None,
               max_seqlen_q: int = 0, max_seqlen_kv: int = 0, seq_len_q: Optional[Tensor] = None,
               seq_len_kv: Optional[Tensor] = None, return_stats: bool = False, return_max_logit: str = "",
-              score_mod=None, fallback: bool = False):
+              score_mod=None, mask_mod=None, fallback: bool = False):
     """Fused attention of q, k, v in `layout` ("bshd", "sbhd", "bhsd", or "thd" with cumulative
     sequence offsets). Any strides: views into packed QKV or KV buffers work as they are.
 
@@ -81,6 +82,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     NotSupportedError naming it. Terms added to the score that gather from a tensor (a
     relative-position table indexed by a clamped distance) or read a tensor that requires grad run
     as a bias (evaluated with torch operations on index grids), and their tensors get gradients.
+    mask_mod is FlexAttention's mask function (b, h, q_idx, kv_idx) -> bool, traced the same way:
+    keys it drops get -inf after score_mod (flex_attention takes it from a BlockMask).
 
     Returns O in q's layout with d_v; with return_stats also the statistics (float32 [b, h_q, s_q],
     or [t, h_q] for thd), and with return_max_logit="row" / "head" also the max logit (float32
@@ -95,7 +98,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     window = tuple(window)
     plain = (bias is None and sink is None and not dropout_p and seq_len_q is None and seq_len_kv is None
              and cu_seqlens_q is None and cu_seqlens_kv is None and softmax != "sink" and not return_stats
-             and not return_max_logit and not fallback and score_mod is None)
+             and not return_max_logit and not fallback and score_mod is None and mask_mod is None)
     if plain and _fast is not None and layout != "thd" and not torch.compiler.is_compiling():
         out = _fast.forward(q, k, v, _plain_config_id(layout, causal, window, align, alibi, softmax, deterministic),
                             scale)
@@ -106,8 +109,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     _config.require_arrays(ragged=ragged, sink=sink, softmax=softmax, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
                            cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
                            max_seqlen_kv=max_seqlen_kv)
-    mod_text, mod_tensors, mod_bias = ("", {}, None) if score_mod is None else \
-        _score_mod.prepare(score_mod, q, k, layout)
+    mod_text, mod_tensors, mod_bias = ("", {}, None) if score_mod is None and mask_mod is None else \
+        _score_mod.prepare(score_mod, q, k, layout, mask_mod=mask_mod)
     if mod_bias is not None:  # the function's gathered or learned terms, added to the score as a bias
         bias = mod_bias if bias is None else bias + mod_bias  # two bias shapes broadcast to one
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias, sink))
@@ -130,7 +133,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
                                      max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, needs_grad=needs_grad)
     except NotSupportedError as error:
         if not fallback or ragged or return_stats or return_max_logit or seq_len_q is not None or alibi or \
-                softmax != "vanilla" or score_mod is not None:
+                softmax != "vanilla" or score_mod is not None or mask_mod is not None:
             raise
         _fallback.log_once(config, q, k, error)
         return _fallback.run(q, k, v, layout=layout, window=_config.parse(config).window, align=align, scale=scale,
@@ -179,6 +182,33 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
                                "a floating-point additive bias (boolean masks: use is_causal or window=)")
     return attention(query, key, value, layout="bhsd", causal=is_causal, scale=scale, bias=attn_mask,
                      dropout_p=dropout_p, **options)
+
+
+def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, block_mask=None,
+                   scale: Optional[float] = None, enable_gqa: bool = False, return_lse: bool = False,
+                   kernel_options=None):
+    """torch.nn.attention.flex_attention.flex_attention's signature and meaning, run by fusedattn:
+    [b, h, s, d] tensors, score_mod(score, b, h, q_idx, kv_idx) -> score, and a BlockMask from
+    create_block_mask, whose mask_mod drops keys (-inf after score_mod). Returns O, and with
+    return_lse also the log-sum-exp of each row's scaled scores (float32 [b, h, s_q]).
+    kernel_options tunes FlexAttention's own kernels and changes nothing here. The mask runs as
+    conditions on the scores: a mask that keeps a fraction of the square still computes all of it."""
+    del kernel_options
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        raise invalid_argument("query.shape", tuple(query.shape), "[b, h, s, d] query, key and value")
+    if query.shape[1] != key.shape[1] and not enable_gqa:
+        raise invalid_argument("key.shape", tuple(key.shape),
+                               f"{query.shape[1]} heads as the query has, or enable_gqa=True for grouped heads")
+    mask_mod = None
+    if block_mask is not None:
+        lengths = tuple(getattr(block_mask, "seq_lengths", (query.shape[2], key.shape[2])))
+        if lengths != (query.shape[2], key.shape[2]):
+            raise invalid_argument("block_mask.seq_lengths", lengths,
+                                   f"the query's and key's lengths, {(query.shape[2], key.shape[2])}")
+        # FlexAttention's noop_mask (a BlockMask made without one) keeps every key: no condition.
+        mask_mod = None if getattr(block_mask.mask_mod, "__name__", "") == "noop_mask" else block_mask.mask_mod
+    return attention(query, key, value, layout="bhsd", scale=scale, score_mod=score_mod, mask_mod=mask_mod,
+                     return_stats=return_lse)
 
 
 class Attention(torch.nn.Module):

@@ -7,6 +7,7 @@ a cap kept in a closure variable is seen when it changes; captured tensors are r
 (their values are runtime data, as the scalars are). Terms added to the score that gather from a
 tensor or read one that requires grad become the call's bias (fusedattn/_score_mod_bias.py), evaluated
 here with torch operations on index grids, so autograd carries dBias into the tensors' gradients."""
+import functools
 import weakref
 
 import torch
@@ -42,7 +43,28 @@ class _Entry:
 _entries = weakref.WeakKeyDictionary()  # function -> its latest _Entry
 
 
+class _Masked:
+    """FlexAttention's mask_mod(b, h, q_idx, kv_idx) -> bool beside a score_mod (or none): the
+    modified score where the mask keeps a key, -inf where it does not. One object per pair
+    (masked()), so that it is traced once; its key is both functions' closure numbers."""
+
+    def __init__(self, score_mod, mask_mod):
+        self.score_mod, self.mask_mod = score_mod, mask_mod
+
+    def __call__(self, score, b, h, q_idx, kv_idx):
+        kept = score if self.score_mod is None else self.score_mod(score, b, h, q_idx, kv_idx)
+        return torch.where(self.mask_mod(b, h, q_idx, kv_idx), kept, -float("inf"))
+
+
+@functools.lru_cache(maxsize=256)
+def masked(score_mod, mask_mod):
+    """The score function of score_mod (or None) under mask_mod, the same object for the same pair."""
+    return _Masked(score_mod, mask_mod)
+
+
 def _closure_numbers(fn):
+    if isinstance(fn, _Masked):
+        return tuple(_closure_numbers(part) for part in (fn.score_mod, fn.mask_mod) if part is not None)
     cells = getattr(fn, "__closure__", None) or ()
     values = []
     for cell in cells:
@@ -86,7 +108,18 @@ def _learnable_now(entry):
 
 def _place(fn, tensor):
     """Where `fn` holds a tensor it captured: a closure cell, a global, or an attribute of the object
-    a bound method belongs to, so that compiled code fetches it as a graph input."""
+    a bound method belongs to, so that compiled code fetches it as a graph input. A masked function
+    (_Masked) holds it in one of its two functions: the place says which."""
+    if isinstance(fn, _Masked):
+        for which, part in (("score_mod", fn.score_mod), ("mask_mod", fn.mask_mod)):
+            if part is None:
+                continue
+            try:
+                return (which,) + _place(part, tensor)
+            except NotSupportedError:
+                continue
+        raise NotSupportedError("score_mod under torch.compile: a captured tensor that neither the score_mod nor "
+                                "the mask_mod holds in its closure, its globals or its object's attributes")
     for index, cell in enumerate(getattr(fn, "__closure__", None) or ()):
         try:
             if cell.cell_contents is tensor:
@@ -105,12 +138,16 @@ def _place(fn, tensor):
 
 
 @torch.compiler.assume_constant_result  # compiled code gets the trace as constants
-def _constant_trace(fn):
+def _constant_trace(score_mod, mask_mod):
+    fn = score_mod if mask_mod is None else masked(score_mod, mask_mod)
     entry = traced(fn)
     return tuple((part.text, part.scalars, tuple(_place(fn, t) for t in part.tensors)) for part in _parts(entry.traced))
 
 
-def _fetch(fn, place):
+def _fetch(score_mod, mask_mod, place):
+    if place[0] in ("score_mod", "mask_mod"):  # a place in one function of a masked pair
+        return _fetch(score_mod if place[0] == "score_mod" else mask_mod, None, place[1:])
+    fn = score_mod
     kind, key = place
     if kind == "closure":
         return fn.__closure__[key].cell_contents
@@ -131,22 +168,23 @@ class _Part:
         self.text, self.scalars, self.tensors = text, scalars, tensors
 
 
-def prepare(fn, q, k, layout):
+def prepare(score_mod, q, k, layout, *, mask_mod=None):
     """(expression text, the call's score_mod tensors as Extras carries them (_tensors.py), the
-    bias of its gathered or learned terms or None): the scalars (float32 [n], made once per device
-    in eager calls) and each captured tensor as float32, contiguous, on q's device. In compiled code
-    the trace comes in as constants and the tensors as graph inputs."""
+    bias of its gathered or learned terms or None) of score_mod (or None) under mask_mod (or None):
+    the scalars (float32 [n], made once per device in eager calls) and each captured tensor as
+    float32, contiguous, on q's device. In compiled code the trace comes in as constants and the
+    tensors as graph inputs (the two functions are constants there; a pair made of them is not)."""
     device = q.device
     if torch.compiler.is_compiling():
-        parts = [_Part(text, scalars, [_fetch(fn, place) for place in places])
-                 for text, scalars, places in _constant_trace(fn)]
+        parts = [_Part(text, scalars, [_fetch(score_mod, mask_mod, place) for place in places])
+                 for text, scalars, places in _constant_trace(score_mod, mask_mod)]
         text, scalars, tensors = parts[0].text, parts[0].scalars, parts[0].tensors
         bias_part = parts[1] if len(parts) > 1 else None
         # One op per value (torch.tensor of constants would be a tensor outside the graph).
         out = {"mod_scalars": torch.stack([torch.full((), x, dtype=torch.float32, device=device) for x in scalars])} \
             if scalars else {}
     else:
-        entry = traced(fn)
+        entry = traced(score_mod if mask_mod is None else masked(score_mod, mask_mod))
         text, tensors, out, bias_part = entry.traced.text, entry.traced.tensors, {}, entry.traced.bias
         if entry.traced.scalars:
             scalars = entry.scalars.get(device)

@@ -1,0 +1,105 @@
+"""fusedattn.torch.flex_attention without a GPU: FlexAttention's signature on meta tensors (O and the
+log-sum-exp), a BlockMask's mask_mod traced beside score_mod into the core's expression (its
+numbers runtime scalars, retraced when a closure's number changes), grouped heads only with
+enable_gqa, lengths checked against the BlockMask's, and torch.compile in one graph."""
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch not installed")
+fa = pytest.importorskip("fusedattn.torch")
+flex = pytest.importorskip("torch.nn.attention.flex_attention", reason="this PyTorch has no FlexAttention")
+
+from fusedattn import InvalidArgumentError  # noqa: E402
+from fusedattn.torch._score_mod import masked, traced  # noqa: E402
+
+
+def bhsd(b, h, s, d=64):
+    return torch.empty(b, h, s, d, device="meta", dtype=torch.bfloat16)
+
+
+def causal(b, h, q_idx, kv_idx):
+    return q_idx >= kv_idx
+
+
+def sliding(window):
+    return lambda b, h, q_idx, kv_idx: (q_idx >= kv_idx) & (q_idx - kv_idx < window)
+
+
+def prefix_lm(b, h, q_idx, kv_idx):
+    return (q_idx >= kv_idx) | (kv_idx < 256)
+
+
+def softcap(score, b, h, q_idx, kv_idx):
+    return 30.0 * torch.tanh(score / 30.0)
+
+
+def test_masks_trace_beside_the_score_mod():
+    assert traced(masked(None, causal)).traced.text == "select(ge(q,kv),score,-inf)"
+    entry = traced(masked(softcap, prefix_lm)).traced
+    assert entry.text == "select(or(ge(q,kv),lt(kv,$0)),mul($1,tanh(div(score,$1))),-inf)"
+    assert entry.scalars == (256.0, 30.0)
+    assert masked(softcap, prefix_lm) is masked(softcap, prefix_lm)  # one object a pair: traced once
+
+
+def test_a_closure_number_of_the_mask_retraces_with_the_same_structure():
+    window = 128
+    fn = lambda b, h, q_idx, kv_idx: q_idx - kv_idx < window  # noqa: E731
+    first = traced(masked(None, fn)).traced
+    window = 64
+    second = traced(masked(None, fn)).traced
+    assert first.text == second.text and (first.scalars, second.scalars) == ((128.0,), (64.0,))
+
+
+@pytest.mark.parametrize("mask_mod", [causal, sliding(128), prefix_lm, None])
+def test_flex_attention_gives_o_and_the_log_sum_exp(mask_mod):
+    q, k = bhsd(2, 8, 512), bhsd(2, 8, 640)
+    block_mask = None if mask_mod is None else flex.create_block_mask(mask_mod, None, None, 512, 640, device="cpu")
+    o = fa.flex_attention(q, k, k, score_mod=softcap, block_mask=block_mask)
+    assert o.shape == (2, 8, 512, 64) and o.dtype == torch.bfloat16
+    o, lse = fa.flex_attention(q, k, k, block_mask=block_mask, return_lse=True, kernel_options={"BLOCK_M": 64})
+    assert o.shape == (2, 8, 512, 64) and lse.shape == (2, 8, 512) and lse.dtype == torch.float32
+
+
+def test_a_block_mask_without_a_mask_keeps_every_key():
+    q = bhsd(1, 4, 256)
+    block_mask = flex.create_block_mask(flex.noop_mask, None, None, 256, 256, device="cpu")
+    assert fa.flex_attention(q, q, q, block_mask=block_mask).shape == q.shape
+
+
+def test_grouped_heads_need_enable_gqa_and_lengths_must_match_the_block_mask():
+    q, k = bhsd(1, 8, 256), bhsd(1, 2, 256)
+    with pytest.raises(InvalidArgumentError) as caught:
+        fa.flex_attention(q, k, k)
+    assert caught.value.field == "key.shape" and "enable_gqa=True" in str(caught.value)
+    assert fa.flex_attention(q, k, k, enable_gqa=True).shape == q.shape
+    block_mask = flex.create_block_mask(causal, None, None, 128, 128, device="cpu")
+    with pytest.raises(InvalidArgumentError) as caught:
+        fa.flex_attention(q, q, q, block_mask=block_mask)
+    assert caught.value.field == "block_mask.seq_lengths"
+
+
+def test_flex_attention_compiles_in_one_graph():
+    block_mask = flex.create_block_mask(prefix_lm, None, None, 512, 512, device="cpu")
+    step = torch.compile(lambda q, k, v: fa.flex_attention(q, k, v, score_mod=softcap, block_mask=block_mask),
+                         fullgraph=True, backend="eager")
+    q = bhsd(2, 8, 512)
+    assert step(q, q, q).shape == q.shape
+
+
+def test_a_tensor_the_mask_reads_is_fetched_in_compiled_code():
+    # Heads that see everything (a per-head table the mask reads at h) beside a per-head table in the
+    # score_mod: each tensor fetched from the function that holds it, in one graph.
+    bidirectional = torch.tensor([1.0, 0, 0, 0, 1, 0, 0, 0])
+    bias_table = torch.rand(8)
+
+    def causal_unless_bidirectional(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) | (bidirectional[h] > 0)
+
+    def with_table(score, b, h, q_idx, kv_idx):
+        return score + bias_table[h]
+    entry = traced(masked(with_table, causal_unless_bidirectional)).traced
+    assert entry.text == "select(or(ge(q,kv),gt(t0[h],0)),add(score,t1[h]),-inf)"
+    block_mask = flex.create_block_mask(causal_unless_bidirectional, None, 8, 512, 512, device="cpu")
+    step = torch.compile(lambda q: fa.flex_attention(q, q, q, score_mod=with_table, block_mask=block_mask),
+                         fullgraph=True, backend="eager")
+    q = bhsd(2, 8, 512)
+    assert step(q).shape == q.shape
