@@ -91,11 +91,11 @@ class Tracer:
         return self.sym_class(self, f"t{self._slot(tensor, axes)}[{axes}]")
 
     def _slot(self, tensor, axes):
-        """The slot of `tensor`, indexed by `axes` ("" for gathers, which take any indices)."""
+        """The slot of `tensor` indexed by `axes` ("" for gathers, which take any indices). One tensor
+        read at two sets of indices takes a slot for each (a document mask's doc[q_idx] ==
+        doc[kv_idx] reads one table along the queries and along the keys)."""
         for slot, (seen, seen_axes) in enumerate(self.tensors):
-            if seen is tensor:
-                if seen_axes != axes:
-                    raise not_covered("one tensor indexed by two sets of indices (or gathered and indexed)")
+            if seen is tensor and seen_axes == axes:
                 return slot
         self.tensors.append((tensor, axes))
         return len(self.tensors) - 1
@@ -156,11 +156,12 @@ def _numbered(tracer, text):
             scalars.append(value)
         return f"${scalars.index(value)}"
 
-    def tensor(match):
+    def tensor(match):  # a slot is a tensor at one set of axes (Tracer._slot)
         entry = tracer.tensors[int(match.group(2))]
-        if all(entry[0] is not seen for seen, _ in tensors):
+        same = lambda other: other[0] is entry[0] and other[1] == entry[1]  # noqa: E731
+        if not any(same(seen) for seen in tensors):
             tensors.append(entry)
-        slot = next(i for i, (seen, _) in enumerate(tensors) if seen is entry[0])
+        slot = next(i for i, seen in enumerate(tensors) if same(seen))
         return f"{match.group(1)}{slot}{match.group(3)}"
 
     text = re.sub(r"\$(\d+)", scalar, text)

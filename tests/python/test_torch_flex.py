@@ -103,3 +103,30 @@ def test_a_tensor_the_mask_reads_is_fetched_in_compiled_code():
                          fullgraph=True, backend="eager")
     q = bhsd(2, 8, 512)
     assert step(q).shape == q.shape
+
+
+def test_document_masks_over_runs_become_packed_sequences():
+    from fusedattn.torch import _documents
+    doc = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2])
+    q = torch.zeros(2, 4, 8, 64)
+    same_document = lambda b, h, q_idx, kv_idx: doc[q_idx] == doc[kv_idx]  # noqa: E731
+    docs = _documents.documents(same_document, None, q, q)
+    assert docs.cu_seqlens.tolist() == [0, 3, 5, 8, 11, 13, 16] and docs.longest == 3 and not docs.causal
+    causal_documents = lambda b, h, q_idx, kv_idx: (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)  # noqa: E731
+    assert _documents.documents(causal_documents, softcap, q, q).causal  # a softcap reads no index
+    relative = lambda s, b, h, q_idx, kv_idx: s - 0.1 * (q_idx - kv_idx)  # noqa: E731
+    assert _documents.documents(same_document, relative, q, q) is None  # packed indices would differ
+    back = torch.tensor([0, 0, 1, 1, 0, 0, 2, 2])  # document 0 comes back: not runs
+    assert _documents.documents(lambda b, h, q_idx, kv_idx: back[q_idx] == back[kv_idx], None, q, q) is None
+    assert _documents.documents(causal, None, q, q) is None
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_packed_tokens_go_back_to_their_places(batch):
+    from fusedattn.torch import _documents
+    x = torch.randn(batch, 4, 8, 16)
+    packed = _documents.pack(x)
+    assert packed.shape == (batch * 8, 4, 16)
+    assert torch.equal(_documents.unpack(packed, batch, 8), x)
+    stats = torch.randn(batch * 8, 4)
+    assert _documents.unpack(stats, batch, 8).shape == (batch, 4, 8)

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from .. import _config
 from ..errors import NotSupportedError, invalid_argument
-from . import _fallback, _score_mod
+from . import _documents, _fallback, _score_mod
 from ._bodies import require_one_cuda_device
 from ._call_config import config_text
 from ._context_parallel import context_parallel_attention, load_balance, unbalance
@@ -191,8 +191,10 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
     [b, h, s, d] tensors, score_mod(score, b, h, q_idx, kv_idx) -> score, and a BlockMask from
     create_block_mask, whose mask_mod drops keys (-inf after score_mod). Returns O, and with
     return_lse also the log-sum-exp of each row's scaled scores (float32 [b, h, s_q]).
-    kernel_options tunes FlexAttention's own kernels and changes nothing here. The mask runs as
-    conditions on the scores: a mask that keeps a fraction of the square still computes all of it."""
+    kernel_options tunes FlexAttention's own kernels and changes nothing here. A document mask
+    (doc[q_idx] == doc[kv_idx], causal or not, over ids that form runs) runs as packed sequences in
+    eager calls (_documents.py); other masks run as conditions on the scores, which still compute
+    the whole square."""
     del kernel_options
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         raise invalid_argument("query.shape", tuple(query.shape), "[b, h, s, d] query, key and value")
@@ -207,6 +209,16 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
                                    f"the query's and key's lengths, {(query.shape[2], key.shape[2])}")
         # FlexAttention's noop_mask (a BlockMask made without one) keeps every key: no condition.
         mask_mod = None if getattr(block_mask.mask_mod, "__name__", "") == "noop_mask" else block_mask.mask_mod
+    docs = _documents.documents(mask_mod, score_mod, query, key)
+    if docs is not None:
+        batch, length = query.shape[0], query.shape[2]
+        out = attention(_documents.pack(query), _documents.pack(key), _documents.pack(value), layout="thd",
+                        cu_seqlens_q=docs.cu_seqlens, cu_seqlens_kv=docs.cu_seqlens, max_seqlen_q=docs.longest,
+                        max_seqlen_kv=docs.longest, causal=docs.causal, scale=scale, score_mod=score_mod,
+                        return_stats=return_lse)
+        if return_lse:
+            return _documents.unpack(out[0], batch, length), _documents.unpack(out[1], batch, length)
+        return _documents.unpack(out, batch, length)
     return attention(query, key, value, layout="bhsd", scale=scale, score_mod=score_mod, mask_mod=mask_mod,
                      return_stats=return_lse)
 
