@@ -74,6 +74,13 @@ def test_mask_mod_beside_score_mod_traces_into_one_expression():
     q = shaped(2, 512, 4, 64)
     out = jax.eval_shape(lambda q: fj.attention(q, q, q, score_mod=softcap, mask_mod=prefix_lm), q)
     assert out.shape == q.shape
+    # A mask that is cuDNN's own band runs as it: no condition in the call.
+    from fusedattn.jax._score_mod import mask_band
+    assert mask_band(lambda b, h, q, kv: q >= kv) == -1
+    assert mask_band(lambda b, h, q, kv: (q >= kv) & (q - kv < 128)) == 128
+    assert mask_band(prefix_lm) is None
+    text = exported_text(lambda q: fj.attention(q, q, q, mask_mod=lambda b, h, qi, kv: (qi >= kv) & (qi - kv < 128)), q)
+    assert "window=128,0" in text and "score_mod=" not in text
 
 
 def test_score_mod_primitives_it_cannot_express_are_named():

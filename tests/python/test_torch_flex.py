@@ -130,3 +130,26 @@ def test_packed_tokens_go_back_to_their_places(batch):
     assert torch.equal(_documents.unpack(packed, batch, 8), x)
     stats = torch.randn(batch * 8, 4)
     assert _documents.unpack(stats, batch, 8).shape == (batch, 4, 8)
+
+
+def test_masks_that_are_cudnns_own_run_as_its_band_or_as_two_calls():
+    from fusedattn._mask_structure import Band, Prefix, structure
+    from fusedattn.torch._score_mod import mask_structure
+    assert mask_structure(causal) == ("band", -1)
+    assert mask_structure(sliding(128)) == ("band", 128)
+    assert mask_structure(lambda b, h, q_idx, kv_idx: (kv_idx <= q_idx) & (q_idx - kv_idx <= 64)) == ("band", 65)
+    assert mask_structure(prefix_lm) == ("prefix", 256)
+    assert mask_structure(lambda b, h, q_idx, kv_idx: (kv_idx < 100) | (q_idx >= kv_idx)) == ("prefix", 100)
+    assert mask_structure(lambda b, h, q_idx, kv_idx: q_idx - kv_idx < 128) is None  # no causal side
+    # The texts as traced, worked by hand.
+    assert structure("select(and(gt(kv,sub(q,$0)),ge(q,kv)),score,-inf)", (32.0,)) == Band(32)
+    assert structure("select(or(ge(q,kv),gt($0,kv)),score,-inf)", (7.0,)) == Prefix(7)
+    assert structure("select(or(ge(q,kv),lt(kv,$0)),score,-inf)", (0.5,)) is None  # not a whole length
+    assert structure("select(ge(q,kv),mul(score,2),-inf)", ()) is None  # a modifier is not a mask
+
+
+def test_prefix_lm_runs_as_two_calls_over_the_rows():
+    q = bhsd(2, 8, 512)
+    block_mask = flex.create_block_mask(prefix_lm, None, None, 512, 512, device="cpu")
+    o, lse = fa.flex_attention(q, q, q, score_mod=softcap, block_mask=block_mask, return_lse=True)
+    assert o.shape == q.shape and lse.shape == (2, 8, 512)

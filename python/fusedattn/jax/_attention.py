@@ -58,6 +58,10 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False, align: str
     _require_arrays(ragged=ragged, sink=sink, softmax=softmax, dropout_rate=dropout_rate, dropout_key=dropout_key,
                     seq_len_q=seq_len_q, seq_len_kv=seq_len_kv, cu_seqlens_q=cu_seqlens_q,
                     cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv)
+    if mask_mod is not None and not causal and tuple(window) == (-1, -1):
+        band = _score_mod.mask_band(mask_mod)
+        if band is not None:  # cuDNN's own band mask (fusedattn/_mask_structure.py), which skips what it drops
+            window, mask_mod = (band, 0), None
     if mask_mod is not None:
         score_mod = _score_mod.with_mask(score_mod, mask_mod)
     mod, stopped = _score_mod.trace(score_mod) if score_mod is not None else (None, ())

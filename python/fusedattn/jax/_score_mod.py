@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import _config, _score_mod, _score_mod_bias, _score_mod_sym
+from .. import _config, _mask_structure, _score_mod, _score_mod_bias, _score_mod_sym
 from .._score_mod_sym import Sym, not_covered
 from ..errors import NotSupportedError, invalid_argument
 
@@ -144,6 +144,13 @@ def with_mask(score_mod, mask_mod):
         kept = score if score_mod is None else score_mod(score, b, h, q_idx, kv_idx)
         return jnp.where(mask_mod(b, h, q_idx, kv_idx), kept, -jnp.inf)
     return masked
+
+
+def mask_band(mask_mod):
+    """The left bound of cuDNN's band mask that mask_mod is (-1: causal), or None."""
+    mask, _ = trace(with_mask(None, mask_mod))
+    found = _mask_structure.structure(mask.text, mask.scalars)
+    return found.left if isinstance(found, _mask_structure.Band) else None
 
 
 def trace(fn):

@@ -96,6 +96,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     thd, statistics or max logit) raises as before.
     """
     window = tuple(window)
+    if mask_mod is not None and not causal and window == (-1, -1):
+        band = _score_mod.mask_structure(mask_mod)
+        if band is not None and band[0] == "band":  # cuDNN's own band mask, which skips what it drops
+            window, mask_mod = (band[1], 0), None
     plain = (bias is None and sink is None and not dropout_p and seq_len_q is None and seq_len_kv is None
              and cu_seqlens_q is None and cu_seqlens_kv is None and softmax != "sink" and not return_stats
              and not return_max_logit and not fallback and score_mod is None and mask_mod is None)
@@ -219,6 +223,20 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
         if return_lse:
             return _documents.unpack(out[0], batch, length), _documents.unpack(out[1], batch, length)
         return _documents.unpack(out, batch, length)
+    prefix = _score_mod.mask_structure(mask_mod) if mask_mod is not None else None
+    length = query.shape[2]
+    if prefix is not None and prefix[0] == "prefix" and prefix[1] < length == key.shape[2] and \
+            not _score_mod.reads_indices(score_mod):
+        # Prefix-LM as two calls over the rows: the prefix's rows see the prefix, unmasked; the
+        # others are causal, the diagonal moved by the prefix (bottom-right over all keys).
+        cut = prefix[1]
+        head = attention(query[:, :, :cut], key[:, :, :cut], value[:, :, :cut], layout="bhsd", scale=scale,
+                         score_mod=score_mod, return_stats=return_lse)
+        tail = attention(query[:, :, cut:], key, value, layout="bhsd", scale=scale, score_mod=score_mod,
+                         causal=True, align="bottom_right", return_stats=return_lse)
+        if return_lse:
+            return torch.cat([head[0], tail[0]], 2), torch.cat([head[1], tail[1]], 2)
+        return torch.cat([head, tail], 2)
     return attention(query, key, value, layout="bhsd", scale=scale, score_mod=score_mod, mask_mod=mask_mod,
                      return_stats=return_lse)
 

@@ -5,7 +5,6 @@ cuDNN would compute the whole square, while the runs as packed sequences (thd wi
 compute only the blocks. flex_attention takes this road in eager calls; compiled code, where the
 runs are data the graph cannot size, keeps the conditions."""
 import dataclasses
-import re
 
 import torch
 
@@ -15,9 +14,6 @@ from . import _score_mod
 _DOCUMENT_MASKS = {"select(eq(t0[q],t1[kv]),score,-inf)": False,
                    "select(and(eq(t0[q],t1[kv]),ge(q,kv)),score,-inf)": True,
                    "select(and(ge(q,kv),eq(t0[q],t1[kv])),score,-inf)": True}
-# A score_mod that reads the batch, query or key index (or a tensor along them) would see packed
-# sequences' own numbering: only one that reads neither takes this road.
-_POSITIONAL = re.compile(r"(?<![\w$])(b|q|kv)(?![\w(])")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,10 +40,8 @@ def documents(mask_mod, score_mod, query, key):
     ids = traced.tensors[0]
     if ids.dim() != 1 or ids.shape[0] != length or ids.is_floating_point():
         return None
-    if score_mod is not None:
-        mod = _score_mod.traced(score_mod).traced
-        if mod.bias is not None or _POSITIONAL.search(mod.text):
-            return None
+    if _score_mod.reads_indices(score_mod):  # packed sequences number their own tokens
+        return None
     return _runs(ids.to(query.device), batch, length, causal)
 
 

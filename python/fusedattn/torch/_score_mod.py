@@ -12,7 +12,7 @@ import weakref
 
 import torch
 
-from .. import _config, _score_mod, _score_mod_bias, _score_mod_sym
+from .. import _config, _mask_structure, _score_mod, _score_mod_bias, _score_mod_sym
 from ..errors import NotSupportedError, invalid_argument
 
 
@@ -54,6 +54,27 @@ class _Masked:
     def __call__(self, score, b, h, q_idx, kv_idx):
         kept = score if self.score_mod is None else self.score_mod(score, b, h, q_idx, kv_idx)
         return torch.where(self.mask_mod(b, h, q_idx, kv_idx), kept, -float("inf"))
+
+
+@torch.compiler.assume_constant_result  # compiled code gets the structure as a constant
+def mask_structure(mask_mod):
+    """("band", left) or ("prefix", length) where mask_mod is one of cuDNN's own masks
+    (fusedattn/_mask_structure.py), else None."""
+    mask = traced(masked(None, mask_mod)).traced
+    found = _mask_structure.structure(mask.text, mask.scalars)
+    if isinstance(found, _mask_structure.Band):
+        return ("band", found.left)
+    return None if found is None else ("prefix", found.length)
+
+
+@torch.compiler.assume_constant_result
+def reads_indices(score_mod):
+    """Whether score_mod (or None) reads the batch, query or key index, which a call over a slice of
+    the rows would renumber."""
+    if score_mod is None:
+        return False
+    mod = traced(score_mod).traced
+    return mod.bias is not None or _mask_structure.reads_indices(mod.text)
 
 
 @functools.lru_cache(maxsize=256)
