@@ -58,9 +58,8 @@ def _runs(ids, batch, length, causal):
 
 
 def pack(x):
-    """[b, h, s, d] as packed tokens [b * s, h, d]: a view for one batch entry, a copy for more."""
-    if x.shape[0] == 1:
-        return x[0].transpose(0, 1)
+    """[b, h, s, d] as packed tokens [b * s, h, d], token after token (a copy: packed sequences
+    keep a sequence's tokens consecutive, each token's heads together)."""
     return x.transpose(1, 2).reshape(x.shape[0] * x.shape[2], x.shape[1], x.shape[3])
 
 
