@@ -14,7 +14,8 @@
 # TESTSH_ARGS goes to ctest: "-LE python" and "-L python" split it in two calls under 600 s each),
 # matrix (the support matrix from this GPU), bench (PyTorch comparison), fp8bench (FP8 beside BF16,
 # the CLI's bench), fp8scaling (the FP8 element kernels' bandwidth against the GPU's copy), modbench
-# (a softcap score modifier beside plain attention), varlen (ragged step and
+# (a softcap score modifier beside plain attention), flexbench (flex_attention beside compiled
+# FlexAttention on its users' masks), varlen (ragged step and
 # paged decode), decodeprof (a split decode's kernels, their timeline and the calls by chunk count;
 # not in the default list), jaxbench (JAX comparison), kernels (the kernels each side of a training step launches,
 # fusedattn.torch beside PyTorch's cuDNN backend, with the cuDNN frontend's log of both graphs), plans
@@ -36,7 +37,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
-export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench fp8scaling modbench varlen jaxbench kernels plans sanitizer tsan}
+export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench fp8scaling modbench flexbench varlen jaxbench kernels plans sanitizer tsan}
 RESULTS=$OUT/results  # the benchmarks' files, named as in the tree's results/
 mkdir -p "$OUT" "$RESULTS"
 exec > >(tee "$OUT/gpu_log.txt") 2>&1
@@ -217,6 +218,12 @@ b=1 s=8192 h_q=64 h_kv=8 d=128 causal"}
       --iters 20 | grep -v "^fusedattn\|^cuDNN\|^CUDA\|^GPU" | tee -a "$RESULTS/bench-fp8.txt" || status=1
   fi
 fi
+if part flexbench; then
+  echo "== benchmark: fusedattn.torch.flex_attention beside compiled FlexAttention (bench/run_bench_flex.py)"
+  FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 -X faulthandler bench/run_bench_flex.py --build "$build" \
+    --out "$RESULTS" || status=1
+fi
+
 if part modbench; then
   echo "== benchmark: a softcap score modifier beside plain attention, same shapes (fusedattn bench)"
   # MODBENCH_SHAPES (one spec per line, without the modifier) replaces the default shapes.

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""bench/run_bench_flex.py — fusedattn.torch.flex_attention beside compiled FlexAttention with its
+block mask, in one process on the same [b, h, s, d] tensors, forward and forward+backward: the masks
+FlexAttention's users write (prefix-LM, documents, a sliding window with a softcap, T5's bucketed
+bias, and plain causal for scale). Writes JSON and markdown.
+
+    python bench/run_bench_flex.py --build build   # writes results/bench-flex.*
+"""
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+from harness import cuda_median_ms, short
+
+
+def t5_bucket(relative, num_buckets=32, max_distance=128):
+    num_buckets //= 2
+    buckets = (relative > 0).to(torch.long) * num_buckets
+    relative = torch.abs(relative)
+    max_exact = num_buckets // 2
+    large = max_exact + (torch.log(relative.float() / max_exact) / math.log(max_distance / max_exact)
+                         * (num_buckets - max_exact)).to(torch.long)
+    large = torch.min(large, torch.full_like(large, num_buckets - 1))
+    return buckets + torch.where(relative < max_exact, relative, large)
+
+
+def documents(length, count):
+    generator = torch.Generator().manual_seed(count)
+    cuts = torch.sort(torch.randperm(length - 1, generator=generator)[:count - 1] + 1).values
+    ids = torch.zeros(length, dtype=torch.int64)
+    ids[cuts] = 1
+    return ids.cumsum(0).cuda()
+
+
+def cases():
+    """(name, b, h, s, mask_mod, score_mod) of each row."""
+    causal = lambda b, h, q, kv: q >= kv  # noqa: E731
+    softcap = lambda score, b, h, q, kv: 30.0 * torch.tanh(score / 30.0)  # noqa: E731
+    out = [("causal", 2, 16, 2048, causal, None),
+           ("prefix-LM 256", 2, 16, 2048, lambda b, h, q, kv: (q >= kv) | (kv < 256), None),
+           ("window 1024 + softcap", 2, 16, 8192, lambda b, h, q, kv: (q >= kv) & (q - kv < 1024), softcap)]
+    for count in (8, 32):
+        doc = documents(8192, count)
+        out.append((f"{count} documents", 1, 16, 8192, lambda b, h, q, kv, doc=doc: doc[q] == doc[kv], None))
+        out.append((f"{count} documents, causal", 1, 16, 8192,
+                    lambda b, h, q, kv, doc=doc: (doc[q] == doc[kv]) & (q >= kv), None))
+    table = torch.randn(32, 16, device="cuda")
+    out.append(("T5 bias, causal", 2, 16, 2048, causal,
+                lambda score, b, h, q, kv: score + table[t5_bucket(kv - q), h]))
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", default="build")
+    parser.add_argument("--out", default="results", help="folder of the results (default: results)")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    sys.path.insert(0, str(Path(args.build) / "python"))
+    import fusedattn.torch as fa
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    theirs = torch.compile(flex_attention)
+    rows = []
+    for name, b, h, s, mask_mod, score_mod in cases():
+        make = lambda: (torch.rand(b, h, s, 128, device="cuda", dtype=torch.bfloat16) * 2 - 1).requires_grad_()
+        q, k, v = make(), make(), make()
+        d_o = torch.rand(b, h, s, 128, device="cuda", dtype=torch.bfloat16)
+        block_mask = create_block_mask(mask_mod, None, None, s, s, device="cuda")
+        calls = {"fusedattn": lambda: fa.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask),
+                 "FlexAttention": lambda: theirs(q, k, v, score_mod=score_mod, block_mask=block_mask)}
+        ms = {}
+        for _ in range(args.rounds):
+            for who, call in calls.items():
+                for p, timed in enumerate((call, lambda c=call: c().backward(d_o))):
+                    try:
+                        with torch.no_grad() if p == 0 else torch.enable_grad():
+                            ms.setdefault((who, p), []).append(cuda_median_ms(timed, args.warmup, args.iters))
+                    except Exception as error:  # one failing must not hide the others
+                        ms[(who, p)] = short(error)
+        for p, pass_name in enumerate(("fwd", "fwd+bwd")):
+            row = {"case": name, "shape": f"{b},{h},{s},128", "pass": pass_name}
+            for who in calls:
+                value = ms[(who, p)]
+                row[who] = value if isinstance(value, str) else sorted(value)[len(value) // 2]
+            if all(isinstance(row[who], float) for who in calls):
+                row["speedup"] = row["FlexAttention"] / row["fusedattn"]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    stem = "bench-flex"  # one name, overwritten each run
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows},
+                                                indent=1))
+    lines = ["| case | b, h, s, d | pass | fusedattn ms | FlexAttention ms | fusedattn speedup |",
+             "|---|---|---|---|---|---|"]
+    cell = lambda x: f"{x:.3f}" if isinstance(x, float) else x  # noqa: E731
+    for r in rows:
+        speedup = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
+        lines.append(f"| {r['case']} | {r['shape']} | {r['pass']} | {cell(r['fusedattn'])} | "
+                     f"{cell(r['FlexAttention'])} | {speedup} |")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
