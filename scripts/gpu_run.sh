@@ -15,7 +15,8 @@
 # matrix (the support matrix from this GPU), bench (PyTorch comparison), fp8bench (FP8 beside BF16,
 # the CLI's bench), fp8scaling (the FP8 element kernels' bandwidth against the GPU's copy), modbench
 # (a softcap score modifier beside plain attention), flexbench (flex_attention beside compiled
-# FlexAttention on its users' masks), varlen (ragged step and
+# FlexAttention on its users' masks), flexcompat (its users' score_mods and mask_mods against float32
+# attention: results/flex-compatibility.md), varlen (ragged step and
 # paged decode), decodeprof (a split decode's kernels, their timeline and the calls by chunk count;
 # not in the default list), jaxbench (JAX comparison), kernels (the kernels each side of a training step launches,
 # fusedattn.torch beside PyTorch's cuDNN backend, with the cuDNN frontend's log of both graphs), plans
@@ -37,7 +38,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
-export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench fp8scaling modbench flexbench varlen jaxbench kernels plans sanitizer tsan}
+export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench fp8scaling modbench flexbench flexcompat varlen jaxbench kernels plans sanitizer tsan}
 RESULTS=$OUT/results  # the benchmarks' files, named as in the tree's results/
 mkdir -p "$OUT" "$RESULTS"
 exec > >(tee "$OUT/gpu_log.txt") 2>&1
@@ -221,6 +222,12 @@ fi
 if part flexbench; then
   echo "== benchmark: fusedattn.torch.flex_attention beside compiled FlexAttention (bench/run_bench_flex.py)"
   FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 -X faulthandler bench/run_bench_flex.py --build "$build" \
+    --out "$RESULTS" || status=1
+fi
+
+if part flexcompat; then
+  echo "== FlexAttention compatibility: its users' score_mods and mask_mods through flex_attention"
+  FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 -X faulthandler bench/flex_compatibility.py --build "$build" \
     --out "$RESULTS" || status=1
 fi
 
