@@ -22,8 +22,7 @@ def cases(device):
     table = torch.randn(8, 65, device=device) * 0.1  # a relative-position bias by clamped distance
     doc = (torch.arange(1024, device=device) // 100).clamp(max=9)
     causal = lambda b, h, q, kv: q >= kv  # noqa: E731
-    score_mods = {
-        "identity": lambda s, b, h, q, kv: s,
+    score_mods = {  # the identity beside each mask is the first group of rows
         "softcap 30": lambda s, b, h, q, kv: 30.0 * torch.tanh(s / 30.0),
         "ALiBi": lambda s, b, h, q, kv: s + slopes[h] * (kv - q),
         "relative position (clamped table)": lambda s, b, h, q, kv: s + table[h, (kv - q).clamp(-32, 32) + 32],
@@ -40,12 +39,13 @@ def cases(device):
         "bidirectional heads": lambda b, h, q, kv: (q >= kv) | (h % 2 == 0),
     }
     for mask_name, mask_mod in mask_mods.items():
-        yield f"identity, {mask_name}", None, mask_mod
+        yield f"identity, {mask_name}", lambda s, b, h, q, kv: s, mask_mod
     for mod_name, score_mod in score_mods.items():
         for mask_name in ("no mask", "causal"):
             yield f"{mod_name}, {mask_name}", score_mod, mask_mods[mask_name]
     yield "softcap 30, sliding window 128", score_mods["softcap 30"], mask_mods["sliding window 128"]
     yield "ALiBi, document, causal", score_mods["ALiBi"], mask_mods["document, causal"]
+    yield "relative position, prefix-LM 256", score_mods["relative position (clamped table)"], mask_mods["prefix-LM 256"]
 
 
 def _t5_bucket(relative, num_buckets=64, max_distance=128):
