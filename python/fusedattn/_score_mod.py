@@ -101,6 +101,28 @@ class Tracer:
         return len(self.tensors) - 1
 
 
+def under_mask(modifier, mask):
+    """The Traced of a score_mod's `modifier` (or None: the score itself) under a mask_mod's `mask`
+    (traced as select(condition,score,-inf)): select(condition, modifier, -inf), the mask's slots
+    numbered after the modifier's. The modifier's bias part stays its bias: added after the mask,
+    it leaves a dropped key at -inf, so the two compose where tracing them as one function would put
+    a gathered term inside the select, which no bias can take out."""
+    condition = mask.text[len("select("):-len(",score,-inf)")]
+    if modifier is None:
+        return mask
+    scalars, tensors = len(modifier.scalars), len(modifier.tensors)
+    condition = re.sub(r"\$(\d+)", lambda m: f"${int(m.group(1)) + scalars}", condition)
+    condition = re.sub(r"\b([tG])(\d+)([\[(])", lambda m: f"{m.group(1)}{int(m.group(2)) + tensors}{m.group(3)}",
+                       condition)
+    if modifier.bias is not None:  # beside a bias every number is written into the modifier (finish())
+        condition = re.sub(r"\$(\d+)", lambda m: repr(float(mask.scalars[int(m.group(1)) - scalars])), condition)
+        mask_scalars = ()
+    else:
+        mask_scalars = mask.scalars
+    return Traced(f"select({condition},{modifier.text or 'score'},-inf)", modifier.scalars + mask_scalars,
+                  modifier.tensors + mask.tensors, modifier.axes + mask.axes, bias=modifier.bias)
+
+
 def _numel(x):
     n = 1
     for d in tuple(getattr(x, "shape", ())):

@@ -69,8 +69,12 @@ def test_mask_mod_beside_score_mod_traces_into_one_expression():
     softcap = lambda s, b, h, q, kv: 30.0 * jnp.tanh(s / 30.0)  # noqa: E731
     traced, _ = trace(with_mask(None, prefix_lm))
     assert (traced.text, traced.scalars) == ("select(or(ge(q,kv),lt(kv,$0)),score,-inf)", (256.0,))
-    traced, _ = trace(with_mask(softcap, prefix_lm))
+    traced, _ = trace(with_mask(softcap, prefix_lm))  # as one function
     assert traced.text == "select(or(ge(q,kv),lt(kv,$0)),mul($1,tanh(div(score,$1))),-inf)"
+    from fusedattn.jax._score_mod import trace_masked
+    traced, _ = trace_masked(softcap, prefix_lm)  # apart, then composed: the modifier's slots first
+    assert (traced.text, traced.scalars) == ("select(or(ge(q,kv),lt(kv,$1)),mul($0,tanh(div(score,$0))),-inf)",
+                                             (30.0, 256.0))
     q = shaped(2, 512, 4, 64)
     out = jax.eval_shape(lambda q: fj.attention(q, q, q, score_mod=softcap, mask_mod=prefix_lm), q)
     assert out.shape == q.shape

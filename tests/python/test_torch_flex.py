@@ -34,9 +34,9 @@ def softcap(score, b, h, q_idx, kv_idx):
 
 def test_masks_trace_beside_the_score_mod():
     assert traced(masked(None, causal)).traced.text == "select(ge(q,kv),score,-inf)"
-    entry = traced(masked(softcap, prefix_lm)).traced
-    assert entry.text == "select(or(ge(q,kv),lt(kv,$0)),mul($1,tanh(div(score,$1))),-inf)"
-    assert entry.scalars == (256.0, 30.0)
+    entry = traced(masked(softcap, prefix_lm)).traced  # the modifier's slots first, then the mask's
+    assert entry.text == "select(or(ge(q,kv),lt(kv,$1)),mul($0,tanh(div(score,$0))),-inf)"
+    assert entry.scalars == (30.0, 256.0)
     assert masked(softcap, prefix_lm) is masked(softcap, prefix_lm)  # one object a pair: traced once
 
 
@@ -57,6 +57,19 @@ def test_flex_attention_gives_o_and_the_log_sum_exp(mask_mod):
     assert o.shape == (2, 8, 512, 64) and o.dtype == torch.bfloat16
     o, lse = fa.flex_attention(q, k, k, block_mask=block_mask, return_lse=True, kernel_options={"BLOCK_M": 64})
     assert o.shape == (2, 8, 512, 64) and lse.shape == (2, 8, 512) and lse.dtype == torch.float32
+
+
+def test_a_gathered_term_of_the_score_mod_stays_a_bias_under_the_mask():
+    # The score_mod and the mask are traced apart: a relative-position table's term stays the call's
+    # bias (added after the mask, which keeps a dropped key at -inf), where one function would put it
+    # inside the select and be refused.
+    table = torch.randn(8, 65)
+    relative = lambda s, b, h, q_idx, kv_idx: s + table[h, (kv_idx - q_idx).clamp(-32, 32) + 32]  # noqa: E731
+    entry = traced(masked(relative, prefix_lm)).traced
+    assert entry.text == "select(or(ge(q,kv),lt(kv,256.0)),score,-inf)"  # numbers written beside a bias
+    assert entry.bias.text.startswith("G0(h,") and entry.bias.tensors[0] is table
+    q = bhsd(1, 8, 512)
+    assert fa.attention(q, q, q, layout="bhsd", score_mod=relative, mask_mod=prefix_lm).shape == q.shape
 
 
 def test_a_block_mask_without_a_mask_keeps_every_key():
@@ -97,7 +110,7 @@ def test_a_tensor_the_mask_reads_is_fetched_in_compiled_code():
     def with_table(score, b, h, q_idx, kv_idx):
         return score + bias_table[h]
     entry = traced(masked(with_table, causal_unless_bidirectional)).traced
-    assert entry.text == "select(or(ge(q,kv),gt(t0[h],0)),add(score,t1[h]),-inf)"
+    assert entry.text == "select(or(ge(q,kv),gt(t1[h],0)),add(score,t0[h]),-inf)"
     block_mask = flex.create_block_mask(causal_unless_bidirectional, None, 8, 512, 512, device="cpu")
     step = torch.compile(lambda q: fa.flex_attention(q, q, q, score_mod=with_table, block_mask=block_mask),
                          fullgraph=True, backend="eager")

@@ -63,8 +63,9 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False, align: str
         if band is not None:  # cuDNN's own band mask (fusedattn/_mask_structure.py), which skips what it drops
             window, mask_mod = (band, 0), None
     if mask_mod is not None:
-        score_mod = _score_mod.with_mask(score_mod, mask_mod)
-    mod, stopped = _score_mod.trace(score_mod) if score_mod is not None else (None, ())
+        mod, stopped = _score_mod.trace_masked(score_mod, mask_mod)
+    else:
+        mod, stopped = _score_mod.trace(score_mod) if score_mod is not None else (None, ())
     if mod is not None and mod.bias is not None:
         bias, bias_grad = _score_mod.with_modifier_bias(mod, q, k, layout=layout, stopped=stopped, bias=bias,
                                                         bias_grad=bias_grad)

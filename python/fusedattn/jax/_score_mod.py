@@ -146,6 +146,14 @@ def with_mask(score_mod, mask_mod):
     return masked
 
 
+def trace_masked(score_mod, mask_mod):
+    """trace() of score_mod (or none) under mask_mod: each traced apart and composed
+    (fusedattn/_score_mod.under_mask), so that the modifier's gathered terms stay its bias."""
+    modifier, stopped = trace(score_mod) if score_mod is not None else (None, set())
+    mask, mask_stopped = trace(with_mask(None, mask_mod))
+    return _score_mod.under_mask(modifier, mask), set(stopped) | set(mask_stopped)
+
+
 def mask_band(mask_mod):
     """The left bound of cuDNN's band mask that mask_mod is (-1: causal), or None."""
     mask, _ = trace(with_mask(None, mask_mod))

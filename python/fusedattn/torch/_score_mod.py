@@ -110,7 +110,11 @@ def traced(fn):
         entry = None
     if entry is not None and entry.key == key and entry.learnable == _learnable_now(entry):
         return entry
-    entry = _Entry(key, _score_mod.trace(fn, _is_tensor, _TorchSym, lambda t: t.requires_grad))
+    if isinstance(fn, _Masked) and fn.score_mod is not None:  # traced apart, then composed
+        modifier, mask = traced(fn.score_mod).traced, traced(masked(None, fn.mask_mod)).traced
+        entry = _Entry(key, _score_mod.under_mask(modifier, mask))
+    else:
+        entry = _Entry(key, _score_mod.trace(fn, _is_tensor, _TorchSym, lambda t: t.requires_grad))
     try:
         _entries[fn] = entry
     except TypeError:
