@@ -195,10 +195,11 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
     [b, h, s, d] tensors, score_mod(score, b, h, q_idx, kv_idx) -> score, and a BlockMask from
     create_block_mask, whose mask_mod drops keys (-inf after score_mod). Returns O, and with
     return_lse also the log-sum-exp of each row's scaled scores (float32 [b, h, s_q]).
-    kernel_options tunes FlexAttention's own kernels and changes nothing here. A document mask
-    (doc[q_idx] == doc[kv_idx], causal or not, over ids that form runs) runs as packed sequences in
-    eager calls (_documents.py); other masks run as conditions on the scores, which still compute
-    the whole square."""
+    kernel_options tunes FlexAttention's own kernels and changes nothing here. Masks that are
+    cuDNN's own run as them (fusedattn/_mask_structure.py): causal and sliding windows as its band,
+    prefix-LM as two calls over the rows; a document mask (doc[q_idx] == doc[kv_idx], causal or
+    not, over ids that form runs) as packed sequences in eager calls (_documents.py); any other as
+    conditions on the scores, which still compute the whole square."""
     del kernel_options
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         raise invalid_argument("query.shape", tuple(query.shape), "[b, h, s, d] query, key and value")
