@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from flex_masks import t5_bucket
+
 TOLERANCE = 1e-2  # relative, BF16 inputs, as the GPU tests take it
 
 
@@ -27,7 +29,7 @@ def cases(device):
         "ALiBi": lambda s, b, h, q, kv: s + slopes[h] * (kv - q),
         "relative position (clamped table)": lambda s, b, h, q, kv: s + table[h, (kv - q).clamp(-32, 32) + 32],
         "head offset": lambda s, b, h, q, kv: s + 0.1 * h,
-        "T5 bucket bias": lambda s, b, h, q, kv: s + table[h, _t5_bucket(kv - q)],
+        "T5 bucket bias": lambda s, b, h, q, kv: s + table[h, t5_bucket(kv - q, num_buckets=64)],
     }
     mask_mods = {
         "no mask": None,
@@ -46,17 +48,6 @@ def cases(device):
     yield "softcap 30, sliding window 128", score_mods["softcap 30"], mask_mods["sliding window 128"]
     yield "ALiBi, document, causal", score_mods["ALiBi"], mask_mods["document, causal"]
     yield "relative position, prefix-LM 256", score_mods["relative position (clamped table)"], mask_mods["prefix-LM 256"]
-
-
-def _t5_bucket(relative, num_buckets=64, max_distance=128):
-    num_buckets //= 2
-    buckets = (relative > 0).to(torch.long) * num_buckets
-    relative = torch.abs(relative)
-    max_exact = num_buckets // 2
-    large = max_exact + (torch.log(relative.float() / max_exact) / math.log(max_distance / max_exact)
-                         * (num_buckets - max_exact)).to(torch.long)
-    large = torch.min(large, torch.full_like(large, num_buckets - 1))
-    return buckets + torch.where(relative < max_exact, relative, large)
 
 
 def reference(q, k, v, score_mod, mask_mod):

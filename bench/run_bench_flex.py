@@ -8,32 +8,13 @@ bias, and plain causal for scale). Writes JSON and markdown.
 """
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
 import torch
 
+from flex_masks import documents, t5_bucket
 from harness import cuda_median_ms, short
-
-
-def t5_bucket(relative, num_buckets=32, max_distance=128):
-    num_buckets //= 2
-    buckets = (relative > 0).to(torch.long) * num_buckets
-    relative = torch.abs(relative)
-    max_exact = num_buckets // 2
-    large = max_exact + (torch.log(relative.float() / max_exact) / math.log(max_distance / max_exact)
-                         * (num_buckets - max_exact)).to(torch.long)
-    large = torch.min(large, torch.full_like(large, num_buckets - 1))
-    return buckets + torch.where(relative < max_exact, relative, large)
-
-
-def documents(length, count):
-    generator = torch.Generator().manual_seed(count)
-    cuts = torch.sort(torch.randperm(length - 1, generator=generator)[:count - 1] + 1).values
-    ids = torch.zeros(length, dtype=torch.int64)
-    ids[cuts] = 1
-    return ids.cumsum(0).cuda()
 
 
 def cases():
