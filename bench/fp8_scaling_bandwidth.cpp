@@ -1,6 +1,6 @@
 // The FP8 element kernels against the GPU's own copy: each kernel's bytes moved per second as a
 // fraction of what cudaMemcpyAsync moves device to device, at 64 MB of 16-bit data a tensor (the
-// size of Q at 2 x 8k x h16 x d128). Median of timed repetitions, CUDA events, one stream.
+// size of Q at 2 x 8k x h16 x d128). GPU time of calls run back to back (testing/kernel_timing.h).
 //
 //   fusedattn_fp8_bandwidth [--json FILE]
 //
@@ -9,25 +9,23 @@
 // three, and the amax alone.
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
-#include <cstdlib>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "fusedattn/fp8.h"
+#include "testing/cuda_check.h"
+#include "testing/device_buffer.h"
+#include "testing/kernel_timing.h"
 
 namespace {
 
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
-    std::exit(1);
-  }
-}
+using fusedattn::check::check_cuda;
+using fusedattn::check::DeviceBuffer;
 
 fusedattn::TensorDesc bshd(fusedattn::DType dtype, std::int64_t b, std::int64_t h, std::int64_t s, std::int64_t d) {
   fusedattn::TensorDesc desc;
@@ -37,29 +35,14 @@ fusedattn::TensorDesc bshd(fusedattn::DType dtype, std::int64_t b, std::int64_t 
   return desc;
 }
 
-// Median milliseconds of `work` over 50 timed repetitions after 5 untimed ones.
+// GPU milliseconds of `work`, calls back to back (testing/kernel_timing.h): 5 untimed, median of 50.
 double median_ms(const std::function<void()>& work) {
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
-  for (int i = 0; i < 5; ++i) work();
-  std::vector<double> times;
-  for (int i = 0; i < 50; ++i) {
-    check(cudaEventRecord(start, nullptr), "cudaEventRecord");
-    work();
-    check(cudaEventRecord(stop, nullptr), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    times.push_back(ms);
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return fusedattn::check::median_kernel_ms(work, 5, 50, nullptr);
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   using fusedattn::DType;
   std::string json_path;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -69,21 +52,22 @@ int main(int argc, char** argv) {
   const fusedattn::TensorDesc wide = bshd(DType::bf16, b, h, s, d), fp8 = bshd(DType::e4m3, b, h, s, d);
   fusedattn::TensorDesc h_fastest = fp8;  // [b, s, d, h] memory: no row in common with bshd
   h_fastest.strides = {s * d * h, 1, d * h, h};
+  std::vector<DeviceBuffer> sources, quantized, restored;
   void *src[3], *dst8[3], *back[3];
-  float* scalars;
   for (int i = 0; i < 3; ++i) {
-    check(cudaMalloc(&src[i], n * 2), "cudaMalloc");
-    check(cudaMalloc(&dst8[i], n), "cudaMalloc");
-    check(cudaMalloc(&back[i], n * 2), "cudaMalloc");
-    check(cudaMemset(src[i], 0x3c, n * 2), "cudaMemset");  // 0x3c3c: about 0.0115 in bf16
+    src[i] = sources.emplace_back(n * 2).get();
+    dst8[i] = quantized.emplace_back(n).get();
+    back[i] = restored.emplace_back(n * 2).get();
+    check_cuda(cudaMemset(src[i], 0x3c, n * 2), "cudaMemset");  // 0x3c3c: about 0.0115 in bf16
   }
-  check(cudaMalloc(reinterpret_cast<void**>(&scalars), 16 * sizeof(float)), "cudaMalloc");
+  DeviceBuffer scalar_buffer(16 * sizeof(float));
+  float* scalars = scalar_buffer.as<float>();
   const std::vector<float> ones(16, 1.0f);
-  check(cudaMemcpy(scalars, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+  check_cuda(cudaMemcpy(scalars, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
   float* amax = scalars + 8;
 
   const double copy_ms =
-      median_ms([&] { check(cudaMemcpyAsync(back[0], src[0], n * 2, cudaMemcpyDeviceToDevice), "cudaMemcpyAsync"); });
+      median_ms([&] { check_cuda(cudaMemcpyAsync(back[0], src[0], n * 2, cudaMemcpyDeviceToDevice), "cudaMemcpyAsync"); });
   const double copy_bytes_per_ms = 2.0 * n * 2 / copy_ms;  // read and write
   struct Row {
     std::string name;
@@ -109,7 +93,7 @@ int main(int argc, char** argv) {
   time_row("dequantize (dQ, dK, dV in one call)", 9.0 * n,
            [&] { fusedattn::dequantize_fp8_many(back_jobs.data(), 3, nullptr); });
   time_row("amax (one tensor)", 2.0 * n, [&] { fusedattn::measure_amax(wide, src[0], amax, nullptr); });
-  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 
   std::printf("copy: %.1f GB/s (64 MB device to device, %.3f ms)\n", copy_bytes_per_ms / 1e6, copy_ms);
   std::string json = "{\"copy_gb_per_s\": " + std::to_string(copy_bytes_per_ms / 1e6) + ", \"kernels\": [";
@@ -123,4 +107,13 @@ int main(int argc, char** argv) {
   json += "]}\n";
   if (!json_path.empty()) std::ofstream(json_path) << json;
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& error) {  // a CUDA error, said plainly
+    std::fprintf(stderr, "fusedattn_fp8_bandwidth: %s\n", error.what());
+    return 1;
+  }
 }
