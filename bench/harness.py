@@ -265,6 +265,25 @@ def cuda_median_ms(fn, warmup, iters):
     return statistics.median(start.elapsed_time(end) for start, end in events)
 
 
+def forward_and_training_ms(calls, grads, *, rounds, warmup, iters):
+    """{(name, 0): forward ms, (name, 1): forward+backward ms} of each of `calls` (name -> a call
+    returning O; its backward takes grads[name]), the median over `rounds` rounds of cuda_median_ms,
+    the calls taking turns in each round so that clocks drift alike for all. A call that fails gets
+    its error's short text there instead, and hides none of the others."""
+    ms = {}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            for p, timed in enumerate((call, lambda c=call, g=grads[name]: c().backward(g))):
+                if isinstance(ms.get((name, p)), str):
+                    continue  # failed in an earlier round
+                try:
+                    with torch.no_grad() if p == 0 else torch.enable_grad():
+                        ms.setdefault((name, p), []).append(cuda_median_ms(timed, warmup, iters))
+                except Exception as error:  # noqa: BLE001
+                    ms[(name, p)] = short(error)
+    return {key: value if isinstance(value, str) else sorted(value)[len(value) // 2] for key, value in ms.items()}
+
+
 def captured_median_ms(fn, warmup, iters):
     """cuda_median_ms of one call of `fn` captured in a CUDA graph and replayed back to back: its
     kernels' GPU time as a captured step (a serving engine's decode step) runs them, with the

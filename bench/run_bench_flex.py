@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from flex_masks import documents, t5_bucket
-from harness import cuda_median_ms, short
+from harness import forward_and_training_ms
 
 
 def cases():
@@ -56,20 +56,12 @@ def main():
         block_mask = create_block_mask(mask_mod, None, None, s, s, device="cuda")
         calls = {"fusedattn": lambda: fa.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask),
                  "FlexAttention": lambda: theirs(q, k, v, score_mod=score_mod, block_mask=block_mask)}
-        ms = {}
-        for _ in range(args.rounds):
-            for who, call in calls.items():
-                for p, timed in enumerate((call, lambda c=call: c().backward(d_o))):
-                    try:
-                        with torch.no_grad() if p == 0 else torch.enable_grad():
-                            ms.setdefault((who, p), []).append(cuda_median_ms(timed, args.warmup, args.iters))
-                    except Exception as error:  # one failing must not hide the others
-                        ms[(who, p)] = short(error)
+        ms = forward_and_training_ms(calls, {who: d_o for who in calls}, rounds=args.rounds, warmup=args.warmup,
+                                     iters=args.iters)
         for p, pass_name in enumerate(("fwd", "fwd+bwd")):
             row = {"case": name, "shape": f"{b},{h},{s},128", "pass": pass_name}
             for who in calls:
-                value = ms[(who, p)]
-                row[who] = value if isinstance(value, str) else sorted(value)[len(value) // 2]
+                row[who] = ms[(who, p)]
             if all(isinstance(row[who], float) for who in calls):
                 row["speedup"] = row["FlexAttention"] / row["fusedattn"]
             rows.append(row)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from harness import cuda_median_ms, short
+from harness import forward_and_training_ms
 
 SHAPES = [(2, 8192, 16, 128, True), (2, 8192, 16, 128, False)]
 
@@ -53,23 +53,14 @@ def main():
         }
         grads = {"fusedattn softcap": d_o, "fusedattn plain": d_o, "FlexAttention softcap": d_o.transpose(1, 2)}
         flops = 4 * b * h * s * s * d / (2 if causal else 1)
-        ms = {}
-        for _ in range(args.rounds):
-            for name, call in calls.items():
-                for p, timed in enumerate((call, lambda c=call, g=grads[name]: c().backward(g))):
-                    try:
-                        with torch.no_grad() if p == 0 else torch.enable_grad():
-                            ms.setdefault((name, p), []).append(cuda_median_ms(timed, args.warmup, args.iters))
-                    except Exception as error:  # one failing must not hide the others
-                        ms[(name, p)] = short(error)
+        ms = forward_and_training_ms(calls, grads, rounds=args.rounds, warmup=args.warmup, iters=args.iters)
         for p, pass_name in enumerate(("fwd", "fwd+bwd")):
             row = {"shape": f"{b},{s},{h},{d}" + (",causal" if causal else ""), "pass": pass_name}
             for name in calls:
-                value = ms[(name, p)]
-                if isinstance(value, str):
-                    row[name] = value
+                best = ms[(name, p)]
+                if isinstance(best, str):
+                    row[name] = best
                 else:
-                    best = sorted(value)[len(value) // 2]
                     row[name] = {"ms": best, "tflops": flops * (3.5 if p else 1) / (best * 1e-3) / 1e12}
             ours, plain, theirs = row["fusedattn softcap"], row["fusedattn plain"], row["FlexAttention softcap"]
             if all(isinstance(x, dict) for x in (ours, plain, theirs)):
