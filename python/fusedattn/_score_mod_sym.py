@@ -157,6 +157,8 @@ _FUNCTIONS = {
     "floor": _unary("floor"), "ceil": _unary("ceil"), "trunc": trunc, "fix": trunc, "sign": _unary("sign"),
     "long": trunc, "int": trunc, "short": trunc, "bool": lambda tracer, x: call(tracer, "ne", x, 0),
     "floor_divide": floor_divide, "remainder": remainder, "fmod": fmod,
+    "__floordiv__": floor_divide, "__rfloordiv__": lambda tracer, x, y: floor_divide(tracer, y, x),
+    "__mod__": remainder, "__rmod__": lambda tracer, x, y: remainder(tracer, y, x),
     "full_like": lambda tracer, x, value: value,
 }
 
@@ -195,9 +197,6 @@ def apply(name, args, kwargs):
             raise not_covered(f"division with rounding_mode={mode!r}")
         quotient = call(tracer, "div", *args)
         return call(tracer, "floor", quotient) if mode == "floor" else trunc(tracer, quotient)
-    if name in ("__floordiv__", "__rfloordiv__", "__mod__", "__rmod__"):
-        x, y = (args[0], args[1]) if name in ("__floordiv__", "__mod__") else (args[1], args[0])
-        return (floor_divide if "floordiv" in name else remainder)(tracer, x, y)
     if name == "to":
         return _cast(tracer, args[0], kwargs.get("dtype", args[1] if len(args) > 1 else None))
     if name == "full_like":
