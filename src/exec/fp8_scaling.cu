@@ -170,7 +170,7 @@ void launch_dequantize(const Fp8Dequantization& t, cudaStream_t stream) {
   detail::check_cuda(cudaGetLastError(), "dequantize_fp8's kernel launch");
 }
 
-void quantize_logically(const Fp8Quantization& t, cudaStream_t stream) {
+void walk_logically(const Fp8Quantization& t, cudaStream_t stream) {
   const bool e4m3 = t.dst_desc.dtype == DType::e4m3;
   if (t.src_desc.dtype == DType::bf16) {
     if (e4m3) return launch_quantize<__nv_bfloat16, E4M3>(t, stream);
@@ -180,7 +180,7 @@ void quantize_logically(const Fp8Quantization& t, cudaStream_t stream) {
   launch_quantize<__half, E5M2>(t, stream);
 }
 
-void dequantize_logically(const Fp8Dequantization& t, cudaStream_t stream) {
+void walk_logically(const Fp8Dequantization& t, cudaStream_t stream) {
   const bool e4m3 = t.src_desc.dtype == DType::e4m3;
   if (t.dst_desc.dtype == DType::bf16) {
     if (e4m3) return launch_dequantize<E4M3, __nv_bfloat16>(t, stream);
@@ -227,6 +227,47 @@ void launch_grouped(RowOp op, const std::vector<RowTensor>& tensors, cudaStream_
   }
 }
 
+// --- one call over several tensors: what quantize and dequantize differ in, then the one loop ---
+
+void require_tensor_of(int at, const Fp8Quantization& t) {
+  require_dtype(field(at, "src_desc.dtype"), t.src_desc.dtype, is_16_bit(t.src_desc.dtype),
+                "must be f16 or bf16 to quantize");
+  require_dtype(field(at, "dst_desc.dtype"), t.dst_desc.dtype, is_fp8(t.dst_desc.dtype),
+                "must be e4m3 or e5m2 to quantize into");
+  require_pair(at, t.src_desc, t.src, t.dst_desc, t.dst, t.scale, "scale");
+}
+
+void require_tensor_of(int at, const Fp8Dequantization& t) {
+  require_dtype(field(at, "src_desc.dtype"), t.src_desc.dtype, is_fp8(t.src_desc.dtype),
+                "must be e4m3 or e5m2 to dequantize");
+  require_dtype(field(at, "dst_desc.dtype"), t.dst_desc.dtype, is_16_bit(t.dst_desc.dtype),
+                "must be f16 or bf16 to dequantize into");
+  require_pair(at, t.src_desc, t.src, t.dst_desc, t.dst, t.descale, "descale");
+}
+
+const float* factor_of(const Fp8Quantization& t) { return t.scale; }
+const float* factor_of(const Fp8Dequantization& t) { return t.descale; }
+float* amax_of(const Fp8Quantization& t) { return t.amax; }
+float* amax_of(const Fp8Dequantization&) { return nullptr; }
+
+// Every tensor checked before anything is enqueued; then each amax zeroed, and each tensor on the
+// memory-order path (grouped into launches) or, where that cannot take it, the logical walk.
+template <class Tensor>
+void run_many(RowOp op, const Tensor* tensors, int count, cudaStream_t stream) {
+  require_count(count, tensors);
+  for (int i = 0; i < count; ++i) require_tensor_of(count == 1 ? -1 : i, tensors[i]);
+  std::vector<RowTensor> rows;
+  for (int i = 0; i < count; ++i) {
+    const Tensor& t = tensors[i];
+    if (amax_of(t) != nullptr) zero_amax(amax_of(t), stream);
+    if (t.src_desc.elements() == 0) continue;
+    const RowTensor row = row_of(t.src_desc, t.src, t.dst_desc, t.dst, factor_of(t), amax_of(t));
+    if (row.width > 0) rows.push_back(row);
+    else walk_logically(t, stream);
+  }
+  launch_grouped(op, rows, stream);
+}
+
 }  // namespace
 
 void measure_amax(const TensorDesc& desc, const void* data, float* amax, cudaStream_t stream) {
@@ -246,48 +287,11 @@ void measure_amax(const TensorDesc& desc, const void* data, float* amax, cudaStr
 }
 
 void quantize_fp8_many(const Fp8Quantization* tensors, int count, cudaStream_t stream) {
-  require_count(count, tensors);
-  for (int i = 0; i < count; ++i) {
-    const Fp8Quantization& t = tensors[i];
-    const int at = count == 1 ? -1 : i;
-    require_dtype(field(at, "src_desc.dtype"), t.src_desc.dtype, is_16_bit(t.src_desc.dtype),
-                  "must be f16 or bf16 to quantize");
-    require_dtype(field(at, "dst_desc.dtype"), t.dst_desc.dtype, is_fp8(t.dst_desc.dtype),
-                  "must be e4m3 or e5m2 to quantize into");
-    require_pair(at, t.src_desc, t.src, t.dst_desc, t.dst, t.scale, "scale");
-  }
-  std::vector<RowTensor> rows;
-  for (int i = 0; i < count; ++i) {
-    const Fp8Quantization& t = tensors[i];
-    if (t.amax != nullptr) zero_amax(t.amax, stream);
-    if (t.src_desc.elements() == 0) continue;
-    const RowTensor row = row_of(t.src_desc, t.src, t.dst_desc, t.dst, t.scale, t.amax);
-    if (row.width > 0) rows.push_back(row);
-    else quantize_logically(t, stream);
-  }
-  launch_grouped(RowOp::quantize, rows, stream);
+  run_many(RowOp::quantize, tensors, count, stream);
 }
 
 void dequantize_fp8_many(const Fp8Dequantization* tensors, int count, cudaStream_t stream) {
-  require_count(count, tensors);
-  for (int i = 0; i < count; ++i) {
-    const Fp8Dequantization& t = tensors[i];
-    const int at = count == 1 ? -1 : i;
-    require_dtype(field(at, "src_desc.dtype"), t.src_desc.dtype, is_fp8(t.src_desc.dtype),
-                  "must be e4m3 or e5m2 to dequantize");
-    require_dtype(field(at, "dst_desc.dtype"), t.dst_desc.dtype, is_16_bit(t.dst_desc.dtype),
-                  "must be f16 or bf16 to dequantize into");
-    require_pair(at, t.src_desc, t.src, t.dst_desc, t.dst, t.descale, "descale");
-  }
-  std::vector<RowTensor> rows;
-  for (int i = 0; i < count; ++i) {
-    const Fp8Dequantization& t = tensors[i];
-    if (t.src_desc.elements() == 0) continue;
-    const RowTensor row = row_of(t.src_desc, t.src, t.dst_desc, t.dst, t.descale, nullptr);
-    if (row.width > 0) rows.push_back(row);
-    else dequantize_logically(t, stream);
-  }
-  launch_grouped(RowOp::dequantize, rows, stream);
+  run_many(RowOp::dequantize, tensors, count, stream);
 }
 
 void quantize_fp8(const TensorDesc& src_desc, const void* src, const TensorDesc& dst_desc, void* dst,
