@@ -27,8 +27,7 @@
 # scripts/cudnn_libs.sh; not in the default list). GTEST_SHARDS=N runs the GPU tier as N processes side by side, the Serial*
 # tests alone after them. The results file covers the gtest and Python parts
 # that ran; testsh reports its own counts (test.sh's closing "ctest:" line) and fails the run
-# when it fails. BUILD_TARGETS names the ninja targets to build (default: all; the benchmarks need
-# fusedattn_bench, the module they time the C++ API through); BENCH_ARGS goes to
+# when it fails. BENCH_ARGS goes to
 # bench/run_bench.py; GTEST_FILTER and PYTEST_FILTER (a pytest -k expression) narrow the test parts.
 #
 # FUSEDATTN_COMMIT=<sha> names the commit in the results file; pass it as a literal from the
@@ -52,22 +51,11 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 echo "commit: ${FUSEDATTN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}; parts: $PARTS"
 
 echo "== build"
-others=$(for p in $PARTS; do case $p in testsh | cudnn) ;; *) echo "$p" ;; esac; done)
-if [ -z "$others" ]; then
-  # The README's test command (and the GPU tiers under another cuDNN) alone: the README's own build
-  # (scripts/build.sh into build/), which test.sh then finds done, and no second build beside it.
-  build=build
-  bash scripts/build.sh >"$OUT/build.txt" 2>&1 || { tail -50 "$OUT/build.txt"; exit 1; }
-else
-  bash scripts/setup.sh
-  build=build-gpu
-  mkdir -p "$build"
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 -DFUSEDATTN_PYTHON=ON \
-    >"$build/cmake.txt" 2>&1 || { cat "$build/cmake.txt"; exit 1; }
-  grep "fusedattn:" "$build/cmake.txt"
-  # shellcheck disable=SC2086  # BUILD_TARGETS is a list of targets
-  ninja -C "$build" -j"$(nproc)" ${BUILD_TARGETS:-} >/dev/null || { ninja -C "$build" -j1 ${BUILD_TARGETS:-} 2>&1 | tail -50; exit 1; }
-fi
+# The README's own build (scripts/build.sh into build/), for SM 9.0 alone unless CUDAARCHS says
+# otherwise; test.sh then finds it done, and every part runs from it: one build per machine.
+build=build
+CUDAARCHS=${CUDAARCHS:-90} bash scripts/build.sh >"$OUT/build.txt" 2>&1 || { tail -50 "$OUT/build.txt"; exit 1; }
+grep "fusedattn:" "$OUT/build.txt" || true
 "$build/fusedattn" info || status=1
 xmls=()
 
