@@ -33,6 +33,18 @@ std::uint8_t float_to_fp8_bits(float value, DType dtype) noexcept;
 /// for an FP8 tensor, of its stored values (before any descale).
 void measure_amax(const TensorDesc& desc, const void* data, float* amax, cudaStream_t stream);
 
+/// One tensor of measure_amax_many: measure_amax's arguments.
+struct Fp8Amax {
+  TensorDesc desc;
+  const void* data = nullptr;
+  float* amax = nullptr;
+};
+
+/// measure_amax of `count` tensors (Q, K and V of a forward under current scaling), checked first
+/// (a field of tensors[i] is named so); dense tensors of one dtype share a launch, and amaxes at
+/// consecutive addresses are zeroed by one memset.
+void measure_amax_many(const Fp8Amax* tensors, int count, cudaStream_t stream);
+
 /// One pass: dst = fp8(src * *scale), src a 16-bit tensor and dst an FP8 one of the same dims (any
 /// strides each). When `amax` is not null it also gets max |src| (delayed scaling records the
 /// amax of what it quantized).
@@ -84,5 +96,34 @@ void scale_from_amax(const float* amax, DType dtype, int margin, float* scale, f
 /// (in place) or a disjoint buffer (functional state, as JAX keeps it); length must be at least 1.
 void update_delayed_scaling(const float* history_in, float* history_out, std::int64_t length, const float* amax,
                             DType dtype, int margin, float* scale, float* descale, cudaStream_t stream);
+
+/// How one update of update_fp8_scales sets its scale and descale.
+enum class Fp8ScaleRule : std::uint8_t {
+  from_amax,  ///< current scaling from *amax, as scale_from_amax
+  delayed,    ///< delayed scaling's step: the history takes *amax, as update_delayed_scaling
+  keep,       ///< left as they are (the update only reports its descale in descale_used)
+};
+
+/// One update of update_fp8_scales: the arguments of scale_from_amax or update_delayed_scaling,
+/// by `rule`, and where to report the descale it replaces.
+struct Fp8ScaleUpdate {
+  Fp8ScaleRule rule = Fp8ScaleRule::from_amax;
+  const float* amax = nullptr;          ///< not read by keep
+  const float* history_in = nullptr;    ///< delayed only: float32 [length], slot 0 the newest
+  float* history_out = nullptr;         ///< delayed only: history_in (in place) or a disjoint buffer
+  std::int64_t length = 0;              ///< delayed only: at least 1
+  DType dtype = DType::e4m3;            ///< the FP8 type the scale is for
+  int margin = 0;
+  float* scale = nullptr;
+  float* descale = nullptr;
+  float* descale_used = nullptr;        ///< where not null, gets *descale as it was before this update
+};
+
+/// A recipe's scale updates of one step, in one launch and in order: an update may read an amax
+/// or a descale that an earlier one wrote (O's scale from V's amax after V's own update). Every
+/// update is checked first (a field of updates[i] is named so), and nothing is enqueued for a
+/// bad one. At most kMaxScaleUpdates per call.
+constexpr int kMaxScaleUpdates = 16;
+void update_fp8_scales(const Fp8ScaleUpdate* updates, int count, cudaStream_t stream);
 
 }  // namespace fusedattn

@@ -77,6 +77,91 @@ std::vector<std::tuple<std::string, std::string>> slot_list() {
   return out;
 }
 
+// "from_amax", "delayed" or "keep" as the rule it names.
+fa::Fp8ScaleRule parse_rule(const std::string& rule, const std::string& field) {
+  if (rule == "from_amax") return fa::Fp8ScaleRule::from_amax;
+  if (rule == "delayed") return fa::Fp8ScaleRule::delayed;
+  if (rule == "keep") return fa::Fp8ScaleRule::keep;
+  throw fa::InvalidArgument(field, rule, "\"from_amax\", \"delayed\" or \"keep\"");
+}
+
+// A Python integer address as a typed pointer.
+template <class T>
+T* at(const nb::handle& address) {
+  return pointer<T>(nb::cast<std::uintptr_t>(address));
+}
+
+// Each element of the list `items` (named `name` in errors, name[i] for one element) as the C++
+// struct `make` builds from its tuple.
+template <class Out, class Make>
+std::vector<Out> each(const nb::list& items, const char* name, Make make) {
+  std::vector<Out> out;
+  out.reserve(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    out.push_back(make(nb::tuple(items[i]), std::string(name) + "[" + std::to_string(i) + "]"));
+  }
+  return out;
+}
+
+void bind_many(nb::module_& m) {
+  m.def(
+      "quantize_fp8_many",
+      [](const nb::list& tensors, std::uintptr_t stream) {
+        auto jobs = each<fa::Fp8Quantization>(tensors, "tensors", [](const nb::tuple& t, const std::string& name) {
+          return fa::Fp8Quantization{elementwise_desc(t[0], (name + ".src").c_str()), at<const void>(t[1]),
+                                     elementwise_desc(t[2], (name + ".dst").c_str()), at<void>(t[3]),
+                                     at<const float>(t[4]), at<float>(t[5])};
+        });
+        fa::quantize_fp8_many(jobs.data(), static_cast<int>(jobs.size()), stream_of(stream));
+      },
+      "tensors"_a, "stream"_a,
+      "quantize_fp8 of several tensors, each (src, src_data, dst, dst_data, scale, amax), in as few launches as "
+      "their orders allow.");
+  m.def(
+      "dequantize_fp8_many",
+      [](const nb::list& tensors, std::uintptr_t stream) {
+        auto jobs = each<fa::Fp8Dequantization>(tensors, "tensors", [](const nb::tuple& t, const std::string& name) {
+          return fa::Fp8Dequantization{elementwise_desc(t[0], (name + ".src").c_str()), at<const void>(t[1]),
+                                       elementwise_desc(t[2], (name + ".dst").c_str()), at<void>(t[3]),
+                                       at<const float>(t[4])};
+        });
+        fa::dequantize_fp8_many(jobs.data(), static_cast<int>(jobs.size()), stream_of(stream));
+      },
+      "tensors"_a, "stream"_a, "dequantize_fp8 of several tensors, each (src, src_data, dst, dst_data, descale).");
+  m.def(
+      "measure_amax_many",
+      [](const nb::list& tensors, std::uintptr_t stream) {
+        auto jobs = each<fa::Fp8Amax>(tensors, "tensors", [](const nb::tuple& t, const std::string& name) {
+          return fa::Fp8Amax{elementwise_desc(t[0], name.c_str()), at<const void>(t[1]), at<float>(t[2])};
+        });
+        fa::measure_amax_many(jobs.data(), static_cast<int>(jobs.size()), stream_of(stream));
+      },
+      "tensors"_a, "stream"_a, "measure_amax of several tensors, each (x, data, amax).");
+  m.def(
+      "update_fp8_scales",
+      [](const nb::list& updates, std::uintptr_t stream) {
+        auto steps = each<fa::Fp8ScaleUpdate>(updates, "updates", [](const nb::tuple& t, const std::string& name) {
+          fa::Fp8ScaleUpdate u;
+          u.rule = parse_rule(nb::cast<std::string>(t[0]), name + ".rule");
+          u.amax = at<const float>(t[1]);
+          u.history_in = at<const float>(t[2]);
+          u.history_out = at<float>(t[2]);
+          u.length = nb::cast<std::int64_t>(t[3]);
+          u.dtype = fa::parse_dtype(nb::cast<std::string>(t[4]), name + ".dtype");
+          u.margin = nb::cast<int>(t[5]);
+          u.scale = at<float>(t[6]);
+          u.descale = at<float>(t[7]);
+          u.descale_used = at<float>(t[8]);
+          return u;
+        });
+        fa::update_fp8_scales(steps.data(), static_cast<int>(steps.size()), stream_of(stream));
+      },
+      "updates"_a, "stream"_a,
+      "A step's scale updates in one launch, in order; each (rule, amax, history, length, dtype, margin, scale, "
+      "descale, descale_used), rule \"from_amax\", \"delayed\" (the history in place) or \"keep\"; 0 for an "
+      "address not used.");
+}
+
 }  // namespace
 
 void bind_fp8_scales(nb::class_<fa::ForwardTensors>& forward, nb::class_<fa::BackwardTensors>& backward) {
@@ -85,6 +170,7 @@ void bind_fp8_scales(nb::class_<fa::ForwardTensors>& forward, nb::class_<fa::Bac
 }
 
 void bind_fp8_kernels(nb::module_& m) {
+  bind_many(m);
   m.def(
       "fp8_scale_slots",
       [](fa::Pass pass) {

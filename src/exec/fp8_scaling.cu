@@ -5,29 +5,24 @@
 // Two walks. Tensors that share rows of consecutive elements (dense in one axis order, or packed
 // views with gaps between whole rows) take the memory-order path of fp8_rows.cu: wide loads and
 // stores, and up to four tensors of one dtype pair in one launch. Any other pair (bshd into sbhd)
-// takes the logical walk here: grid-stride loops over the [b, h, s, d] order, each element's
-// address from the strides. Conversions are cuda_fp8.h's with __NV_SATFINITE, which the host codecs
-// (src/reference/fp8_codec.cpp) reproduce bit for bit, the same in both walks.
-//
-// Amax is reduced on the bits of |x| (abs_bits: NaN propagates). Each block reduces to one value and
-// does one atomicMax into the output, which is zeroed on the stream first.
+// takes the logical walk of fp8_strided_walk.cu. Conversions are cuda_fp8.h's with __NV_SATFINITE,
+// which the host codecs (src/reference/fp8_codec.cpp) reproduce bit for bit, the same in both
+// walks. Each amax is zeroed on the stream first (those at consecutive addresses by one memset),
+// then every block does one atomicMax into it.
 //
 // A ragged tensor (batch stride 0) is refused: its sequences sit at run-time offsets these calls do
 // not take, and read as written (every entry at offset 0, as gather_to_float_gpu reads it) a
 // quantize would race b writes onto the first entry. Pass the packed tokens as one dense entry.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include "exec/cuda_check.h"
-#include "exec/element_conversions.cuh"
 #include "exec/fp8_rows.h"
-#include "exec/strided_elements.cuh"
+#include "exec/fp8_strided_walk.h"
 #include "fusedattn/errors.h"
 #include "fusedattn/fp8.h"
 
@@ -35,59 +30,13 @@ namespace fusedattn {
 
 namespace {
 
-constexpr int kThreads = 256;
-
-using detail::abs_bits;
-using detail::E4M3;
-using detail::E5M2;
-using detail::from_float;
 using detail::launch_rows;
 using detail::row_width;
 using detail::RowJob;
 using detail::RowJobs;
 using detail::kMaxRowJobs;
 using detail::RowOp;
-using detail::grid_stride_blocks;
-using detail::make_strided;
-using detail::Strided;
-using detail::strided_offset;
-using detail::to_float;
-
-__device__ void block_max_into(unsigned int mine, unsigned int* out) { detail::block_max_into<kThreads>(mine, out); }
-
-template <class T>
-__global__ void amax_kernel(Strided t, std::int64_t n, const T* data, unsigned int* amax) {
-  unsigned int mine = 0;
-  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t x = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; x < n; x += step) {
-    mine = max(mine, abs_bits(to_float(data[strided_offset(t, x)])));
-  }
-  block_max_into(mine, amax);
-}
-
-template <class Src, class Dst>
-__global__ void quantize_kernel(Strided src_t, Strided dst_t, std::int64_t n, const Src* src, Dst* dst,
-                                const float* scale, unsigned int* amax) {
-  const float s = *scale;
-  unsigned int mine = 0;
-  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t x = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; x < n; x += step) {
-    const float value = to_float(src[strided_offset(src_t, x)]);
-    mine = max(mine, abs_bits(value));
-    dst[strided_offset(dst_t, x)] = from_float<Dst>(value * s);
-  }
-  if (amax != nullptr) block_max_into(mine, amax);  // uniform over the grid
-}
-
-template <class Src, class Dst>
-__global__ void dequantize_kernel(Strided src_t, Strided dst_t, std::int64_t n, const Src* src, Dst* dst,
-                                  const float* descale) {
-  const float s = *descale;
-  const std::int64_t step = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t x = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; x < n; x += step) {
-    dst[strided_offset(dst_t, x)] = from_float<Dst>(to_float(src[strided_offset(src_t, x)]) * s);
-  }
-}
+using detail::walk_logically;
 
 // --- input checks: each names the field, the value and the requirement, before anything is enqueued
 
@@ -138,56 +87,17 @@ void require_count(int count, const void* tensors) {
   if (count > 0) require_pointer("tensors", tensors, "must point to `count` tensors");
 }
 
-void zero_amax(float* amax, cudaStream_t stream) {
-  detail::check_cuda(cudaMemsetAsync(amax, 0, sizeof(float), stream), "cudaMemsetAsync(amax)");
-}
-
-// --- the logical walk, for tensors the memory-order path (fp8_rows.cu) does not take ------------
-
-template <class T>
-void launch_amax(const TensorDesc& desc, const void* data, float* amax, cudaStream_t stream) {
-  const std::int64_t n = desc.elements();
-  amax_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(
-      make_strided(desc), n, static_cast<const T*>(data), reinterpret_cast<unsigned int*>(amax));
-  detail::check_cuda(cudaGetLastError(), "measure_amax's kernel launch");
-}
-
-template <class Src, class Dst>
-void launch_quantize(const Fp8Quantization& t, cudaStream_t stream) {
-  const std::int64_t n = t.src_desc.elements();
-  quantize_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(
-      make_strided(t.src_desc), make_strided(t.dst_desc), n, static_cast<const Src*>(t.src), static_cast<Dst*>(t.dst),
-      t.scale, reinterpret_cast<unsigned int*>(t.amax));
-  detail::check_cuda(cudaGetLastError(), "quantize_fp8's kernel launch");
-}
-
-template <class Src, class Dst>
-void launch_dequantize(const Fp8Dequantization& t, cudaStream_t stream) {
-  const std::int64_t n = t.src_desc.elements();
-  dequantize_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(
-      make_strided(t.src_desc), make_strided(t.dst_desc), n, static_cast<const Src*>(t.src), static_cast<Dst*>(t.dst),
-      t.descale);
-  detail::check_cuda(cudaGetLastError(), "dequantize_fp8's kernel launch");
-}
-
-void walk_logically(const Fp8Quantization& t, cudaStream_t stream) {
-  const bool e4m3 = t.dst_desc.dtype == DType::e4m3;
-  if (t.src_desc.dtype == DType::bf16) {
-    if (e4m3) return launch_quantize<__nv_bfloat16, E4M3>(t, stream);
-    return launch_quantize<__nv_bfloat16, E5M2>(t, stream);
+// Every amax zeroed before any kernel adds to it: one memset per run of consecutive addresses (a
+// state's amaxes of Q, K and V sit side by side).
+void zero_amaxes(std::vector<float*> amaxes, cudaStream_t stream) {
+  std::sort(amaxes.begin(), amaxes.end());
+  for (std::size_t first = 0; first < amaxes.size();) {
+    std::size_t last = first;
+    while (last + 1 < amaxes.size() && amaxes[last + 1] <= amaxes[last] + 1) ++last;
+    const std::size_t bytes = (amaxes[last] - amaxes[first] + 1) * sizeof(float);
+    detail::check_cuda(cudaMemsetAsync(amaxes[first], 0, bytes, stream), "cudaMemsetAsync(amax)");
+    first = last + 1;
   }
-  if (e4m3) return launch_quantize<__half, E4M3>(t, stream);
-  launch_quantize<__half, E5M2>(t, stream);
-}
-
-void walk_logically(const Fp8Dequantization& t, cudaStream_t stream) {
-  const bool e4m3 = t.src_desc.dtype == DType::e4m3;
-  if (t.dst_desc.dtype == DType::bf16) {
-    if (e4m3) return launch_dequantize<E4M3, __nv_bfloat16>(t, stream);
-    return launch_dequantize<E5M2, __nv_bfloat16>(t, stream);
-  }
-  if (e4m3) return launch_dequantize<E4M3, __half>(t, stream);
-  launch_dequantize<E5M2, __half>(t, stream);
 }
 
 // --- the memory-order path: tensors of one dtype pair and width share a launch ------------------
@@ -245,23 +155,42 @@ void require_tensor_of(int at, const Fp8Dequantization& t) {
   require_pair(at, t.src_desc, t.src, t.dst_desc, t.dst, t.descale, "descale");
 }
 
-const float* factor_of(const Fp8Quantization& t) { return t.scale; }
-const float* factor_of(const Fp8Dequantization& t) { return t.descale; }
+void require_tensor_of(int at, const Fp8Amax& t) {
+  require_tensor(field(at, "desc"), t.desc);
+  require_pointer(field(at, "amax"), t.amax, "must point to a float32 in device memory");
+  if (t.desc.elements() > 0) require_pointer(field(at, "data"), t.data, "must point to the tensor in device memory");
+}
+
 float* amax_of(const Fp8Quantization& t) { return t.amax; }
 float* amax_of(const Fp8Dequantization&) { return nullptr; }
+float* amax_of(const Fp8Amax& t) { return t.amax; }
+std::int64_t elements_of(const Fp8Amax& t) { return t.desc.elements(); }
+template <class Pair>
+std::int64_t elements_of(const Pair& t) {
+  return t.src_desc.elements();
+}
+RowTensor row_of(const Fp8Quantization& t) { return row_of(t.src_desc, t.src, t.dst_desc, t.dst, t.scale, t.amax); }
+RowTensor row_of(const Fp8Dequantization& t) {
+  return row_of(t.src_desc, t.src, t.dst_desc, t.dst, t.descale, nullptr);
+}
+RowTensor row_of(const Fp8Amax& t) { return row_of(t.desc, t.data, t.desc, nullptr, nullptr, t.amax); }
 
-// Every tensor checked before anything is enqueued; then each amax zeroed, and each tensor on the
+// Every tensor checked before anything is enqueued; then the amaxes zeroed, and each tensor on the
 // memory-order path (grouped into launches) or, where that cannot take it, the logical walk.
 template <class Tensor>
 void run_many(RowOp op, const Tensor* tensors, int count, cudaStream_t stream) {
   require_count(count, tensors);
   for (int i = 0; i < count; ++i) require_tensor_of(count == 1 ? -1 : i, tensors[i]);
+  std::vector<float*> amaxes;
+  for (int i = 0; i < count; ++i) {
+    if (amax_of(tensors[i]) != nullptr) amaxes.push_back(amax_of(tensors[i]));
+  }
+  zero_amaxes(amaxes, stream);
   std::vector<RowTensor> rows;
   for (int i = 0; i < count; ++i) {
     const Tensor& t = tensors[i];
-    if (amax_of(t) != nullptr) zero_amax(amax_of(t), stream);
-    if (t.src_desc.elements() == 0) continue;
-    const RowTensor row = row_of(t.src_desc, t.src, t.dst_desc, t.dst, factor_of(t), amax_of(t));
+    if (elements_of(t) == 0) continue;
+    const RowTensor row = row_of(t);
     if (row.width > 0) rows.push_back(row);
     else walk_logically(t, stream);
   }
@@ -270,20 +199,13 @@ void run_many(RowOp op, const Tensor* tensors, int count, cudaStream_t stream) {
 
 }  // namespace
 
+void measure_amax_many(const Fp8Amax* tensors, int count, cudaStream_t stream) {
+  run_many(RowOp::amax, tensors, count, stream);
+}
+
 void measure_amax(const TensorDesc& desc, const void* data, float* amax, cudaStream_t stream) {
-  require_tensor("desc", desc);
-  require_pointer("amax", amax, "must point to a float32 in device memory");
-  if (desc.elements() > 0) require_pointer("data", data, "must point to the tensor in device memory");
-  zero_amax(amax, stream);
-  if (desc.elements() == 0) return;
-  const RowTensor row = row_of(desc, data, desc, nullptr, nullptr, amax);
-  if (row.width > 0) return launch_grouped(RowOp::amax, {row}, stream);
-  switch (desc.dtype) {
-    case DType::f16: return launch_amax<__half>(desc, data, amax, stream);
-    case DType::bf16: return launch_amax<__nv_bfloat16>(desc, data, amax, stream);
-    case DType::e4m3: return launch_amax<E4M3>(desc, data, amax, stream);
-    case DType::e5m2: return launch_amax<E5M2>(desc, data, amax, stream);
-  }
+  const Fp8Amax one{desc, data, amax};
+  measure_amax_many(&one, 1, stream);
 }
 
 void quantize_fp8_many(const Fp8Quantization* tensors, int count, cudaStream_t stream) {

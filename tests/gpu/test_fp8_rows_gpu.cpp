@@ -141,6 +141,40 @@ TEST(Fp8RowsGpu, SeveralTensorsInOneCallEqualOneCallEach) {
   }
 }
 
+// Amaxes of several tensors (16-bit and FP8, dense, packed and in another order) in one call,
+// side by side in one buffer as a state keeps them (one memset zeroes them): each equals the host's.
+TEST(Fp8RowsGpu, AmaxesOfSeveralTensorsInOneCallMatchTheHost) {
+  FUSEDATTN_REQUIRE_GPU();
+  Rng rng;
+  SCOPED_TRACE(rng.trace());
+  const TensorDesc descs[4] = {bshd(DType::bf16, 2, 4, 40, 64), packed_part(DType::f16, 2, 4, 40, 64, 3),
+                               sbhd(DType::bf16, 2, 4, 40, 64), bshd(DType::e4m3, 1, 2, 24, 64)};
+  std::vector<HostImage> images;
+  std::vector<DeviceBuffer> data;
+  for (int i = 0; i < 4; ++i) {
+    images.push_back(random_image(descs[i], rng, 3.0f));
+    for (std::int64_t at : {127, 158, 220, 251, 282, 313}) {
+      images.back().set_value(at, 0.5f);  // the large planted values (and infinity) made small, so
+    }                                     // that each amax is the one planted below
+    images.back().set_value(100 + 7 * i, -50.0f * static_cast<float>(i + 1));
+    data.push_back(upload(images.back().bytes));
+  }
+  DeviceBuffer amaxes = upload(std::vector<float>(4, kNan));
+  std::vector<Fp8Amax> jobs;
+  for (int i = 0; i < 4; ++i) jobs.push_back({descs[i], data[i].get(), amaxes.as<float>() + i});
+  measure_amax_many(jobs.data(), 4, nullptr);
+  synchronize();
+  const std::vector<float> got = download_floats(amaxes);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(bits_of(got[i]), bits_of(host_amax(images[i]))) << "tensor " << i;
+  jobs[2].desc = make_desc(DType::bf16, {2, 4, 40, 64}, {0, 64, 256, 1});  // ragged: refused by its index
+  try {
+    measure_amax_many(jobs.data(), 4, nullptr);
+    FAIL() << "a ragged tensor was measured";
+  } catch (const InvalidArgument& error) {
+    EXPECT_EQ(error.field(), "tensors[2].desc");
+  }
+}
+
 // A bad tensor among several is named by its index, and nothing of the call is enqueued.
 TEST(Fp8RowsGpu, ABadTensorAmongSeveralIsNamedAndNothingRuns) {
   FUSEDATTN_REQUIRE_GPU();
