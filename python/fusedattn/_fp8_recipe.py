@@ -1,7 +1,11 @@
 """The FP8 scaling recipes' framework-free parts, shared by fusedattn.torch and fusedattn.jax: the
 tensors a state scales (in slot order), which of them the kernels write, their headroom, the
-recipe's checks, and which histories a step moves. Each adapter keeps only its arrays and kernels.
+recipe's checks, a state's options as one object (Options), and each step's scale updates in order
+(the programs below). Each adapter keeps only its arrays and runs the programs: fusedattn.torch in
+one launch each (fusedattn/fp8.h's update_fp8_scales), fusedattn.jax as array operations.
 """
+import dataclasses
+
 from .errors import invalid_argument
 
 # A state's slots: a scale, a descale, an amax and an amax history per tensor.
@@ -58,3 +62,65 @@ def moved_after_backward(recipe):
     """The histories a backward's step moves: the kernel-written ones, and dO's under delayed scaling
     (under current scaling dO's scale is this call's)."""
     return KERNEL_WRITTEN + (("d_o",) if recipe == "delayed" else ())
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """A state's options, fixed when it is made: its recipe ("current" or "delayed"), margin (scales
+    divided by 2^margin) and format (FORMATS' name). Operators of compiled code carry it as `text`,
+    one string beside the state's buffer (their schemas take tensors and plain values only)."""
+    recipe: str
+    margin: int
+    format: str
+
+    @property
+    def text(self):
+        return f"{self.recipe} {self.margin} {self.format}"
+
+    @staticmethod
+    def parse(text):
+        recipe, margin, format = text.split(" ")
+        return Options(recipe, int(margin), format)
+
+
+@dataclasses.dataclass(frozen=True)
+class Update:
+    """One scale update of a step (fusedattn/fp8.h's Fp8ScaleUpdate): `rule` "from_amax" (current
+    scaling from the amax of `source`), "delayed" (`tensor`'s history takes its amax) or "keep";
+    `used`, where not None, is the slot of the step's used descales (Q, K, V, O) that gets
+    `tensor`'s descale as it was before the update."""
+    rule: str
+    tensor: str
+    source: str = None
+    used: int = None
+
+    @property
+    def amax_of(self):
+        return self.source or self.tensor
+
+
+USED = ("q", "k", "v", "o")  # a forward's used descales, the ones its backward undoes
+
+
+def forward_updates(recipe):
+    """A forward's updates, after its inputs' amaxes are measured (current: before quantizing with
+    the scales these set) or recorded (delayed: while quantizing with the scales of the last step):
+    O's scale from V's amax (|O| <= max |V|), then the inputs' steps, each reporting the descale
+    its quantization used, and O's."""
+    if recipe == "current":
+        return (tuple(Update("from_amax", n) for n in "qkv") + (Update("from_amax", "o", source="v"),)
+                + tuple(Update("keep", n, used=i) for i, n in enumerate(USED)))
+    return ((Update("from_amax", "o", source="v"),) + tuple(Update("delayed", n, used=i) for i, n in enumerate("qkv"))
+            + (Update("keep", "o", used=3),))
+
+
+def gradient_updates(recipe):
+    """dO's update before it is quantized: current scaling from its measured amax; none under
+    delayed scaling, whose step comes after the backward."""
+    return (Update("from_amax", "d_o"),) if recipe == "current" else ()
+
+
+def delayed_updates(names):
+    """Delayed scaling's steps of `names`: a first backward's calibration (KERNEL_WRITTEN), and the
+    step after a backward (moved_after_backward)."""
+    return tuple(Update("delayed", n) for n in names)

@@ -170,13 +170,13 @@ def stand_in_fp8_inputs_bodies(monkeypatch):
     """CPU stand-ins for the FP8-input forward and the FP8 backward: O = 2 * the values of V, and
     gradients 1, 2 and 3 times dO, so the gradients' wiring shows."""
 
-    def forward(q8, k8, v8, descale_q, descale_k, descale_v, buffer, config, scale, recipe, margin, name, out_dtype):
+    def forward(q8, k8, v8, descale_q, descale_k, descale_v, scaling, config, scale, out_dtype):
         o = (v8.float() * descale_v * 2).to(out_dtype)
         stats = torch.zeros(_config.output_shapes(_config.parse(config), _config.FORWARD, q8, k8, v8)["stats"],
                             dtype=torch.float32)
         return v8.clone(), o, stats, torch.cat([descale_q, descale_k, descale_v, descale_v])
 
-    def backward(d_o, q8, k8, v8, o8, stats, used, like, buffer, config, scale, recipe, margin, name, calibrated):
+    def backward(d_o, q8, k8, v8, o8, stats, used, like, scaling, config, scale, calibrated):
         return (d_o * 1).to(like.dtype), (d_o * 2).to(like.dtype), (d_o * 3).to(like.dtype)
 
     monkeypatch.setattr(_fp8_bodies, "fp8_inputs_forward", forward)
@@ -191,9 +191,8 @@ def test_compiled_fp8_tensors_take_their_gradients_through_quantizing(stand_in_f
     config = _call_config.fp8_config_text(layout="bshd", causal=False, window=(-1, -1), align="top_left", fp8_grads="")
 
     def call(x, k, v):  # fp8_attention's road 3 past its check of the device
-        return _fp8_operators.fp8_tensor_attention(fa.fp8_quantize(x), k, v, buffer=state.buffer, config=config,
-                                                   scale=0.125, recipe=state.recipe, margin=state.margin,
-                                                   name=state.name, model_backward=False, calibrated=True)
+        return _fp8_operators.fp8_tensor_attention(fa.fp8_quantize(x), k, v, state=state, config=config,
+                                                   scale=0.125, model_backward=False, calibrated=True)
 
     step = torch.compile(call, fullgraph=True, backend=backend)
     x = torch.randn(2, 16, 2, 32, dtype=torch.bfloat16, requires_grad=True)

@@ -47,15 +47,15 @@ def test_the_fakes_give_fp8_tensors_statistics_and_descales():
     q, k, v = meta(2, 64, 4, 128, grad=False), meta(2, 80, 2, 128, grad=False), meta(2, 80, 2, 64, grad=False)
     state = fa.Fp8State(dtype=torch.float8_e5m2, device="meta")
     config = _call_config.fp8_config_text(layout="bshd", causal=True, window=(-1, -1), align="top_left", fp8_grads="")
-    o, q8, k8, v8, o8, stats, used = torch.ops.fusedattn.fp8_forward(q, k, v, state.buffer, config, 0.125, "delayed",
-                                                                     0, "e5m2")
+    options = state.options.text  # "delayed 0 e5m2"
+    o, q8, k8, v8, o8, stats, used = torch.ops.fusedattn.fp8_forward(q, k, v, state.buffer, options, config, 0.125)
     assert o.shape == (2, 64, 4, 64) and o.dtype == torch.bfloat16
     assert (q8.shape, k8.shape, v8.shape, o8.shape) == (q.shape, k.shape, v.shape, o.shape)
     assert {t.dtype for t in (q8, k8, v8, o8)} == {torch.float8_e5m2}
     assert stats.shape == (2, 4, 64) and stats.dtype == torch.float32
     assert used.shape == (4,) and used.dtype == torch.float32
-    grads = torch.ops.fusedattn.fp8_backward(o, q8, k8, v8, o8, stats, used, q, state.buffer, config, 0.125,
-                                             "delayed", 0, "e5m2", calibrated=False)
+    grads = torch.ops.fusedattn.fp8_backward(o, q8, k8, v8, o8, stats, used, q, state.buffer, options, config, 0.125,
+                                             calibrated=False)
     assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
     assert {g.dtype for g in grads} == {torch.bfloat16}
 

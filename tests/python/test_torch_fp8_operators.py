@@ -17,17 +17,18 @@ def stand_in_bodies(monkeypatch):
     the way the bodies write it (in place), and a record of the calibration flag each backward got."""
     backwards = []
 
-    def forward(q, k, v, buffer, config, scale, recipe, margin, name):
-        buffer[0] += 1
-        fp8 = _fp8_state.FORMATS[name][0]
+    def forward(q, k, v, scaling, config, scale):
+        buffer = scaling.histories  # any part of the state's buffer, to see the writes reach it
+        buffer[0, 0] += 1
+        fp8 = scaling.dtype
         o = q * 2
         stats = torch.zeros(_config.output_shapes(_config.parse(config), _config.FORWARD, q, k, v)["stats"],
                             dtype=torch.float32)
-        return o, q.to(fp8), k.to(fp8), v.to(fp8), o.to(fp8), stats, buffer[:4].clone()
+        return o, q.to(fp8), k.to(fp8), v.to(fp8), o.to(fp8), stats, torch.ones(4)
 
-    def backward(d_o, q8, k8, v8, o8, stats, used, like, buffer, config, scale, recipe, margin, name, calibrated):
+    def backward(d_o, q8, k8, v8, o8, stats, used, like, scaling, config, scale, calibrated):
         backwards.append(calibrated)
-        buffer[1] += 1
+        scaling.histories[0, 1] += 1
         return d_o * 2, d_o * 3, d_o * 4
 
     monkeypatch.setattr(_fp8_bodies, "forward", forward)
@@ -37,22 +38,21 @@ def stand_in_bodies(monkeypatch):
 
 def call(q, k, v, state):
     config = _call_config.fp8_config_text(layout="bshd", causal=False, window=(-1, -1), align="top_left", fp8_grads="")
-    return _fp8_operators.attention(q, k, v, buffer=state.buffer, config=config, scale=0.125, recipe=state.recipe,
-                                    margin=state.margin, name=state.name, model_backward=False,
+    return _fp8_operators.attention(q, k, v, state=state, config=config, scale=0.125, model_backward=False,
                                     calibrated=state.calibrated)
 
 
 def test_opcheck_with_stand_in_bodies(stand_in_bodies):
     q = torch.randn(2, 16, 2, 32, dtype=torch.bfloat16)
-    buffer = fa.Fp8State(device="cpu").buffer
+    state = fa.Fp8State(device="cpu")
+    buffer, options = state.buffer, state.options.text
     config = _call_config.fp8_config_text(layout="bshd", causal=False, window=(-1, -1), align="top_left", fp8_grads="")
-    torch.library.opcheck(torch.ops.fusedattn.fp8_forward.default, (q, q, q, buffer, config, 0.125, "delayed", 0,
-                                                                     "e4m3"))
-    o, _, _, _, _, stats, used = torch.ops.fusedattn.fp8_forward(q, q, q, buffer, config, 0.125, "delayed", 0, "e4m3")
+    torch.library.opcheck(torch.ops.fusedattn.fp8_forward.default, (q, q, q, buffer, options, config, 0.125))
+    o, _, _, _, _, stats, used = torch.ops.fusedattn.fp8_forward(q, q, q, buffer, options, config, 0.125)
     # bf16 where the FP8 tensors go: SchemaCheckMode compares inputs before and after with a CPU mul
     # that float8 lacks, and the schema takes any dtype.
     torch.library.opcheck(torch.ops.fusedattn.fp8_backward.default,
-                          (o, q, q, q, o, stats, used, q, buffer, config, 0.125, "delayed", 0, "e4m3"),
+                          (o, q, q, q, o, stats, used, q, buffer, options, config, 0.125),
                           {"calibrated": True})
 
 
@@ -66,7 +66,7 @@ def test_compiled_state_updates_reach_the_buffer(stand_in_bodies, backend):
         step(q, k, k, state).sum().backward()
         # The slots' gradients accumulate as in eager, even with one tensor in two of them.
         assert torch.equal(q.grad, torch.full_like(q, 2)) and torch.equal(k.grad, torch.full_like(k, 7))
-    assert state.buffer[0].item() == 1 + 2 and state.buffer[1].item() == 1 + 2  # both forwards, both backwards
+    assert state.histories[0, 0].item() == 2 and state.histories[0, 1].item() == 2  # both forwards, both backwards
     assert stand_in_bodies == [False, False]  # the flag as traced: `call` does not set it, fp8_attention does
 
 

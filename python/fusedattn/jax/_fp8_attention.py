@@ -28,7 +28,8 @@ Where each scale comes from, as in fusedattn.torch's FP8:
     with two bits of headroom, under both recipes. A state whose kernel-written histories are all
     zero has never measured them: its backward runs twice (lax.cond), the first run to measure.
   - O and the gradients are dequantized to q's dtype with the descales their kernels ran with.
-Quantizing saturates as fusedattn's kernels do, in one pass XLA fuses (_fp8_state.quantize).
+Quantizing saturates as fusedattn's kernels do, in one pass XLA fuses (_fp8_state._quantized); each
+step's scale updates are _fp8_recipe.py's programs, the ones fusedattn.torch runs.
 
 Inputs already in FP8 (the state's dtype) come with their descales and run the forward only
 (_fp8_inputs.py):
@@ -49,7 +50,6 @@ from typing import Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .. import _config
 from .. import _fp8_recipe as _recipe
@@ -57,20 +57,15 @@ from ..errors import invalid_argument
 from ._calls import BACKWARD, Call, view
 from ._fp8_inputs import fp8_inputs_attention, require_fp8_inputs
 from ._fp8_kernels import fp8_forward, fp8_pass, with_backward_amaxes
-from ._fp8_state import FP8_MAX, KERNEL_WRITTEN, SLOT, Fp8State, dequantize, quantize
+from ._fp8_state import (FP8_MAX, KERNEL_WRITTEN, SLOT, Fp8State, dequantize, quantize_gradient, quantize_inputs,
+                         updated)
 from ._kernels import pass_function
 
 
 def _forward(call, q, k, v, state):
-    q8, state = quantize(state, "q", q)
-    k8, state = quantize(state, "k", k)
-    v8, state = quantize(state, "v", v)
-    o8, stats, state = fp8_forward(call, q8, k8, v8, descales=[state.descale[SLOT[n]] for n in "qkv"], state=state)
-    descale = state.descale
-    used = descale[np.array([SLOT[n] for n in ("q", "k", "v", "o")])]  # the backward undoes these
-    o = dequantize(o8, descale[SLOT["o"]], q.dtype)
-    if state.recipe == "delayed":
-        state = state._advance(("q", "k", "v"))
+    q8, k8, v8, state, used = quantize_inputs(state, q, k, v)  # used: the descales the backward undoes
+    o8, stats, state = fp8_forward(call, q8, k8, v8, descales=[used[i] for i in range(3)], state=state)
+    o = dequantize(o8, used[3], q.dtype)
     return o, state, (q8, k8, v8, o8, stats, used)
 
 
@@ -96,7 +91,7 @@ def _fp8_attention_bwd(call, model_backward, residuals, cotangents):
         d_q, d_k, d_v = pass_function(BACKWARD, model_call, heads)(q, k, v, o, stats, d_o.astype(o.dtype))[:3]
         return d_q, d_k, d_v, state  # the state after the forward: this backward moves nothing
     q8, k8, v8, o8, stats, used, state = residuals
-    d_o8, state = quantize(state, "d_o", d_o)
+    d_o8, state = quantize_gradient(state, d_o)
 
     def run(state):
         scale, descale = state.scale, state.descale
@@ -105,14 +100,15 @@ def _fp8_attention_bwd(call, model_backward, residuals, cotangents):
                                                 *(scale[SLOT[n]] for n in ("s", "d_p", "d_q", "d_k", "d_v")))
 
     def measured(state):  # a first backward: its amaxes give the scales of the run that counts
-        return with_backward_amaxes(state, run(state)[3:])._advance(KERNEL_WRITTEN)
+        return updated(with_backward_amaxes(state, run(state)[3:]), _recipe.delayed_updates(KERNEL_WRITTEN))[0]
 
     state = jax.lax.cond(state._calibrated(), lambda state: state, measured, state)
     d_q8, d_k8, d_v8, *amaxes = run(state)
     # Dequantized with the descales this run used, before the step moves them on.
     grads = [dequantize(g8, state.descale[SLOT[name]], d_o.dtype)
              for g8, name in zip((d_q8, d_k8, d_v8), ("d_q", "d_k", "d_v"))]
-    state = with_backward_amaxes(state, amaxes)._advance(_recipe.moved_after_backward(state.recipe))
+    moved = _recipe.delayed_updates(_recipe.moved_after_backward(state.recipe))
+    state, _ = updated(with_backward_amaxes(state, amaxes), moved)
     return grads[0], grads[1], grads[2], state
 
 

@@ -5,9 +5,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from .._fp8_recipe import Update
 from ..errors import invalid_argument
 from ._fp8_kernels import fp8_forward
-from ._fp8_state import SLOT, as_dtype, dequantize
+from ._fp8_state import SLOT, as_dtype, dequantize, updated
 
 
 def require_fp8_inputs(q, k, v, state, *, descales, out_dtype):
@@ -37,6 +38,7 @@ def _fp8_inputs_forward(call, q8, k8, v8, descales, state, out_dtype):
     descale_q, descale_k, descale_v = (jnp.asarray(d, jnp.float32).reshape(()) for d in descales)
     amax_v = jnp.max(jnp.abs(v8.astype(jnp.float32))) * descale_v
     state = state._set("amax", ("v",), amax_v[None])
+    state, _ = updated(state, (Update("from_amax", "o", source="v"),))  # |O| <= max |V|
     o8, _, state = fp8_forward(call, q8, k8, v8, descales=(descale_q, descale_k, descale_v), state=state)
     descale_o = state.descale[SLOT["o"]]
     if jnp.dtype(out_dtype) == state.dtype:

@@ -17,9 +17,8 @@ def fp8_pass(pass_, call, q, k):
 
 
 def fp8_forward(call, q8, k8, v8, *, descales, state):
-    """cuDNN's FP8 forward of q8, k8, v8 with their `descales`: (o8, the statistics, the state with
-    O's scale from V's amax, |O| <= max |V|, and the kernel's amaxes of S and O)."""
-    state = state._scaled(("o",), state.amax[SLOT["v"]][None])
+    """cuDNN's FP8 forward of q8, k8, v8 with their `descales`: (o8, the statistics, the state with the
+    kernel's amaxes of S and O). O's scale must be set in the state first."""
     scale, descale = state.scale, state.descale
     o8, stats, amax_s, amax_o = fp8_pass(FORWARD, call, q8, k8)(q8, k8, v8, *descales, descale[SLOT["s"]],
                                                                 scale[SLOT["s"]], scale[SLOT["o"]])

@@ -104,17 +104,50 @@ def as_dtype(dtype):
         return None
 
 
-def quantize(state, name, x):
-    """x in FP8 by the recipe, and the state with its amax (and, current scaling, its scale).
-    Quantizing is clip(x * scale, -max, max) in float32, converted to FP8 (XLA fuses it into one
-    pass; the clip saturates as fusedattn's kernels do, NaN stays NaN)."""
-    amax = jnp.max(jnp.abs(x)).astype(jnp.float32)
-    state = state._set("amax", (name,), amax)
-    if state.recipe == "current":
-        state = state._scaled((name,), state.amax[SLOT[name]][None])
+def updated(state, updates):
+    """The state after a step's `updates` (_fp8_recipe.Update, in order), and the descales they
+    report ([4], _fp8_recipe.USED; zeros where none reports)."""
+    used = [jnp.zeros((), jnp.float32)] * len(_recipe.USED)
+    for u in updates:
+        if u.used is not None:
+            used[u.used] = state.descale[SLOT[u.tensor]]
+        if u.rule == "from_amax":
+            state = state._scaled((u.tensor,), state.amax[SLOT[u.amax_of]][None])
+        elif u.rule == "delayed":
+            state = state._advance((u.tensor,))
+    return state, jnp.stack(used)
+
+
+def _quantized(state, name, x):
+    """x in FP8 with its slot's scale: clip(x * scale, -max, max) in float32, converted (XLA fuses it
+    into one pass; the clip saturates as fusedattn's kernels do, NaN stays NaN)."""
     scale, largest = state.scale[SLOT[name]], float(state.fp8_max((name,))[0])
-    x8 = jnp.clip(x.astype(jnp.float32) * scale, -largest, largest).astype(state.dtype_of(name))
-    return x8, state
+    return jnp.clip(x.astype(jnp.float32) * scale, -largest, largest).astype(state.dtype_of(name))
+
+
+def _with_amaxes(state, names, xs):
+    return state._set("amax", names, jnp.stack([jnp.max(jnp.abs(x)).astype(jnp.float32) for x in xs]))
+
+
+def quantize_inputs(state, q, k, v):
+    """Q, K and V in FP8 by the recipe, with the state after the forward's updates
+    (_fp8_recipe.forward_updates: O's scale from V's amax among them) and the descales of Q, K, V
+    and O the forward uses. Current scaling sets the scales from this call's amaxes first; delayed
+    quantizes with the last step's and moves them on after."""
+    state = _with_amaxes(state, tuple("qkv"), (q, k, v))
+    if state.recipe == "current":
+        state, used = updated(state, _recipe.forward_updates("current"))
+        return tuple(_quantized(state, n, x) for n, x in zip("qkv", (q, k, v))) + (state, used)
+    q8, k8, v8 = (_quantized(state, n, x) for n, x in zip("qkv", (q, k, v)))
+    state, used = updated(state, _recipe.forward_updates("delayed"))
+    return q8, k8, v8, state, used
+
+
+def quantize_gradient(state, d_o):
+    """dO in the gradients' FP8 by the recipe, and the state with its amax (and, current scaling,
+    its scale: _fp8_recipe.gradient_updates)."""
+    state, _ = updated(_with_amaxes(state, ("d_o",), (d_o,)), _recipe.gradient_updates(state.recipe))
+    return _quantized(state, "d_o", d_o), state
 
 
 def dequantize(x8, descale, dtype):

@@ -36,7 +36,7 @@ import torch
 
 from .. import _fp8_recipe as _recipe
 from ..errors import invalid_argument
-from . import _fp8_bodies, _fp8_operators
+from . import _fp8_operators
 from ._bodies import require_one_cuda_device
 from ._call_config import fp8_config_text
 from ._fp8_state import DTYPES, Fp8State
@@ -109,10 +109,10 @@ def _fp8_inputs_attention(q, k, v, state, *, descales, config, scale, out_dtype)
     _require_descales(descales, q)
     if out_dtype not in (torch.bfloat16, torch.float16, state.dtype):
         raise invalid_argument("out_dtype", out_dtype, f"torch.bfloat16, torch.float16 or {state.dtype}")
-    # The body and its operator take the same arguments.
-    forward = _fp8_bodies.fp8_inputs_forward if eager_road(q, k, v, *descales) else _fp8_operators.fp8_inputs_forward
-    o8, o, _, used = forward(q, k, v, *descales, buffer=state.buffer, config=config, scale=scale, recipe=state.recipe,
-                             margin=state.margin, name=state.name, out_dtype=out_dtype)
+    # Road 2 runs the body directly, road 3 its operator: both take the same arguments.
+    eager = eager_road(q, k, v, *descales)
+    forward = _fp8_operators.eager_fp8_inputs_forward if eager else _fp8_operators.fp8_inputs_forward
+    o8, o, _, used = forward(q, k, v, *descales, state=state, config=config, scale=scale, out_dtype=out_dtype)
     return (o8, used[3:]) if out_dtype == state.dtype else o
 
 
@@ -143,5 +143,5 @@ def _through_operators(operator, q, k, v, state, *, config, scale, model_backwar
     calibrated = state.calibrated
     if not model_backward and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         state.calibrated = True
-    return operator(q, k, v, buffer=state.buffer, config=config, scale=scale, recipe=state.recipe, margin=state.margin,
-                    name=state.name, model_backward=model_backward, calibrated=calibrated)
+    return operator(q, k, v, state=state, config=config, scale=scale, model_backward=model_backward,
+                    calibrated=calibrated)

@@ -4,9 +4,9 @@ registered operators for compiled code, meta tensors, subclasses and dispatch mo
 fusedattn::fp8_forward, fusedattn::fp8_inputs_forward and fusedattn::fp8_backward run the bodies on
 the state's buffer, which they mutate; their fake implementations give torch.compile every
 output's shape, strides and dtype; an autograd.Function wires the backward (fusedattn::backward for
-backward="model"). The operators carry the state as its buffer and its options (recipe, margin, the
-format's name: "e4m3", "e5m2" or "hybrid", _fp8_recipe.FORMATS), and the config as its printed
-form: compiled programs may outlive this process.
+backward="model"). The operators carry the state as its buffer and its options' text
+(_fp8_recipe.Options: their schemas take tensors and plain values), which the bodies join again as
+one Scaling, and the config as its printed form: compiled programs may outlive this process.
 
 Calls through the operators and the state's `calibrated` flag (whether its first backward has
 measured the kernel-written amaxes): an operator cannot reach the Python state, so such a call
@@ -26,8 +26,9 @@ import torch
 from torch import Tensor
 
 from .. import _config
+from .. import _fp8_recipe as _recipe
 from . import _fp8_bodies as bodies  # by module: the tests stand CPU bodies in for the CUDA ones
-from ._fp8_state import FORMATS, dequantized
+from ._fp8_state import FORMATS, Scaling, dequantized
 from ._operators import plain_backward
 from ._tensors import view
 
@@ -49,8 +50,7 @@ class _Fp8Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, state, config, scale, model_backward):
-        o, q8, k8, v8, o8, stats, used = bodies.forward(q, k, v, buffer=state.buffer, config=config, scale=scale,
-                                                        recipe=state.recipe, margin=state.margin, name=state.name)
+        o, q8, k8, v8, o8, stats, used = bodies.forward(q, k, v, scaling=_scaling(state), config=config, scale=scale)
         ctx.state, ctx.config, ctx.scale, ctx.model_backward = state, config, scale, model_backward
         saved = (q, k, v, o, stats) if model_backward else (q8, k8, v8, o8, stats, used, q)
         ctx.save_for_backward(*saved)
@@ -62,9 +62,8 @@ class _Fp8Attention(torch.autograd.Function):
         if ctx.model_backward:
             d_q, d_k, d_v = bodies.model_backward(d_o, *ctx.saved_tensors, config=ctx.config, scale=ctx.scale)
         else:
-            d_q, d_k, d_v = bodies.backward(d_o, *ctx.saved_tensors, buffer=state.buffer, config=ctx.config,
-                                            scale=ctx.scale, recipe=state.recipe, margin=state.margin, name=state.name,
-                                            calibrated=state.calibrated)
+            d_q, d_k, d_v = bodies.backward(d_o, *ctx.saved_tensors, scaling=_scaling(state), config=ctx.config,
+                                            scale=ctx.scale, calibrated=state.calibrated)
             state.calibrated = True
         return d_q, d_k, d_v, None, None, None, None
 
@@ -77,8 +76,7 @@ class _Fp8TensorAttention(_Fp8Attention):
     @staticmethod
     def forward(ctx, q, k, v, state, config, scale, model_backward):
         o8, o, stats, used = bodies.fp8_inputs_forward(q.data8, k.data8, v.data8, q.descale, k.descale, v.descale,
-                                                       buffer=state.buffer, config=config, scale=scale,
-                                                       recipe=state.recipe, margin=state.margin, name=state.name,
+                                                       scaling=_scaling(state), config=config, scale=scale,
                                                        out_dtype=q.dtype)
         ctx.state, ctx.config, ctx.scale, ctx.model_backward = state, config, scale, model_backward
         if model_backward:
@@ -91,13 +89,22 @@ class _Fp8TensorAttention(_Fp8Attention):
 
 # --- road 3: the registered operators ---------------------------------------------------------------
 
+def _scaling(state):
+    """An Fp8State as the bodies take it."""
+    return Scaling(state.buffer, state.options)
+
+
+def _joined(buffer, options):
+    """A state as the operators carry it (its buffer and its options' text), joined again."""
+    return Scaling(buffer, _recipe.Options.parse(options))
+
+
 @torch.library.custom_op("fusedattn::fp8_forward", mutates_args=("state",))
-def _forward_op(q: Tensor, k: Tensor, v: Tensor, state: Tensor, config: str, scale: float, recipe: str, margin: int,
-                fp8_dtype: str) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _forward_op(q: Tensor, k: Tensor, v: Tensor, state: Tensor, options: str, config: str,
+                scale: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(o, q8, k8, v8, o8, stats, used): O in q's dtype, what the backward takes, and the descales
     of Q, K, V and O this call used."""
-    return bodies.forward(q, k, v, buffer=state, config=config, scale=scale, recipe=recipe, margin=margin,
-                          name=fp8_dtype)
+    return bodies.forward(q, k, v, scaling=_joined(state, options), config=config, scale=scale)
 
 
 def _check_while_tracing(q8, k8, v8, config):
@@ -112,8 +119,8 @@ def _like(t, dtype):
 
 
 @_forward_op.register_fake
-def _(q, k, v, state, config, scale, recipe, margin, fp8_dtype):
-    parsed, fp8 = _config.parse(config), FORMATS[fp8_dtype][0]
+def _(q, k, v, state, options, config, scale):
+    parsed, fp8 = _config.parse(config), FORMATS[_recipe.Options.parse(options).format][0]
     q8, k8, v8 = _like(q, fp8), _like(k, fp8), _like(v, fp8)  # quantize keeps each input's strides
     _check_while_tracing(q8, k8, v8, parsed)
     shapes = _config.output_shapes(parsed, _config.FORWARD, q8, k8, v8)
@@ -124,15 +131,16 @@ def _(q, k, v, state, config, scale, recipe, margin, fp8_dtype):
 
 @torch.library.custom_op("fusedattn::fp8_inputs_forward", mutates_args=("state",))
 def _inputs_forward_op(q8: Tensor, k8: Tensor, v8: Tensor, descale_q: Tensor, descale_k: Tensor, descale_v: Tensor,
-                       state: Tensor, config: str, scale: float, recipe: str, margin: int, fp8_dtype: str,
+                       state: Tensor, options: str, config: str, scale: float,
                        out_dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(o8, o, stats, used): the forward of inputs already in FP8 (_fp8_bodies.fp8_inputs_forward)."""
-    return bodies.fp8_inputs_forward(q8, k8, v8, descale_q, descale_k, descale_v, buffer=state, config=config,
-                                     scale=scale, recipe=recipe, margin=margin, name=fp8_dtype, out_dtype=out_dtype)
+    return bodies.fp8_inputs_forward(q8, k8, v8, descale_q, descale_k, descale_v,
+                                     scaling=_joined(state, options), config=config, scale=scale,
+                                     out_dtype=out_dtype)
 
 
 @_inputs_forward_op.register_fake
-def _(q8, k8, v8, descale_q, descale_k, descale_v, state, config, scale, recipe, margin, fp8_dtype, out_dtype):
+def _(q8, k8, v8, descale_q, descale_k, descale_v, state, options, config, scale, out_dtype):
     parsed = _config.parse(config)
     _check_while_tracing(q8, k8, v8, parsed)
     shapes = _config.output_shapes(parsed, _config.FORWARD, q8, k8, v8)
@@ -144,23 +152,28 @@ def _(q8, k8, v8, descale_q, descale_k, descale_v, state, config, scale, recipe,
 
 @torch.library.custom_op("fusedattn::fp8_backward", mutates_args=("state",))
 def _backward_op(d_o: Tensor, q8: Tensor, k8: Tensor, v8: Tensor, o8: Tensor, stats: Tensor, used: Tensor,
-                 like: Tensor, state: Tensor, config: str, scale: float, recipe: str, margin: int, fp8_dtype: str, *,
+                 like: Tensor, state: Tensor, options: str, config: str, scale: float, *,
                  calibrated: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """(d_q, d_k, d_v) in like's dtype (like: the forward's q)."""
-    return bodies.backward(d_o, q8, k8, v8, o8, stats, used, like, buffer=state, config=config, scale=scale,
-                           recipe=recipe, margin=margin, name=fp8_dtype, calibrated=calibrated)
+    return bodies.backward(d_o, q8, k8, v8, o8, stats, used, like, scaling=_joined(state, options),
+                           config=config, scale=scale, calibrated=calibrated)
 
 
 @_backward_op.register_fake
-def _(d_o, q8, k8, v8, o8, stats, used, like, state, config, scale, recipe, margin, fp8_dtype, *, calibrated):
+def _(d_o, q8, k8, v8, o8, stats, used, like, state, options, config, scale, *, calibrated):
     return tuple(_like(t, like.dtype) for t in (q8, k8, v8))  # dequantize keeps the FP8 tensors' strides
 
 
-def fp8_inputs_forward(q8, k8, v8, descale_q, descale_k, descale_v, *, buffer, config, scale, recipe, margin, name,
-                       out_dtype):
-    """fusedattn::fp8_inputs_forward, called as its body is (_fp8_bodies.fp8_inputs_forward)."""
-    return _inputs_forward_op(q8, k8, v8, descale_q, descale_k, descale_v, buffer, config, scale, recipe, margin,
-                              name, out_dtype)
+def fp8_inputs_forward(q8, k8, v8, descale_q, descale_k, descale_v, *, state, config, scale, out_dtype):
+    """fusedattn::fp8_inputs_forward of the Fp8State `state`."""
+    return _inputs_forward_op(q8, k8, v8, descale_q, descale_k, descale_v, state.buffer, state.options.text, config,
+                              scale, out_dtype)
+
+
+def eager_fp8_inputs_forward(q8, k8, v8, descale_q, descale_k, descale_v, *, state, config, scale, out_dtype):
+    """The body of fusedattn::fp8_inputs_forward, called directly (road 2)."""
+    return bodies.fp8_inputs_forward(q8, k8, v8, descale_q, descale_k, descale_v, scaling=_scaling(state),
+                                     config=config, scale=scale, out_dtype=out_dtype)
 
 
 class _OperatorAttention(torch.autograd.Function):
@@ -169,9 +182,9 @@ class _OperatorAttention(torch.autograd.Function):
     The backward's `calibrated` is the flag as the forward was traced (the module's docstring)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, state, config, scale, recipe, margin, fp8_dtype, model_backward, calibrated):
-        o, q8, k8, v8, o8, stats, used = _forward_op(q, k, v, state, config, scale, recipe, margin, fp8_dtype)
-        ctx.model_backward, ctx.call = model_backward, (config, scale, recipe, margin, fp8_dtype, calibrated)
+    def forward(ctx, q, k, v, state, options, config, scale, model_backward, calibrated):
+        o, q8, k8, v8, o8, stats, used = _forward_op(q, k, v, state, options, config, scale)
+        ctx.model_backward, ctx.call = model_backward, (options, config, scale, calibrated)
         ctx.save_for_backward(*((q, k, v, o, stats) if model_backward else (q8, k8, v8, o8, stats, used, q)))
         # Stashed, not saved: the backward mutates the buffer, and another forward may before it
         # runs, which a saved tensor's version check refuses. AOTAutograd (aot_eager, inductor)
@@ -181,13 +194,13 @@ class _OperatorAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_o):
-        config, scale, recipe, margin, fp8_dtype, calibrated = ctx.call
+        options, config, scale, calibrated = ctx.call
         if ctx.model_backward:
             d_q, d_k, d_v = plain_backward(d_o, *ctx.saved_tensors, config=config, scale=scale)
         else:
-            d_q, d_k, d_v = _backward_op(d_o, *ctx.saved_tensors, ctx.state, config, scale, recipe, margin, fp8_dtype,
+            d_q, d_k, d_v = _backward_op(d_o, *ctx.saved_tensors, ctx.state, options, config, scale,
                                          calibrated=calibrated)
-        return d_q, d_k, d_v, None, None, None, None, None, None, None, None
+        return d_q, d_k, d_v, None, None, None, None, None, None
 
 
 class _OperatorFp8TensorAttention(_OperatorAttention):
@@ -196,10 +209,10 @@ class _OperatorFp8TensorAttention(_OperatorAttention):
     Fp8Tensors' dtype; backward="model" runs on the dequantized values)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, state, config, scale, recipe, margin, fp8_dtype, model_backward, calibrated):
+    def forward(ctx, q, k, v, state, options, config, scale, model_backward, calibrated):
         o8, o, stats, used = _inputs_forward_op(q.data8, k.data8, v.data8, q.descale, k.descale, v.descale, state,
-                                                config, scale, recipe, margin, fp8_dtype, q.dtype)
-        ctx.model_backward, ctx.call = model_backward, (config, scale, recipe, margin, fp8_dtype, calibrated)
+                                                options, config, scale, q.dtype)
+        ctx.model_backward, ctx.call = model_backward, (options, config, scale, calibrated)
         if model_backward:
             ctx.save_for_backward(q.dequantize(), k.dequantize(), v.dequantize(), o, stats)
         else:
@@ -215,15 +228,16 @@ def _distinct(q, k, v):
     return (k.view_as(k) if k is q else k), (v.view_as(v) if v is q or v is k else v)
 
 
-def attention(q, k, v, *, buffer, config, scale, recipe, margin, name, model_backward, calibrated):
-    """O of fusedattn::fp8_forward, differentiable; `calibrated`: the state's flag as this call sees it."""
+def attention(q, k, v, *, state, config, scale, model_backward, calibrated):
+    """O of fusedattn::fp8_forward with the Fp8State `state`, differentiable; `calibrated`: the
+    state's flag as this call sees it."""
     k_in, v_in = _distinct(q, k, v)
-    return _OperatorAttention.apply(q, k_in, v_in, buffer, config, scale, recipe, margin, name, model_backward,
+    return _OperatorAttention.apply(q, k_in, v_in, state.buffer, state.options.text, config, scale, model_backward,
                                     calibrated)
 
 
-def fp8_tensor_attention(q, k, v, *, buffer, config, scale, recipe, margin, name, model_backward, calibrated):
+def fp8_tensor_attention(q, k, v, *, state, config, scale, model_backward, calibrated):
     """O in the Fp8Tensors' dtype, differentiable with respect to their values."""
     k_in, v_in = _distinct(q, k, v)
-    return _OperatorFp8TensorAttention.apply(q, k_in, v_in, buffer, config, scale, recipe, margin, name,
+    return _OperatorFp8TensorAttention.apply(q, k_in, v_in, state.buffer, state.options.text, config, scale,
                                              model_backward, calibrated)

@@ -1,7 +1,8 @@
 """An FP8 attention layer's scaling state: Fp8State, whose one float32 device buffer holds every
 scale, descale, amax and amax history (so a step captured in a CUDA graph replays with the values
-of each step), and Scaling, that buffer as the FP8 operator bodies use it: its slots' device
-addresses and the recipes' steps (fusedattn/_fp8_recipe.py), enqueued on the current stream."""
+of each step), and Scaling, that buffer with its options (_fp8_recipe.Options) as the FP8 operator
+bodies use it: its slots' device addresses, and the recipes' quantizations and scale updates, each
+a few launches on the current stream."""
 import torch
 
 from .. import _core as core
@@ -11,19 +12,16 @@ from ._tensors import view
 
 DTYPES = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _BY_NAME = {name: dtype for dtype, name in DTYPES.items()}
-# Each format's (forward dtype, gradients' dtype), by the name the operators carry (_fp8_recipe.py).
+# Each format's (forward dtype, gradients' dtype), by the name the options carry (_fp8_recipe.py).
 FORMATS = {name: (_BY_NAME[a], _BY_NAME[b]) for name, (a, b) in _recipe.FORMATS.items()}
-
-
-def _buffer_size(history):
-    """[n, 3] scale, descale, amax; then [n, history] amax histories."""
-    return len(_recipe.TENSORS) * (3 + history)
+_N = len(_recipe.TENSORS)
 
 
 def _split(buffer):
-    """The buffer's scalars [n, 3] and histories [n, history] (the history length is its size's)."""
-    n = len(_recipe.TENSORS)
-    return buffer[:n * 3].view(n, 3), buffer[n * 3:].view(n, buffer.numel() // n - 3)
+    """The buffer's scalars [n, 3] (scale, descale, amax: a view of its field-major [3, n] start, so
+    that the amaxes of Q, K and V lie side by side and one memset zeroes them) and histories
+    [n, history] (the history length is its size's)."""
+    return buffer[:3 * _N].view(3, _N).t(), buffer[3 * _N:].view(_N, buffer.numel() // _N - 3)
 
 
 class Fp8State:
@@ -40,32 +38,44 @@ class Fp8State:
         if dtype not in DTYPES:
             raise invalid_argument("dtype", dtype, "torch.float8_e4m3fn or torch.float8_e5m2")
         grad_dtype = dtype if grad_dtype is None else grad_dtype
-        self.name = _recipe.format_name(DTYPES[dtype], DTYPES.get(grad_dtype))
-        if self.name is None:
+        name = _recipe.format_name(DTYPES[dtype], DTYPES.get(grad_dtype))
+        if name is None:
             raise invalid_argument("grad_dtype", grad_dtype,
                                    "torch.float8_e5m2 beside torch.float8_e4m3fn (the hybrid recipe), or dtype")
         _recipe.require_history(history)
-        self.recipe, self.history, self.margin, self.dtype = recipe, int(history), int(margin), dtype
-        self.grad_dtype = grad_dtype
+        self.options = _recipe.Options(recipe, int(margin), name)
+        self.history, self.dtype, self.grad_dtype = int(history), dtype, grad_dtype
         device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-        self.buffer = torch.zeros(_buffer_size(self.history), dtype=torch.float32, device=device)
+        self.buffer = torch.zeros(_N * (3 + self.history), dtype=torch.float32, device=device)
         self.scalars, self.histories = _split(self.buffer)
         self.scalars[:, :2] = 1.0  # scales start at 1
         largest = core.fp8_max(DTYPES[dtype])
         self.scalars[_recipe.SLOT["s"], 0], self.scalars[_recipe.SLOT["s"], 1] = largest, 1.0 / largest
         self.calibrated = False  # the kernel-written tensors' scales have been measured once
 
+    @property
+    def recipe(self):
+        return self.options.recipe
+
+    @property
+    def margin(self):
+        return self.options.margin
+
+    @property
+    def name(self):
+        """The format's name: "e4m3", "e5m2" or "hybrid"."""
+        return self.options.format
+
 
 class Scaling:
-    """A state's buffer as the operator bodies see it: its slots' device addresses and the recipes'
-    steps, enqueued on the current stream. CUDA only (it takes addresses). The operators carry a
-    state as its buffer and its options: recipe, margin and the format's name (FORMATS)."""
+    """A state's buffer and options as the operator bodies see it: its slots' device addresses, and
+    the recipe's quantizations and scale updates, enqueued on the current stream. CUDA only (it
+    takes addresses)."""
 
-    def __init__(self, buffer, *, recipe, margin, name):
+    def __init__(self, buffer, options):
         self.scalars, self.histories = _split(buffer)
-        self.recipe, self.margin, self.name = recipe, margin, name
-        self.dtype, self.grad_dtype = FORMATS[name]
-        self.history = self.histories.shape[1]
+        self.options = options
+        self.dtype, self.grad_dtype = FORMATS[options.format]
         self.device = buffer.device
 
     def _at(self, name, part):
@@ -95,47 +105,69 @@ class Scaling:
         return torch._C._cuda_getCurrentRawStream(self.device.index)
 
     def _dtype_name(self, name):
-        return _recipe.dtype_name(name, self.name)
+        return _recipe.dtype_name(name, self.options.format)
 
-    def quantize(self, name, x):
-        """x (model precision) in FP8, by the recipe; its scale and descale in the state."""
-        dtype = _BY_NAME[self._dtype_name(name)]
-        out = torch.empty_strided(x.size(), x.stride(), dtype=dtype, device=x.device)
-        stream = self.stream()
-        if self.recipe == "current":
-            core.measure_amax(view(x), x.data_ptr(), self.amax(name), stream)
-            self.set_from_amax(name)
-            core.quantize_fp8(view(x), x.data_ptr(), view(out), out.data_ptr(), self.scale(name), 0, stream)
-        else:
-            core.quantize_fp8(view(x), x.data_ptr(), view(out), out.data_ptr(), self.scale(name), self.amax(name),
-                              stream)
-        return out
+    def update(self, updates, used=None):
+        """A step's `updates` (_fp8_recipe.Update) in one launch; `used`: the float32 [4] tensor
+        that updates with a `used` slot report into."""
+        history = self.histories.shape[1]
+        rows = []
+        for u in updates:
+            delayed = u.rule == "delayed"
+            rows.append((u.rule, 0 if u.rule == "keep" else self.amax(u.amax_of),
+                         self.histories[_recipe.SLOT[u.tensor]].data_ptr() if delayed else 0, history if delayed else 0,
+                         self._dtype_name(u.tensor), _recipe.margin_of(u.tensor, self.options.margin),
+                         self.scale(u.tensor), self.descale(u.tensor),
+                         0 if u.used is None else used[u.used].data_ptr()))
+        core.update_fp8_scales(rows, self.stream())
 
-    def set_from_amax(self, name, source=None):
-        """Current scaling of `name` from the amax of `source` (default: its own)."""
-        core.scale_from_amax(self.amax(source or name), self._dtype_name(name), self.margin, self.scale(name),
-                             self.descale(name), self.stream())
+    def _quantized(self, names, xs, *, record_amax):
+        """xs in FP8 with their slots' scales (and, record_amax, their amaxes), in one call."""
+        outs = [torch.empty_strided(x.size(), x.stride(), dtype=_BY_NAME[self._dtype_name(n)], device=x.device)
+                for n, x in zip(names, xs)]
+        jobs = [(view(x), x.data_ptr(), view(o), o.data_ptr(), self.scale(n), self.amax(n) if record_amax else 0)
+                for n, x, o in zip(names, xs, outs)]
+        core.quantize_fp8_many(jobs, self.stream())
+        return outs
 
-    def advance(self, names):
-        """Delayed scaling's step for `names`: each history takes its amax, and the scale follows."""
-        stream = self.stream()
-        for name in names:
-            history = self.histories[_recipe.SLOT[name]].data_ptr()
-            core.update_delayed_scaling(history, history, self.history, self.amax(name), self._dtype_name(name),
-                                        _recipe.margin_of(name, self.margin),
-                                        self.scale(name), self.descale(name), stream)
+    def _measure(self, names, xs):
+        core.measure_amax_many([(view(x), x.data_ptr(), self.amax(n)) for n, x in zip(names, xs)], self.stream())
 
-    def used_descales(self):
-        """This call's descales of Q, K, V and O, copied: the state's own move on with the next
-        forward (or, under delayed scaling, right after this one), but the backward must undo the
-        scales its saved FP8 tensors were made with. Views and one cat, no index list: a list
-        would be copied from the host, which a CUDA graph capture refuses."""
-        return torch.cat([self.scalars[_recipe.SLOT[n], 1:2] for n in ("q", "k", "v", "o")])
+    def quantize_inputs(self, q, k, v):
+        """Q, K and V in FP8 by the recipe, O's scale set from V's amax, and the descales of Q, K, V
+        and O this forward uses ([4], _recipe.USED), which its backward undoes: the state's own move
+        on with the next forward (or, delayed, right now)."""
+        used = torch.empty(4, dtype=torch.float32, device=q.device)
+        current = self.options.recipe == "current"
+        if current:
+            self._measure("qkv", (q, k, v))
+            self.update(_recipe.forward_updates("current"), used)
+        out = self._quantized("qkv", (q, k, v), record_amax=not current)
+        if not current:
+            self.update(_recipe.forward_updates("delayed"), used)
+        return out[0], out[1], out[2], used
+
+    def quantize_gradient(self, d_o):
+        """dO in the gradients' FP8 by the recipe (its amax measured first under current scaling,
+        recorded while quantizing under delayed)."""
+        current = self.options.recipe == "current"
+        if current:
+            self._measure(("d_o",), (d_o,))
+            self.update(_recipe.gradient_updates("current"))
+        return self._quantized(("d_o",), (d_o,), record_amax=not current)[0]
+
+
+def dequantized_many(pairs, dtype):
+    """Each (x8, descale address) of `pairs` as x8 times the descale in `dtype`, with x8's strides, in
+    one call."""
+    outs = [torch.empty_strided(x8.size(), x8.stride(), dtype=dtype, device=x8.device) for x8, _ in pairs]
+    if outs:
+        core.dequantize_fp8_many([(view(x8), x8.data_ptr(), view(o), o.data_ptr(), descale)
+                                  for (x8, descale), o in zip(pairs, outs)],
+                                 torch._C._cuda_getCurrentRawStream(outs[0].device.index))
+    return outs
 
 
 def dequantized(x8, descale, dtype):
     """x8 (FP8) times `descale` (a device address) in `dtype`, with x8's strides."""
-    out = torch.empty_strided(x8.size(), x8.stride(), dtype=dtype, device=x8.device)
-    core.dequantize_fp8(view(x8), x8.data_ptr(), view(out), out.data_ptr(), descale,
-                        torch._C._cuda_getCurrentRawStream(x8.device.index))
-    return out
+    return dequantized_many([(x8, descale)], dtype)[0]
