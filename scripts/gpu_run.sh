@@ -13,7 +13,8 @@
 # `ctest -j $(nproc)`, so GPU tests run in parallel on this one GPU; log in $OUT/test_sh.txt;
 # TESTSH_ARGS goes to ctest: "-LE python" and "-L python" split it in two calls under 600 s each),
 # matrix (the support matrix from this GPU), bench (PyTorch comparison), fp8bench (FP8 beside BF16,
-# the CLI's bench), fp8scaling (the FP8 element kernels' bandwidth against the GPU's copy), modbench
+# the CLI's bench), fp8scaling (the FP8 element kernels' bandwidth against the GPU's copy), fp8api (FP8
+# beside BF16 through fusedattn.torch, eager and compiled, and through fusedattn.jax), modbench
 # (a softcap score modifier beside plain attention), flexbench (flex_attention beside compiled
 # FlexAttention on its users' masks), flexcompat (its users' score_mods and mask_mods against float32
 # attention: results/flex-compatibility.md), varlen (ragged step and
@@ -37,7 +38,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
-export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench fp8scaling modbench flexbench flexcompat varlen jaxbench kernels plans sanitizer tsan}
+export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench fp8scaling fp8api modbench flexbench flexcompat varlen jaxbench kernels plans sanitizer tsan}
 RESULTS=$OUT/results  # the benchmarks' files, named as in the tree's results/
 mkdir -p "$OUT" "$RESULTS"
 exec > >(tee "$OUT/gpu_log.txt") 2>&1
@@ -206,6 +207,12 @@ b=1 s=8192 h_q=64 h_kv=8 d=128 causal"}
     FUSEDATTN_KV_EXPANSION=0 "$build/fusedattn" bench "layout=bshd dtype=e4m3 b=1 s=8192 h_q=64 h_kv=8 d=128 causal" \
       --iters 20 | grep -v "^fusedattn\|^cuDNN\|^CUDA\|^GPU" | tee -a "$RESULTS/bench-fp8.txt" || status=1
   fi
+fi
+if part fp8api; then
+  echo "== benchmark: FP8 beside BF16 through the public API, PyTorch and JAX (bench/run_bench_fp8_api.py)"
+  # shellcheck disable=SC2086  # FP8API_ARGS is a list of arguments (--shapes, --no-jax, --no-profile)
+  FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 -X faulthandler bench/run_bench_fp8_api.py --build "$build" \
+    --out "$RESULTS" ${FP8API_ARGS:-} || status=1
 fi
 if part flexbench; then
   echo "== benchmark: fusedattn.torch.flex_attention beside compiled FlexAttention (bench/run_bench_flex.py)"
