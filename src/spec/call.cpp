@@ -174,15 +174,23 @@ Bias bias_kind(const TensorView& bias, const CallConfig& config, const CallShape
   const bool fits = bias.rank == 4 && (n[0] == 1 || n[0] == b) && (n[1] == 1 || n[1] == h) &&
                     (n[2] == 1 || n[2] == s_q) && n[3] == s_kv;
   if (!fits) throw InvalidArgument("bias.shape", sizes_text(bias), wanted);
-  // By which of (batch, heads, query rows) the bias has rather than broadcasts.
-  const bool has_b = n[0] > 1, has_h = n[1] > 1, has_s = n[2] > 1;
+  // By which of (batch, heads, query rows) the bias has rather than broadcasts. A query axis of
+  // length 1 is the whole axis when s_q is 1 (a decode step): [b, 1, 1, s_kv] there is a
+  // per-entry row (b1ss), not a broadcast one; only [1, 1, 1, s_kv] stays the broadcast row 111s.
+  const bool has_b = n[0] > 1, has_h = n[1] > 1;
+  const bool has_s = n[2] > 1 || (s_q == 1 && (has_b || has_h));
   if (has_s && has_b && has_h) return Bias::bhss;
   if (has_s && has_b) return Bias::b1ss;
   if (has_s && has_h) return Bias::one_hss;
   if (has_s) return Bias::one_1ss;
   if (!has_b && !has_h) return Bias::one_11s;
-  throw InvalidArgument("bias.shape", sizes_text(bias),  // e.g. [b, h, 1, s_kv]: expand it to the query rows
-                        "one of [b,h,s_q,s_kv], [b,1,s_q,s_kv], [1,h,s_q,s_kv], [1,1,s_q,s_kv], [1,1,1,s_kv]");
+  // Only s_q > 1 gets here: a batch or head axis over one broadcast query row, e.g. [b, h, 1, s_kv].
+  const std::string rows = std::to_string(s_q), keys = std::to_string(s_kv);
+  throw InvalidArgument("bias.shape", sizes_text(bias),
+                        "one of [" + std::to_string(b) + "," + std::to_string(h) + "," + rows + "," + keys + "], [" +
+                            std::to_string(b) + ",1," + rows + "," + keys + "], [1," + std::to_string(h) + "," +
+                            rows + "," + keys + "], [1,1," + rows + "," + keys + "], [1,1,1," + keys +
+                            "] (a bias with a batch or head axis has every query row: expand it to " + rows + ")");
 }
 
 namespace {

@@ -179,8 +179,13 @@ TEST(BiasKind, FollowsWhichDimsBroadcast) {
   EXPECT_EQ(bias_kind(dense({1, 1, 1, 12}), config, shape), Bias::one_11s);
   const std::string wrong = message_of([&] { bias_kind(dense({2, 4, 10, 11}), config, shape); });
   EXPECT_NE(wrong.find("bias.shape = [2,4,10,11]"), std::string::npos) << wrong;
-  EXPECT_NE(message_of([&] { bias_kind(dense({2, 4, 1, 12}), config, shape); }).find("[b,h,s_q,s_kv]"),
-            std::string::npos);
+  // A batch or head axis over one broadcast query row: the message names the shapes that are taken,
+  // with this call's sizes, and the one given is not among them.
+  const std::string row = message_of([&] { bias_kind(dense({2, 4, 1, 12}), config, shape); });
+  EXPECT_NE(row.find("bias.shape = [2,4,1,12]"), std::string::npos) << row;
+  EXPECT_NE(row.find("one of [2,4,10,12], [2,1,10,12], [1,4,10,12], [1,1,10,12], [1,1,1,12]"), std::string::npos)
+      << row;
+  EXPECT_EQ(row.find("[2,4,1,12]", row.find("one of")), std::string::npos) << row;
   EXPECT_NE(message_of([&] { bias_kind(dense({2, 4, 10, 12}, DType::f16), config, shape); }).find("bias.dtype"),
             std::string::npos);
   // Ragged: the batch and lengths are the call's sequences and longest lengths.
@@ -188,6 +193,27 @@ TEST(BiasKind, FollowsWhichDimsBroadcast) {
   ragged.sequences = 3;
   ragged.max_seq_q = ragged.max_seq_kv = 128;
   EXPECT_EQ(bias_kind(dense({3, 4, 128, 128}), make_call_config("thd", "", {}), ragged), Bias::bhss);
+}
+
+TEST(BiasKind, ADecodeStepsQueryRowIsTheWholeAxis) {
+  // s_q = 1: a bias of one query row is that row, per entry and per head, not a broadcast row
+  // (a decode step's padding mask [b, 1, 1, s_kv], or one per head).
+  const CallConfig config = make_call_config("bhsd", "", {});
+  const CallShape shape = shape_of(dense({3, 8, 1, 64}), dense({3, 2, 40, 64}), dense({3, 2, 40, 64}));
+  EXPECT_EQ(bias_kind(dense({3, 1, 1, 40}), config, shape), Bias::b1ss);
+  EXPECT_EQ(bias_kind(dense({3, 8, 1, 40}), config, shape), Bias::bhss);
+  EXPECT_EQ(bias_kind(dense({1, 8, 1, 40}), config, shape), Bias::one_hss);
+  EXPECT_EQ(bias_kind(dense({1, 1, 1, 40}), config, shape), Bias::one_11s);
+  // The spec it makes describes the bias as given: [b, 1, 1, s_kv] with its own strides.
+  CallConfig biased = config;
+  biased.options.bias = bias_kind(dense({3, 1, 1, 40}), config, shape);
+  const AttentionSpec spec = make_spec(biased, shape).spec();
+  EXPECT_EQ(spec.bias, Bias::b1ss);
+  EXPECT_EQ(bias_desc(spec).dims, (std::array<std::int64_t, 4>{3, 1, 1, 40}));
+  // Still refused: a wrong key length, in the same words as at any s_q.
+  const std::string wrong = message_of([&] { bias_kind(dense({3, 1, 1, 41}), config, shape); });
+  EXPECT_NE(wrong.find("bias.shape = [3,1,1,41]"), std::string::npos) << wrong;
+  EXPECT_NE(wrong.find("[3|1, 8|1, 1|1, 40]"), std::string::npos) << wrong;
 }
 
 TEST(ConfigRegistry, OneIdPerDistinctConfig) {
