@@ -20,6 +20,16 @@ class Tiles:
     kinds: Tuple[Tuple[int, ...], ...]
     bands: Tuple[Tuple[Optional[Tuple[int, int]], ...], ...]
 
+    def __hash__(self):
+        # Hashed once: the schedule's cache looks one up on every call, and a grid of 64 x 64 tiles
+        # is thousands of entries to walk.
+        try:
+            return self.__dict__["_hash"]
+        except KeyError:
+            value = hash((self.rows, self.cols, self.kinds, self.bands))
+            object.__setattr__(self, "_hash", value)
+            return value
+
 
 def reach(r0, r1, c0, c1):
     """The smallest and largest j - i over rows [r0, r1) and keys [c0, c1)."""

@@ -67,9 +67,10 @@ class Piece:
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-    """The pieces (none where `square`: one masked call over the whole square is cheaper), their
-    modelled cost and the square's (microseconds), whether the pieces share no row, and whether
-    some row may see no key inside a piece (conditions can drop a whole row)."""
+    """The pieces (where `square`, one: the whole square with the mask as conditions, which the cost
+    model found cheaper), their modelled cost and the square's (microseconds), whether the pieces
+    share no row, and whether some row may see no key inside a piece (conditions can drop a whole
+    row, which the adapter then sets to FlexAttention's O 0 and log-sum-exp -inf)."""
     pieces: Tuple[Piece, ...]
     square: bool
     cost_us: float
@@ -127,9 +128,9 @@ def _costed(pieces, tiles, work, conditions):
     cost = sum(OVERHEAD_US + kernel_tiles(p) * tile_us * (CONDITIONS_FACTOR if p.mask == CONDITIONS_PIECE else 1.0)
                + (MERGE_US + MERGE_BYTES * work.heads * work.head_dim * (p.rows[1] - p.rows[0]) / BYTES_PER_US
                   if p.merges else 0.0) for p in placed)
-    square = OVERHEAD_US + kernel_tiles(Piece((0, tiles.rows[-1]), (0, tiles.cols[-1]), CONDITIONS_PIECE)) * \
-        tile_us * CONDITIONS_FACTOR
+    whole = Piece((0, tiles.rows[-1]), (0, tiles.cols[-1]), CONDITIONS_PIECE)
+    square = OVERHEAD_US + kernel_tiles(whole) * tile_us * CONDITIONS_FACTOR
     if conditions and square <= cost:
-        return Schedule((), True, cost, square, True, True)
+        return Schedule((whole,), True, cost, square, True, True)
     return Schedule(tuple(placed), False, cost, square, not any(p.merges for p in placed),
                     any(p.mask == CONDITIONS_PIECE for p in placed))

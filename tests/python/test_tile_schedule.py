@@ -53,6 +53,11 @@ def pairs(piece, keep):
     return out
 
 
+def overlapping(edges, span):
+    """The tiles of a grid's `edges` that meet [span)."""
+    return [n for n in range(len(edges) - 1) if edges[n] < span[1] and span[0] < edges[n + 1]]
+
+
 def check_exact(schedule, keep, s_q, s_kv):
     seen = {}
     for piece in schedule.pieces:
@@ -107,13 +112,11 @@ def test_random_block_masks_are_covered_exactly_once(no_call_overhead, seed):
     tiles = tiles_of(keep, grid(s_q, block), grid(s_kv, block))
     schedule = ts.schedule(tiles, BIG)
     if schedule.square:  # only where the pieces compute no fewer tiles than the square
-        assert schedule.square_us <= schedule.cost_us
-        return
+        assert schedule.square_us <= schedule.cost_us and len(schedule.pieces) == 1
     check_exact(schedule, keep, s_q, s_kv)
-    for piece in schedule.pieces:  # each piece only over tiles of its kind
-        i = [n for n in range(len(tiles.rows) - 1) if tiles.rows[n] < piece.rows[1] and piece.rows[0] < tiles.rows[n + 1]]
-        j = [n for n in range(len(tiles.cols) - 1) if tiles.cols[n] < piece.keys[1] and piece.keys[0] < tiles.cols[n + 1]]
-        kinds = {tiles.kinds[a][b] for a in i for b in j}
+    for piece in () if schedule.square else schedule.pieces:  # each piece only over tiles of its kind
+        rows, cols = overlapping(tiles.rows, piece.rows), overlapping(tiles.cols, piece.keys)
+        kinds = {tiles.kinds[a][b] for a in rows for b in cols}
         if piece.mask != ts.BAND_PIECE:
             assert kinds == {cover.FULL if piece.mask == ts.FULL_PIECE else cover.PARTIAL}, (piece, kinds)
     without = ts.schedule(tiles, BIG, conditions=False)  # a mask that cannot be conditions
@@ -209,7 +212,8 @@ def test_the_cost_model_worked_numbers():
     scattered = lambda i, j: (i // 128, j // 128) in chosen and (i + j) % 2 == 0  # noqa: E731
     small = ts.Work(heads=8, head_dim=64)
     schedule = ts.schedule(tiles_of(scattered, grid(1024, 128), grid(1024, 128)), small)
-    assert schedule.square and schedule.pieces == () and schedule.square_us == pytest.approx(25.3, abs=0.1)
+    assert schedule.square and schedule.square_us == pytest.approx(25.3, abs=0.1)
+    assert views(schedule) == [((0, 1024), (0, 1024), ts.CONDITIONS_PIECE, (-1, -1), "top_left")]
     assert schedule.cost_us > 32 * 10
     # The same prefix-LM on a small problem: a second call does not pay.
     assert ts.schedule(cover.prefix_tiles(50, 192, 192), ts.Work(heads=8, head_dim=16)).square
