@@ -14,6 +14,7 @@ import torch
 
 from .. import _config, _mask_structure, _score_mod, _score_mod_bias, _score_mod_sym
 from ..errors import NotSupportedError, invalid_argument
+from . import _flex_views
 
 
 class _TorchSym(_score_mod_sym.Sym):
@@ -84,6 +85,8 @@ def masked(score_mod, mask_mod):
 
 
 def _closure_numbers(fn):
+    if isinstance(fn, _flex_views.Shifted):
+        return (_closure_numbers(fn.inner), fn.rows, fn.keys)
     if isinstance(fn, _Masked):
         return tuple(_closure_numbers(part) for part in (fn.score_mod, fn.mask_mod) if part is not None)
     cells = getattr(fn, "__closure__", None) or ()
@@ -113,6 +116,8 @@ def traced(fn):
     if isinstance(fn, _Masked) and fn.score_mod is not None:  # traced apart, then composed
         modifier, mask = traced(fn.score_mod).traced, traced(masked(None, fn.mask_mod)).traced
         entry = _Entry(key, _score_mod.under_mask(modifier, mask))
+    elif isinstance(fn, _flex_views.Shifted):  # over a view: the whole problem's trace, moved
+        entry = _Entry(key, _flex_views.shift(traced(fn.inner).traced, fn.rows, fn.keys))
     else:
         entry = _Entry(key, _score_mod.trace(fn, _is_tensor, _TorchSym, lambda t: t.requires_grad))
     try:
