@@ -1,7 +1,8 @@
 """fusedattn.torch.flex_attention's roads on the CPU: causal and sliding-window masks as the call's
 window, prefix-LM as two calls over the rows, document masks as packed sequences, and the rest as
 conditions, each with fusedattn.torch.attention replaced by a float64 stand-in that takes the same
-arguments (layouts, windows, alignment, packed sequences, score_mod, mask_mod, statistics). Every
+arguments (layouts, windows, alignment, packed sequences, score_mod, mask_mod, statistics), and the
+pieces of schedules merged by log-sum-exp by another (Float64Piece; test_torch_flex_tiles.py). Every
 road's O and log-sum-exp must equal attention of the whole problem with the mask evaluated at
 every (q_idx, kv_idx): what the roads take apart, they put back together exactly."""
 import math
@@ -73,10 +74,57 @@ def stand_in(q, k, v, *, layout, causal=False, align="top_left", window=(-1, -1)
     return (o, lse) if return_stats else o
 
 
+class Float64Piece:
+    """fusedattn.torch._flex_pieces.FusedattnPiece's meaning in float64 (a piece of a schedule whose
+    pieces share rows, merged by log-sum-exp): the piece's window on its view, its score function (a
+    Shifted one is called with the view's indices), and a backward from the O and statistics of the
+    whole rows: the gradient of sum P * (dO v^T - D) with P = exp(s - L) for fixed L and D, which is
+    each pair's dS = P (dP - D) and dV = P^T dO."""
+
+    def __init__(self, piece, fn, scale):
+        self.piece, self.fn, self.scale = piece, fn, scale
+        calls.append(dict(layout="bhsd", causal=False, align=piece.align, window=piece.window,
+                          mask=piece.mask == "conditions", piece=piece))
+
+    def scores(self, q, k):
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], 1)
+        s = (q @ k.transpose(-1, -2)) * self.scale
+        if self.fn is not None:
+            s = self.fn(s, *grids(q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
+        return s.masked_fill(~band(q.shape[2], k.shape[2], False, self.piece.align, self.piece.window), float("-inf"))
+
+    def forward(self, q, k, v):
+        s = self.scores(q, k)
+        return torch.softmax(s, -1) @ v.repeat_interleave(q.shape[1] // v.shape[1], 1), torch.logsumexp(s, -1)
+
+    def backward(self, d_o, q, k, v, o, stats):
+        q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+        with torch.enable_grad():
+            p = torch.exp(self.scores(q, k) - stats.unsqueeze(-1))
+            wide_v = v.repeat_interleave(q.shape[1] // v.shape[1], 1)
+            d_p = d_o @ wide_v.transpose(-1, -2) - (d_o * o).sum(-1, keepdim=True)
+            return torch.autograd.grad((p * d_p).sum(), (q, k, v))
+
+
 @pytest.fixture(autouse=True)
 def float64_attention(monkeypatch):
+    from fusedattn.torch import _flex_run
     monkeypatch.setattr(fa, "attention", stand_in)
+    monkeypatch.setattr(_flex_run, "FusedattnPiece", Float64Piece)
     calls.clear()
+
+
+@pytest.fixture
+def no_call_overhead(monkeypatch):
+    """The cost model without its 10 us a call (fusedattn/_tile_schedule.py): these problems are too
+    small for a second call to pay, and without that price the schedule splits wherever it computes
+    fewer tiles than one masked call, which is what the roads look at."""
+    from fusedattn import _tile_schedule
+    monkeypatch.setattr(_tile_schedule, "OVERHEAD_US", 0.0)
+    monkeypatch.setattr(_tile_schedule, "MERGE_US", 0.0)
+    _tile_schedule.schedule.cache_clear()
+    yield
+    _tile_schedule.schedule.cache_clear()
 
 
 doc = torch.tensor([0] * 40 + [1] * 25 + [2] * 63 + [3] * 64)  # 4 documents over 192 tokens
@@ -95,7 +143,7 @@ MASKS = {
 
 @pytest.mark.parametrize("name", list(MASKS))
 @pytest.mark.parametrize("score_mod", [None, softcap], ids=["plain", "softcap"])
-def test_each_road_puts_the_whole_problem_back_together(name, score_mod):
+def test_each_road_puts_the_whole_problem_back_together(no_call_overhead, name, score_mod):
     mask_mod, road = MASKS[name]
     b, h_q, h_kv, s, d = 2, 4, 2, 192, 16
     q = torch.randn(b, h_q, s, d, dtype=torch.float64)

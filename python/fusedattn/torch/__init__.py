@@ -37,7 +37,7 @@ from torch import Tensor
 
 from .. import _config
 from ..errors import NotSupportedError, invalid_argument
-from . import _documents, _fallback, _score_mod
+from . import _documents, _fallback, _flex_run, _flex_tiles, _score_mod
 from ._bodies import require_one_cuda_device
 from ._call_config import config_text
 from ._context_parallel import context_parallel_attention, load_balance, unbalance
@@ -195,11 +195,14 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
     [b, h, s, d] tensors, score_mod(score, b, h, q_idx, kv_idx) -> score, and a BlockMask from
     create_block_mask, whose mask_mod drops keys (-inf after score_mod). Returns O, and with
     return_lse also the log-sum-exp of each row's scaled scores (float32 [b, h, s_q]).
-    kernel_options tunes FlexAttention's own kernels and changes nothing here. Masks that are
-    cuDNN's own run as them (fusedattn/_mask_structure.py): causal and sliding windows as its band,
-    prefix-LM as two calls over the rows; a document mask (doc[q_idx] == doc[kv_idx], causal or
-    not, over ids that form runs) as packed sequences in eager calls (_documents.py); any other as
-    conditions on the scores, which still compute the whole square."""
+    kernel_options tunes FlexAttention's own kernels and changes nothing here. Masks are lowered by
+    structure: causal and sliding windows run as cuDNN's band (fusedattn/_mask_structure.py); a
+    document mask (doc[q_idx] == doc[kv_idx], causal or not, over ids that form runs) as packed
+    sequences in eager calls (_documents.py); prefix-LM, and in eager calls any mask by its
+    BlockMask's tiles, as the pieces of a schedule (fusedattn/_tile_schedule.py: full rectangles
+    unmasked, bands as cuDNN's band, the rest as conditions, merged by log-sum-exp; _flex_tiles.py,
+    _flex_run.py) where the cost model says the pieces beat one call with the mask as conditions
+    over the whole square. Rows that see no key give O 0 and log-sum-exp -inf."""
     del kernel_options
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         raise invalid_argument("query.shape", tuple(query.shape), "[b, h, s, d] query, key and value")
@@ -212,9 +215,9 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
         if lengths != (query.shape[2], key.shape[2]):
             raise invalid_argument("block_mask.seq_lengths", lengths,
                                    f"the query's and key's lengths, {(query.shape[2], key.shape[2])}")
-        # FlexAttention's noop_mask (a BlockMask made without one) keeps every key: no condition.
+        # FlexAttention's noop_mask (a BlockMask made without one) keeps every key of its blocks.
         mask_mod = None if getattr(block_mask.mask_mod, "__name__", "") == "noop_mask" else block_mask.mask_mod
-    docs = _documents.documents(mask_mod, score_mod, query, key)
+    docs = _documents.documents(mask_mod, score_mod, query, key) if _flex_tiles.traceable(mask_mod) else None
     if docs is not None:
         batch, length = query.shape[0], query.shape[2]
         out = attention(_documents.pack(query), _documents.pack(key), _documents.pack(value), layout="thd",
@@ -224,20 +227,10 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
         if return_lse:
             return _documents.unpack(out[0], batch, length), _documents.unpack(out[1], batch, length)
         return _documents.unpack(out, batch, length)
-    prefix = _score_mod.mask_structure(mask_mod) if mask_mod is not None else None
-    length = query.shape[2]
-    if prefix is not None and prefix[0] == "prefix" and prefix[1] < length == key.shape[2] and \
-            not _score_mod.reads_indices(score_mod):
-        # Prefix-LM as two calls over the rows: the prefix's rows see the prefix, unmasked; the
-        # others are causal, the diagonal moved by the prefix (bottom-right over all keys).
-        cut = prefix[1]
-        head = attention(query[:, :, :cut], key[:, :, :cut], value[:, :, :cut], layout="bhsd", scale=scale,
-                         score_mod=score_mod, return_stats=return_lse)
-        tail = attention(query[:, :, cut:], key, value, layout="bhsd", scale=scale, score_mod=score_mod,
-                         causal=True, align="bottom_right", return_stats=return_lse)
-        if return_lse:
-            return torch.cat([head[0], tail[0]], 2), torch.cat([head[1], tail[1]], 2)
-        return torch.cat([head, tail], 2)
+    schedule = _flex_tiles.plan(mask_mod, block_mask, score_mod, query, key)
+    if schedule is not None:
+        return _flex_run.run(schedule, query, key, value, score_mod=score_mod, mask_mod=mask_mod, scale=scale,
+                             return_lse=return_lse, attention=attention)
     return attention(query, key, value, layout="bhsd", scale=scale, score_mod=score_mod, mask_mod=mask_mod,
                      return_stats=return_lse)
 
