@@ -23,8 +23,8 @@ fp8_attention takes roads 2 and 3 (its operators fusedattn::fp8_forward / fuseda
 are in _fp8_operators.py).
 
 The modules beneath, each importing only those below it: the features (_fp8.py, _context_parallel.py,
-flex_attention's _flex_tiles.py and _flex_run.py, _score_mod.py, _fallback.py), then what every call shares (_operators.py, _bodies.py,
-_call_config.py, _tensors.py), road 1's loader (_fast_path.py, which compiles the C++ path for the
+flex_attention's _flex_tiles.py and _flex_run.py, _score_mod.py, _fallback.py), then what every call
+shares (_operators.py, _bodies.py, _call_config.py, _tensors.py), road 1's loader (_fast_path.py, which compiles the C++ path for the
 installed PyTorch where the package was not built against it), then fusedattn's framework-free
 helpers and its compiled core.
 """
