@@ -17,6 +17,7 @@ fat = pytest.importorskip("fusedattn.torch")
 
 import transformers_stand_in as stand_in  # noqa: E402
 from fusedattn import NotSupportedError  # noqa: E402
+from fusedattn.transformers import _attention  # noqa: E402
 from transformers_tiny import FAMILIES, documents, model, padded_batch  # noqa: E402
 
 
@@ -25,6 +26,7 @@ def float64_attention(monkeypatch):
     ft.register()
     ft.register("fusedattn_fallback", fallback=True)
     monkeypatch.setattr(fat, "attention", stand_in.attention)
+    monkeypatch.setattr(_attention, "DTYPES", _attention.DTYPES + (torch.float32,))  # the stand-in's
     stand_in.calls.clear()
 
 
@@ -188,6 +190,23 @@ def test_a_window_without_the_causal_mask_is_refused():
     q = torch.randn(1, 4, 5, 16)
     with pytest.raises(NotSupportedError, match="sliding_window"):
         ft.attention(layer, q, q[:, :2], q[:, :2], None, sliding_window=3, is_causal=False)
+
+
+def test_a_float32_model_is_refused_naming_the_dtype(monkeypatch):
+    monkeypatch.setattr(_attention, "DTYPES", (torch.float16, torch.bfloat16))
+    layer = model("llama").model.layers[0].self_attn
+    q = torch.randn(1, 4, 5, 16)
+    with pytest.raises(NotSupportedError, match="float32 attention"):
+        ft.attention(layer, q, q[:, :2], q[:, :2], None)
+
+
+def test_the_fallback_never_runs_packed_keywords_as_one_sequence():
+    layer = model("llama").model.layers[0].self_attn
+    q, k = torch.randn(1, 4, 6, 16), torch.randn(1, 2, 6, 16)
+    cu = torch.tensor([0, 2, 6], dtype=torch.int32)
+    fallback = transformers.AttentionInterface._global_mapping["fusedattn_fallback"]
+    with pytest.raises(NotSupportedError, match="or_mask_function"):
+        fallback(layer, q, k, k, custom_mask(1, 6), cu_seq_lens_q=cu, cu_seq_lens_k=cu)
 
 
 def test_dropout_goes_to_the_call(monkeypatch):

@@ -39,12 +39,14 @@ REFERENCE = {"gemma2": "eager", "gpt_oss": "eager"}
 
 
 def model(family, *, seed=0, dtype=torch.float32, device="cpu", **options):
-    """A family's tiny model with random weights; gpt-oss's sinks drawn too (they start at zero)."""
+    """A family's tiny model with random weights (gpt-oss's sinks drawn too: they start at zero), in
+    eval mode, generating without an end-of-sequence token."""
     torch.manual_seed(seed)
     made = transformers.AutoModelForCausalLM.from_config(config(family, **options)).to(device=device, dtype=dtype)
     for module in made.modules():
         if hasattr(module, "sinks"):
             torch.nn.init.normal_(module.sinks, std=1.0)
+    made.generation_config.eos_token_id = None  # every row generates every token asked for
     return made.eval()
 
 

@@ -18,6 +18,8 @@ from . import _packing
 from ._masks import FusedMask
 from ._padding import take_rows
 
+DTYPES = (torch.float16, torch.bfloat16)  # what cuDNN's attention computes in (FP8 has its own API)
+
 _SOFTCAPS = {}  # cap -> its score_mod: one object per cap, so that eager calls trace each cap once
 
 
@@ -88,6 +90,9 @@ def forward(module, query, key, value, mask, *, dropout, scaling, sliding_window
         raise refuse("position_bias", "a relative-position bias per layer (T5-style models) is not taken")
     if kwargs.get("block_table") is not None:
         raise refuse("block_table", "the paged cache of continuous batching with a block table is not wired")
+    if query.dtype not in DTYPES:
+        raise refuse("dtype", f"{str(query.dtype)[len('torch.'):]} attention; fusedattn computes in float16 or "
+                              "bfloat16 (load the model with dtype=torch.bfloat16)")
     fused = mask if isinstance(mask, FusedMask) else None
     if mask is not None and fused is None and not isinstance(mask, torch.Tensor):
         raise refuse("attention_mask", f"a {type(mask).__name__} is not one of fusedattn's masks")

@@ -36,6 +36,8 @@ def run(module, query, key, value, mask, error, *, dropout, scaling, sliding_win
     eager = _eager_of(module) if softcap is not None or s_aux is not None else None
     if eager is not None and mask is None:
         raise error  # the eager attention takes its causal mask from the mask, and there is none to build
+    if kwargs.get("cu_seq_lens_q") is not None:
+        raise error  # sdpa and eager read no packed-sequence keywords: they would mix the documents
     reason = str(error).split("\n")[0]
     _COUNTS[reason] += 1
     if _COUNTS[reason] == 1:
