@@ -155,6 +155,12 @@ def test_a_static_caches_empty_slots_are_not_keys():
     assert fused.kind == "decode" and fused.bias[0, 0, 0].tolist() == [0, 0, 0, lowest, lowest, lowest]
 
 
+def test_a_bidirectional_mask_is_not_causal():
+    fused = ft.mask(batch_size=1, q_length=5, kv_length=5, mask_function=masking_utils.bidirectional_mask_function,
+                    allow_is_causal_skip=False, allow_is_bidirectional_skip=True)
+    assert not fused.causal and make(None, 5, 5).causal
+
+
 def test_models_own_conditions_are_custom_and_packing_is_a_hint():
     assert make(None, 5, 5, use_vmap=True).kind == "custom"
     assert make(None, 5, 5, allow_is_causal_skip=False).packed_hint

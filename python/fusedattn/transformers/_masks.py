@@ -20,8 +20,8 @@ from ._padding import Compaction, decode_bias, validity
 
 
 class FusedMask:
-    """One of transformers' masks in fusedattn's terms (the module docstring's kinds). `causal` is
-    the model's (config.is_causal); `window` the keys a sliding layer's query sees (None for full
+    """One of transformers' masks in fusedattn's terms (the module docstring's kinds). `causal` says
+    whether transformers made a causal mask or a bidirectional one; `window` the keys a sliding layer's query sees (None for full
     attention); `packed_hint` marks a batch that transformers found packed by its position ids
     (outside compiled code); `top_left` that queries and keys are the same tokens (no cache), where
     the top-left and bottom-right diagonals coincide."""
@@ -53,7 +53,9 @@ def fusedattn_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
                   kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
                   local_size=local_size, allow_is_causal_skip=allow_is_causal_skip, use_vmap=use_vmap, config=config,
                   dtype=dtype, device=device, **kwargs)
-    causal = bool(getattr(config, "is_causal", True))
+    # transformers' bidirectional masks (encoders, decoders with config.is_causal off) are the ones
+    # that pass allow_is_bidirectional_skip; its causal and sliding ones never do.
+    causal = "allow_is_bidirectional_skip" not in kwargs
     common = dict(causal=causal, window=local_size, recipe=recipe)
     if use_vmap:  # transformers sets it exactly when a model adds or_/and_mask_function conditions
         return FusedMask("custom", **common)
