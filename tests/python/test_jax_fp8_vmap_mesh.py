@@ -70,6 +70,7 @@ split = NamedSharding(mesh, P("data", None, "model", None))  # bshd: batch over 
 step = t.training_step(True)
 for recipe in sys.argv[2:]:  # each recipe's lines start with its name
     SHAPES.clear()
+    jax.clear_caches()  # the kernels are recorded as traced and lowered: a cached lowering would hide one
     whole_state = sharded_state = fj.fp8_state(recipe, history=4)
     for i in range(2):  # the second step runs on scales the first one's amaxes set
         q, k, v, w = t.inputs(i, shape=(4, 64, 8, 64), kv_heads=4, amax=(1.0, 2.0, 3.0 + i))
