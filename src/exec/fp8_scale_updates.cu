@@ -143,28 +143,14 @@ void update_fp8_scales(const Fp8ScaleUpdate* updates, int count, cudaStream_t st
 }
 
 void scale_from_amax(const float* amax, DType dtype, int margin, float* scale, float* descale, cudaStream_t stream) {
-  Fp8ScaleUpdate one;
-  one.rule = Fp8ScaleRule::from_amax;
-  one.amax = amax;
-  one.dtype = dtype;
-  one.margin = margin;
-  one.scale = scale;
-  one.descale = descale;
+  const Fp8ScaleUpdate one{Fp8ScaleRule::from_amax, amax, nullptr, nullptr, 0, dtype, margin, scale, descale, nullptr};
   launch(&one, 1, /*named_by_index=*/false, stream);
 }
 
 void update_delayed_scaling(const float* history_in, float* history_out, std::int64_t length, const float* amax,
                             DType dtype, int margin, float* scale, float* descale, cudaStream_t stream) {
-  Fp8ScaleUpdate one;
-  one.rule = Fp8ScaleRule::delayed;
-  one.amax = amax;
-  one.history_in = history_in;
-  one.history_out = history_out;
-  one.length = length;
-  one.dtype = dtype;
-  one.margin = margin;
-  one.scale = scale;
-  one.descale = descale;
+  const Fp8ScaleUpdate one{Fp8ScaleRule::delayed, amax, history_in, history_out, length, dtype, margin, scale, descale,
+                           nullptr};
   launch(&one, 1, /*named_by_index=*/false, stream);
 }
 
