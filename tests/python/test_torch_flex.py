@@ -134,6 +134,19 @@ def test_document_masks_over_runs_become_packed_sequences():
     assert _documents.documents(causal, None, q, q) is None
 
 
+def test_document_runs_are_found_once_per_ids_tensor_and_again_after_it_changes():
+    from fusedattn.torch import _documents
+    doc = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2])
+    q = torch.zeros(1, 4, 8, 64)
+    same_document = lambda b, h, q_idx, kv_idx: doc[q_idx] == doc[kv_idx]  # noqa: E731
+    first = _documents.documents(same_document, None, q, q)
+    assert _documents.documents(same_document, None, q, q) is first  # every layer's call: no new reads
+    doc[3:] = torch.tensor([1, 1, 1, 1, 1])  # in place: the runs are found again
+    assert _documents.documents(same_document, None, q, q).cu_seqlens.tolist() == [0, 3, 8]
+    other = doc.clone()  # equal values, another tensor: its own entry
+    assert _documents.documents(lambda b, h, q_idx, kv_idx: other[q_idx] == other[kv_idx], None, q, q) is not first
+
+
 @pytest.mark.parametrize("batch", [1, 2])
 def test_packed_tokens_go_back_to_their_places(batch):
     from fusedattn.torch import _documents

@@ -4,6 +4,7 @@ over document ids that form runs, is the block diagonal of those runs: as condit
 cuDNN would compute the whole square, while the runs as packed sequences (thd with cu_seqlens)
 compute only the blocks. flex_attention takes this road in eager calls; compiled code, where the
 runs are data the graph cannot size, keeps the conditions."""
+import collections
 import dataclasses
 
 import torch
@@ -42,7 +43,28 @@ def documents(mask_mod, score_mod, query, key):
         return None
     if _score_mod.reads_indices(score_mod):  # packed sequences number their own tokens
         return None
-    return _runs(ids.to(query.device), batch, length, causal)
+    return _cached_runs(ids, query.device, batch, length, causal)
+
+
+# The runs of the id tensors seen last: a model calls flex_attention in every layer with the same
+# mask, and finding the runs reads them to the host (two synchronizations). An entry holds its ids
+# tensor, so it matches only that tensor (not a new one at a freed address), and its version, so an
+# in-place change of the ids finds the runs again.
+_RUNS = collections.OrderedDict()
+_RUNS_KEPT = 16
+
+
+def _cached_runs(ids, device, batch, length, causal):
+    key = (id(ids), ids._version, device, batch, length, causal)
+    entry = _RUNS.get(key)
+    if entry is not None and entry[0] is ids:
+        _RUNS.move_to_end(key)
+        return entry[1]
+    runs = _runs(ids.to(device), batch, length, causal)
+    _RUNS[key] = (ids, runs)
+    if len(_RUNS) > _RUNS_KEPT:
+        _RUNS.popitem(last=False)
+    return runs
 
 
 def _runs(ids, batch, length, causal):
