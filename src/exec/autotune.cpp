@@ -13,6 +13,7 @@
 #include "exec/device.h"
 #include "exec/environment_switch.h"
 #include "exec/relaxed_capture.h"
+#include "exec/stand_in_bench.h"
 #include "fusedattn/attention.h"
 #include "fusedattn/autotune.h"
 #include "fusedattn/errors.h"
@@ -33,26 +34,7 @@ bool set_autotune(bool enabled) noexcept { return autotune_setting().exchange(en
 namespace detail {
 namespace {
 
-constexpr std::size_t kAlignment = 256;
-constexpr double kTimedMsPerRound = 20.0;  // each round runs the candidate this long (1 to 100 calls)
-constexpr int kRounds = 5;
 constexpr double kKeepHeuristicsWithin = 1.01;
-
-std::size_t aligned(std::size_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
-
-// The memory, stream and events of one tuning, released on every path out.
-struct Bench {
-  void* memory = nullptr;
-  cudaStream_t stream = nullptr;
-  cudaEvent_t start = nullptr, stop = nullptr;
-  ~Bench() {
-    if (start) cudaEventDestroy(start);
-    if (stop) cudaEventDestroy(stop);
-    if (stream) cudaStreamSynchronize(stream);
-    if (memory) cudaFree(memory);
-    if (stream) cudaStreamDestroy(stream);
-  }
-};
 
 bool is_length(std::int64_t uid, bool& kv) {
   kv = uid == graph::kUidSeqLenKV || uid == graph::kUidScoreModSeqLenKV;
@@ -66,9 +48,8 @@ bool is_zeroed_integer(std::int64_t uid) {
          uid == graph::kUidPageTableV || uid == graph::kUidDropoutSeed || uid == graph::kUidDropoutOffset;
 }
 
-// Stand-in data: every byte 0x3C, a small finite value in each float format (bf16 0.0115, fp16
-// 1.06, e4m3 1.5, float32 0.0115), then the integers that index memory set to values in range:
-// full lengths, and zeros.
+// Stand-in data: every byte kStandInByte, then the integers that index memory set to values in
+// range: full lengths, and zeros.
 void fill(const std::vector<graph::TensorExtent>& extents, const std::vector<char*>& at, const AttentionSpec& spec,
           cudaStream_t stream, std::vector<std::vector<std::int32_t>>& host_lengths) {
   for (std::size_t i = 0; i < extents.size(); ++i) {
@@ -82,39 +63,17 @@ void fill(const std::vector<graph::TensorExtent>& extents, const std::vector<cha
                                  cudaMemcpyHostToDevice, stream),
                  "cudaMemcpyAsync(autotune lengths)");
     } else {
-      check_cuda(cudaMemsetAsync(at[i], is_zeroed_integer(uid) ? 0 : 0x3C, extents[i].bytes, stream),
+      check_cuda(cudaMemsetAsync(at[i], is_zeroed_integer(uid) ? 0 : kStandInByte, extents[i].bytes, stream),
                  "cudaMemsetAsync(autotune data)");
     }
   }
 }
 
-double elapsed_ms(const Bench& bench) {
-  float ms = 0.0f;
-  check_cuda(cudaEventElapsedTime(&ms, bench.start, bench.stop), "cudaEventElapsedTime");
-  return ms;
-}
-
-// The median over rounds of one call's time; a candidate that cuDNN refuses to run gets -1.
+// The median time of one call; a candidate that cuDNN refuses to run gets -1.
 double time_candidate(graph::Candidates& candidates, int candidate, cudnnHandle_t handle, void** sorted,
                       void* workspace, const Bench& bench) {
   try {
-    for (int i = 0; i < 2; ++i) candidates.execute(candidate, handle, sorted, workspace);  // loads the kernels
-    check_cuda(cudaEventRecord(bench.start, bench.stream), "cudaEventRecord");
-    candidates.execute(candidate, handle, sorted, workspace);
-    check_cuda(cudaEventRecord(bench.stop, bench.stream), "cudaEventRecord");
-    check_cuda(cudaEventSynchronize(bench.stop), "cudaEventSynchronize");
-    const double once = std::max(elapsed_ms(bench), 1e-3);
-    const int calls = std::clamp(static_cast<int>(kTimedMsPerRound / once), 1, 100);
-    std::vector<double> rounds;
-    for (int round = 0; round < kRounds; ++round) {
-      check_cuda(cudaEventRecord(bench.start, bench.stream), "cudaEventRecord");
-      for (int i = 0; i < calls; ++i) candidates.execute(candidate, handle, sorted, workspace);
-      check_cuda(cudaEventRecord(bench.stop, bench.stream), "cudaEventRecord");
-      check_cuda(cudaEventSynchronize(bench.stop), "cudaEventSynchronize");
-      rounds.push_back(elapsed_ms(bench) / calls);
-    }
-    std::sort(rounds.begin(), rounds.end());
-    return rounds[rounds.size() / 2];
+    return bench.median_ms([&] { candidates.execute(candidate, handle, sorted, workspace); });
   } catch (const CudnnError&) {
     return -1.0;
   }
@@ -129,33 +88,29 @@ Tuning autotune(graph::Candidates& candidates, const AttentionSpec& spec, int de
   RelaxedCapture relaxed;
   Tuning tuning;
   {
-    Bench bench;
-    check_cuda(cudaStreamCreateWithFlags(&bench.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags(autotune)");
-    check_cuda(cudaEventCreate(&bench.start), "cudaEventCreate");
-    check_cuda(cudaEventCreate(&bench.stop), "cudaEventCreate");
     const std::vector<graph::TensorExtent> extents = candidates.extents();
     std::size_t bytes = 0, workspace = 0;
-    for (const auto& extent : extents) bytes += extent.by_value ? 0 : aligned(extent.bytes);
+    for (const auto& extent : extents) bytes += extent.by_value ? 0 : stand_in_aligned(extent.bytes);
     for (int i = 0; i < candidates.count(); ++i) workspace = std::max(workspace, candidates.workspace_bytes(i));
-    check_cuda(cudaMalloc(&bench.memory, bytes + workspace), "cudaMalloc(autotune stand-in data)");
+    Bench bench(bytes + workspace);
 
     std::vector<char*> at;
-    char* next = static_cast<char*>(bench.memory);
+    char* next = bench.memory();
     float scale = default_scale(spec);
     for (const auto& extent : extents) {
       at.push_back(extent.by_value ? reinterpret_cast<char*>(&scale) : next);
-      next += extent.by_value ? 0 : aligned(extent.bytes);
+      next += extent.by_value ? 0 : stand_in_aligned(extent.bytes);
     }
     std::vector<std::vector<std::int32_t>> host_lengths;  // alive until the stream has copied them
-    fill(extents, at, spec, bench.stream, host_lengths);
+    fill(extents, at, spec, bench.stream(), host_lengths);
     std::vector<void*> sorted(at.begin(), at.end());  // extents() follows uids(), ascending
 
-    cudnnHandle_t handle = handle_for(device, bench.stream);
+    cudnnHandle_t handle = handle_for(device, bench.stream());
     for (int i = 0; i < candidates.count(); ++i) {
       tuning.times.push_back(CandidateTime{candidates.name(i),
                                            time_candidate(candidates, i, handle, sorted.data(), next, bench)});
     }
-    check_cuda(cudaStreamSynchronize(bench.stream), "cudaStreamSynchronize(autotune)");
+    check_cuda(cudaStreamSynchronize(bench.stream()), "cudaStreamSynchronize(autotune)");
     handle_for(device, nullptr);  // the handle must not keep the stream destroyed below
   }
   int best = -1;
