@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "fusedattn/spec.h"
 
@@ -52,6 +53,11 @@ Fp8BackwardChoice choose_fp8_backward(const AttentionSpec& spec, DType model_dty
 /// The answer for `spec` and `model_dtype` on the current device if this process has it in
 /// memory, without measuring; nullopt otherwise (or without a GPU).
 std::optional<Fp8BackwardChoice> known_fp8_backward_choice(const AttentionSpec& spec, DType model_dtype);
+
+/// What the support query reports about the backward of `spec` after an FP8 forward: "fp8" or
+/// "model" where this process has measured it (for a bf16 model, else an f16 one), "not measured"
+/// where it has not, and "" for a spec that is not FP8 with per-tensor scaling.
+std::string fp8_backward_report(const AttentionSpec& spec);
 
 /// Forgets the answers held in memory (those in the disk cache stay), as clear_plan_cache does plans.
 void clear_fp8_backward_choices();

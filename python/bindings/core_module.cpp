@@ -30,6 +30,7 @@
 #include "fusedattn/spec.h"
 #include "fusedattn/tensor_slots.h"
 #include "fusedattn/warmup.h"
+#include "fp8_backward_bindings.h"
 #include "fp8_bindings.h"
 #include "python_errors.h"
 #include "score_mod_bindings.h"
@@ -354,6 +355,7 @@ NB_MODULE(_core, m) {
   common_properties<fa::BackwardTensors>(backward_tensors);
   fa::python::bind_fp8_scales(forward_tensors, backward_tensors);
   fa::python::bind_fp8_kernels(m);
+  fa::python::bind_fp8_backward_choice(m);
   fa::python::bind_score_expressions(m);
 
   nb::class_<fa::Plan>(m, "Plan", "A compiled, cached plan: run it with a tensor set.")

@@ -68,11 +68,13 @@ class Support(tuple):
     `policy_only` is "" where cuDNN's own check ran (or the policy's refusal settled it); else it
     says which device and cuDNN the policy answered for and why cuDNN did not check ("policy for SM
     9.0 with cuDNN 9.19.0 only, cuDNN's own check not run (no NVIDIA driver found)"). str() is
-    every reason, one a line, then that note: the C++ Support::to_string()."""
+    every reason, one a line, then that note: the C++ Support::to_string(). `fp8_backward`, for the
+    backward of an FP8 spec, says which backward fp8_attention's backward="auto" takes after its FP8
+    forward: "fp8" or "model" where this process measured it, else "not measured"; "" otherwise."""
 
-    def __new__(cls, ok, reasons, policy_only, text):
+    def __new__(cls, ok, reasons, policy_only, text, fp8_backward=""):
         answer = super().__new__(cls, (ok, reasons))
-        answer.policy_only, answer._text = policy_only, text
+        answer.policy_only, answer._text, answer.fp8_backward = policy_only, text, fp8_backward
         return answer
 
     ok = property(lambda self: self[0])
@@ -92,4 +94,6 @@ def check_support(spec, pass_="forward", device=None):
     asks the policy about that device, with or without a GPU here. Either way the answer's
     policy_only says that cuDNN's own check did not run, and why."""
     core = _load_core()
-    return Support(*core.check_support(_spec_of(core, spec), _pass_of(core, pass_), device))
+    spec, pass_ = _spec_of(core, spec), _pass_of(core, pass_)
+    fp8_backward = core.fp8_backward_report(spec) if pass_ == core.Pass.backward and device is None else ""
+    return Support(*core.check_support(spec, pass_, device), fp8_backward)

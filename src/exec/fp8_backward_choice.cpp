@@ -185,6 +185,14 @@ std::optional<Fp8BackwardChoice> known_fp8_backward_choice(const AttentionSpec& 
   return *found;
 }
 
+std::string fp8_backward_report(const AttentionSpec& spec) {
+  if (!is_fp8(spec.q.dtype) || spec.fp8_kv_cache() || spec.fp8_scaling != Fp8Scaling::tensor) return "";
+  for (DType model : {DType::bf16, DType::f16}) {
+    if (auto known = known_fp8_backward_choice(spec, model)) return to_string(known->chosen);
+  }
+  return "not measured";
+}
+
 void clear_fp8_backward_choices() { memo().clear(); }
 
 std::uint64_t fp8_backward_measurements() noexcept { return g_measurements.load(std::memory_order_relaxed); }

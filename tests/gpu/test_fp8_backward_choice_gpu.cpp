@@ -24,6 +24,8 @@ TEST(Fp8BackwardChoiceGpu, MeasuredOnceThenFromMemoryThenFromDisk) {
   FreshPlanFolder folder;
   clear_fp8_backward_choices();
   EXPECT_FALSE(known_fp8_backward_choice(spec, DType::bf16).has_value());
+  EXPECT_EQ(fp8_backward_report(spec), "not measured");
+  EXPECT_EQ(fp8_backward_report(parse_spec("layout=bshd b=2 s=512 h=4 d=128")), "");
 
   const std::uint64_t before = fp8_backward_measurements();
   const Fp8BackwardChoice first = choose_fp8_backward(spec, DType::bf16);
@@ -41,6 +43,7 @@ TEST(Fp8BackwardChoiceGpu, MeasuredOnceThenFromMemoryThenFromDisk) {
   ASSERT_TRUE(known_fp8_backward_choice(spec, DType::bf16).has_value());
   EXPECT_EQ(known_fp8_backward_choice(spec, DType::bf16)->model_ms, first.model_ms);
   EXPECT_FALSE(known_fp8_backward_choice(spec, DType::f16).has_value());
+  EXPECT_EQ(fp8_backward_report(spec), to_string(first.chosen));
 
   clear_fp8_backward_choices();
   const std::uint64_t loaded = disk_cache_stats().loaded;

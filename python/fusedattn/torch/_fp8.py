@@ -35,20 +35,23 @@ import math
 import torch
 
 from .. import _fp8_recipe as _recipe
+from .._fp8_backward import require_backward
 from ..errors import invalid_argument
 from . import _fp8_operators
 from ._bodies import require_one_cuda_device
 from ._call_config import fp8_config_text
+from ._fp8_auto import auto_backward
 from ._fp8_state import DTYPES, Fp8State
 from ._fp8_tensor import Fp8Tensor
 from ._operators import eager_road
 
 
 def fp8_attention(q, k, v, state, *, layout="bshd", causal=False, align="top_left", window=(-1, -1), scale=None,
-                  backward="fp8", descales=None, out_dtype=None):
+                  backward="auto", descales=None, out_dtype=None):
     """FP8 attention of q, k, v (bf16 or f16 in `layout`, dense: "bshd", "sbhd" or "bhsd") with the
     scaling `state` (Fp8State); returns O in q's dtype. causal, window and align as in attention().
-    backward: "fp8" (cuDNN's FP8 backward) or "model" (the backward in q's dtype). What cuDNN's FP8
+    backward: "auto" (the faster of the two for this shape, measured once: _fp8_backward.py), "fp8"
+    (cuDNN's FP8 backward) or "model" (the backward in q's dtype). What cuDNN's FP8
     kernels do not take on this GPU raises NotSupportedError with every reason (on Hopper: head dim
     128 for the backward, no bottom-right diagonal, no bias). torch.compile traces it in one graph
     (the module's docstring says how compiled code treats the state's calibration).
@@ -61,9 +64,13 @@ def fp8_attention(q, k, v, state, *, layout="bshd", causal=False, align="top_lef
     their dtype, and their gradients are their values', in that dtype."""
     if not isinstance(state, Fp8State):
         raise invalid_argument("state", type(state).__name__, "a fusedattn.torch.Fp8State")
-    if backward not in ("fp8", "model"):
-        raise invalid_argument("backward", backward, '"fp8" or "model"')
+    require_backward(backward)
     require_one_cuda_device(q, k, v)
+    if backward == "auto":
+        # Inputs already in FP8 run the forward only: no backward to choose.
+        plain_fp8 = q.dtype in DTYPES and not isinstance(q, Fp8Tensor)
+        backward = "fp8" if plain_fp8 else auto_backward(q, k, v, state, layout=layout, causal=causal,
+                                                           window=tuple(window), align=align)
     fp8_grads = _recipe.fp8_grads(state.name) if backward == "fp8" else ""  # the model backward has none
     config = fp8_config_text(layout=layout, causal=causal, window=tuple(window), align=align, fp8_grads=fp8_grads)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
