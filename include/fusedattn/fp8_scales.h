@@ -7,7 +7,9 @@
 // kernels quantize inside with scale_s before multiplying by V; dP = dO V^T in the backward. Each
 // amax is max |X| of the unscaled tensor, for the caller's scaling recipe to use next. All are
 // required for an FP8 spec with per-tensor scaling, refused for an MXFP8 one (fp8_scaling=mxfp8
-// takes fusedattn/mxfp8_scales.h's instead) and ignored for a 16-bit one.
+// takes fusedattn/mxfp8_scales.h's instead) and ignored for a 16-bit one. An FP8 K/V cache beside
+// 16-bit queries (AttentionSpec::fp8_kv_cache) takes descale_k and descale_v alone, K ~ K8 *
+// descale_k: float32 scalars, or float32 [h_kv] (one a K/V head) with fp8_scaling=head.
 // fusedattn/tensor_slots.h lists every field by name and role (a field added here needs a slot there).
 #pragma once
 

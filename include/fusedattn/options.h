@@ -72,9 +72,11 @@ const char* to_string(MaxLogit max_logit) noexcept;
 /// How FP8 q, k, v (and the backward's dO) are scaled: one float32 scale per tensor
 /// (fusedattn/fp8_scales.h), or MXFP8, one E8M0 scale per block of 32 elements in cuDNN's 128x4
 /// layout (fusedattn/mxfp8.h, the call's tensors in fusedattn/mxfp8_scales.h). Only FP8 inputs take
-/// mxfp8, with a 16-bit O, whose dtype the gradients then have too (validate()).
-enum class Fp8Scaling : std::uint8_t { tensor, mxfp8 };
-const char* to_string(Fp8Scaling fp8_scaling) noexcept;  ///< "tensor", "mxfp8"
+/// mxfp8, with a 16-bit O, whose dtype the gradients then have too (validate()). An FP8 K/V cache
+/// (AttentionSpec::fp8_kv_cache) takes tensor (descale_k and descale_v float32 scalars) or head,
+/// one descale per K/V head (float32 [h_kv] each), as caches quantized head by head keep them.
+enum class Fp8Scaling : std::uint8_t { tensor, mxfp8, head };
+const char* to_string(Fp8Scaling fp8_scaling) noexcept;  ///< "tensor", "mxfp8", "head"
 
 /// The format of an FP8 backward's dO, dP and gradients (dQ, dK, dV): the inputs' own, or E5M2
 /// beside E4M3 inputs, the "hybrid" recipe of FP8 training (gradients need range more than

@@ -38,6 +38,10 @@ struct AttentionSpec : AttentionOptions {
   /// Paged K/V caches: the longest sequence is kv_pages pages of page_size() tokens.
   bool paged_kv() const noexcept { return kv_pages > 0; }
   std::int64_t page_size() const noexcept { return paged_kv() ? k.seq() : 0; }
+  /// An FP8 K/V cache beside 16-bit queries: k and v in E4M3, q and o in f16 or bf16, dequantized
+  /// by descale_k and descale_v (fp8_scales.h; per tensor, or per K/V head with fp8_scaling=head).
+  /// Only fusedattn's own decode kernel runs it (the support policy says where).
+  bool fp8_kv_cache() const noexcept { return is_fp8(k.dtype) && !is_fp8(q.dtype); }
 
   /// Multiply-add work of the forward pass, in floating-point operations, by the usual convention:
   /// 4·b·h·(visible pairs)·d, with d the mean of d_qk and d_v, where a causal mask counts as half of

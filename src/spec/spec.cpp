@@ -70,7 +70,8 @@ constexpr Named<Bias> kBiasNames[] = {{Bias::none, "none"},       {Bias::bhss, "
 constexpr Named<Softmax> kSoftmaxNames[] = {
     {Softmax::vanilla, "vanilla"}, {Softmax::off_by_one, "off_by_one"}, {Softmax::sink, "sink"}};
 constexpr Named<MaxLogit> kMaxLogitNames[] = {{MaxLogit::none, "none"}, {MaxLogit::row, "row"}, {MaxLogit::head, "head"}};
-constexpr Named<Fp8Scaling> kFp8ScalingNames[] = {{Fp8Scaling::tensor, "tensor"}, {Fp8Scaling::mxfp8, "mxfp8"}};
+constexpr Named<Fp8Scaling> kFp8ScalingNames[] = {
+    {Fp8Scaling::tensor, "tensor"}, {Fp8Scaling::mxfp8, "mxfp8"}, {Fp8Scaling::head, "head"}};
 constexpr Named<Fp8Gradients> kFp8GradientsNames[] = {{Fp8Gradients::as_inputs, "as_inputs"},
                                                       {Fp8Gradients::e5m2, "e5m2"}};
 
@@ -578,13 +579,30 @@ void validate(const AttentionSpec& spec) {
     }
   }
   // q, k and v share one dtype; so does o, except that an FP8 call may write O in any dtype (the
-  // support policy says which cuDNN takes on which GPU).
+  // support policy says which cuDNN takes on which GPU), and an FP8 K/V cache has E4M3 k and v
+  // beside 16-bit q and o (spec.h's fp8_kv_cache).
   for (const NamedTensor& t : tensors) {
     const bool fp8_output = t.desc == &spec.o && is_fp8(spec.q.dtype);
-    if (t.desc->dtype != spec.q.dtype && !fp8_output) {
+    const bool fp8_cache = (t.desc == &spec.k || t.desc == &spec.v) && !is_fp8(spec.q.dtype) && is_fp8(t.desc->dtype);
+    if (fp8_cache && t.desc->dtype != DType::e4m3) {
       throw InvalidArgument(std::string(t.name) + ".dtype", to_string(t.desc->dtype),
-                            std::string("the dtype of q (") + to_string(spec.q.dtype) + "): q, k, v and o share one");
+                            std::string("the dtype of q (") + to_string(spec.q.dtype) +
+                                "), or e4m3 for an FP8 K/V cache beside it");
     }
+    if (t.desc->dtype != spec.q.dtype && !fp8_output && !fp8_cache) {
+      throw InvalidArgument(std::string(t.name) + ".dtype", to_string(t.desc->dtype),
+                            std::string("the dtype of q (") + to_string(spec.q.dtype) + "): q, k, v and o share one" +
+                                (is_fp8(spec.q.dtype) ? "" : " (k and v may be e4m3 together: an FP8 K/V cache)"));
+    }
+  }
+  if (spec.k.dtype != spec.v.dtype) {
+    throw InvalidArgument("v.dtype", to_string(spec.v.dtype),
+                          std::string("the dtype of k (") + to_string(spec.k.dtype) + "): an FP8 K/V cache has both");
+  }
+  if (spec.fp8_scaling == Fp8Scaling::head && !spec.fp8_kv_cache()) {
+    throw InvalidArgument("fp8_scaling", "head",
+                          std::string("an FP8 K/V cache (e4m3 k and v beside f16 or bf16 q) for per-head descales; "
+                                      "q is ") + to_string(spec.q.dtype) + ", k " + to_string(spec.k.dtype));
   }
   if (spec.kv_pages < 0) throw InvalidArgument("kv_pages", std::to_string(spec.kv_pages), "0 (not paged) or a page count");
   for (const NamedTensor& t : tensors) {
