@@ -1,16 +1,14 @@
-// A split paged decode (decode_split.h): the kernels that prepare the inner calls and merge, and the calls.
+// A split paged decode (decode_split.h): the kernel that prepares the inner calls, the calls, and the
+// merge of their partials (decode_merge.h).
 #include "exec/decode_split.h"
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 #include <utility>
 
 #include "exec/cuda_check.h"
+#include "exec/decode_launch.cuh"
 #include "exec/device.h"
 #include "exec/environment_switch.h"
 #include "exec/element_conversions.cuh"
@@ -21,28 +19,10 @@ namespace {
 
 constexpr std::size_t kAlign = 256;
 constexpr int kThreads = 256;
-constexpr int kMergeThreads = 256;  // a row's d_v / 8 column packs (d_v <= 256) times the chunk groups
-// Columns of a partial O a merge thread loads at once: 16 bytes. The partials are our own dense
-// buffers, 256-byte aligned, and validation holds d_v to a multiple of 8.
-constexpr int kMergePack = 8;
-// Partial packs a merge thread loads before the chunks' weights are known: every partial of a row
-// wherever a row has at most 4 chunks per group of threads (on an H200 every split of
-// decode_split.h: b = 1 takes 32 chunks, 2 for each of 16 groups of 16 threads at d_v = 128).
-constexpr int kMergeAhead = 4;
 // Query vectors a prepare thread loads before storing any: a whole row of the chunks' call wherever
 // it has at most 4 * 256 (one query at h 32, d 128: 512 of 16 bytes).
 constexpr int kPrepareAhead = 4;
 std::size_t round_up(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
-// Programmatic dependent launch (SM 9.0): our kernels are launched while the kernel before them on
-// the stream is still running, and wait here, at their first instruction, until it has finished
-// and its writes are visible; what is saved is the launch's latency between the two. Before any
-// read or write of theirs, so they overlap nothing of the previous kernel's work.
-__device__ __forceinline__ void wait_for_the_previous_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
 
 struct Cut {
   int chunks;           // chunks a sequence's keys take in the unmasked call
@@ -53,11 +33,6 @@ struct Cut {
   int group;            // query heads folded into one head's rows in the chunks' call
   int queries;          // s_q: every sequence's queries where the caller gives no seq_len_q
 };
-
-// Sequence i's queries: the caller's seq_len_q[i], or every one of s_q without it (attention.h).
-__device__ __forceinline__ int queries_of(const std::int32_t* len_q, std::int64_t i, int all) {
-  return len_q != nullptr ? len_q[i] : all;
-}
 
 // decode_cut (support/decode_split.cpp), on the device: the keys every query sees.
 __device__ int unmasked_keys(int keys, int queries, const Cut& cut) {
@@ -79,19 +54,6 @@ struct InnerArrays {
   std::int32_t *len_q_chunks, *len_kv_chunks, *table_k_chunks, *table_v_chunks;
   std::int32_t *len_q_masked, *len_kv_masked, *table_k_masked, *table_v_masked;
 };
-
-// A ragged call's sequences (attention.h's RaggedTensors), cu_q null for dense queries: sequence i
-// has cu_q[i + 1] - cu_q[i] queries and cu_kv[i + 1] - cu_kv[i] keys, its first query row (of q, O
-// and the statistics) is token start[i], and its room runs to start[i + 1] (a gap past its queries
-// only with padded starts). Entries from `sequences` on are empty.
-struct RaggedRows {
-  const std::int32_t *cu_q, *cu_kv, *start;
-  int sequences;
-};
-
-__device__ int count_of(const std::int32_t* cumulative, std::int64_t i, int sequences) {
-  return i < sequences ? cumulative[i + 1] - cumulative[i] : 0;
-}
 
 // The inner calls' arrays, in one launch (the cut's launch of its own took 1.1-4.6 µs at b = 1,
 // beside cuDNN's 11-124). One block per row of the chunks' call: entry e = i * chunks
@@ -195,187 +157,9 @@ __global__ void prepare_kernel(Cut cut, Strided q, std::int64_t heads, const std
   }
 }
 
-// `x` reduced by `op` over the warp, in every lane.
-template <class Op>
-__device__ float warp_reduce(float x, Op op) {
-  for (int offset = 16; offset > 0; offset /= 2) x = op(x, __shfl_xor_sync(0xffffffffu, x, offset));
-  return x;
-}
-
-// kMergePack elements of a partial O, loaded at once.
-template <class T>
-struct alignas(sizeof(T) * kMergePack) Pack {
-  T x[kMergePack];
-};
-
-// One block per row (i, head, r) of the caller's O: the partials of the chunks with keys merged by
-// their log-sum-exp. Each chunk's weight is computed once, in shared memory; then the block's
-// threads are groups of d_v / 8, each group summing every groups-th chunk 8 columns at a time,
-// and the groups' sums are added in shared memory. (A thread a column walking all chunks took 4.7-7.5
-// µs at b = 1 and 32-35 chunks, one a thread an element 17-25 µs.) The chunks' partials are folded
-// (decode_chunks_spec): dense bshd [entries, s_q * g, h / g, d_v], statistics [entries, h / g,
-// s_q * g], query r of head k * g + j at row r * g + j of head k; the masked call's are dense bshd
-// [b, s_q, h, d_v] and [b, h, s_q]. A row whose chunks have no keys (or a statistic that is not
-// finite) gets 0 and a log-sum-exp of -inf, as the references give a row that sees no key; a dense
-// row past its sequence's queries gets 0, and so does a ragged sequence's padded gap. Ragged O and
-// statistics are by token: row r of sequence i is token start[i] + r.
-template <class T>
-__global__ void merge_kernel(Strided o, T* out, float* stats, const T* o_chunks, const T* o_masked,
-                             const float* stats_chunks, const float* stats_masked, const std::int32_t* len_q,
-                             RaggedRows ragged, const std::int32_t* len_kv_chunks,
-                             const std::int32_t* len_kv_masked, std::int64_t chunks, std::int64_t group) {
-  wait_for_the_previous_kernel();
-  extern __shared__ float shared[];
-  float* weights = shared;               // chunks + 1 (the masked call's last)
-  float* totals = weights + chunks + 1;  // the largest log-sum-exp, the sum of the weights
-  float* sums = totals + 2;              // groups * d_v
-  using P = Pack<T>;
-  constexpr int kPer = kMergePack;
-  const std::int64_t h = o.dims[1], s = o.dims[2], d = o.dims[3];
-  const std::int64_t row_id = blockIdx.x, r = row_id % s, head = row_id / s % h, i = row_id / s / h;
-  const std::int64_t folded_row = r * group + head % group, kv_head = head / group;
-  const std::int64_t chunk_stats_row = kv_head * s * group + folded_row, stats_row = head * s + r;
-  const std::int64_t packs = d / kPer, groups = blockDim.x / packs;  // d / kPer <= blockDim.x (host)
-  const std::int64_t pack = threadIdx.x % packs, my_group = threadIdx.x / packs;
-  const T* first = o_chunks + ((i * chunks * s * group + folded_row) * (h / group) + kv_head) * d + pack * kPer;
-  const std::int64_t chunk_stride = s * h * d;  // one entry's partial O
-  // Every load that depends on no other is issued first, before any is used: the row's length and
-  // this thread's first partials here, the chunks' lengths and statistics by the first warp right
-  // after. A chunk without keys has a statistic and a partial that were never written: read, then
-  // given the weight 0 and skipped. (Loaded one after another, each waiting on the last, they made
-  // most of the merge's time.)
-  const bool is_ragged = ragged.cu_q != nullptr;
-  const int queries =
-      is_ragged ? count_of(ragged.cu_q, i, ragged.sequences) : queries_of(len_q, i, static_cast<int>(s));
-  const std::int64_t used = min(i, static_cast<std::int64_t>(ragged.sequences));
-  const std::int64_t first_row = is_ragged ? ragged.start[used] : 0;  // a ragged sequence's, in tokens
-  const std::int64_t room = is_ragged && i < ragged.sequences ? ragged.start[i + 1] - first_row : 0;
-  const bool has_masked = o_masked != nullptr;
-  P ahead[kMergeAhead];
-#pragma unroll
-  for (int k = 0; k < kMergeAhead; ++k) {
-    const std::int64_t c = my_group + k * groups;
-    if (my_group < groups && c < chunks) ahead[k] = *reinterpret_cast<const P*>(first + c * chunk_stride);
-  }
-  auto row_of = [&](std::int64_t row) {
-    return out + i * o.strides[0] + head * o.strides[1] + (first_row + row) * o.strides[2];
-  };
-  auto zero = [&](T* row) {
-    for (std::int64_t col = threadIdx.x; col < d; col += blockDim.x) row[col * o.strides[3]] = from_float<T>(0.0f);
-  };
-  // A ragged sequence's rows past its queries are the next one's, but for a padded start's gap,
-  // zero as the unsplit call leaves it: this block takes gap rows r, r + s_q, r + 2 s_q, ...
-  auto zero_gap = [&] {
-    for (std::int64_t row = r; row < room; row += s) {
-      if (row >= queries) zero(row_of(row));
-    }
-  };
-  T* target = row_of(r);
-  if (r >= queries) {  // the whole block leaves, before any barrier
-    if (is_ragged) {
-      zero_gap();
-    } else {
-      zero(target);
-    }
-    return;
-  }
-  // The first warp weighs the chunks, reducing by shuffles; the block then meets at one barrier (two
-  // block-wide reductions took four).
-  if (threadIdx.x < 32) {
-    float largest = -INFINITY;
-    for (std::int64_t c = threadIdx.x; c <= chunks; c += 32) {
-      const bool chunk = c < chunks;
-      float lse = -INFINITY;
-      if (chunk || has_masked) {
-        const int keys = chunk ? len_kv_chunks[i * chunks + c] : len_kv_masked[i];
-        const float stat =
-            chunk ? stats_chunks[(i * chunks + c) * h * s + chunk_stats_row] : stats_masked[i * h * s + stats_row];
-        lse = keys > 0 && isfinite(stat) ? stat : -INFINITY;
-      }
-      weights[c] = lse;
-      largest = fmaxf(largest, lse);
-    }
-    largest = warp_reduce(largest, [](float a, float b) { return fmaxf(a, b); });
-    float sum = 0.0f;
-    for (std::int64_t c = threadIdx.x; c <= chunks; c += 32) {
-      const float w = largest > -INFINITY && weights[c] > -INFINITY ? __expf(weights[c] - largest) : 0.0f;
-      weights[c] = w;
-      sum += w;
-    }
-    sum = warp_reduce(sum, [](float a, float b) { return a + b; });
-    if (threadIdx.x == 0) {
-      totals[0] = largest;
-      totals[1] = sum;
-    }
-  }
-  __syncthreads();
-  const float largest = totals[0], sum = totals[1];
-
-  if (my_group < groups) {
-    float acc[kPer] = {};
-    auto add = [&](float w, const P& v) {
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) acc[k] += w * to_float(v.x[k]);
-    };
-#pragma unroll
-    for (int k = 0; k < kMergeAhead; ++k) {
-      const std::int64_t c = my_group + k * groups;
-      if (c < chunks && weights[c] != 0.0f) add(weights[c], ahead[k]);
-    }
-    for (std::int64_t c = my_group + kMergeAhead * groups; c < chunks; c += groups) {
-      const float w = weights[c];
-      if (w != 0.0f) add(w, *reinterpret_cast<const P*>(first + c * chunk_stride));
-    }
-    if (has_masked && my_group == 0 && weights[chunks] != 0.0f) {
-      add(weights[chunks], *reinterpret_cast<const P*>(o_masked + ((i * s + r) * h + head) * d + pack * kPer));
-    }
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) sums[my_group * d + pack * kPer + k] = acc[k];
-  }
-  __syncthreads();
-  for (std::int64_t col = threadIdx.x; col < d; col += blockDim.x) {
-    float acc = 0.0f;
-    for (std::int64_t g = 0; g < groups; ++g) acc += sums[g * d + col];
-    target[col * o.strides[3]] = from_float<T>(sum > 0.0f ? acc / sum : 0.0f);
-  }
-  if (stats != nullptr && threadIdx.x == 0) {  // dense [b, h, s_q]; ragged by token, [T, h]
-    const std::int64_t at = is_ragged ? (first_row + r) * h + head : i * h * s + stats_row;
-    stats[at] = sum > 0.0f ? largest + __logf(sum) : -INFINITY;
-  }
-  if (is_ragged) zero_gap();
-}
-
 template <class P>
 P* at(char* base, std::size_t offset) {
   return reinterpret_cast<P*>(base + offset);
-}
-
-// Whether this file's kernels may be launched early (wait_for_the_previous_kernel) on the current
-// device: only where the code that runs is SM 9.0's, which waits; on older GPUs, or from PTX built
-// for them, they serialize as usual. FUSEDATTN_DECODE_EARLY_LAUNCH=0 (read once) serializes always,
-// for the diagnostic's comparison.
-bool early_launch_here() {
-  static const bool enabled = switch_on_unless_zero("FUSEDATTN_DECODE_EARLY_LAUNCH");
-  cudaFuncAttributes attributes{};  // every kernel of this file is built for the same architectures
-  return enabled && cudaFuncGetAttributes(&attributes, merge_kernel<__nv_bfloat16>) == cudaSuccess &&
-         attributes.binaryVersion >= 90;
-}
-
-// kernel<<<blocks, threads, shared, stream>>>(args...), launched early where `early` (early_launch_here).
-template <class... Params, class... Args>
-cudaError_t launch(void (*kernel)(Params...), bool early, unsigned int blocks, unsigned int threads,
-                   std::size_t shared, cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = shared;
-  config.stream = stream;
-  config.attrs = early ? &attribute : nullptr;
-  config.numAttrs = early ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 }  // namespace
@@ -424,7 +208,7 @@ DecodeSplitComposite::DecodeSplitComposite(const AttentionSpec& spec, DecodeSpli
     : spec_(spec), split_(split), chunks_(get_plan(decode_chunks_spec(spec, split), Pass::forward)),
       masked_(has_masked_call(split) ? get_plan(decode_masked_spec(spec, split), Pass::forward) : nullptr),
       inner_workspace_(round_up(std::max(chunks_->workspace_bytes(), masked_ ? masked_->workspace_bytes() : 0))),
-      scratch_(scratch_of(spec, split)), early_launch_(early_launch_here()) {}
+      scratch_(scratch_of(spec, split)), early_launch_(decode_early_launch()) {}
 
 void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStream_t stream, char* workspace) const {
   const Scratch& s = scratch_;
@@ -460,7 +244,7 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
                                 ? RaggedRows{r.cu_seqlens_q, r.cu_seqlens_kv, starts, static_cast<int>(r.sequences)}
                                 : RaggedRows{nullptr, nullptr, nullptr, 0};
   auto prepare = [&](auto kernel) {
-    return launch(kernel, early_launch_, blocks, kThreads, 0, stream, cut, q_desc, heads, from, t.seq_len_q,
+    return launch(kernel, early_launch_, dim3(blocks), kThreads, 0, stream, cut, q_desc, heads, from, t.seq_len_q,
                   t.seq_len_kv, ragged, t.page_table_k, t.page_table_v, arrays);
   };
   check_cuda(vectors ? prepare(prepare_kernel<uint4>) : prepare(prepare_kernel<std::uint16_t>),
@@ -492,25 +276,19 @@ void DecodeSplitComposite::forward(const ForwardTensors& t, float scale, cudaStr
                  scale, stream, inner, partials, executed);
   }
 
-  const auto rows = static_cast<unsigned int>(spec_.o.elements() / spec_.head_dim_v());  // one block each
-  // Groups of d_v / 8 threads, no more groups than chunks: with few chunks and many rows (b = 4,
-  // 8 queries on an H200: 4 chunks, 1024 rows) idle groups would cost their share of the sums.
-  const std::int64_t d_v = spec_.head_dim_v(), packs = d_v / kMergePack;
-  const std::int64_t wanted = std::min<std::int64_t>(kMergeThreads / packs, split_.chunks) * packs;
-  const auto threads = static_cast<unsigned int>(std::min<std::int64_t>((wanted + 31) / 32 * 32, kMergeThreads));
-  const std::int64_t groups = threads / packs;  // as the kernel counts them
-  const std::size_t shared = (static_cast<std::size_t>(split_.chunks) + 1 + 2 + groups * d_v) * sizeof(float);
-  float* stats = spec_.stats ? t.stats : nullptr;
-  auto merge = [&](auto* out) {
-    using T = std::remove_pointer_t<decltype(out)>;
-    return launch(merge_kernel<T>, early_launch_, rows, threads, shared, stream, make_strided(spec_.o), out, stats,
-                  at<const T>(ours, s.o_chunks), masked_ ? at<const T>(ours, s.o_masked) : nullptr,
-                  at<const float>(ours, s.stats_chunks), at<const float>(ours, s.stats_masked), t.seq_len_q, ragged,
-                  at<const std::int32_t>(ours, s.len_kv_chunks), at<const std::int32_t>(ours, s.len_kv_masked),
-                  split_.chunks, group);
-  };
-  check_cuda(spec_.o.dtype == DType::bf16 ? merge(static_cast<__nv_bfloat16*>(t.o)) : merge(static_cast<__half*>(t.o)),
-             "decode split: merge");
+  DecodePartials merged;
+  merged.o = ours + s.o_chunks;
+  merged.stats = at<const float>(ours, s.stats_chunks);
+  merged.keys = at<const std::int32_t>(ours, s.len_kv_chunks);
+  merged.chunks = split_.chunks;
+  merged.group = group;
+  if (masked_) {
+    merged.o_masked = ours + s.o_masked;
+    merged.stats_masked = at<const float>(ours, s.stats_masked);
+    merged.keys_masked = at<const std::int32_t>(ours, s.len_kv_masked);
+  }
+  merge_decode_partials(spec_, merged, t.seq_len_q, ragged, t.o, spec_.stats ? t.stats : nullptr, early_launch_,
+                        stream);
 }
 
 }  // namespace fusedattn::detail
