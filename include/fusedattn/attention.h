@@ -159,6 +159,7 @@ namespace detail {
 class ReplayCache;
 class KvExpansion;
 class DecodeSplitComposite;
+class DecodeKernelCall;
 }
 
 /// A compiled cuDNN plan for one spec, pass and device. Immutable and shareable across threads.
@@ -166,6 +167,7 @@ class Plan {
  public:
   /// `graph` is the one built for the spec, except for an FP8 backward that runs its grouped K/V
   /// heads ungrouped (src/support/kv_expansion.h), whose graph is that of the ungrouped spec; null
+  /// for a decode that runs on fusedattn's own decode kernel (src/support/decode_kernel_rule.h), or
   /// for a spec that runs as several calls, each a cached plan of its own that the plan then finds
   /// or builds: a paged decode split into key chunks (src/support/decode_split.h).
   Plan(AttentionSpec spec, Pass pass, int device, std::shared_ptr<const graph::CompiledGraph> graph);
@@ -212,6 +214,7 @@ class Plan {
   Pass pass_;
   int device_;
   std::unique_ptr<const detail::KvExpansion> kv_expansion_;  // grouped K/V heads run ungrouped, or null
+  std::unique_ptr<const detail::DecodeKernelCall> decode_kernel_;  // fusedattn's decode kernel, or null
   std::unique_ptr<const detail::DecodeSplitComposite> split_;  // a paged decode split into key chunks, or null
   std::size_t scratch_bytes_;          // ours after cuDNN's (ragged arrays, max logit rows, K/V expansion)
   std::size_t graph_workspace_bytes_;  // what cuDNN asks for

@@ -47,6 +47,10 @@ struct Support {
   /// 9.19.0 only, cuDNN's own check not run (no NVIDIA driver found)". Empty where cuDNN's check
   /// ran, or the policy's refusal settled it first, and in check_support_policy's own answer.
   std::string policy_only;
+  /// Which kernels run a supported call, where cuDNN's check ran: "cuDNN", "cuDNN split decode, 32
+  /// chunks of 4 pages", or "fusedattn decode kernel, 32 chunks of 256 keys merged" (its own decode
+  /// kernel, src/support/decode_kernel_rule.h). Empty in a refusal and in a policy-only answer.
+  std::string kernel;
   bool ok() const noexcept { return reasons.empty(); }
   /// "supported", or every reason on its own line; then policy_only, in parentheses, on its own line.
   std::string to_string() const;

@@ -162,12 +162,14 @@ fa::PlanOptions plan_options(std::optional<bool> autotune) {
   return options;
 }
 
-// A support answer as Python takes it: (ok, [(field, value, requirement, lifted_by)], policy_only, text).
-std::tuple<bool, std::vector<std::tuple<std::string, std::string, std::string, std::string>>, std::string, std::string>
+// A support answer as Python takes it: (ok, [(field, value, requirement, lifted_by)], policy_only, text,
+// kernel).
+std::tuple<bool, std::vector<std::tuple<std::string, std::string, std::string, std::string>>, std::string, std::string,
+           std::string>
 support_tuple(const fa::Support& support) {
   std::vector<std::tuple<std::string, std::string, std::string, std::string>> reasons;
   for (const fa::Reason& r : support.reasons) reasons.emplace_back(r.field, r.value, r.requirement, r.lifted_by);
-  return {support.ok(), reasons, support.policy_only, support.to_string()};
+  return {support.ok(), reasons, support.policy_only, support.to_string(), support.kernel};
 }
 
 }  // namespace
@@ -396,7 +398,7 @@ NB_MODULE(_core, m) {
   // Each takes a ValidatedSpec (from Config.spec) as it is, and validates any other Spec first: the
   // ValidatedSpec overloads come first, so nanobind tries them first.
   const char* const check_support_doc =
-      "(supported, [(field, value, requirement, lifted_by)], policy_only, text) on the current device: the policy, "
+      "(supported, [(field, value, requirement, lifted_by)], policy_only, text, kernel) on the current device: the policy, "
       "then cuDNN's own check, which builds and caches the plan. With device (\"sm90\", \"sm100\", ...), or where "
       "the process has no GPU (then for SM 9.0), the policy's answer alone, policy_only saying so and why.";
   m.def(

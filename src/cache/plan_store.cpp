@@ -13,6 +13,7 @@
 
 #include "cache/disk_cache.h"
 #include "exec/autotune.h"
+#include "exec/decode_kernel.h"
 #include "exec/decode_split.h"
 #include "exec/device.h"
 #include "exec/environment_switch.h"
@@ -152,11 +153,21 @@ std::shared_ptr<const detail::CacheEntry> build_spec_entry(const PlanKey& key) {
   entry->support = check_support_policy(key.spec, key.pass, DeviceCaps{key.sm / 10, key.sm % 10},
                                         detail::versions());
   if (!entry->support.ok()) return entry;
+  // fusedattn's own decode kernel where the rule picks it (an FP8 K/V cache always: the policy
+  // refused it where the kernel does not take it); no cuDNN graph then.
+  if (const auto shape = detail::decode_kernel_in_use(key.spec, key.pass, key.device)) {
+    entry->plan = std::make_shared<Plan>(key.spec, key.pass, key.device, nullptr);
+    entry->support.kernel = detail::decode_kernel_description(*shape);
+    return entry;
+  }
   const detail::DecodeSplit split = detail::decode_split_in_use(key.spec, key.pass, key.device);
   if (split.split() && check_support(detail::decode_chunks_spec(key.spec, split), key.pass).ok() &&
       (!detail::has_masked_call(split) || check_support(detail::decode_masked_spec(key.spec, split), key.pass).ok())) {
     // The chunks' plans are cached under their own specs; where cuDNN refuses one, one call.
     entry->plan = std::make_shared<Plan>(key.spec, key.pass, key.device, nullptr);
+    entry->support.kernel = "cuDNN split decode, " + std::to_string(split.chunks) + " chunks of " +
+                            std::to_string(split.chunk_pages) + " pages" +
+                            (detail::has_masked_call(split) ? " and a masked call" : "");
     return entry;
   }
   cudnnHandle_t handle = detail::handle_for(key.device, nullptr);
@@ -173,6 +184,7 @@ std::shared_ptr<const detail::CacheEntry> build_spec_entry(const PlanKey& key) {
     store(disk, key, *graph);
   }
   entry->plan = std::make_shared<Plan>(key.spec, key.pass, key.device, std::move(graph));
+  entry->support.kernel = "cuDNN";
   return entry;
 }
 

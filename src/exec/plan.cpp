@@ -5,10 +5,12 @@
 #include <cstring>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
+#include "exec/decode_kernel.h"
 #include "exec/decode_split.h"
 #include "exec/cuda_check.h"
 #include "exec/device.h"
@@ -209,8 +211,15 @@ std::atomic<std::size_t> g_live_plans{0};
 }  // namespace
 
 namespace {
-// Without a graph the spec runs as several calls, each a plan of its own: a paged decode split into
-// key chunks (support/decode_split.h).
+// Without a graph the spec runs on fusedattn's decode kernel (support/decode_kernel_rule.h), or as
+// several calls, each a plan of its own: a paged decode split into key chunks (support/decode_split.h).
+std::unique_ptr<const detail::DecodeKernelCall> decode_kernel_of(const AttentionSpec& spec, Pass pass, int device,
+                                                                 bool has_graph) {
+  if (has_graph) return nullptr;
+  const std::optional<detail::DecodeKernelShape> shape = detail::decode_kernel_in_use(spec, pass, device);
+  return shape ? std::make_unique<const detail::DecodeKernelCall>(spec, *shape) : nullptr;
+}
+
 std::unique_ptr<const detail::DecodeSplitComposite> split_of(const AttentionSpec& spec, Pass pass, int device,
                                                              bool has_graph) {
   if (has_graph) return nullptr;
@@ -225,9 +234,11 @@ Plan::Plan(AttentionSpec spec, Pass pass, int device, std::shared_ptr<const grap
       kv_expansion_(graph && detail::expands_kv_heads_on(spec_, pass, device)
                         ? std::make_unique<const detail::KvExpansion>(spec_)
                         : nullptr),
-      split_(split_of(spec_, pass, device, graph != nullptr)),
-      scratch_bytes_(split_ ? split_->workspace_bytes()
-                            : scratch_for(spec_, pass) + (kv_expansion_ ? kv_expansion_->workspace_bytes() : 0)),
+      decode_kernel_(decode_kernel_of(spec_, pass, device, graph != nullptr)),
+      split_(split_of(spec_, pass, device, graph != nullptr || decode_kernel_ != nullptr)),
+      scratch_bytes_(decode_kernel_ ? decode_kernel_->workspace_bytes()
+                     : split_       ? split_->workspace_bytes()
+                                    : scratch_for(spec_, pass) + (kv_expansion_ ? kv_expansion_->workspace_bytes() : 0)),
       graph_workspace_bytes_(!graph ? 0 : scratch_bytes_ ? round_up(graph->workspace_bytes()) : graph->workspace_bytes()),
       graph_(std::move(graph)), zero_sink_(zero_sink(spec_)),
       replays_(std::make_unique<detail::ReplayCache>()) {
@@ -259,6 +270,10 @@ void Plan::enqueue(const ForwardTensors& t, float scale, cudaStream_t stream, co
   detail::check_tensor_set(spec_, t);
   detail::check_scale(scale);
   CallWorkspace scratch(workspace_bytes(), workspace, stream);  // first: a failing allocator leaves nothing written
+  if (decode_kernel_) {
+    decode_kernel_->forward(t, scale, stream, static_cast<char*>(scratch.data()));
+    return;
+  }
   if (split_) {
     split_->forward(t, scale, stream, static_cast<char*>(scratch.data()));
     return;

@@ -11,6 +11,7 @@
 
 #include "spec/diagonal.h"
 #include "spec/text.h"
+#include "support/decode_kernel_rule.h"
 #include "support/rules.h"
 
 namespace fusedattn {
@@ -396,6 +397,7 @@ Support check_support_policy(const AttentionSpec& given, Pass pass, const Device
   paged_rule(spec, pass, versions, out);
   detail::fp8_rule(spec, pass, caps, versions, out);
   detail::mxfp8_rule(spec, pass, caps, versions, out);
+  detail::fp8_kv_cache_rule(given, pass, caps, out);
   score_mod_rule(spec, pass, versions, out);
   return support;
 }

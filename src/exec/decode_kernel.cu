@@ -1,0 +1,152 @@
+// fusedattn's decode kernel as a plan runs it (decode_kernel.h): which instance, its parameters
+// from the spec and the call, the launch and the merge.
+#include "exec/decode_kernel.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#include "exec/cuda_check.h"
+#include "exec/decode_kernel_body.cuh"
+#include "exec/device.h"
+#include "exec/element_conversions.cuh"
+
+namespace fusedattn::detail {
+namespace {
+
+using decode::Params;
+using Kernel = void (*)(Params);
+
+constexpr std::size_t kAlign = 256;
+std::size_t round_up(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+// FUSEDATTN_DECODE_KERNEL, read once: 0 never, 1 wherever the kernel takes the call, else the rule.
+int forced_choice() {
+  static const int forced = [] {
+    const char* value = std::getenv("FUSEDATTN_DECODE_KERNEL");
+    if (value == nullptr) return -1;
+    if (std::strcmp(value, "0") == 0) return 0;
+    return std::strcmp(value, "1") == 0 ? 1 : -1;
+  }();
+  return forced;
+}
+
+// The instance for the row tiles (1, 2, 4 or 8; with 4 warps' worth of key groups below 4 tiles).
+template <class T, class KV, int D>
+Kernel by_rows(int row_tiles) {
+  switch (row_tiles) {
+    case 1: return decode::decode_kernel<T, KV, D, 1, 4>;
+    case 2: return decode::decode_kernel<T, KV, D, 2, 2>;
+    case 4: return decode::decode_kernel<T, KV, D, 4, 1>;
+    case 8: return decode::decode_kernel<T, KV, D, 8, 1>;
+  }
+  return nullptr;
+}
+
+template <class T, class KV>
+Kernel by_head_dim(std::int64_t d, int row_tiles) {
+  if (d == 64) return by_rows<T, KV, 64>(row_tiles);
+  if (d == 128) return by_rows<T, KV, 128>(row_tiles);
+  return nullptr;
+}
+
+template <class T>
+Kernel by_cache(const AttentionSpec& spec, int row_tiles) {
+  if (spec.fp8_kv_cache()) return by_head_dim<T, E4M3>(spec.head_dim_v(), row_tiles);
+  return by_head_dim<T, T>(spec.head_dim_v(), row_tiles);
+}
+
+Kernel kernel_for(const AttentionSpec& spec, const DecodeKernelShape& shape) {
+  const Kernel kernel = spec.q.dtype == DType::bf16 ? by_cache<__nv_bfloat16>(spec, shape.row_tiles)
+                        : spec.q.dtype == DType::f16 ? by_cache<__half>(spec, shape.row_tiles)
+                                                      : nullptr;
+  // decode_kernel_refusals keeps every other spec away; reaching this is a bug of ours.
+  if (kernel == nullptr) throw std::logic_error("fusedattn: no decode kernel for " + to_string(spec));
+  return kernel;
+}
+
+void copy_strides(const TensorDesc& desc, long long (&out)[3]) {
+  out[0] = desc.strides[kBatch];
+  out[1] = desc.strides[kHead];
+  out[2] = desc.strides[kSeq];
+}
+
+}  // namespace
+
+std::optional<DecodeKernelShape> decode_kernel_in_use(const AttentionSpec& spec, Pass pass, int device) {
+  if (pass != Pass::forward) return std::nullopt;
+  const DecodeDevice gpu{device_caps(device), multiprocessor_count(device)};
+  if (!decode_kernel_refusals(spec, pass, gpu.caps).empty()) return std::nullopt;
+  const int forced = spec.fp8_kv_cache() ? 1 : forced_choice();
+  if (forced == 0 || (forced < 0 && !decode_kernel_preferred(spec, pass, gpu))) return std::nullopt;
+  return decode_kernel_shape(spec, gpu);
+}
+
+DecodeKernelCall::DecodeKernelCall(const AttentionSpec& spec, const DecodeKernelShape& shape)
+    : spec_(spec), shape_(shape), kernel_(kernel_for(spec, shape)), early_launch_(decode_early_launch()) {
+  check_cuda(cudaFuncSetAttribute(kernel_, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(shape.shared_bytes)),
+             "cudaFuncSetAttribute(decode kernel, shared memory)");
+  if (shape.merged()) {
+    const auto rows = static_cast<std::size_t>(spec.batch() * shape.chunks * spec.heads_q() * spec.seq_q());
+    partial_o_bytes_ = round_up(rows * static_cast<std::size_t>(spec.head_dim_v()) * sizeof(float));
+    partial_stats_bytes_ = round_up(rows * sizeof(float));
+  }
+}
+
+void DecodeKernelCall::forward(const ForwardTensors& t, float scale, cudaStream_t stream, char* workspace) const {
+  const AttentionSpec& s = spec_;
+  const std::int64_t group = s.heads_q() / s.heads_kv();
+  Params p{};
+  p.q = t.q;
+  p.o = t.o;
+  p.stats = s.stats ? t.stats : nullptr;
+  p.k = t.k;
+  p.v = t.v;
+  p.table_k = s.paged_kv() ? t.page_table_k : nullptr;
+  p.table_v = s.paged_kv() ? t.page_table_v : nullptr;
+  p.len_q = s.padding ? t.seq_len_q : nullptr;  // null there too: s_q each (attention.h)
+  p.len_kv = s.padding ? t.seq_len_kv : nullptr;
+  if (s.fp8_kv_cache()) {
+    p.descale_k = t.fp8.descale_k;
+    p.descale_v = t.fp8.descale_v;
+    p.descale_step = s.fp8_scaling == Fp8Scaling::head ? 1 : 0;
+  }
+  if (shape_.merged()) {
+    p.o_part = reinterpret_cast<float*>(workspace);
+    p.stats_part = reinterpret_cast<float*>(workspace + partial_o_bytes_);
+  }
+  copy_strides(s.q, p.q_stride);
+  copy_strides(s.o, p.o_stride);
+  copy_strides(s.k, p.k_stride);
+  copy_strides(s.v, p.v_stride);
+  p.s_q = static_cast<int>(s.seq_q());
+  p.s_kv = static_cast<int>(s.seq_kv());
+  p.group = static_cast<int>(group);
+  p.h_kv = static_cast<int>(s.heads_kv());
+  p.pages = static_cast<int>(s.kv_pages);
+  p.page_size = static_cast<int>(s.page_size());
+  p.chunk_keys = static_cast<int>(shape_.chunk_keys);
+  p.chunks = static_cast<int>(shape_.chunks);
+  p.window_left = static_cast<int>(s.window.left);
+  p.window_right = static_cast<int>(s.window.right);
+  p.bottom_right = s.alignment == Alignment::bottom_right;
+  p.scale_log2 = scale * 1.4426950408889634f;
+  const dim3 blocks(static_cast<unsigned>(shape_.chunks), static_cast<unsigned>(s.heads_kv()),
+                    static_cast<unsigned>(s.batch()));
+  check_cuda(launch(kernel_, early_launch_, blocks, static_cast<unsigned>(shape_.threads),
+                    static_cast<std::size_t>(shape_.shared_bytes), stream, p),
+             "decode kernel: launch");
+  if (!shape_.merged()) return;
+  DecodePartials partials;
+  partials.o = p.o_part;
+  partials.float32 = true;
+  partials.stats = p.stats_part;
+  partials.chunks = shape_.chunks;
+  partials.group = group;
+  merge_decode_partials(s, partials, p.len_q, RaggedRows{}, t.o, p.stats, early_launch_, stream);
+}
+
+}  // namespace fusedattn::detail

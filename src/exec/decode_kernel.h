@@ -1,0 +1,48 @@
+// Internal: fusedattn's own decode kernel as a plan runs it (the rule: support/decode_kernel_rule.h;
+// the kernel: decode_kernel_body.cuh). One launch over (chunk, K/V head, sequence) blocks, then, for
+// a call cut into several chunks, the library's one merge (decode_merge.h), launched early behind
+// it; all on the caller's stream, lengths and descales read on the device, so a captured call
+// replays with new ones. O is zero in rows past a sequence's queries, and a row that sees no key
+// is O 0 with a log-sum-exp of -inf, as the references define.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+
+#include <cuda_runtime_api.h>
+
+#include "fusedattn/attention.h"
+#include "support/decode_kernel_rule.h"
+
+namespace fusedattn::detail {
+namespace decode {
+struct Params;
+}
+
+/// The shape the kernel runs `spec` in on `device`, or nothing where cuDNN's path does: an FP8 K/V
+/// cache always where the kernel takes it; a 16-bit one where decode_kernel_preferred says so,
+/// unless FUSEDATTN_DECODE_KERNEL (read once) says otherwise: 0 never (cuDNN's path wherever it
+/// takes the call), 1 wherever the kernel takes it (the benchmark times both ways with it).
+std::optional<DecodeKernelShape> decode_kernel_in_use(const AttentionSpec& spec, Pass pass, int device);
+
+class DecodeKernelCall {
+ public:
+  /// Finds the kernel for the spec's dtypes, head dim and shape, and lets it have its shared
+  /// memory (cudaFuncSetAttribute, once per plan). Throws CudaError if that fails.
+  DecodeKernelCall(const AttentionSpec& spec, const DecodeKernelShape& shape);
+  /// The partials' float32 O and statistics (none for one chunk).
+  std::size_t workspace_bytes() const noexcept { return partial_o_bytes_ + partial_stats_bytes_; }
+  const DecodeKernelShape& shape() const noexcept { return shape_; }
+
+  /// Enqueues the kernel (and the merge). `t` was checked against the spec (tensor_set.h).
+  void forward(const ForwardTensors& t, float scale, cudaStream_t stream, char* workspace) const;
+
+ private:
+  AttentionSpec spec_;
+  DecodeKernelShape shape_;
+  void (*kernel_)(decode::Params);  // the instance for the spec's dtypes, head dim and rows
+  std::size_t partial_o_bytes_ = 0, partial_stats_bytes_ = 0;
+  bool early_launch_ = false;
+};
+
+}  // namespace fusedattn::detail

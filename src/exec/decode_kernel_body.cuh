@@ -1,0 +1,342 @@
+// Internal: fusedattn's decode kernel (decode_kernel.h says what a call computes, and
+// support/decode_kernel_rule.h when it runs). One block per (chunk of keys, K/V head, sequence):
+// its rows are the s_q * g queries of the g query heads that share the K/V head, in tiles of 16
+// rows; each warp holds one row tile and 64 / kKeyGroups keys of every 64-key tile. The K and V
+// tiles stream through shared memory in a pipeline of 16-byte asynchronous copies (stages - 1 tiles
+// in flight while one is used), read back by ldmatrix from rows whose 16-byte chunks are XOR-swizzled
+// by the row (so the 8 rows an ldmatrix reads lie on distinct banks), into tensor-core products
+// with float32 accumulation and an online softmax in base 2. FP8 tiles are widened to q's dtype in
+// shared memory first (exactly: every E4M3 value is a half and a bfloat16); their descales fold into
+// the score scale (K) and the output (V). At the end the warps of a row tile merge their keys in
+// shared memory and the block writes O and the log-sum-exp, or a chunk's partials for the merge.
+#pragma once
+
+#include <cstdint>
+
+#include "exec/decode_launch.cuh"
+#include "exec/decode_mma.cuh"
+#include "support/decode_kernel_rule.h"
+
+namespace fusedattn::detail::decode {
+
+/// Everything a launch reads: pointers, strides (in elements) and sizes.
+struct Params {
+  const void* q;
+  void* o;
+  float* stats;                    // dense [b, h_q, s_q], or null
+  const void* k;
+  const void* v;
+  const std::int32_t* table_k;     // [b, pages] page tables; null: contiguous K/V
+  const std::int32_t* table_v;
+  const std::int32_t* len_q;       // [b]; null: s_q every sequence
+  const std::int32_t* len_kv;      // [b]; null: s_kv every sequence
+  const float* descale_k;          // FP8 K/V: scalars or [h_kv] (descale_step 1); else null
+  const float* descale_v;
+  int descale_step;
+  float* o_part;                   // partials [b * chunks, s_q * g, h_kv, d] (decode_merge.h); null: O itself
+  float* stats_part;               // [b * chunks, h_kv, s_q * g]
+  long long q_stride[3], o_stride[3], k_stride[3], v_stride[3];  // batch (a pool's page), head, sequence
+  int s_q, s_kv, group, h_kv, pages, page_size, chunk_keys, chunks;
+  int window_left, window_right;   // -1: no bound
+  bool bottom_right;
+  float scale_log2;                // the softmax scale times log2(e)
+};
+
+// One of four values by a runtime index, without an indexed register array (which would live in
+// local memory).
+__device__ __forceinline__ int pick(const int (&values)[4], int index) {
+  return index == 0 ? values[0] : index == 1 ? values[1] : index == 2 ? values[2] : values[3];
+}
+
+// Byte offset of 16-byte chunk `chunk` of `row` in a tile of 16-bit rows of `kChunks` chunks.
+template <int kChunks>
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  return (row * kChunks + (chunk ^ (row & 7))) * 16;
+}
+
+template <class T, class KV, int D, int kRowTiles, int kKeyGroups>
+__global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(const Params p) {
+#ifdef FUSEDATTN_DECODE_MMA
+  constexpr int kThreads = 32 * kRowTiles * kKeyGroups;
+  constexpr bool kFp8 = sizeof(KV) == 1;
+  constexpr int kTile = static_cast<int>(kDecodeTileKeys);
+  constexpr int kStages = decode_kernel_stages(sizeof(KV));
+  constexpr int kWarpKeys = kTile / kKeyGroups;     // of every tile
+  constexpr int kKeyTiles = kWarpKeys / 8;          // n-tiles of a warp's scores
+  constexpr int kSteps = D / 16;                    // k-steps of Q K^T
+  constexpr int kOutTiles = D / 8;                  // n-tiles of O
+  constexpr int kRawBytes = kTile * D * static_cast<int>(sizeof(KV));  // a K or V tile as stored
+  constexpr int kWideBytes = kTile * D * 2;                             // as 16-bit rows
+  constexpr int kChunks = D * 2 / 16;                                   // 16-byte chunks of a 16-bit row
+  constexpr int kRawChunks = D * static_cast<int>(sizeof(KV)) / 16;      // of a stored row
+  constexpr int kCopies = kTile * kRawChunks / kThreads;                // a thread's chunks of a tile
+  static_assert(kSteps % 2 == 0 && kKeyTiles % 2 == 0 && kCopies >= 1 && kTile * kRawChunks % kThreads == 0);
+  static_assert(kChunks >= 8, "the swizzle spreads 8 rows over 8 chunks");
+  extern __shared__ __align__(128) unsigned char shared[];
+  unsigned char* const stages = shared;                          // [kStages][K, V][kRawBytes]
+  unsigned char* const wide = shared + kStages * 2 * kRawBytes;  // FP8: [K, V][kWideBytes]
+
+  const int chunk = blockIdx.x, kv = blockIdx.y, i = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, quad = lane % 4;
+  const int row_tile = warp / kKeyGroups, key_group = warp % kKeyGroups;
+  wait_for_the_previous_kernel();
+
+  // This sequence's lengths and each query row's visible keys [low, high) (reference.h's window:
+  // p = t + kv_len - q_len bottom-right, key j seen when p - left < j <= p + right).
+  const int q_len = p.len_q ? min(max(p.len_q[i], 0), p.s_q) : p.s_q;
+  const int kv_len = p.len_kv ? min(max(p.len_kv[i], 0), p.s_kv) : p.s_kv;
+  const int rows = p.s_q * p.group, shift = p.bottom_right ? kv_len - q_len : 0;
+  auto low_of = [&](int t) { return p.window_left >= 0 ? max(0, t + shift - p.window_left + 1) : 0; };
+  auto high_of = [&](int t) { return p.window_right >= 0 ? min(kv_len, t + shift + p.window_right + 1) : kv_len; };
+  // The chunk's keys that some row sees (the first row sees the lowest, the last the highest),
+  // in whole tiles from a multiple of 64.
+  const int begin = chunk * p.chunk_keys, end = min(begin + p.chunk_keys, kv_len);
+  const int first = q_len > 0 ? max(begin, low_of(0)) : begin, last = q_len > 0 ? min(end, high_of(q_len - 1)) : begin;
+  const int tile0 = first / kTile * kTile, tiles = last > first ? (last - tile0 + kTile - 1) / kTile : 0;
+  const long long entry = static_cast<long long>(i) * p.chunks + chunk;
+  if (p.o_part != nullptr && tiles == 0) {  // a chunk no row sees: weight 0 in the merge
+    for (int r = threadIdx.x; r < rows; r += kThreads) p.stats_part[(entry * p.h_kv + kv) * rows + r] = -INFINITY;
+    let_the_next_kernel_launch();
+    return;
+  }
+
+  // Pages of a tile's four 16-key groups (page sizes are multiples of 16), read a tile ahead.
+  const bool paged = p.table_k != nullptr;
+  const long long table_row = static_cast<long long>(i) * p.pages;
+  struct Pages {
+    int k[4], v[4];
+  };
+  auto pages_of = [&](int n, Pages& out) {
+    if (!paged) return;
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      const int page = min((tile0 + n * kTile + 16 * g) / p.page_size, p.pages - 1);
+      out.k[g] = p.table_k[table_row + page];
+      out.v[g] = p.table_v[table_row + page];
+    }
+  };
+  const KV* const k_head = static_cast<const KV*>(p.k) + kv * p.k_stride[1];
+  const KV* const v_head = static_cast<const KV*>(p.v) + kv * p.v_stride[1];
+  // Tile n's K and V into its stage: zeros past the sequence (its scores are masked, but 0 * NaN
+  // would not be). 16-bit rows swizzled for ldmatrix; FP8 rows as they are, for the widening pass.
+  auto issue = [&](int n, const Pages& pages) {
+    unsigned char* const k_stage = stages + (n % kStages) * 2 * kRawBytes;
+    unsigned char* const v_stage = k_stage + kRawBytes;
+    const int key0 = tile0 + n * kTile;
+#pragma unroll
+    for (int u = 0; u < kCopies; ++u) {
+      const int c = threadIdx.x + u * kThreads, row = c / kRawChunks, column = c % kRawChunks;
+      const int key = key0 + row;
+      const bool valid = key < kv_len;
+      long long k_at, v_at;
+      if (paged) {
+        const long long in_page = key % p.page_size;
+        k_at = pick(pages.k, row / 16) * p.k_stride[0] + in_page * p.k_stride[2];
+        v_at = pick(pages.v, row / 16) * p.v_stride[0] + in_page * p.v_stride[2];
+      } else {
+        k_at = static_cast<long long>(i) * p.k_stride[0] + static_cast<long long>(key) * p.k_stride[2];
+        v_at = static_cast<long long>(i) * p.v_stride[0] + static_cast<long long>(key) * p.v_stride[2];
+      }
+      const int element = column * (16 / static_cast<int>(sizeof(KV)));
+      const int to = kFp8 ? c * 16 : swizzled<kChunks>(row, column);
+      copy_16(k_stage + to, valid ? k_head + k_at + element : k_head, valid);
+      copy_16(v_stage + to, valid ? v_head + v_at + element : v_head, valid);
+    }
+  };
+  // FP8: a stored tile widened into 16-bit swizzled rows.
+  auto widen = [&](const unsigned char* from, unsigned char* to) {
+#pragma unroll
+    for (int u = 0; u < kCopies; ++u) {
+      const int c = threadIdx.x + u * kThreads, row = c / kRawChunks, column = c % kRawChunks;
+      uint4 low, high;
+      e4m3_to_16bit<T>(*reinterpret_cast<const uint4*>(from + c * 16), low, high);
+      *reinterpret_cast<uint4*>(to + swizzled<kChunks>(row, 2 * column)) = low;
+      *reinterpret_cast<uint4*>(to + swizzled<kChunks>(row, 2 * column + 1)) = high;
+    }
+  };
+
+  // The first tiles' pages, then the queries (both independent loads), then the first copies.
+  Pages ahead[kStages] = {};
+#pragma unroll
+  for (int n = 0; n < kStages; ++n) {
+    if (n < tiles) pages_of(n, ahead[n]);
+  }
+  // This thread's rows of its tile (gid and gid + 8): query t of head kv * g + j, row t * g + j.
+  int low[2], high[2];
+  unsigned q_frag[kSteps][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int r = row_tile * 16 + gid + 8 * h, t = r / p.group, j = r % p.group;
+    const bool valid = r < rows && t < q_len;
+    low[h] = valid ? low_of(t) : 0;
+    high[h] = valid ? high_of(t) : 0;
+    const T* q_row = static_cast<const T*>(p.q) + i * p.q_stride[0] + (kv * p.group + j) * p.q_stride[1] +
+                     static_cast<long long>(t) * p.q_stride[2];
+#pragma unroll
+    for (int ks = 0; ks < kSteps; ++ks) {  // A fragment: rows gid (h 0) and gid + 8, columns 2 quad (+ 8)
+      q_frag[ks][h] = valid ? *reinterpret_cast<const unsigned*>(q_row + ks * 16 + 2 * quad) : 0u;
+      q_frag[ks][2 + h] = valid ? *reinterpret_cast<const unsigned*>(q_row + ks * 16 + 8 + 2 * quad) : 0u;
+    }
+  }
+  float scale = p.scale_log2, out_scale = 1.0f;
+  if constexpr (kFp8) {
+    scale *= p.descale_k[kv * p.descale_step];
+    out_scale = p.descale_v[kv * p.descale_step];
+  }
+#pragma unroll
+  for (int n = 0; n < kStages - 1; ++n) {
+    if (n < tiles) issue(n, ahead[n]);
+    commit_copies();
+  }
+  Pages next = ahead[kStages - 1];
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // a row's max (base 2) and this thread's sum
+  float acc[kOutTiles][4];
+#pragma unroll
+  for (int ot = 0; ot < kOutTiles; ++ot) acc[ot][0] = acc[ot][1] = acc[ot][2] = acc[ot][3] = 0.0f;
+
+  for (int n = 0; n < tiles; ++n) {
+    wait_copies<kStages - 2>();  // tile n has landed (this thread's copies)
+    __syncthreads();             // everyone's; and tile n - 1's stage is free
+    if (n + kStages - 1 < tiles) issue(n + kStages - 1, next);
+    commit_copies();
+    if (n + kStages < tiles) pages_of(n + kStages, next);
+    const unsigned char* k_tile = stages + (n % kStages) * 2 * kRawBytes;
+    const unsigned char* v_tile = k_tile + kRawBytes;
+    if constexpr (kFp8) {
+      widen(k_tile, wide);
+      widen(v_tile, wide + kWideBytes);
+      __syncthreads();
+      k_tile = wide;
+      v_tile = wide + kWideBytes;
+    }
+    const int warp_row0 = key_group * kWarpKeys, key_base = tile0 + n * kTile + warp_row0;
+    float s[kKeyTiles][4];
+#pragma unroll
+    for (int nt = 0; nt < kKeyTiles; ++nt) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < kSteps; ks += 2) {  // matrices: keys of n-tile nt, d chunks 2 ks .. 2 ks + 3
+        unsigned b[4];
+        const int row = warp_row0 + nt * 8 + (lane & 7);
+        load_matrices<false>(b, k_tile + swizzled<kChunks>(row, 2 * ks + (lane >> 3)));
+        mma<T>(s[nt], q_frag[ks], b[0], b[1]);
+        mma<T>(s[nt], q_frag[ks + 1], b[2], b[3]);
+      }
+    }
+    // Online softmax in base 2: each row's running max over its seen keys, its rescaled sum and O.
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < kKeyTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2, key = key_base + nt * 8 + 2 * quad + (e & 1);
+        s[nt][e] = key >= low[h] && key < high[h] ? s[nt][e] * scale : -INFINITY;
+        tile_max[h] = fmaxf(tile_max[h], s[nt][e]);
+      }
+    }
+    float base[2], alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // the 4 lanes of a row (a quad) share its max
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+      const float top = fmaxf(m[h], tile_max[h]);
+      base[h] = top == -INFINITY ? 0.0f : top;  // a row that has seen nothing stays at 0
+      alpha[h] = exp2_approx(m[h] - base[h]);
+      m[h] = top;
+      l[h] *= alpha[h];
+    }
+#pragma unroll
+    for (int nt = 0; nt < kKeyTiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = exp2_approx(s[nt][e] - base[e / 2]);
+        l[e / 2] += s[nt][e];
+      }
+    }
+#pragma unroll
+    for (int ot = 0; ot < kOutTiles; ++ot) {
+      acc[ot][0] *= alpha[0];
+      acc[ot][1] *= alpha[0];
+      acc[ot][2] *= alpha[1];
+      acc[ot][3] *= alpha[1];
+    }
+    // O += P V: the scores' C fragments of two key n-tiles are the A fragment of 16 keys.
+#pragma unroll
+    for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
+      const unsigned a[4] = {pack<T>(s[2 * kk][0], s[2 * kk][1]), pack<T>(s[2 * kk][2], s[2 * kk][3]),
+                             pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int ot = 0; ot < kOutTiles; ot += 2) {  // matrices: keys 0-7 / 8-15 by d chunks ot, ot + 1
+        unsigned b[4];
+        const int which = lane >> 3, row = warp_row0 + kk * 16 + (lane & 7) + 8 * (which & 1);
+        load_matrices<true>(b, v_tile + swizzled<kChunks>(row, ot + (which >> 1)));
+        mma<T>(acc[ot], a, b[0], b[1]);
+        mma<T>(acc[ot + 1], a, b[2], b[3]);
+      }
+    }
+  }
+  let_the_next_kernel_launch();
+
+  // The warps of a row tile merge their keys: each writes its O rows, max and sum to shared memory.
+  wait_copies<0>();
+  __syncthreads();  // the tiles' memory takes the rows now
+  constexpr int kPitch = D + 8;
+  float* const o_rows = reinterpret_cast<float*>(shared);                        // [warps][16][kPitch]
+  float* const maxima = o_rows + kRowTiles * kKeyGroups * 16 * kPitch;           // [warps][16][max, sum]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    const int r = warp * 16 + gid + 8 * h;
+#pragma unroll
+    for (int ot = 0; ot < kOutTiles; ++ot) {
+      *reinterpret_cast<float2*>(o_rows + r * kPitch + ot * 8 + 2 * quad) = make_float2(acc[ot][2 * h], acc[ot][2 * h + 1]);
+    }
+    if (quad == 0) {
+      maxima[2 * r] = m[h];
+      maxima[2 * r + 1] = l[h];
+    }
+  }
+  __syncthreads();
+  constexpr int kColumns = D / 4;  // 4 columns a thread at a time
+  for (int n = threadIdx.x; n < kRowTiles * 16 * kColumns; n += kThreads) {
+    const int row = n / kColumns, column = n % kColumns * 4, tile = row / 16, in_tile = row % 16;
+    if (row >= rows) break;  // rows only grow with n
+    float top = -INFINITY;
+#pragma unroll
+    for (int g = 0; g < kKeyGroups; ++g) top = fmaxf(top, maxima[2 * ((tile * kKeyGroups + g) * 16 + in_tile)]);
+    const float base = top == -INFINITY ? 0.0f : top;
+    float sum = 0.0f;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int g = 0; g < kKeyGroups; ++g) {
+      const int r = (tile * kKeyGroups + g) * 16 + in_tile;
+      const float w = exp2_approx(maxima[2 * r] - base);
+      sum += w * maxima[2 * r + 1];
+      const float4 part = *reinterpret_cast<const float4*>(o_rows + r * kPitch + column);
+      o.x += w * part.x;
+      o.y += w * part.y;
+      o.z += w * part.z;
+      o.w += w * part.w;
+    }
+    const int t = row / p.group, head = kv * p.group + row % p.group;
+    const bool seen = t < q_len && sum > 0.0f;
+    const float f = seen ? out_scale / sum : 0.0f;
+    o = seen ? make_float4(o.x * f, o.y * f, o.z * f, o.w * f) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const float lse = seen ? top * 0.69314718f + __logf(sum) : -INFINITY;  // natural: top is in base 2
+    if (p.o_part != nullptr) {
+      *reinterpret_cast<float4*>(p.o_part + ((entry * rows + row) * p.h_kv + kv) * D + column) = o;
+      if (column == 0) p.stats_part[(entry * p.h_kv + kv) * rows + row] = lse;
+    } else {
+      T* out = static_cast<T*>(p.o) + i * p.o_stride[0] + head * p.o_stride[1] + static_cast<long long>(t) * p.o_stride[2];
+      *reinterpret_cast<uint2*>(out + column) = make_uint2(pack<T>(o.x, o.y), pack<T>(o.z, o.w));
+      if (column == 0 && p.stats != nullptr) {
+        p.stats[(static_cast<long long>(i) * p.h_kv * p.group + head) * p.s_q + t] = lse;
+      }
+    }
+  }
+#endif
+}
+
+}  // namespace fusedattn::detail::decode

@@ -1,0 +1,127 @@
+// Internal: the SM 8.0 instructions fusedattn's decode kernel is built from (decode_kernel_body.cuh):
+// asynchronous 16-byte copies into shared memory, ldmatrix, the 16x8x16 tensor-core product with
+// float32 accumulation, and the conversions around them. Each wrapper is one instruction; the
+// fragment layouts are PTX's (mma.m16n8k16: lane = 4 * group + quad).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace fusedattn::detail::decode {
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define FUSEDATTN_DECODE_MMA 1  // the kernel's body exists (it is refused below SM 8.0)
+#endif
+
+__device__ __forceinline__ unsigned shared_address(const void* pointer) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
+}
+
+/// 16 bytes from global to shared memory, bypassing L1 (the cache is streamed once); zeros where
+/// !valid (nothing is read then, but `from` must still be a mapped address).
+__device__ __forceinline__ void copy_16(void* to, const void* from, bool valid) {
+#ifdef FUSEDATTN_DECODE_MMA
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(to)), "l"(from),
+               "r"(valid ? 16 : 0)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void commit_copies() {
+#ifdef FUSEDATTN_DECODE_MMA
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+/// Waits until at most `kPending` of this thread's committed groups of copies are in flight.
+template <int kPending>
+__device__ __forceinline__ void wait_copies() {
+#ifdef FUSEDATTN_DECODE_MMA
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
+/// Four 8x8 matrices of 16-bit elements: lane l names row l % 8 of matrix l / 8; each lane gets,
+/// of each matrix, row lane / 4's elements 2 (lane % 4) and 2 (lane % 4) + 1 (the B fragment of a
+/// k-major tile), or with `kTransposed` column lane / 4's elements at rows 2 (lane % 4) and + 1.
+template <bool kTransposed>
+__device__ __forceinline__ void load_matrices(unsigned (&r)[4], const void* row) {
+#ifdef FUSEDATTN_DECODE_MMA
+  if constexpr (kTransposed) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(row)));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(row)));
+  }
+#endif
+}
+
+/// c += a b: a 16x16 (row major, 4 registers), b 16x8 (column major, 2), c 16x8 float32 (4).
+template <class T>
+__device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+#ifdef FUSEDATTN_DECODE_MMA
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+#endif
+}
+
+/// Two floats as a pair of T in one register, the first in the low half (round to nearest).
+template <class T>
+__device__ __forceinline__ unsigned pack(float low, float high) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
+    return *reinterpret_cast<const unsigned*>(&pair);
+  } else {
+    const __half2 pair = __floats2half2_rn(low, high);
+    return *reinterpret_cast<const unsigned*>(&pair);
+  }
+}
+
+/// 2^x, with 2^-inf = 0 (the softmax's masked scores).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/// Two E4M3 bytes (the low byte first) as a pair of T, exactly: every E4M3 value is a half and a
+/// bfloat16 (3 mantissa bits, exponents 2^-9 .. 2^8).
+template <class T>
+__device__ __forceinline__ unsigned e4m3_pair(unsigned short bits) {
+  const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(bits), __NV_E4M3);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const float2 wide = __half22float2(*reinterpret_cast<const __half2*>(&raw));
+    return pack<T>(wide.x, wide.y);
+  } else {
+    return *reinterpret_cast<const unsigned*>(&raw);
+  }
+}
+
+/// 16 E4M3 values (one 16-byte chunk) as 16 T (two chunks), in order.
+template <class T>
+__device__ __forceinline__ void e4m3_to_16bit(const uint4& from, uint4& low, uint4& high) {
+  auto pairs = [](unsigned word, unsigned& a, unsigned& b) {
+    a = e4m3_pair<T>(static_cast<unsigned short>(word & 0xffffu));
+    b = e4m3_pair<T>(static_cast<unsigned short>(word >> 16));
+  };
+  pairs(from.x, low.x, low.y);
+  pairs(from.y, low.z, low.w);
+  pairs(from.z, high.x, high.y);
+  pairs(from.w, high.z, high.w);
+}
+
+}  // namespace fusedattn::detail::decode

@@ -1,0 +1,101 @@
+// Internal: when a decode runs on fusedattn's own kernel (exec/decode_kernel.h) instead of cuDNN's,
+// and how the kernel is cut. Pure functions of the spec and the GPU, tested on the CPU.
+//
+// The kernel takes few query tokens a sequence (1 to 16), folds the g query heads that share a K/V
+// head into the rows of one block (so each K/V element is read once per group), and splits each
+// sequence's keys into chunks, one block per (chunk, K/V head, sequence), so that every SM
+// streams. Each chunk writes a partial O and log-sum-exp that the library's one merge
+// (exec/decode_merge.h) combines; a call cut into one chunk writes O itself. It is the only path
+// for FP8 (E4M3) K/V caches beside 16-bit queries.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fusedattn/spec.h"
+#include "fusedattn/support.h"
+
+// The two sizes below are the kernel's too: compiled for the device where CUDA compiles them.
+#ifdef __CUDACC__
+#define FUSEDATTN_DECODE_SIZE __host__ __device__ constexpr
+#else
+#define FUSEDATTN_DECODE_SIZE constexpr
+#endif
+
+namespace fusedattn::detail {
+
+/// Keys of one pipeline stage: a tile of K and one of V, 64 rows each.
+constexpr std::int64_t kDecodeTileKeys = 64;
+/// The most query tokens a sequence, and query rows a block (s_q * g, in tiles of 16 rows, up to 8
+/// tiles of 8 warps): speculative decoding's 2 .. 16 tokens at a GQA group of up to 8.
+constexpr std::int64_t kDecodeKernelMaxQueries = 16;
+constexpr std::int64_t kDecodeKernelMaxRows = 128;
+/// The fewest keys a chunk has: 4 tiles, so the pipeline's ramp (one round trip) is a quarter of
+/// the chunk's time at most.
+constexpr std::int64_t kDecodeKernelMinChunkKeys = 256;
+
+/// Pipeline stages in shared memory: 3 tiles of 16-bit K and V (2 in flight while one is used:
+/// 64 KB at d = 128), 4 of FP8 ones (3 in flight, 48 KB; a 16-bit copy of the tile in use is made
+/// for the tensor cores).
+FUSEDATTN_DECODE_SIZE int decode_kernel_stages(std::int64_t kv_bytes) { return kv_bytes == 1 ? 4 : 3; }
+
+/// The kernel's dynamic shared memory: the pipeline's stages (K and V tiles of 64 keys, plus the
+/// 16-bit copies of FP8 tiles), or, at the end, each warp's O rows (16 rows of d + 8 floats: 8
+/// floats of padding keep a half-warp's 8-byte stores on distinct banks) and each row's max and
+/// sum, whichever is larger. The kernel lays it out from the same numbers.
+FUSEDATTN_DECODE_SIZE std::int64_t decode_kernel_shared_bytes(std::int64_t d, std::int64_t kv_bytes, std::int64_t warps) {
+  const std::int64_t tile = kDecodeTileKeys * d;
+  const std::int64_t pipeline = decode_kernel_stages(kv_bytes) * 2 * tile * kv_bytes + (kv_bytes == 1 ? 2 * tile * 2 : 0);
+  const std::int64_t rows = warps * 16 * (d + 8) * 4 + warps * 16 * 2 * 4;
+  return pipeline > rows ? pipeline : rows;
+}
+
+/// The GPU as the rule sees it: its SM version and its SM count.
+struct DecodeDevice {
+  DeviceCaps caps;
+  int multiprocessors = 132;
+};
+
+/// How the kernel runs a spec it takes.
+struct DecodeKernelShape {
+  int row_tiles = 1;   ///< tiles of 16 query rows (s_q * g rows), rounded up to 1, 2, 4 or 8
+  int key_groups = 4;  ///< warps sharing a row tile, each taking 64 / key_groups keys of every tile
+  int threads = 128;   ///< 32 * row_tiles * key_groups
+  std::int64_t shared_bytes = 0;
+  int blocks_per_sm = 1;
+  std::int64_t chunks = 1;      ///< chunks of every sequence's keys; 1: the kernel writes O itself
+  std::int64_t chunk_keys = 0;  ///< keys of a chunk, a multiple of kDecodeTileKeys
+  bool merged() const noexcept { return chunks > 1; }
+};
+
+/// Why the kernel does not take `spec` (empty: it does). It takes a forward of 1 to 16 queries a
+/// sequence (s_q * h_q / h_kv <= 128 rows) over paged (page sizes multiples of 16) or contiguous
+/// K/V, dense q and o, d_qk = d_v of 64 or 128, f16 or bf16 q with K/V in q's dtype or E4M3, any
+/// window and alignment, padding or none; vanilla softmax, no bias, ALiBi, dropout, score modifier
+/// or max logit; rows of 16 bytes (q and o strides multiples of 8 elements, K/V ones of 16 bytes);
+/// an SM 8.0 or newer GPU with room for its shared memory.
+std::vector<Reason> decode_kernel_refusals(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps);
+
+/// The shape and cut that decode_kernel_expected_us finds fastest, for a spec the kernel takes.
+DecodeKernelShape decode_kernel_shape(const AttentionSpec& spec, const DecodeDevice& device);
+
+/// Expected microseconds of the kernel's call cut into `chunks` (decode_kernel_shape's cost model),
+/// and of cuDNN's path for the same spec, measured on the H200 (decode_kernel_rule.cpp says which
+/// numbers). Both from the spec's longest sequences (s_kv keys every one).
+double decode_kernel_expected_us(const AttentionSpec& spec, const DecodeKernelShape& shape, const DecodeDevice& device);
+double cudnn_decode_expected_us(const AttentionSpec& spec, const DecodeDevice& device);
+
+/// Whether the kernel runs `spec`: it takes it, and it is an FP8 K/V cache (the only path) or a
+/// paged one whose expected time on the kernel is below cuDNN's (contiguous caches stay with
+/// cuDNN unless FUSEDATTN_DECODE_KERNEL=1 says otherwise, exec/decode_kernel.h).
+bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeDevice& device);
+
+/// The support policy's rule for FP8 K/V caches: every reason the kernel does not take the spec,
+/// each saying that such a cache runs only there.
+void fp8_kv_cache_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, std::vector<Reason>& out);
+
+/// "fusedattn decode kernel, 32 chunks of 256 keys merged" (Support::kernel).
+std::string decode_kernel_description(const DecodeKernelShape& shape);
+
+}  // namespace fusedattn::detail

@@ -1,0 +1,197 @@
+// The decode kernel's rule (src/support/decode_kernel_rule.h): what the kernel takes (every reason
+// it refuses), its row tiles and shared memory, the cut its cost model picks with the numbers worked
+// by hand for an H200, when it is preferred over cuDNN's path, and the FP8 K/V cache's spec checks
+// and support reasons.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "fusedattn/errors.h"
+#include "fusedattn/spec.h"
+#include "fusedattn/support.h"
+#include "support/decode_kernel_rule.h"
+
+namespace fusedattn::detail {
+namespace {
+
+const DecodeDevice kH200{DeviceCaps{9, 0}, 132};
+
+AttentionSpec paged(const std::string& shape, const std::string& extra = " causal align=bottom_right") {
+  AttentionSpec spec =
+      parse_spec("layout=bshd_paged_bshd dtype=bf16 h_q=32 h_kv=8 d=128 page_size=64 pages=4096 " + shape + extra);
+  validate(spec);
+  return spec;
+}
+
+AttentionSpec with_fp8_cache(AttentionSpec spec, Fp8Scaling scaling = Fp8Scaling::tensor) {
+  spec.k.dtype = spec.v.dtype = DType::e4m3;
+  spec.fp8_scaling = scaling;
+  return spec;
+}
+
+std::vector<std::string> fields_of(const std::vector<Reason>& reasons) {
+  std::vector<std::string> out;
+  for (const Reason& reason : reasons) out.push_back(reason.field);
+  return out;
+}
+
+TEST(DecodeKernelRule, TakesDecodesOfOneToSixteenQueriesPagedOrContiguous) {
+  for (const char* shape : {"b=1 s_q=1 s_kv=8192", "b=8 s_q=16 s_kv=2048", "b=3 s_q=7 s_kv=1024"}) {
+    EXPECT_TRUE(decode_kernel_refusals(paged(shape), Pass::forward, kH200.caps).empty()) << shape;
+  }
+  AttentionSpec contiguous =
+      parse_spec("layout=bshd dtype=f16 b=2 s_q=4 s_kv=4096 h_q=16 h_kv=2 d=64 padding=1 window=128,0 align=bottom_right");
+  validate(contiguous);
+  EXPECT_TRUE(decode_kernel_refusals(contiguous, Pass::forward, kH200.caps).empty());
+  EXPECT_TRUE(decode_kernel_refusals(with_fp8_cache(paged("b=1 s_q=1 s_kv=8192")), Pass::forward, kH200.caps).empty());
+}
+
+// Every reason at once, each naming its field and saying the kernel is what refuses it.
+TEST(DecodeKernelRule, RefusesWithEveryReason) {
+  AttentionSpec spec = paged("b=1 s_q=1 s_kv=8192");
+  spec.q.dims[kDim] = 96;
+  spec.softmax = Softmax::off_by_one;
+  spec.bias = Bias::one_11s;
+  spec.alibi = true;
+  spec.dropout = 0.1;
+  spec.max_logit = MaxLogit::row;
+  const std::vector<Reason> reasons = decode_kernel_refusals(spec, Pass::backward, DeviceCaps{7, 5});
+  const std::vector<std::string> expected = {"pass", "device", "d_qk", "softmax", "bias", "alibi", "dropout", "max_logit"};
+  EXPECT_EQ(fields_of(reasons), expected);
+  for (const Reason& reason : reasons) {
+    EXPECT_NE(reason.requirement.find("in fusedattn's decode kernel"), std::string::npos) << reason.requirement;
+  }
+  EXPECT_EQ(reasons[2].value, "96 (d_v 128)");
+}
+
+TEST(DecodeKernelRule, RefusesRowsPastOneBlockAndPagesOffSixteen) {
+  // 17 queries; 16 queries of a group of 16 (256 rows); pages of 40 tokens; ragged queries.
+  EXPECT_EQ(fields_of(decode_kernel_refusals(paged("b=1 s_q=17 s_kv=4096"), Pass::forward, kH200.caps)),
+            std::vector<std::string>{"s_q"});
+  AttentionSpec wide = parse_spec("layout=bshd_paged_bshd dtype=bf16 b=1 s_q=16 s_kv=4096 h_q=32 h_kv=2 d=128 "
+                                  "page_size=64 pages=64 causal align=bottom_right");
+  const std::vector<Reason> rows = decode_kernel_refusals(wide, Pass::forward, kH200.caps);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].value, "16 (h_q / h_kv = 16)");
+  AttentionSpec odd_pages = parse_spec("layout=bshd_paged_bshd dtype=bf16 b=1 s_q=1 s_kv=4000 h_q=8 h_kv=8 d=64 "
+                                       "page_size=40 pages=100");
+  EXPECT_EQ(fields_of(decode_kernel_refusals(odd_pages, Pass::forward, kH200.caps)),
+            std::vector<std::string>{"page_size"});
+  AttentionSpec ragged = parse_spec("layout=thd_paged_bshd dtype=bf16 b=2 s_q=1 s_kv=4096 h_q=8 h_kv=8 d=64 "
+                                    "page_size=64 pages=64");
+  EXPECT_EQ(fields_of(decode_kernel_refusals(ragged, Pass::forward, kH200.caps)), std::vector<std::string>{"layout"});
+}
+
+// Rows: the g query heads of a K/V head times s_q, in tiles of 16; fewer than 4 tiles share their
+// keys among 4 warps in all.
+TEST(DecodeKernelRule, RowTilesWarpsAndSharedMemory) {
+  struct Case {
+    const char* shape;
+    int row_tiles, key_groups, threads, blocks_per_sm;
+  };
+  const Case cases[] = {
+      {"b=1 s_q=1 s_kv=8192", 1, 4, 128, 2},   // 4 rows
+      {"b=1 s_q=5 s_kv=8192", 2, 2, 128, 2},   // 20 rows
+      {"b=1 s_q=16 s_kv=8192", 4, 1, 128, 2},  // 64 rows
+  };
+  for (const Case& c : cases) {
+    const DecodeKernelShape shape = decode_kernel_shape(paged(c.shape), kH200);
+    EXPECT_EQ(shape.row_tiles, c.row_tiles) << c.shape;
+    EXPECT_EQ(shape.key_groups, c.key_groups) << c.shape;
+    EXPECT_EQ(shape.threads, c.threads) << c.shape;
+    EXPECT_EQ(shape.blocks_per_sm, c.blocks_per_sm) << c.shape;
+    // 3 stages of a 64-key K and V tile at d 128 in bf16: 3 * 2 * 64 * 128 * 2 bytes.
+    EXPECT_EQ(shape.shared_bytes, 98304) << c.shape;
+  }
+  // 16 queries of a group of 8 are 128 rows: 8 tiles, a warp each, 256 threads, one block an SM
+  // (256 registers a thread).
+  AttentionSpec eight = parse_spec("layout=bshd_paged_bshd dtype=bf16 b=1 s_q=16 s_kv=4096 h_q=64 h_kv=8 d=128 "
+                                   "page_size=64 pages=64 causal align=bottom_right");
+  const DecodeKernelShape big = decode_kernel_shape(eight, kH200);
+  EXPECT_EQ(big.row_tiles, 8);
+  EXPECT_EQ(big.threads, 256);
+  EXPECT_EQ(big.blocks_per_sm, 1);
+  // FP8 tiles: 4 stages of 1-byte tiles and the 16-bit copies of the one in use: 4 * 2 * 8192 + 2 * 16384.
+  EXPECT_EQ(decode_kernel_shape(with_fp8_cache(paged("b=1 s_q=1 s_kv=8192")), kH200).shared_bytes, 98304);
+  EXPECT_EQ(decode_kernel_shared_bytes(64, 2, 4), 49152);  // d 64: half the tiles; rows 4 * 16 * 72 * 4 + 512 below
+}
+
+// b = 1, h 32/8, d 128, one query over 8k keys on 132 SMs (kSmBytesPerUs = 4.22e6 / 132 = 31,970
+// bytes a microsecond). A K/V head streams 8192 * 2 * 128 * 2 = 4,194,304 bytes; 8 heads need at
+// least 132 / 8 = 17 chunks to fill the GPU. Counts that give new cuts: 16 chunks of 512 keys (128
+// blocks: memory 8 * (4,194,304 + 2 * 16 * 2,064) / (128 * 31,970) = 8.33 us), 19 of 448 (152 blocks,
+// every SM: 8 * (4,194,304 + 2 * 19 * 2,064) / (132 * 31,970) = 8.10 us), 22 of 384 (8.12), 26 of
+// 320 (8.16), 32 of 256 (8.20). A block of 448 keys takes max(448 * 512 / 65,536 = 3.5 us of its
+// pipeline, 2 * 16 * 128 * 448 * 2 / 898,560 = 4.09 us of tensor cores) in one wave: 19 chunks, 1.5 +
+// 8.10 + 1.5 (merge) = 11.10 us. cuDNN's split decode: 9.3 + 7.95 / 1.05 = 16.87 us.
+TEST(DecodeKernelRule, WorkedCutOnAnH200) {
+  const AttentionSpec spec = paged("b=1 s_q=1 s_kv=8192");
+  const DecodeKernelShape shape = decode_kernel_shape(spec, kH200);
+  EXPECT_EQ(shape.chunks, 19);
+  EXPECT_EQ(shape.chunk_keys, 448);
+  EXPECT_NEAR(decode_kernel_expected_us(spec, shape, kH200), 11.10, 0.01);
+  EXPECT_NEAR(cudnn_decode_expected_us(spec, kH200), 16.87, 0.01);
+  EXPECT_TRUE(decode_kernel_preferred(spec, Pass::forward, kH200));
+  EXPECT_EQ(decode_kernel_description(shape), "fusedattn decode kernel, 19 chunks of 448 keys merged");
+  // b = 64 over 2k keys: 512 blocks of one chunk already fill the GPU; one chunk, no merge.
+  const DecodeKernelShape full = decode_kernel_shape(paged("b=64 s_q=1 s_kv=2048"), kH200);
+  EXPECT_EQ(full.chunks, 1);
+  EXPECT_FALSE(full.merged());
+  EXPECT_EQ(decode_kernel_description(full), "fusedattn decode kernel, 1 chunk of 2048 keys");
+}
+
+TEST(DecodeKernelRule, ContiguousCachesStayWithCudnnAndFp8CachesAlwaysTakeTheKernel) {
+  AttentionSpec contiguous = parse_spec("layout=bshd dtype=bf16 b=1 s_q=1 s_kv=8192 h_q=32 h_kv=8 d=128 padding=1 "
+                                        "causal align=bottom_right");
+  validate(contiguous);
+  EXPECT_TRUE(decode_kernel_refusals(contiguous, Pass::forward, kH200.caps).empty());
+  EXPECT_FALSE(decode_kernel_preferred(contiguous, Pass::forward, kH200));
+  EXPECT_TRUE(decode_kernel_preferred(with_fp8_cache(contiguous), Pass::forward, kH200));
+  EXPECT_FALSE(decode_kernel_preferred(paged("b=1 s_q=1 s_kv=8192"), Pass::backward, kH200));
+}
+
+TEST(DecodeKernelRule, Fp8CacheReasonsSayItRunsOnlyOnTheKernel) {
+  AttentionSpec spec = with_fp8_cache(paged("b=1 s_q=1 s_kv=8192"));
+  spec.alibi = true;
+  std::vector<Reason> reasons;
+  fp8_kv_cache_rule(spec, Pass::forward, kH200.caps, reasons);
+  ASSERT_EQ(reasons.size(), 1u);
+  EXPECT_EQ(reasons[0].field, "alibi");
+  EXPECT_NE(reasons[0].requirement.find("an FP8 K/V cache beside bf16 queries runs only there; cuDNN takes none"),
+            std::string::npos)
+      << reasons[0].requirement;
+  reasons.clear();
+  fp8_kv_cache_rule(paged("b=1 s_q=1 s_kv=8192"), Pass::backward, kH200.caps, reasons);
+  EXPECT_TRUE(reasons.empty());  // a 16-bit cache: not this rule's
+  const Support support = check_support_policy(with_fp8_cache(paged("b=1 s_q=1 s_kv=8192")), Pass::backward,
+                                               kH200.caps, Versions{91900, 91900, 13200});
+  EXPECT_FALSE(support.ok());
+}
+
+TEST(DecodeKernelRule, Fp8CacheSpecsAreValidatedByName) {
+  AttentionSpec spec = with_fp8_cache(paged("b=1 s_q=1 s_kv=8192"), Fp8Scaling::head);
+  EXPECT_NO_THROW(validate(spec));
+  auto field_of = [](const AttentionSpec& bad) {
+    try {
+      validate(bad);
+    } catch (const InvalidArgument& error) {
+      return error.field();
+    }
+    return std::string("(accepted)");
+  };
+  AttentionSpec mixed = spec;
+  mixed.v.dtype = DType::bf16;
+  EXPECT_EQ(field_of(mixed), "v.dtype");
+  AttentionSpec e5m2 = spec;
+  e5m2.k.dtype = e5m2.v.dtype = DType::e5m2;
+  EXPECT_EQ(field_of(e5m2), "k.dtype");
+  AttentionSpec sixteen = paged("b=1 s_q=1 s_kv=8192");
+  sixteen.fp8_scaling = Fp8Scaling::head;
+  EXPECT_EQ(field_of(sixteen), "fp8_scaling");
+  // The spec string carries the cache's dtype and scaling, and parses back to the same spec.
+  EXPECT_EQ(parse_spec(to_string(spec)), spec);
+}
+
+}  // namespace
+}  // namespace fusedattn::detail

@@ -1,0 +1,252 @@
+// GPU tier: decodes that fusedattn's own decode kernel takes (src/support/decode_kernel_rule.h),
+// against the float64 reference: contiguous and paged caches with lengths of 0, 1, a page plus one
+// and ragged ones, windows, 1 to 16 queries of groups up to 8; and FP8 (E4M3) caches, per tensor and
+// per head, against the reference of the dequantized cache. ctest runs this file three ways: under
+// the rule (the shards), and with FUSEDATTN_DECODE_KERNEL=1 and =0 (gpu/decode_kernel,
+// gpu/decode_cudnn), so that every case is checked on the kernel and on cuDNN's path alike.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "fusedattn/attention.h"
+#include "fusedattn/fp8.h"
+#include "fusedattn/reference.h"
+#include "fusedattn/spec.h"
+#include "fusedattn/support.h"
+#include "gpu_skip.h"
+#include "testing/check_result.h"
+#include "testing/cuda_check.h"
+#include "testing/device_buffer.h"
+#include "testing/reference_check.h"
+
+namespace fusedattn {
+namespace {
+
+using check::DeviceBuffer;
+
+// What FUSEDATTN_DECODE_KERNEL forces in this process: "1", "0", or "" (the rule chooses).
+std::string forced() {
+  const char* value = std::getenv("FUSEDATTN_DECODE_KERNEL");
+  return value == nullptr ? "" : value;
+}
+
+void check_with_lengths(const std::string& spec, std::vector<std::int32_t> seq_len_q,
+                        std::vector<std::int32_t> seq_len_kv) {
+  check::CheckOptions options;
+  options.backward = false;
+  options.seq_len_q = std::move(seq_len_q);
+  options.seq_len_kv = std::move(seq_len_kv);
+  const check::CheckResult result = check::check_against_reference(parse_spec(spec), options);
+  std::printf("  %s [%s]\n", result.to_string().c_str(), check_support(parse_spec(spec), Pass::forward).kernel.c_str());
+  EXPECT_TRUE(result.passed) << result.to_string();
+}
+
+// The choice the process makes is the one it says: forced either way, or the rule's (a paged decode
+// at b = 1 over 8k keys on the kernel, a contiguous one on cuDNN: decode_kernel_preferred).
+TEST(DecodeKernel, TheSupportAnswerNamesTheKernelThatRuns) {
+  FUSEDATTN_REQUIRE_GPU();
+  const AttentionSpec paged = parse_spec("layout=bshd_paged_bshd dtype=bf16 b=1 s_q=1 s_kv=8192 h_q=32 h_kv=8 d=128 "
+                                         "page_size=64 pages=128 causal align=bottom_right");
+  const AttentionSpec contiguous = parse_spec("layout=bshd dtype=bf16 b=1 s_q=1 s_kv=8192 h_q=32 h_kv=8 d=128 "
+                                              "padding=1 causal align=bottom_right");
+  const std::string on_paged = check_support(paged, Pass::forward).kernel;
+  const std::string on_contiguous = check_support(contiguous, Pass::forward).kernel;
+  const bool kernel_paged = on_paged.rfind("fusedattn decode kernel", 0) == 0;
+  const bool kernel_contiguous = on_contiguous.rfind("fusedattn decode kernel", 0) == 0;
+  if (forced() == "1") {
+    EXPECT_TRUE(kernel_paged && kernel_contiguous) << on_paged << " | " << on_contiguous;
+  } else if (forced() == "0") {
+    EXPECT_FALSE(kernel_paged || kernel_contiguous) << on_paged << " | " << on_contiguous;
+  } else {
+    EXPECT_TRUE(kernel_paged) << on_paged;
+    EXPECT_EQ(on_contiguous, "cuDNN");
+  }
+}
+
+TEST(DecodeKernel, ContiguousCaches) {
+  FUSEDATTN_REQUIRE_GPU();
+  const std::string gqa = "layout=bshd dtype=bf16 h_q=32 h_kv=8 d=128 padding=1 causal align=bottom_right ";
+  check_with_lengths(gqa + "b=3 s_q=1 s_kv=8192", {1, 1, 1}, {8192, 65, 1});
+  check_with_lengths(gqa + "b=2 s_q=7 s_kv=3000", {7, 3}, {2999, 7});
+  // 16 queries of a group of 8 (128 rows, the most a block takes), f16, a sliding window.
+  check_with_lengths("layout=bshd dtype=f16 b=2 s_q=16 s_kv=2048 h_q=64 h_kv=8 d=64 padding=1 window=256,0 "
+                     "align=bottom_right",
+                     {16, 5}, {2048, 1000});
+  // Several queries without a mask, sbhd, MQA; and an empty sequence beside a full one.
+  check_with_lengths("layout=sbhd dtype=bf16 b=2 s_q=5 s_kv=700 h_q=16 h_kv=1 d=128 padding=1", {5, 5}, {700, 0});
+}
+
+TEST(DecodeKernel, PagedEdges) {
+  FUSEDATTN_REQUIRE_GPU();
+  // 16-token pages: one key, a page, a page plus one, ragged lengths.
+  check_with_lengths("layout=bshd_paged_bshd dtype=bf16 b=5 s_q=1 s_kv=1024 h_q=32 h_kv=8 d=128 page_size=16 "
+                     "pages=400 causal align=bottom_right",
+                     {1, 1, 1, 1, 1}, {1, 16, 17, 1000, 1024});
+  check_with_lengths("layout=sbhd_paged_sbhd dtype=f16 b=3 s_q=12 s_kv=4096 h_q=16 h_kv=2 d=64 page_size=64 "
+                     "pages=200 causal align=bottom_right",
+                     {12, 3, 1}, {4096, 65, 12});
+  check_with_lengths("layout=bshd_paged_sbhd dtype=bf16 b=1 s_q=4 s_kv=32768 h_q=32 h_kv=8 d=128 page_size=32 "
+                     "pages=1024 window=512,0 align=bottom_right",
+                     {4}, {32001});
+}
+
+// --- FP8 (E4M3) caches ------------------------------------------------------------------------------
+
+struct Fp8Case {
+  const char* spec;  // the 16-bit spec; k and v become E4M3
+  Fp8Scaling scaling;
+  std::vector<std::int32_t> len_q, len_kv;
+};
+
+double uniform(std::mt19937_64& rng, double low, double high) {
+  return std::uniform_real_distribution<double>(low, high)(rng);
+}
+
+// Runs one FP8-cache decode and checks O and the log-sum-exp against the float64 reference of the
+// dequantized cache. K and V heads have magnitudes from 0.5 to 8, so per-head descales matter; every
+// pool byte no sequence has (pages past a length, keys past one) is an E4M3 NaN, and O and the
+// statistics are NaN before the call.
+void check_fp8_cache(const Fp8Case& c, std::uint64_t seed) {
+  AttentionSpec spec = parse_spec(c.spec);
+  spec.k.dtype = spec.v.dtype = DType::e4m3;
+  spec.fp8_scaling = c.scaling;
+  spec.stats = true;
+  validate(spec);
+  const Support support = check_support(spec, Pass::forward);
+  ASSERT_TRUE(support.ok()) << support.to_string();
+  const std::int64_t b = spec.batch(), s_q = spec.seq_q(), s_kv = spec.seq_kv(), h_q = spec.heads_q();
+  const std::int64_t h_kv = spec.heads_kv(), d = spec.head_dim_v();
+  std::mt19937_64 rng(seed);
+  // K and V in [b, h_kv, s_kv, d], each head's descale from its own amax (or the tensor's).
+  std::vector<double> k(b * h_kv * s_kv * d), v(k.size());
+  for (std::size_t n = 0; n < k.size(); ++n) {
+    const double magnitude = 0.5 * std::pow(2.0, static_cast<double>(n / (s_kv * d) % h_kv % 5));
+    k[n] = uniform(rng, -magnitude, magnitude);
+    v[n] = uniform(rng, -magnitude, magnitude);
+  }
+  auto descales_of = [&](const std::vector<double>& x) {
+    std::vector<float> amax(h_kv, 0.0f);
+    for (std::size_t n = 0; n < x.size(); ++n) {
+      const std::size_t head = n / (s_kv * d) % h_kv;
+      amax[head] = std::max(amax[head], static_cast<float>(std::fabs(x[n])));
+    }
+    if (c.scaling == Fp8Scaling::tensor) amax.assign(1, *std::max_element(amax.begin(), amax.end()));
+    for (float& a : amax) a /= fp8_max(DType::e4m3);
+    return amax;
+  };
+  const std::vector<float> descale_k = descales_of(k), descale_v = descales_of(v);
+  // Where token t of sequence i, head h lives in the pools (paged: through a shuffled table).
+  const bool paged = spec.paged_kv();
+  const std::int64_t pool = paged ? spec.k.batch() : b, page = paged ? spec.page_size() : s_kv;
+  std::vector<std::int32_t> table(b * std::max<std::int64_t>(spec.kv_pages, 1));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+  auto offset = [&](const TensorDesc& desc, std::int64_t i, std::int64_t h, std::int64_t t) {
+    const std::int64_t entry = paged ? table[i * spec.kv_pages + t / page] : i;
+    return entry * desc.strides[kBatch] + h * desc.strides[kHead] + (t % page) * desc.strides[kSeq];
+  };
+  const std::size_t pool_bytes = static_cast<std::size_t>(spec.k.elements());
+  std::vector<std::uint8_t> k8(pool_bytes, 0x7f), v8(pool_bytes, 0x7f);  // 0x7f: E4M3 NaN
+  for (std::int64_t i = 0; i < b; ++i) {
+    for (std::int64_t h = 0; h < h_kv; ++h) {
+      const float dk = descale_k[c.scaling == Fp8Scaling::head ? h : 0];
+      const float dv = descale_v[c.scaling == Fp8Scaling::head ? h : 0];
+      for (std::int64_t t = 0; t < c.len_kv[i]; ++t) {
+        for (std::int64_t x = 0; x < d; ++x) {
+          const std::size_t n = ((i * h_kv + h) * s_kv + t) * d + x;
+          const std::uint8_t kb = float_to_fp8_bits(static_cast<float>(k[n]) / dk, DType::e4m3);
+          const std::uint8_t vb = float_to_fp8_bits(static_cast<float>(v[n]) / dv, DType::e4m3);
+          k8[offset(spec.k, i, h, t) + x] = kb;
+          v8[offset(spec.v, i, h, t) + x] = vb;
+          k[n] = static_cast<double>(fp8_bits_to_float(kb, DType::e4m3)) * dk;  // what the kernel sees
+          v[n] = static_cast<double>(fp8_bits_to_float(vb, DType::e4m3)) * dv;
+        }
+      }
+    }
+  }
+  std::vector<std::uint16_t> q_bits(spec.q.elements());
+  for (std::uint16_t& bits : q_bits) bits = float_to_half_bits(static_cast<float>(uniform(rng, -1, 1)), spec.q.dtype);
+  const std::vector<double> q = gather_to_double(spec.q, q_bits.data());
+
+  auto upload = [](const void* host, std::size_t bytes) {
+    DeviceBuffer buffer(bytes);
+    check::check_cuda(cudaMemcpy(buffer.get(), host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    return buffer;
+  };
+  const DeviceBuffer q_d = upload(q_bits.data(), q_bits.size() * 2), k_d = upload(k8.data(), k8.size());
+  const DeviceBuffer v_d = upload(v8.data(), v8.size()), table_d = upload(table.data(), table.size() * 4);
+  const DeviceBuffer len_q_d = upload(c.len_q.data(), b * 4), len_kv_d = upload(c.len_kv.data(), b * 4);
+  const DeviceBuffer dk_d = upload(descale_k.data(), descale_k.size() * 4);
+  const DeviceBuffer dv_d = upload(descale_v.data(), descale_v.size() * 4);
+  DeviceBuffer o_d(spec.o.elements() * 2), stats_d(b * h_q * s_q * 4);
+  check::check_cuda(cudaMemset(o_d.get(), 0xff, o_d.bytes()), "cudaMemset");  // NaN in f16 and bf16
+  check::check_cuda(cudaMemset(stats_d.get(), 0xff, stats_d.bytes()), "cudaMemset");
+
+  ForwardTensors t;
+  t.q = q_d.get();
+  t.k = k_d.get();
+  t.v = v_d.get();
+  t.o = o_d.get();
+  t.stats = stats_d.as<float>();
+  t.seq_len_q = len_q_d.as<std::int32_t>();
+  t.seq_len_kv = len_kv_d.as<std::int32_t>();
+  if (paged) t.page_table_k = t.page_table_v = table_d.as<std::int32_t>();
+  t.fp8.descale_k = dk_d.as<float>();
+  t.fp8.descale_v = dv_d.as<float>();
+  const float scale = default_scale(spec);
+  const auto plan = get_plan(spec, Pass::forward);
+  DeviceBuffer workspace(plan->workspace_bytes());
+  plan->run(t, scale, nullptr, Workspace{workspace.get(), workspace.bytes()});
+  check::check_cuda(cudaDeviceSynchronize(), "the FP8-cache decode");
+
+  ReferenceProblem problem = reference_problem(spec, scale);
+  problem.seq_len_q.assign(c.len_q.begin(), c.len_q.end());
+  problem.seq_len_kv.assign(c.len_kv.begin(), c.len_kv.end());
+  std::vector<double> o_ref(b * h_q * s_q * d), lse_ref(b * h_q * s_q);
+  reference_forward_cpu(problem, q.data(), k.data(), v.data(), o_ref.data(), lse_ref.data());
+  std::vector<std::uint16_t> o_bits(spec.o.elements());
+  std::vector<float> stats(b * h_q * s_q);
+  check::check_cuda(cudaMemcpy(o_bits.data(), o_d.get(), o_d.bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  check::check_cuda(cudaMemcpy(stats.data(), stats_d.get(), stats_d.bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  const std::vector<double> o = gather_to_double(spec.o, o_bits.data());
+  const double err_o = relative_error(o.data(), o_ref.data(), static_cast<std::int64_t>(o.size()));
+  // The statistics: -inf exactly where the reference's row sees nothing, else within 1e-3.
+  int wrong_stats = 0;
+  for (std::size_t n = 0; n < stats.size(); ++n) {
+    const bool both_empty = std::isinf(lse_ref[n]) && std::isinf(stats[n]) && stats[n] < 0;
+    if (!both_empty && !(std::fabs(stats[n] - lse_ref[n]) <= 1e-3 * std::max(1.0, std::fabs(lse_ref[n])))) ++wrong_stats;
+  }
+  const double tolerance = check::tolerance_for(spec.o.dtype);
+  std::printf("  %s seed=%llu err_o=%.3g (tolerance %.3g) stats wrong: %d of %zu [%s]\n", to_string(spec).c_str(),
+              static_cast<unsigned long long>(seed), err_o, tolerance, wrong_stats, stats.size(), support.kernel.c_str());
+  EXPECT_LT(err_o, tolerance) << to_string(spec) << " seed " << seed;
+  EXPECT_EQ(wrong_stats, 0) << to_string(spec) << " seed " << seed;
+}
+
+TEST(DecodeKernel, Fp8CachesMatchTheDequantizedReference) {
+  FUSEDATTN_REQUIRE_GPU();
+  const Fp8Case cases[] = {
+      {"layout=bshd dtype=bf16 b=2 s_q=1 s_kv=3000 h_q=32 h_kv=8 d=128 padding=1 causal align=bottom_right",
+       Fp8Scaling::tensor, {1, 1}, {3000, 1}},
+      {"layout=bshd_paged_bshd dtype=bf16 b=3 s_q=4 s_kv=2048 h_q=16 h_kv=2 d=128 page_size=64 pages=100 causal "
+       "align=bottom_right",
+       Fp8Scaling::head, {4, 1, 4}, {65, 2048, 0}},
+      {"layout=sbhd_paged_sbhd dtype=f16 b=2 s_q=16 s_kv=1024 h_q=32 h_kv=8 d=64 page_size=16 pages=160 causal "
+       "align=bottom_right",
+       Fp8Scaling::head, {16, 9}, {1024, 17}},
+  };
+  std::random_device entropy;
+  for (const Fp8Case& c : cases) check_fp8_cache(c, (static_cast<std::uint64_t>(entropy()) << 32) | entropy());
+}
+
+}  // namespace
+}  // namespace fusedattn
