@@ -16,24 +16,19 @@
 // caching allocator in the sizes the core's output table gives (fusedattn/output_shapes.h), a
 // workspace (kept per stream while small), and the plan enqueued on the current stream (a repeated
 // call replays, src/exec/replay.h). Only the table's answer per config id is kept here.
+//
+// paged_forward (torch_paged.h) does the same for fusedattn.torch.paged_attention's eager calls.
 #include <ATen/ATen.h>
-#include <ATen/cuda/EmptyTensor.h>
 #include <c10/core/GradMode.h>
-#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include <algorithm>
 #include <array>
-#include <cstdint>
-#include <memory>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "fusedattn/attention.h"
@@ -43,6 +38,8 @@
 #include "fusedattn/spec.h"
 #include "python_errors.h"
 #include "torch_backward_node.h"
+#include "torch_paged.h"
+#include "torch_tensors.h"
 #include "torch_workspace.h"
 
 namespace fa = fusedattn;
@@ -50,23 +47,9 @@ namespace py = pybind11;
 
 namespace {
 
-using fusedattn_torch::AttentionBackward;
-using fusedattn_torch::enqueue;
-using fusedattn_torch::new_backward_node;
+using namespace fusedattn_torch;  // the module's own headers
 
-// --- tensors to the core's terms -----------------------------------------------------------------
-
-// q, k or v as the core sees it (runs_here() made sure of a half type and 4 dims).
-fa::TensorView view_of(const at::Tensor& t) {
-  fa::TensorView view;
-  view.dtype = t.scalar_type() == at::kHalf ? fa::DType::f16 : fa::DType::bf16;
-  view.rank = 4;
-  for (int axis = 0; axis < 4; ++axis) {
-    view.sizes[axis] = t.size(axis);
-    view.strides[axis] = t.stride(axis);
-  }
-  return view;
-}
+// --- the dense call --------------------------------------------------------------------------------
 
 // The spec of a dense call on q, k, v: the core builds and validates it, once (get_plan takes the
 // ValidatedSpec as it is). It writes the statistics only when training: the backward reads them.
@@ -82,74 +65,12 @@ fa::ValidatedSpec spec_of(const at::Tensor& q, const at::Tensor& k, const at::Te
   return fa::make_spec(with_stats, shape);
 }
 
-// --- outputs: sizes from the core's table (fusedattn/output_shapes.h) -----------------------------
-
-// The forward's outputs of a registered config, inference [0] and training [1] (with the
-// statistics). The table depends on the config alone, so each id's is kept: ids are bounded
-// (call.h), and forward_call holds the GIL throughout, which orders these lookups.
-const std::vector<fa::OutputAxes>& forward_outputs(int id, const fa::CallConfig& config, bool training) {
-  static std::vector<std::array<std::vector<fa::OutputAxes>, 2>> known;
-  if (static_cast<std::size_t>(id) >= known.size()) known.resize(static_cast<std::size_t>(id) + 1);
-  std::vector<fa::OutputAxes>& outputs = known[static_cast<std::size_t>(id)][training ? 1 : 0];
-  if (outputs.empty()) {
-    fa::CallConfig with_stats = config;
-    with_stats.options.stats = training;
-    outputs = fa::output_axes(with_stats, fa::Pass::forward);
-  }
-  return outputs;
-}
-
-// An output of `type` in the sizes its axis picks name on q, k, v; empty_cuda: straight to the
-// caching allocator, without a trip through the dispatcher.
-at::Tensor allocate(const fa::OutputAxes& output, const std::array<const at::Tensor*, 3>& inputs,
-                    at::ScalarType type) {
-  std::array<std::int64_t, 4> sizes{};
-  const std::size_t rank = std::min(output.axes.size(), sizes.size());
-  for (std::size_t i = 0; i < rank; ++i) {
-    const fa::AxisPick pick = output.axes[i];
-    sizes[i] = inputs[static_cast<std::size_t>(pick.input)]->size(pick.axis);
-  }
-  return at::detail::empty_cuda(at::IntArrayRef(sizes.data(), rank), type, inputs[0]->device(), std::nullopt);
-}
-
 // Whether forward() takes calls of this config: dense, and no tensor but q, k and v.
 bool plain(const fa::CallConfig& config) {
   const fa::AttentionOptions& o = config.options;
   return config.layout != fa::AxisOrder::thd && config.kv_layout == config.layout && o.bias == fa::Bias::none &&
          o.softmax != fa::Softmax::sink && o.dropout == 0.0 && !o.padding && o.max_logit == fa::MaxLogit::none &&
          o.kv_pages == 0;
-}
-
-// --- the call ----------------------------------------------------------------------------------------
-
-// Whether a call is one forward() runs itself: plain strided 4-dim f16/bf16 CUDA tensors on one
-// device (no subclass, nested tensor, functorch or functionalization wrapper, no forward-mode
-// gradient) and no dispatch mode to see the call. Anything else goes the general way, where the
-// core's validation names what is wrong in the same words for every adapter.
-bool runs_here(PyObject* const* tensors) {
-  constexpr c10::DispatchKeySet kWrappers({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot,
-                                           c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchBatched,
-                                           c10::DispatchKey::FuncTorchGradWrapper});
-  if (c10::impl::TorchDispatchModeTLS::any_modes_set()) return false;
-  const at::Tensor& q = THPVariable_Unpack(tensors[0]);
-  for (int i = 0; i < 3; ++i) {
-    if (!THPVariable_CheckExact(tensors[i])) return false;
-    const at::Tensor& t = THPVariable_Unpack(tensors[i]);
-    if (!t.is_cuda() || t.layout() != at::kStrided || t.is_nested() || t.key_set().has_any(kWrappers) ||
-        t.dim() != 4 || t.scalar_type() != q.scalar_type() || t.device() != q.device() ||
-        (t.scalar_type() != at::kHalf && t.scalar_type() != at::kBFloat16) || t._fw_grad(/*level=*/0).defined()) {
-      return false;
-    }
-  }
-  return true;
-}
-
-// `scale`: None for the spec's default, 1/sqrt(d_qk).
-float scale_value(PyObject* scale, const fa::AttentionSpec& spec) {
-  if (scale == Py_None) return fa::default_scale(spec);
-  const double value = PyFloat_AsDouble(scale);
-  if (PyErr_Occurred()) throw py::error_already_set();
-  return static_cast<float>(value);
 }
 
 at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int config_id,
@@ -191,11 +112,6 @@ at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   return o;
 }
 
-const at::Tensor& tensor_argument(PyObject* object, const char* name) {
-  if (!THPVariable_Check(object)) throw fa::InvalidArgument(name, Py_TYPE(object)->tp_name, "a torch.Tensor");
-  return THPVariable_Unpack(object);
-}
-
 // forward(q, k, v, config_id, scale) as a CPython fast call.
 PyObject* forward_call(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
   HANDLE_TH_ERRORS
@@ -204,11 +120,10 @@ PyObject* forward_call(PyObject* /*module*/, PyObject* const* args, Py_ssize_t c
     const at::Tensor& q = tensor_argument(args[0], "q");
     const at::Tensor& k = tensor_argument(args[1], "k");
     const at::Tensor& v = tensor_argument(args[2], "v");
-    const long id = PyLong_AsLong(args[3]);
-    if (PyErr_Occurred()) return nullptr;
-    const fa::CallConfig& config = fa::registered_config(static_cast<int>(id));
-    if (!plain(config) || !runs_here(args)) Py_RETURN_NOTIMPLEMENTED;
-    return THPVariable_Wrap(forward(q, k, v, static_cast<int>(id), config, args[4]));
+    const int id = config_id_argument(args[3]);
+    const fa::CallConfig& config = fa::registered_config(id);
+    if (!plain(config) || !attention_inputs_run_here(args)) Py_RETURN_NOTIMPLEMENTED;
+    return THPVariable_Wrap(forward(q, k, v, id, config, args[4]));
   } catch (const fa::Error& error) {
     fa::python::set_python_error(error);
     return nullptr;
@@ -222,9 +137,41 @@ PyMethodDef forward_method = {
     "outputs (scale None: 1/sqrt(d)) on the current stream, differentiable through a C++ autograd node when an "
     "input requires grad; or NotImplemented for a call it leaves to the general path."};
 
+// paged_forward(q, k_cache, v_cache, page_table_k, page_table_v, seq_len_kv, seq_len_q, config_id, scale)
+// as a CPython fast call (torch_paged.h).
+PyObject* paged_forward_call(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
+  HANDLE_TH_ERRORS
+  try {
+    if (count != 9) {
+      throw fa::InvalidArgument("arguments", std::to_string(count),
+                                "9: q, k_cache, v_cache, page_table_k, page_table_v, seq_len_kv, seq_len_q, "
+                                "config_id, scale");
+    }
+    static const char* const kNames[] = {"q", "k_cache", "v_cache", "page_table_k", "page_table_v", "seq_len_kv"};
+    for (int i = 0; i < 6; ++i) tensor_argument(args[i], kNames[i]);
+    if (args[6] != Py_None) tensor_argument(args[6], "seq_len_q");
+    const int id = config_id_argument(args[7]);
+    const fa::CallConfig& config = fa::registered_config(id);
+    if (!paged(config) || !paged_runs_here(args, config)) Py_RETURN_NOTIMPLEMENTED;
+    return THPVariable_Wrap(paged_forward(args, id, config, args[8]));
+  } catch (const fa::Error& error) {
+    fa::python::set_python_error(error);
+    return nullptr;
+  }
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef paged_forward_method = {
+    "paged_forward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&paged_forward_call)),
+    METH_FASTCALL,
+    "paged_forward(q, k_cache, v_cache, page_table_k, page_table_v, seq_len_kv, seq_len_q, config_id, scale) -> O "
+    "of a call over paged caches with a dense q (seq_len_q None: every sequence's rows of q; scale None: "
+    "1/sqrt(d)) on the current stream; or NotImplemented for a call it leaves to the general path."};
+
 }  // namespace
 
 PYBIND11_MODULE(_torch_ops, m) {
-  m.doc() = "fusedattn.torch's eager calls in C++ (inference and training).";
+  m.doc() = "fusedattn.torch's eager calls in C++ (inference and training; paged inference).";
   m.add_object("forward", py::reinterpret_steal<py::object>(PyCFunction_New(&forward_method, nullptr)));
+  m.add_object("paged_forward", py::reinterpret_steal<py::object>(PyCFunction_New(&paged_forward_method, nullptr)));
 }

@@ -56,6 +56,40 @@ def require_arrays(ragged, *, sink, softmax, seq_len_q, seq_len_kv, cu_seqlens_q
         raise invalid_argument("sink", "given" if sink is not None else None, "a sink exactly when softmax='sink'")
 
 
+def _dims(shape):
+    """A shape as the core's messages write one: [4,32]."""
+    return "[" + ",".join(str(n) for n in shape) + "]"
+
+
+def page_count(page_table_k):
+    """The pages each sequence of a paged call has: its page table's second axis (the config's
+    kv_pages)."""
+    shape = tuple(page_table_k.shape)
+    if len(shape) != 2 or shape[1] < 1:
+        raise invalid_argument("page_table_k.shape", _dims(shape), "[b, pages a sequence], at least one page")
+    return shape[1]
+
+
+def require_paged_arrays(spec, *, page_table_k, page_table_v, seq_len_kv, seq_len_q=None):
+    """What the core cannot see of a paged call, since it reads them by address: int32 page tables
+    of a row for each of the spec's sequences, and lengths of one entry each (seq_len_q where given).
+    Both adapters ask here, after the core validated the spec."""
+    batch, pages = spec.batch, page_table_k.shape[1]
+    table = f"[{batch},{pages}]: a row of {pages} pages (as page_table_k has) for each of the query's {batch} sequences"
+    lengths = f"[{batch}]: one length for each of the query's {batch} sequences"
+    for name, array, shape, requirement in (("page_table_k", page_table_k, (batch, pages), table),
+                                            ("page_table_v", page_table_v, (batch, pages), table),
+                                            ("seq_len_kv", seq_len_kv, (batch,), lengths),
+                                            ("seq_len_q", seq_len_q, (batch,), lengths)):
+        if array is None:
+            continue
+        if tuple(array.shape) != shape:
+            raise invalid_argument(f"{name}.shape", _dims(array.shape), requirement)
+        dtype = str(array.dtype).removeprefix("torch.")
+        if dtype != "int32":
+            raise invalid_argument(f"{name}.dtype", dtype, "int32")
+
+
 @functools.lru_cache(maxsize=4096)
 def _output_axes(config, pass_):
     return config.output_axes(pass_)

@@ -156,9 +156,21 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table_k: T
     h_kv, d]; "sbhd": [page_size, pages, h_kv, d]); page_table_k / page_table_v: int32 [b, pages a
     sequence], each entry a page of the pool; seq_len_kv: int32 [b], the tokens each sequence has.
     q in `layout` ("bshd", "sbhd", or "thd" with cu_seqlens_q and max_seqlen_q); seq_len_q defaults
-    to full query rows. Decode is q with one token a sequence, bottom-right causal (the defaults)."""
-    require_one_cuda_device(q, k_cache, v_cache)
-    batch, pages = page_table_k.shape
+    to full query rows. Decode is q with one token a sequence, bottom-right causal (the defaults).
+
+    Eager calls with a dense q go straight to C++ (road 1, as attention()'s plain calls do); thd
+    queries, compiled code, meta tensors and subclasses take roads 2 and 3 with the same results
+    and errors."""
+    window = tuple(window)
+    if _fast is not None and layout != "thd" and not torch.compiler.is_compiling():
+        config_id = _paged_config_id(layout, cache_layout, causal, window, align, page_table_k.shape)
+        out = _fast.paged_forward(q, k_cache, v_cache, page_table_k, page_table_v, seq_len_kv, seq_len_q, config_id,
+                                  scale)
+        if out is not NotImplemented:
+            return out
+    require_one_cuda_device(q, k_cache, v_cache, page_table_k=page_table_k, page_table_v=page_table_v,
+                            seq_len_kv=seq_len_kv, seq_len_q=seq_len_q, cu_seqlens_q=cu_seqlens_q)
+    pages = _config.page_count(page_table_k)
     cu_kv = None
     if layout == "thd":
         if cu_seqlens_q is None or max_seqlen_q <= 0:
@@ -166,11 +178,14 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table_k: T
         cu_kv = torch.nn.functional.pad(seq_len_kv.cumsum(0, dtype=torch.int32), (1, 0))
         seq_len_q = seq_len_kv  # unused: the ragged arrays carry both lengths
     # Without seq_len_q the core takes every sequence's s_q queries: no array to fill each call.
-    config = config_text(layout=layout, kv_layout=cache_layout, causal=causal, window=tuple(window), align=align,
+    config = config_text(layout=layout, kv_layout=cache_layout, causal=causal, window=window, align=align,
                          padding=True, stats=False, kv_pages=pages)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    extras = Extras(cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_kv, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
-                    page_table_k=page_table_k, page_table_v=page_table_v)
+    # The core reads the tables and lengths by address, as dense rows: C++ takes them only so.
+    tables_and_lengths = {name: None if t is None else t.contiguous() for name, t in (
+        ("page_table_k", page_table_k), ("page_table_v", page_table_v), ("seq_len_q", seq_len_q),
+        ("seq_len_kv", seq_len_kv))}
+    extras = Extras(cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_kv, **tables_and_lengths)
     o, _, _ = attend(q, k_cache, v_cache, bias=None, sink=None, extras=extras, config=config, scale=scale,
                      max_seqlen_q=max_seqlen_q, max_seqlen_kv=0, needs_grad=False)
     return o
@@ -262,3 +277,13 @@ def _plain_config_id(layout, causal, window, align, alibi, softmax, deterministi
     call into the config's own cache costs twice as much)."""
     return _config.config(layout, causal=causal, window=window, align=align, alibi=alibi, softmax=softmax,
                           deterministic=deterministic).id
+
+
+@functools.lru_cache(maxsize=4096)
+def _paged_config_id(layout, cache_layout, causal, window, align, table_shape):
+    """The registered id of a paged call's config, for the C++ path, keyed on the page table's shape
+    (its second axis is the config's kv_pages). A table that is not [b, pages] gives a config without
+    pages, which the C++ path leaves to the general one, where _config.page_count says what is wrong."""
+    pages = table_shape[1] if len(table_shape) == 2 else 0
+    return _config.config(layout, cache_layout, causal=causal, window=window, align=align, padding=True,
+                          stats=False, kv_pages=pages).id

@@ -16,12 +16,13 @@ from ._tensors import address, view
 _SAME_DEVICE = contextlib.nullcontext()
 
 
-def require_one_cuda_device(q, k, v):
-    """The core sees addresses, not devices: the tensors must share one GPU (or meta, for tracing)."""
+def require_one_cuda_device(q, k, v, **arrays):
+    """The core sees addresses, not devices: the tensors must share one GPU (or meta, for tracing).
+    `arrays`: more tensors by name (None where absent), such as a paged call's tables."""
     if q.device.type not in ("cuda", "meta"):
         raise invalid_argument("q.device", q.device, "a CUDA device")
-    for name, t in (("k", k), ("v", v)):
-        if t.device != q.device:
+    for name, t in (("k", k), ("v", v), *arrays.items()):
+        if t is not None and t.device != q.device:
             raise invalid_argument(f"{name}.device", t.device, f"q's device, {q.device}")
 
 

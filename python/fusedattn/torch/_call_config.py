@@ -44,12 +44,13 @@ def _printed_fp8(layout, causal, window, align, fp8_grads):
 
 def call_spec(q, k, v, *, bias, extras, config, max_seqlen_q, max_seqlen_kv):
     """(Config, spec) that a body runs for these tensors: the printed `config`, with the bias kind
-    of `bias`'s shape where there is one; the tensors a score modifier captured are checked against
-    the spec. Raises the core's errors for bad input."""
+    of `bias`'s shape where there is one; the tensors a score modifier captured, and a paged call's
+    tables and lengths, are checked against the spec. Raises the core's errors for bad input."""
     parsed = _config.parse(config)
     sequences = extras.sequences()
     if bias is not None:
         parsed = parsed.with_bias(view(bias), view(q), view(k), sequences, max_seqlen_q, max_seqlen_kv)
     spec = parsed.spec(view(q), view(k), view(v), sequences, max_seqlen_q, max_seqlen_kv)
     extras.check_score_mod_tensors(spec)
+    extras.check_paged_arrays(spec)
     return parsed, spec

@@ -60,6 +60,13 @@ class Extras:
                                           address(self.mod_t3)])
         return out
 
+    def check_paged_arrays(self, spec):
+        """A paged call's tables and lengths have the spec's sequences, in int32 (the core reads them
+        by address): _config.require_paged_arrays, shared with fusedattn.jax."""
+        if self.page_table_k is not None:
+            _config.require_paged_arrays(spec, page_table_k=self.page_table_k, page_table_v=self.page_table_v,
+                                         seq_len_kv=self.seq_len_kv, seq_len_q=self.seq_len_q)
+
     def check_score_mod_tensors(self, spec):
         """Each tensor a score modifier captured has the shape its axes span in this call (the core
         says which)."""
