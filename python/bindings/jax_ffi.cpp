@@ -105,11 +105,11 @@ ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate(std::string_view spec_text,
 }
 
 // Every stage that binds attributes must bind all of the call's (XLA checks the count), so the
-// instantiate stages take the sequence count and the scale too, unused.
-ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate_forward(std::string_view spec, std::int64_t, float) {
+// instantiate stages take the sequence count, the scale and query_lengths too, unused.
+ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate_forward(std::string_view spec, std::int64_t, float, bool) {
   return instantiate(spec, fa::Pass::forward);
 }
-ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate_backward(std::string_view spec, std::int64_t, float) {
+ffi::ErrorOr<std::unique_ptr<PlanState>> instantiate_backward(std::string_view spec, std::int64_t, float, bool) {
   return instantiate(spec, fa::Pass::backward);
 }
 
@@ -168,11 +168,14 @@ void count_capture(cudaStream_t stream) {
 
 // The operands and results of a call, in this order (fusedattn/jax/_calls.py's Call.inputs and
 // Call.outputs give the same order); which optional ones are there follows from the spec:
-//   forward:  q, k, v, [bias], [sink], [rng], [seq_len_q, seq_len_kv], [cu_seqlens_q, cu_seqlens_kv],
+//   forward:  q, k, v, [bias], [sink], [rng], [[seq_len_q], seq_len_kv], [cu_seqlens_q, cu_seqlens_kv],
 //             [page_table_k, page_table_v], [mod_scalars], [mod_t0 ..] -> o, [stats], [max_logit], workspace
 //   backward: q, k, v, o, stats, d_o, then the same optional ones (never paged)
 //             -> d_q, d_k, d_v, [d_bias], [d_sink], workspace
 // rng is uint32[4]: Philox seed and offset as two int64 (JAX has no 64-bit integers by default).
+// A padded dense call passes seq_len_q only where its query_lengths attribute says so: without it
+// every sequence has all of q's rows (the core takes a null seq_len_q so), which spares a decode
+// step an array to fill.
 // An FP8 spec (q in E4M3 or E5M2) adds float32 scalars after all operands and the amaxes its
 // kernels write after all results, before the workspace, each in the order of its pass's table in
 // fusedattn/tensor_slots.h (which fusedattn.jax reads through _core.fp8_scale_slots).
@@ -211,7 +214,8 @@ bool is_ragged(const fa::AttentionSpec& spec) { return spec.ragged_q() || spec.r
 
 // The optional inputs both passes take, after their fixed ones.
 template <class Tensors>
-void take_optional_inputs(const fa::AttentionSpec& spec, Operands& in, Tensors& t, std::int64_t sequences) {
+void take_optional_inputs(const fa::AttentionSpec& spec, Operands& in, Tensors& t, std::int64_t sequences,
+                          bool query_lengths) {
   t.bias = in.arg_if(spec.bias != fa::Bias::none);
   t.sink = static_cast<const float*>(in.arg_if(has_sink(spec)));
   if (const auto* rng = static_cast<const std::int64_t*>(in.arg_if(spec.dropout > 0.0))) {
@@ -219,7 +223,7 @@ void take_optional_inputs(const fa::AttentionSpec& spec, Operands& in, Tensors& 
     t.dropout_offset = rng + 1;
   }
   if (spec.padding && !is_ragged(spec)) {
-    t.seq_len_q = static_cast<const std::int32_t*>(in.arg());
+    t.seq_len_q = static_cast<const std::int32_t*>(in.arg_if(query_lengths));
     t.seq_len_kv = static_cast<const std::int32_t*>(in.arg());
   }
   if (is_ragged(spec)) {
@@ -278,14 +282,14 @@ ffi::Error run_pass(cudaStream_t stream, ffi::ScratchAllocator& scratch, std::in
 
 ffi::Error run_forward(cudaStream_t stream, ffi::ScratchAllocator scratch, std::int32_t device, PlanState* state,
                        ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view /*spec*/,
-                       std::int64_t sequences, float scale) {
+                       std::int64_t sequences, float scale, bool query_lengths) {
   return run_pass<fa::ForwardTensors>(
       stream, scratch, device, state, args, rets, scale,
-      [sequences](const fa::AttentionSpec& spec, Operands& io, fa::ForwardTensors& t) {
+      [sequences, query_lengths](const fa::AttentionSpec& spec, Operands& io, fa::ForwardTensors& t) {
         t.q = io.arg();
         t.k = io.arg();
         t.v = io.arg();
-        take_optional_inputs(spec, io, t, sequences);
+        take_optional_inputs(spec, io, t, sequences, query_lengths);
         t.page_table_k = static_cast<const std::int32_t*>(io.arg_if(spec.kv_pages > 0));
         t.page_table_v = static_cast<const std::int32_t*>(io.arg_if(spec.kv_pages > 0));
         take_score_mod(spec, io, t);
@@ -298,17 +302,17 @@ ffi::Error run_forward(cudaStream_t stream, ffi::ScratchAllocator scratch, std::
 
 ffi::Error run_backward(cudaStream_t stream, ffi::ScratchAllocator scratch, std::int32_t device, PlanState* state,
                         ffi::RemainingArgs args, ffi::RemainingRets rets, std::string_view /*spec*/,
-                        std::int64_t sequences, float scale) {
+                        std::int64_t sequences, float scale, bool query_lengths) {
   return run_pass<fa::BackwardTensors>(
       stream, scratch, device, state, args, rets, scale,
-      [sequences](const fa::AttentionSpec& spec, Operands& io, fa::BackwardTensors& t) {
+      [sequences, query_lengths](const fa::AttentionSpec& spec, Operands& io, fa::BackwardTensors& t) {
         t.q = io.arg();
         t.k = io.arg();
         t.v = io.arg();
         t.o = io.arg();
         t.stats = static_cast<const float*>(io.arg());
         t.d_o = io.arg();
-        take_optional_inputs(spec, io, t, sequences);
+        take_optional_inputs(spec, io, t, sequences, query_lengths);
         take_score_mod(spec, io, t);
         t.d_q = io.ret();
         t.d_k = io.ret();
@@ -331,7 +335,8 @@ auto execute_binding() {
       .RemainingRets()
       .Attr<std::string_view>("spec")
       .Attr<std::int64_t>("sequences")
-      .Attr<float>("scale");
+      .Attr<float>("scale")
+      .Attr<bool>("query_lengths");
 }
 
 }  // namespace
@@ -340,12 +345,14 @@ XLA_FFI_DEFINE_HANDLER(kForwardInstantiate, instantiate_forward,
                        ffi::Ffi::BindInstantiate()
                            .Attr<std::string_view>("spec")
                            .Attr<std::int64_t>("sequences")
-                           .Attr<float>("scale"));
+                           .Attr<float>("scale")
+                           .Attr<bool>("query_lengths"));
 XLA_FFI_DEFINE_HANDLER(kBackwardInstantiate, instantiate_backward,
                        ffi::Ffi::BindInstantiate()
                            .Attr<std::string_view>("spec")
                            .Attr<std::int64_t>("sequences")
-                           .Attr<float>("scale"));
+                           .Attr<float>("scale")
+                           .Attr<bool>("query_lengths"));
 // Binds no attributes, which XLA allows (it checks the count only where some are bound).
 XLA_FFI_DEFINE_HANDLER(kInitialize, initialize,
                        ffi::Ffi::BindInitialize().Ctx<ffi::DeviceOrdinal>().Ctx<ffi::State<PlanState>>());

@@ -1,7 +1,8 @@
 """One check, one wording: the same bad call gets the same message from the C++ core (a spec string
 parsed and validated), the CLI, fusedattn.torch (meta tensors, no GPU) and fusedattn.jax (traced on
 the CPU), since every adapter hands its call to the core's Config and make_spec (fusedattn/call.h);
-context parallelism takes what `causal` does to a window from the core too (causal_window)."""
+context parallelism takes what `causal` does to a window from the core too (causal_window); a paged
+call's tables and lengths, which no spec holds, are checked in one place for both (_config.py)."""
 import os
 import subprocess
 from pathlib import Path
@@ -99,6 +100,32 @@ def test_adapters_say_the_same_of_what_no_spec_string_holds():
     assert from_torch.startswith("q.dtype = float32: ")
     assert jax_message(lambda jax, fj: jax_traced(jax, fj, (1, 16, 4, 64), (1, 16, 4, 64), dtype="float32")) == \
         from_torch
+
+
+# A paged decode (4 sequences, 16 pages of 64 tokens each) with one array of another shape.
+PAGED_CASES = [("page_table_k", (5, 16)), ("page_table_v", (4, 15)), ("seq_len_kv", (4, 1)), ("page_table_k", (64,))]
+
+
+@pytest.mark.parametrize("name, shape", PAGED_CASES, ids=[f"{n}-{len(s)}d" for n, s in PAGED_CASES])
+def test_adapters_say_the_same_of_a_paged_calls_tables_and_lengths(name, shape):
+    """What the core reads by address and cannot see: both adapters check it in _config's words."""
+    arrays = {"page_table_k": (4, 16), "page_table_v": (4, 16), "seq_len_kv": (4,), name: shape}
+
+    def torch_paged(torch, fa):
+        tables = {n: torch.empty(*s, device="meta", dtype=torch.int32) for n, s in arrays.items()}
+        fa.paged_attention(torch_meta(torch, 4, 1, 32, 128), torch_meta(torch, 80, 64, 8, 128),
+                           torch_meta(torch, 80, 64, 8, 128), tables["page_table_k"], tables["page_table_v"],
+                           tables["seq_len_kv"])
+    from_torch = torch_message(torch_paged)
+    assert from_torch.startswith(f"{name}.shape = [{','.join(map(str, shape))}]: ")
+
+    def jax_paged(jax, fj):
+        import jax.numpy as jnp
+        q = jax.ShapeDtypeStruct((4, 1, 32, 128), jnp.bfloat16)
+        pool = jax.ShapeDtypeStruct((80, 64, 8, 128), jnp.bfloat16)
+        tables = [jax.ShapeDtypeStruct(s, jnp.int32) for s in arrays.values()]
+        jax.jit(lambda q, p, a, b, n: fj.paged_attention(q, p, p, a, b, n)).lower(q, pool, *tables)
+    assert jax_message(jax_paged) == from_torch
 
 
 CAUSAL_CONFLICT = "window = 100,5: a right bound of 0 or -1 with causal (causal closes the window's right side)"

@@ -3,10 +3,11 @@ cannot hold), and the arrays each pass takes and returns, by role.
 
 A pass's arrays come in a fixed order with roles, decided by the Config (the handler,
 python/bindings/jax_ffi.cpp, reads the same order from the spec the Config makes):
-    forward:  q, k, v, [bias], [sink], [rng], [seq_len_q, seq_len_kv],
+    forward:  q, k, v, [bias], [sink], [rng], [[seq_len_q], seq_len_kv],
               [cu_seqlens_q, cu_seqlens_kv], [page_table_k, page_table_v], [mod_scalars], [mod_t0 ..]
     backward: q, k, v, o, stats, d_o, then the same optional ones (never paged)
-(mod_*: a score modifier's float32 scalars [n] and its tensors, fusedattn/score_mod.h)
+(mod_*: a score modifier's float32 scalars [n] and its tensors, fusedattn/score_mod.h; seq_len_q is
+left out of a padded dense call without Call.query_lengths, a paged decode's every row of q)
 and it returns o, [stats], [max_logit] (forward) or d_q, d_k, d_v, [d_bias], [d_sink] (backward);
 every call also returns its workspace, which the kernels drop. An FP8 call (Call.fp8: q, k, v in
 E4M3 or E5M2, fusedattn/fp8_scales.h) takes float32 scalars after all of those and returns the
@@ -55,11 +56,14 @@ class Call:
     """What fixes a call beyond its arrays' shapes: the core Config (every option, shared with
     fusedattn.torch), the scale, and for thd the longest sequences (the plan's bucket: host values
     the arrays do not carry), and whether q, k, v are FP8 (then the call takes and returns its
-    scaling scalars). Hashable: calls are cached and traced by it."""
+    scaling scalars), and whether a padded dense call passes seq_len_q (else every sequence has all
+    of q's rows: the handler gets no array, so a decode step fills none). Hashable: calls are cached
+    and traced by it."""
     config: core.Config
     scale: float
     max_seqlen: Tuple[int, int] = (0, 0)
     fp8: bool = False
+    query_lengths: bool = True
 
     @property
     def ragged(self):
@@ -76,7 +80,8 @@ class Call:
         fixed = ("q", "k", "v") if pass_ == FORWARD else ("q", "k", "v", "o", STATS, "d_o")
         return (fixed + (("bias",) if c.bias != "none" else ()) + (("sink",) if c.softmax == "sink" else ())
                 + (("rng",) if c.dropout > 0.0 else ())
-                + (("seq_len_q", "seq_len_kv") if c.padding and not self.ragged else ())
+                + ((("seq_len_q",) if self.query_lengths else ()) + ("seq_len_kv",)
+                   if c.padding and not self.ragged else ())
                 + (("cu_q", "cu_kv") if self.ragged else ())
                 + (("page_table_k", "page_table_v") if c.kv_pages else ())
                 + (("mod_scalars",) if c.score_mod_scalars else ())

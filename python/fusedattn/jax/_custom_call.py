@@ -110,6 +110,6 @@ def run(pass_, call, *arrays):
     outputs = call.outputs(pass_)
     results = jax.ffi.ffi_call(TARGETS[pass_], tuple(types[r] for r in outputs) + (workspace,))(
         _on_cuda_p.bind(arrays[0]), *arrays[1:], spec=str(spec), sequences=np.int64(sequences),
-        scale=np.float32(call.scale))
+        scale=np.float32(call.scale), query_lengths=bool(call.query_lengths))
     results = results[:-1]
     return results[0] if len(outputs) == 1 else tuple(results)

@@ -1,4 +1,8 @@
-"""fusedattn.jax.paged_attention: attention over paged K/V caches, one forward call (inference)."""
+"""fusedattn.jax.paged_attention: attention over paged K/V caches, one forward call (inference). A
+decode step's program is that one custom call on the arrays as the caller holds them: no length
+array is filled for q (the handler passes none, and the core takes every row of q), and the tables
+and lengths go in as they are where they are int32 already."""
+import dataclasses
 from typing import Optional, Tuple
 
 import jax.numpy as jnp
@@ -23,15 +27,19 @@ def paged_attention(q, k_cache, v_cache, page_table_k, page_table_v, seq_len_kv,
     ragged = layout == "thd"
     if ragged and (cu_seqlens_q is None or max_seqlen_q <= 0):  # what the core cannot see, in torch's words
         raise invalid_argument("cu_seqlens_q", cu_seqlens_q, "cu_seqlens_q and max_seqlen_q with thd")
-    batch, pages = page_table_k.shape
     config = _config.config(layout, cache_layout, causal=causal, window=tuple(window), align=align, padding=True,
-                            stats=False, kv_pages=pages)
+                            stats=False, kv_pages=_config.page_count(page_table_k))
     call, spec = traced_call(config, q, k_cache, v_cache, scale=scale, max_seqlen=(max_seqlen_q, 0),
                              sequences=cu_seqlens_q.shape[0] - 1 if ragged else 0)
-    seq_len_kv = as_int32(seq_len_kv)
-    if ragged:
-        extras = (as_int32(cu_seqlens_q), jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(seq_len_kv)]))
-    else:
-        extras = (jnp.full((batch,), spec.seq_q, jnp.int32) if seq_len_q is None else as_int32(seq_len_q), seq_len_kv)
     tables = (as_int32(page_table_k), as_int32(page_table_v))
-    return pass_function(FORWARD, call, (spec.heads_q, spec.heads_kv))(q, k_cache, v_cache, *extras, *tables)
+    seq_len_kv = as_int32(seq_len_kv)
+    seq_len_q = None if ragged or seq_len_q is None else as_int32(seq_len_q)
+    _config.require_paged_arrays(spec, page_table_k=tables[0], page_table_v=tables[1], seq_len_kv=seq_len_kv,
+                                 seq_len_q=seq_len_q)
+    if ragged:  # the core places thd's sequences by offsets, the keys' too
+        lengths = (as_int32(cu_seqlens_q), jnp.concatenate([jnp.zeros(1, jnp.int32), jnp.cumsum(seq_len_kv)]))
+    elif seq_len_q is None:
+        call, lengths = dataclasses.replace(call, query_lengths=False), (seq_len_kv,)
+    else:
+        lengths = (seq_len_q, seq_len_kv)
+    return pass_function(FORWARD, call, (spec.heads_q, spec.heads_kv))(q, k_cache, v_cache, *lengths, *tables)
