@@ -15,7 +15,8 @@
 # matrix (the support matrix from this GPU), bench (PyTorch comparison), fp8bench (FP8 beside BF16,
 # the CLI's bench), fp8scaling (the FP8 element kernels' bandwidth against the GPU's copy), fp8api (FP8
 # beside BF16 through fusedattn.torch, eager and compiled, and through fusedattn.jax), modbench
-# (a softcap score modifier beside plain attention), flexbench (flex_attention beside compiled
+# (a softcap score modifier beside plain attention), decode (decode through fusedattn.torch on
+# the decode kernel and on cuDNN beside PyTorch: results/bench-decode.*), flexbench (flex_attention beside compiled
 # FlexAttention on its users' masks), flexcompat (its users' score_mods and mask_mods against float32
 # attention: results/flex-compatibility.md), varlen (ragged step and
 # paged decode), decodeprof (a split decode's kernels, their timeline and the calls by chunk count;
@@ -38,7 +39,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
-export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench fp8scaling fp8api modbench flexbench flexcompat varlen jaxbench kernels plans sanitizer tsan}
+export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench fp8scaling fp8api modbench decode flexbench flexcompat varlen jaxbench kernels plans sanitizer tsan}
 RESULTS=$OUT/results  # the benchmarks' files, named as in the tree's results/
 mkdir -p "$OUT" "$RESULTS"
 exec > >(tee "$OUT/gpu_log.txt") 2>&1
@@ -255,6 +256,10 @@ if part kernels; then
     python3 -X faulthandler bench/profile_backward_kernels.py ${KERNEL_SHAPES:+--shapes $KERNEL_SHAPES} \
     | tee "$OUT/kernels.txt" || status=1
   gzip -f "$OUT/frontend_log.txt" 2>/dev/null || true
+fi
+if part decode; then
+  echo "== benchmark: decode through fusedattn.torch, on the decode kernel and on cuDNN, beside PyTorch"
+  python3 -X faulthandler bench/run_bench_decode.py --build "$build" --out "$RESULTS" || status=1
 fi
 if part varlen; then
   echo "== benchmark: ragged training step and paged decode"
