@@ -111,6 +111,8 @@ __global__ void merge_kernel(Strided o, T* out, float* stats, const E* o_chunks,
       zero_gap();
     } else {
       zero(target);
+      // A padded row's log-sum-exp is -inf, as the references and the unsplit kernels give it.
+      if (stats != nullptr && threadIdx.x == 0) stats[i * h * s + stats_row] = -INFINITY;
     }
     return;
   }

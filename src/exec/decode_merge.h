@@ -42,8 +42,8 @@ struct DecodePartials {
 
 /// Merges `partials` into `o` (spec.o's layout; ragged by token) and, where `stats` is not null,
 /// the statistics (dense [b, h_q, s_q]; ragged [T, h_q]). Rows past a sequence's queries (len_q,
-/// null for s_q each, or the ragged rows) are zero, and a row whose chunks saw no key is O 0 and
-/// log-sum-exp -inf, as the references give. Throws CudaError if the launch fails.
+/// null for s_q each, or the ragged rows) are zero (dense ones with a log-sum-exp of -inf), and a
+/// row whose chunks saw no key is O 0 and log-sum-exp -inf, as the references give. Throws CudaError if the launch fails.
 void merge_decode_partials(const AttentionSpec& spec, const DecodePartials& partials, const std::int32_t* len_q,
                            const RaggedRows& ragged, void* o, float* stats, bool early, cudaStream_t stream);
 
