@@ -6,19 +6,20 @@
 #include <cmath>
 
 #include "spec/text.h"
-#include "support/decode_split.h"
 
 namespace fusedattn::detail {
 namespace {
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
-// --- The cost model, in microseconds (H200 numbers; an SM's share scales with the SM count) -------
+// --- The cost model of the kernel's cut, in microseconds (an SM's share scales with the SM count) --
 //
-// Memory: an SM's share of the copy bandwidth, 4.22 TB/s measured on the H200 over 132 SMs. The
-// kernel is expected to read K/V at that rate once enough blocks stream (a pure read stream, as
-// cuDNN's reaches: below); that is its design target, which bench/decode_kernel_bandwidth.cpp
-// measures.
+// It ranks the cuts of one spec against each other; it is not the kernel's speed, which the rule
+// takes from measurements (decode_kernel_preferred). On the H200 the kernel ran 1.7 to 2.4 times
+// the model's times (results/bench-decode.md: b = 1 over 8k keys, 18.9 us contiguous and 26.7 us
+// paged against the model's 11.1).
+//
+// Memory: an SM's share of the copy bandwidth, 4.22 TB/s measured on the H200 over 132 SMs.
 constexpr double kSmBytesPerUs = 4.22e6 / 132;
 // A block keeps stages - 1 tiles in flight; each takes about one round trip to memory, so a block
 // alone streams (stages - 1) * tile bytes a round trip: 64 KB/us of 16-bit K/V at d = 128.
@@ -28,26 +29,9 @@ constexpr double kRoundTripUs = 1.0;
 // queries make this bind: 16 queries of a group of 8 take 256 multiply-adds per 16-bit K/V byte pair.
 constexpr double kSmFmaPerUs = 0.5 * 1024 * 1755;
 // The launch and the first round trip before anything streams, and the merge (launched early,
-// it waits for the kernel and then reads each row's partials once): expected, not yet measured.
+// it waits for the kernel and then reads each row's partials once).
 constexpr double kStartUs = 1.5;
 constexpr double kMergeUs = 1.5;
-
-// cuDNN's paths, measured on the H200 (h 32/8, d 128, 64-token pages; copy 4.22 TB/s):
-// - the split decode (support/decode_split.h) at b = 1 over 8k keys: prepare 2.6 us, cuDNN's kernel
-//   10.8 us for 7.95 us of bytes at the copy rate (2.85 more), merge 3.8 us: fixed 9.3 us. Its
-//   whole call reads one query's K/V at 1.05 of the copy rate once long (b = 8 over 32k: 251 us
-//   for 1,074 MB, 242 beyond the fixed cost); several queries at 0.75 (b = 8 with 16 queries at
-//   8k: 84 us, 0.85 beyond the fixed cost; b = 1 with 16 at 32k: 57.2 us, 0.66).
-// - unsplit paged calls (batches that fill the GPU): 0.86 of the copy rate at b = 64.
-// - contiguous caches, PyTorch's cuDNN call on the same K/V: 11.5 us at 1 x 8k, 65.7 at 8 x 8k,
-//   241 at 8 x 32k: about 4 us fixed and 1.07 of the copy rate.
-constexpr double kCudnnSplitFixedUs = 9.3;
-constexpr double kCudnnSplitOneQuery = 1.05;
-constexpr double kCudnnSeveralQueries = 0.75;
-constexpr double kCudnnPagedFixedUs = 2.85;
-constexpr double kCudnnPagedOneQuery = 0.86;
-constexpr double kCudnnDenseFixedUs = 4.0;
-constexpr double kCudnnDenseOneQuery = 1.07;
 
 // Shared memory an SM has, and the most a block may ask for, by SM version (CUDA's tables).
 std::int64_t shared_per_sm(const DeviceCaps& caps) {
@@ -178,28 +162,19 @@ DecodeKernelShape decode_kernel_shape(const AttentionSpec& spec, const DecodeDev
   return best;
 }
 
-double cudnn_decode_expected_us(const AttentionSpec& spec, const DecodeDevice& device) {
-  const double bytes = static_cast<double>(spec.batch() * spec.heads_kv() * spec.seq_kv() *
-                                           (spec.head_dim_qk() + spec.head_dim_v()) * kv_bytes(spec));
-  const double copy_us = bytes / (std::max(device.multiprocessors, 1) * kSmBytesPerUs);
-  const bool one_query = spec.seq_q() == 1;
-  if (!spec.paged_kv()) return kCudnnDenseFixedUs + copy_us / (one_query ? kCudnnDenseOneQuery : kCudnnSeveralQueries);
-  if (decode_split(spec, Pass::forward, device.multiprocessors).split()) {
-    return kCudnnSplitFixedUs + copy_us / (one_query ? kCudnnSplitOneQuery : kCudnnSeveralQueries);
-  }
-  return kCudnnPagedFixedUs + copy_us / (one_query ? kCudnnPagedOneQuery : kCudnnSeveralQueries);
-}
-
 bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeDevice& device) {
   if (!decode_kernel_refusals(spec, pass, device.caps).empty()) return false;
   if (spec.fp8_kv_cache()) return true;
-  // Contiguous caches stay with cuDNN's one call: it reads them at 1.07 of the copy rate with 4 us
-  // fixed, so the kernel's whole margin there is the model's 1.5 us start against 4, too thin to
-  // rest on an expectation. Paged caches are where cuDNN's split decode pays 9.3 us fixed and 0.75
-  // of the rate with several queries.
-  if (!spec.paged_kv()) return false;
-  return decode_kernel_expected_us(spec, decode_kernel_shape(spec, device), device) <
-         cudnn_decode_expected_us(spec, device);
+  // Measured through fusedattn.torch on the H200 (results/bench-decode.md; h 32/8, d 128, bf16, each
+  // path forced in turn), microseconds, the kernel against cuDNN's path:
+  // - paged caches: cuDNN's split decode is faster at every point (b = 1 over 8k keys 26.7 against
+  //   20.3, over 32k 86.4 against 47.0; b = 8 over 32k 426 against 260; 8 queries at b = 4 89.8
+  //   against 52.5); only b = 1 over 2k is even (16.4, 17.2).
+  // - contiguous caches: cuDNN's one unsplit call leaves most SMs idle, and the kernel is faster from
+  //   2k keys on (b = 1: 13.3 against 36.2 at 2k, 18.9 against 135 at 8k, 52.8 against 568 at 32k;
+  //   b = 8 over 8k 73.1 against 153; 8 and 16 queries at b = 4 62.1 and 65.8 against 103; b = 64
+  //   over 8k 487 against 490). Shorter caches were not measured and stay with cuDNN.
+  return !spec.paged_kv() && spec.seq_kv() >= kDecodeKernelContiguousMinKeys;
 }
 
 void fp8_kv_cache_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, std::vector<Reason>& out) {

@@ -80,15 +80,19 @@ std::vector<Reason> decode_kernel_refusals(const AttentionSpec& spec, Pass pass,
 /// The shape and cut that decode_kernel_expected_us finds fastest, for a spec the kernel takes.
 DecodeKernelShape decode_kernel_shape(const AttentionSpec& spec, const DecodeDevice& device);
 
-/// Expected microseconds of the kernel's call cut into `chunks` (decode_kernel_shape's cost model),
-/// and of cuDNN's path for the same spec, measured on the H200 (decode_kernel_rule.cpp says which
-/// numbers). Both from the spec's longest sequences (s_kv keys every one).
+/// Expected microseconds of the kernel's call cut into `chunks` (decode_kernel_shape's cost model,
+/// which ranks the cuts of one spec; decode_kernel_rule.cpp says how far the kernel's measured times
+/// are from it), from the spec's longest sequences (s_kv keys every one).
 double decode_kernel_expected_us(const AttentionSpec& spec, const DecodeKernelShape& shape, const DecodeDevice& device);
-double cudnn_decode_expected_us(const AttentionSpec& spec, const DecodeDevice& device);
 
-/// Whether the kernel runs `spec`: it takes it, and it is an FP8 K/V cache (the only path) or a
-/// paged one whose expected time on the kernel is below cuDNN's (contiguous caches stay with
-/// cuDNN unless FUSEDATTN_DECODE_KERNEL=1 says otherwise, exec/decode_kernel.h).
+/// The fewest keys of a contiguous cache that the kernel runs by default: the shortest measured
+/// where it beat cuDNN's call (decode_kernel_rule.cpp has the numbers).
+constexpr std::int64_t kDecodeKernelContiguousMinKeys = 2048;
+
+/// Whether the kernel runs `spec` by default: it takes it, and it is an FP8 K/V cache (the only
+/// path), or a contiguous cache of kDecodeKernelContiguousMinKeys keys or more, where it was
+/// measured faster than cuDNN's path; paged caches stay with cuDNN's split decode, which was faster
+/// at every measured point. FUSEDATTN_DECODE_KERNEL forces either way (exec/decode_kernel.h).
 bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeDevice& device);
 
 /// The support policy's rule for FP8 K/V caches: every reason the kernel does not take the spec,
