@@ -49,7 +49,7 @@ def test_the_hybrid_recipe_matches_float32_attention_with_e5m2_gradients(recipe)
     for step in range(3):
         q, k, v = inputs(seed=30 + step)
         d_o = (torch.rand_like(q) * 2 - 1) * 1e3  # beyond E4M3's range at scale 1: E5M2's is needed
-        o = fa.fp8_attention(q, k, v, state, causal=True)
+        o = fa.fp8_attention(q, k, v, state, causal=True, backward="fp8")  # E5M2 gradients: cuDNN's FP8 backward
         o.backward(d_o)
         ref, (qb, kb, vb) = reference(q, k, v, "bshd", causal=True)
         ref.backward(d_o.float())
@@ -93,7 +93,10 @@ def test_refusals_name_the_field():
     state = fa.Fp8State()
     q, k, v = inputs(d=64)
     with pytest.raises(fusedattn.errors.NotSupportedError, match="d_qk"):  # Hopper's FP8 backward: d = 128
-        fa.fp8_attention(q, k, v, state, causal=True).backward(torch.ones_like(q))
+        fa.fp8_attention(q, k, v, state, causal=True, backward="fp8").backward(torch.ones_like(q))
+    # backward="auto" (the default) takes the model's backward where cuDNN's FP8 one is refused.
+    fa.fp8_attention(q, k, v, state, causal=True).backward(torch.ones_like(q))
+    assert all(t.grad is not None and bool(torch.isfinite(t.grad).all()) for t in (q, k, v))
     with pytest.raises(fusedattn.errors.InvalidArgumentError, match="state"):
         fa.fp8_attention(q, k, v, None)
     with pytest.raises(fusedattn.errors.InvalidArgumentError, match="recipe"):

@@ -87,8 +87,11 @@ def test_quantized_fp8_tensors_train_as_the_quantizing_road_does(layout):
             q, k, v = (t.detach().transpose(0, 1).contiguous().requires_grad_() for t in (q, k, v))
         twins = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         d_o = torch.rand_like(q) * 2 - 1
-        o = fa.fp8_attention(*(fa.fp8_quantize(t) for t in (q, k, v)), states[0], layout=layout, causal=True)
-        want = fa.fp8_attention(*twins, states[1], layout=layout, causal=True)
+        # Both through cuDNN's FP8 backward: the model's backward would see x itself on the one road
+        # and only its dequantized copy on the other.
+        o = fa.fp8_attention(*(fa.fp8_quantize(t) for t in (q, k, v)), states[0], layout=layout, causal=True,
+                             backward="fp8")
+        want = fa.fp8_attention(*twins, states[1], layout=layout, causal=True, backward="fp8")
         o.backward(d_o)
         want.backward(d_o)
         assert rel(o, want) < 1e-2, step
