@@ -23,7 +23,8 @@ fp8_attention takes roads 2 and 3 (its operators fusedattn::fp8_forward / fuseda
 are in _fp8_operators.py).
 
 The modules beneath, each importing only those below it: the features (_fp8.py, _context_parallel.py,
-flex_attention's _flex_tiles.py and _flex_run.py, _score_mod.py, _fallback.py), then what every call
+flex_attention's _flex_tiles.py and _flex_run.py, _score_mod.py, _fallback.py, _sink_decode.py: a
+sink in a decode step, which cuDNN refuses, as the vanilla call merged with the sink), then what every call
 shares (_operators.py, _bodies.py, _call_config.py, _tensors.py), road 1's loader (_fast_path.py, which compiles the C++ path for the
 installed PyTorch where the package was not built against it), then fusedattn's framework-free
 helpers and its compiled core.
@@ -37,7 +38,7 @@ from torch import Tensor
 
 from .. import _config
 from ..errors import NotSupportedError, invalid_argument
-from . import _documents, _fallback, _flex_run, _flex_tiles, _score_mod
+from . import _documents, _fallback, _flex_run, _flex_tiles, _score_mod, _sink_decode
 from ._bodies import require_one_cuda_device
 from ._call_config import config_text
 from ._context_parallel import context_parallel_attention, load_balance, unbalance
@@ -96,6 +97,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     thd, statistics or max logit) raises as before.
     """
     window = tuple(window)
+    grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias, sink))
+    if _sink_decode.applies(q, layout, softmax=softmax, needs_grad=grads, return_stats=return_stats,
+                            return_max_logit=return_max_logit, seq_len_q=seq_len_q):
+        return _sink_decode.run(attention, q, k, v, sink, layout=layout, return_stats=return_stats, causal=causal,
+                                align=align, window=window, scale=scale, bias=bias, alibi=alibi, dropout_p=dropout_p,
+                                deterministic=deterministic, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
+                                score_mod=score_mod, mask_mod=mask_mod, fallback=fallback)
     if mask_mod is not None and not causal and window == (-1, -1):
         band = _score_mod.mask_structure(mask_mod)
         if band is not None and band[0] == "band":  # cuDNN's own band mask, which skips what it drops
