@@ -346,8 +346,10 @@ def gpu_us_per_call(enqueue, calls=200):
     return start.elapsed_time(end) * 1e3 / calls
 
 
-def host_us(fn, calls, context=contextlib.nullcontext):
-    """Host microseconds per call of a Python loop without synchronization, after a short warm-up."""
+def host_us(fn, calls, context=contextlib.nullcontext, until_done=False):
+    """Host microseconds per call of a Python loop without synchronization, after a short warm-up;
+    with `until_done`, until the GPU has finished the loop's work too: the larger of the host's and
+    the GPU's time per call, as an eager loop gets it."""
     with context():  # entered once: the loop times only the call, as a user runs it
         for _ in range(20):
             fn()
@@ -355,6 +357,8 @@ def host_us(fn, calls, context=contextlib.nullcontext):
         begin = time.perf_counter()
         for _ in range(calls):
             fn()
+        if until_done:
+            torch.cuda.synchronize()
         elapsed = time.perf_counter() - begin
         torch.cuda.synchronize()
     return elapsed * 1e6 / calls
