@@ -141,6 +141,20 @@ constexpr const auto& fp8_slots() noexcept {
   }
 }
 
+/// Whether a call of `spec` takes a slot: an FP8 call (q, k, v in FP8, per tensor) takes them all,
+/// an FP8 K/V cache beside 16-bit queries (AttentionSpec::fp8_kv_cache) its two descales alone
+/// (float32 scalars, or [h_kv] with fp8_scaling=head), any other call none. MXFP8 calls take their
+/// block scales instead (mxfp8.h). The tensor checks, the JAX custom call's operands and the
+/// bindings' slot lists all ask here.
+/// The slots of an FP8 K/V cache's call: its two descales.
+constexpr bool fp8_kv_cache_slot(std::string_view name) noexcept { return name == "descale_k" || name == "descale_v"; }
+
+template <class Scales>
+inline bool takes_slot(const AttentionSpec& spec, const Fp8Slot<Scales>& slot) noexcept {
+  if (spec.fp8_kv_cache()) return fp8_kv_cache_slot(slot.name);
+  return is_fp8(spec.q.dtype) && spec.fp8_scaling != Fp8Scaling::mxfp8;
+}
+
 /// A slot's address in `scales` (null where unset).
 template <class Scales>
 const void* slot_address(const Scales& scales, const Fp8Slot<Scales>& slot) noexcept {

@@ -254,7 +254,7 @@ NB_MODULE(_core, m) {
   nb::class_<fa::CallConfig>(m, "Config",
                              "The frozen configuration of a call: its layouts and every option (fusedattn/call.h). "
                              "Options take the spec string's keys (window, align, bias, bias_grad, alibi, softmax, "
-                             "max_logit, dropout, padding, deterministic, stats, kv_pages) plus causal.")
+                             "max_logit, dropout, padding, deterministic, stats, kv_pages, fp8_scaling, ...) plus causal.")
       .def(
           "__init__",
           [](fa::CallConfig* config, const std::string& layout, const std::string& kv_layout,
@@ -282,6 +282,8 @@ NB_MODULE(_core, m) {
       .def_prop_ro("max_logit",
                    [](const fa::CallConfig& c) { return std::string(fa::to_string(c.options.max_logit)); })
       .def_prop_ro("kv_pages", [](const fa::CallConfig& c) { return c.options.kv_pages; })
+      .def_prop_ro("fp8_scaling",
+                   [](const fa::CallConfig& c) { return std::string(fa::to_string(c.options.fp8_scaling)); })
       .def_prop_ro("stats", [](const fa::CallConfig& c) { return c.options.stats; })
       .def_prop_ro("score_mod", [](const fa::CallConfig& c) { return fa::to_string(c.options.score_mod); })
       .def_prop_ro("score_mod_scalars", [](const fa::CallConfig& c) { return c.options.score_mod.scalars(); })

@@ -67,11 +67,13 @@ void bind_scale_slots(Class& cls) {
   }
 }
 
-// A pass's slots as (name, role) pairs in the table's order, role "scale" (read) or "amax" (written).
+// A pass's slots as (name, role) pairs in the table's order, role "scale" (read) or "amax" (written):
+// an FP8 call's, or with kv_cache an FP8 K/V cache's (its descales).
 template <class Scales>
-std::vector<std::tuple<std::string, std::string>> slot_list() {
+std::vector<std::tuple<std::string, std::string>> slot_list(bool kv_cache) {
   std::vector<std::tuple<std::string, std::string>> out;
   for (const fa::Fp8Slot<Scales>& slot : fa::fp8_slots<Scales>()) {
+    if (kv_cache && !fa::fp8_kv_cache_slot(slot.name)) continue;
     out.emplace_back(std::string(slot.name), slot.role == fa::SlotRole::fp8_scale_read ? "scale" : "amax");
   }
   return out;
@@ -173,12 +175,14 @@ void bind_fp8_kernels(nb::module_& m) {
   bind_many(m);
   m.def(
       "fp8_scale_slots",
-      [](fa::Pass pass) {
-        return pass == fa::Pass::forward ? slot_list<fa::Fp8ForwardScales>() : slot_list<fa::Fp8BackwardScales>();
+      [](fa::Pass pass, bool kv_cache) {
+        return pass == fa::Pass::forward ? slot_list<fa::Fp8ForwardScales>(kv_cache)
+                                         : slot_list<fa::Fp8BackwardScales>(kv_cache);
       },
-      "pass_"_a,
+      "pass_"_a, "kv_cache"_a = false,
       "A pass's FP8 scaling slots (fusedattn/tensor_slots.h) as (name, role) pairs, role 'scale' (read) or "
-      "'amax' (written), in the order the JAX custom call takes its scales and returns its amaxes.");
+      "'amax' (written), in the order the JAX custom call takes its scales and returns its amaxes: an FP8 "
+      "call's, or with kv_cache=True those of an FP8 K/V cache beside 16-bit queries (its two descales).");
   m.def("fp8_max", [](const std::string& dtype) { return fa::fp8_max(fa::parse_dtype(dtype, "dtype")); }, "dtype"_a,
         "The largest finite value of an FP8 dtype (448 for E4M3, 57344 for E5M2).");
   m.def(

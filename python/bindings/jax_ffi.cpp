@@ -178,7 +178,8 @@ void count_capture(cudaStream_t stream) {
 // step an array to fill.
 // An FP8 spec (q in E4M3 or E5M2) adds float32 scalars after all operands and the amaxes its
 // kernels write after all results, before the workspace, each in the order of its pass's table in
-// fusedattn/tensor_slots.h (which fusedattn.jax reads through _core.fp8_scale_slots).
+// fusedattn/tensor_slots.h (which fusedattn.jax reads through _core.fp8_scale_slots); an FP8 K/V
+// cache adds its two descales alone (tensor_slots.h's takes_slot), scalars or [h_kv] arrays.
 class Operands {
  public:
   Operands(const ffi::RemainingArgs& args, const ffi::RemainingRets& rets) : args_(args), rets_(rets) {}
@@ -244,8 +245,8 @@ void take_score_mod(const fa::AttentionSpec& spec, Operands& in, Tensors& t) {
 // and every result comes after all of the pass's others, so the two interleave freely here.
 template <class Scales>
 void take_fp8_scales(const fa::AttentionSpec& spec, Operands& io, Scales& scales) {
-  if (!fa::is_fp8(spec.q.dtype)) return;
   for (const fa::Fp8Slot<Scales>& slot : fa::fp8_slots<Scales>()) {
+    if (!fa::takes_slot(spec, slot)) continue;
     if (slot.role == fa::SlotRole::fp8_scale_read) {
       scales.*slot.read = io.scalar();
     } else {

@@ -53,39 +53,22 @@ void check_optional(const char* field, const void* pointer, bool spec_has, const
 
 bool is_mxfp8(const AttentionSpec& spec) { return spec.fp8_scaling == Fp8Scaling::mxfp8; }
 
-// An FP8 K/V cache's descales (spec.h's fp8_kv_cache): descale_k and descale_v, float32 scalars or
-// [h_kv] arrays (fp8_scaling=head); the other slots belong to FP8 attention and are refused.
-template <class Scales>
-void check_fp8_cache_descales(const Scales& scales) {
-  for (const auto& slot : fp8_slots<Scales>()) {
-    const std::string field = "tensors.fp8." + std::string(slot.name);
-    const void* pointer = slot_address(scales, slot);
-    if (slot.name == "descale_k" || slot.name == "descale_v") {
-      require_float_scalar(field.c_str(), pointer);
-    } else {
-      refuse_extra(field.c_str(), pointer, "an FP8 K/V cache, which takes descale_k and descale_v alone");
-    }
-  }
-}
-
-// Per-tensor FP8 scales: required for an FP8 spec that scales per tensor, refused for an MXFP8 one
-// (a caller who gives them built the call for the other scaling), ignored for a 16-bit one; an
-// FP8 K/V cache takes its two descales.
+// Per-tensor FP8 scales: the slots the spec takes (tensor_slots.h's takes_slot: all of them for FP8
+// attention, descale_k and descale_v for an FP8 K/V cache) are required, the others refused (a
+// caller who gives them built the call for another kind); an MXFP8 spec takes block scales instead.
 template <class Scales>
 void check_fp8_scales(const AttentionSpec& spec, const Scales& scales) {
-  if (spec.fp8_kv_cache()) {
-    check_fp8_cache_descales(scales);
-    return;
-  }
-  if (!is_fp8(spec.q.dtype)) return;
+  if (!is_fp8(spec.q.dtype) && !spec.fp8_kv_cache()) return;  // a 16-bit call ignores them
   for (const auto& slot : fp8_slots<Scales>()) {
     const std::string field = "tensors.fp8." + std::string(slot.name);
     const void* pointer = slot_address(scales, slot);
-    if (is_mxfp8(spec)) {
+    if (takes_slot(spec, slot)) {
+      require_float_scalar(field.c_str(), pointer);
+    } else if (is_mxfp8(spec)) {
       refuse_extra(field.c_str(), pointer,
                    "MXFP8 block scales (fp8_scaling=mxfp8: tensors.mxfp8), not per-tensor ones");
     } else {
-      require_float_scalar(field.c_str(), pointer);
+      refuse_extra(field.c_str(), pointer, "an FP8 K/V cache, which takes descale_k and descale_v alone");
     }
   }
 }
