@@ -17,7 +17,8 @@
 // workspace (kept per stream while small), and the plan enqueued on the current stream (a repeated
 // call replays, src/exec/replay.h). Only the table's answer per config id is kept here.
 //
-// paged_forward (torch_paged.h) does the same for fusedattn.torch.paged_attention's eager calls.
+// paged_forward (torch_paged.h) does the same for fusedattn.torch.paged_attention's eager calls, FP8
+// caches included.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -137,19 +138,21 @@ PyMethodDef forward_method = {
     "outputs (scale None: 1/sqrt(d)) on the current stream, differentiable through a C++ autograd node when an "
     "input requires grad; or NotImplemented for a call it leaves to the general path."};
 
-// paged_forward(q, k_cache, v_cache, page_table_k, page_table_v, seq_len_kv, seq_len_q, config_id, scale)
-// as a CPython fast call (torch_paged.h).
+// paged_forward(q, k_cache, v_cache, page_table_k, page_table_v, seq_len_kv, seq_len_q, config_id, scale,
+// descale_k, descale_v) as a CPython fast call (torch_paged.h).
 PyObject* paged_forward_call(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
   HANDLE_TH_ERRORS
   try {
-    if (count != 9) {
+    if (count != 11) {
       throw fa::InvalidArgument("arguments", std::to_string(count),
-                                "9: q, k_cache, v_cache, page_table_k, page_table_v, seq_len_kv, seq_len_q, "
-                                "config_id, scale");
+                                "11: q, k_cache, v_cache, page_table_k, page_table_v, seq_len_kv, seq_len_q, "
+                                "config_id, scale, descale_k, descale_v");
     }
     static const char* const kNames[] = {"q", "k_cache", "v_cache", "page_table_k", "page_table_v", "seq_len_kv"};
     for (int i = 0; i < 6; ++i) tensor_argument(args[i], kNames[i]);
     if (args[6] != Py_None) tensor_argument(args[6], "seq_len_q");
+    if (args[9] != Py_None) tensor_argument(args[9], "descale_k");
+    if (args[10] != Py_None) tensor_argument(args[10], "descale_v");
     const int id = config_id_argument(args[7]);
     const fa::CallConfig& config = fa::registered_config(id);
     if (!paged(config) || !paged_runs_here(args, config)) Py_RETURN_NOTIMPLEMENTED;
@@ -164,9 +167,10 @@ PyObject* paged_forward_call(PyObject* /*module*/, PyObject* const* args, Py_ssi
 PyMethodDef paged_forward_method = {
     "paged_forward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&paged_forward_call)),
     METH_FASTCALL,
-    "paged_forward(q, k_cache, v_cache, page_table_k, page_table_v, seq_len_kv, seq_len_q, config_id, scale) -> O "
-    "of a call over paged caches with a dense q (seq_len_q None: every sequence's rows of q; scale None: "
-    "1/sqrt(d)) on the current stream; or NotImplemented for a call it leaves to the general path."};
+    "paged_forward(q, k_cache, v_cache, page_table_k, page_table_v, seq_len_kv, seq_len_q, config_id, scale, "
+    "descale_k, descale_v) -> O of a call over paged caches with a dense q (seq_len_q None: every sequence's "
+    "rows of q; scale None: 1/sqrt(d); descales None but for FP8 caches) on the current stream; or "
+    "NotImplemented for a call it leaves to the general path."};
 
 }  // namespace
 

@@ -58,10 +58,12 @@ inline bool attention_inputs_run_here(PyObject* const* tensors) {
 
 // --- tensors to the core's terms -----------------------------------------------------------------
 
-// q, k or v as the core sees it (attention_inputs_run_here made sure of a half type and 4 dims).
+// q, k or v as the core sees it (attention_inputs_run_here made sure of a half type and 4 dims, or
+// torch_paged.h of an FP8 cache's E4M3).
 inline fa::TensorView view_of(const at::Tensor& t) {
   fa::TensorView view;
-  view.dtype = t.scalar_type() == at::kHalf ? fa::DType::f16 : fa::DType::bf16;
+  const at::ScalarType type = t.scalar_type();
+  view.dtype = type == at::kHalf ? fa::DType::f16 : type == at::kFloat8_e4m3fn ? fa::DType::e4m3 : fa::DType::bf16;
   view.rank = 4;
   for (int axis = 0; axis < 4; ++axis) {
     view.sizes[axis] = t.size(axis);

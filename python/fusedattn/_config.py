@@ -18,15 +18,19 @@ AXES = core.dense_axes()
 @functools.lru_cache(maxsize=4096)  # configs, not plans: a program uses a handful of option sets
 def config(layout="bshd", kv_layout="", *, causal=False, window=(-1, -1), align="top_left", bias="none",
            bias_grad=False, alibi=False, softmax="vanilla", dropout=0.0, deterministic=False, padding=False,
-           max_logit="", stats=True, kv_pages=0, score_mod="", fp8_grads=""):
+           max_logit="", stats=True, kv_pages=0, score_mod="", fp8_grads="", fp8_scaling=""):
     """The frozen Config of a call's options. `window` is (left, right), -1 open; `causal` closes it
     on the right; `bias` is a bias kind (core.Config.bias_kind gives it from a bias's shape);
     `padding` makes the lengths runtime data; `max_logit` is "", "row" or "head"; `score_mod` is a
     modifier's expression text (_score_mod.py traces it from a function); `fp8_grads` is "e5m2" for an
-    FP8 backward with E5M2 gradients beside E4M3 inputs (_fp8_recipe.py's hybrid format)."""
+    FP8 backward with E5M2 gradients beside E4M3 inputs (_fp8_recipe.py's hybrid format);
+    `fp8_scaling` is "" (the core's default) or "head" for an FP8 K/V cache's descales of one a
+    K/V head (_fp8_cache.py)."""
     extra = {"score_mod": score_mod} if score_mod else {}
     if fp8_grads:
         extra["fp8_grads"] = fp8_grads
+    if fp8_scaling:
+        extra["fp8_scaling"] = fp8_scaling
     return core.Config(layout, kv_layout, causal=causal, window=window, align=align, bias=bias, bias_grad=bias_grad,
                        alibi=alibi, softmax=softmax, dropout=float(dropout), deterministic=deterministic,
                        padding=padding, max_logit=max_logit or "none", stats=stats, kv_pages=kv_pages, **extra)
@@ -56,7 +60,12 @@ def require_arrays(ragged, *, sink, softmax, seq_len_q, seq_len_kv, cu_seqlens_q
         raise invalid_argument("sink", "given" if sink is not None else None, "a sink exactly when softmax='sink'")
 
 
-def _dims(shape):
+def dtype_name(array):
+    """An array's dtype as both frameworks' arrays spell it: "int32", "float8_e4m3fn"."""
+    return str(array.dtype).removeprefix("torch.")
+
+
+def dims(shape):
     """A shape as the core's messages write one: [4,32]."""
     return "[" + ",".join(str(n) for n in shape) + "]"
 
@@ -66,7 +75,7 @@ def page_count(page_table_k):
     kv_pages)."""
     shape = tuple(page_table_k.shape)
     if len(shape) != 2 or shape[1] < 1:
-        raise invalid_argument("page_table_k.shape", _dims(shape), "[b, pages a sequence], at least one page")
+        raise invalid_argument("page_table_k.shape", dims(shape), "[b, pages a sequence], at least one page")
     return shape[1]
 
 
@@ -84,8 +93,8 @@ def require_paged_arrays(spec, *, page_table_k, page_table_v, seq_len_kv, seq_le
         if array is None:
             continue
         if tuple(array.shape) != shape:
-            raise invalid_argument(f"{name}.shape", _dims(array.shape), requirement)
-        dtype = str(array.dtype).removeprefix("torch.")
+            raise invalid_argument(f"{name}.shape", dims(array.shape), requirement)
+        dtype = dtype_name(array)
         if dtype != "int32":
             raise invalid_argument(f"{name}.dtype", dtype, "int32")
 

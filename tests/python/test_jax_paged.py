@@ -58,3 +58,19 @@ def test_attention_calls_keep_both_lengths():
     operands, config = custom_call(exported_text(lambda q, n: fj.attention(q, q, q, seq_len_q=n, seq_len_kv=n), q,
                                                  lengths))
     assert operands[3:] == ["tensor<3xi32>", "tensor<3xi32>"] and "query_lengths = true" in config
+
+
+@pytest.mark.parametrize("per_head", [False, True], ids=["per_tensor", "per_head"])
+def test_an_fp8_cache_decode_step_is_one_custom_call_with_its_descales_last(per_head):
+    """E4M3 pools beside a bf16 q: the spec names them, and the call takes descale_k and descale_v
+    after the tables, as scalars (one element each, given as [1]) or [h_kv]."""
+    q, _, table, lengths = arrays()
+    pool = jax.ShapeDtypeStruct((B * PAGES, 64, 8, 128), jnp.float8_e4m3fn)
+    descale = jax.ShapeDtypeStruct((8,) if per_head else (1,), jnp.float32)
+    text = exported_text(lambda q, p, t, n, dk, dv: fj.paged_attention(q, p, p, t, t, n, descale_k=dk, descale_v=dv),
+                         q, pool, table, lengths, descale, descale)
+    assert operations(text).count("stablehlo.custom_call") == 1
+    operands, config = custom_call(text)
+    scale_type = "tensor<8xf32>" if per_head else "tensor<f32>"
+    assert operands[1] == "tensor<256x64x8x128xf8E4M3FN>" and operands[6:] == [scale_type, scale_type]
+    assert "k=e4m3" in config and ("fp8_scaling=head" in config) == per_head

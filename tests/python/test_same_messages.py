@@ -2,7 +2,8 @@
 parsed and validated), the CLI, fusedattn.torch (meta tensors, no GPU) and fusedattn.jax (traced on
 the CPU), since every adapter hands its call to the core's Config and make_spec (fusedattn/call.h);
 context parallelism takes what `causal` does to a window from the core too (causal_window); a paged
-call's tables and lengths, which no spec holds, are checked in one place for both (_config.py)."""
+call's tables and lengths, which no spec holds, are checked in one place for both (_config.py), and
+so are an FP8 cache's descales (_fp8_cache.py)."""
 import os
 import subprocess
 from pathlib import Path
@@ -125,6 +126,47 @@ def test_adapters_say_the_same_of_a_paged_calls_tables_and_lengths(name, shape):
         pool = jax.ShapeDtypeStruct((80, 64, 8, 128), jnp.bfloat16)
         tables = [jax.ShapeDtypeStruct(s, jnp.int32) for s in arrays.values()]
         jax.jit(lambda q, p, a, b, n: fj.paged_attention(q, p, p, a, b, n)).lower(q, pool, *tables)
+    assert jax_message(jax_paged) == from_torch
+
+
+# A paged decode over an FP8 cache gone wrong: (pool dtype, descale_k and descale_v as (shape, dtype)
+# or None, the message's start). 8 K/V heads.
+FP8_CACHE_CASES = [
+    ("missing", "float8_e4m3fn", None, None, "descale_k = None: "),
+    ("16-bit-cache", "bfloat16", ((1,), "float32"), ((1,), "float32"), "descale_k = given: "),
+    ("per-head-length", "float8_e4m3fn", ((9,), "float32"), ((9,), "float32"), "descale_k.shape = [9]: [8], "),
+    ("mixed", "float8_e4m3fn", ((8,), "float32"), ((1,), "float32"), "descale_v.shape = [1]: [8], "),
+    ("dtype", "float8_e4m3fn", ((1,), "float16"), ((1,), "float32"), "descale_k.dtype = float16: float32"),
+    ("e5m2", "float8_e5m2", ((1,), "float32"), ((1,), "float32"), "k.dtype = e5m2: "),
+]
+
+
+@pytest.mark.parametrize("pool_dtype, descale_k, descale_v, start", [c[1:] for c in FP8_CACHE_CASES],
+                         ids=[c[0] for c in FP8_CACHE_CASES])
+def test_adapters_say_the_same_of_an_fp8_caches_descales(pool_dtype, descale_k, descale_v, start):
+    """Which descales an FP8 cache takes is checked in one place for both (_fp8_cache.py), its dtype
+    by the core."""
+    def torch_paged(torch, fa):
+        table, lengths = torch.empty(4, 16, device="meta", dtype=torch.int32), torch.empty(4, device="meta",
+                                                                                             dtype=torch.int32)
+        pool = torch_meta(torch, 80, 64, 8, 128, dtype=getattr(torch, pool_dtype))
+        descales = [None if d is None else torch_meta(torch, *d[0], dtype=getattr(torch, d[1]))
+                    for d in (descale_k, descale_v)]
+        fa.paged_attention(torch_meta(torch, 4, 1, 32, 128), pool, pool, table, table, lengths,
+                           descale_k=descales[0], descale_v=descales[1])
+    from_torch = torch_message(torch_paged)
+    assert from_torch.startswith(start)
+
+    def jax_paged(jax, fj):
+        import jax.numpy as jnp
+        arrays = [jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)) for shape, dtype in (
+            ((4, 1, 32, 128), "bfloat16"), ((80, 64, 8, 128), pool_dtype), ((4, 16), "int32"), ((4,), "int32"))]
+        descales = [jax.ShapeDtypeStruct(d[0], jnp.dtype(d[1])) for d in (descale_k, descale_v) if d is not None]
+
+        def call(q, p, t, n, *d):
+            d = d or (None, None)
+            return fj.paged_attention(q, p, p, t, t, n, descale_k=d[0], descale_v=d[1])
+        jax.jit(call).lower(*arrays, *descales)
     assert jax_message(jax_paged) == from_torch
 
 

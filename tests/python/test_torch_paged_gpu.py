@@ -88,3 +88,74 @@ def test_a_ragged_speculative_step_over_pages_matches_float32():
         ref, _ = reference(q[start:start + queries[i]].unsqueeze(0), *gathered, "bshd", causal=True,
                            align="bottom_right")
         assert rel(o[start:start + queries[i]].unsqueeze(0), ref) < 1e-2, i
+
+
+def quantized(x, per_head):
+    """x [..., h_kv, d] in E4M3 with its float32 descales (one, or one a K/V head: [h_kv]), as a
+    serving engine keeps a cache: x ~ x8 * descale."""
+    amax = x.float().abs().amax(dim=tuple(range(x.dim() - 2)) + (x.dim() - 1,)) if per_head else x.float().abs().max()
+    descale = (amax / 448.0).reshape(-1).contiguous()
+    x8 = (x.float() / descale.reshape(-1, 1)).to(torch.float8_e4m3fn)
+    return x8, descale
+
+
+@pytest.mark.parametrize("per_head", [False, True], ids=["per_tensor", "per_head"])
+@pytest.mark.parametrize("road", ["cpp", "general"])
+def test_fp8_caches_match_attention_on_the_dequantized_cache(per_head, road, monkeypatch):
+    """E4M3 pools with their descales beside a bf16 q (fusedattn's decode kernel): one and four query
+    tokens a sequence, ragged lengths (1, a page plus one, a full cache), against float32 attention
+    on the dequantized gathered keys, by the C++ path and the general one; O poisoned first."""
+    if road == "general":
+        monkeypatch.setattr(fa, "_fast", None)
+    b, s_kv, page, h_q, h_kv, d = 3, 4096, 64, 32, 8, 128
+    per_seq = s_kv // page
+    k_pool, descale_k = quantized(torch.randn(b * per_seq, page, h_kv, d, device="cuda"), per_head)
+    v_pool, descale_v = quantized(torch.randn(b * per_seq, page, h_kv, d, device="cuda"), per_head)
+    table = torch.randperm(b * per_seq, device="cuda").to(torch.int32).reshape(b, per_seq)
+    lengths = torch.tensor([s_kv, 1, page + 1], device="cuda", dtype=torch.int32)
+    for s_q in (1, 4):
+        q = torch.randn(b, s_q, h_q, d, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad():
+            o = fa.paged_attention(q, k_pool, v_pool, table, table, lengths, descale_k=descale_k,
+                                   descale_v=descale_v)
+        assert o.dtype == q.dtype and o.shape == q.shape
+        for i in range(b):
+            n = int(lengths[i])
+            if n < s_q:
+                continue  # bottom-right causal: rows with no key
+            keys = [(pool[table[i].long()].reshape(s_kv, h_kv, d)[:n].float() * descale.reshape(-1, 1))[None]
+                    for pool, descale in ((k_pool, descale_k), (v_pool, descale_v))]
+            ref, _ = reference(q[i:i + 1], *keys, "bshd", causal=True, align="bottom_right")
+            assert rel(o[i:i + 1], ref) < 1e-2, (s_q, i, n)
+
+
+def test_an_fp8_cache_decode_step_captures_and_replays():
+    """A decode step over an FP8 cache captured in a CUDA graph, replayed with new queries, lengths
+    and descales written in place."""
+    batch, s_kv, page, h_q, h_kv, d = 2, 8192, 64, 32, 8, 128
+    per_seq = s_kv // page
+    k_pool, descale_k = quantized(torch.randn(batch * per_seq, page, h_kv, d, device="cuda"), True)
+    v_pool, descale_v = quantized(torch.randn(batch * per_seq, page, h_kv, d, device="cuda"), True)
+    table = torch.randperm(batch * per_seq, device="cuda").to(torch.int32).reshape(batch, per_seq)
+    q = torch.randn(batch, 1, h_q, d, device="cuda", dtype=torch.bfloat16)
+    lengths = torch.full((batch,), s_kv, device="cuda", dtype=torch.int32)
+    with torch.no_grad():
+        fa.paged_attention(q, k_pool, v_pool, table, table, lengths, descale_k=descale_k, descale_v=descale_v)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fa.paged_attention(q, k_pool, v_pool, table, table, lengths, descale_k=descale_k,
+                                     descale_v=descale_v)
+        for step in range(2):
+            q.normal_()
+            lengths.copy_(torch.tensor([s_kv - 100 * step, 513], device="cuda", dtype=torch.int32))
+            descale_v.mul_(2.0)  # the values it reads are the tensors' contents at replay
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            for i in range(batch):
+                n = int(lengths[i])
+                keys = [(pool[table[i].long()].reshape(s_kv, h_kv, d)[:n].float() * descale.reshape(-1, 1))[None]
+                        for pool, descale in ((k_pool, descale_k), (v_pool, descale_v))]
+                ref, _ = reference(q[i:i + 1], *keys, "bshd")
+                assert rel(out[i:i + 1], ref) < 1e-2, (step, i, n)

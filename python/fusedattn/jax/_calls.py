@@ -14,6 +14,8 @@ E4M3 or E5M2, fusedattn/fp8_scales.h) takes float32 scalars after all of those a
 amaxes its kernels write after its other results, both in the order of the core's table
 (fusedattn/tensor_slots.h, read here through core.fp8_scale_slots), e.g. for the forward:
     ... descale_q, descale_k, descale_v, descale_s, scale_s, scale_o -> ... amax_s, amax_o
+and a call over an FP8 K/V cache (Call.fp8_cache) takes that cache's descale_k, descale_v last
+(float32 [] or [h_kv]) and returns nothing more.
 """
 import dataclasses
 from typing import Tuple
@@ -34,6 +36,8 @@ def _fp8_slots(role):
 
 
 FP8_INPUTS, FP8_OUTPUTS = _fp8_slots("scale"), _fp8_slots("amax")
+# An FP8 K/V cache's descales (beside 16-bit queries: a forward's, the paged call's), after all others.
+FP8_CACHE_INPUTS = tuple(name for name, _ in core.fp8_scale_slots(FORWARD, kv_cache=True))
 
 
 def view(x):
@@ -57,13 +61,15 @@ class Call:
     fusedattn.torch), the scale, and for thd the longest sequences (the plan's bucket: host values
     the arrays do not carry), and whether q, k, v are FP8 (then the call takes and returns its
     scaling scalars), and whether a padded dense call passes seq_len_q (else every sequence has all
-    of q's rows: the handler gets no array, so a decode step fills none). Hashable: calls are cached
-    and traced by it."""
+    of q's rows: the handler gets no array, so a decode step fills none), and whether k and v are an
+    FP8 cache beside 16-bit q (then the call takes their descales, fusedattn/_fp8_cache.py).
+    Hashable: calls are cached and traced by it."""
     config: core.Config
     scale: float
     max_seqlen: Tuple[int, int] = (0, 0)
     fp8: bool = False
     query_lengths: bool = True
+    fp8_cache: bool = False
 
     @property
     def ragged(self):
@@ -86,7 +92,7 @@ class Call:
                 + (("page_table_k", "page_table_v") if c.kv_pages else ())
                 + (("mod_scalars",) if c.score_mod_scalars else ())
                 + tuple(f"mod_t{i}" for i in range(len(c.score_mod_tensor_axes)))
-                + (FP8_INPUTS[pass_] if self.fp8 else ()))
+                + (FP8_INPUTS[pass_] if self.fp8 else ()) + (FP8_CACHE_INPUTS if self.fp8_cache else ()))
 
     def outputs(self, pass_):
         c = self.config

@@ -11,7 +11,8 @@ the offsets of packed sequences and dropout's seed are replicated, and dropout's
 per shard, so that no two shards draw the same mask (the backward moves it alike, so its mask is
 the forward's as long as q comes to it sharded as it came to the forward). An FP8 call's scales
 are replicated scalars, and the amaxes its kernels write are the max over the shards (each shard
-measured its part), so every device holds the amax of the whole tensor.
+measured its part), so every device holds the amax of the whole tensor; an FP8 cache's descales
+of one a K/V head follow the K/V heads.
 """
 import math
 import re
@@ -35,8 +36,8 @@ def _axes(role, call, batch, heads, kv_heads):
     (each given as whatever the caller maps them to) or a name of its own for an axis that is
     not split."""
     config = call.config
-    if role in _FP8_SCALARS:  # float32 []
-        return ()
+    if role in _FP8_SCALARS:  # float32 [], or an FP8 cache's descales of one a K/V head
+        return (kv_heads,) if config.fp8_scaling == "head" else ()
     if role in ("sink", "d_sink") or (role == "max_logit" and config.max_logit == "head"):
         return (heads,)
     if role == "rng":

@@ -36,9 +36,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .. import _config
+from .. import _config, _fp8_cache
 from ..errors import NotSupportedError, invalid_argument
-from . import _documents, _fallback, _flex_run, _flex_tiles, _score_mod, _sink_decode
+from . import _documents, _fallback, _flex_run, _flex_tiles, _paged, _score_mod, _sink_decode
 from ._bodies import require_one_cuda_device
 from ._call_config import config_text
 from ._context_parallel import context_parallel_attention, load_balance, unbalance
@@ -158,7 +158,8 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table_k: T
                     seq_len_kv: Tensor, *, layout: str = "bshd", cache_layout: str = "bshd", causal: bool = True,
                     align: str = "bottom_right", window: Tuple[int, int] = (-1, -1), scale: Optional[float] = None,
                     seq_len_q: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
-                    max_seqlen_q: int = 0) -> Tensor:
+                    max_seqlen_q: int = 0, descale_k: Optional[Tensor] = None,
+                    descale_v: Optional[Tensor] = None) -> Tensor:
     """Attention over paged K/V caches (inference). k_cache, v_cache: pools of pages in
     `cache_layout` with a page where the layout has its batch entry ("bshd": [pages, page_size,
     h_kv, d]; "sbhd": [page_size, pages, h_kv, d]); page_table_k / page_table_v: int32 [b, pages a
@@ -166,37 +167,26 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table_k: T
     q in `layout` ("bshd", "sbhd", or "thd" with cu_seqlens_q and max_seqlen_q); seq_len_q defaults
     to full query rows. Decode is q with one token a sequence, bottom-right causal (the defaults).
 
+    FP8 caches: k_cache and v_cache in torch.float8_e4m3fn beside a float16 or bfloat16 q, with
+    descale_k and descale_v, float32 tensors on q's device (K = k_cache * descale_k), of one element
+    or one for each K/V head ([h_kv]); O comes in q's dtype. They run on fusedattn's decode kernel,
+    for 1 to 16 query tokens a sequence (fusedattn.check_support says so, and why not elsewhere).
+
     Eager calls with a dense q go straight to C++ (road 1, as attention()'s plain calls do); thd
     queries, compiled code, meta tensors and subclasses take roads 2 and 3 with the same results
     and errors."""
     window = tuple(window)
+    fp8_scaling = _fp8_cache.scaling(k_cache, v_cache, descale_k, descale_v)
     if _fast is not None and layout != "thd" and not torch.compiler.is_compiling():
-        config_id = _paged_config_id(layout, cache_layout, causal, window, align, page_table_k.shape)
+        config_id = _paged.config_id(layout, cache_layout, causal, window, align, page_table_k.shape, fp8_scaling)
         out = _fast.paged_forward(q, k_cache, v_cache, page_table_k, page_table_v, seq_len_kv, seq_len_q, config_id,
-                                  scale)
+                                  scale, descale_k, descale_v)
         if out is not NotImplemented:
             return out
-    require_one_cuda_device(q, k_cache, v_cache, page_table_k=page_table_k, page_table_v=page_table_v,
-                            seq_len_kv=seq_len_kv, seq_len_q=seq_len_q, cu_seqlens_q=cu_seqlens_q)
-    pages = _config.page_count(page_table_k)
-    cu_kv = None
-    if layout == "thd":
-        if cu_seqlens_q is None or max_seqlen_q <= 0:
-            raise invalid_argument("cu_seqlens_q", cu_seqlens_q, "cu_seqlens_q and max_seqlen_q with thd")
-        cu_kv = torch.nn.functional.pad(seq_len_kv.cumsum(0, dtype=torch.int32), (1, 0))
-        seq_len_q = seq_len_kv  # unused: the ragged arrays carry both lengths
-    # Without seq_len_q the core takes every sequence's s_q queries: no array to fill each call.
-    config = config_text(layout=layout, kv_layout=cache_layout, causal=causal, window=window, align=align,
-                         padding=True, stats=False, kv_pages=pages)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    # The core reads the tables and lengths by address, as dense rows: C++ takes them only so.
-    tables_and_lengths = {name: None if t is None else t.contiguous() for name, t in (
-        ("page_table_k", page_table_k), ("page_table_v", page_table_v), ("seq_len_q", seq_len_q),
-        ("seq_len_kv", seq_len_kv))}
-    extras = Extras(cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_kv, **tables_and_lengths)
-    o, _, _ = attend(q, k_cache, v_cache, bias=None, sink=None, extras=extras, config=config, scale=scale,
-                     max_seqlen_q=max_seqlen_q, max_seqlen_kv=0, needs_grad=False)
-    return o
+    return _paged.paged_forward(q, k_cache, v_cache, page_table_k, page_table_v, seq_len_kv, layout=layout,
+                                cache_layout=cache_layout, causal=causal, align=align, window=window, scale=scale,
+                                seq_len_q=seq_len_q, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q,
+                                fp8_scaling=fp8_scaling, descale_k=descale_k, descale_v=descale_v)
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
@@ -285,13 +275,3 @@ def _plain_config_id(layout, causal, window, align, alibi, softmax, deterministi
     call into the config's own cache costs twice as much)."""
     return _config.config(layout, causal=causal, window=window, align=align, alibi=alibi, softmax=softmax,
                           deterministic=deterministic).id
-
-
-@functools.lru_cache(maxsize=4096)
-def _paged_config_id(layout, cache_layout, causal, window, align, table_shape):
-    """The registered id of a paged call's config, for the C++ path, keyed on the page table's shape
-    (its second axis is the config's kv_pages). A table that is not [b, pages] gives a config without
-    pages, which the C++ path leaves to the general one, where _config.page_count says what is wrong."""
-    pages = table_shape[1] if len(table_shape) == 2 else 0
-    return _config.config(layout, cache_layout, causal=causal, window=window, align=align, padding=True,
-                          stats=False, kv_pages=pages).id

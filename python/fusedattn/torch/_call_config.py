@@ -12,11 +12,11 @@ from ._tensors import view
 @torch.compiler.assume_constant_result  # compiled code gets the text as a constant at trace time
 def config_text(*, layout, kv_layout="", causal=False, window=(-1, -1), align="top_left", bias_grad=False,
                 alibi=False, softmax="vanilla", dropout=0.0, deterministic=False, padding=False, max_logit="",
-                stats=True, kv_pages=0, score_mod=""):
+                stats=True, kv_pages=0, score_mod="", fp8_scaling=""):
     """A call's config in its printed form, without a bias kind (the bodies take it from the bias's
     shape: call_spec). The options and their defaults are _config.config's."""
     return _printed(layout, kv_layout, causal, window, align, bias_grad, alibi, softmax, dropout, deterministic,
-                    padding, max_logit, stats, kv_pages, score_mod)
+                    padding, max_logit, stats, kv_pages, score_mod, fp8_scaling)
 
 
 @torch.compiler.assume_constant_result
@@ -30,11 +30,11 @@ def fp8_config_text(*, layout, causal, window, align, fp8_grads):
 # module's own calls pass in their parameters' order: lru_cache's cheapest key.
 @functools.lru_cache(maxsize=4096)
 def _printed(layout, kv_layout, causal, window, align, bias_grad, alibi, softmax, dropout, deterministic, padding,
-             max_logit, stats, kv_pages, score_mod):
+             max_logit, stats, kv_pages, score_mod, fp8_scaling):
     return str(_config.config(layout, kv_layout, causal=causal, window=window, align=align, bias_grad=bias_grad,
                               alibi=alibi, softmax=softmax, dropout=dropout, deterministic=deterministic,
                               padding=padding, max_logit=max_logit, stats=stats, kv_pages=kv_pages,
-                              score_mod=score_mod))
+                              score_mod=score_mod, fp8_scaling=fp8_scaling))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -44,8 +44,9 @@ def _printed_fp8(layout, causal, window, align, fp8_grads):
 
 def call_spec(q, k, v, *, bias, extras, config, max_seqlen_q, max_seqlen_kv):
     """(Config, spec) that a body runs for these tensors: the printed `config`, with the bias kind
-    of `bias`'s shape where there is one; the tensors a score modifier captured, and a paged call's
-    tables and lengths, are checked against the spec. Raises the core's errors for bad input."""
+    of `bias`'s shape where there is one; the tensors a score modifier captured, a paged call's
+    tables and lengths, and an FP8 cache's descales are checked against the spec. Raises the core's
+    errors for bad input."""
     parsed = _config.parse(config)
     sequences = extras.sequences()
     if bias is not None:
@@ -53,4 +54,5 @@ def call_spec(q, k, v, *, bias, extras, config, max_seqlen_q, max_seqlen_kv):
     spec = parsed.spec(view(q), view(k), view(v), sequences, max_seqlen_q, max_seqlen_kv)
     extras.check_score_mod_tensors(spec)
     extras.check_paged_arrays(spec)
+    extras.check_fp8_cache_descales(spec, parsed.fp8_scaling)
     return parsed, spec

@@ -5,7 +5,7 @@ from typing import Optional
 
 from torch import Tensor
 
-from .. import _config
+from .. import _config, _fp8_cache
 from ..errors import invalid_argument
 
 
@@ -25,9 +25,9 @@ def address(t: Optional[Tensor]) -> int:
 class Extras:
     """The tensors a call may carry beside q, k, v, bias and sink; none of them differentiable. They
     travel through the operators as one list in this order (mod_*: a score modifier's scalars and
-    tensors)."""
+    tensors; descale_*: an FP8 K/V cache's, _fp8_cache.py)."""
     NAMES = ("rng", "cu_seqlens_q", "cu_seqlens_kv", "seq_len_q", "seq_len_kv", "page_table_k", "page_table_v",
-             "mod_scalars", "mod_t0", "mod_t1", "mod_t2", "mod_t3")
+             "mod_scalars", "mod_t0", "mod_t1", "mod_t2", "mod_t3", "descale_k", "descale_v")
     __slots__ = NAMES
 
     def __init__(self, **tensors):
@@ -58,6 +58,8 @@ class Extras:
             out.update(score_mod_scalars=address(self.mod_scalars),
                        score_mod_tensors=[address(self.mod_t0), address(self.mod_t1), address(self.mod_t2),
                                           address(self.mod_t3)])
+        if self.descale_k is not None:
+            out.update(descale_k=address(self.descale_k), descale_v=address(self.descale_v))
         return out
 
     def check_paged_arrays(self, spec):
@@ -66,6 +68,12 @@ class Extras:
         if self.page_table_k is not None:
             _config.require_paged_arrays(spec, page_table_k=self.page_table_k, page_table_v=self.page_table_v,
                                          seq_len_kv=self.seq_len_kv, seq_len_q=self.seq_len_q)
+
+    def check_fp8_cache_descales(self, spec, fp8_scaling):
+        """An FP8 K/V cache's descales fit the spec (_fp8_cache.require_descales, shared with
+        fusedattn.jax); the core says whether the cache's dtype is one."""
+        if self.descale_k is not None:
+            _fp8_cache.require_descales(spec, fp8_scaling, self.descale_k, self.descale_v)
 
     def check_score_mod_tensors(self, spec):
         """Each tensor a score modifier captured has the shape its axes span in this call (the core
