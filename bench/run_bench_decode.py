@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """bench/run_bench_decode.py — decode on the user path, beside PyTorch in one process: one to 16
-query tokens a sequence over a BF16 K/V cache (h 32/8, d 128), through fusedattn.torch.paged_attention
+query tokens a sequence over a BF16 K/V cache (h 32/8, d 128), and over the same cache in FP8 (E4M3,
+descales per K/V head, checked against the call on its dequantized copy), through fusedattn.torch.paged_attention
 on 64-token pages in a shuffled pool and fusedattn.torch.attention on a contiguous copy, against
 PyTorch SDPA's cuDNN backend on that copy; each captured in a CUDA graph (as serving engines run a
 decode step) and eager (a loop of calls, host time included). Every fusedattn call is timed three
@@ -58,12 +59,30 @@ def problem(batch, queries, seq_kv):
     return q, k_pool, v_pool, table_k, table_v, lengths, k, v
 
 
-def fusedattn_calls(fa, batch, queries, seq_kv):
+def fp8_pool(pool):
+    """A pool in E4M3 with its descales, one a K/V head (pool ~ pool8 * descale), as serving engines
+    keep an FP8 cache; and its dequantized copy, what the FP8 call is checked against."""
+    descale = (pool.float().abs().amax(dim=(0, 1, 3)) / 448.0).contiguous()
+    pool8 = (pool.float() / descale[:, None]).to(torch.float8_e4m3fn)
+    return pool8, descale, (pool8.float() * descale[:, None]).to(pool.dtype)
+
+
+def fusedattn_calls(fa, batch, queries, seq_kv, forced):
+    """Each call and the K/V bytes it reads; the FP8 cache only where nothing is forced (cuDNN takes
+    none, so forcing it would only refuse the call)."""
     q, k_pool, v_pool, table_k, table_v, lengths, k, v = problem(batch, queries, seq_kv)
     causal = queries == 1
+    (k8, descale_k, k_back), (v8, descale_v, v_back) = fp8_pool(k_pool), fp8_pool(v_pool)
 
     def paged():
         return fa.paged_attention(q, k_pool, v_pool, table_k, table_v, lengths, causal=causal)
+
+    def paged_fp8():
+        return fa.paged_attention(q, k8, v8, table_k, table_v, lengths, causal=causal, descale_k=descale_k,
+                                  descale_v=descale_v)
+
+    def paged_dequantized():  # the FP8 call's reference: the same call on the dequantized pools
+        return fa.paged_attention(q, k_back, v_back, table_k, table_v, lengths, causal=causal)
 
     def contiguous():
         return fa.attention(q, k, v, layout="bshd", causal=causal, align="bottom_right")
@@ -75,11 +94,18 @@ def fusedattn_calls(fa, batch, queries, seq_kv):
     # The same answer on every side, before anything is timed.
     with torch.no_grad():
         expected = pytorch().transpose(1, 2).float()
-        for call in (paged, contiguous):
-            error = ((call().float() - expected).norm() / expected.norm()).item()
+        checks = [(paged, expected), (contiguous, expected)]
+        if not forced:
+            checks.append((paged_fp8, paged_dequantized().float()))
+        for call, reference in checks:
+            error = ((call().float() - reference).norm() / reference.norm()).item()
             if not error < 1e-2:
-                raise AssertionError(f"{call.__name__}: relative error {error:.3g} against PyTorch's")
-    return {"paged": paged, "contiguous": contiguous, "pytorch": pytorch}, 2 * k.numel() * k.element_size()
+                raise AssertionError(f"{call.__name__}: relative error {error:.3g} against its reference")
+    kv_bytes = 2 * k.numel() * k.element_size()
+    calls = {"paged": (paged, kv_bytes), "contiguous": (contiguous, kv_bytes), "pytorch": (pytorch, kv_bytes)}
+    if not forced:
+        calls["paged_fp8"] = (paged_fp8, kv_bytes // 2)
+    return calls
 
 
 def measure(fa, library, forced, bandwidth):
@@ -88,9 +114,9 @@ def measure(fa, library, forced, bandwidth):
     for batch, queries, seq_kv in POINTS:
         row = {"b": batch, "s_q": queries, "s_kv": seq_kv}
         try:
-            calls, kv_bytes = fusedattn_calls(fa, batch, queries, seq_kv)
+            calls = fusedattn_calls(fa, batch, queries, seq_kv, forced)
             with torch.no_grad():
-                for name, call in calls.items():
+                for name, (call, kv_bytes) in calls.items():
                     if forced and name == "pytorch":
                         continue
                     for mode, timed in (("graph", lambda c=call: captured_median_ms(c, 3, 20) * 1e3),
@@ -136,13 +162,15 @@ def markdown(rows, bandwidth):
     columns = [("paged_graph", "paged, graph"), ("paged_eager", "paged, eager"),
                ("kernel_paged_graph", "paged on the kernel"), ("cudnn_paged_graph", "paged on cuDNN"),
                ("contiguous_graph", "contiguous, graph"), ("kernel_contiguous_graph", "contiguous on the kernel"),
-               ("cudnn_contiguous_graph", "contiguous on cuDNN"), ("pytorch_graph", "PyTorch cuDNN, graph"),
+               ("cudnn_contiguous_graph", "contiguous on cuDNN"), ("paged_fp8_graph", "paged FP8 cache, graph"),
+               ("paged_fp8_eager", "paged FP8 cache, eager"), ("pytorch_graph", "PyTorch cuDNN, graph"),
                ("pytorch_eager", "PyTorch cuDNN, eager")]
     lines = [f"## Decode through fusedattn.torch (BF16, h {H_Q}/{H_KV}, d {D}, {PAGE}-token pages), µs (fraction "
              f"of the {bandwidth / 1e12:.2f} TB/s copy bandwidth)", "",
              "fusedattn columns without \"on\": as the rule picks (its choice in the last column); \"on the "
              "kernel\" / \"on cuDNN\": forced by FUSEDATTN_DECODE_KERNEL in a process of its own. One query "
-             "causal bottom-right, several without a mask.", "",
+             "causal bottom-right, several without a mask. The FP8 cache (E4M3, descales per K/V head) reads "
+             "half the bytes: its fraction is of those.", "",
              "| b | s_q | s_kv | " + " | ".join(title for _, title in columns) + " | rule's choice (paged) |",
              "|---" * (len(columns) + 4) + "|"]
     for r in rows:

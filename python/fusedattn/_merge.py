@@ -6,9 +6,9 @@ jax.numpy), so both adapters share one formula and one treatment of empty rows.
 A partial result is (O, statistics): O's rows [b, s, h, d] (or packed [tokens, h, d]) and the
 log-sum-exp of the scaled scores each row saw, [b, h, s] (or [tokens, h]). With L = logaddexp(L_a,
 L_b), the merged O is O_a exp(L_a - L) + O_b exp(L_b - L): each piece's softmax was normalized by
-its own sum, and these weights renormalize it to the whole row's. The split decode does the same
-reduction over its chunks inside one CUDA kernel (src/exec/decode_split.cu), where a framework call
-per chunk would cost more than the attention itself."""
+its own sum, and these weights renormalize it to the whole row's. The split decode and the decode
+kernel do the same reduction over their chunks inside one CUDA kernel (src/exec/decode_merge.cu),
+where a framework call per chunk would cost more than the attention itself."""
 
 
 def rows(stats):
