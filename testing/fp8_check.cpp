@@ -167,6 +167,9 @@ ForwardTensors Fp8Problem::forward_tensors() const {
   t.o = s.o.get();
   t.stats = s.stats.as<float>();
   t.fp8 = {s.descale(kQ), s.descale(kK), s.descale(kV), s.descale(kS), s.scale(kS), s.scale(kO), s.amax(kS), s.amax(kO)};
+  const ForwardTensors originals = s.originals->forward_tensors();  // the lengths (spec.padding), shared
+  t.seq_len_q = originals.seq_len_q;
+  t.seq_len_kv = originals.seq_len_kv;
   return t;
 }
 
@@ -183,6 +186,9 @@ BackwardTensors Fp8Problem::backward_tensors() const {
   t.d_q = s.d_q.get();
   t.d_k = s.d_k.get();
   t.d_v = s.d_v.get();
+  const BackwardTensors originals = s.originals->backward_tensors();
+  t.seq_len_q = originals.seq_len_q;
+  t.seq_len_kv = originals.seq_len_kv;
   Fp8BackwardScales& f = t.fp8;
   f.descale_q = s.descale(kQ);
   f.descale_k = s.descale(kK);
@@ -266,7 +272,9 @@ Fp8CheckResult check_fp8_against_reference(const AttentionSpec& spec, bool backw
   // scores' scale takes descale_q * descale_k, O takes descale_v, and the gradients the factors of
   // the chain rule (L = sum(O * dO) with dO = dO8 * descale_dO).
   const double dq = s.host(kQ, kDescale), dk = s.host(kK, kDescale), dv = s.host(kV, kDescale);
-  const ReferenceProblem p = reference_problem(spec, scale * dq * dk);
+  ReferenceProblem p = reference_problem(spec, scale * dq * dk);
+  p.seq_len_q.assign(s.originals->seq_len_q().begin(), s.originals->seq_len_q().end());  // empty without padding
+  p.seq_len_kv.assign(s.originals->seq_len_kv().begin(), s.originals->seq_len_kv().end());
   auto dense = [](const TensorDesc& desc) { return DeviceBuffer(static_cast<std::size_t>(desc.elements()) * sizeof(float)); };
   DeviceBuffer qf = dense(spec.q), kf = dense(spec.k), vf = dense(spec.v), of = dense(spec.o);
   DeviceBuffer lse(static_cast<std::size_t>(stats_elements(spec)) * sizeof(float));

@@ -22,7 +22,8 @@ namespace fusedattn::check {
 /// One FP8 problem: the BF16 originals, their FP8 copies, the scaling tensors and the outputs.
 class Fp8Problem {
  public:
-  /// `spec`: q, k and v in E4M3 or E5M2, dense (no ragged or paged tensors). Synchronous.
+  /// `spec`: q, k and v in E4M3 or E5M2, dense (no ragged or paged tensors); with padding=1 each
+  /// entry's lengths are drawn as AttentionBuffers draws them, and both passes take them. Synchronous.
   Fp8Problem(const AttentionSpec& spec, bool with_backward, std::uint64_t seed);
   ~Fp8Problem();
   Fp8Problem(const Fp8Problem&) = delete;

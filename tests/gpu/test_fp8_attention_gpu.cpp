@@ -61,6 +61,11 @@ INSTANTIATE_TEST_SUITE_P(
         Fp8Case{"e5m2_128", "layout=bshd dtype=e5m2 b=2 s=256 h=4 d=128 causal", true},
         // Bottom-right at s_q == s_kv is the top-left diagonal, which Hopper's FP8 kernels take.
         Fp8Case{"bottom_right_square", "layout=bshd dtype=e4m3 b=2 s=384 h=4 d=128 causal align=bottom_right", true},
+        // Runtime lengths (a padding mask, as TransformerEngine's FP8 attention takes it), forward
+        // and backward: rows past each entry's lengths are zero in O and the gradients.
+        Fp8Case{"padding_causal", "layout=bshd dtype=e4m3 b=3 s=384 h=4 d=128 causal padding=1", true},
+        Fp8Case{"padding_cross_gqa", "layout=bshd dtype=e4m3 b=2 s_q=256 s_kv=320 h_q=8 h_kv=2 d=128 padding=1", true},
+        Fp8Case{"padding_sbhd_forward", "layout=sbhd dtype=e4m3 b=2 s=200 h=4 d=64 padding=1", false},
         // The hybrid recipe: E4M3 inputs, dO and the gradients in E5M2; grouped (the K/V
         // expansion sums E5M2 partials) and not.
         Fp8Case{"hybrid_causal", "layout=bshd dtype=e4m3 b=2 s=512 h=8 d=128 causal fp8_grads=e5m2", true},
