@@ -173,8 +173,14 @@ bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeD
   // - contiguous caches: cuDNN's one unsplit call leaves most SMs idle, and the kernel is faster from
   //   2k keys on (b = 1: 13.3 against 36.2 at 2k, 18.9 against 135 at 8k, 52.8 against 568 at 32k;
   //   b = 8 over 8k 73.1 against 153; 8 and 16 queries at b = 4 62.1 and 65.8 against 103; b = 64
-  //   over 8k 487 against 490). Shorter caches were not measured and stay with cuDNN.
-  return !spec.paged_kv() && spec.seq_kv() >= kDecodeKernelContiguousMinKeys;
+  //   over 8k 487 against 490).
+  // Shorter contiguous caches were not timed, and go to the kernel too: cuDNN's call keeps one block
+  // a (sequence, head) streaming every key, so its time falls with the keys as the kernel's does,
+  // and a cuDNN plan is built for each length (36 to 76 ms a build on the H200). A cache that grows
+  // a token a step (transformers' DynamicCache in generate()) meets a new length at every step: on
+  // cuDNN each step would build a plan, on the kernel none. The kernel also gives a sequence without
+  // keys O 0, where cuDNN's padded call writes non-finite rows (docs/reliability.md).
+  return !spec.paged_kv();
 }
 
 void fp8_kv_cache_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, std::vector<Reason>& out) {

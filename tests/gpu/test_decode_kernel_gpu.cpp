@@ -94,8 +94,8 @@ TEST(DecodeKernel, SequencesWithoutKeys) {
                      {4, 4, 1}, {2048, 0, 65});
   if (forced() == "0") {
     GTEST_SKIP() << "contiguous case left out on cuDNN's path: its padded call writes non-finite O in the rows "
-                    "of a sequence without keys (docs/reliability.md, a known wrong result); from 2048 keys "
-                    "such calls run on the decode kernel by default";
+                    "of a sequence without keys (docs/reliability.md, a known wrong result); such calls run "
+                    "on the decode kernel by default";
   }
   check_with_lengths("layout=sbhd dtype=bf16 b=2 s_q=5 s_kv=2048 h_q=16 h_kv=1 d=128 padding=1", {5, 5}, {2048, 0});
 }
