@@ -20,7 +20,8 @@ dBias, back into the tables. In that bias's text a gather is G<slot>(index, ...)
 import math
 import re
 
-from ._score_mod_bias import bias_tree, split_bias
+from ._bias_program import bias_program
+from ._score_mod_bias import split_bias
 from ._score_mod_sym import Sym, not_covered
 from .errors import NotSupportedError
 
@@ -162,7 +163,7 @@ def finish(tracer, out):
     traced = _numbered(tracer, modifier)
     if bias is not None:
         traced.bias = _numbered(tracer, bias)
-        bias_tree(traced.bias.text)  # made now, outside any compiled code that will evaluate it
+        bias_program(traced.bias.text)  # made now, outside any compiled code that will evaluate it
     return traced
 
 

@@ -7,7 +7,7 @@ index grids (evaluate_dense, over the core's tree of the expression), so the fra
 takes the bias's gradient, which cuDNN computes as dBias, back into the tables. In the bias's text a
 gather is G<slot>(index, ...). Framework-free."""
 from . import _core as core
-from ._score_mod_sym import not_covered
+from ._bias_program import bias_program
 from .errors import NotSupportedError
 
 
@@ -30,19 +30,6 @@ def split_bias(text):
     return ("" if terms.rest == "score" else terms.rest), terms.gathered
 
 
-_trees = {}  # a bias's text -> its tree; one entry per structure of a traced function (numbers are slots)
-
-
-def bias_tree(text):
-    """The core's tree of a bias's text (_core.score_expression_tree), kept by its text: compiled code
-    (torch.compile) rebuilds a traced part from its text and cannot call into the compiled core while
-    it traces, so the tracer asks here once, eagerly, and compiled code finds the tree."""
-    tree = _trees.get(text)
-    if tree is None:
-        tree = _trees[text] = core.score_expression_tree(text)
-    return tree
-
-
 def bias_sizes(layout, axes, q_shape, k_shape):
     """(b, h_q, s_q, s_kv) of a call whose q and k are in `layout`, for its dense bias; `axes` maps
     the dense layouts to where they hold (batch, heads, sequence, ...). NotSupportedError for
@@ -61,25 +48,13 @@ def bias_shape(shape, sizes):
     return b, h, sizes[2] if (b > 1 or h > 1) else s_q, sizes[3]
 
 
-def evaluate_dense(traced, grids, ops):
+def evaluate_dense(traced, grids, ops, kept=None):
     """The value of `traced`'s expression (a bias: no score) at every index of `grids`, {"b", "h", "q",
     "kv"}: integer arrays that broadcast against each other. `ops` gives the framework's operations:
     one per operation name of fusedattn/score_mod.h (taking arrays or Python numbers), and
     "leaf" (tensor, axes) -> the tensor broadcast over [b, h, q, kv], "gather" (tensor, [integer
-    indices]) -> tensor[indices], "integer" (x) -> x as integers (for gather indices)."""
-    def value(node):
-        kind = node[0]
-        if kind in grids:
-            return grids[kind]
-        if kind == "constant":
-            return node[1]
-        if kind == "scalar":
-            return traced.scalars[node[1]]
-        if kind == "tensor":
-            return ops["leaf"](traced.tensors[node[1]], node[2])
-        if kind == "gather":
-            return ops["gather"](traced.tensors[node[1]], [ops["integer"](value(index)) for index in node[2]])
-        if kind == "score":
-            raise not_covered("the score inside a bias term")
-        return ops[kind](*(value(argument) for argument in node[1]))
-    return value(bias_tree(traced.text))
+    indices]) -> tensor[indices], "integer" (x) -> x as integers (for gather indices), and optionally
+    "root gather" (tensor, [integer indices]) for a gather that is the whole bias. Each distinct
+    subexpression is computed once (fusedattn/_bias_program.py); `kept`, a mapping the caller keeps
+    for these grids, holds the values that depend on the indices alone from one call to the next."""
+    return bias_program(traced.text).run(traced, grids, ops, kept)

@@ -14,7 +14,7 @@ import torch
 
 from .. import _config, _mask_structure, _score_mod, _score_mod_bias, _score_mod_sym
 from ..errors import NotSupportedError, invalid_argument
-from . import _flex_views
+from . import _flex_views, _index_values
 
 
 class _TorchSym(_score_mod_sym.Sym):
@@ -234,12 +234,16 @@ def dense_bias(part, q, k, layout):
     sizes = _score_mod_bias.bias_sizes(layout, _config.AXES, q.shape, k.shape)
     grids = {name: torch.arange(n, device=q.device).view(*([1] * axis), n, *([1] * (3 - axis)))
              for axis, (name, n) in enumerate(zip(("b", "h", "q", "kv"), sizes))}
-    value = torch.as_tensor(_score_mod_bias.evaluate_dense(part, grids, _operations(q.device, sizes)), device=q.device)
+    kept = _index_values.kept(part, sizes, q.device)
+    value = _score_mod_bias.evaluate_dense(part, grids, _operations(q.device, sizes, out_dtype=q.dtype), kept)
+    if kept is not None:
+        _index_values.settle(part, sizes, q.device)
+    value = torch.as_tensor(value, device=q.device)
     value = value.reshape((1,) * (4 - value.dim()) + tuple(value.shape))
     return value.expand(*_score_mod_bias.bias_shape(value.shape, sizes)).contiguous().to(q.dtype)
 
 
-def _operations(device, sizes):
+def _operations(device, sizes, *, out_dtype=None):
     def tensor(x):
         return x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=torch.float32, device=device)
 
@@ -264,5 +268,11 @@ def _operations(device, sizes):
     ops.update({name: (lambda f: lambda x, y: f(tensor(x), tensor(y)))(f) for name, f in binary.items()})
     ops["select"] = lambda c, x, y: torch.where(tensor(c) != 0, tensor(x), tensor(y))
     ops.update(leaf=leaf, integer=integer, gather=lambda t, indices: t.to(device)[tuple(indices)])
+    # A gather that is the whole bias reads a table already in the bias's dtype: the same values
+    # (rounding commutes with picking), half the bytes written, no pass to convert. A table that
+    # needs a gradient is gathered as it is, so that its gradient sums in its own precision.
+    if out_dtype is not None:
+        ops["root gather"] = lambda t, indices: (t.to(device) if t.requires_grad else
+                                                 t.to(device=device, dtype=out_dtype))[tuple(indices)]
     return ops
 
