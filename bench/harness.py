@@ -4,6 +4,7 @@ calls on them, and the two timers (GPU time from CUDA events, host time of Pytho
 """
 import collections
 import contextlib
+import json
 import statistics
 import sys
 import time
@@ -46,6 +47,17 @@ def stream():
 
 def short(error):
     return f"{type(error).__name__}: {error}".splitlines()[0]
+
+
+def write_results(out, stem, record, table_lines):
+    """A benchmark's one file name under `out`, overwritten each run: `record` as <stem>.json and the
+    table as <stem>.md, which is printed too."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(record, indent=1))
+    table = "\n".join(table_lines)
+    (out / f"{stem}.md").write_text(table + "\n")
+    print(table)
 
 
 @dataclass(frozen=True)

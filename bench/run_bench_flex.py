@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from flex_masks import documents, t5_bucket
-from harness import forward_and_training_ms
+from harness import forward_and_training_ms, write_results
 
 
 def cases():
@@ -70,11 +70,6 @@ def main():
                 row["speedup"] = row["FlexAttention"] / row["fusedattn"]
             rows.append(row)
             print(json.dumps(row), flush=True)
-    stem = "bench-flex"  # one name, overwritten each run
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows},
-                                                indent=1))
     lines = ["| case | b, h, s, d | pass | fusedattn ms | FlexAttention ms | fusedattn speedup |",
              "|---|---|---|---|---|---|"]
     cell = lambda x: f"{x:.3f}" if isinstance(x, float) else x  # noqa: E731
@@ -82,8 +77,8 @@ def main():
         speedup = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
         lines.append(f"| {r['case']} | {r['shape']} | {r['pass']} | {cell(r['fusedattn'])} | "
                      f"{cell(r['FlexAttention'])} | {speedup} |")
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    # One file name, overwritten each run.
+    write_results(args.out, "bench-flex", {"gpu": torch.cuda.get_device_name(), "rows": rows}, lines)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from harness import forward_and_training_ms
+from harness import forward_and_training_ms, write_results
 
 SHAPES = [(2, 8192, 16, 128, True), (2, 8192, 16, 128, False)]
 
@@ -68,11 +68,6 @@ def main():
                 row["softcap / plain"] = plain["ms"] / ours["ms"]
             rows.append(row)
             print(json.dumps(row), flush=True)
-    stem = "bench-score-mod"  # one name, overwritten each run
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows},
-                                                indent=1))
     lines = ["| shape | pass | fusedattn softcap | fusedattn plain | FlexAttention softcap | vs Flex | vs plain |",
              "|---|---|---|---|---|---|---|"]
     cell = lambda x: f"{x['ms']:.3f} ms, {x['tflops']:.0f}" if isinstance(x, dict) else x
@@ -80,8 +75,8 @@ def main():
         lines.append(f"| {r['shape']} | {r['pass']} | {cell(r['fusedattn softcap'])} | {cell(r['fusedattn plain'])} | "
                      f"{cell(r['FlexAttention softcap'])} | {r.get('softcap / Flex', 0):.2f} | "
                      f"{r.get('softcap / plain', 0):.2f} |")
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    # One file name, overwritten each run.
+    write_results(args.out, "bench-score-mod", {"gpu": torch.cuda.get_device_name(), "rows": rows}, lines)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@
 # (a softcap score modifier beside plain attention), decode (decode through fusedattn.torch on
 # the decode kernel and on cuDNN beside PyTorch: results/bench-decode.*), flexbench (flex_attention beside compiled
 # FlexAttention on its users' masks), flexcompat (its users' score_mods and mask_mods against float32
-# attention: results/flex-compatibility.md), varlen (ragged step and
+# attention: results/flex-compatibility.md), transformersbench (Llama- and Gemma-2-style models of
+# about 1B with attn_implementation="fusedattn" beside "sdpa": results/bench-transformers.*), varlen (ragged step and
 # paged decode), decodeprof (a split decode's kernels, their timeline and the calls by chunk count;
 # not in the default list), jaxbench (JAX comparison), kernels (the kernels each side of a training step launches,
 # fusedattn.torch beside PyTorch's cuDNN backend, with the cuDNN frontend's log of both graphs), plans
@@ -39,7 +40,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
-export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench fp8scaling fp8api modbench decode flexbench flexcompat varlen jaxbench kernels plans sanitizer tsan}
+export PARTS=${PARTS:-gtest torch jax cli testsh matrix bench fp8bench fp8scaling fp8api modbench decode flexbench flexcompat transformersbench varlen jaxbench kernels plans sanitizer tsan}
 RESULTS=$OUT/results  # the benchmarks' files, named as in the tree's results/
 mkdir -p "$OUT" "$RESULTS"
 exec > >(tee "$OUT/gpu_log.txt") 2>&1
@@ -225,6 +226,15 @@ if part flexcompat; then
   echo "== FlexAttention compatibility: its users' score_mods and mask_mods through flex_attention"
   FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 -X faulthandler bench/flex_compatibility.py --build "$build" \
     --out "$RESULTS" || status=1
+fi
+
+if part transformersbench; then
+  echo "== benchmark: transformers models with fusedattn beside their own sdpa (bench/run_bench_transformers.py)"
+  # TRANSFORMERS_BENCH_ARGS narrows it (--parts train|generate, --models llama|gemma2): the compiled
+  # training steps alone take minutes of compiling.
+  # shellcheck disable=SC2086  # TRANSFORMERS_BENCH_ARGS is a list of arguments
+  FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 -X faulthandler bench/run_bench_transformers.py \
+    --build "$build" --out "$RESULTS" ${TRANSFORMERS_BENCH_ARGS:-} || status=1
 fi
 
 if part modbench; then
