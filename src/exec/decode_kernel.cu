@@ -85,7 +85,8 @@ std::optional<DecodeKernelShape> decode_kernel_in_use(const AttentionSpec& spec,
 }
 
 DecodeKernelCall::DecodeKernelCall(const AttentionSpec& spec, const DecodeKernelShape& shape)
-    : spec_(spec), shape_(shape), kernel_(kernel_for(spec, shape)), early_launch_(decode_early_launch()) {
+    : spec_(spec), shape_(shape), kernel_(kernel_for(spec, shape)), softcap_(decode_softcap(spec.score_mod)),
+      early_launch_(decode_early_launch()) {
   check_cuda(cudaFuncSetAttribute(kernel_, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(shape.shared_bytes)),
              "cudaFuncSetAttribute(decode kernel, shared memory)");
@@ -134,6 +135,10 @@ void DecodeKernelCall::forward(const ForwardTensors& t, float scale, cudaStream_
   p.window_right = static_cast<int>(s.window.right);
   p.bottom_right = s.alignment == Alignment::bottom_right;
   p.scale_log2 = scale * 1.4426950408889634f;
+  if (softcap_) {  // the cap as the call gives it: a scalar on the device, read when the kernel runs
+    p.softcap_scalar = softcap_->scalar_slot >= 0 ? t.score_mod.scalars + softcap_->scalar_slot : nullptr;
+    p.softcap = softcap_->scalar_slot >= 0 ? 0.0f : static_cast<float>(softcap_->constant);
+  }
   const dim3 blocks(static_cast<unsigned>(shape_.chunks), static_cast<unsigned>(s.heads_kv()),
                     static_cast<unsigned>(s.batch()));
   check_cuda(launch(kernel_, early_launch_, blocks, static_cast<unsigned>(shape_.threads),

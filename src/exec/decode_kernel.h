@@ -41,6 +41,7 @@ class DecodeKernelCall {
   AttentionSpec spec_;
   DecodeKernelShape shape_;
   void (*kernel_)(decode::Params);  // the instance for the spec's dtypes, head dim and rows
+  std::optional<DecodeSoftcap> softcap_;  // the spec's score modifier, where it has one
   std::size_t partial_o_bytes_ = 0, partial_stats_bytes_ = 0;
   bool early_launch_ = false;
 };

@@ -5,7 +5,8 @@
 // tiles stream through shared memory in a pipeline of 16-byte asynchronous copies (stages - 1 tiles
 // in flight while one is used), read back by ldmatrix from rows whose 16-byte chunks are XOR-swizzled
 // by the row (so the 8 rows an ldmatrix reads lie on distinct banks), into tensor-core products
-// with float32 accumulation and an online softmax in base 2. FP8 tiles are widened to q's dtype in
+// with float32 accumulation and an online softmax in base 2 (a softcap, where the call has one, bends
+// each scaled score first). FP8 tiles are widened to q's dtype in
 // shared memory first (exactly: every E4M3 value is a half and a bfloat16); their descales fold into
 // the score scale (K) and the output (V). At the end the warps of a row tile merge their keys in
 // shared memory and the block writes O and the log-sum-exp, or a chunk's partials for the merge.
@@ -40,6 +41,8 @@ struct Params {
   int window_left, window_right;   // -1: no bound
   bool bottom_right;
   float scale_log2;                // the softmax scale times log2(e)
+  const float* softcap_scalar;     // a softcap's cap on the device (a modifier's scalar), or null
+  float softcap;                   // the cap where softcap_scalar is null; 0: no softcap
 };
 
 // One of four values by a runtime index, without an indexed register array (which would live in
@@ -183,6 +186,10 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
     scale *= p.descale_k[kv * p.descale_step];
     out_scale = p.descale_v[kv * p.descale_step];
   }
+  // A softcap in base 2: with x the scaled score times log2(e), cap * tanh(score / cap) times
+  // log2(e) is c * tanh(x / c), c = cap * log2(e).
+  const bool capped = p.softcap_scalar != nullptr || p.softcap != 0.0f;
+  const float cap_log2 = (p.softcap_scalar != nullptr ? *p.softcap_scalar : p.softcap) * 1.4426950408889634f;
 #pragma unroll
   for (int n = 0; n < kStages - 1; ++n) {
     if (n < tiles) issue(n, ahead[n]);
@@ -231,7 +238,9 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e / 2, key = key_base + nt * 8 + 2 * quad + (e & 1);
-        s[nt][e] = key >= low[h] && key < high[h] ? s[nt][e] * scale : -INFINITY;
+        float x = s[nt][e] * scale;
+        if (capped) x = cap_log2 * tanhf(x / cap_log2);
+        s[nt][e] = key >= low[h] && key < high[h] ? x : -INFINITY;
         tile_max[h] = fmaxf(tile_max[h], s[nt][e]);
       }
     }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "spec/text.h"
 
@@ -64,6 +65,13 @@ DecodeKernelShape rows_shape(const AttentionSpec& spec, const DeviceCaps& caps) 
   return shape;
 }
 
+// Whether nodes a and b are the same cap: one scalar slot, or one constant (bit for bit).
+bool same_cap(const ScoreModNode& a, const ScoreModNode& b) {
+  if (a.op != b.op) return false;
+  if (a.op == ScoreOp::scalar) return a.slot == b.slot;
+  return a.op == ScoreOp::constant && std::memcmp(&a.value, &b.value, sizeof a.value) == 0;
+}
+
 bool multiple_of(std::int64_t value, std::int64_t of) { return value % of == 0; }
 bool strides_multiple_of(const TensorDesc& desc, std::int64_t of) {
   return multiple_of(desc.strides[kBatch], of) && multiple_of(desc.strides[kHead], of) &&
@@ -71,6 +79,23 @@ bool strides_multiple_of(const TensorDesc& desc, std::int64_t of) {
 }
 
 }  // namespace
+
+std::optional<DecodeSoftcap> decode_softcap(const ScoreMod& mod) {
+  // Post-order, the root last: mul's arguments are the cap and tanh(div(score, cap)), either way round.
+  const std::vector<ScoreModNode>& n = mod.nodes();
+  if (n.empty() || n.back().op != ScoreOp::mul) return std::nullopt;
+  const ScoreModNode& root = n.back();
+  for (int tanh_arg = 0; tanh_arg < 2; ++tanh_arg) {
+    const ScoreModNode& cap = n[static_cast<std::size_t>(root.args[1 - tanh_arg])];
+    const ScoreModNode& tanh = n[static_cast<std::size_t>(root.args[tanh_arg])];
+    if (tanh.op != ScoreOp::tanh) continue;
+    const ScoreModNode& div = n[static_cast<std::size_t>(tanh.args[0])];
+    if (div.op != ScoreOp::div || n[static_cast<std::size_t>(div.args[0])].op != ScoreOp::score) continue;
+    if (!same_cap(cap, n[static_cast<std::size_t>(div.args[1])])) continue;
+    return cap.op == ScoreOp::scalar ? DecodeSoftcap{cap.slot, 0.0} : DecodeSoftcap{-1, cap.value};
+  }
+  return std::nullopt;
+}
 
 std::vector<Reason> decode_kernel_refusals(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps) {
   std::vector<Reason> out;
@@ -101,7 +126,9 @@ std::vector<Reason> decode_kernel_refusals(const AttentionSpec& spec, Pass pass,
   if (spec.bias != Bias::none) refuse("bias", to_string(spec.bias), "no bias");
   if (spec.alibi) refuse("alibi", "1", "no ALiBi");
   if (spec.dropout > 0.0) refuse("dropout", format_double(spec.dropout), "no dropout");
-  if (!spec.score_mod.empty()) refuse("score_mod", to_string(spec.score_mod), "no score modifier");
+  if (!spec.score_mod.empty() && !decode_softcap(spec.score_mod)) {
+    refuse("score_mod", to_string(spec.score_mod), "no score modifier but a softcap, mul($0,tanh(div(score,$0)))");
+  }
   if (spec.max_logit != MaxLogit::none) refuse("max_logit", to_string(spec.max_logit), "no max logit");
   if (!strides_multiple_of(spec.q, 8) || !strides_multiple_of(spec.o, 8)) {
     refuse("q.strides", "q " + to_string(spec.q) + ", o " + to_string(spec.o),

@@ -10,9 +10,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "fusedattn/score_mod.h"
 #include "fusedattn/spec.h"
 #include "fusedattn/support.h"
 
@@ -69,12 +71,24 @@ struct DecodeKernelShape {
   bool merged() const noexcept { return chunks > 1; }
 };
 
+/// A softcap, cap * tanh(score / cap) of the scaled score (Gemma 2's attention softcap), the one
+/// score modifier the kernel applies: its cap is runtime scalar `scalar_slot`, or `constant` where
+/// the slot is -1 (beside a bias the adapters write a modifier's numbers into its text).
+struct DecodeSoftcap {
+  int scalar_slot = -1;
+  double constant = 0.0;
+};
+
+/// The softcap `mod` is: mul(c, tanh(div(score, c))) or mul(tanh(div(score, c)), c), with c the
+/// same scalar slot or the same constant both times; nothing for any other modifier.
+std::optional<DecodeSoftcap> decode_softcap(const ScoreMod& mod);
+
 /// Why the kernel does not take `spec` (empty: it does). It takes a forward of 1 to 16 queries a
 /// sequence (s_q * h_q / h_kv <= 128 rows) over paged (page sizes multiples of 16) or contiguous
 /// K/V, dense q and o, d_qk = d_v of 64 or 128, f16 or bf16 q with K/V in q's dtype or E4M3, any
-/// window and alignment, padding or none; vanilla softmax, no bias, ALiBi, dropout, score modifier
-/// or max logit; rows of 16 bytes (q and o strides multiples of 8 elements, K/V ones of 16 bytes);
-/// an SM 8.0 or newer GPU with room for its shared memory.
+/// window and alignment, padding or none, a softcap or no score modifier; vanilla softmax, no bias,
+/// ALiBi, dropout or max logit; rows of 16 bytes (q and o strides multiples of 8 elements, K/V ones
+/// of 16 bytes); an SM 8.0 or newer GPU with room for its shared memory.
 std::vector<Reason> decode_kernel_refusals(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps);
 
 /// The shape and cut that decode_kernel_expected_us finds fastest, for a spec the kernel takes.

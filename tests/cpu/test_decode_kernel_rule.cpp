@@ -65,6 +65,30 @@ TEST(DecodeKernelRule, RefusesWithEveryReason) {
   EXPECT_EQ(reasons[2].value, "96 (d_v 128)");
 }
 
+// A softcap is the one modifier the kernel applies: its cap a runtime scalar or a constant, written
+// either way round, the same cap inside and out; anything else is refused naming the modifier.
+TEST(DecodeKernelRule, TakesASoftcapAndNoOtherScoreModifier) {
+  const std::optional<DecodeSoftcap> scalar = decode_softcap(parse_score_mod("mul($0,tanh(div(score,$0)))"));
+  ASSERT_TRUE(scalar.has_value());
+  EXPECT_EQ(scalar->scalar_slot, 0);
+  const std::optional<DecodeSoftcap> constant = decode_softcap(parse_score_mod("mul(tanh(div(score,30)),30)"));
+  ASSERT_TRUE(constant.has_value());
+  EXPECT_EQ(constant->scalar_slot, -1);
+  EXPECT_EQ(constant->constant, 30.0);
+  for (const char* other : {"mul($0,tanh(div(score,$1)))", "mul(30,tanh(div(score,50)))", "mul($0,tanh(score))",
+                            "mul($0,sigmoid(div(score,$0)))", "add(score,$0)", "mul($0,tanh(div(h,$0)))",
+                            "mul(30,tanh(div(score,-30)))"}) {
+    EXPECT_FALSE(decode_softcap(parse_score_mod(other)).has_value()) << other;
+  }
+  AttentionSpec capped = paged("b=1 s_q=1 s_kv=8192");
+  capped.score_mod = parse_score_mod("mul($0,tanh(div(score,$0)))");
+  EXPECT_TRUE(decode_kernel_refusals(capped, Pass::forward, kH200.caps).empty());
+  capped.score_mod = parse_score_mod("add(score,mul(t0[h],sub(kv,q)))");
+  const std::vector<Reason> reasons = decode_kernel_refusals(capped, Pass::forward, kH200.caps);
+  ASSERT_EQ(fields_of(reasons), std::vector<std::string>{"score_mod"});
+  EXPECT_NE(reasons[0].requirement.find("but a softcap"), std::string::npos) << reasons[0].requirement;
+}
+
 TEST(DecodeKernelRule, RefusesRowsPastOneBlockAndPagesOffSixteen) {
   // 17 queries; 16 queries of a group of 16 (256 rows); pages of 40 tokens; ragged queries.
   EXPECT_EQ(fields_of(decode_kernel_refusals(paged("b=1 s_q=17 s_kv=4096"), Pass::forward, kH200.caps)),

@@ -85,6 +85,36 @@ TEST(DecodeKernel, ContiguousCaches) {
   check_with_lengths("layout=sbhd dtype=bf16 b=2 s_q=5 s_kv=2100 h_q=16 h_kv=1 d=128 padding=1", {5, 2}, {2100, 700});
 }
 
+// A softcap (Gemma 2's), the one score modifier the kernel applies: its cap a runtime scalar (drawn
+// in [0.5, 2], so that it bends most scores) or a constant written into the modifier; contiguous
+// and paged, a window beside it.
+TEST(DecodeKernel, Softcaps) {
+  FUSEDATTN_REQUIRE_GPU();
+  struct Case {
+    const char* spec;
+    std::vector<std::int32_t> seq_len_q, seq_len_kv;
+  };
+  const Case cases[] = {
+      {"layout=bshd dtype=bf16 b=3 s_q=1 s_kv=3000 h_q=8 h_kv=4 d=128 padding=1 causal align=bottom_right "
+       "score_mod=mul($0,tanh(div(score,$0)))",
+       {1, 1, 1}, {3000, 1, 1500}},
+      {"layout=bshd dtype=f16 b=2 s_q=4 s_kv=700 h_q=16 h_kv=8 d=64 padding=1 window=256,0 align=bottom_right "
+       "score_mod=mul(tanh(div(score,5)),5)",
+       {4, 2}, {700, 300}},
+      {"layout=bshd_paged_bshd dtype=bf16 b=2 s_q=1 s_kv=2048 h_q=32 h_kv=8 d=128 page_size=64 pages=64 causal "
+       "align=bottom_right score_mod=mul($0,tanh(div(score,$0)))",
+       {1, 1}, {2048, 77}},
+  };
+  for (const Case& c : cases) {
+    const Support answer = check_support(parse_spec(c.spec), Pass::forward);
+    if (forced() == "0" && !answer.ok()) {  // forced off the kernel: what cuDNN's path refuses is not this test's
+      std::printf("  cuDNN's path refuses %s: %s\n", c.spec, answer.to_string().c_str());
+      continue;
+    }
+    check_with_lengths(c.spec, c.seq_len_q, c.seq_len_kv);
+  }
+}
+
 // A sequence without keys beside full ones: its rows are O 0 (and a log-sum-exp of -inf), as the
 // reference defines them, contiguous and paged.
 TEST(DecodeKernel, SequencesWithoutKeys) {
