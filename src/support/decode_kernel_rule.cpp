@@ -201,13 +201,15 @@ bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeD
   //   2k keys on (b = 1: 13.3 against 36.2 at 2k, 18.9 against 135 at 8k, 52.8 against 568 at 32k;
   //   b = 8 over 8k 73.1 against 153; 8 and 16 queries at b = 4 62.1 and 65.8 against 103; b = 64
   //   over 8k 487 against 490).
-  // Shorter contiguous caches were not timed, and go to the kernel too: cuDNN's call keeps one block
-  // a (sequence, head) streaming every key, so its time falls with the keys as the kernel's does,
-  // and a cuDNN plan is built for each length (36 to 76 ms a build on the H200). A cache that grows
-  // a token a step (transformers' DynamicCache in generate()) meets a new length at every step: on
-  // cuDNN each step would build a plan, on the kernel none. The kernel also gives a sequence without
-  // keys O 0, where cuDNN's padded call writes non-finite rows (docs/reliability.md).
-  return !spec.paged_kv();
+  // Shorter contiguous caches were not timed. Inference (no statistics) goes to the kernel there
+  // too: cuDNN's call keeps one block a (sequence, head) streaming every key, so its time falls with
+  // the keys as the kernel's does, and a cuDNN plan is built for each length (36 to 76 ms a build on
+  // the H200), which a cache growing a token a step (transformers' DynamicCache in generate()) meets
+  // at every step, where the kernel builds none; the kernel also gives a sequence without keys O 0,
+  // where cuDNN's padded call writes non-finite rows (docs/reliability.md). A short call that writes
+  // the statistics feeds a backward on cuDNN, whose treatment of the kernel's -inf for a row without
+  // keys has not been checked: it stays on cuDNN's path.
+  return !spec.paged_kv() && (!spec.stats || spec.seq_kv() >= kDecodeKernelContiguousMinKeys);
 }
 
 void fp8_kv_cache_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, std::vector<Reason>& out) {

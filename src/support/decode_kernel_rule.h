@@ -99,11 +99,17 @@ DecodeKernelShape decode_kernel_shape(const AttentionSpec& spec, const DecodeDev
 /// are from it), from the spec's longest sequences (s_kv keys every one).
 double decode_kernel_expected_us(const AttentionSpec& spec, const DecodeKernelShape& shape, const DecodeDevice& device);
 
+/// The fewest keys of a contiguous cache that the kernel runs by default in a call that writes the
+/// statistics (for a backward): the shortest measured where it beat cuDNN's call
+/// (decode_kernel_rule.cpp has the numbers).
+constexpr std::int64_t kDecodeKernelContiguousMinKeys = 2048;
+
 /// Whether the kernel runs `spec` by default: it takes it, and it is an FP8 K/V cache (the only
-/// path) or a contiguous cache of any length (faster than cuDNN's unsplit call wherever measured,
-/// and no plan to build for each new length of a cache that grows a token a step); paged caches
-/// stay with cuDNN's split decode, which was faster at every measured point.
-/// FUSEDATTN_DECODE_KERNEL forces either way (exec/decode_kernel.h).
+/// path), or a contiguous cache that is inference (no statistics: no plan to build for each new
+/// length of a cache that grows a token a step) or of kDecodeKernelContiguousMinKeys keys or more,
+/// where it was measured faster than cuDNN's path; paged caches stay with cuDNN's split decode,
+/// which was faster at every measured point. FUSEDATTN_DECODE_KERNEL forces either way
+/// (exec/decode_kernel.h).
 bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeDevice& device);
 
 /// The support policy's rule for FP8 K/V caches: every reason the kernel does not take the spec,
