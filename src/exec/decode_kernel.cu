@@ -136,6 +136,7 @@ void DecodeKernelCall::forward(const ForwardTensors& t, float scale, cudaStream_
   p.bottom_right = s.alignment == Alignment::bottom_right;
   p.scale_log2 = scale * 1.4426950408889634f;
   if (softcap_) {  // the cap as the call gives it: a scalar on the device, read when the kernel runs
+    p.softcapped = true;
     p.softcap_scalar = softcap_->scalar_slot >= 0 ? t.score_mod.scalars + softcap_->scalar_slot : nullptr;
     p.softcap = softcap_->scalar_slot >= 0 ? 0.0f : static_cast<float>(softcap_->constant);
   }

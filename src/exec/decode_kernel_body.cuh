@@ -41,8 +41,9 @@ struct Params {
   int window_left, window_right;   // -1: no bound
   bool bottom_right;
   float scale_log2;                // the softmax scale times log2(e)
-  const float* softcap_scalar;     // a softcap's cap on the device (a modifier's scalar), or null
-  float softcap;                   // the cap where softcap_scalar is null; 0: no softcap
+  bool softcapped;                 // a softcap bends every scaled score: cap * tanh(score / cap)
+  const float* softcap_scalar;     // its cap on the device (a modifier's scalar), or null
+  float softcap;                   // its cap where softcap_scalar is null
 };
 
 // One of four values by a runtime index, without an indexed register array (which would live in
@@ -188,8 +189,9 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
   }
   // A softcap in base 2: with x the scaled score times log2(e), cap * tanh(score / cap) times
   // log2(e) is c * tanh(x / c), c = cap * log2(e).
-  const bool capped = p.softcap_scalar != nullptr || p.softcap != 0.0f;
-  const float cap_log2 = (p.softcap_scalar != nullptr ? *p.softcap_scalar : p.softcap) * 1.4426950408889634f;
+  const bool capped = p.softcapped;
+  const float cap = !capped ? 0.0f : p.softcap_scalar != nullptr ? *p.softcap_scalar : p.softcap;
+  const float cap_log2 = cap * 1.4426950408889634f;
 #pragma unroll
   for (int n = 0; n < kStages - 1; ++n) {
     if (n < tiles) issue(n, ahead[n]);
