@@ -127,7 +127,8 @@ std::vector<Reason> decode_kernel_refusals(const AttentionSpec& spec, Pass pass,
   if (spec.alibi) refuse("alibi", "1", "no ALiBi");
   if (spec.dropout > 0.0) refuse("dropout", format_double(spec.dropout), "no dropout");
   if (!spec.score_mod.empty() && !decode_softcap(spec.score_mod)) {
-    refuse("score_mod", to_string(spec.score_mod), "no score modifier but a softcap, mul($0,tanh(div(score,$0)))");
+    refuse("score_mod", to_string(spec.score_mod),
+           "no score modifier but a softcap, mul($0,tanh(div(score,$0)))");
   }
   if (spec.max_logit != MaxLogit::none) refuse("max_logit", to_string(spec.max_logit), "no max logit");
   if (!strides_multiple_of(spec.q, 8) || !strides_multiple_of(spec.o, 8)) {
