@@ -85,11 +85,25 @@ def require_paged_arrays(spec, *, page_table_k, page_table_v, seq_len_kv, seq_le
     Both adapters ask here, after the core validated the spec."""
     batch, pages = spec.batch, page_table_k.shape[1]
     table = f"[{batch},{pages}]: a row of {pages} pages (as page_table_k has) for each of the query's {batch} sequences"
+    _require_int32((("page_table_k", page_table_k, (batch, pages), table),
+                    ("page_table_v", page_table_v, (batch, pages), table)) + _lengths(batch, seq_len_q, seq_len_kv))
+
+
+def require_lengths(spec, *, seq_len_q, seq_len_kv):
+    """What the core cannot see of a dense call's runtime lengths, since it reads them by address:
+    int32, one entry for each of the spec's sequences. Both adapters ask here, after the core
+    validated the spec."""
+    _require_int32(_lengths(spec.batch, seq_len_q, seq_len_kv))
+
+
+def _lengths(batch, seq_len_q, seq_len_kv):
     lengths = f"[{batch}]: one length for each of the query's {batch} sequences"
-    for name, array, shape, requirement in (("page_table_k", page_table_k, (batch, pages), table),
-                                            ("page_table_v", page_table_v, (batch, pages), table),
-                                            ("seq_len_kv", seq_len_kv, (batch,), lengths),
-                                            ("seq_len_q", seq_len_q, (batch,), lengths)):
+    return ("seq_len_kv", seq_len_kv, (batch,), lengths), ("seq_len_q", seq_len_q, (batch,), lengths)
+
+
+def _require_int32(arrays):
+    """(name, array or None, shape, requirement) each: an array of that shape in int32."""
+    for name, array, shape, requirement in arrays:
         if array is None:
             continue
         if tuple(array.shape) != shape:

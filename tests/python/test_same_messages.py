@@ -2,8 +2,8 @@
 parsed and validated), the CLI, fusedattn.torch (meta tensors, no GPU) and fusedattn.jax (traced on
 the CPU), since every adapter hands its call to the core's Config and make_spec (fusedattn/call.h);
 context parallelism takes what `causal` does to a window from the core too (causal_window); a paged
-call's tables and lengths, which no spec holds, are checked in one place for both (_config.py), and
-so are an FP8 cache's descales (_fp8_cache.py)."""
+call's tables and lengths and a dense call's lengths, which no spec holds, are checked in one place
+for both (_config.py), and so are an FP8 cache's descales (_fp8_cache.py)."""
 import os
 import subprocess
 from pathlib import Path
@@ -127,6 +127,38 @@ def test_adapters_say_the_same_of_a_paged_calls_tables_and_lengths(name, shape):
         tables = [jax.ShapeDtypeStruct(s, jnp.int32) for s in arrays.values()]
         jax.jit(lambda q, p, a, b, n: fj.paged_attention(q, p, p, a, b, n)).lower(q, pool, *tables)
     assert jax_message(jax_paged) == from_torch
+
+
+# A dense call with runtime lengths (2 sequences), one of them of another shape.
+LENGTH_CASES = [("seq_len_q", (3,)), ("seq_len_kv", (2, 1))]
+
+
+@pytest.mark.parametrize("name, shape", LENGTH_CASES, ids=[n for n, _ in LENGTH_CASES])
+def test_adapters_say_the_same_of_a_dense_calls_lengths(name, shape):
+    """The lengths the core reads by address: both adapters check them in _config's words."""
+    arrays = {"seq_len_q": (2,), "seq_len_kv": (2,), name: shape}
+
+    def torch_padded(torch, fa):
+        lengths = {n: torch.empty(*s, device="meta", dtype=torch.int32) for n, s in arrays.items()}
+        fa.attention(*(torch_meta(torch, 2, 16, 4, 64),) * 3, **lengths)
+    from_torch = torch_message(torch_padded)
+    assert from_torch.startswith(f"{name}.shape = [{','.join(map(str, shape))}]: ")
+
+    def jax_padded(jax, fj):
+        import jax.numpy as jnp
+        x = jax.ShapeDtypeStruct((2, 16, 4, 64), jnp.bfloat16)
+        lengths = [jax.ShapeDtypeStruct(s, jnp.int32) for s in arrays.values()]
+        jax.jit(lambda q, a, b: fj.attention(q, q, q, seq_len_q=a, seq_len_kv=b)).lower(x, *lengths)
+    assert jax_message(jax_padded) == from_torch
+
+
+def test_a_dense_calls_lengths_are_int32_in_pytorch():
+    """PyTorch's lengths are read as they are: int64 ones (torch.tensor's default) would be read as
+    pairs of int32. JAX's are converted to int32 (jnp.asarray), as its tables are."""
+    message = torch_message(lambda torch, fa: fa.attention(
+        *(torch_meta(torch, 2, 16, 4, 64),) * 3, seq_len_q=torch.empty(2, device="meta", dtype=torch.int32),
+        seq_len_kv=torch.empty(2, device="meta", dtype=torch.int64)))
+    assert message == "seq_len_kv.dtype = int64: int32"
 
 
 # A paged decode over an FP8 cache gone wrong: (pool dtype, descale_k and descale_v as (shape, dtype)

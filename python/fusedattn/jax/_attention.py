@@ -82,12 +82,15 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False, align: str
                    for config in configs]
     inference, spec = traced_call(configs[0], q, k, v, scale=scale, max_seqlen=(max_seqlen_q, max_seqlen_kv),
                                   sequences=sequences)
+    lengths = tuple(map(as_int32, (seq_len_q, seq_len_kv))) if seq_len_q is not None else ()
+    if lengths:  # what the handlers read by address: one each of the spec's sequences
+        _config.require_lengths(spec, seq_len_q=lengths[0], seq_len_kv=lengths[1])
     training = dataclasses.replace(inference, config=configs[1])
     o, max_logit = differentiable_attention(
         (inference, training), (spec.heads_q, spec.heads_kv), q, k, v, bias=bias,
         sink=None if sink is None else jnp.asarray(sink, jnp.float32),
         rng=_dropout_rng(dropout_key) if inference.config.dropout > 0.0 else None,
-        lengths=tuple(map(as_int32, (seq_len_q, seq_len_kv))) if seq_len_q is not None else (),
+        lengths=lengths,
         offsets=tuple(map(as_int32, (cu_seqlens_q, cu_seqlens_kv))) if ragged else (),
         mods=_score_mod.operands(mod, spec, stopped=stopped))
     return (o, max_logit) if max_logit is not None else o

@@ -20,10 +20,10 @@ def config_text(*, layout, kv_layout="", causal=False, window=(-1, -1), align="t
 
 
 @torch.compiler.assume_constant_result
-def fp8_config_text(*, layout, causal, window, align, fp8_grads):
+def fp8_config_text(*, layout, causal, window, align, fp8_grads, padding=False):
     """fp8_attention's config in its printed form; fp8_grads: "e5m2" for the hybrid format's FP8
-    backward, else "" (_fp8_recipe.fp8_grads)."""
-    return _printed_fp8(layout, causal, window, align, fp8_grads)
+    backward, else "" (_fp8_recipe.fp8_grads); padding: runtime lengths (seq_len_q, seq_len_kv)."""
+    return _printed_fp8(layout, causal, window, align, fp8_grads, padding)
 
 
 # Printed once per option set, not on every eager call. Keyed on positional arguments, which this
@@ -38,21 +38,22 @@ def _printed(layout, kv_layout, causal, window, align, bias_grad, alibi, softmax
 
 
 @functools.lru_cache(maxsize=4096)
-def _printed_fp8(layout, causal, window, align, fp8_grads):
-    return str(_config.config(layout, causal=causal, window=window, align=align, fp8_grads=fp8_grads))
+def _printed_fp8(layout, causal, window, align, fp8_grads, padding):
+    return str(_config.config(layout, causal=causal, window=window, align=align, fp8_grads=fp8_grads,
+                              padding=padding))
 
 
 def call_spec(q, k, v, *, bias, extras, config, max_seqlen_q, max_seqlen_kv):
     """(Config, spec) that a body runs for these tensors: the printed `config`, with the bias kind
-    of `bias`'s shape where there is one; the tensors a score modifier captured, a paged call's
-    tables and lengths, and an FP8 cache's descales are checked against the spec. Raises the core's
-    errors for bad input."""
+    of `bias`'s shape where there is one; the tensors a score modifier captured, a call's lengths
+    and a paged call's tables, and an FP8 cache's descales are checked against the spec. Raises
+    the core's errors for bad input."""
     parsed = _config.parse(config)
     sequences = extras.sequences()
     if bias is not None:
         parsed = parsed.with_bias(view(bias), view(q), view(k), sequences, max_seqlen_q, max_seqlen_kv)
     spec = parsed.spec(view(q), view(k), view(v), sequences, max_seqlen_q, max_seqlen_kv)
     extras.check_score_mod_tensors(spec)
-    extras.check_paged_arrays(spec)
+    extras.check_lengths_and_tables(spec)
     extras.check_fp8_cache_descales(spec, parsed.fp8_scaling)
     return parsed, spec

@@ -62,12 +62,15 @@ class Extras:
             out.update(descale_k=address(self.descale_k), descale_v=address(self.descale_v))
         return out
 
-    def check_paged_arrays(self, spec):
-        """A paged call's tables and lengths have the spec's sequences, in int32 (the core reads them
-        by address): _config.require_paged_arrays, shared with fusedattn.jax."""
+    def check_lengths_and_tables(self, spec):
+        """A paged call's tables and lengths, and a dense call's runtime lengths, have the spec's
+        sequences, in int32 (the core reads them by address): _config.require_paged_arrays and
+        require_lengths, shared with fusedattn.jax."""
         if self.page_table_k is not None:
             _config.require_paged_arrays(spec, page_table_k=self.page_table_k, page_table_v=self.page_table_v,
                                          seq_len_kv=self.seq_len_kv, seq_len_q=self.seq_len_q)
+        elif self.seq_len_kv is not None or self.seq_len_q is not None:
+            _config.require_lengths(spec, seq_len_q=self.seq_len_q, seq_len_kv=self.seq_len_kv)
 
     def check_fp8_cache_descales(self, spec, fp8_scaling):
         """An FP8 K/V cache's descales fit the spec (_fp8_cache.require_descales, shared with
