@@ -18,16 +18,29 @@ SLOT = {name: i for i, name in enumerate(TENSORS)}
 E4M3_MAX, E5M2_MAX = 448.0, 57344.0
 
 
-def attend(q, k, v, scale, causal):
-    """float32 attention of [b, s, h, d] arrays (GQA by repeating K/V heads); O and the statistics."""
+def attend(q, k, v, scale, causal, lengths=()):
+    """float32 attention of [b, s, h, d] arrays (GQA by repeating K/V heads); O and the statistics.
+    lengths: (seq_len_q, seq_len_kv) [b], keys past seq_len_kv masked and rows past seq_len_q zero in O
+    (so they give no gradient), as fusedattn's padding defines them; () for none."""
     group = q.shape[2] // k.shape[2]
     k, v = (jnp.repeat(x, group, axis=2) for x in (k, v))
     logits = jnp.einsum("bshd,bthd->bhst", q, k) * scale
     if causal:
         logits = jnp.where(jnp.tril(jnp.ones(logits.shape[-2:], bool)), logits, -jnp.inf)
+    if lengths:
+        keys = jnp.arange(k.shape[1])[None, :] < lengths[1][:, None]  # [b, t]
+        logits = jnp.where(keys[:, None, None, :], logits, -jnp.inf)
     stats = jax.nn.logsumexp(logits, axis=-1)
     p = jnp.exp(logits - stats[..., None])
-    return jnp.einsum("bhst,bthd->bshd", p, v), stats, p
+    o = jnp.einsum("bhst,bthd->bshd", p, v)
+    if lengths:
+        o = jnp.where((jnp.arange(q.shape[1])[None, :] < lengths[0][:, None])[:, :, None, None], o, 0.0)
+    return o, stats, p
+
+
+def _lengths(a):
+    """The call's runtime lengths among its arrays by role (Call.inputs), or ()."""
+    return (a["seq_len_q"], a["seq_len_kv"]) if "seq_len_kv" in a else ()
 
 
 def quantized(x, scale, dtype):
@@ -43,7 +56,7 @@ def fp8_forward(call, *arrays):
     assert call.fp8 and len(arrays) == len(call.inputs(FORWARD))
     a = dict(zip(call.inputs(FORWARD), arrays))
     q, k, v = (a[n].astype(jnp.float32) * a["descale_" + n] for n in "qkv")
-    o, stats, p = attend(q, k, v, call.scale, call.config.window == (-1, 0))
+    o, stats, p = attend(q, k, v, call.scale, call.config.window == (-1, 0), _lengths(a))
     return quantized(o, a["scale_o"], a["q"].dtype), stats, p.max(), jnp.abs(o).max()
 
 
@@ -52,11 +65,12 @@ def fp8_backward(call, *arrays):
     assert len(arrays) == len(call.inputs(BACKWARD))
     if not call.fp8:  # backward="model": float32 math on the unquantized inputs, in their dtype
         q, k, v, d_o = (a[n].astype(jnp.float32) for n in ("q", "k", "v", "d_o"))
-        _, pullback = jax.vjp(lambda q, k, v: attend(q, k, v, call.scale, call.config.window == (-1, 0))[0], q, k, v)
+        _, pullback = jax.vjp(lambda q, k, v: attend(q, k, v, call.scale, call.config.window == (-1, 0),
+                                                     _lengths(a))[0], q, k, v)
         return tuple(g.astype(a["q"].dtype) for g in pullback(d_o))
     q, k, v, d_o = (a[n].astype(jnp.float32) * a["descale_" + n] for n in ("q", "k", "v", "d_o"))
     causal = call.config.window == (-1, 0)
-    _, pullback = jax.vjp(lambda q, k, v: attend(q, k, v, call.scale, causal)[0], q, k, v)
+    _, pullback = jax.vjp(lambda q, k, v: attend(q, k, v, call.scale, causal, _lengths(a))[0], q, k, v)
     grads = pullback(d_o)
     group = q.shape[2] // k.shape[2]
     d_p = jnp.einsum("bshd,bthd->bhst", d_o, jnp.repeat(v, group, axis=2))
@@ -111,10 +125,10 @@ def make_training_step(causal, backward="fp8"):
 training_step = functools.cache(make_training_step)
 
 
-def reference(q, k, v, w, causal):
+def reference(q, k, v, w, causal, lengths=()):
     q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
     scale = 1 / np.sqrt(q.shape[-1])
-    o, pullback = jax.vjp(lambda q, k, v: attend(q, k, v, scale, causal)[0], q, k, v)
+    o, pullback = jax.vjp(lambda q, k, v: attend(q, k, v, scale, causal, lengths)[0], q, k, v)
     return o, pullback(w)
 
 

@@ -1,6 +1,7 @@
 """fusedattn.jax.fp8_attention without a GPU: the scaling recipes and the functional state, with the
 plain-JAX FP8 kernel of jax_fp8_reference.py standing in for cuDNN's; training steps against float32
-attention, the scales each recipe sets from the amaxes, and the arguments refused, naming the field.
+attention, the scales each recipe sets from the amaxes, runtime lengths through both passes, and the
+arguments refused, naming the field.
 The program exported for CUDA: test_jax_fp8_export.py; inputs already in FP8:
 test_jax_fp8_inputs.py; vmap and a mesh: test_jax_fp8_vmap_mesh.py."""
 import pytest
@@ -176,3 +177,34 @@ def test_bad_calls_name_the_field():
     with pytest.raises(fusedattn.InvalidArgumentError) as caught:  # the core's own check, on the FP8 spec
         fj.fp8_attention(jnp.zeros((1, 64, 2, 60), jnp.bfloat16), q, q, fj.fp8_state())
     assert caught.value.field in ("d_qk", "k.shape", "h_q")
+
+
+@pytest.mark.parametrize("backward", ["fp8", "model"])
+def test_runtime_lengths_reach_both_passes_under_jit(reference_kernels, backward):
+    """seq_len_q and seq_len_kv go to the forward's and the backward's calls (the stand-in kernel
+    masks keys past them and zeroes rows past them, as fusedattn's padding defines them), and take
+    no gradient."""
+    lengths = (jnp.array([64, 23], jnp.int32), jnp.array([40, 64], jnp.int32))
+
+    def loss_fn(q, k, v, state, w):
+        o, _ = fj.fp8_attention(q, k, v, state, backward=backward, seq_len_q=lengths[0], seq_len_kv=lengths[1])
+        return (o.astype(jnp.float32) * w).sum(), o
+
+    step = jax.jit(jax.value_and_grad(loss_fn, argnums=(0, 1, 2, 3), has_aux=True))
+    q, k, v, w = inputs(0, kv_heads=2)
+    (_, o), grads = step(q, k, v, fj.fp8_state("current"), w)
+    ref_o, ref_grads = reference(q, k, v, w, False, lengths)
+    assert rel_l2(o, ref_o) < 0.1
+    assert max(rel_l2(g, r) for g, r in zip(grads[:3], ref_grads)) < 0.15
+    assert not np.asarray(o[1, 23:]).any() and not np.asarray(grads[0][1, 23:]).any()  # rows past seq_len_q
+    assert not np.asarray(grads[1][0, 40:]).any() and not np.asarray(grads[2][0, 40:]).any()  # keys past seq_len_kv
+
+
+def test_runtime_lengths_are_checked_by_name():
+    q, k, v, _ = inputs(0)
+    for given, field in ((dict(seq_len_q=jnp.ones(2, jnp.int32)), "seq_len_q"),
+                         (dict(seq_len_q=jnp.ones(3, jnp.int32), seq_len_kv=jnp.ones(2, jnp.int32)),
+                          "seq_len_q.shape")):
+        with pytest.raises(fusedattn.InvalidArgumentError) as caught:
+            fj.fp8_attention(q, k, v, fj.fp8_state(), **given)
+        assert caught.value.field == field

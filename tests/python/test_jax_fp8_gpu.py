@@ -1,7 +1,7 @@
 """fusedattn.jax.fp8_attention on a GPU: the CPU tests' recipes with cuDNN's FP8 kernels through the
 FFI calls, against float32 attention of the unquantized inputs (the tolerances of
 test_torch_fp8_gpu.py: the errors include the inputs' quantization), the recipes' scales from the
-kernels' amaxes, and Hopper's refusal of a d=64 FP8 backward."""
+kernels' amaxes, runtime lengths, and Hopper's refusal of a d=64 FP8 backward."""
 import pytest
 
 jax = pytest.importorskip("jax", reason="JAX not installed")
@@ -22,9 +22,9 @@ from jax_fp8_reference import reference as cpu_reference  # noqa: E402
 O_TOLERANCE, GRAD_TOLERANCE = 0.1, 0.15
 
 
-def reference(q, k, v, w, causal):
+def reference(q, k, v, w, causal, lengths=()):
     with jax.default_matmul_precision("highest"):  # no TF32 in the reference
-        return cpu_reference(q, k, v, w, causal)
+        return cpu_reference(q, k, v, w, causal, lengths)
 
 
 def inputs(seed, b=2, s=256, h=4, d=128, scale=1.0):
@@ -132,3 +132,26 @@ def test_vmap_with_cudnns_kernels_gives_each_element_its_own_call():
         ref_o, ref_grads = reference(*element, True)
         assert rel_l2(o[i], ref_o) < O_TOLERANCE
         assert max(rel_l2(g[i], r) for g, r in zip(grads, ref_grads)) < GRAD_TOLERANCE
+
+
+@pytest.mark.parametrize("backward", ["fp8", "model"])
+def test_runtime_lengths_match_float32_attention_with_the_padding_masked(backward):
+    """seq_len_q and seq_len_kv through cuDNN's FP8 kernels (a padding mask, as TransformerEngine's
+    FP8 attention takes it): the reference masks keys past each length and zeroes rows past them,
+    as fusedattn defines padding, and fusedattn's rows and keys past them are zero."""
+    lengths = (jnp.array([256, 100, 37], jnp.int32), jnp.array([256, 180, 37], jnp.int32))
+
+    def loss_fn(q, k, v, state, w):
+        o, _ = fj.fp8_attention(q, k, v, state, causal=True, backward=backward, seq_len_q=lengths[0],
+                                seq_len_kv=lengths[1])
+        return (o.astype(jnp.float32) * w).sum(), o
+
+    step = jax.jit(jax.value_and_grad(loss_fn, argnums=(0, 1, 2, 3), has_aux=True))
+    q, k, v, w = inputs(0, b=3)
+    (_, o), grads = step(q, k, v, fj.fp8_state("current"), w)
+    ref_o, ref_grads = reference(q, k, v, w, True, lengths)
+    errors = {"o": rel_l2(o, ref_o), **{n: rel_l2(g, r) for n, g, r in zip(("dq", "dk", "dv"), grads[:3], ref_grads)}}
+    assert errors["o"] < O_TOLERANCE, errors
+    assert max(errors[n] for n in ("dq", "dk", "dv")) < GRAD_TOLERANCE, errors
+    assert not np.asarray(o[1, 100:]).any() and not np.asarray(grads[0][2, 37:]).any()
+    assert not np.asarray(grads[1][1, 180:]).any() and not np.asarray(grads[2][1, 180:]).any()

@@ -18,7 +18,7 @@ def operator_calls(monkeypatch):
     """The operator fp8_attention calls on meta tensors, standing in: records (model_backward, config)."""
     calls = []
 
-    def attention(q, k, v, *, state, config, scale, model_backward, calibrated):
+    def attention(q, k, v, *, state, config, scale, model_backward, calibrated, seq_len_q=None, seq_len_kv=None):
         calls.append((model_backward, config))
         return q
 

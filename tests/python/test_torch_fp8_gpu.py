@@ -41,6 +41,37 @@ def test_matches_float32_attention_over_steps(recipe, backward, causal):
         assert max(errors[n] for n in ("dq", "dk", "dv")) < GRAD_TOLERANCE, (step, errors)
 
 
+@pytest.mark.parametrize("backward", ["fp8", "model"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_runtime_lengths_match_float32_attention_of_each_sequences_tokens(backward, causal):
+    """seq_len_q and seq_len_kv (a padding mask, as TransformerEngine's FP8 attention takes it): the
+    reference masks the keys past each length with a bias, and its rows past them get no gradient;
+    fusedattn's O and gradients past the lengths are zero."""
+    state = fa.Fp8State("current")
+    q, k, v = inputs(b=3, s=256)
+    seq_len_q = torch.tensor([256, 100, 37], dtype=torch.int32, device="cuda")
+    seq_len_kv = torch.tensor([256, 180, 37], dtype=torch.int32, device="cuda")
+    positions = torch.arange(256, device="cuda")
+    real_q = positions.view(1, 256) < seq_len_q.view(3, 1)    # [b, s]
+    real_kv = positions.view(1, 256) < seq_len_kv.view(3, 1)
+    d_o = (torch.rand_like(q) * 2 - 1) * real_q.view(3, 256, 1, 1)
+    o = fa.fp8_attention(q, k, v, state, causal=causal, backward=backward, seq_len_q=seq_len_q,
+                         seq_len_kv=seq_len_kv)
+    o.backward(d_o)
+    bias = torch.zeros(3, 1, 1, 256, device="cuda").masked_fill(~real_kv.view(3, 1, 1, 256), float("-inf"))
+    ref, (qb, kb, vb) = reference(q, k, v, "bshd", causal=causal, bias=bias)
+    ref.backward(d_o.float())
+    rows, keys = real_q.view(3, 256, 1, 1), real_kv.view(3, 256, 1, 1)
+    assert torch.all(o.masked_select(~rows) == 0) and torch.all(q.grad.masked_select(~rows) == 0)
+    assert all(torch.all(g.masked_select(~keys) == 0) for g in (k.grad, v.grad))
+    errors = {"o": rel(o * rows, ref * rows)}
+    for name, got, want, real in (("dq", q.grad, qb.grad, rows), ("dk", k.grad, kb.grad, keys),
+                                  ("dv", v.grad, vb.grad, keys)):
+        errors[name] = rel(got * real, want.permute(0, 2, 1, 3) * real)
+    assert errors["o"] < O_TOLERANCE, errors
+    assert max(errors[n] for n in ("dq", "dk", "dv")) < GRAD_TOLERANCE, errors
+
+
 @pytest.mark.parametrize("recipe", ["current", "delayed"])
 def test_the_hybrid_recipe_matches_float32_attention_with_e5m2_gradients(recipe):
     # E4M3 forward, dO, dP and the gradients in E5M2: the gradients' tolerance is E5M2's (one

@@ -170,13 +170,15 @@ def stand_in_fp8_inputs_bodies(monkeypatch):
     """CPU stand-ins for the FP8-input forward and the FP8 backward: O = 2 * the values of V, and
     gradients 1, 2 and 3 times dO, so the gradients' wiring shows."""
 
-    def forward(q8, k8, v8, descale_q, descale_k, descale_v, scaling, config, scale, out_dtype):
+    def forward(q8, k8, v8, descale_q, descale_k, descale_v, scaling, config, scale, out_dtype, seq_len_q=None,
+                seq_len_kv=None):
         o = (v8.float() * descale_v * 2).to(out_dtype)
         stats = torch.zeros(_config.output_shapes(_config.parse(config), _config.FORWARD, q8, k8, v8)["stats"],
                             dtype=torch.float32)
         return v8.clone(), o, stats, torch.cat([descale_q, descale_k, descale_v, descale_v])
 
-    def backward(d_o, q8, k8, v8, o8, stats, used, like, scaling, config, scale, calibrated):
+    def backward(d_o, q8, k8, v8, o8, stats, used, like, scaling, config, scale, calibrated, seq_len_q=None,
+                 seq_len_kv=None):
         return (d_o * 1).to(like.dtype), (d_o * 2).to(like.dtype), (d_o * 3).to(like.dtype)
 
     monkeypatch.setattr(_fp8_bodies, "fp8_inputs_forward", forward)

@@ -2,8 +2,9 @@
 operators fusedattn::fp8_forward / fusedattn::fp8_backward, whose fake implementations give every
 output's shape, strides and dtype; torch.compile(fullgraph=True) traces it in one graph, and
 compiles once more on a fresh state's second call (the first call's backward measures: the
-calibration flag). The operators with CPU stand-in bodies: test_torch_fp8_operators.py; inputs
-already in FP8: test_torch_fp8_inputs.py."""
+calibration flag); runtime lengths go through both passes and are checked by name. The operators
+with CPU stand-in bodies: test_torch_fp8_operators.py; inputs already in FP8:
+test_torch_fp8_inputs.py."""
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch not installed")
@@ -119,3 +120,39 @@ def test_compiled_calls_see_the_flag_as_traced():
     for _ in range(2):
         step(meta(2, 64, 4, 128), meta(2, 64, 4, 128), meta(2, 64, 4, 128)).backward()
     assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize("backward", ["fp8", "model"])
+def test_runtime_lengths_go_through_both_passes(backward):
+    state = fa.Fp8State(device="meta")
+    q, k, v = meta(2, 64, 4, 128), meta(2, 96, 4, 128), meta(2, 96, 4, 128)
+    lengths = dict(seq_len_q=torch.empty(2, dtype=torch.int32, device="meta"),
+                   seq_len_kv=torch.empty(2, dtype=torch.int32, device="meta"))
+    o = fa.fp8_attention(q, k, v, state, backward=backward, **lengths)
+    assert o.shape == q.shape and o.dtype == q.dtype
+    o.sum().backward()
+    assert [x.grad.shape for x in (q, k, v)] == [q.shape, k.shape, v.shape]
+
+
+def test_runtime_lengths_compile_in_one_graph():
+    torch._dynamo.reset()
+    state = fa.Fp8State(device="meta")
+    step = torch.compile(lambda q, k, v, a, b: fa.fp8_attention(q, k, v, state, backward="fp8", seq_len_q=a,
+                                                                seq_len_kv=b), fullgraph=True, backend="eager")
+    q = meta(2, 64, 4, 128)
+    lengths = [torch.empty(2, dtype=torch.int32, device="meta") for _ in range(2)]
+    step(q, q, q, *lengths).sum().backward()
+    assert q.grad.shape == q.shape
+
+
+@pytest.mark.parametrize("given, field", [
+    (dict(seq_len_q=(2, torch.int32)), "seq_len_q"),
+    (dict(seq_len_q=(2, torch.int32), seq_len_kv=(2, torch.int64)), "seq_len_kv.dtype"),
+    (dict(seq_len_q=(3, torch.int32), seq_len_kv=(2, torch.int32)), "seq_len_q.shape"),
+], ids=["one-without-the-other", "int64", "a-length-too-many"])
+def test_runtime_lengths_are_checked_by_name(given, field):
+    q = meta(2, 64, 4, 128)
+    lengths = {name: torch.empty(n, dtype=dtype, device="meta") for name, (n, dtype) in given.items()}
+    with pytest.raises(InvalidArgumentError) as caught:
+        fa.fp8_attention(q, q, q, fa.Fp8State(device="meta"), backward="fp8", **lengths)
+    assert caught.value.field == field

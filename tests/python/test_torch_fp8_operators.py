@@ -17,7 +17,7 @@ def stand_in_bodies(monkeypatch):
     the way the bodies write it (in place), and a record of the calibration flag each backward got."""
     backwards = []
 
-    def forward(q, k, v, scaling, config, scale):
+    def forward(q, k, v, scaling, config, scale, seq_len_q=None, seq_len_kv=None):
         buffer = scaling.histories  # any part of the state's buffer, to see the writes reach it
         buffer[0, 0] += 1
         fp8 = scaling.dtype
@@ -26,7 +26,8 @@ def stand_in_bodies(monkeypatch):
                             dtype=torch.float32)
         return o, q.to(fp8), k.to(fp8), v.to(fp8), o.to(fp8), stats, torch.ones(4)
 
-    def backward(d_o, q8, k8, v8, o8, stats, used, like, scaling, config, scale, calibrated):
+    def backward(d_o, q8, k8, v8, o8, stats, used, like, scaling, config, scale, calibrated, seq_len_q=None,
+                 seq_len_kv=None):
         backwards.append(calibrated)
         scaling.histories[0, 1] += 1
         return d_o * 2, d_o * 3, d_o * 4
@@ -80,3 +81,40 @@ def test_aot_autograd_refuses_a_forward_between_a_compiled_forward_and_its_backw
     step(q, q, q, state)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         first.sum().backward()
+
+
+def test_runtime_lengths_reach_both_bodies_through_the_operators(monkeypatch):
+    """The lengths the forward got are the ones its backward gets, in eager autograd and compiled code
+    alike (the bodies are stand-ins: their tensors are recorded, not read)."""
+    seen = []
+
+    def forward(q, k, v, scaling, config, scale, seq_len_q=None, seq_len_kv=None):
+        seen.append(("forward", seq_len_q, seq_len_kv, _config.parse(config).padding))
+        stats = torch.zeros(_config.output_shapes(_config.parse(config), _config.FORWARD, q, k, v)["stats"])
+        return q * 2, q.to(scaling.dtype), k.to(scaling.dtype), v.to(scaling.dtype), q.to(scaling.dtype), stats, \
+            torch.ones(4)
+
+    def backward(d_o, q8, k8, v8, o8, stats, used, like, scaling, config, scale, calibrated, seq_len_q=None,
+                 seq_len_kv=None):
+        seen.append(("backward", seq_len_q, seq_len_kv, _config.parse(config).padding))
+        return d_o * 1, d_o * 2, d_o * 3
+
+    monkeypatch.setattr(_fp8_bodies, "forward", forward)
+    monkeypatch.setattr(_fp8_bodies, "backward", backward)
+    config = _call_config.fp8_config_text(layout="bshd", causal=False, window=(-1, -1), align="top_left", fp8_grads="",
+                                          padding=True)
+    lengths = dict(seq_len_q=torch.tensor([16, 3], dtype=torch.int32),
+                   seq_len_kv=torch.tensor([9, 16], dtype=torch.int32))
+    state = fa.Fp8State(device="cpu")
+
+    def call(q):
+        return _fp8_operators.attention(q, q, q, state=state, config=config, scale=0.125, model_backward=False,
+                                        calibrated=True, **lengths)
+    for step in (call, torch.compile(call, fullgraph=True, backend="aot_eager")):
+        seen.clear()
+        q = torch.randn(2, 16, 2, 32, requires_grad=True)
+        step(q).sum().backward()
+        assert [entry[0] for entry in seen] == ["forward", "backward"]
+        for _, seq_len_q, seq_len_kv, padding in seen:
+            assert padding and torch.equal(seq_len_q, lengths["seq_len_q"]) and \
+                torch.equal(seq_len_kv, lengths["seq_len_kv"])

@@ -50,11 +50,12 @@ from typing import Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import _config
 from .. import _fp8_recipe as _recipe
 from ..errors import invalid_argument
-from ._calls import BACKWARD, Call, view
+from ._calls import BACKWARD, Call, as_int32, view
 from ._fp8_inputs import fp8_inputs_attention, require_fp8_inputs
 from ._fp8_kernels import fp8_forward, fp8_pass, with_backward_amaxes
 from ._fp8_state import (FP8_MAX, KERNEL_WRITTEN, SLOT, Fp8State, dequantize, quantize_gradient, quantize_inputs,
@@ -62,40 +63,48 @@ from ._fp8_state import (FP8_MAX, KERNEL_WRITTEN, SLOT, Fp8State, dequantize, qu
 from ._kernels import pass_function
 
 
-def _forward(call, q, k, v, state):
+def _forward(call, q, k, v, state, lengths):
     q8, k8, v8, state, used = quantize_inputs(state, q, k, v)  # used: the descales the backward undoes
-    o8, stats, state = fp8_forward(call, q8, k8, v8, descales=[used[i] for i in range(3)], state=state)
+    o8, stats, state = fp8_forward(call, q8, k8, v8, descales=[used[i] for i in range(3)], state=state,
+                                   lengths=lengths)
     o = dequantize(o8, used[3], q.dtype)
     return o, state, (q8, k8, v8, o8, stats, used)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _fp8_attention(call, model_backward, q, k, v, state):
-    """model_backward: None (the FP8 backward), or (the model-precision Call, its (h_q, h_kv))."""
-    o, state, _ = _forward(call, q, k, v, state)
+def _fp8_attention(call, model_backward, q, k, v, state, lengths):
+    """model_backward: None (the FP8 backward), or (the model-precision Call, its (h_q, h_kv));
+    lengths: (seq_len_q, seq_len_kv), int32 [b], with a config of runtime lengths, else ()."""
+    o, state, _ = _forward(call, q, k, v, state, lengths)
     return o, state
 
 
-def _fp8_attention_fwd(call, model_backward, q, k, v, state):
-    o, state, residuals = _forward(call, q, k, v, state)
+def _fp8_attention_fwd(call, model_backward, q, k, v, state, lengths):
+    o, state, residuals = _forward(call, q, k, v, state, lengths)
     if model_backward is not None:  # the unquantized inputs, with the FP8 forward's O and statistics
-        return (o, state), (q, k, v, o, residuals[4], state)
-    return (o, state), residuals + (state,)
+        return (o, state), (q, k, v, o, residuals[4], state, lengths)
+    return (o, state), residuals + (state, lengths)
+
+
+def _no_cotangents(lengths):
+    """The lengths' cotangents: integer arrays have float0 ones."""
+    return tuple(np.zeros(jnp.shape(x), jax.dtypes.float0) for x in lengths)
 
 
 def _fp8_attention_bwd(call, model_backward, residuals, cotangents):
     d_o, _ = cotangents  # the returned state's cotangent is not used: the step's state comes out as `state`'s
     if model_backward is not None:
-        q, k, v, o, stats, state = residuals
+        q, k, v, o, stats, state, lengths = residuals
         model_call, heads = model_backward
-        d_q, d_k, d_v = pass_function(BACKWARD, model_call, heads)(q, k, v, o, stats, d_o.astype(o.dtype))[:3]
-        return d_q, d_k, d_v, state  # the state after the forward: this backward moves nothing
-    q8, k8, v8, o8, stats, used, state = residuals
+        d_q, d_k, d_v = pass_function(BACKWARD, model_call, heads)(q, k, v, o, stats, d_o.astype(o.dtype),
+                                                                   *lengths)[:3]
+        return d_q, d_k, d_v, state, _no_cotangents(lengths)  # the state after the forward: this backward moves nothing
+    q8, k8, v8, o8, stats, used, state, lengths = residuals
     d_o8, state = quantize_gradient(state, d_o)
 
     def run(state):
         scale, descale = state.scale, state.descale
-        return fp8_pass(BACKWARD, call, q8, k8)(q8, k8, v8, o8, stats, d_o8, *used,
+        return fp8_pass(BACKWARD, call, q8, k8)(q8, k8, v8, o8, stats, d_o8, *lengths, *used,
                                                 *(descale[SLOT[n]] for n in ("d_o", "s", "d_p")),
                                                 *(scale[SLOT[n]] for n in ("s", "d_p", "d_q", "d_k", "d_v")))
 
@@ -109,7 +118,7 @@ def _fp8_attention_bwd(call, model_backward, residuals, cotangents):
              for g8, name in zip((d_q8, d_k8, d_v8), ("d_q", "d_k", "d_v"))]
     moved = _recipe.delayed_updates(_recipe.moved_after_backward(state.recipe))
     state, _ = updated(with_backward_amaxes(state, amaxes), moved)
-    return grads[0], grads[1], grads[2], state
+    return grads[0], grads[1], grads[2], state, _no_cotangents(lengths)
 
 
 _fp8_attention.defvjp(_fp8_attention_fwd, _fp8_attention_bwd)
@@ -117,7 +126,7 @@ _fp8_attention.defvjp(_fp8_attention_fwd, _fp8_attention_bwd)
 
 def fp8_attention(q, k, v, state, *, layout: str = "bshd", causal: bool = False, align: str = "top_left",
                   window: Tuple[int, int] = (-1, -1), scale=None, backward: str = "fp8", descales=None,
-                  out_dtype=None):
+                  out_dtype=None, seq_len_q=None, seq_len_kv=None):
     """FP8 attention of q, k, v (bfloat16 or float16, one dtype, in a dense `layout`: "bshd", "sbhd"
     or "bhsd") with the scaling `state` (Fp8State, from fp8_state()); returns (O in q's dtype, the
     state after the forward). Differentiable in q, k, v and `state`, whose gradient is the state
@@ -133,7 +142,10 @@ def fp8_attention(q, k, v, state, *, layout: str = "bshd", causal: bool = False,
     (default bfloat16), or, with out_dtype the state's dtype, as (o8, descale_o). Differentiating
     such a call raises InvalidArgumentError: a float8 array's cotangent is float8 in JAX, with no room
     for the scale its values need, so training passes bfloat16 or float16 inputs (quantized inside,
-    by the same kernels). fusedattn.torch.Fp8Tensor is PyTorch's way round it."""
+    by the same kernels). fusedattn.torch.Fp8Tensor is PyTorch's way round it.
+
+    seq_len_q and seq_len_kv (integer [b], together) make each entry's lengths runtime data, as in
+    attention(): O and the gradients are zero past them (the amaxes are the whole arrays')."""
     if not isinstance(state, Fp8State):
         raise invalid_argument("state", type(state).__name__, "a fusedattn.jax.Fp8State")
     if backward not in ("fp8", "model"):
@@ -151,14 +163,21 @@ def fp8_attention(q, k, v, state, *, layout: str = "bshd", causal: bool = False,
     for name, x in (("k", k), ("v", v)):
         if x.dtype != q.dtype:
             raise invalid_argument(f"{name}.dtype", x.dtype, f"q's dtype, {q.dtype}")
+    _config.require_arrays(False, sink=None, softmax="vanilla", seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
+                           cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=0, max_seqlen_kv=0)
+    lengths = tuple(map(as_int32, (seq_len_q, seq_len_kv))) if seq_len_q is not None else ()
     fp8_grads = _recipe.fp8_grads(state.format) if backward == "fp8" else ""  # the model backward has none
-    config = _config.config(layout, causal=causal, window=tuple(window), align=align, fp8_grads=fp8_grads)
+    config = _config.config(layout, causal=causal, window=tuple(window), align=align, fp8_grads=fp8_grads,
+                            padding=bool(lengths))
     spec = config.spec(*((state.dtype.name,) + view(x)[1:] for x in (q, k, v)), 0, 0, 0)
+    if lengths:  # what the handlers read by address: one each of the spec's sequences
+        _config.require_lengths(spec, seq_len_q=lengths[0], seq_len_kv=lengths[1])
     call = Call(config, spec.default_scale if scale is None else float(scale), fp8=True)
     if fp8_inputs:
-        return fp8_inputs_attention(call, q, k, v, descales=descales, state=state, out_dtype=out_dtype)
+        return fp8_inputs_attention(call, q, k, v, descales=descales, state=state, out_dtype=out_dtype,
+                                    lengths=lengths)
     model_backward = None
     if backward == "model":
         model_spec = config.spec(view(q), view(k), view(v), 0, 0, 0)  # the same call in q's dtype
         model_backward = (Call(config, call.scale), (model_spec.heads_q, model_spec.heads_kv))
-    return _fp8_attention(call, model_backward, q, k, v, state)
+    return _fp8_attention(call, model_backward, q, k, v, state, lengths)

@@ -26,20 +26,21 @@ def require_fp8_inputs(q, k, v, state, *, descales, out_dtype):
         raise invalid_argument("out_dtype", out_dtype, f"jnp.bfloat16, jnp.float16 or {state.dtype}")
 
 
-def fp8_inputs_attention(call, q8, k8, v8, *, descales, state, out_dtype):
+def fp8_inputs_attention(call, q8, k8, v8, *, descales, state, out_dtype, lengths=()):
     """(O in out_dtype, or (o8, descale_o) with out_dtype the state's dtype), and the state after the
-    forward; differentiating it raises InvalidArgumentError."""
-    return _fp8_inputs_call(call, q8, k8, v8, tuple(descales), state, jnp.dtype(out_dtype))
+    forward; differentiating it raises InvalidArgumentError. `lengths`: as fp8_forward's."""
+    return _fp8_inputs_call(call, q8, k8, v8, tuple(descales), state, jnp.dtype(out_dtype), tuple(lengths))
 
 
-def _fp8_inputs_forward(call, q8, k8, v8, descales, state, out_dtype):
+def _fp8_inputs_forward(call, q8, k8, v8, descales, state, out_dtype, lengths):
     """The forward of inputs already in FP8: (O in out_dtype, or (o8, descale_o)), and the state
     with V's amax (of the values the FP8 tensor holds), O's scale from it, and the kernel's amaxes."""
     descale_q, descale_k, descale_v = (jnp.asarray(d, jnp.float32).reshape(()) for d in descales)
     amax_v = jnp.max(jnp.abs(v8.astype(jnp.float32))) * descale_v
     state = state._set("amax", ("v",), amax_v[None])
     state, _ = updated(state, (Update("from_amax", "o", source="v"),))  # |O| <= max |V|
-    o8, _, state = fp8_forward(call, q8, k8, v8, descales=(descale_q, descale_k, descale_v), state=state)
+    o8, _, state = fp8_forward(call, q8, k8, v8, descales=(descale_q, descale_k, descale_v), state=state,
+                               lengths=lengths)
     descale_o = state.descale[SLOT["o"]]
     if jnp.dtype(out_dtype) == state.dtype:
         return (o8, descale_o), state
@@ -47,14 +48,14 @@ def _fp8_inputs_forward(call, q8, k8, v8, descales, state, out_dtype):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 6))
-def _fp8_inputs_call(call, q8, k8, v8, descales, state, out_dtype):
+def _fp8_inputs_call(call, q8, k8, v8, descales, state, out_dtype, lengths):
     """_fp8_inputs_forward, whose differentiation is refused by name (a traced gradient would
     otherwise meet the FFI call's missing rule, or, with the plain-JAX kernel, give FP8 cotangents)."""
-    return _fp8_inputs_forward(call, q8, k8, v8, descales, state, out_dtype)
+    return _fp8_inputs_forward(call, q8, k8, v8, descales, state, out_dtype, lengths)
 
 
-def _fp8_inputs_call_fwd(call, q8, k8, v8, descales, state, out_dtype):
-    return _fp8_inputs_forward(call, q8, k8, v8, descales, state, out_dtype), None
+def _fp8_inputs_call_fwd(call, q8, k8, v8, descales, state, out_dtype, lengths):
+    return _fp8_inputs_forward(call, q8, k8, v8, descales, state, out_dtype, lengths), None
 
 
 def _fp8_inputs_call_bwd(call, out_dtype, residuals, cotangents):

@@ -16,11 +16,12 @@ def fp8_pass(pass_, call, q, k):
     return pass_function(pass_, call, (q.shape[heads], k.shape[heads]))
 
 
-def fp8_forward(call, q8, k8, v8, *, descales, state):
+def fp8_forward(call, q8, k8, v8, *, descales, state, lengths=()):
     """cuDNN's FP8 forward of q8, k8, v8 with their `descales`: (o8, the statistics, the state with the
-    kernel's amaxes of S and O). O's scale must be set in the state first."""
+    kernel's amaxes of S and O). O's scale must be set in the state first. `lengths`: (seq_len_q,
+    seq_len_kv), int32 [b], for a call of runtime lengths, else ()."""
     scale, descale = state.scale, state.descale
-    o8, stats, amax_s, amax_o = fp8_pass(FORWARD, call, q8, k8)(q8, k8, v8, *descales, descale[SLOT["s"]],
+    o8, stats, amax_s, amax_o = fp8_pass(FORWARD, call, q8, k8)(q8, k8, v8, *lengths, *descales, descale[SLOT["s"]],
                                                                 scale[SLOT["s"]], scale[SLOT["o"]])
     return o8, stats, state._set("amax", ("s", "o"), jnp.stack([amax_s, amax_o]))
 

@@ -34,6 +34,7 @@ import math
 
 import torch
 
+from .. import _config
 from .. import _fp8_recipe as _recipe
 from .._fp8_backward import require_backward
 from ..errors import invalid_argument
@@ -47,14 +48,17 @@ from ._operators import eager_road
 
 
 def fp8_attention(q, k, v, state, *, layout="bshd", causal=False, align="top_left", window=(-1, -1), scale=None,
-                  backward="auto", descales=None, out_dtype=None):
+                  backward="auto", descales=None, out_dtype=None, seq_len_q=None, seq_len_kv=None):
     """FP8 attention of q, k, v (bf16 or f16 in `layout`, dense: "bshd", "sbhd" or "bhsd") with the
     scaling `state` (Fp8State); returns O in q's dtype. causal, window and align as in attention().
     backward: "auto" (the faster of the two for this shape, measured once: _fp8_backward.py), "fp8"
     (cuDNN's FP8 backward) or "model" (the backward in q's dtype). What cuDNN's FP8
     kernels do not take on this GPU raises NotSupportedError with every reason (on Hopper: head dim
     128 for the backward, no bottom-right diagonal, no bias). torch.compile traces it in one graph
-    (the module's docstring says how compiled code treats the state's calibration).
+    (the module's docstring says how compiled code treats the state's calibration). seq_len_q and
+    seq_len_kv (int32 [b], on q's device, together) make each entry's lengths runtime data, as in
+    attention(): O and the gradients are zero past them (the amaxes are the whole tensors'), and
+    backward="auto" chooses as for full lengths.
 
     Inputs already in FP8 (the state's dtype, for example from an FP8 projection or cache) come with
     descales=(descale_q, descale_k, descale_v), float32 one-element tensors (x = x8 * descale), and
@@ -65,22 +69,26 @@ def fp8_attention(q, k, v, state, *, layout="bshd", causal=False, align="top_lef
     if not isinstance(state, Fp8State):
         raise invalid_argument("state", type(state).__name__, "a fusedattn.torch.Fp8State")
     require_backward(backward)
-    require_one_cuda_device(q, k, v)
+    require_one_cuda_device(q, k, v, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv)
+    _config.require_arrays(False, sink=None, softmax="vanilla", seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
+                           cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=0, max_seqlen_kv=0)
+    lengths = dict(seq_len_q=seq_len_q, seq_len_kv=seq_len_kv)
     if backward == "auto":
         # Inputs already in FP8 run the forward only: no backward to choose.
         plain_fp8 = q.dtype in DTYPES and not isinstance(q, Fp8Tensor)
         backward = "fp8" if plain_fp8 else auto_backward(q, k, v, state, layout=layout, causal=causal,
                                                            window=tuple(window), align=align)
     fp8_grads = _recipe.fp8_grads(state.name) if backward == "fp8" else ""  # the model backward has none
-    config = fp8_config_text(layout=layout, causal=causal, window=tuple(window), align=align, fp8_grads=fp8_grads)
+    config = fp8_config_text(layout=layout, causal=causal, window=tuple(window), align=align, fp8_grads=fp8_grads,
+                             padding=seq_len_q is not None)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     model_backward = backward == "model"
     if isinstance(q, Fp8Tensor):
         return _fp8_tensor_attention(q, k, v, state, descales=descales, config=config, scale=scale,
-                                     out_dtype=out_dtype, model_backward=model_backward)
+                                     out_dtype=out_dtype, model_backward=model_backward, lengths=lengths)
     if q.dtype in DTYPES:
         return _fp8_inputs_attention(q, k, v, state, descales=descales, config=config, scale=scale,
-                                     out_dtype=torch.bfloat16 if out_dtype is None else out_dtype)
+                                     out_dtype=torch.bfloat16 if out_dtype is None else out_dtype, lengths=lengths)
     if q.dtype not in (torch.bfloat16, torch.float16):
         raise invalid_argument("q.dtype", q.dtype, "torch.bfloat16 or torch.float16 (quantized inside), "
                                                    "or the state's FP8 dtype with descales")
@@ -89,9 +97,9 @@ def fp8_attention(q, k, v, state, *, layout="bshd", causal=False, align="top_lef
         raise invalid_argument(field, "given", f"not given for {q.dtype} inputs (O comes back in q's dtype)")
     if eager_road(q, k, v):
         return _fp8_operators.eager_attention(q, k, v, state=state, config=config, scale=scale,
-                                              model_backward=model_backward)
+                                              model_backward=model_backward, **lengths)
     return _through_operators(_fp8_operators.attention, q, k, v, state, config=config, scale=scale,
-                              model_backward=model_backward)
+                              model_backward=model_backward, lengths=lengths)
 
 
 def _require_descales(descales, q):
@@ -104,7 +112,7 @@ def _require_descales(descales, q):
             raise invalid_argument(f"descales.{name}", shown, f"a float32 one-element tensor on {q.device}")
 
 
-def _fp8_inputs_attention(q, k, v, state, *, descales, config, scale, out_dtype):
+def _fp8_inputs_attention(q, k, v, state, *, descales, config, scale, out_dtype, lengths):
     """fp8_attention of inputs already in FP8: forward only, by road 2 or 3."""
     for name, t in zip("qkv", (q, k, v)):
         if t.dtype != state.dtype:
@@ -119,11 +127,12 @@ def _fp8_inputs_attention(q, k, v, state, *, descales, config, scale, out_dtype)
     # Road 2 runs the body directly, road 3 its operator: both take the same arguments.
     eager = eager_road(q, k, v, *descales)
     forward = _fp8_operators.eager_fp8_inputs_forward if eager else _fp8_operators.fp8_inputs_forward
-    o8, o, _, used = forward(q, k, v, *descales, state=state, config=config, scale=scale, out_dtype=out_dtype)
+    o8, o, _, used = forward(q, k, v, *descales, state=state, config=config, scale=scale, out_dtype=out_dtype,
+                             **lengths)
     return (o8, used[3:]) if out_dtype == state.dtype else o
 
 
-def _fp8_tensor_attention(q, k, v, state, *, descales, config, scale, out_dtype, model_backward):
+def _fp8_tensor_attention(q, k, v, state, *, descales, config, scale, out_dtype, model_backward, lengths):
     """fp8_attention of Fp8Tensors: O in their dtype, differentiable with respect to their values."""
     for name, t in zip("qkv", (q, k, v)):
         if not isinstance(t, Fp8Tensor):
@@ -138,12 +147,12 @@ def _fp8_tensor_attention(q, k, v, state, *, descales, config, scale, out_dtype,
         raise invalid_argument("out_dtype", out_dtype, f"{q.dtype}, the Fp8Tensors' dtype, or not given")
     if eager_road(q.data8, k.data8, v.data8):
         return _fp8_operators.eager_fp8_tensor_attention(q, k, v, state=state, config=config, scale=scale,
-                                                         model_backward=model_backward)
+                                                         model_backward=model_backward, **lengths)
     return _through_operators(_fp8_operators.fp8_tensor_attention, q, k, v, state, config=config, scale=scale,
-                              model_backward=model_backward)
+                              model_backward=model_backward, lengths=lengths)
 
 
-def _through_operators(operator, q, k, v, state, *, config, scale, model_backward):
+def _through_operators(operator, q, k, v, state, *, config, scale, model_backward, lengths):
     """Road 3: `operator` (_fp8_operators.attention or .fp8_tensor_attention) with the state's
     calibration flag as this call sees it; a call whose FP8 backward will run sets it, since that
     backward measures (_fp8_operators.py's docstring)."""
@@ -151,4 +160,4 @@ def _through_operators(operator, q, k, v, state, *, config, scale, model_backwar
     if not model_backward and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
         state.calibrated = True
     return operator(q, k, v, state=state, config=config, scale=scale, model_backward=model_backward,
-                    calibrated=calibrated)
+                    calibrated=calibrated, **lengths)

@@ -12,13 +12,21 @@ from .. import _core as core
 from .. import _fp8_recipe as _recipe
 from ._bodies import backward_body, on_device, run
 from ._fp8_state import dequantized, dequantized_many
-from ._tensors import Extras, view
+from ._tensors import Extras, address, view
 
 
-def _kernel_forward(scaling, config, q8, k8, v8, descales, scale):
+def _lengths(seq_len_q, seq_len_kv):
+    """The tensor set's runtime lengths (padding=1), as device addresses (0 without them)."""
+    return dict(seq_len_q=address(seq_len_q), seq_len_kv=address(seq_len_kv))
+
+
+def _kernel_forward(scaling, config, q8, k8, v8, descales, scale, seq_len_q, seq_len_kv):
     """cuDNN's FP8 forward of q8, k8, v8 with their descales (device addresses): (o8, the statistics).
-    O's scale must be set in the state first; the kernel writes the amaxes of S and O there."""
+    O's scale must be set in the state first; the kernel writes the amaxes of S and O there. With
+    runtime lengths (the config's padding), O is zero past each sequence's queries."""
     spec = config.spec(view(q8), view(k8), view(v8), 0, 0, 0)
+    if config.padding:
+        _config.require_lengths(spec, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv)
     with on_device(q8.device):
         shapes = _config.output_shapes(config, _config.FORWARD, q8, k8, v8)
         o8 = torch.empty(shapes["o"], dtype=scaling.dtype, device=q8.device)
@@ -27,23 +35,26 @@ def _kernel_forward(scaling, config, q8, k8, v8, descales, scale):
         scales = scaling.slot_addresses(_config.FORWARD, descale_q=descale_q, descale_k=descale_k,
                                         descale_v=descale_v)
         tensors = core.ForwardTensors(q=q8.data_ptr(), k=k8.data_ptr(), v=v8.data_ptr(), o=o8.data_ptr(),
-                                      stats=stats.data_ptr(), **scales)
+                                      stats=stats.data_ptr(), **_lengths(seq_len_q, seq_len_kv), **scales)
         run(core.get_plan(spec, _config.FORWARD), tensors, scale, q8.device)
     return o8, stats
 
 
-def forward(q, k, v, *, scaling, config, scale):
+def forward(q, k, v, *, scaling, config, scale, seq_len_q=None, seq_len_kv=None):
     """O in q's dtype, the FP8 tensors the backward takes (q8, k8, v8, o8), the statistics and the
-    descales of Q, K, V and O this call used. Updates the state."""
+    descales of Q, K, V and O this call used. Updates the state. The lengths: int32 [b] each, with a
+    config of runtime lengths (the amaxes are the whole tensors', padding rows included)."""
     parsed = _config.parse(config)
     with on_device(q.device):
         q8, k8, v8, used = scaling.quantize_inputs(q, k, v)
-        o8, stats = _kernel_forward(scaling, parsed, q8, k8, v8, [used[i].data_ptr() for i in range(3)], scale)
+        o8, stats = _kernel_forward(scaling, parsed, q8, k8, v8, [used[i].data_ptr() for i in range(3)], scale,
+                                    seq_len_q, seq_len_kv)
         o = dequantized(o8, used[3].data_ptr(), q.dtype)
     return o, q8, k8, v8, o8, stats, used
 
 
-def fp8_inputs_forward(q8, k8, v8, descale_q, descale_k, descale_v, *, scaling, config, scale, out_dtype):
+def fp8_inputs_forward(q8, k8, v8, descale_q, descale_k, descale_v, *, scaling, config, scale, out_dtype,
+                       seq_len_q=None, seq_len_kv=None):
     """Inputs already in FP8, with their descales (float32 one-element tensors): (o8, O in out_dtype,
     the statistics, the descales of Q, K, V and O [4]); O in out_dtype is empty where out_dtype is
     the state's FP8 dtype (o8 is that O). O's scale comes from V's amax, measured here (max |V|
@@ -55,15 +66,18 @@ def fp8_inputs_forward(q8, k8, v8, descale_q, descale_k, descale_v, *, scaling, 
         scaling.scalars[_recipe.SLOT["v"], 2].mul_(descale_v.reshape(()))
         used = torch.cat([d.reshape(1) for d in (descale_q, descale_k, descale_v)] + [descale_q.new_empty(1)])
         scaling.update((_recipe.Update("from_amax", "o", source="v"), _recipe.Update("keep", "o", used=3)), used)
-        o8, stats = _kernel_forward(scaling, parsed, q8, k8, v8, [used[i].data_ptr() for i in range(3)], scale)
+        o8, stats = _kernel_forward(scaling, parsed, q8, k8, v8, [used[i].data_ptr() for i in range(3)], scale,
+                                    seq_len_q, seq_len_kv)
         o = o8.new_empty(0) if out_dtype == scaling.dtype else dequantized(o8, used[3].data_ptr(), out_dtype)
     return o8, o, stats, used
 
 
-def backward(d_o, q8, k8, v8, o8, stats, used, like, *, scaling, config, scale, calibrated):
+def backward(d_o, q8, k8, v8, o8, stats, used, like, *, scaling, config, scale, calibrated, seq_len_q=None,
+             seq_len_kv=None):
     """dQ, dK, dV in like's dtype from cuDNN's FP8 backward, with the descales `used` of the forward
     that made q8, k8, v8, o8. Not `calibrated`: the backward runs twice, the first run to measure the
-    kernel-written tensors' amaxes. Updates the state."""
+    kernel-written tensors' amaxes. Updates the state. The forward's lengths, where it had them: the
+    gradients are zero past them."""
     parsed = _config.parse(config)
     descale_q, descale_k, descale_v, descale_o = (used[i].data_ptr() for i in range(4))
     spec = parsed.spec(view(q8), view(k8), view(v8), 0, 0, 0)
@@ -74,8 +88,9 @@ def backward(d_o, q8, k8, v8, o8, stats, used, like, *, scaling, config, scale, 
         tensors = core.BackwardTensors(
             q=q8.data_ptr(), k=k8.data_ptr(), v=v8.data_ptr(), o=o8.data_ptr(), d_o=d_o8.data_ptr(),
             stats=stats.data_ptr(), d_q=grads8[0].data_ptr(), d_k=grads8[1].data_ptr(), d_v=grads8[2].data_ptr(),
-            **scaling.slot_addresses(_config.BACKWARD, descale_q=descale_q, descale_k=descale_k,
-                                     descale_v=descale_v, descale_o=descale_o))
+            **_lengths(seq_len_q, seq_len_kv),
+            **scaling.slot_addresses(_config.BACKWARD, descale_q=descale_q, descale_k=descale_k, descale_v=descale_v,
+                                     descale_o=descale_o))
         plan = core.get_plan(spec, _config.BACKWARD)
         # A state's first backward measures the kernel-written tensors' amaxes, then runs again
         # with scales from them. The gradients are dequantized with the descales their run used,
@@ -90,9 +105,10 @@ def backward(d_o, q8, k8, v8, o8, stats, used, like, *, scaling, config, scale, 
     return grads[0], grads[1], grads[2]
 
 
-def model_backward(d_o, q, k, v, o, stats, *, config, scale):
+def model_backward(d_o, q, k, v, o, stats, *, config, scale, seq_len_q=None, seq_len_kv=None):
     """backward="model": fusedattn's BF16/FP16 backward on the unquantized inputs (the config's spec
-    on these is the model-precision one)."""
-    d_q, d_k, d_v, _, _ = backward_body(d_o, q, k, v, o, stats, bias=None, sink=None, extras=Extras(), config=config,
+    on these is the model-precision one), with the forward's lengths where it had them."""
+    extras = Extras(seq_len_q=seq_len_q, seq_len_kv=seq_len_kv)
+    d_q, d_k, d_v, _, _ = backward_body(d_o, q, k, v, o, stats, bias=None, sink=None, extras=extras, config=config,
                                         scale=scale, max_seqlen_q=0, max_seqlen_kv=0)
     return d_q, d_k, d_v

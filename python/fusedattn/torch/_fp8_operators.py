@@ -20,7 +20,7 @@ gradients. Under AOTAutograd (backends aot_eager and inductor) PyTorch 2.11 chec
 the state's buffer at a compiled call's backward, so another forward on the same state before that
 backward raises autograd's "modified by an inplace operation"; eager calls take any order.
 """
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -34,14 +34,15 @@ from ._tensors import view
 
 # --- road 2: eager calls, the bodies directly -------------------------------------------------------
 
-def eager_attention(q, k, v, *, state, config, scale, model_backward):
-    """O in q's dtype of model-precision inputs, differentiable; `state`: the Fp8State."""
-    return _Fp8Attention.apply(q, k, v, state, config, scale, model_backward)
+def eager_attention(q, k, v, *, state, config, scale, model_backward, seq_len_q=None, seq_len_kv=None):
+    """O in q's dtype of model-precision inputs, differentiable; `state`: the Fp8State; the lengths
+    with a config of runtime lengths."""
+    return _Fp8Attention.apply(q, k, v, state, config, scale, model_backward, seq_len_q, seq_len_kv)
 
 
-def eager_fp8_tensor_attention(q, k, v, *, state, config, scale, model_backward):
+def eager_fp8_tensor_attention(q, k, v, *, state, config, scale, model_backward, seq_len_q=None, seq_len_kv=None):
     """O in the Fp8Tensors' dtype, differentiable with respect to their values."""
-    return _Fp8TensorAttention.apply(q, k, v, state, config, scale, model_backward)
+    return _Fp8TensorAttention.apply(q, k, v, state, config, scale, model_backward, seq_len_q, seq_len_kv)
 
 
 class _Fp8Attention(torch.autograd.Function):
@@ -49,8 +50,10 @@ class _Fp8Attention(torch.autograd.Function):
     calibration flag when it runs, and sets it."""
 
     @staticmethod
-    def forward(ctx, q, k, v, state, config, scale, model_backward):
-        o, q8, k8, v8, o8, stats, used = bodies.forward(q, k, v, scaling=_scaling(state), config=config, scale=scale)
+    def forward(ctx, q, k, v, state, config, scale, model_backward, seq_len_q, seq_len_kv):
+        ctx.lengths = dict(seq_len_q=seq_len_q, seq_len_kv=seq_len_kv)  # not differentiable: kept as they are
+        o, q8, k8, v8, o8, stats, used = bodies.forward(q, k, v, scaling=_scaling(state), config=config, scale=scale,
+                                                        **ctx.lengths)
         ctx.state, ctx.config, ctx.scale, ctx.model_backward = state, config, scale, model_backward
         saved = (q, k, v, o, stats) if model_backward else (q8, k8, v8, o8, stats, used, q)
         ctx.save_for_backward(*saved)
@@ -60,12 +63,13 @@ class _Fp8Attention(torch.autograd.Function):
     def backward(ctx, d_o):
         state = ctx.state
         if ctx.model_backward:
-            d_q, d_k, d_v = bodies.model_backward(d_o, *ctx.saved_tensors, config=ctx.config, scale=ctx.scale)
+            d_q, d_k, d_v = bodies.model_backward(d_o, *ctx.saved_tensors, config=ctx.config, scale=ctx.scale,
+                                                  **ctx.lengths)
         else:
             d_q, d_k, d_v = bodies.backward(d_o, *ctx.saved_tensors, scaling=_scaling(state), config=ctx.config,
-                                            scale=ctx.scale, calibrated=state.calibrated)
+                                            scale=ctx.scale, calibrated=state.calibrated, **ctx.lengths)
             state.calibrated = True
-        return d_q, d_k, d_v, None, None, None, None
+        return d_q, d_k, d_v, None, None, None, None, None, None
 
 
 class _Fp8TensorAttention(_Fp8Attention):
@@ -74,10 +78,11 @@ class _Fp8TensorAttention(_Fp8Attention):
     backward="model" runs on the dequantized values)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, state, config, scale, model_backward):
+    def forward(ctx, q, k, v, state, config, scale, model_backward, seq_len_q, seq_len_kv):
+        ctx.lengths = dict(seq_len_q=seq_len_q, seq_len_kv=seq_len_kv)
         o8, o, stats, used = bodies.fp8_inputs_forward(q.data8, k.data8, v.data8, q.descale, k.descale, v.descale,
                                                        scaling=_scaling(state), config=config, scale=scale,
-                                                       out_dtype=q.dtype)
+                                                       out_dtype=q.dtype, **ctx.lengths)
         ctx.state, ctx.config, ctx.scale, ctx.model_backward = state, config, scale, model_backward
         if model_backward:
             values = [dequantized(t.data8, t.descale.data_ptr(), q.dtype) for t in (q, k, v)]
@@ -100,18 +105,22 @@ def _joined(buffer, options):
 
 
 @torch.library.custom_op("fusedattn::fp8_forward", mutates_args=("state",))
-def _forward_op(q: Tensor, k: Tensor, v: Tensor, state: Tensor, options: str, config: str,
-                scale: float) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def _forward_op(q: Tensor, k: Tensor, v: Tensor, state: Tensor, options: str, config: str, scale: float,
+                seq_len_q: Optional[Tensor] = None,
+                seq_len_kv: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(o, q8, k8, v8, o8, stats, used): O in q's dtype, what the backward takes, and the descales
     of Q, K, V and O this call used."""
-    return bodies.forward(q, k, v, scaling=_joined(state, options), config=config, scale=scale)
+    return bodies.forward(q, k, v, scaling=_joined(state, options), config=config, scale=scale, seq_len_q=seq_len_q,
+                          seq_len_kv=seq_len_kv)
 
 
-def _check_while_tracing(q8, k8, v8, config):
+def _check_while_tracing(q8, k8, v8, config, seq_len_q, seq_len_kv):
     """Tracing meets bad input as eager calls do: the core builds the spec from the fake FP8
-    tensors' sizes, where they are plain numbers (not symbolic)."""
+    tensors' sizes, where they are plain numbers (not symbolic), and the lengths are held to it."""
     if all(isinstance(n, int) for t in (q8, k8, v8) for n in (*t.shape, *t.stride())):
-        config.spec(view(q8), view(k8), view(v8), 0, 0, 0)
+        spec = config.spec(view(q8), view(k8), view(v8), 0, 0, 0)
+        if config.padding:
+            _config.require_lengths(spec, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv)
 
 
 def _like(t, dtype):
@@ -119,10 +128,10 @@ def _like(t, dtype):
 
 
 @_forward_op.register_fake
-def _(q, k, v, state, options, config, scale):
+def _(q, k, v, state, options, config, scale, seq_len_q=None, seq_len_kv=None):
     parsed, fp8 = _config.parse(config), FORMATS[_recipe.Options.parse(options).format][0]
     q8, k8, v8 = _like(q, fp8), _like(k, fp8), _like(v, fp8)  # quantize keeps each input's strides
-    _check_while_tracing(q8, k8, v8, parsed)
+    _check_while_tracing(q8, k8, v8, parsed, seq_len_q, seq_len_kv)
     shapes = _config.output_shapes(parsed, _config.FORWARD, q8, k8, v8)
     o8 = q.new_empty(shapes["o"], dtype=fp8)
     stats = q.new_empty(shapes["stats"], dtype=torch.float32)
@@ -131,18 +140,20 @@ def _(q, k, v, state, options, config, scale):
 
 @torch.library.custom_op("fusedattn::fp8_inputs_forward", mutates_args=("state",))
 def _inputs_forward_op(q8: Tensor, k8: Tensor, v8: Tensor, descale_q: Tensor, descale_k: Tensor, descale_v: Tensor,
-                       state: Tensor, options: str, config: str, scale: float,
-                       out_dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                       state: Tensor, options: str, config: str, scale: float, out_dtype: torch.dtype,
+                       seq_len_q: Optional[Tensor] = None,
+                       seq_len_kv: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """(o8, o, stats, used): the forward of inputs already in FP8 (_fp8_bodies.fp8_inputs_forward)."""
     return bodies.fp8_inputs_forward(q8, k8, v8, descale_q, descale_k, descale_v,
                                      scaling=_joined(state, options), config=config, scale=scale,
-                                     out_dtype=out_dtype)
+                                     out_dtype=out_dtype, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv)
 
 
 @_inputs_forward_op.register_fake
-def _(q8, k8, v8, descale_q, descale_k, descale_v, state, options, config, scale, out_dtype):
+def _(q8, k8, v8, descale_q, descale_k, descale_v, state, options, config, scale, out_dtype, seq_len_q=None,
+      seq_len_kv=None):
     parsed = _config.parse(config)
-    _check_while_tracing(q8, k8, v8, parsed)
+    _check_while_tracing(q8, k8, v8, parsed, seq_len_q, seq_len_kv)
     shapes = _config.output_shapes(parsed, _config.FORWARD, q8, k8, v8)
     o8 = q8.new_empty(shapes["o"])
     o = o8.new_empty(0) if out_dtype == o8.dtype else _like(o8, out_dtype)
@@ -152,28 +163,34 @@ def _(q8, k8, v8, descale_q, descale_k, descale_v, state, options, config, scale
 
 @torch.library.custom_op("fusedattn::fp8_backward", mutates_args=("state",))
 def _backward_op(d_o: Tensor, q8: Tensor, k8: Tensor, v8: Tensor, o8: Tensor, stats: Tensor, used: Tensor,
-                 like: Tensor, state: Tensor, options: str, config: str, scale: float, *,
+                 like: Tensor, state: Tensor, options: str, config: str, scale: float,
+                 seq_len_q: Optional[Tensor] = None, seq_len_kv: Optional[Tensor] = None, *,
                  calibrated: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """(d_q, d_k, d_v) in like's dtype (like: the forward's q)."""
     return bodies.backward(d_o, q8, k8, v8, o8, stats, used, like, scaling=_joined(state, options),
-                           config=config, scale=scale, calibrated=calibrated)
+                           config=config, scale=scale, calibrated=calibrated, seq_len_q=seq_len_q,
+                           seq_len_kv=seq_len_kv)
 
 
 @_backward_op.register_fake
-def _(d_o, q8, k8, v8, o8, stats, used, like, state, options, config, scale, *, calibrated):
+def _(d_o, q8, k8, v8, o8, stats, used, like, state, options, config, scale, seq_len_q=None, seq_len_kv=None, *,
+      calibrated):
     return tuple(_like(t, like.dtype) for t in (q8, k8, v8))  # dequantize keeps the FP8 tensors' strides
 
 
-def fp8_inputs_forward(q8, k8, v8, descale_q, descale_k, descale_v, *, state, config, scale, out_dtype):
+def fp8_inputs_forward(q8, k8, v8, descale_q, descale_k, descale_v, *, state, config, scale, out_dtype,
+                       seq_len_q=None, seq_len_kv=None):
     """fusedattn::fp8_inputs_forward of the Fp8State `state`."""
     return _inputs_forward_op(q8, k8, v8, descale_q, descale_k, descale_v, state.buffer, state.options.text, config,
-                              scale, out_dtype)
+                              scale, out_dtype, seq_len_q, seq_len_kv)
 
 
-def eager_fp8_inputs_forward(q8, k8, v8, descale_q, descale_k, descale_v, *, state, config, scale, out_dtype):
+def eager_fp8_inputs_forward(q8, k8, v8, descale_q, descale_k, descale_v, *, state, config, scale, out_dtype,
+                             seq_len_q=None, seq_len_kv=None):
     """The body of fusedattn::fp8_inputs_forward, called directly (road 2)."""
     return bodies.fp8_inputs_forward(q8, k8, v8, descale_q, descale_k, descale_v, scaling=_scaling(state),
-                                     config=config, scale=scale, out_dtype=out_dtype)
+                                     config=config, scale=scale, out_dtype=out_dtype, seq_len_q=seq_len_q,
+                                     seq_len_kv=seq_len_kv)
 
 
 class _OperatorAttention(torch.autograd.Function):
@@ -182,9 +199,10 @@ class _OperatorAttention(torch.autograd.Function):
     The backward's `calibrated` is the flag as the forward was traced (the module's docstring)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, state, options, config, scale, model_backward, calibrated):
-        o, q8, k8, v8, o8, stats, used = _forward_op(q, k, v, state, options, config, scale)
+    def forward(ctx, q, k, v, state, options, config, scale, model_backward, calibrated, seq_len_q, seq_len_kv):
+        o, q8, k8, v8, o8, stats, used = _forward_op(q, k, v, state, options, config, scale, seq_len_q, seq_len_kv)
         ctx.model_backward, ctx.call = model_backward, (options, config, scale, calibrated)
+        ctx.lengths = (seq_len_q, seq_len_kv)  # not differentiable: kept as they are
         ctx.save_for_backward(*((q, k, v, o, stats) if model_backward else (q8, k8, v8, o8, stats, used, q)))
         # Stashed, not saved: the backward mutates the buffer, and another forward may before it
         # runs, which a saved tensor's version check refuses. AOTAutograd (aot_eager, inductor)
@@ -195,12 +213,14 @@ class _OperatorAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_o):
         options, config, scale, calibrated = ctx.call
+        seq_len_q, seq_len_kv = ctx.lengths
         if ctx.model_backward:
-            d_q, d_k, d_v = plain_backward(d_o, *ctx.saved_tensors, config=config, scale=scale)
+            d_q, d_k, d_v = plain_backward(d_o, *ctx.saved_tensors, config=config, scale=scale, seq_len_q=seq_len_q,
+                                           seq_len_kv=seq_len_kv)
         else:
-            d_q, d_k, d_v = _backward_op(d_o, *ctx.saved_tensors, ctx.state, options, config, scale,
-                                         calibrated=calibrated)
-        return d_q, d_k, d_v, None, None, None, None, None, None
+            d_q, d_k, d_v = _backward_op(d_o, *ctx.saved_tensors, ctx.state, options, config, scale, seq_len_q,
+                                         seq_len_kv, calibrated=calibrated)
+        return d_q, d_k, d_v, None, None, None, None, None, None, None, None
 
 
 class _OperatorFp8TensorAttention(_OperatorAttention):
@@ -209,10 +229,11 @@ class _OperatorFp8TensorAttention(_OperatorAttention):
     Fp8Tensors' dtype; backward="model" runs on the dequantized values)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, state, options, config, scale, model_backward, calibrated):
+    def forward(ctx, q, k, v, state, options, config, scale, model_backward, calibrated, seq_len_q, seq_len_kv):
         o8, o, stats, used = _inputs_forward_op(q.data8, k.data8, v.data8, q.descale, k.descale, v.descale, state,
-                                                options, config, scale, q.dtype)
+                                                options, config, scale, q.dtype, seq_len_q, seq_len_kv)
         ctx.model_backward, ctx.call = model_backward, (options, config, scale, calibrated)
+        ctx.lengths = (seq_len_q, seq_len_kv)
         if model_backward:
             ctx.save_for_backward(q.dequantize(), k.dequantize(), v.dequantize(), o, stats)
         else:
@@ -228,16 +249,17 @@ def _distinct(q, k, v):
     return (k.view_as(k) if k is q else k), (v.view_as(v) if v is q or v is k else v)
 
 
-def attention(q, k, v, *, state, config, scale, model_backward, calibrated):
+def attention(q, k, v, *, state, config, scale, model_backward, calibrated, seq_len_q=None, seq_len_kv=None):
     """O of fusedattn::fp8_forward with the Fp8State `state`, differentiable; `calibrated`: the
-    state's flag as this call sees it."""
+    state's flag as this call sees it; the lengths with a config of runtime lengths."""
     k_in, v_in = _distinct(q, k, v)
     return _OperatorAttention.apply(q, k_in, v_in, state.buffer, state.options.text, config, scale, model_backward,
-                                    calibrated)
+                                    calibrated, seq_len_q, seq_len_kv)
 
 
-def fp8_tensor_attention(q, k, v, *, state, config, scale, model_backward, calibrated):
+def fp8_tensor_attention(q, k, v, *, state, config, scale, model_backward, calibrated, seq_len_q=None,
+                         seq_len_kv=None):
     """O in the Fp8Tensors' dtype, differentiable with respect to their values."""
     k_in, v_in = _distinct(q, k, v)
     return _OperatorFp8TensorAttention.apply(q, k_in, v_in, state.buffer, state.options.text, config, scale,
-                                             model_backward, calibrated)
+                                             model_backward, calibrated, seq_len_q, seq_len_kv)

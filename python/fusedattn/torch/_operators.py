@@ -32,10 +32,10 @@ def attend(q, k, v, *, bias, sink, extras, config, scale, max_seqlen_q, max_seql
                         max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv)
 
 
-def plain_backward(d_o, q, k, v, o, stats, *, config, scale):
-    """dQ, dK, dV of a call without bias, sink, lengths or dropout, through fusedattn::backward
-    (fp8_attention's backward="model" in compiled code)."""
-    extras = [None] * len(Extras.NAMES)
+def plain_backward(d_o, q, k, v, o, stats, *, config, scale, seq_len_q=None, seq_len_kv=None):
+    """dQ, dK, dV of a call without bias, sink or dropout (its runtime lengths where it has them),
+    through fusedattn::backward (fp8_attention's backward="model" in compiled code)."""
+    extras = Extras(seq_len_q=seq_len_q, seq_len_kv=seq_len_kv).as_list()
     d_q, d_k, d_v, _, _ = _backward_op(d_o, q, k, v, o, stats, None, None, extras, config, scale, 0, 0)
     return d_q, d_k, d_v
 
