@@ -174,8 +174,21 @@ def test_masks_that_are_cudnns_own_run_as_its_band_or_as_two_calls():
     assert structure("select(ge(q,kv),mul(score,2),-inf)", ()) is None  # a modifier is not a mask
 
 
-def test_prefix_lm_runs_as_two_calls_over_the_rows():
-    q = bhsd(2, 8, 512)
-    block_mask = flex.create_block_mask(prefix_lm, None, None, 512, 512, device="cpu")
+def test_prefix_lm_runs_as_the_causal_square_with_the_prefix_again(monkeypatch):
+    """Eager: the causal square and the prefix's rows over the prefix (_flex_run._PrefixOverCausal,
+    checked in float64 by test_torch_flex_tiles.py), forward and backward; compiled code keeps the
+    two calls over the rows."""
+    from fusedattn.torch import _flex_run
+    taken = []
+    real = _flex_run._PrefixOverCausal.apply
+    monkeypatch.setattr(_flex_run._PrefixOverCausal, "apply", lambda *args: taken.append(args[-1]) or real(*args))
+    q = bhsd(2, 16, 2048).requires_grad_()
+    block_mask = flex.create_block_mask(prefix_lm, None, None, 2048, 2048, device="cpu")
     o, lse = fa.flex_attention(q, q, q, score_mod=softcap, block_mask=block_mask, return_lse=True)
-    assert o.shape == q.shape and lse.shape == (2, 8, 512)
+    assert o.shape == q.shape and lse.shape == (2, 16, 2048) and taken == [256]
+    o.sum().backward()
+    assert q.grad.shape == q.shape
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q: fa.flex_attention(q, q, q, block_mask=block_mask), fullgraph=True,
+                             backend="eager")
+    assert compiled(bhsd(2, 16, 2048)).shape == q.shape and taken == [256]

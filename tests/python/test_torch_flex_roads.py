@@ -134,7 +134,8 @@ MASKS = {
     "causal": (lambda b, h, q, kv: q >= kv, dict(layout="bhsd", mask=True)),
     "window 48": (lambda b, h, q, kv: (q >= kv) & (q - kv < 48), dict(layout="bhsd", mask=True)),
     "window 48 written <=": (lambda b, h, q, kv: (kv <= q) & (q - kv <= 47), dict(layout="bhsd", mask=True)),
-    "prefix-LM 50": (lambda b, h, q, kv: (q >= kv) | (kv < 50), dict(layout="bhsd", align="bottom_right")),
+    # the causal square and the prefix again over the prefix (the last piece made: the prefix's)
+    "prefix-LM 50": (lambda b, h, q, kv: (q >= kv) | (kv < 50), dict(layout="bhsd", window=(-1, -1))),
     "documents": (lambda b, h, q, kv: doc[q] == doc[kv], dict(layout="thd", causal=False)),
     "documents, causal": (lambda b, h, q, kv: (doc[q] == doc[kv]) & (q >= kv), dict(layout="thd", causal=True)),
     "every third key": (lambda b, h, q, kv: kv % 3 == 0, dict(layout="bhsd", mask=True)),

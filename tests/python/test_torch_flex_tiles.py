@@ -103,8 +103,9 @@ def test_each_mask_by_its_pieces_equals_the_dense_mask(name, score):
     check(block_mask, dense_keep(mask_mod), SCORE_MODS[score])
     if name == "documents (runs)" and score != "relative":
         assert calls[-1]["layout"] == "thd"  # packed sequences, not tiles
-    elif name == "prefix-LM 50":
-        assert [c["align"] for c in calls] == ["top_left", "bottom_right"] and not pieces_run()  # by rows
+    elif name == "prefix-LM 50":  # the causal square, and the prefix's rows again over the prefix
+        assert [(p.rows, p.keys, p.window) for p in pieces_run()] == [((0, S), (0, S), (-1, 0)),
+                                                                     ((0, 50), (0, 50), (-1, -1))]
     elif name == "rows 0-39 see nothing":  # one causal call from row 40 (its corner on the band), zeros above
         assert [(c["window"], c["mask"]) for c in calls] == [((-1, 0), False)] and not pieces_run()
     else:

@@ -2,7 +2,14 @@
 the bhsd q, k, v (slices of the sequence axes), its score function moved to the view
 (_flex_views.Shifted) where it reads positions; the mask as conditions only in CONDITIONS pieces.
 
-Two ways, one schedule:
+Prefix-LM's schedule (its first rows see the whole prefix, the rest are causal) runs in eager calls
+as the causal square, the kernels' fastest mask, with the prefix's rows run again over the prefix
+and written over the square's (_PrefixOverCausal): its q, k, v are the whole tensors, not views
+whose gradients autograd would assemble in copies of the whole, and in the backward the square's
+rows of the prefix get dO 0, so they give nothing (dS = P (dP - D) is 0 where dO is), whatever O and
+statistics of the prefix call those rows then hold.
+
+Otherwise, two ways, one schedule:
   - pieces over rows apart, each row seeing a key in its piece (prefix-LM: the prefix's rows
     unmasked, the others causal bottom-right): each piece is fusedattn.torch.attention over its
     rows, concatenated. A row's whole softmax is its one piece's, so autograd through each call is
@@ -19,7 +26,8 @@ import math
 import torch
 
 from .. import _merge
-from .._tile_cover import CONDITIONS_PIECE
+from .._tile_cover import BAND_PIECE, CONDITIONS_PIECE, FULL_PIECE
+from .._tile_schedule import Piece
 from . import _score_mod
 from ._flex_pieces import FusedattnPiece
 from ._flex_views import shifted
@@ -28,6 +36,12 @@ from ._flex_views import shifted
 def run(schedule, query, key, value, *, score_mod, mask_mod, scale, return_lse, attention):
     """O (and with return_lse the log-sum-exp, float32 [b, h, s_q]) of the schedule's pieces;
     `attention` is fusedattn.torch.attention, which the first way calls."""
+    prefix = _prefix_length(schedule, query, key)
+    if prefix and not torch.compiler.is_compiling() and not _learned(score_mod):
+        scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+        whole, first = (FusedattnPiece(piece, score_mod, scale) for piece in _prefix_pieces(prefix, query.shape[2]))
+        o, lse = _PrefixOverCausal.apply(query, key, value, whole, first, prefix)
+        return (o, lse) if return_lse else o
     functions = [_function(piece, score_mod, mask_mod) for piece in schedule.pieces]
     if schedule.rows_apart and not schedule.empty_rows_inside:
         return _by_rows(schedule, functions, query, key, value, scale, return_lse, attention)
@@ -35,6 +49,60 @@ def run(schedule, query, key, value, *, score_mod, mask_mod, scale, return_lse, 
     pieces = [(piece, FusedattnPiece(piece, fn, scale)) for piece, fn in zip(schedule.pieces, functions)]
     o, lse = _Merged.apply(query, key, value, pieces)
     return (o, lse) if return_lse else o
+
+
+def _prefix_length(schedule, query, key):
+    """P where `schedule` is prefix-LM's over a square of s rows and keys: rows [0, P) x keys
+    [0, P) unmasked, then rows [P, s) causal bottom-right over every key; else 0."""
+    s = query.shape[2]
+    if len(schedule.pieces) != 2 or key.shape[2] != s:
+        return 0
+    first, rest = schedule.pieces
+    p = first.rows[1]
+    return p if (first.mask == FULL_PIECE and first.rows == first.keys == (0, p) and rest.rows == (p, s)
+                 and rest.keys == (0, s) and rest.mask == BAND_PIECE and rest.window == (-1, 0)
+                 and rest.align == "bottom_right") else 0
+
+
+def _prefix_pieces(prefix, s):
+    """The causal square and the prefix's square, both from position 0 (a score_mod reading
+    positions needs no move)."""
+    return (Piece((0, s), (0, s), BAND_PIECE, window=(-1, 0)), Piece((0, prefix), (0, prefix), FULL_PIECE))
+
+
+def _learned(score_mod):
+    """Whether score_mod has terms that need a gradient, which FusedattnPiece's backward does not carry."""
+    return score_mod is not None and any(_score_mod.traced(score_mod).learnable)
+
+
+class _PrefixOverCausal(torch.autograd.Function):
+    """The module docstring's prefix road: `whole` (the causal square) and `first` (the prefix's
+    square), FusedattnPieces; `prefix`: P."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, whole, first, prefix):
+        o, lse = whole.forward(query, key, value)
+        o_first, lse_first = first.forward(query[:, :, :prefix], key[:, :, :prefix], value[:, :, :prefix])
+        o[:, :, :prefix] = o_first
+        lse[:, :, :prefix] = lse_first
+        ctx.save_for_backward(query, key, value, o, lse)
+        ctx.pieces, ctx.prefix = (whole, first), prefix
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, d_o, _d_lse):
+        query, key, value, o, lse = ctx.saved_tensors
+        (whole, first), n = ctx.pieces, ctx.prefix
+        d_o_rest = d_o.clone(memory_format=torch.contiguous_format)  # autograd's dO stays as it is
+        d_o_rest[:, :, :n] = 0  # the square's rows of the prefix: the prefix call's
+        d_q, d_k, d_v = whole.backward(d_o_rest, query, key, value, o, lse)
+        views = (query[:, :, :n], key[:, :, :n], value[:, :, :n])
+        f_q, f_k, f_v = first.backward(d_o[:, :, :n], *views, o[:, :, :n], lse[:, :, :n])
+        d_q[:, :, :n] = f_q  # the square's are 0 there: their dO is
+        d_k[:, :, :n] += f_k
+        d_v[:, :, :n] += f_v
+        return d_q, d_k, d_v, None, None, None
 
 
 def _function(piece, score_mod, mask_mod):
