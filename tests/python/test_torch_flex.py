@@ -175,9 +175,10 @@ def test_masks_that_are_cudnns_own_run_as_its_band_or_as_two_calls():
 
 
 def test_prefix_lm_runs_as_the_causal_square_with_the_prefix_again(monkeypatch):
-    """Eager: the causal square and the prefix's rows over the prefix (_flex_run._PrefixOverCausal,
-    checked in float64 by test_torch_flex_tiles.py), forward and backward; compiled code keeps the
-    two calls over the rows."""
+    """The causal square and the prefix's rows over the prefix (_flex_run._PrefixOverCausal, checked
+    in float64 by test_torch_flex_tiles.py), forward and backward, eager and compiled in one graph;
+    compiled code beside a score_mod keeps the two calls over the rows (bottom-right below the
+    prefix)."""
     from fusedattn.torch import _flex_run
     taken = []
     real = _flex_run._PrefixOverCausal.apply
@@ -188,7 +189,23 @@ def test_prefix_lm_runs_as_the_causal_square_with_the_prefix_again(monkeypatch):
     assert o.shape == q.shape and lse.shape == (2, 16, 2048) and taken == [256]
     o.sum().backward()
     assert q.grad.shape == q.shape
-    torch._dynamo.reset()
-    compiled = torch.compile(lambda q: fa.flex_attention(q, q, q, block_mask=block_mask), fullgraph=True,
-                             backend="eager")
-    assert compiled(bhsd(2, 16, 2048)).shape == q.shape and taken == [256]
+
+    def configs(score_mod, backend):
+        """The configs of the fusedattn calls in the graph that compiled code captures."""
+        graphs = []
+
+        def recorded(gm, inputs):  # the graph's code and its submodules' (an autograd.Function's bodies)
+            graphs.append("".join(module.code for module in gm.modules() if hasattr(module, "code")))
+            return (torch._dynamo.backends.debugging.aot_eager if backend == "aot_eager" else
+                    lambda gm, inputs: gm.forward)(gm, inputs)
+        torch._dynamo.reset()
+        step = torch.compile(lambda q: fa.flex_attention(q, q, q, score_mod=score_mod, block_mask=block_mask),
+                             fullgraph=True, backend=recorded)
+        x = bhsd(2, 16, 2048).requires_grad_()
+        step(x).sum().backward()
+        assert x.grad.shape == x.shape
+        return [part.split("'")[1] for part in graphs[0].split("torch.ops.fusedattn.forward.default(")[1:]]
+    for backend in ("eager", "aot_eager"):
+        assert configs(None, backend) == ["layout=bhsd window=-1,0", "layout=bhsd"]
+    capped = configs(softcap, "eager")
+    assert len(capped) == 2 and "align=bottom_right" in capped[1], capped

@@ -2,11 +2,12 @@
 the bhsd q, k, v (slices of the sequence axes), its score function moved to the view
 (_flex_views.Shifted) where it reads positions; the mask as conditions only in CONDITIONS pieces.
 
-Prefix-LM's schedule (its first rows see the whole prefix, the rest are causal) runs in eager calls
-as the causal square, the kernels' fastest mask, with the prefix's rows run again over the prefix
-and written over the square's (_PrefixOverCausal): its q, k, v are the whole tensors, not views
-whose gradients autograd would assemble in copies of the whole, and in the backward the square's
-rows of the prefix get dO 0, so they give nothing (dS = P (dP - D) is 0 where dO is), whatever O and
+Prefix-LM's schedule (its first rows see the whole prefix, the rest are causal) runs as the causal
+square, the kernels' fastest mask, with the prefix's rows run again over the prefix and written over
+the square's (_PrefixOverCausal; in compiled code where it has no score_mod, and in eager calls
+where the score_mod has no learned terms): its q, k, v are the whole tensors, not views whose
+gradients autograd would assemble in copies of the whole, and in the backward the square's rows of
+the prefix get dO 0, so they give nothing (dS = P (dP - D) is 0 where dO is), whatever O and
 statistics of the prefix call those rows then hold.
 
 Otherwise, two ways, one schedule:
@@ -37,7 +38,9 @@ def run(schedule, query, key, value, *, score_mod, mask_mod, scale, return_lse, 
     """O (and with return_lse the log-sum-exp, float32 [b, h, s_q]) of the schedule's pieces;
     `attention` is fusedattn.torch.attention, which the first way calls."""
     prefix = _prefix_length(schedule, query, key)
-    if prefix and not torch.compiler.is_compiling() and not _learned(score_mod):
+    # Compiled code takes it without a score_mod: whether one has learned terms is asked of its trace
+    # (an eager question), and the pieces' backward carries no gradient of them.
+    if prefix and (score_mod is None or (not torch.compiler.is_compiling() and not _learned(score_mod))):
         scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
         whole, first = (FusedattnPiece(piece, score_mod, scale) for piece in _prefix_pieces(prefix, query.shape[2]))
         o, lse = _PrefixOverCausal.apply(query, key, value, whole, first, prefix)
