@@ -163,7 +163,7 @@ def fp8_attention(q, k, v, state, *, layout: str = "bshd", causal: bool = False,
     for name, x in (("k", k), ("v", v)):
         if x.dtype != q.dtype:
             raise invalid_argument(f"{name}.dtype", x.dtype, f"q's dtype, {q.dtype}")
-    _config.require_arrays(False, sink=None, softmax="vanilla", seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
+    _config.require_arrays(ragged=False, sink=None, softmax="vanilla", seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
                            cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=0, max_seqlen_kv=0)
     lengths = tuple(map(as_int32, (seq_len_q, seq_len_kv))) if seq_len_q is not None else ()
     fp8_grads = _recipe.fp8_grads(state.format) if backward == "fp8" else ""  # the model backward has none

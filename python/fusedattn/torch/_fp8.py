@@ -70,7 +70,7 @@ def fp8_attention(q, k, v, state, *, layout="bshd", causal=False, align="top_lef
         raise invalid_argument("state", type(state).__name__, "a fusedattn.torch.Fp8State")
     require_backward(backward)
     require_one_cuda_device(q, k, v, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv)
-    _config.require_arrays(False, sink=None, softmax="vanilla", seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
+    _config.require_arrays(ragged=False, sink=None, softmax="vanilla", seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
                            cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=0, max_seqlen_kv=0)
     lengths = dict(seq_len_q=seq_len_q, seq_len_kv=seq_len_kv)
     if backward == "auto":
