@@ -23,6 +23,11 @@ def _present(*arrays):
     return tuple(x for x in arrays if x is not None)
 
 
+def no_gradient(x):
+    """The cotangent of an integer input (dropout's rng, lengths, offsets): float0 zeros, None for none."""
+    return None if x is None else jnp.zeros(x.shape, jax.dtypes.float0)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _attention(calls, heads, q, k, v, bias, sink, rng, lengths, offsets, mods):
     optional = _present(bias, sink, rng, *lengths, *offsets, *mods)
@@ -44,9 +49,6 @@ def _attention_bwd(calls, heads, residuals, cotangents):
     d_q, d_k, d_v, *rest = grads
     d_bias = rest.pop(0) if calls[1].config.bias_grad else (None if bias is None else jnp.zeros_like(bias))
     d_sink = rest.pop(0) if sink is not None else None
-
-    def no_gradient(x):  # integer inputs (dropout's rng, lengths, offsets) take float0 cotangents
-        return None if x is None else jnp.zeros(x.shape, jax.dtypes.float0)
     return (d_q, d_k, d_v, d_bias, d_sink, no_gradient(rng), tuple(map(no_gradient, lengths)),
             tuple(map(no_gradient, offsets)), tuple(jnp.zeros_like(x) for x in mods))
 

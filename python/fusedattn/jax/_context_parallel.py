@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from .. import _context_parallel as _cp
 from .._merge import rows
 from ..errors import invalid_argument
+from ._attention_vjp import no_gradient
 from ._context_parallel_blocks import merge, neutral
 from ._context_parallel_order import JnpOps, checked_offsets
 from ._context_parallel_pieces import BlockSchedule
@@ -78,8 +79,7 @@ def _context_parallel_bwd(schedule, scheme, residuals, d_o):
         p_sink = jnp.exp(jnp.asarray(sink, jnp.float32) - rows(stats))
         local = -(p_sink * row_sums).reshape(-1, row_sums.shape[-1]).sum(0)
         d_sink = jax.lax.psum(local, schedule.axis).astype(jnp.asarray(sink).dtype)
-    d_offsets = None if offsets is None else jnp.zeros(offsets.shape, jax.dtypes.float0)
-    return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), d_sink, d_offsets
+    return d_q.astype(q.dtype), d_k.astype(k.dtype), d_v.astype(v.dtype), d_sink, no_gradient(offsets)
 
 
 _context_parallel.defvjp(_context_parallel_fwd, _context_parallel_bwd)

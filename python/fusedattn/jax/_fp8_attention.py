@@ -50,11 +50,11 @@ from typing import Tuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .. import _config
 from .. import _fp8_recipe as _recipe
 from ..errors import invalid_argument
+from ._attention_vjp import no_gradient
 from ._calls import BACKWARD, Call, as_int32, view
 from ._fp8_inputs import fp8_inputs_attention, require_fp8_inputs
 from ._fp8_kernels import fp8_forward, fp8_pass, with_backward_amaxes
@@ -86,11 +86,6 @@ def _fp8_attention_fwd(call, model_backward, q, k, v, state, lengths):
     return (o, state), residuals + (state, lengths)
 
 
-def _no_cotangents(lengths):
-    """The lengths' cotangents: integer arrays have float0 ones."""
-    return tuple(np.zeros(jnp.shape(x), jax.dtypes.float0) for x in lengths)
-
-
 def _fp8_attention_bwd(call, model_backward, residuals, cotangents):
     d_o, _ = cotangents  # the returned state's cotangent is not used: the step's state comes out as `state`'s
     if model_backward is not None:
@@ -98,7 +93,8 @@ def _fp8_attention_bwd(call, model_backward, residuals, cotangents):
         model_call, heads = model_backward
         d_q, d_k, d_v = pass_function(BACKWARD, model_call, heads)(q, k, v, o, stats, d_o.astype(o.dtype),
                                                                    *lengths)[:3]
-        return d_q, d_k, d_v, state, _no_cotangents(lengths)  # the state after the forward: this backward moves nothing
+        # The state after the forward: this backward moves nothing.
+        return d_q, d_k, d_v, state, tuple(map(no_gradient, lengths))
     q8, k8, v8, o8, stats, used, state, lengths = residuals
     d_o8, state = quantize_gradient(state, d_o)
 
@@ -118,7 +114,7 @@ def _fp8_attention_bwd(call, model_backward, residuals, cotangents):
              for g8, name in zip((d_q8, d_k8, d_v8), ("d_q", "d_k", "d_v"))]
     moved = _recipe.delayed_updates(_recipe.moved_after_backward(state.recipe))
     state, _ = updated(with_backward_amaxes(state, amaxes), moved)
-    return grads[0], grads[1], grads[2], state, _no_cotangents(lengths)
+    return grads[0], grads[1], grads[2], state, tuple(map(no_gradient, lengths))
 
 
 _fp8_attention.defvjp(_fp8_attention_fwd, _fp8_attention_bwd)
