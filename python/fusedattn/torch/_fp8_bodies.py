@@ -12,12 +12,7 @@ from .. import _core as core
 from .. import _fp8_recipe as _recipe
 from ._bodies import backward_body, on_device, run
 from ._fp8_state import dequantized, dequantized_many
-from ._tensors import Extras, address, view
-
-
-def _lengths(seq_len_q, seq_len_kv):
-    """The tensor set's runtime lengths (padding=1), as device addresses (0 without them)."""
-    return dict(seq_len_q=address(seq_len_q), seq_len_kv=address(seq_len_kv))
+from ._tensors import Extras, view
 
 
 def _kernel_forward(scaling, config, q8, k8, v8, descales, scale, seq_len_q, seq_len_kv):
@@ -25,8 +20,8 @@ def _kernel_forward(scaling, config, q8, k8, v8, descales, scale, seq_len_q, seq
     O's scale must be set in the state first; the kernel writes the amaxes of S and O there. With
     runtime lengths (the config's padding), O is zero past each sequence's queries."""
     spec = config.spec(view(q8), view(k8), view(v8), 0, 0, 0)
-    if config.padding:
-        _config.require_lengths(spec, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv)
+    lengths = Extras(seq_len_q=seq_len_q, seq_len_kv=seq_len_kv)
+    lengths.check_lengths_and_tables(spec)
     with on_device(q8.device):
         shapes = _config.output_shapes(config, _config.FORWARD, q8, k8, v8)
         o8 = torch.empty(shapes["o"], dtype=scaling.dtype, device=q8.device)
@@ -35,7 +30,7 @@ def _kernel_forward(scaling, config, q8, k8, v8, descales, scale, seq_len_q, seq
         scales = scaling.slot_addresses(_config.FORWARD, descale_q=descale_q, descale_k=descale_k,
                                         descale_v=descale_v)
         tensors = core.ForwardTensors(q=q8.data_ptr(), k=k8.data_ptr(), v=v8.data_ptr(), o=o8.data_ptr(),
-                                      stats=stats.data_ptr(), **_lengths(seq_len_q, seq_len_kv), **scales)
+                                      stats=stats.data_ptr(), **lengths.addresses(), **scales)
         run(core.get_plan(spec, _config.FORWARD), tensors, scale, q8.device)
     return o8, stats
 
@@ -88,7 +83,7 @@ def backward(d_o, q8, k8, v8, o8, stats, used, like, *, scaling, config, scale, 
         tensors = core.BackwardTensors(
             q=q8.data_ptr(), k=k8.data_ptr(), v=v8.data_ptr(), o=o8.data_ptr(), d_o=d_o8.data_ptr(),
             stats=stats.data_ptr(), d_q=grads8[0].data_ptr(), d_k=grads8[1].data_ptr(), d_v=grads8[2].data_ptr(),
-            **_lengths(seq_len_q, seq_len_kv),
+            **Extras(seq_len_q=seq_len_q, seq_len_kv=seq_len_kv).addresses(),
             **scaling.slot_addresses(_config.BACKWARD, descale_q=descale_q, descale_k=descale_k, descale_v=descale_v,
                                      descale_o=descale_o))
         plan = core.get_plan(spec, _config.BACKWARD)

@@ -30,7 +30,7 @@ from .. import _fp8_recipe as _recipe
 from . import _fp8_bodies as bodies  # by module: the tests stand CPU bodies in for the CUDA ones
 from ._fp8_state import FORMATS, Scaling, dequantized
 from ._operators import plain_backward
-from ._tensors import view
+from ._tensors import Extras, view
 
 # --- road 2: eager calls, the bodies directly -------------------------------------------------------
 
@@ -119,8 +119,7 @@ def _check_while_tracing(q8, k8, v8, config, seq_len_q, seq_len_kv):
     tensors' sizes, where they are plain numbers (not symbolic), and the lengths are held to it."""
     if all(isinstance(n, int) for t in (q8, k8, v8) for n in (*t.shape, *t.stride())):
         spec = config.spec(view(q8), view(k8), view(v8), 0, 0, 0)
-        if config.padding:
-            _config.require_lengths(spec, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv)
+        Extras(seq_len_q=seq_len_q, seq_len_kv=seq_len_kv).check_lengths_and_tables(spec)
 
 
 def _like(t, dtype):
