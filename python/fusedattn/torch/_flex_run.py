@@ -40,7 +40,7 @@ def run(schedule, query, key, value, *, score_mod, mask_mod, scale, return_lse, 
     prefix = _prefix_length(schedule, query, key)
     # Compiled code takes it without a score_mod: whether one has learned terms is asked of its trace
     # (an eager question), and the pieces' backward carries no gradient of them.
-    if prefix and (score_mod is None or (not torch.compiler.is_compiling() and not _learned(score_mod))):
+    if prefix and (score_mod is None or (not torch.compiler.is_compiling() and not _score_mod.learned(score_mod))):
         scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
         whole, first = (FusedattnPiece(piece, score_mod, scale) for piece in _prefix_pieces(prefix, query.shape[2]))
         o, lse = _PrefixOverCausal.apply(query, key, value, whole, first, prefix)
@@ -71,11 +71,6 @@ def _prefix_pieces(prefix, s):
     """The causal square and the prefix's square, both from position 0 (a score_mod reading
     positions needs no move)."""
     return (Piece((0, s), (0, s), BAND_PIECE, window=(-1, 0)), Piece((0, prefix), (0, prefix), FULL_PIECE))
-
-
-def _learned(score_mod):
-    """Whether score_mod has terms that need a gradient, which FusedattnPiece's backward does not carry."""
-    return score_mod is not None and any(_score_mod.traced(score_mod).learnable)
 
 
 class _PrefixOverCausal(torch.autograd.Function):

@@ -76,7 +76,7 @@ def _run_as_pieces(schedule, score_mod, square):
     the merged way, which gives rows that see no key FlexAttention's O 0 and log-sum-exp -inf,
     forward and backward."""
     merged = not schedule.rows_apart or schedule.empty_rows_inside
-    if not merged or score_mod is None or not any(_score_mod.traced(score_mod).learnable):
+    if not merged or not _score_mod.learned(score_mod):
         return schedule
     if square:
         return None

@@ -68,6 +68,12 @@ def mask_structure(mask_mod):
     return None if found is None else ("prefix", found.length)
 
 
+def learned(score_mod):
+    """Whether score_mod (or None) has terms that need a gradient (a tensor it reads requires grad),
+    which a piece of a mask's schedule does not carry back. Asked of its trace: eager calls only."""
+    return score_mod is not None and any(traced(score_mod).learnable)
+
+
 @torch.compiler.assume_constant_result
 def reads_indices(score_mod):
     """Whether score_mod (or None) reads the batch, query or key index, which a call over a slice of
