@@ -79,7 +79,8 @@ std::optional<DecodeKernelShape> decode_kernel_in_use(const AttentionSpec& spec,
   if (pass != Pass::forward) return std::nullopt;
   const DecodeDevice gpu{device_caps(device), multiprocessor_count(device)};
   if (!decode_kernel_refusals(spec, pass, gpu.caps).empty()) return std::nullopt;
-  const int forced = spec.fp8_kv_cache() ? 1 : forced_choice();
+  // The only path for an FP8 cache and for a score modifier (decode_kernel_preferred says why).
+  const int forced = spec.fp8_kv_cache() || !spec.score_mod.empty() ? 1 : forced_choice();
   if (forced == 0 || (forced < 0 && !decode_kernel_preferred(spec, pass, gpu))) return std::nullopt;
   return decode_kernel_shape(spec, gpu);
 }

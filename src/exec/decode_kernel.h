@@ -20,7 +20,8 @@ struct Params;
 }
 
 /// The shape the kernel runs `spec` in on `device`, or nothing where cuDNN's path does: an FP8 K/V
-/// cache always where the kernel takes it; a 16-bit one where decode_kernel_preferred says so,
+/// cache, or a score modifier (a softcap), always where the kernel takes it; another 16-bit cache
+/// where decode_kernel_preferred says so,
 /// unless FUSEDATTN_DECODE_KERNEL (read once) says otherwise: 0 never (cuDNN's path wherever it
 /// takes the call), 1 wherever the kernel takes it (the benchmark times both ways with it).
 std::optional<DecodeKernelShape> decode_kernel_in_use(const AttentionSpec& spec, Pass pass, int device);

@@ -192,7 +192,10 @@ DecodeKernelShape decode_kernel_shape(const AttentionSpec& spec, const DecodeDev
 
 bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeDevice& device) {
   if (!decode_kernel_refusals(spec, pass, device.caps).empty()) return false;
-  if (spec.fp8_kv_cache()) return true;
+  // A score modifier here is a softcap; cuDNN's path refuses it over paged caches (its paged
+  // attention needs the padding mask, which a modifier's lowering turns off) and gets it wrong on
+  // one query row with runtime lengths (decode_score_mod_rule).
+  if (spec.fp8_kv_cache() || !spec.score_mod.empty()) return true;
   // Measured through fusedattn.torch on the H200 (results/bench-decode.md; h 32/8, d 128, bf16, each
   // path forced in turn), microseconds, the kernel against cuDNN's path:
   // - paged caches: cuDNN's split decode is faster at every point (b = 1 over 8k keys 26.7 against
@@ -220,6 +223,18 @@ void fp8_kv_cache_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& c
                           " queries runs only there; cuDNN takes none)";
     out.push_back(std::move(reason));
   }
+}
+
+void decode_score_mod_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, std::vector<Reason>& out) {
+  if (spec.score_mod.empty() || pass != Pass::forward || spec.seq_q() != 1 || !spec.padding) return;
+  const std::vector<Reason> kernel = decode_kernel_refusals(spec, pass, caps);
+  if (kernel.empty()) return;  // the kernel runs it
+  std::string why;
+  for (const Reason& reason : kernel) why += (why.empty() ? "" : "; ") + reason.field + " = " + reason.value;
+  out.push_back({"score_mod", to_string(spec.score_mod),
+                 "no score modifier on one query row with runtime lengths (cuDNN 9.19 returns wrong rows there, "
+                 "measured on the H200; fusedattn's decode kernel runs a softcap, but not this call: " + why + ")",
+                 ""});
 }
 
 std::string decode_kernel_description(const DecodeKernelShape& shape) {

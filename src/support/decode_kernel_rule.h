@@ -104,8 +104,9 @@ double decode_kernel_expected_us(const AttentionSpec& spec, const DecodeKernelSh
 /// (decode_kernel_rule.cpp has the numbers).
 constexpr std::int64_t kDecodeKernelContiguousMinKeys = 2048;
 
-/// Whether the kernel runs `spec` by default: it takes it, and it is an FP8 K/V cache (the only
-/// path), or a contiguous cache that is inference (no statistics: no plan to build for each new
+/// Whether the kernel runs `spec` by default: it takes it, and it is an FP8 K/V cache or has a
+/// score modifier (a softcap: the only path for either, see decode_score_mod_rule), or a
+/// contiguous cache that is inference (no statistics: no plan to build for each new
 /// length of a cache that grows a token a step) or of kDecodeKernelContiguousMinKeys keys or more,
 /// where it was measured faster than cuDNN's path; paged caches stay with cuDNN's split decode,
 /// which was faster at every measured point. FUSEDATTN_DECODE_KERNEL forces either way
@@ -115,6 +116,12 @@ bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeD
 /// The support policy's rule for FP8 K/V caches: every reason the kernel does not take the spec,
 /// each saying that such a cache runs only there.
 void fp8_kv_cache_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, std::vector<Reason>& out);
+
+/// The support policy's rule for a score modifier on one query row with runtime lengths, which
+/// cuDNN's path gets wrong: refused where the kernel does not take the call (a softcap it takes
+/// runs there only). Measured on the H200 with cuDNN 9.19 (DecodeKernel.Softcaps forced onto
+/// cuDNN): a softcapped decode over 3000 keys came back 0.94 off in relative L2.
+void decode_score_mod_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, std::vector<Reason>& out);
 
 /// "fusedattn decode kernel, 32 chunks of 256 keys merged" (Support::kernel).
 std::string decode_kernel_description(const DecodeKernelShape& shape);

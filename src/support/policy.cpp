@@ -398,6 +398,7 @@ Support check_support_policy(const AttentionSpec& given, Pass pass, const Device
   detail::fp8_rule(spec, pass, caps, versions, out);
   detail::mxfp8_rule(spec, pass, caps, versions, out);
   detail::fp8_kv_cache_rule(given, pass, caps, out);
+  detail::decode_score_mod_rule(given, pass, caps, out);
   score_mod_rule(spec, pass, versions, out);
   return support;
 }

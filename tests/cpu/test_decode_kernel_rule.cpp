@@ -83,10 +83,40 @@ TEST(DecodeKernelRule, TakesASoftcapAndNoOtherScoreModifier) {
   AttentionSpec capped = paged("b=1 s_q=1 s_kv=8192");
   capped.score_mod = parse_score_mod("mul($0,tanh(div(score,$0)))");
   EXPECT_TRUE(decode_kernel_refusals(capped, Pass::forward, kH200.caps).empty());
+  // The only path for a softcap: preferred over paged caches too, where cuDNN's takes no modifier.
+  EXPECT_TRUE(decode_kernel_preferred(capped, Pass::forward, kH200));
   capped.score_mod = parse_score_mod("add(score,mul(t0[h],sub(kv,q)))");
   const std::vector<Reason> reasons = decode_kernel_refusals(capped, Pass::forward, kH200.caps);
   ASSERT_EQ(fields_of(reasons), std::vector<std::string>{"score_mod"});
   EXPECT_NE(reasons[0].requirement.find("but a softcap"), std::string::npos) << reasons[0].requirement;
+}
+
+// cuDNN 9.19 returned wrong rows for a modifier on one query row with runtime lengths (the H200):
+// the policy refuses such a call unless the kernel runs it, naming what keeps the kernel away.
+TEST(DecodeKernelRule, AModifierOnOneQueryRowWithLengthsRunsOnTheKernelOrNowhere) {
+  const Versions cudnn{91900, 91900, 13200};
+  auto padded = [](const std::string& extra) {
+    AttentionSpec spec = parse_spec("layout=bshd dtype=bf16 b=3 s_q=1 s_kv=3000 h_q=8 h_kv=4 d=128 padding=1 causal "
+                                    "align=bottom_right " + extra);
+    validate(spec);
+    return spec;
+  };
+  const AttentionSpec softcap = padded("score_mod=mul($0,tanh(div(score,$0)))");
+  EXPECT_TRUE(check_support_policy(softcap, Pass::forward, kH200.caps, cudnn).ok());
+  const AttentionSpec relative = padded("score_mod=add(score,mul($0,sub(kv,q)))");
+  const Support refused = check_support_policy(relative, Pass::forward, kH200.caps, cudnn);
+  ASSERT_EQ(fields_of(refused.reasons), std::vector<std::string>{"score_mod"});
+  EXPECT_NE(refused.reasons[0].requirement.find("cuDNN 9.19 returns wrong rows there"), std::string::npos);
+  EXPECT_NE(refused.reasons[0].requirement.find("score_mod = add(score"), std::string::npos)
+      << refused.reasons[0].requirement;
+  // Two query rows, or no runtime lengths: cuDNN's path (checked right on the H200).
+  AttentionSpec two_rows = parse_spec("layout=bshd dtype=bf16 b=3 s_q=2 s_kv=3000 h_q=8 h_kv=4 d=128 padding=1 "
+                                      "score_mod=add(score,mul($0,sub(kv,q)))");
+  validate(two_rows);
+  EXPECT_TRUE(check_support_policy(two_rows, Pass::forward, kH200.caps, cudnn).ok());
+  AttentionSpec fixed = relative;
+  fixed.padding = false;
+  EXPECT_TRUE(check_support_policy(fixed, Pass::forward, kH200.caps, cudnn).ok());
 }
 
 TEST(DecodeKernelRule, RefusesRowsPastOneBlockAndPagesOffSixteen) {
