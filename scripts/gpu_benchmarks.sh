@@ -107,8 +107,8 @@ if part varlen; then
   python3 -X faulthandler bench/run_bench_varlen.py --build "$build" --out "$RESULTS" ${VARLEN_ARGS:-} || status=1
 fi
 if part decodeprof; then
-  echo "== diagnostic: a split decode's kernels, their timeline and the calls by chunk count"
-  # shellcheck disable=SC2086  # DECODEPROF_ARGS is a list of arguments (--no-sweep, --cudnn-sweep)
+  echo "== diagnostic: decode calls' kernels and timelines (paged, contiguous, PyTorch dense), by path"
+  # shellcheck disable=SC2086  # DECODEPROF_ARGS is a list of arguments (--paths kernel cudnn, --no-sweep, --points)
   FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 -X faulthandler bench/profile_decode_kernels.py ${DECODEPROF_ARGS:-} \
     | tee "$OUT/decode_kernels.txt" || status=1
 fi

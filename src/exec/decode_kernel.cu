@@ -109,6 +109,7 @@ void DecodeKernelCall::forward(const ForwardTensors& t, float scale, cudaStream_
   p.v = t.v;
   p.table_k = s.paged_kv() ? t.page_table_k : nullptr;
   p.table_v = s.paged_kv() ? t.page_table_v : nullptr;
+  p.page_slots = static_cast<int>(shape_.page_slots);
   p.len_q = s.padding ? t.seq_len_q : nullptr;  // null there too: s_q each (attention.h)
   p.len_kv = s.padding ? t.seq_len_kv : nullptr;
   if (s.fp8_kv_cache()) {

@@ -3,7 +3,8 @@
 // its rows are the s_q * g queries of the g query heads that share the K/V head, in tiles of 16
 // rows; each warp holds one row tile and 64 / kKeyGroups keys of every 64-key tile. The K and V
 // tiles stream through shared memory in a pipeline of 16-byte asynchronous copies (stages - 1 tiles
-// in flight while one is used), read back by ldmatrix from rows whose 16-byte chunks are XOR-swizzled
+// in flight while one is used; a paged call's pages of the chunk read into shared memory first, so
+// no table load waits between one tile's copies and the next), read back by ldmatrix from rows whose 16-byte chunks are XOR-swizzled
 // by the row (so the 8 rows an ldmatrix reads lie on distinct banks), into tensor-core products
 // with float32 accumulation and an online softmax in base 2 (a softcap, where the call has one, bends
 // each scaled score first). FP8 tiles are widened to q's dtype in
@@ -29,6 +30,7 @@ struct Params {
   const void* v;
   const std::int32_t* table_k;     // [b, pages] page tables; null: contiguous K/V
   const std::int32_t* table_v;
+  int page_slots;                  // entries of each table a block keeps in shared memory (a chunk's pages)
   const std::int32_t* len_q;       // [b]; null: s_q every sequence
   const std::int32_t* len_kv;      // [b]; null: s_kv every sequence
   const float* descale_k;          // FP8 K/V: scalars or [h_kv] (descale_step 1); else null
@@ -45,12 +47,6 @@ struct Params {
   const float* softcap_scalar;     // its cap on the device (a modifier's scalar), or null
   float softcap;                   // its cap where softcap_scalar is null
 };
-
-// One of four values by a runtime index, without an indexed register array (which would live in
-// local memory).
-__device__ __forceinline__ int pick(const int (&values)[4], int index) {
-  return index == 0 ? values[0] : index == 1 ? values[1] : index == 2 ? values[2] : values[3];
-}
 
 // Byte offset of 16-byte chunk `chunk` of `row` in a tile of 16-bit rows of `kChunks` chunks.
 template <int kChunks>
@@ -79,6 +75,9 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
   extern __shared__ __align__(128) unsigned char shared[];
   unsigned char* const stages = shared;                          // [kStages][K, V][kRawBytes]
   unsigned char* const wide = shared + kStages * 2 * kRawBytes;  // FP8: [K, V][kWideBytes]
+  // A paged call's pages of this chunk, K's then V's, past what the pipeline and the closing merge use.
+  int* const page_k = reinterpret_cast<int*>(shared + decode_kernel_shared_bytes(D, sizeof(KV), kThreads / 32));
+  int* const page_v = page_k + p.page_slots;
 
   const int chunk = blockIdx.x, kv = blockIdx.y, i = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, quad = lane % 4;
@@ -104,26 +103,24 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
     return;
   }
 
-  // Pages of a tile's four 16-key groups (page sizes are multiples of 16), read a tile ahead.
+  // The pages the chunk's tiles span, read once into shared memory (the slots after the last table
+  // entry repeat it: the keys there are past the sequence, never loaded).
   const bool paged = p.table_k != nullptr;
-  const long long table_row = static_cast<long long>(i) * p.pages;
-  struct Pages {
-    int k[4], v[4];
-  };
-  auto pages_of = [&](int n, Pages& out) {
-    if (!paged) return;
-#pragma unroll
-    for (int g = 0; g < 4; ++g) {
-      const int page = min((tile0 + n * kTile + 16 * g) / p.page_size, p.pages - 1);
-      out.k[g] = p.table_k[table_row + page];
-      out.v[g] = p.table_v[table_row + page];
+  const int first_page = paged ? tile0 / p.page_size : 0;
+  if (paged && tiles > 0) {
+    const long long table_row = static_cast<long long>(i) * p.pages;
+    const int spanned = (tile0 + tiles * kTile - 1) / p.page_size - first_page + 1;
+    for (int slot = threadIdx.x; slot < spanned; slot += kThreads) {
+      const int page = min(first_page + slot, p.pages - 1);
+      page_k[slot] = p.table_k[table_row + page];
+      page_v[slot] = p.table_v[table_row + page];
     }
-  };
+  }
   const KV* const k_head = static_cast<const KV*>(p.k) + kv * p.k_stride[1];
   const KV* const v_head = static_cast<const KV*>(p.v) + kv * p.v_stride[1];
   // Tile n's K and V into its stage: zeros past the sequence (its scores are masked, but 0 * NaN
   // would not be). 16-bit rows swizzled for ldmatrix; FP8 rows as they are, for the widening pass.
-  auto issue = [&](int n, const Pages& pages) {
+  auto issue = [&](int n) {
     unsigned char* const k_stage = stages + (n % kStages) * 2 * kRawBytes;
     unsigned char* const v_stage = k_stage + kRawBytes;
     const int key0 = tile0 + n * kTile;
@@ -134,9 +131,10 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
       const bool valid = key < kv_len;
       long long k_at, v_at;
       if (paged) {
-        const long long in_page = key % p.page_size;
-        k_at = pick(pages.k, row / 16) * p.k_stride[0] + in_page * p.k_stride[2];
-        v_at = pick(pages.v, row / 16) * p.v_stride[0] + in_page * p.v_stride[2];
+        const int page = key / p.page_size;
+        const long long in_page = key - page * p.page_size;
+        k_at = page_k[page - first_page] * p.k_stride[0] + in_page * p.k_stride[2];
+        v_at = page_v[page - first_page] * p.v_stride[0] + in_page * p.v_stride[2];
       } else {
         k_at = static_cast<long long>(i) * p.k_stride[0] + static_cast<long long>(key) * p.k_stride[2];
         v_at = static_cast<long long>(i) * p.v_stride[0] + static_cast<long long>(key) * p.v_stride[2];
@@ -159,12 +157,7 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
     }
   };
 
-  // The first tiles' pages, then the queries (both independent loads), then the first copies.
-  Pages ahead[kStages] = {};
-#pragma unroll
-  for (int n = 0; n < kStages; ++n) {
-    if (n < tiles) pages_of(n, ahead[n]);
-  }
+  // The queries (loads independent of the pages'), then the first copies once the pages are in.
   // This thread's rows of its tile (gid and gid + 8): query t of head kv * g + j, row t * g + j.
   int low[2], high[2];
   unsigned q_frag[kSteps][4];
@@ -192,12 +185,12 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
   const bool capped = p.softcapped;
   const float cap = !capped ? 0.0f : p.softcap_scalar != nullptr ? *p.softcap_scalar : p.softcap;
   const float cap_log2 = cap * 1.4426950408889634f;
+  if (paged) __syncthreads();  // the chunk's pages are in shared memory
 #pragma unroll
   for (int n = 0; n < kStages - 1; ++n) {
-    if (n < tiles) issue(n, ahead[n]);
+    if (n < tiles) issue(n);
     commit_copies();
   }
-  Pages next = ahead[kStages - 1];
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // a row's max (base 2) and this thread's sum
   float acc[kOutTiles][4];
@@ -207,9 +200,8 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
   for (int n = 0; n < tiles; ++n) {
     wait_copies<kStages - 2>();  // tile n has landed (this thread's copies)
     __syncthreads();             // everyone's; and tile n - 1's stage is free
-    if (n + kStages - 1 < tiles) issue(n + kStages - 1, next);
+    if (n + kStages - 1 < tiles) issue(n + kStages - 1);
     commit_copies();
-    if (n + kStages < tiles) pages_of(n + kStages, next);
     const unsigned char* k_tile = stages + (n % kStages) * 2 * kRawBytes;
     const unsigned char* v_tile = k_tile + kRawBytes;
     if constexpr (kFp8) {

@@ -47,6 +47,14 @@ std::int64_t kv_bytes(const AttentionSpec& spec) { return static_cast<std::int64
 std::int64_t group_of(const AttentionSpec& spec) { return spec.heads_q() / spec.heads_kv(); }
 std::int64_t rows_of(const AttentionSpec& spec) { return spec.seq_q() * group_of(spec); }
 
+// Blocks an SM holds. Registers: ptxas gives the kernel 134 to 250 a thread (sm_90), so count 256 of
+// an SM's 65,536: two blocks of 128 threads, one of 256.
+int blocks_per_sm(const DecodeKernelShape& shape, const DeviceCaps& caps) {
+  const std::int64_t by_registers = 65536 / (256 * shape.threads);
+  const std::int64_t by_shared = shared_per_sm(caps) / (shape.shared_bytes + kReservedPerBlock);
+  return static_cast<int>(std::max<std::int64_t>(1, std::min(by_registers, by_shared)));
+}
+
 // 1, 2, 4 or 8 tiles of 16 rows (a power of two, so the warps divide evenly), and the warps sharing a
 // row tile: 4 warps a block at least, each of one row tile and 64 / key_groups keys of a tile.
 DecodeKernelShape rows_shape(const AttentionSpec& spec, const DeviceCaps& caps) {
@@ -57,12 +65,22 @@ DecodeKernelShape rows_shape(const AttentionSpec& spec, const DeviceCaps& caps) 
   const int warps = shape.row_tiles * shape.key_groups;
   shape.threads = 32 * warps;
   shape.shared_bytes = decode_kernel_shared_bytes(spec.head_dim_v(), kv_bytes(spec), warps);
-  // Registers: ptxas gives the kernel 134 to 250 a thread (sm_90), so count 256 of an SM's 65,536:
-  // two blocks of 128 threads, one of 256.
-  const std::int64_t by_registers = 65536 / (256 * shape.threads);
-  const std::int64_t by_shared = shared_per_sm(caps) / (shape.shared_bytes + kReservedPerBlock);
-  shape.blocks_per_sm = static_cast<int>(std::max<std::int64_t>(1, std::min(by_registers, by_shared)));
+  shape.blocks_per_sm = blocks_per_sm(shape, caps);
   return shape;
+}
+
+// `rows` with the keys cut into `asked` chunks of whole tiles (fewer where the tiles run out), and a
+// paged call's page slots in its shared memory.
+DecodeKernelShape cut(const AttentionSpec& spec, const DeviceCaps& caps, DecodeKernelShape rows, std::int64_t keys,
+                      std::int64_t asked) {
+  rows.chunk_keys = ceil_div(ceil_div(keys, asked), kDecodeTileKeys) * kDecodeTileKeys;
+  rows.chunks = ceil_div(keys, rows.chunk_keys);
+  if (spec.paged_kv()) {
+    rows.page_slots = decode_kernel_chunk_pages(rows.chunk_keys, spec.page_size());
+    rows.shared_bytes += 2 * rows.page_slots * static_cast<std::int64_t>(sizeof(std::int32_t));
+    rows.blocks_per_sm = blocks_per_sm(rows, caps);
+  }
+  return rows;
 }
 
 // Whether nodes a and b are the same cap: one scalar slot, or one constant (bit for bit).
@@ -170,24 +188,26 @@ double decode_kernel_expected_us(const AttentionSpec& spec, const DecodeKernelSh
 }
 
 DecodeKernelShape decode_kernel_shape(const AttentionSpec& spec, const DecodeDevice& device) {
-  DecodeKernelShape best = rows_shape(spec, device.caps);
+  const DecodeKernelShape rows = rows_shape(spec, device.caps);
   const std::int64_t keys = std::max<std::int64_t>(spec.seq_kv(), 1);
-  best.chunk_keys = ceil_div(keys, kDecodeTileKeys) * kDecodeTileKeys;
-  double best_us = decode_kernel_expected_us(spec, best, device);
-  // Every count of chunks of at least kDecodeKernelMinChunkKeys whole tiles; the first of equal
-  // times (fewer chunks) wins.
-  for (std::int64_t asked = 2; asked <= ceil_div(keys, kDecodeKernelMinChunkKeys); ++asked) {
-    DecodeKernelShape shape = best;
-    shape.chunk_keys = ceil_div(ceil_div(keys, asked), kDecodeTileKeys) * kDecodeTileKeys;
-    shape.chunks = ceil_div(keys, shape.chunk_keys);
+  // Every count of chunks of at least kDecodeKernelMinChunkKeys keys (and one chunk), a paged call's
+  // chunks each within kDecodeKernelMaxChunkPages pages and the block's shared memory (where those
+  // leave no count of long chunks, the fewest shorter chunks that fit); the first of equal times
+  // (fewer chunks) wins. One tile a chunk always fits: the refusals checked the tiles' room.
+  std::optional<DecodeKernelShape> best;
+  double best_us = 0.0;
+  for (std::int64_t asked = 1; asked <= ceil_div(keys, kDecodeTileKeys); ++asked) {
+    if (best && asked > ceil_div(keys, kDecodeKernelMinChunkKeys)) break;
+    const DecodeKernelShape shape = cut(spec, device.caps, rows, keys, asked);
     if (shape.chunks != asked) continue;  // the same cut as a smaller count's
+    if (shape.page_slots > kDecodeKernelMaxChunkPages || shape.shared_bytes > shared_per_block(device.caps)) continue;
     const double us = decode_kernel_expected_us(spec, shape, device);
-    if (us < best_us) {
+    if (!best || us < best_us) {
       best = shape;
       best_us = us;
     }
   }
-  return best;
+  return best ? *best : cut(spec, device.caps, rows, keys, ceil_div(keys, kDecodeTileKeys));
 }
 
 bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeDevice& device) {

@@ -53,6 +53,16 @@ FUSEDATTN_DECODE_SIZE std::int64_t decode_kernel_shared_bytes(std::int64_t d, st
   return pipeline > rows ? pipeline : rows;
 }
 
+/// A paged call's page-table entries in shared memory, K's and V's, each chunk's read once when its
+/// block starts (int32 each): a tile's copies then find their pages there, and no load of the table
+/// stands between one tile's copies and the next. A chunk spans at most chunk_keys / page_size + 1
+/// pages; paged chunks are cut to fit kDecodeKernelMaxChunkPages (8 KB of entries: two blocks of
+/// 16-bit tiles at d = 128 still share an SM).
+constexpr std::int64_t kDecodeKernelMaxChunkPages = 1024;
+FUSEDATTN_DECODE_SIZE std::int64_t decode_kernel_chunk_pages(std::int64_t chunk_keys, std::int64_t page_size) {
+  return (chunk_keys + page_size - 1) / page_size + 1;
+}
+
 /// The GPU as the rule sees it: its SM version and its SM count.
 struct DecodeDevice {
   DeviceCaps caps;
@@ -64,7 +74,8 @@ struct DecodeKernelShape {
   int row_tiles = 1;   ///< tiles of 16 query rows (s_q * g rows), rounded up to 1, 2, 4 or 8
   int key_groups = 4;  ///< warps sharing a row tile, each taking 64 / key_groups keys of every tile
   int threads = 128;   ///< 32 * row_tiles * key_groups
-  std::int64_t shared_bytes = 0;
+  std::int64_t shared_bytes = 0;  ///< decode_kernel_shared_bytes, plus a paged call's page slots
+  std::int64_t page_slots = 0;    ///< a paged call's entries of K's (and of V's) table a block keeps
   int blocks_per_sm = 1;
   std::int64_t chunks = 1;      ///< chunks of every sequence's keys; 1: the kernel writes O itself
   std::int64_t chunk_keys = 0;  ///< keys of a chunk, a multiple of kDecodeTileKeys

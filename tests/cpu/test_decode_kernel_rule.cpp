@@ -155,8 +155,10 @@ TEST(DecodeKernelRule, RowTilesWarpsAndSharedMemory) {
     EXPECT_EQ(shape.key_groups, c.key_groups) << c.shape;
     EXPECT_EQ(shape.threads, c.threads) << c.shape;
     EXPECT_EQ(shape.blocks_per_sm, c.blocks_per_sm) << c.shape;
-    // 3 stages of a 64-key K and V tile at d 128 in bf16: 3 * 2 * 64 * 128 * 2 bytes.
-    EXPECT_EQ(shape.shared_bytes, 98304) << c.shape;
+    // 3 stages of a 64-key K and V tile at d 128 in bf16, 3 * 2 * 64 * 128 * 2 bytes, then the
+    // chunk's pages of K's and V's tables (int32 each).
+    EXPECT_EQ(shape.page_slots, shape.chunk_keys / 64 + 1) << c.shape;
+    EXPECT_EQ(shape.shared_bytes, 98304 + 2 * 4 * shape.page_slots) << c.shape;
   }
   // 16 queries of a group of 8 are 128 rows: 8 tiles, a warp each, 256 threads, one block an SM
   // (256 registers a thread).
@@ -166,9 +168,37 @@ TEST(DecodeKernelRule, RowTilesWarpsAndSharedMemory) {
   EXPECT_EQ(big.row_tiles, 8);
   EXPECT_EQ(big.threads, 256);
   EXPECT_EQ(big.blocks_per_sm, 1);
-  // FP8 tiles: 4 stages of 1-byte tiles and the 16-bit copies of the one in use: 4 * 2 * 8192 + 2 * 16384.
-  EXPECT_EQ(decode_kernel_shape(with_fp8_cache(paged("b=1 s_q=1 s_kv=8192")), kH200).shared_bytes, 98304);
+  // FP8 tiles: 4 stages of 1-byte tiles and the 16-bit copies of the one in use: 4 * 2 * 8192 + 2 * 16384;
+  // 19 chunks of 448 keys span 8 pages each (of K, and of V).
+  EXPECT_EQ(decode_kernel_shape(with_fp8_cache(paged("b=1 s_q=1 s_kv=8192")), kH200).shared_bytes, 98304 + 2 * 4 * 8);
+  // A contiguous cache keeps no pages.
+  AttentionSpec contiguous = parse_spec("layout=bshd dtype=bf16 b=1 s_q=1 s_kv=8192 h_q=32 h_kv=8 d=128");
+  EXPECT_EQ(decode_kernel_shape(contiguous, kH200).page_slots, 0);
+  EXPECT_EQ(decode_kernel_shape(contiguous, kH200).shared_bytes, 98304);
   EXPECT_EQ(decode_kernel_shared_bytes(64, 2, 4), 49152);  // d 64: half the tiles; rows 4 * 16 * 72 * 4 + 512 below
+}
+
+// A paged chunk spans at most kDecodeKernelMaxChunkPages pages (its table entries live in shared
+// memory). 64 sequences of 32k keys fill the GPU with one chunk each (512 blocks): in pages of 64 one
+// chunk spans 513 pages and stays whole; in pages of 16 it would span 2,049, and two chunks of 16,384
+// keys 1,025 each, so the cut takes three of 10,944 keys (685 pages).
+TEST(DecodeKernelRule, PagedChunksKeepTheirPagesInSharedMemory) {
+  auto pages_of = [](int page_size) {
+    AttentionSpec spec = parse_spec("layout=bshd_paged_bshd dtype=bf16 h_q=32 h_kv=8 d=128 page_size=" +
+                                    std::to_string(page_size) + " pages=" + std::to_string(64 * 32768 / page_size) +
+                                    " b=64 s_q=1 s_kv=32768 causal align=bottom_right");
+    validate(spec);
+    return decode_kernel_shape(spec, kH200);
+  };
+  const DecodeKernelShape whole = pages_of(64);
+  EXPECT_EQ(whole.chunks, 1);
+  EXPECT_EQ(whole.page_slots, 513);
+  const DecodeKernelShape cut = pages_of(16);
+  EXPECT_EQ(cut.chunks, 3);
+  EXPECT_EQ(cut.chunk_keys, 10944);
+  EXPECT_EQ(cut.page_slots, 685);
+  EXPECT_EQ(cut.shared_bytes, 98304 + 2 * 4 * 685);
+  EXPECT_EQ(cut.blocks_per_sm, 2);  // 2 * (98,304 + 5,480 + 1,024) bytes of the SM's 233,472
 }
 
 // b = 1, h 32/8, d 128, one query over 8k keys on 132 SMs (kSmBytesPerUs = 4.22e6 / 132 = 31,970
