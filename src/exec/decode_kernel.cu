@@ -79,8 +79,8 @@ std::optional<DecodeKernelShape> decode_kernel_in_use(const AttentionSpec& spec,
   if (pass != Pass::forward) return std::nullopt;
   const DecodeDevice gpu{device_caps(device), multiprocessor_count(device)};
   if (!decode_kernel_refusals(spec, pass, gpu.caps).empty()) return std::nullopt;
-  // The only path for an FP8 cache and for a score modifier (decode_kernel_preferred says why).
-  const int forced = spec.fp8_kv_cache() || !spec.score_mod.empty() ? 1 : forced_choice();
+  // The only path for some (decode_kernel_only), whatever FUSEDATTN_DECODE_KERNEL says.
+  const int forced = decode_kernel_only(spec) ? 1 : forced_choice();
   if (forced == 0 || (forced < 0 && !decode_kernel_preferred(spec, pass, gpu))) return std::nullopt;
   return decode_kernel_shape(spec, gpu);
 }
@@ -117,6 +117,8 @@ void DecodeKernelCall::forward(const ForwardTensors& t, float scale, cudaStream_
     p.descale_v = t.fp8.descale_v;
     p.descale_step = s.fp8_scaling == Fp8Scaling::head ? 1 : 0;
   }
+  p.sink = s.softmax == Softmax::sink ? t.sink : nullptr;
+  p.off_by_one = s.softmax == Softmax::off_by_one;
   if (shape_.merged()) {
     p.o_part = reinterpret_cast<float*>(workspace);
     p.stats_part = reinterpret_cast<float*>(workspace + partial_o_bytes_);
@@ -154,6 +156,8 @@ void DecodeKernelCall::forward(const ForwardTensors& t, float scale, cudaStream_
   partials.stats = p.stats_part;
   partials.chunks = shape_.chunks;
   partials.group = group;
+  partials.sink = p.sink;
+  partials.off_by_one = p.off_by_one;
   merge_decode_partials(s, partials, p.len_q, RaggedRows{}, t.o, p.stats, early_launch_, stream);
 }
 

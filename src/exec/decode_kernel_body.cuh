@@ -46,7 +46,15 @@ struct Params {
   bool softcapped;                 // a softcap bends every scaled score: cap * tanh(score / cap)
   const float* softcap_scalar;     // its cap on the device (a modifier's scalar), or null
   float softcap;                   // its cap where softcap_scalar is null
+  const float* sink;               // softmax=sink: [h_q] logits each adding e^sink to its rows' denominator
+  bool off_by_one;                 // softmax=off_by_one: a logit of 0 there
 };
+
+// The extra logit of head `head`'s denominator in base 2 (a sink, off-by-one's 0), -inf: none.
+__device__ __forceinline__ float extra_logit_log2(const Params& p, int head) {
+  if (p.sink != nullptr) return p.sink[head] * 1.4426950408889634f;
+  return p.off_by_one ? 0.0f : -INFINITY;
+}
 
 // Byte offset of 16-byte chunk `chunk` of `row` in a tile of 16-bit rows of `kChunks` chunks.
 template <int kChunks>
@@ -306,7 +314,11 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
   for (int n = threadIdx.x; n < kRowTiles * 16 * kColumns; n += kThreads) {
     const int row = n / kColumns, column = n % kColumns * 4, tile = row / 16, in_tile = row % 16;
     if (row >= rows) break;  // rows only grow with n
-    float top = -INFINITY;
+    const int t = row / p.group, head = kv * p.group + row % p.group;
+    // The softmax's extra logit joins the row's own denominator here; a chunk's partials leave it to
+    // the merge, which adds it once.
+    const float extra = p.o_part == nullptr ? extra_logit_log2(p, head) : -INFINITY;
+    float top = extra;
 #pragma unroll
     for (int g = 0; g < kKeyGroups; ++g) top = fmaxf(top, maxima[2 * ((tile * kKeyGroups + g) * 16 + in_tile)]);
     const float base = top == -INFINITY ? 0.0f : top;
@@ -323,7 +335,7 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
       o.z += w * part.z;
       o.w += w * part.w;
     }
-    const int t = row / p.group, head = kv * p.group + row % p.group;
+    if (extra > -INFINITY) sum += exp2_approx(extra - base);
     const bool seen = t < q_len && sum > 0.0f;
     const float f = seen ? out_scale / sum : 0.0f;
     o = seen ? make_float4(o.x * f, o.y * f, o.z * f, o.w * f) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);

@@ -53,12 +53,14 @@ struct alignas(sizeof(E) * kMergePack) Pack {
 // row past its sequence's queries gets 0, and so does a ragged sequence's padded gap. Ragged O and
 // statistics are by token: row r of sequence i is token start[i] + r. Partials in E: O's dtype T
 // (cuDNN's) or float32 (the decode kernel's). Chunks without `len_kv_chunks` are judged by their
-// statistic alone.
+// statistic alone. A sink (or off-by-one's zero logit) adds its term to the denominator once: a row
+// without keys then gets O 0 and the sink's log-sum-exp, as the references give it.
 template <class T, class E>
 __global__ void merge_kernel(Strided o, T* out, float* stats, const E* o_chunks, const E* o_masked,
                              const float* stats_chunks, const float* stats_masked, const std::int32_t* len_q,
                              RaggedRows ragged, const std::int32_t* len_kv_chunks,
-                             const std::int32_t* len_kv_masked, std::int64_t chunks, std::int64_t group) {
+                             const std::int32_t* len_kv_masked, std::int64_t chunks, std::int64_t group,
+                             const float* sink, bool off_by_one) {
   wait_for_the_previous_kernel();
   extern __shared__ float shared[];
   float* weights = shared;               // chunks + 1 (the masked call's last)
@@ -132,7 +134,9 @@ __global__ void merge_kernel(Strided o, T* out, float* stats, const E* o_chunks,
       weights[c] = lse;
       largest = fmaxf(largest, lse);
     }
-    largest = warp_reduce(largest, [](float a, float b) { return fmaxf(a, b); });
+    // The softmax's extra logit (a sink, off-by-one's 0) is one more term of the denominator, with no O.
+    const float extra = sink != nullptr ? sink[head] : off_by_one ? 0.0f : -INFINITY;
+    largest = fmaxf(warp_reduce(largest, [](float a, float b) { return fmaxf(a, b); }), extra);
     float sum = 0.0f;
     for (std::int64_t c = threadIdx.x; c <= chunks; c += 32) {
       const float w = largest > -INFINITY && weights[c] > -INFINITY ? __expf(weights[c] - largest) : 0.0f;
@@ -142,7 +146,7 @@ __global__ void merge_kernel(Strided o, T* out, float* stats, const E* o_chunks,
     sum = warp_reduce(sum, [](float a, float b) { return a + b; });
     if (threadIdx.x == 0) {
       totals[0] = largest;
-      totals[1] = sum;
+      totals[1] = extra > -INFINITY ? sum + __expf(extra - largest) : sum;
     }
   }
   __syncthreads();
@@ -197,7 +201,7 @@ cudaError_t launch_merge(const AttentionSpec& spec, const DecodePartials& p, con
   const std::size_t shared = (static_cast<std::size_t>(p.chunks) + 1 + 2 + groups * d_v) * sizeof(float);
   return launch(merge_kernel<T, E>, early, dim3(rows), threads, shared, stream, make_strided(spec.o),
                 static_cast<T*>(o), stats, static_cast<const E*>(p.o), static_cast<const E*>(p.o_masked), p.stats,
-                p.stats_masked, len_q, ragged, p.keys, p.keys_masked, p.chunks, p.group);
+                p.stats_masked, len_q, ragged, p.keys, p.keys_masked, p.chunks, p.group, p.sink, p.off_by_one);
 }
 
 }  // namespace

@@ -38,6 +38,10 @@ struct DecodePartials {
   const void* o_masked = nullptr;
   const float* stats_masked = nullptr;
   const std::int32_t* keys_masked = nullptr;
+  /// The softmax's extra logit, added once to every row's denominator (a chunk's call leaves it out):
+  /// softmax=sink's [h_q] logits, or off-by-one's 0; neither: vanilla.
+  const float* sink = nullptr;
+  bool off_by_one = false;
 };
 
 /// Merges `partials` into `o` (spec.o's layout; ragged by token) and, where `stats` is not null,

@@ -140,7 +140,6 @@ std::vector<Reason> decode_kernel_refusals(const AttentionSpec& spec, Pass pass,
   if (spec.paged_kv() && !multiple_of(spec.page_size(), 16)) {
     refuse("page_size", std::to_string(spec.page_size()), "a multiple of 16");
   }
-  if (spec.softmax != Softmax::vanilla) refuse("softmax", to_string(spec.softmax), "softmax=vanilla");
   if (spec.bias != Bias::none) refuse("bias", to_string(spec.bias), "no bias");
   if (spec.alibi) refuse("alibi", "1", "no ALiBi");
   if (spec.dropout > 0.0) refuse("dropout", format_double(spec.dropout), "no dropout");
@@ -210,12 +209,24 @@ DecodeKernelShape decode_kernel_shape(const AttentionSpec& spec, const DecodeDev
   return best ? *best : cut(spec, device.caps, rows, keys, ceil_div(keys, kDecodeTileKeys));
 }
 
-bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeDevice& device) {
-  if (!decode_kernel_refusals(spec, pass, device.caps).empty()) return false;
+bool decode_kernel_only(const AttentionSpec& spec) {
   // A score modifier here is a softcap; cuDNN's path refuses it over paged caches (its paged
   // attention needs the padding mask, which a modifier's lowering turns off) and gets it wrong on
   // one query row with runtime lengths (decode_score_mod_rule).
-  if (spec.fp8_kv_cache() || !spec.score_mod.empty()) return true;
+  // A sink (gpt-oss) or off-by-one over a paged cache: cuDNN's paged attention with it has not been
+  // checked on a GPU (policy.cpp's paged_rule), and it adds to every chunk's denominator, so cuDNN's
+  // split decode could not cut the keys (decode_split.cpp's mergeable), leaving one unsplit call, one
+  // block a (sequence, head) streaming every key: on contiguous caches such a call took 7 times the
+  // kernel's time at 8k keys (decode_kernel_preferred). The kernel adds the term once, in its merge.
+  // On one query row cuDNN refuses a sink or off-by-one itself ("decode only mode, i.e. s_q == 1, not
+  // supported with sink_token", cuDNN 9.19 on the H200).
+  const bool extra_term = spec.softmax != Softmax::vanilla && (spec.paged_kv() || spec.seq_q() == 1);
+  return spec.fp8_kv_cache() || !spec.score_mod.empty() || extra_term;
+}
+
+bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeDevice& device) {
+  if (!decode_kernel_refusals(spec, pass, device.caps).empty()) return false;
+  if (decode_kernel_only(spec)) return true;
   // Measured through fusedattn.torch on the H200 (results/bench-decode.md; h 32/8, d 128, bf16, each
   // path forced in turn), microseconds, the kernel against cuDNN's path:
   // - paged caches: cuDNN's split decode is faster at every point (b = 1 over 8k keys 26.7 against
@@ -254,6 +265,18 @@ void decode_score_mod_rule(const AttentionSpec& spec, Pass pass, const DeviceCap
   out.push_back({"score_mod", to_string(spec.score_mod),
                  "no score modifier on one query row with runtime lengths (cuDNN 9.19 returns wrong rows there, "
                  "measured on the H200; fusedattn's decode kernel runs a softcap, but not this call: " + why + ")",
+                 ""});
+}
+
+void decode_extra_term_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, std::vector<Reason>& out) {
+  if (spec.softmax == Softmax::vanilla || pass != Pass::forward || spec.seq_q() != 1) return;
+  const std::vector<Reason> kernel = decode_kernel_refusals(spec, pass, caps);
+  if (kernel.empty()) return;  // the kernel runs it
+  std::string why;
+  for (const Reason& reason : kernel) why += (why.empty() ? "" : "; ") + reason.field + " = " + reason.value;
+  out.push_back({"softmax", to_string(spec.softmax),
+                 "vanilla softmax on one query row (cuDNN 9.19 refuses a sink there: \"decode only mode, i.e. s_q == 1, "
+                 "not supported with sink_token\"; fusedattn's decode kernel runs it, but not this call: " + why + ")",
                  ""});
 }
 

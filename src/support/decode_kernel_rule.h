@@ -97,8 +97,8 @@ std::optional<DecodeSoftcap> decode_softcap(const ScoreMod& mod);
 /// Why the kernel does not take `spec` (empty: it does). It takes a forward of 1 to 16 queries a
 /// sequence (s_q * h_q / h_kv <= 128 rows) over paged (page sizes multiples of 16) or contiguous
 /// K/V, dense q and o, d_qk = d_v of 64 or 128, f16 or bf16 q with K/V in q's dtype or E4M3, any
-/// window and alignment, padding or none, a softcap or no score modifier; vanilla softmax, no bias,
-/// ALiBi, dropout or max logit; rows of 16 bytes (q and o strides multiples of 8 elements, K/V ones
+/// window and alignment, padding or none, a softcap or no score modifier, any softmax (a sink's or
+/// off-by-one's term added once to each row's denominator); no bias, ALiBi, dropout or max logit; rows of 16 bytes (q and o strides multiples of 8 elements, K/V ones
 /// of 16 bytes); an SM 8.0 or newer GPU with room for its shared memory.
 std::vector<Reason> decode_kernel_refusals(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps);
 
@@ -115,12 +115,18 @@ double decode_kernel_expected_us(const AttentionSpec& spec, const DecodeKernelSh
 /// (decode_kernel_rule.cpp has the numbers).
 constexpr std::int64_t kDecodeKernelContiguousMinKeys = 2048;
 
+/// Whether the kernel is the only path for `spec`, FUSEDATTN_DECODE_KERNEL=0 or not: an FP8 K/V
+/// cache (cuDNN takes none), a score modifier (a softcap; see decode_score_mod_rule), a sink or
+/// off-by-one softmax over a paged cache or on one query row (decode_kernel_rule.cpp says why).
+bool decode_kernel_only(const AttentionSpec& spec);
+
 /// Whether the kernel runs `spec` by default: it takes it, and it is an FP8 K/V cache or has a
 /// score modifier (a softcap: the only path for either, see decode_score_mod_rule), or a
 /// contiguous cache that is inference (no statistics: no plan to build for each new
 /// length of a cache that grows a token a step) or of kDecodeKernelContiguousMinKeys keys or more,
 /// where it was measured faster than cuDNN's path; paged caches stay with cuDNN's split decode,
-/// which was faster at every measured point. FUSEDATTN_DECODE_KERNEL forces either way
+/// which was faster at every measured point, except with a sink or off-by-one, which that split
+/// cannot cut. FUSEDATTN_DECODE_KERNEL forces either way
 /// (exec/decode_kernel.h).
 bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeDevice& device);
 
@@ -133,6 +139,10 @@ void fp8_kv_cache_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& c
 /// runs there only). Measured on the H200 with cuDNN 9.19 (DecodeKernel.Softcaps forced onto
 /// cuDNN): a softcapped decode over 3000 keys came back 0.94 off in relative L2.
 void decode_score_mod_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, std::vector<Reason>& out);
+
+/// The support policy's rule for a sink or off-by-one softmax on one query row, which cuDNN refuses
+/// ("decode only mode"): refused where the kernel does not take the call, with the kernel's reasons.
+void decode_extra_term_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, std::vector<Reason>& out);
 
 /// "fusedattn decode kernel, 32 chunks of 256 keys merged" (Support::kernel).
 std::string decode_kernel_description(const DecodeKernelShape& shape);

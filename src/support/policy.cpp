@@ -283,13 +283,14 @@ void deterministic_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& 
 
 // The score and softmax features not yet checked on a GPU together with `what` (ragged inputs,
 // paged caches): one reason each that is in use.
-void score_features_not_offered_with(const AttentionSpec& spec, const char* what, Reasons& out) {
+void score_features_not_offered_with(const AttentionSpec& spec, const char* what, Reasons& out,
+                                     bool softmax_offered = false) {
   auto not_yet = [&](bool used, const char* field, const std::string& value) {
     if (used) out.push_back({field, value, "no " + std::string(field) + " with " + what + " (not offered yet)", ""});
   };
   not_yet(spec.bias != Bias::none, "bias", to_string(spec.bias));
   not_yet(spec.alibi, "alibi", "1");
-  not_yet(spec.softmax != Softmax::vanilla, "softmax", to_string(spec.softmax));
+  not_yet(spec.softmax != Softmax::vanilla && !softmax_offered, "softmax", to_string(spec.softmax));
   not_yet(spec.dropout > 0.0, "dropout", detail::format_double(spec.dropout));
   not_yet(spec.max_logit != MaxLogit::none, "max_logit", to_string(spec.max_logit));
 }
@@ -322,9 +323,10 @@ void ragged_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, c
 
 // Paged K/V caches (inference): cuDNN reads them from 9.5 (90500) and, up to 9.9, only with head
 // dims up to 128, and with ragged Q from 9.7 (90700); its backward takes no page tables. Paged
-// caches with a bias, ALiBi, a sink or off-by-one softmax, dropout or a max logit are not offered
-// yet: none has been checked on a GPU.
-void paged_rule(const AttentionSpec& spec, Pass pass, const Versions& versions, Reasons& out) {
+// caches with a bias, ALiBi, dropout or a max logit are not offered yet: none has been checked on a
+// GPU; a sink or off-by-one softmax runs on fusedattn's decode kernel alone, where it takes the call
+// (decode_kernel_only).
+void paged_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const Versions& versions, Reasons& out) {
   if (!spec.paged_kv()) return;
   const std::string value = std::to_string(spec.kv_pages);
   if (versions.cudnn_runtime < 90500) {
@@ -339,7 +341,8 @@ void paged_rule(const AttentionSpec& spec, Pass pass, const Versions& versions, 
   if (pass == Pass::backward) {
     out.push_back({"kv_pages", value, "no backward through paged caches (inference only: cuDNN's backward takes no page tables)", ""});
   }
-  score_features_not_offered_with(spec, "paged caches", out);
+  const bool on_the_kernel = pass == Pass::forward && detail::decode_kernel_refusals(spec, pass, caps).empty();
+  score_features_not_offered_with(spec, "paged caches", out, on_the_kernel);
 }
 
 // Score modifiers (score_mod.h) go into cuDNN's flexible graphs, which arrived in 9.6 (90600).
@@ -394,11 +397,12 @@ Support check_support_policy(const AttentionSpec& given, Pass pass, const Device
   softmax_rule(spec, versions, out);
   dropout_rule(spec, pass, caps, versions, out);
   ragged_rule(spec, pass, caps, versions, out);
-  paged_rule(spec, pass, versions, out);
+  paged_rule(spec, pass, caps, versions, out);
   detail::fp8_rule(spec, pass, caps, versions, out);
   detail::mxfp8_rule(spec, pass, caps, versions, out);
   detail::fp8_kv_cache_rule(given, pass, caps, out);
   detail::decode_score_mod_rule(given, pass, caps, out);
+  detail::decode_extra_term_rule(given, pass, caps, out);
   score_mod_rule(spec, pass, versions, out);
   return support;
 }

@@ -45,19 +45,25 @@ TEST(DecodeKernelRule, TakesDecodesOfOneToSixteenQueriesPagedOrContiguous) {
   validate(contiguous);
   EXPECT_TRUE(decode_kernel_refusals(contiguous, Pass::forward, kH200.caps).empty());
   EXPECT_TRUE(decode_kernel_refusals(with_fp8_cache(paged("b=1 s_q=1 s_kv=8192")), Pass::forward, kH200.caps).empty());
+  // gpt-oss's sinks (h 64/8, d 64, a window of 128) and off-by-one: a term added to the denominator.
+  AttentionSpec sinks = parse_spec("layout=bshd dtype=bf16 b=2 s_q=1 s_kv=1500 h_q=64 h_kv=8 d=64 padding=1 "
+                                   "softmax=sink window=128,0 align=bottom_right");
+  validate(sinks);
+  EXPECT_TRUE(decode_kernel_refusals(sinks, Pass::forward, kH200.caps).empty());
+  sinks.softmax = Softmax::off_by_one;
+  EXPECT_TRUE(decode_kernel_refusals(sinks, Pass::forward, kH200.caps).empty());
 }
 
 // Every reason at once, each naming its field and saying the kernel is what refuses it.
 TEST(DecodeKernelRule, RefusesWithEveryReason) {
   AttentionSpec spec = paged("b=1 s_q=1 s_kv=8192");
   spec.q.dims[kDim] = 96;
-  spec.softmax = Softmax::off_by_one;
   spec.bias = Bias::one_11s;
   spec.alibi = true;
   spec.dropout = 0.1;
   spec.max_logit = MaxLogit::row;
   const std::vector<Reason> reasons = decode_kernel_refusals(spec, Pass::backward, DeviceCaps{7, 5});
-  const std::vector<std::string> expected = {"pass", "device", "d_qk", "softmax", "bias", "alibi", "dropout", "max_logit"};
+  const std::vector<std::string> expected = {"pass", "device", "d_qk", "bias", "alibi", "dropout", "max_logit"};
   EXPECT_EQ(fields_of(reasons), expected);
   for (const Reason& reason : reasons) {
     EXPECT_NE(reason.requirement.find("in fusedattn's decode kernel"), std::string::npos) << reason.requirement;
@@ -246,6 +252,33 @@ TEST(DecodeKernelRule, PreferredWhereMeasuredFaster) {
   EXPECT_TRUE(decode_kernel_preferred(with_fp8_cache(contiguous("b=1 s_q=1 s_kv=64")), Pass::forward, kH200));
   EXPECT_FALSE(decode_kernel_preferred(contiguous("b=1 s_q=1 s_kv=8192"), Pass::backward, kH200));
   EXPECT_FALSE(decode_kernel_preferred(contiguous("b=1 s_q=17 s_kv=8192"), Pass::forward, kH200));
+  // A sink or off-by-one over a paged cache: cuDNN's split decode cannot cut it, the kernel runs it.
+  for (Softmax softmax : {Softmax::sink, Softmax::off_by_one}) {
+    AttentionSpec spec = paged("b=1 s_q=1 s_kv=8192");
+    spec.softmax = softmax;
+    EXPECT_TRUE(decode_kernel_preferred(spec, Pass::forward, kH200)) << to_string(softmax);
+  }
+}
+
+// A sink on one query row runs only on the kernel (cuDNN refuses it): where the kernel does not take
+// the call, the policy says so with the kernel's reasons; several rows, or a call it takes, pass.
+TEST(DecodeKernelRule, ASinkOnOneQueryRowRunsOnTheKernelOrNowhere) {
+  AttentionSpec spec = parse_spec("layout=bshd dtype=bf16 b=2 s_q=1 s_kv=300 h_q=8 h_kv=8 d=96 softmax=sink");
+  validate(spec);
+  std::vector<Reason> reasons;
+  decode_extra_term_rule(spec, Pass::forward, kH200.caps, reasons);
+  ASSERT_EQ(reasons.size(), 1u);
+  EXPECT_EQ(reasons[0].field, "softmax");
+  EXPECT_NE(reasons[0].requirement.find("not this call: d_qk = 96 (d_v 96)"), std::string::npos) << reasons[0].requirement;
+  EXPECT_FALSE(check_support_policy(spec, Pass::forward, kH200.caps, Versions{91900, 91900, 13200}).ok());
+  reasons.clear();
+  decode_extra_term_rule(spec, Pass::backward, kH200.caps, reasons);
+  spec.q.dims[kSeq] = spec.o.dims[kSeq] = 2;
+  decode_extra_term_rule(spec, Pass::forward, kH200.caps, reasons);
+  spec.q.dims[kSeq] = spec.o.dims[kSeq] = 1;
+  for (TensorDesc* t : {&spec.q, &spec.k, &spec.v, &spec.o}) t->dims[kDim] = 64;
+  decode_extra_term_rule(spec, Pass::forward, kH200.caps, reasons);
+  EXPECT_TRUE(reasons.empty());
 }
 
 TEST(DecodeKernelRule, Fp8CacheReasonsSayItRunsOnlyOnTheKernel) {

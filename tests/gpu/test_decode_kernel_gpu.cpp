@@ -113,6 +113,37 @@ TEST(DecodeKernel, Softcaps) {
   }
 }
 
+// Sinks (gpt-oss: h 64/8, d 64, a window of 128 on alternate layers) and off-by-one: one term added to
+// each row's denominator, in the kernel's own rows where one chunk takes the keys and once in the
+// merge where chunks are merged. Short sequences (2 and 3 keys) beside long ones, so that the term
+// weighs as much as the keys; a sequence without keys has O 0 and the sink's log-sum-exp. On one
+// query row or over a paged cache the kernel is the only path (decode_kernel_only: cuDNN refuses the
+// first, and has not been checked on the second), under every setting; 4 queries run on cuDNN's
+// path too.
+TEST(DecodeKernel, SinksAndOffByOne) {
+  FUSEDATTN_REQUIRE_GPU();
+  // 3000 keys: a merged cut; 200: one chunk, the kernel's rows take the term.
+  check_with_lengths("layout=bshd dtype=bf16 b=3 s_q=1 s_kv=3000 h_q=64 h_kv=8 d=64 padding=1 softmax=sink "
+                     "causal align=bottom_right",
+                     {1, 1, 1}, {3000, 3, 0});
+  check_with_lengths("layout=bshd dtype=bf16 b=3 s_q=1 s_kv=200 h_q=64 h_kv=8 d=64 padding=1 softmax=sink "
+                     "window=128,0 align=bottom_right",
+                     {1, 1, 1}, {200, 2, 0});
+  check_with_lengths("layout=bshd dtype=f16 b=2 s_q=4 s_kv=2500 h_q=16 h_kv=4 d=128 padding=1 softmax=off_by_one",
+                     {4, 2}, {2500, 3});
+  for (const char* one_row : {"softmax=sink", "softmax=off_by_one"}) {
+    const std::string spec = std::string("layout=bshd dtype=bf16 b=2 s_q=1 s_kv=100 h_q=8 h_kv=8 d=128 padding=1 ") +
+                             one_row;
+    EXPECT_EQ(check_support(parse_spec(spec), Pass::forward).kernel.rfind("fusedattn decode kernel", 0), 0u) << spec;
+  }
+  const std::string paged = "layout=bshd_paged_bshd dtype=bf16 b=3 s_q=1 s_kv=4096 h_q=64 h_kv=8 d=64 page_size=64 "
+                            "pages=192 causal align=bottom_right ";
+  for (const char* softmax : {"softmax=sink", "softmax=off_by_one"}) {
+    EXPECT_EQ(check_support(parse_spec(paged + softmax), Pass::forward).kernel.rfind("fusedattn decode kernel", 0), 0u);
+    check_with_lengths(paged + softmax, {1, 1, 1}, {4096, 65, 2});
+  }
+}
+
 // A sequence without keys beside full ones: its rows are O 0 (and a log-sum-exp of -inf), as the
 // reference defines them, contiguous and paged.
 TEST(DecodeKernel, SequencesWithoutKeys) {
