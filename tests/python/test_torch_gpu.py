@@ -75,6 +75,26 @@ def test_bias_with_its_gradient_and_a_learnable_sink():
     assert bias.grad is not None and sink.grad is not None
 
 
+@pytest.mark.parametrize("d", [64, 96])
+def test_a_sink_in_a_decode_step_runs_on_the_kernel_or_joined_after(d):
+    # One query row (gpt-oss's decode): d 64 runs on fusedattn's decode kernel, which adds the sink
+    # itself; d 96 it does not take, and cuDNN refuses a sink on one row, so the vanilla call is
+    # joined with the sink. Sinks of +-3 weigh as much as the 5 keys of the short sequence.
+    q, k, v = inputs("bshd", 2, 1, 300, 8, 2, d)
+    sink = (torch.rand(8, device="cuda") * 6 - 3)
+    with torch.no_grad():
+        o, stats = fa.attention(q, k, v, causal=True, align="bottom_right", softmax="sink", sink=sink,
+                                return_stats=True)
+        short = fa.attention(q, k[:, :5], v[:, :5], causal=True, align="bottom_right", softmax="sink", sink=sink)
+    ref, _ = reference(q, k, v, "bshd", True, "bottom_right", sink=sink)
+    ref_short, _ = reference(q, k[:, :5], v[:, :5], "bshd", True, "bottom_right", sink=sink)
+    assert rel(o, ref) < 1e-2 and rel(short, ref_short) < 1e-2
+    spec = f"layout=bshd dtype=bf16 b=2 s_q=1 s_kv=300 h_q=8 h_kv=2 d={d} causal align=bottom_right softmax=sink"
+    on_the_kernel = fusedattn.check_support(spec).kernel.startswith("fusedattn decode kernel")
+    assert on_the_kernel == (d == 64)
+    assert stats.shape == (2, 8, 1) and torch.isfinite(stats).all()
+
+
 def test_compiled_block_has_no_graph_break_and_matches_eager():
     block = Block().to(device="cuda", dtype=torch.bfloat16)
     x = torch.rand(2, 128, 128, device="cuda", dtype=torch.bfloat16)

@@ -24,7 +24,8 @@ are in _fp8_operators.py).
 
 The modules beneath, each importing only those below it: the features (_fp8.py, _context_parallel.py,
 flex_attention's _flex_tiles.py and _flex_run.py, _score_mod.py, _fallback.py, _sink_decode.py: a
-sink in a decode step, which cuDNN refuses, as the vanilla call merged with the sink), then what every call
+sink in a decode step that fusedattn's decode kernel does not take, or in compiled code, as the vanilla call
+merged with the sink), then what every call
 shares (_operators.py, _bodies.py, _call_config.py, _tensors.py), road 1's loader (_fast_path.py, which compiles the C++ path for the
 installed PyTorch where the package was not built against it), then fusedattn's framework-free
 helpers and its compiled core.
@@ -45,7 +46,7 @@ from ._context_parallel import context_parallel_attention, load_balance, unbalan
 from ._fp8 import fp8_attention
 from ._fp8_state import Fp8State
 from ._fp8_tensor import Fp8Tensor, fp8_quantize
-from ._operators import attend
+from ._operators import attend, eager_road
 from ._fast_path import load as _load_fast_path
 from ._tensors import Extras
 
@@ -98,12 +99,19 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     """
     window = tuple(window)
     grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias, sink))
-    if _sink_decode.applies(q, layout, softmax=softmax, needs_grad=grads, return_stats=return_stats,
-                            return_max_logit=return_max_logit, seq_len_q=seq_len_q):
+    sink_decode = _sink_decode.applies(q, layout, softmax=softmax, needs_grad=grads, return_stats=return_stats,
+                                       return_max_logit=return_max_logit, seq_len_q=seq_len_q)
+
+    def joined_with_the_sink():
         return _sink_decode.run(attention, q, k, v, sink, layout=layout, return_stats=return_stats, causal=causal,
                                 align=align, window=window, scale=scale, bias=bias, alibi=alibi, dropout_p=dropout_p,
                                 deterministic=deterministic, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
                                 score_mod=score_mod, mask_mod=mask_mod, fallback=fallback)
+    # Eager, the core runs a sink decode on fusedattn's decode kernel, and refuses what the kernel
+    # does not take (cuDNN refuses sinks on one query row): those, and compiled code, whose
+    # operator cannot ask, take the vanilla call joined with the sink.
+    if sink_decode and not eager_road(q, k, v):
+        return joined_with_the_sink()
     if mask_mod is not None and not causal and window == (-1, -1):
         band = _score_mod.mask_structure(mask_mod)
         if band is not None and band[0] == "band":  # cuDNN's own band mask, which skips what it drops
@@ -144,6 +152,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
         o, stats, max_logit = attend(q, k, v, bias=bias, sink=sink, extras=extras, config=config, scale=scale,
                                      max_seqlen_q=max_seqlen_q, max_seqlen_kv=max_seqlen_kv, needs_grad=needs_grad)
     except NotSupportedError as error:
+        if sink_decode:
+            return joined_with_the_sink()
         if not fallback or ragged or return_stats or return_max_logit or seq_len_q is not None or alibi or \
                 softmax != "vanilla" or score_mod is not None or mask_mod is not None:
             raise

@@ -1,10 +1,13 @@
 """A learnable sink in a decode step (softmax="sink" with one query row a sequence), which cuDNN's
 decode-only mode refuses ("decode only mode, i.e. s_q == 1, not supported with sink_token", cuDNN
-9.19 on the H200): the vanilla call with its statistics, and the sink joined to every row by the
-one merge (fusedattn/_merge.py), as context parallelism joins it: a partial of no value whose
-log-sum-exp is sink[h]. Exact, since the sink is one more term of each row's softmax denominator.
-Inference only: a call that needs gradients, the max logit, or the statistics of padded rows
-(which the merge would give the sink's value, not -inf) takes the one call as before."""
+9.19 on the H200). Eager, the core runs it on fusedattn's decode kernel, which adds the sink to
+each row's denominator itself; a call the kernel does not take (the core refuses it, saying why),
+and every such call in compiled code (whose operator cannot ask), runs here: the vanilla call with
+its statistics, and the sink joined to every row by the one merge (fusedattn/_merge.py), as context
+parallelism joins it: a partial of no value whose log-sum-exp is sink[h]. Exact, since the sink is
+one more term of each row's softmax denominator. Inference only: a call that needs gradients, the
+max logit, or the statistics of padded rows (which the merge would give the sink's value, not -inf)
+takes the one call as before."""
 import torch
 
 from .. import _merge
