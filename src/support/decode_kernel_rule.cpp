@@ -256,28 +256,33 @@ void fp8_kv_cache_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& c
   }
 }
 
-void decode_score_mod_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, std::vector<Reason>& out) {
-  if (spec.score_mod.empty() || pass != Pass::forward || spec.seq_q() != 1 || !spec.padding) return;
+namespace {
+
+// A call that runs only on the kernel, refused where the kernel does not take it: `field` and its
+// value, the requirement, and the kernel's reasons ("d_qk = 96 (d_v 96); bias = ...").
+void refuse_unless_on_the_kernel(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, const char* field,
+                                 const std::string& value, const std::string& requirement, std::vector<Reason>& out) {
   const std::vector<Reason> kernel = decode_kernel_refusals(spec, pass, caps);
   if (kernel.empty()) return;  // the kernel runs it
   std::string why;
   for (const Reason& reason : kernel) why += (why.empty() ? "" : "; ") + reason.field + " = " + reason.value;
-  out.push_back({"score_mod", to_string(spec.score_mod),
-                 "no score modifier on one query row with runtime lengths (cuDNN 9.19 returns wrong rows there, "
-                 "measured on the H200; fusedattn's decode kernel runs a softcap, but not this call: " + why + ")",
-                 ""});
+  out.push_back({field, value, requirement + ", but not this call: " + why + ")", ""});
+}
+
+}  // namespace
+
+void decode_score_mod_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, std::vector<Reason>& out) {
+  if (spec.score_mod.empty() || pass != Pass::forward || spec.seq_q() != 1 || !spec.padding) return;
+  refuse_unless_on_the_kernel(spec, pass, caps, "score_mod", to_string(spec.score_mod),
+                              "no score modifier on one query row with runtime lengths (cuDNN 9.19 returns wrong rows "
+                              "there, measured on the H200; fusedattn's decode kernel runs a softcap", out);
 }
 
 void decode_extra_term_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, std::vector<Reason>& out) {
   if (spec.softmax == Softmax::vanilla || pass != Pass::forward || spec.seq_q() != 1) return;
-  const std::vector<Reason> kernel = decode_kernel_refusals(spec, pass, caps);
-  if (kernel.empty()) return;  // the kernel runs it
-  std::string why;
-  for (const Reason& reason : kernel) why += (why.empty() ? "" : "; ") + reason.field + " = " + reason.value;
-  out.push_back({"softmax", to_string(spec.softmax),
-                 "vanilla softmax on one query row (cuDNN 9.19 refuses a sink there: \"decode only mode, i.e. s_q == 1, "
-                 "not supported with sink_token\"; fusedattn's decode kernel runs it, but not this call: " + why + ")",
-                 ""});
+  refuse_unless_on_the_kernel(spec, pass, caps, "softmax", to_string(spec.softmax),
+                              "vanilla softmax on one query row (cuDNN 9.19 refuses a sink there: \"decode only mode, "
+                              "i.e. s_q == 1, not supported with sink_token\"; fusedattn's decode kernel runs it", out);
 }
 
 std::string decode_kernel_description(const DecodeKernelShape& shape) {
