@@ -171,23 +171,36 @@ def test_bias_and_its_gradient_match_xla_with_the_same_bias():
             assert rel(g, r) < TOLERANCE[jnp.bfloat16], bias_shape
 
 
+def sink_reference(q, k, v, sink):
+    """float32 attention of bshd q, k, v (no mask) with e^sink[h] in each row's denominator."""
+    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
+    k, v = (jnp.repeat(x, q.shape[2] // k.shape[2], axis=2) for x in (k, v))
+    logits = jnp.einsum("bshd,bthd->bhst", q, k) / q.shape[-1] ** 0.5
+    logits = jnp.concatenate([logits, jnp.broadcast_to(sink[None, :, None, None], logits.shape[:3] + (1,))], -1)
+    p = jax.nn.softmax(logits, axis=-1)[..., :-1]  # the sink takes its share and no value
+    return jnp.einsum("bhst,bthd->bshd", p, v)
+
+
 def test_sink_softmax_and_its_gradient():
     q, k, v = random_qkv(jnp.float16, shape_q=(1, 130, 4, 64), heads_kv=2, seed=31)
     sink = jax.random.normal(jax.random.key(32), (4,))
-
-    def reference(q, k, v, sink):
-        q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
-        k, v = (jnp.repeat(x, 2, axis=2) for x in (k, v))
-        logits = jnp.einsum("bshd,bthd->bhst", q, k) / 8.0
-        logits = jnp.concatenate([logits, jnp.broadcast_to(sink[None, :, None, None], logits.shape[:3] + (1,))], -1)
-        p = jax.nn.softmax(logits, axis=-1)[..., :-1]  # the sink takes its share and no value
-        return jnp.einsum("bhst,bthd->bshd", p, v)
-
     out = jax.jit(lambda q, k, v, s: fj.attention(q, k, v, softmax="sink", sink=s))(q, k, v, sink)
-    assert rel(out, reference(q, k, v, sink)) < TOLERANCE[jnp.float16]
+    assert rel(out, sink_reference(q, k, v, sink)) < TOLERANCE[jnp.float16]
     d_sink = jax.grad(lambda s: fj.attention(q, k, v, softmax="sink", sink=s).astype(jnp.float32).sum())(sink)
-    ref_d_sink = jax.grad(lambda s: reference(q, k, v, s).sum())(sink)
+    ref_d_sink = jax.grad(lambda s: sink_reference(q, k, v, s).sum())(sink)
     assert rel(d_sink, ref_d_sink) < 1e-2
+
+
+@pytest.mark.parametrize("keys", [6, 3000])
+def test_a_sink_in_a_decode_step_runs_on_the_decode_kernel(keys):
+    # One query row, which cuDNN refuses beside a sink: fusedattn's decode kernel adds the sink itself
+    # (6 keys: the sink, drawn in [-3, 3], weighs as much as they do).
+    q, _, _ = random_qkv(jnp.bfloat16, shape_q=(2, 1, 8, 64), heads_kv=2, seed=33)
+    _, k, v = random_qkv(jnp.bfloat16, shape_q=(2, keys, 8, 64), heads_kv=2, seed=34)
+    sink = jax.random.uniform(jax.random.key(35), (8,), minval=-3, maxval=3)
+    out = jax.jit(lambda q, k, v, s: fj.attention(q, k, v, causal=True, align="bottom_right", softmax="sink",
+                                                  sink=s))(q, k, v, sink)
+    assert rel(out, sink_reference(q, k, v, sink)) < TOLERANCE[jnp.bfloat16]
 
 
 def test_dropout_replays_with_the_key_and_the_backward_uses_the_forward_mask():
