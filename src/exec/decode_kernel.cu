@@ -6,7 +6,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <stdexcept>
+#include <utility>
 
 #include "exec/cuda_check.h"
 #include "exec/decode_kernel_body.cuh"
@@ -67,6 +70,23 @@ Kernel kernel_for(const AttentionSpec& spec, const DecodeKernelShape& shape) {
   return kernel;
 }
 
+// Lets `kernel` take `bytes` of dynamic shared memory on the current device. The limit is the
+// function's, shared by every plan that runs that instance, and a paged plan's bytes depend on its
+// cut (its page slots): it only ever grows, so that a plan set up later with fewer bytes cannot
+// leave an earlier plan's launch over the limit (cudaErrorInvalidValue at launch).
+void allow_shared_bytes(Kernel kernel, std::int64_t bytes) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, Kernel>, std::int64_t> allowed;
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::int64_t& most = allowed[{device, kernel}];
+  if (bytes <= most) return;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+             "cudaFuncSetAttribute(decode kernel, shared memory)");
+  most = bytes;
+}
+
 void copy_strides(const TensorDesc& desc, long long (&out)[3]) {
   out[0] = desc.strides[kBatch];
   out[1] = desc.strides[kHead];
@@ -88,9 +108,7 @@ std::optional<DecodeKernelShape> decode_kernel_in_use(const AttentionSpec& spec,
 DecodeKernelCall::DecodeKernelCall(const AttentionSpec& spec, const DecodeKernelShape& shape)
     : spec_(spec), shape_(shape), kernel_(kernel_for(spec, shape)), softcap_(decode_softcap(spec.score_mod)),
       early_launch_(decode_early_launch()) {
-  check_cuda(cudaFuncSetAttribute(kernel_, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(shape.shared_bytes)),
-             "cudaFuncSetAttribute(decode kernel, shared memory)");
+  allow_shared_bytes(kernel_, shape.shared_bytes);
   if (shape.merged()) {
     const auto rows = static_cast<std::size_t>(spec.batch() * shape.chunks * spec.heads_q() * spec.seq_q());
     partial_o_bytes_ = round_up(rows * static_cast<std::size_t>(spec.head_dim_v()) * sizeof(float));

@@ -144,6 +144,20 @@ TEST(DecodeKernel, SinksAndOffByOne) {
   }
 }
 
+// Paged plans of one kernel instance ask for different shared memory (their chunks' page slots): a
+// plan set up after another, with fewer bytes, must not leave the first one's launch over the
+// function's limit (it failed with cudaErrorInvalidValue, first in an FP8 cache's captured decode).
+// 64 sequences of 2048 keys take one chunk each (33 pages), one of 8192 chunks of 448 keys (8 pages).
+TEST(DecodeKernel, PlansOfOneInstanceWithDifferentPageSlots) {
+  FUSEDATTN_REQUIRE_GPU();
+  const std::string sink = "layout=bshd_paged_bshd dtype=bf16 s_q=1 h_q=8 h_kv=8 d=64 page_size=64 softmax=sink "
+                           "causal align=bottom_right ";
+  const std::string many = sink + "b=64 s_kv=2048 pages=2048", one = sink + "b=1 s_kv=8192 pages=128";
+  check_with_lengths(many, std::vector<std::int32_t>(64, 1), std::vector<std::int32_t>(64, 2048));
+  check_with_lengths(one, {1}, {8000});
+  check_with_lengths(many, std::vector<std::int32_t>(64, 1), std::vector<std::int32_t>(64, 1999));
+}
+
 // A sequence without keys beside full ones: its rows are O 0 (and a log-sum-exp of -inf), as the
 // reference defines them, contiguous and paged.
 TEST(DecodeKernel, SequencesWithoutKeys) {
