@@ -19,8 +19,9 @@ namespace decode {
 struct Params;
 }
 
-/// The shape the kernel runs `spec` in on `device`, or nothing where cuDNN's path does: an FP8 K/V
-/// cache, or a score modifier (a softcap), always where the kernel takes it; another 16-bit cache
+/// The shape the kernel runs `spec` in on `device`, or nothing where cuDNN's path does: a call the
+/// kernel is the only path for (decode_kernel_only: an FP8 K/V cache, a softcap, a sink or
+/// off-by-one on one query row or over a paged cache) always where the kernel takes it; another
 /// where decode_kernel_preferred says so,
 /// unless FUSEDATTN_DECODE_KERNEL (read once) says otherwise: 0 never (cuDNN's path wherever it
 /// takes the call), 1 wherever the kernel takes it (the benchmark times both ways with it).

@@ -4,8 +4,9 @@
 // rows; each warp holds one row tile and 64 / kKeyGroups keys of every 64-key tile. The K and V
 // tiles stream through shared memory in a pipeline of 16-byte asynchronous copies (stages - 1 tiles
 // in flight while one is used; a paged call's pages of the chunk read into shared memory first, so
-// no table load waits between one tile's copies and the next), read back by ldmatrix from rows whose 16-byte chunks are XOR-swizzled
-// by the row (so the 8 rows an ldmatrix reads lie on distinct banks), into tensor-core products
+// no table load waits between one tile's copies and the next), read back by ldmatrix from rows
+// whose 16-byte chunks are XOR-swizzled by the row (so the 8 rows an ldmatrix reads lie on
+// distinct banks), into tensor-core products
 // with float32 accumulation and an online softmax in base 2 (a softcap, where the call has one, bends
 // each scaled score first). FP8 tiles are widened to q's dtype in
 // shared memory first (exactly: every E4M3 value is a half and a bfloat16); their descales fold into

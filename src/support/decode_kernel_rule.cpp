@@ -192,7 +192,8 @@ DecodeKernelShape decode_kernel_shape(const AttentionSpec& spec, const DecodeDev
   // Every count of chunks of at least kDecodeKernelMinChunkKeys keys (and one chunk), a paged call's
   // chunks each within kDecodeKernelMaxChunkPages pages and the block's shared memory (where those
   // leave no count of long chunks, the fewest shorter chunks that fit); the first of equal times
-  // (fewer chunks) wins. One tile a chunk always fits: the refusals checked the tiles' room.
+  // (fewer chunks) wins. One tile a chunk fits wherever the tiles do (the refusals checked their
+  // room) but for its few page slots; should even those not fit, the finest cut is returned.
   std::optional<DecodeKernelShape> best;
   double best_us = 0.0;
   for (std::int64_t asked = 1; asked <= ceil_div(keys, kDecodeTileKeys); ++asked) {

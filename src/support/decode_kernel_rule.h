@@ -98,8 +98,9 @@ std::optional<DecodeSoftcap> decode_softcap(const ScoreMod& mod);
 /// sequence (s_q * h_q / h_kv <= 128 rows) over paged (page sizes multiples of 16) or contiguous
 /// K/V, dense q and o, d_qk = d_v of 64 or 128, f16 or bf16 q with K/V in q's dtype or E4M3, any
 /// window and alignment, padding or none, a softcap or no score modifier, any softmax (a sink's or
-/// off-by-one's term added once to each row's denominator); no bias, ALiBi, dropout or max logit; rows of 16 bytes (q and o strides multiples of 8 elements, K/V ones
-/// of 16 bytes); an SM 8.0 or newer GPU with room for its shared memory.
+/// off-by-one's term added once to each row's denominator); no bias, ALiBi, dropout or max logit;
+/// rows of 16 bytes (q and o strides multiples of 8 elements, K/V ones of 16 bytes); an SM 8.0 or
+/// newer GPU with room for its shared memory.
 std::vector<Reason> decode_kernel_refusals(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps);
 
 /// The shape and cut that decode_kernel_expected_us finds fastest, for a spec the kernel takes.

@@ -341,8 +341,9 @@ void paged_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, co
   if (pass == Pass::backward) {
     out.push_back({"kv_pages", value, "no backward through paged caches (inference only: cuDNN's backward takes no page tables)", ""});
   }
-  const bool on_the_kernel = pass == Pass::forward && detail::decode_kernel_refusals(spec, pass, caps).empty();
-  score_features_not_offered_with(spec, "paged caches", out, on_the_kernel);
+  const bool softmax_on_the_kernel = spec.softmax != Softmax::vanilla && pass == Pass::forward &&
+                                     detail::decode_kernel_refusals(spec, pass, caps).empty();
+  score_features_not_offered_with(spec, "paged caches", out, softmax_on_the_kernel);
 }
 
 // Score modifiers (score_mod.h) go into cuDNN's flexible graphs, which arrived in 9.6 (90600).

@@ -269,7 +269,8 @@ TEST(DecodeKernelRule, ASinkOnOneQueryRowRunsOnTheKernelOrNowhere) {
   decode_extra_term_rule(spec, Pass::forward, kH200.caps, reasons);
   ASSERT_EQ(reasons.size(), 1u);
   EXPECT_EQ(reasons[0].field, "softmax");
-  EXPECT_NE(reasons[0].requirement.find("not this call: d_qk = 96 (d_v 96)"), std::string::npos) << reasons[0].requirement;
+  EXPECT_NE(reasons[0].requirement.find("not this call: d_qk = 96 (d_v 96)"), std::string::npos)
+      << reasons[0].requirement;
   EXPECT_FALSE(check_support_policy(spec, Pass::forward, kH200.caps, Versions{91900, 91900, 13200}).ok());
   reasons.clear();
   decode_extra_term_rule(spec, Pass::backward, kH200.caps, reasons);

@@ -101,17 +101,17 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
     grads = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, bias, sink))
     sink_decode = _sink_decode.applies(q, layout, softmax=softmax, needs_grad=grads, return_stats=return_stats,
                                        return_max_logit=return_max_logit, seq_len_q=seq_len_q)
-
-    def joined_with_the_sink():
-        return _sink_decode.run(attention, q, k, v, sink, layout=layout, return_stats=return_stats, causal=causal,
-                                align=align, window=window, scale=scale, bias=bias, alibi=alibi, dropout_p=dropout_p,
-                                deterministic=deterministic, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
-                                score_mod=score_mod, mask_mod=mask_mod, fallback=fallback)
-    # Eager, the core runs a sink decode on fusedattn's decode kernel, and refuses what the kernel
-    # does not take (cuDNN refuses sinks on one query row): those, and compiled code, whose
-    # operator cannot ask, take the vanilla call joined with the sink.
-    if sink_decode and not eager_road(q, k, v):
-        return joined_with_the_sink()
+    if sink_decode:
+        # Eager, the core runs a sink decode on fusedattn's decode kernel, and refuses what the kernel
+        # does not take (cuDNN refuses sinks on one query row): those, and compiled code, whose
+        # operator cannot ask, take the vanilla call joined with the sink.
+        joined_with_the_sink = functools.partial(
+            _sink_decode.run, attention, q, k, v, sink, layout=layout, return_stats=return_stats, causal=causal,
+            align=align, window=window, scale=scale, bias=bias, alibi=alibi, dropout_p=dropout_p,
+            deterministic=deterministic, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv, score_mod=score_mod,
+            mask_mod=mask_mod, fallback=fallback)
+        if not eager_road(q, k, v):
+            return joined_with_the_sink()
     if mask_mod is not None and not causal and window == (-1, -1):
         band = _score_mod.mask_structure(mask_mod)
         if band is not None and band[0] == "band":  # cuDNN's own band mask, which skips what it drops
