@@ -52,6 +52,7 @@ template <class T, class KV>
 Kernel by_head_dim(std::int64_t d, int row_tiles) {
   if (d == 64) return by_rows<T, KV, 64>(row_tiles);
   if (d == 128) return by_rows<T, KV, 128>(row_tiles);
+  if (d == 256) return by_rows<T, KV, 256>(row_tiles);
   return nullptr;
 }
 
@@ -134,6 +135,11 @@ void DecodeKernelCall::forward(const ForwardTensors& t, float scale, cudaStream_
     p.descale_k = t.fp8.descale_k;
     p.descale_v = t.fp8.descale_v;
     p.descale_step = s.fp8_scaling == Fp8Scaling::head ? 1 : 0;
+  }
+  if (s.bias != Bias::none) {  // bias_desc's contiguous strides, 0 along its broadcast axes
+    const TensorDesc bias = bias_desc(s);
+    p.bias = t.bias;
+    for (int axis = 0; axis < 3; ++axis) p.bias_stride[axis] = bias.dims[axis] == 1 ? 0 : bias.strides[axis];
   }
   p.sink = s.softmax == Softmax::sink ? t.sink : nullptr;
   p.off_by_one = s.softmax == Softmax::off_by_one;

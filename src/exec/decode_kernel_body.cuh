@@ -8,7 +8,7 @@
 // whose 16-byte chunks are XOR-swizzled by the row (so the 8 rows an ldmatrix reads lie on
 // distinct banks), into tensor-core products
 // with float32 accumulation and an online softmax in base 2 (a softcap, where the call has one, bends
-// each scaled score first). FP8 tiles are widened to q's dtype in
+// each scaled score first; a bias, where it has one, is added after it, as the reference adds it). FP8 tiles are widened to q's dtype in
 // shared memory first (exactly: every E4M3 value is a half and a bfloat16); their descales fold into
 // the score scale (K) and the output (V). At the end the warps of a row tile merge their keys in
 // shared memory and the block writes O and the log-sum-exp, or a chunk's partials for the merge.
@@ -49,6 +49,8 @@ struct Params {
   float softcap;                   // its cap where softcap_scalar is null
   const float* sink;               // softmax=sink: [h_q] logits each adding e^sink to its rows' denominator
   bool off_by_one;                 // softmax=off_by_one: a logit of 0 there
+  const void* bias;                // in q's dtype, added to every (softcapped) scaled score; or null
+  long long bias_stride[3];        // its batch, head and query strides (0 where broadcast); keys contiguous
 };
 
 // The extra logit of head `head`'s denominator in base 2 (a sink, off-by-one's 0), -inf: none.
@@ -169,6 +171,7 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
   // The queries (loads independent of the pages'), then the first copies once the pages are in.
   // This thread's rows of its tile (gid and gid + 8): query t of head kv * g + j, row t * g + j.
   int low[2], high[2];
+  const T* bias_row[2];  // the row's bias over the keys, or null
   unsigned q_frag[kSteps][4];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -176,6 +179,9 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
     const bool valid = r < rows && t < q_len;
     low[h] = valid ? low_of(t) : 0;
     high[h] = valid ? high_of(t) : 0;
+    bias_row[h] = p.bias != nullptr && valid ? static_cast<const T*>(p.bias) + i * p.bias_stride[0] +
+                                                   (kv * p.group + j) * p.bias_stride[1] + t * p.bias_stride[2]
+                                             : nullptr;
     const T* q_row = static_cast<const T*>(p.q) + i * p.q_stride[0] + (kv * p.group + j) * p.q_stride[1] +
                      static_cast<long long>(t) * p.q_stride[2];
 #pragma unroll
@@ -241,9 +247,11 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e / 2, key = key_base + nt * 8 + 2 * quad + (e & 1);
+        const bool seen = key >= low[h] && key < high[h];
         float x = s[nt][e] * scale;
         if (capped) x = cap_log2 * tanhf(x / cap_log2);
-        s[nt][e] = key >= low[h] && key < high[h] ? x : -INFINITY;
+        if (seen && bias_row[h] != nullptr) x += widened(bias_row[h][key]) * 1.4426950408889634f;
+        s[nt][e] = seen ? x : -INFINITY;
         tile_max[h] = fmaxf(tile_max[h], s[nt][e]);
       }
     }

@@ -91,6 +91,16 @@ __device__ __forceinline__ unsigned pack(float low, float high) {
   }
 }
 
+/// One T as a float (exact).
+template <class T>
+__device__ __forceinline__ float widened(T x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat162float(x);
+  } else {
+    return __half2float(x);
+  }
+}
+
 /// 2^x, with 2^-inf = 0 (the softmax's masked scores).
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;

@@ -96,9 +96,10 @@ std::optional<DecodeSoftcap> decode_softcap(const ScoreMod& mod);
 
 /// Why the kernel does not take `spec` (empty: it does). It takes a forward of 1 to 16 queries a
 /// sequence (s_q * h_q / h_kv <= 128 rows) over paged (page sizes multiples of 16) or contiguous
-/// K/V, dense q and o, d_qk = d_v of 64 or 128, f16 or bf16 q with K/V in q's dtype or E4M3, any
-/// window and alignment, padding or none, a softcap or no score modifier, any softmax (a sink's or
-/// off-by-one's term added once to each row's denominator); no bias, ALiBi, dropout or max logit;
+/// K/V, dense q and o, d_qk = d_v of 64, 128 or 256, f16 or bf16 q with K/V in q's dtype or E4M3, any
+/// window and alignment, padding or none, a softcap or no score modifier, a bias of any broadcast
+/// shape (added after the softcap: a transformers decode step's padding mask) or none, any softmax (a
+/// sink's or off-by-one's term added once to each row's denominator); no ALiBi, dropout or max logit;
 /// rows of 16 bytes (q and o strides multiples of 8 elements, K/V ones of 16 bytes); an SM 8.0 or
 /// newer GPU with room for its shared memory.
 std::vector<Reason> decode_kernel_refusals(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps);

@@ -58,17 +58,48 @@ TEST(DecodeKernelRule, TakesDecodesOfOneToSixteenQueriesPagedOrContiguous) {
 TEST(DecodeKernelRule, RefusesWithEveryReason) {
   AttentionSpec spec = paged("b=1 s_q=1 s_kv=8192");
   spec.q.dims[kDim] = 96;
-  spec.bias = Bias::one_11s;
   spec.alibi = true;
   spec.dropout = 0.1;
   spec.max_logit = MaxLogit::row;
   const std::vector<Reason> reasons = decode_kernel_refusals(spec, Pass::backward, DeviceCaps{7, 5});
-  const std::vector<std::string> expected = {"pass", "device", "d_qk", "bias", "alibi", "dropout", "max_logit"};
+  const std::vector<std::string> expected = {"pass", "device", "d_qk", "alibi", "dropout", "max_logit"};
   EXPECT_EQ(fields_of(reasons), expected);
   for (const Reason& reason : reasons) {
     EXPECT_NE(reason.requirement.find("in fusedattn's decode kernel"), std::string::npos) << reason.requirement;
   }
   EXPECT_EQ(reasons[2].value, "96 (d_v 128)");
+}
+
+// A decode step's bias (transformers' padding mask and window as one row of keys, [b, 1, 1, s_kv],
+// or any broadcast shape): taken, and preferred for inference, where cuDNN's call over a contiguous
+// cache streams every key from one block and needs a plan for every length.
+TEST(DecodeKernelRule, TakesABiasAndPrefersItForInference) {
+  for (const char* bias : {"b1ss", "bhss", "111s", "1hss"}) {
+    AttentionSpec spec = parse_spec(std::string("layout=bshd dtype=bf16 b=16 s_q=1 s_kv=8257 h_q=32 h_kv=8 d=128 "
+                                                "bias=") + bias);
+    validate(spec);
+    EXPECT_TRUE(decode_kernel_refusals(spec, Pass::forward, kH200.caps).empty()) << bias;
+    EXPECT_TRUE(decode_kernel_preferred(spec, Pass::forward, kH200)) << bias;
+    spec.score_mod = parse_score_mod("mul($0,tanh(div(score,$0)))");  // Gemma 2's softcap beside it
+    EXPECT_TRUE(decode_kernel_refusals(spec, Pass::forward, kH200.caps).empty()) << bias;
+  }
+}
+
+// Gemma 2's decode: d 256, h 8/4, its softcap and a window of 4096 on alternate layers, a bias for a
+// padded batch. Taken where an SM has room for its 192 KB of stages (one block an SM), refused naming
+// the room where it has not (SM 8.6: 100 KB).
+TEST(DecodeKernelRule, TakesAHeadDimOf256WhereTheStagesFit) {
+  AttentionSpec gemma = parse_spec("layout=bshd dtype=bf16 b=1 s_q=1 s_kv=8192 h_q=8 h_kv=4 d=256 window=4096,0 "
+                                   "align=bottom_right padding=1 score_mod=mul($0,tanh(div(score,$0)))");
+  validate(gemma);
+  EXPECT_TRUE(decode_kernel_refusals(gemma, Pass::forward, kH200.caps).empty());
+  const DecodeKernelShape shape = decode_kernel_shape(gemma, kH200);
+  EXPECT_EQ(shape.shared_bytes, 3 * 2 * 64 * 256 * 2);
+  EXPECT_EQ(shape.blocks_per_sm, 1);
+  EXPECT_GT(shape.chunks, 1);  // 4 K/V heads alone would leave most SMs idle
+  EXPECT_EQ(fields_of(decode_kernel_refusals(gemma, Pass::forward, DeviceCaps{8, 6})), std::vector<std::string>{"device"});
+  gemma.q.dims[kDim] = gemma.k.dims[kDim] = gemma.v.dims[kDim] = gemma.o.dims[kDim] = 192;
+  EXPECT_EQ(fields_of(decode_kernel_refusals(gemma, Pass::forward, kH200.caps)), std::vector<std::string>{"d_qk"});
 }
 
 // A softcap is the one modifier the kernel applies: its cap a runtime scalar or a constant, written

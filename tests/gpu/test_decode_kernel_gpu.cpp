@@ -1,7 +1,8 @@
 // GPU tier: decodes that fusedattn's own decode kernel takes (src/support/decode_kernel_rule.h),
 // against the float64 reference: contiguous and paged caches with lengths of 0, 1, a page plus one
-// and ragged ones, windows, 1 to 16 queries of groups up to 8; and FP8 (E4M3) caches, per tensor and
-// per head, against the reference of the dequantized cache. ctest runs this file three ways: under
+// and ragged ones, windows, 1 to 16 queries of groups up to 8, head dims 64, 128 and 256 (Gemma 2's),
+// softcaps, sinks and biases; and FP8 (E4M3) caches, per tensor and per head, against the reference of
+// the dequantized cache. ctest runs this file three ways: under
 // the rule (the shards), and with FUSEDATTN_DECODE_KERNEL=1 and =0 (gpu/decode_kernel,
 // gpu/decode_cudnn), so that every case is checked on the kernel and on cuDNN's path alike.
 #include <gtest/gtest.h>
@@ -105,6 +106,13 @@ TEST(DecodeKernel, Softcaps) {
       {"layout=bshd_paged_bshd dtype=bf16 b=2 s_q=1 s_kv=2048 h_q=32 h_kv=8 d=128 page_size=64 pages=64 causal "
        "align=bottom_right score_mod=mul($0,tanh(div(score,$0)))",
        {1, 1}, {2048, 77}},
+      // Gemma 2: d 256, h 8/4, a window of 4096 on its sliding layers; over pages of 16 with 2 queries.
+      {"layout=bshd dtype=bf16 b=2 s_q=1 s_kv=5000 h_q=8 h_kv=4 d=256 padding=1 window=4096,0 align=bottom_right "
+       "score_mod=mul($0,tanh(div(score,$0)))",
+       {1, 1}, {5000, 300}},
+      {"layout=bshd_paged_bshd dtype=f16 b=2 s_q=2 s_kv=1024 h_q=16 h_kv=8 d=256 page_size=16 pages=128 causal "
+       "align=bottom_right score_mod=mul(tanh(div(score,50)),50)",
+       {2, 1}, {1024, 17}},
   };
   for (const Case& c : cases) {
     EXPECT_EQ(check_support(parse_spec(c.spec), Pass::forward).kernel.rfind("fusedattn decode kernel", 0), 0u)
@@ -141,6 +149,28 @@ TEST(DecodeKernel, SinksAndOffByOne) {
   for (const char* softmax : {"softmax=sink", "softmax=off_by_one"}) {
     EXPECT_EQ(check_support(parse_spec(paged + softmax), Pass::forward).kernel.rfind("fusedattn decode kernel", 0), 0u);
     check_with_lengths(paged + softmax, {1, 1, 1}, {4096, 65, 2});
+  }
+}
+
+// A bias (a transformers decode step's padding mask and window, as one row of keys a sequence; or
+// any broadcast shape), added after a softcap where the call has one: on the kernel for inference
+// (decode_kernel_preferred), on cuDNN's path too with FUSEDATTN_DECODE_KERNEL=0 but for the softcap.
+TEST(DecodeKernel, Biases) {
+  FUSEDATTN_REQUIRE_GPU();
+  const std::string gqa = "dtype=bf16 s_q=1 h_q=32 h_kv=8 d=128 ";
+  check_with_lengths("layout=bshd b=3 s_kv=3000 bias=b1ss " + gqa, {}, {});
+  check_with_lengths("layout=bshd b=2 s_kv=700 bias=bhss " + gqa, {}, {});
+  check_with_lengths("layout=bshd b=2 s_kv=5000 bias=111s " + gqa + "padding=1", {1, 1}, {5000, 65});
+  check_with_lengths("layout=bshd b=2 s_kv=2100 bias=b1ss score_mod=mul(tanh(div(score,5)),5) " + gqa, {}, {});
+  check_with_lengths("layout=bshd dtype=bf16 b=3 s_q=1 s_kv=3000 h_q=8 h_kv=4 d=256 bias=b1ss "
+                     "score_mod=mul(tanh(div(score,5)),5)",
+                     {}, {});
+  check_with_lengths("layout=sbhd dtype=f16 b=2 s_q=4 s_kv=1500 h_q=16 h_kv=4 d=64 bias=1hss padding=1 "
+                     "window=256,0",
+                     {4, 3}, {1500, 300});
+  if (forced() != "0") {
+    const std::string spec = "layout=bshd b=16 s_kv=8192 bias=b1ss " + gqa;
+    EXPECT_EQ(check_support(parse_spec(spec), Pass::forward).kernel.rfind("fusedattn decode kernel", 0), 0u);
   }
 }
 
@@ -331,6 +361,8 @@ TEST(DecodeKernel, Fp8CachesMatchTheDequantizedReference) {
       {"layout=sbhd_paged_sbhd dtype=f16 b=2 s_q=16 s_kv=1024 h_q=32 h_kv=8 d=64 page_size=16 pages=160 causal "
        "align=bottom_right",
        Fp8Scaling::head, {16, 9}, {1024, 17}},
+      {"layout=bshd dtype=bf16 b=2 s_q=1 s_kv=2500 h_q=8 h_kv=4 d=256 padding=1 causal align=bottom_right",
+       Fp8Scaling::head, {1, 1}, {2500, 130}},
   };
   std::random_device entropy;
   for (const Fp8Case& c : cases) check_fp8_cache(c, (static_cast<std::uint64_t>(entropy()) << 32) | entropy());
