@@ -13,11 +13,11 @@ from .errors import NotSupportedError
 
 def split_bias(text):
     """(the modifier's text, the bias's text or None) of a traced expression: the root's terms that
-    gather (G<slot>) move to the bias, which must not involve the score; a modifier that is then the
-    plain score is "" (none)."""
+    gather (G<slot>) move to the bias, which must not involve the score; a modifier that is (then)
+    the plain score is "" (none: the call runs as plain attention, with no score graph to build)."""
     terms = core.split_gathered_terms(text)
     if not terms.gathered:
-        return text, None
+        return ("" if text == "score" else text), None
     if terms.gathered_with_score:
         raise NotSupportedError(f"score_mod: {terms.gathered_with_score} gathers from a tensor or reads one that "
                                 "needs a gradient, and involves the score: such terms must be added to the score "

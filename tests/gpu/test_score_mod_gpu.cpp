@@ -48,6 +48,8 @@ std::vector<ModCase> mod_cases() {
   add("softcap_padding_f16", "layout=bshd dtype=f16 b=3 s_q=200 s_kv=450 h=4 d=64 padding=1", kSoftcap, {1.5f});
   add("softcap_thd_bf16", "layout=thd_thd_thd dtype=bf16 b=3 s_q=300 s_kv=300 h_q=8 h_kv=2 d=64 causal", kSoftcap,
       {2.0f});
+  // Without a mask: FlexAttention's document masks beside a score_mod run as these packed sequences.
+  add("softcap_thd_no_mask_bf16", "layout=thd_thd_thd dtype=bf16 b=20 s_q=124 s_kv=124 h=8 d=64", kSoftcap, {2.0f});
   // Long causal calls, where most key tiles of a query tile lie past the diagonal band that cuDNN
   // skips (score_mod_lowering.cpp writes the window as the frontend's band mask): top-left and
   // bottom-right, tensors along the queries and along the keys.

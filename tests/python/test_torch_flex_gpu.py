@@ -1,6 +1,7 @@
-"""fusedattn.torch.flex_attention on the GPU against float32 attention with the same mask as a
-dense bias, outputs, log-sum-exp and gradients: document masks as packed sequences (eager) and as
-conditions (compiled), prefix-LM and sliding-window masks from a BlockMask, a softcap beside them."""
+"""fusedattn.torch.flex_attention on the GPU against float32 attention with the same score_mod and
+mask, outputs, log-sum-exp and gradients: document masks as packed sequences (eager, a score_mod
+beside them too) and as conditions (compiled), prefix-LM and sliding-window masks from a BlockMask,
+a softcap beside them."""
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch not installed")
@@ -8,7 +9,7 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU", allow_module_level=True)
 fa = pytest.importorskip("fusedattn.torch")
 flex = pytest.importorskip("torch.nn.attention.flex_attention", reason="this PyTorch has no FlexAttention")
-from torch_reference import reference, rel  # noqa: E402
+from torch_reference import rel  # noqa: E402
 
 TOLERANCE = 1e-2
 
@@ -20,6 +21,22 @@ def documents(length, count, generator):
     return ids.cumsum(0).cuda()
 
 
+def flex_reference(q, k, v, score_mod, keep):
+    """float32 attention with score_mod on the scaled scores and then the mask (keep [s_q, s_kv]), as
+    FlexAttention defines it: O, the log-sum-exp and the float32 leaves."""
+    leaves = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    qr, kr, vr = leaves
+    group = qr.shape[1] // kr.shape[1]
+    kr, vr = kr.repeat_interleave(group, 1), vr.repeat_interleave(group, 1)
+    scores = qr @ kr.transpose(-1, -2) / qr.shape[-1] ** 0.5
+    if score_mod is not None:
+        grid = [torch.arange(n, device=q.device).view(*([1] * a), n, *([1] * (3 - a)))
+                for a, n in enumerate(scores.shape)]
+        scores = score_mod(scores, *grid)
+    scores = scores.masked_fill(~keep, float("-inf"))
+    return torch.softmax(scores, -1) @ vr, torch.logsumexp(scores.detach(), -1), leaves
+
+
 def check(mask_mod, score_mod=None, *, b=2, h_q=8, h_kv=2, s=1024, compiled=False):
     q = (torch.rand(b, h_q, s, 64, device="cuda", dtype=torch.bfloat16) * 2 - 1).requires_grad_()
     k, v = ((torch.rand(b, h_kv, s, 64, device="cuda", dtype=torch.bfloat16) * 2 - 1).requires_grad_() for _ in "kv")
@@ -28,12 +45,9 @@ def check(mask_mod, score_mod=None, *, b=2, h_q=8, h_kv=2, s=1024, compiled=Fals
                                              enable_gqa=True, return_lse=True)
     o, lse = (torch.compile(call, fullgraph=True) if compiled else call)(q, k, v)
     i, j = torch.arange(s, device="cuda").view(s, 1), torch.arange(s, device="cuda").view(1, s)
-    keep = mask_mod(0, 0, i, j)
-    bias = torch.zeros(s, s, device="cuda").masked_fill(~keep, float("-inf"))
-    ref, (qr, kr, vr) = reference(q, k, v, "bhsd", bias=bias)
+    ref, ref_lse, (qr, kr, vr) = flex_reference(q, k, v, score_mod, mask_mod(0, 0, i, j))
     assert rel(o, ref) < TOLERANCE
-    scores = (qr.detach() @ kr.detach().repeat_interleave(h_q // h_kv, 1).transpose(-1, -2)) / 8.0 + bias
-    assert rel(lse, torch.logsumexp(scores, -1)) < 1e-3
+    assert rel(lse, ref_lse) < 1e-3
     d_o = torch.rand_like(o) * 2 - 1
     o.backward(d_o)
     ref.backward(d_o.float())
@@ -49,6 +63,19 @@ def test_document_masks(causal, count, compiled):
     mask = (lambda b, h, q_idx, kv_idx: (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)) if causal else \
         (lambda b, h, q_idx, kv_idx: doc[q_idx] == doc[kv_idx])
     check(mask, compiled=compiled)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("score_mod", ["identity", "softcap"])
+def test_document_masks_beside_a_score_mod(causal, score_mod):
+    # Packed sequences with the score_mod in cuDNN's score graph (an identity is no modifier): 20
+    # documents of 100 tokens and one of 124 a row, as FlexAttention's users cut them.
+    doc = (torch.arange(1024, device="cuda") // 100).clamp(max=9)
+    mask = (lambda b, h, q_idx, kv_idx: (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)) if causal else \
+        (lambda b, h, q_idx, kv_idx: doc[q_idx] == doc[kv_idx])
+    mod = (lambda score, b, h, q_idx, kv_idx: score) if score_mod == "identity" else \
+        (lambda score, b, h, q_idx, kv_idx: 2.0 * torch.tanh(score / 2.0))  # a cap that bends the scores
+    check(mask, mod, h_kv=8)
 
 
 def test_prefix_lm_with_a_softcap():

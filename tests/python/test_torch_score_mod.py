@@ -40,6 +40,15 @@ def test_score_mod_functions_trace_into_expressions():
         assert text in core_text
 
 
+def test_an_identity_score_mod_is_no_modifier():
+    # FlexAttention's users pass `lambda score, b, h, q, kv: score` for "no modifier": it runs as plain
+    # attention, with no score graph (whatever the layout: packed document masks take it too).
+    from fusedattn.torch._score_mod import prepare
+    q = torch.empty(2, 4, 8, 16)
+    assert prepare(lambda s, b, h, q_idx, kv_idx: s, q, q, "bhsd") == ("", {}, None)
+    assert prepare(lambda s, b, h, q_idx, kv_idx: s, q.view(16, 4, 16), q.view(16, 4, 16), "thd") == ("", {}, None)
+
+
 def test_score_mod_closure_numbers_retrace_and_tensors_are_kept():
     from fusedattn.torch._score_mod import traced
 
