@@ -30,6 +30,15 @@ def split_bias(text):
     return ("" if terms.rest == "score" else terms.rest), terms.gathered
 
 
+def by_distance(text):
+    """Whether expression `text` reads the query and key positions only through their distance:
+    every q and kv in it inside sub(kv,q) or sub(q,kv) (T5's bucket, a clamped relative position)."""
+    rest = text.replace("sub(kv,q)", "").replace("sub(q,kv)", "")
+    for separator in "(),[]":  # str methods alone: compiled code folds them, as it cannot a regex
+        rest = rest.replace(separator, " ")
+    return rest != text and not {"q", "kv"} & set(rest.split())
+
+
 def bias_sizes(layout, axes, q_shape, k_shape):
     """(b, h_q, s_q, s_kv) of a call whose q and k are in `layout`, for its dense bias; `axes` maps
     the dense layouts to where they hold (batch, heads, sequence, ...). NotSupportedError for

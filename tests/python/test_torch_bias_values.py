@@ -1,6 +1,7 @@
 """fusedattn.torch's dense bias without a GPU: index values (T5's bucket) kept between eager calls per
 structure, numbers and size, bounded by bytes; a gather that is the whole bias read in the bias's
-dtype, equal to gathering and converting; a table that needs a gradient still gets it."""
+dtype, equal to gathering and converting; a table that needs a gradient still gets it; a bias by
+distance laid out as its Toeplitz matrix, eager and compiled."""
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch not installed")
@@ -70,18 +71,40 @@ def test_a_table_that_needs_a_gradient_is_gathered_as_it_is():
     table.grad = None
     want = table[t5_bucket(kv - qi), :].permute(2, 0, 1).unsqueeze(0).to(torch.bfloat16)
     assert torch.equal(got, want)
-    (want.float() * weights).sum().backward()
-    assert torch.equal(ours, table.grad)
+    # The bias's gradient arrives in its bfloat16; summed in float32 (by distance, then into the
+    # buckets): to float32's rounding of float64's sums of the same bfloat16 gradient.
+    table64 = table.detach().double().requires_grad_()
+    arriving = weights.to(torch.bfloat16).double()
+    (table64[t5_bucket(kv - qi), :].permute(2, 0, 1).unsqueeze(0) * arriving).sum().backward()
+    assert torch.allclose(ours.double(), table64.grad, rtol=0, atol=1e-6 * table64.grad.abs().max())
 
 
 def test_kept_values_are_bounded_by_bytes(monkeypatch):
-    table = torch.randn(32, 4)
-    monkeypatch.setattr(_index_values, "_BYTES", 4 * 50 * 124 * 4)  # four buckets of [50, 124] float32
+    # A bucket that also reads the query's block (not a function of kv - q alone): its index values
+    # span the whole [s_q, s_kv] grid and are kept per size.
+    table = torch.randn(48, 4)
+    fn = lambda s, b, h, qi, kv: s + table[t5_bucket(kv - qi) + qi // 32, h]  # noqa: E731
+    part = _score_mod.traced(fn).traced.bias
+
+    def bias(s_q, s_kv):
+        return _score_mod.dense_bias(part, torch.zeros(1, s_q, 4, 64), torch.zeros(1, s_kv, 4, 64), "bshd")
+    bias(50, 124)
+    (one,) = _index_values._kept.values()
+    size = _index_values._size(one)  # the bytes of one size's values, [50, 124] of them
+    _index_values.clear()
+    monkeypatch.setattr(_index_values, "_BYTES", 4 * size)
     for s_kv in range(120, 125):  # each within a quarter of the bound: kept, the oldest going first
-        t5_bias(table, 50, s_kv, torch.float32)
+        bias(50, s_kv)
     assert [key[2][3] for key in _index_values._kept] == [121, 122, 123, 124]
-    t5_bias(table, 100, 120, torch.float32)  # over a quarter of the bound: not kept
+    bias(100, 120)  # over a quarter of the bound: not kept
     assert [key[2][3] for key in _index_values._kept] == [121, 122, 123, 124]
+
+
+def test_a_bias_by_distance_keeps_values_of_its_distances_only():
+    table = torch.randn(32, 4)
+    t5_bias(table, 150, 200, torch.float32)
+    (key,) = _index_values._kept
+    assert key[2] == (1, 4, 1, 349)  # one query, the 150 + 200 - 1 distances
 
 
 def test_nothing_is_kept_from_meta_tensors():
@@ -91,3 +114,15 @@ def test_nothing_is_kept_from_meta_tensors():
     q = torch.zeros(1, 20, 4, 64, device="meta")
     assert _score_mod.dense_bias(part, q, q, "bshd").shape == (1, 4, 20, 20)
     assert not _index_values._kept
+
+
+def test_the_toeplitz_layout_compiles_forward_and_backward():
+    from fusedattn.torch._distance_bias import toeplitz
+    values = torch.randn(1, 4, 1, 9, requires_grad=True)
+    step = torch.compile(lambda v: toeplitz(v, 4, 6, torch.bfloat16), fullgraph=True, backend="aot_eager")
+    out = step(values)
+    assert torch.equal(out, toeplitz(values, 4, 6, torch.bfloat16))
+    weights = torch.randn(out.shape)
+    (compiled,) = torch.autograd.grad((out.float() * weights).sum(), values)
+    (eager,) = torch.autograd.grad((toeplitz(values, 4, 6, torch.bfloat16).float() * weights).sum(), values)
+    assert torch.equal(compiled, eager)

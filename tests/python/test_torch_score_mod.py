@@ -91,12 +91,18 @@ def test_gathered_and_learned_terms_run_as_a_dense_bias_with_gradients():
     grids = [torch.arange(n).view(*([1] * a), n, *([1] * (3 - a))) for a, n in enumerate((2, 4, 20, 24))]
     want = fn(torch.zeros(()), *grids) - 2.0 * torch.tanh(torch.zeros(()))
     assert torch.equal(bias, want.expand(1, 4, 20, 24))
+    # Gradients against float64 sums, to float32's rounding of sums of a few hundred products (the
+    # bias by distance sums each diagonal first, in another order than the gather's).
     weights = torch.randn(bias.shape)
     (bias * weights).sum().backward()
     got = (table.grad.clone(), slopes.grad.clone())
     table.grad = slopes.grad = None
-    (want * weights).sum().backward()
-    assert torch.allclose(got[0], table.grad) and torch.allclose(got[1], slopes.grad)
+    table64, slopes64 = (x.detach().double().requires_grad_() for x in (table, slopes))
+    distance = grids[3] - grids[2]
+    want64 = table64[grids[1], distance.clamp(-8, 8) + 8] - slopes64[grids[1]] * distance.abs()
+    (want64 * weights.double()).sum().backward()
+    for ours, truth in zip(got, (table64.grad, slopes64.grad)):
+        assert torch.allclose(ours.double(), truth, rtol=0, atol=1e-6 * truth.abs().max())
     slopes.requires_grad_(False)  # no longer learned: its term goes back into the modifier (traced anew)
     traced = _torch_score_mod.traced(fn).traced
     assert "t0[h]" in traced.text and traced.bias.text.startswith("G0(")
@@ -130,12 +136,34 @@ def test_t5_bucketed_bias_traces_into_a_dense_bias_equal_to_the_function():
     qi, kv = torch.arange(150).view(150, 1), torch.arange(200).view(1, 200)
     want = table[t5_bucket(kv - qi), :].permute(2, 0, 1).unsqueeze(0)  # [1, h, s_q, s_kv]
     assert torch.equal(bias, want)
+    # The table's gradient sums about 2,000 products a bucket: against float64 sums, to float32's
+    # rounding of such sums (fusedattn sums by distance first, in another order than the gather's).
     weights = torch.randn(bias.shape)
     (bias * weights).sum().backward()
-    got = table.grad.clone()
-    table.grad = None
-    (want * weights).sum().backward()
-    assert torch.allclose(got, table.grad)
+    table64 = table.detach().double().requires_grad_()
+    (table64[t5_bucket(kv - qi), :].permute(2, 0, 1).unsqueeze(0) * weights.double()).sum().backward()
+    assert torch.allclose(table.grad.double(), table64.grad, rtol=0, atol=1e-6 * table64.grad.abs().max())
+
+
+def test_a_bias_by_distance_is_evaluated_once_per_distance():
+    # T5's bucket and a clamped relative position read q and kv only through kv - q: their bias is
+    # evaluated over the s_q + s_kv - 1 distances and laid out as a Toeplitz matrix (_distance_bias.py),
+    # equal to the dense gather; a term reading q or kv alone keeps the dense grid.
+    from fusedattn._score_mod_bias import by_distance
+    from fusedattn.torch import _distance_bias, _score_mod as _torch_score_mod
+    table = torch.randn(4, 33)
+    for fn, distance in ((lambda s, b, h, qi, kv: s + table[h, (kv - qi).clamp(-16, 16) + 16], True),
+                         (lambda s, b, h, qi, kv: s + table[h, (qi - kv).abs().clamp(max=32)], True),
+                         (lambda s, b, h, qi, kv: s + table[h, (kv - qi).clamp(-16, 16) + 16] * (qi > 3), False),
+                         (lambda s, b, h, qi, kv: s + table[h, kv.clamp(max=32)], False)):
+        part = _torch_score_mod.traced(fn).traced.bias
+        assert by_distance(part.text) == distance, part.text
+        q, k = torch.zeros(2, 70, 4, 64, dtype=torch.bfloat16), torch.zeros(2, 90, 4, 64, dtype=torch.bfloat16)
+        assert _distance_bias.applies(part.text, (2, 4, 70, 90)) == distance
+        bias = _torch_score_mod.dense_bias(part, q, k, "bshd")
+        grids = [torch.arange(n).view(*([1] * a), n, *([1] * (3 - a))) for a, n in enumerate((2, 4, 70, 90))]
+        want = fn(torch.zeros(()), *grids).to(torch.bfloat16)
+        assert bias.shape == (1, 4, 70, 90) and bias.is_contiguous() and torch.equal(bias, want.expand(bias.shape))
 
 
 def test_score_mod_tensor_shapes_are_checked():

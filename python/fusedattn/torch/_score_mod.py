@@ -14,7 +14,7 @@ import torch
 
 from .. import _config, _mask_structure, _score_mod, _score_mod_bias, _score_mod_sym
 from ..errors import NotSupportedError, invalid_argument
-from . import _flex_views, _index_values
+from . import _distance_bias, _flex_views, _index_values
 
 
 class _TorchSym(_score_mod_sym.Sym):
@@ -238,14 +238,20 @@ def dense_bias(part, q, k, layout):
     in q's dtype, in the nearest bias shape the core takes (_score_mod_bias.bias_shape), differentiable
     in the tensors it reads."""
     sizes = _score_mod_bias.bias_sizes(layout, _config.AXES, q.shape, k.shape)
+    by_distance = _distance_bias.applies(part.text, sizes)  # evaluated once per distance kv - q
+    at = _distance_bias.grid_sizes(sizes) if by_distance else sizes
     grids = {name: torch.arange(n, device=q.device).view(*([1] * axis), n, *([1] * (3 - axis)))
-             for axis, (name, n) in enumerate(zip(("b", "h", "q", "kv"), sizes))}
-    kept = _index_values.kept(part, sizes, q.device)
-    value = _score_mod_bias.evaluate_dense(part, grids, _operations(q.device, sizes, out_dtype=q.dtype), kept)
+             for axis, (name, n) in enumerate(zip(("b", "h", "q", "kv"), at))}
+    if by_distance:
+        grids["kv"] = _distance_bias.key_grid(sizes, q.device)
+    kept = _index_values.kept(part, at, q.device)
+    value = _score_mod_bias.evaluate_dense(part, grids, _operations(q.device, at, out_dtype=q.dtype), kept)
     if kept is not None:
-        _index_values.settle(part, sizes, q.device)
+        _index_values.settle(part, at, q.device)
     value = torch.as_tensor(value, device=q.device)
     value = value.reshape((1,) * (4 - value.dim()) + tuple(value.shape))
+    if by_distance and value.shape[3] > 1:
+        value = _distance_bias.toeplitz(value, sizes[2], sizes[3], q.dtype)
     return value.expand(*_score_mod_bias.bias_shape(value.shape, sizes)).contiguous().to(q.dtype)
 
 
