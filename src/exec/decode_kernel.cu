@@ -157,6 +157,10 @@ void DecodeKernelCall::forward(const ForwardTensors& t, float scale, cudaStream_
   p.h_kv = static_cast<int>(s.heads_kv());
   p.pages = static_cast<int>(s.kv_pages);
   p.page_size = static_cast<int>(s.page_size());
+  p.page_shift = -1;
+  for (int shift = 0; shift < 31; ++shift) {
+    if (p.page_size == 1 << shift) p.page_shift = shift;
+  }
   p.chunk_keys = static_cast<int>(shape_.chunk_keys);
   p.chunks = static_cast<int>(shape_.chunks);
   p.window_left = static_cast<int>(s.window.left);

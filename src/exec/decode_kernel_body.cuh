@@ -6,9 +6,9 @@
 // in flight while one is used; a paged call's pages of the chunk read into shared memory first, so
 // no table load waits between one tile's copies and the next), read back by ldmatrix from rows
 // whose 16-byte chunks are XOR-swizzled by the row (so the 8 rows an ldmatrix reads lie on
-// distinct banks), into tensor-core products
-// with float32 accumulation and an online softmax in base 2 (a softcap, where the call has one, bends
-// each scaled score first; a bias, where it has one, is added after it, as the reference adds it). FP8 tiles are widened to q's dtype in
+// distinct banks), into tensor-core products with float32 accumulation and an online softmax in
+// base 2 (a softcap, where the call has one, bends each scaled score first; a bias, where it has
+// one, is added after it, as the reference adds it). FP8 tiles are widened to q's dtype in
 // shared memory first (exactly: every E4M3 value is a half and a bfloat16); their descales fold into
 // the score scale (K) and the output (V). At the end the warps of a row tile merge their keys in
 // shared memory and the block writes O and the log-sum-exp, or a chunk's partials for the merge.
@@ -41,6 +41,7 @@ struct Params {
   float* stats_part;               // [b * chunks, h_kv, s_q * g]
   long long q_stride[3], o_stride[3], k_stride[3], v_stride[3];  // batch (a pool's page), head, sequence
   int s_q, s_kv, group, h_kv, pages, page_size, chunk_keys, chunks;
+  int page_shift;                  // log2(page_size) where it is a power of two, else -1
   int window_left, window_right;   // -1: no bound
   bool bottom_right;
   float scale_log2;                // the softmax scale times log2(e)
@@ -141,9 +142,9 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
       const int key = key0 + row;
       const bool valid = key < kv_len;
       long long k_at, v_at;
-      if (paged) {
-        const int page = key / p.page_size;
-        const long long in_page = key - page * p.page_size;
+      if (paged) {  // a shift and a mask for the page sizes in use, not a division on every copy
+        const int page = p.page_shift >= 0 ? key >> p.page_shift : key / p.page_size;
+        const long long in_page = p.page_shift >= 0 ? key & (p.page_size - 1) : key - page * p.page_size;
         k_at = page_k[page - first_page] * p.k_stride[0] + in_page * p.k_stride[2];
         v_at = page_v[page - first_page] * p.v_stride[0] + in_page * p.v_stride[2];
       } else {

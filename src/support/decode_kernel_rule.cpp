@@ -129,7 +129,8 @@ std::vector<Reason> decode_kernel_refusals(const AttentionSpec& spec, Pass pass,
   }
   const std::int64_t d = spec.head_dim_qk();
   if (d != spec.head_dim_v() || (d != 64 && d != 128 && d != 256)) {
-    refuse("d_qk", std::to_string(d) + " (d_v " + std::to_string(spec.head_dim_v()) + ")", "d_qk = d_v = 64, 128 or 256");
+    refuse("d_qk", std::to_string(d) + " (d_v " + std::to_string(spec.head_dim_v()) + ")",
+           "d_qk = d_v = 64, 128 or 256");
   }
   if (spec.seq_q() > kDecodeKernelMaxQueries) {
     refuse("s_q", std::to_string(spec.seq_q()), "at most " + std::to_string(kDecodeKernelMaxQueries) + " queries");

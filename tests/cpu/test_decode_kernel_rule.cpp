@@ -97,7 +97,8 @@ TEST(DecodeKernelRule, TakesAHeadDimOf256WhereTheStagesFit) {
   EXPECT_EQ(shape.shared_bytes, 3 * 2 * 64 * 256 * 2);
   EXPECT_EQ(shape.blocks_per_sm, 1);
   EXPECT_GT(shape.chunks, 1);  // 4 K/V heads alone would leave most SMs idle
-  EXPECT_EQ(fields_of(decode_kernel_refusals(gemma, Pass::forward, DeviceCaps{8, 6})), std::vector<std::string>{"device"});
+  EXPECT_EQ(fields_of(decode_kernel_refusals(gemma, Pass::forward, DeviceCaps{8, 6})),
+            std::vector<std::string>{"device"});
   gemma.q.dims[kDim] = gemma.k.dims[kDim] = gemma.v.dims[kDim] = gemma.o.dims[kDim] = 192;
   EXPECT_EQ(fields_of(decode_kernel_refusals(gemma, Pass::forward, kH200.caps)), std::vector<std::string>{"d_qk"});
 }
