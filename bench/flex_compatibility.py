@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """bench/flex_compatibility.py — the score_mods and mask_mods FlexAttention's own tests and users
 write, each through fusedattn.torch.flex_attention against float32 attention of the same function
-on the whole score matrix, forward and backward: passed, refused (with fusedattn's reason) or
-failed (with the error that was over the tolerance). Writes results/flex-compatibility.md.
+on the whole score matrix, forward and backward: passed, refused (with fusedattn's reason),
+failed (with the error that was over the tolerance) or crashed (the process died: the cases run in
+a child process, a new one going on after such a case). Writes results/flex-compatibility.md.
 
     python bench/flex_compatibility.py --build build
 """
 import argparse
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -87,30 +89,58 @@ def check(fa, NotSupportedError, create_block_mask, score_mod, mask_mod):
     return "failed", f"{worst} {errors[worst]:.3g} off"
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--build", default="build")
-    parser.add_argument("--out", default="results")
-    args = parser.parse_args()
-    sys.path.insert(0, str(Path(args.build) / "python"))
+def rows(build, first):
+    """Prints each case's row from case `first` on, as it finishes (a parent process reads them)."""
+    sys.path.insert(0, str(Path(build) / "python"))
     import fusedattn.torch as fa
     from fusedattn import NotSupportedError
     from torch.nn.attention.flex_attention import create_block_mask
 
-    lines = ["| score_mod, mask_mod | result | errors (relative, O and gradients) or reason |", "|---|---|---|"]
-    for name, score_mod, mask_mod in cases("cuda"):
+    for name, score_mod, mask_mod in list(cases("cuda"))[first:]:
         try:
             result, detail = check(fa, NotSupportedError, create_block_mask, score_mod, mask_mod)
         except Exception as error:  # one case must not hide the others
             result, detail = "failed", f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
-        lines.append(f"| {name} | {result} | {detail.replace('|', '/')} |")
-        print(lines[-1], flush=True)
+        print(f"| {name} | {result} | {detail.replace('|', '/')} |", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--build", default="build")
+    parser.add_argument("--out", default="results")
+    parser.add_argument("--first", type=int, default=None, help=argparse.SUPPRESS)  # a child's first case
+    args = parser.parse_args()
+    if args.first is not None:
+        return rows(args.build, args.first)
+    # The cases run in a child process; one that crashes it (a signal, not an exception) is its row,
+    # and a new child goes on from the next case, so that a crash hides no other case.
+    names = [name for name, _, _ in cases("cpu")]
+    lines = ["| score_mod, mask_mod | result | errors (relative, O and gradients) or reason |", "|---|---|---|"]
+    done = 0
+    while done < len(names):
+        child = subprocess.run([sys.executable, "-X", "faulthandler", __file__, "--build", args.build,
+                                "--first", str(done)], stdout=subprocess.PIPE, text=True)
+        got = [line for line in child.stdout.splitlines() if line.startswith("| ")]
+        for line in got:
+            print(line, flush=True)
+        lines += got
+        done += len(got)
+        if done < len(names):
+            if child.returncode >= 0:  # an error outside the cases (its traceback is on stderr)
+                raise SystemExit(f"flex_compatibility: the child stopped after {done} of {len(names)} cases "
+                                 f"(exit status {child.returncode})")
+            lines.append(f"| {names[done]} | crashed | the process died of signal {-child.returncode} |")
+            print(lines[-1], flush=True)
+            done += 1
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     header = (f"# FlexAttention compatibility: fusedattn.torch.flex_attention on {torch.cuda.get_device_name()}\n\n"
               f"b 2, h 8, s 1024, d 64, BF16, against float32 attention of the same functions; "
               f"passed under {TOLERANCE} relative for O, dQ, dK and dV.\n\n")
     (out / "flex-compatibility.md").write_text(header + "\n".join(lines) + "\n")
+    crashed = sum(" | crashed | " in line for line in lines)
+    if crashed:
+        raise SystemExit(f"flex_compatibility: {crashed} case(s) crashed the process")
 
 
 if __name__ == "__main__":
