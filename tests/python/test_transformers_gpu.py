@@ -4,7 +4,8 @@ attention (the truth), each within twice the error that the model's own BF16 att
 "eager" where sdpa lacks a softcap or sinks) shows against that truth: logits of plain, right- and
 left-padded batches, a training step's loss and gradients, packed batches against each document
 alone, greedy generation (every token fusedattn picks is the truth's choice up to a tie within that
-tolerance), torch.compile in one graph, a static cache's compiled decode (CUDA graphs), dropout.
+tolerance), continuous batching (generate_batch), torch.compile in one graph, a static cache's
+compiled decode (CUDA graphs), dropout.
 Nothing is downloaded."""
 import copy
 
@@ -142,6 +143,37 @@ def test_greedy_generation_picks_the_truths_tokens(family, cache):
     ours = net.generate(ids, **options)
     agrees(ours, truth, ids.shape[1], mask, 4 * stray + 1e-3)
     agrees(theirs, truth, ids.shape[1], mask, 4 * stray + 1e-3)
+
+
+def batched(net, prompts, config):
+    """generate_batch's output, or a skip where this transformers takes no continuous batching but
+    by its own implementations' names (5.25 refuses any other before a call is made)."""
+    try:
+        return net.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
+    except ValueError as error:
+        if "not supported for continuous batching" not in str(error):
+            raise
+        pytest.skip(f"transformers {transformers.__version__}: {error}")
+
+
+@pytest.mark.parametrize("family", [family for family in FAMILIES if family != "gpt_oss"])
+def test_continuous_batching_picks_the_truths_tokens(family):
+    # generate_batch() runs "paged|fusedattn" (packed sequences over transformers' paged cache); each
+    # request's tokens against the truth, within the model's own BF16 attention's stray on them.
+    truth, net = pair(family)
+    generator = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 97, (n,), generator=generator).tolist() for n in LENGTHS]
+    config = transformers.GenerationConfig(max_new_tokens=24, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    net.set_attn_implementation("fusedattn")
+    out = batched(net, prompts, config)
+    reference = REFERENCE.get(family, "sdpa")
+    for i, prompt in enumerate(prompts):
+        tokens = torch.tensor([prompt + out[f"req_{i}"].generated_tokens], device="cuda")
+        assert tokens.shape[1] == len(prompt) + 24
+        mask = torch.ones(1, len(prompt), dtype=torch.long, device="cuda")
+        own, _ = teacher_forced(net, reference, tokens, mask)
+        stray = (own - teacher_forced(truth, "eager", tokens, mask)[0]).abs().max().item()
+        agrees(tokens, truth, len(prompt), mask, 4 * stray + 1e-3)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2", "gpt_oss"])

@@ -11,10 +11,11 @@ as what they mean (runtime lengths, a decode step's row of keys, packed sequence
 [b, 1, s_q, s_kv] mask is built. Causal prefill and training, scaling, softcaps (Gemma 2),
 sliding windows (Mistral, Qwen2, Gemma's alternating layers), sinks (gpt-oss), dropout, padded
 batches padded on either side, packed batches, and generation with a KV cache, in eager and
-compiled code. What fusedattn cannot run raises NotSupportedError with its reasons; with
-register(fallback=True) it runs transformers' "sdpa" (or the model's "eager" for a softcap or sinks)
-instead, each reason logged once and counted (fallback_counts()). docs/transformers.md says what each
-model family gets.
+compiled code; and continuous batching (model.generate_batch(...), "paged|fusedattn", which it
+picks from "fusedattn") over transformers' paged cache. What fusedattn cannot run raises
+NotSupportedError with its reasons; with register(fallback=True) it runs transformers' "sdpa" (or
+the model's "eager" for a softcap or sinks) instead, each reason logged once and counted
+(fallback_counts()). docs/transformers.md says what each model family gets.
 
 Importing this module needs transformers; `import fusedattn` does not.
 """
@@ -61,8 +62,12 @@ def register(name: str = "fusedattn", *, fallback: bool = False) -> str:
     attn_implementation=name and model.set_attn_implementation(name) take it; returns `name`.
     fallback=True runs transformers' own attention for a call fusedattn refuses (logged once per
     reason, counted by fallback_counts()); without it such a call raises NotSupportedError."""
-    AttentionInterface.register(name, _with_fallback if fallback else attention)
+    function = _with_fallback if fallback else attention
+    AttentionInterface.register(name, function)
     AttentionMaskInterface.register(name, fusedattn_mask)
+    # Continuous batching (generate_batch) asks for "paged|" + name: the same function, which takes its
+    # paged cache and packed offsets (_paged.py); it builds no mask, so none is registered.
+    AttentionInterface.register("paged|" + name, function)
     return name
 
 

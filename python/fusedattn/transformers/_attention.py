@@ -14,7 +14,7 @@ import torch
 
 from .. import torch as fusedattn_torch
 from ..errors import NotSupportedError
-from . import _packing
+from . import _packing, _paged
 from ._masks import FusedMask
 from ._padding import take_rows
 
@@ -89,7 +89,8 @@ def forward(module, query, key, value, mask, *, dropout, scaling, sliding_window
     if kwargs.get("position_bias") is not None:
         raise refuse("position_bias", "a relative-position bias per layer (T5-style models) is not taken")
     if kwargs.get("block_table") is not None:
-        raise refuse("block_table", "the paged cache of continuous batching with a block table is not wired")
+        raise refuse("block_table", "continuous batching's decode fast path (a block table, which transformers "
+                                    "builds for flash attention only) is not wired")
     if query.dtype not in DTYPES:
         raise refuse("dtype", f"{str(query.dtype)[len('torch.'):]} attention; fusedattn computes in float16 or "
                               "bfloat16 (load the model with dtype=torch.bfloat16)")
@@ -108,6 +109,8 @@ def forward(module, query, key, value, mask, *, dropout, scaling, sliding_window
                                        "give it different widths)")
     window = (int(sliding_window), -1) if sliding_window is not None else (-1, -1)
     options = _options(dropout, scaling, softcap, s_aux)
+    if _paged.is_paged(kwargs):  # continuous batching: its packed step over the paged cache
+        return _paged.forward(module, query, key, value, kwargs, window=window, options=options)
     q, k, v = (x.transpose(1, 2) for x in (query, key, value))  # [b, s, h, d] views
     if isinstance(mask, torch.Tensor):  # a 4D mask the caller made: it says everything
         return fusedattn_torch.attention(q, k, v, layout="bshd", bias=_bias_of(mask, query.dtype), **options)
