@@ -15,8 +15,9 @@ import torch
 
 from flex_masks import documents, t5_bucket
 from harness import forward_and_training_ms, kernel_times, short, write_results
+from host_calls import runtime_calls
 
-PROFILED = ("prefix-LM 256", "T5 bias, causal")  # where fusedattn has lost: its kernels a step, listed
+PROFILED = ("causal", "prefix-LM 256", "T5 bias, causal")  # where it lost, and plain causal beside: each step listed
 
 
 def cases():
@@ -81,25 +82,39 @@ def main():
         speedup = f"{r['speedup']:.2f}x" if "speedup" in r else "-"
         lines.append(f"| {r['case']} | {r['shape']} | {r['pass']} | {cell(r['fusedattn'])} | "
                      f"{cell(r['FlexAttention'])} | {speedup} |")
-    for name, kernels in profiles:
+    for name, kernels, host in profiles:
         lines += ["", f"fusedattn's kernels in one forward + backward of {name} (torch.profiler):", "",
                   "| kernel | launches | ms |", "|---|---|---|"]
         lines += [f"| {kernel[:90]} | {count} | {ms:.3f} |" for kernel, count, ms in kernels] if isinstance(
             kernels, list) else [f"| {kernels} | | |"]
+        if isinstance(host, tuple):
+            wall, kernel_ms, runtime = host
+            lines += ["", f"The host's CUDA runtime calls in one forward + backward of {name}: {wall:.3f} ms of wall "
+                          f"time a step, {kernel_ms:.3f} ms of kernels:", "",
+                      "| runtime call | calls | host µs |", "|---|---|---|"]
+            lines += [f"| {call} | {count:g} | {us:.1f} |" for call, count, us in runtime[:12]]
+        else:
+            lines += ["", f"The host's CUDA runtime calls of {name}: {host}"]
     # One file name, overwritten each run.
-    record = {"gpu": torch.cuda.get_device_name(), "rows": rows, "kernels": dict(profiles)}
+    record = {"gpu": torch.cuda.get_device_name(), "rows": rows,
+              "kernels": {name: kernels for name, kernels, _ in profiles},
+              "host": {name: host for name, _, host in profiles}}
     write_results(args.out, "bench-flex", record, lines)
 
 
 def profile(name, call, d_o):
-    """(name, the kernels of one forward + backward of `call`: (kernel, launches, ms)) or its error."""
+    """(name, the kernels of one forward + backward of `call`: (kernel, launches, ms), and the host's
+    CUDA runtime calls: host_calls.runtime_calls), each or its error."""
     def step():
         with torch.enable_grad():
             call().backward(d_o)
-    try:
-        return name, kernel_times(step)
-    except Exception as error:  # noqa: BLE001 - the timings above stand without it
-        return name, short(error)
+    found = []
+    for diagnosis in (kernel_times, runtime_calls):
+        try:
+            found.append(diagnosis(step))
+        except Exception as error:  # noqa: BLE001 - the timings above stand without it
+            found.append(short(error))
+    return (name, *found)
 
 
 if __name__ == "__main__":
