@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers", reason="transformers not inst
 ft = pytest.importorskip("fusedattn.transformers")
 
 from fusedattn import NotSupportedError  # noqa: E402
-from transformers_tiny import FAMILIES, REFERENCE, documents, model, padded_batch  # noqa: E402
+from transformers_tiny import FAMILIES, REFERENCE, batched, documents, model, padded_batch  # noqa: E402
 
 SIZE = dict(head_dim=64, hidden=256, heads=4, kv_heads=2, window=16)
 LENGTHS = (77, 40, 61)  # not multiples of 64; windows of 16 slide over them
@@ -143,17 +143,6 @@ def test_greedy_generation_picks_the_truths_tokens(family, cache):
     ours = net.generate(ids, **options)
     agrees(ours, truth, ids.shape[1], mask, 4 * stray + 1e-3)
     agrees(theirs, truth, ids.shape[1], mask, 4 * stray + 1e-3)
-
-
-def batched(net, prompts, config):
-    """generate_batch's output, or a skip where this transformers takes no continuous batching but
-    by its own implementations' names (5.25 refuses any other before a call is made)."""
-    try:
-        return net.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
-    except ValueError as error:
-        if "not supported for continuous batching" not in str(error):
-            raise
-        pytest.skip(f"transformers {transformers.__version__}: {error}")
 
 
 @pytest.mark.parametrize("family", [family for family in FAMILIES if family != "gpt_oss"])

@@ -18,7 +18,7 @@ fat = pytest.importorskip("fusedattn.torch")
 import transformers_stand_in as stand_in  # noqa: E402
 from fusedattn import NotSupportedError  # noqa: E402
 from fusedattn.transformers import _attention  # noqa: E402
-from transformers_tiny import FAMILIES, documents, model, padded_batch  # noqa: E402
+from transformers_tiny import FAMILIES, batched, documents, model, padded_batch  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -130,17 +130,6 @@ def test_greedy_generation_gives_eagers_tokens_from_left_padded_prompts(family, 
     assert all((call["bias"] and not call["causal"]) or (call["causal"] and call["align"] == "bottom_right")
                for call in decode)
     assert not any(call["bias"] for call in stand_in.calls if call["shapes"][0][1] > 1)
-
-
-def batched(net, prompts, config):
-    """generate_batch's output, or a skip where this transformers takes no continuous batching but
-    by its own implementations' names (5.25 refuses any other before a call is made)."""
-    try:
-        return net.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
-    except ValueError as error:
-        if "not supported for continuous batching" not in str(error):
-            raise
-        pytest.skip(f"transformers {transformers.__version__}: {error}")
 
 
 @pytest.mark.parametrize("family", [family for family in FAMILIES if family != "gpt_oss"])

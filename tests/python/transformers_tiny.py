@@ -1,6 +1,7 @@
 """Tiny randomly initialized models of the families fusedattn.transformers serves, and the batches the
-tests run through them (padded on either side, packed), shared by the CPU tests (through the float64
-stand-in) and the GPU tests. Nothing is downloaded."""
+tests run through them (padded on either side, packed), and continuous batching's call, shared by the
+CPU tests (through the float64 stand-in) and the GPU tests. Nothing is downloaded."""
+import pytest
 import torch
 import transformers
 
@@ -73,3 +74,14 @@ def documents(lengths=(5, 9, 3), *, device="cpu", seed=2):
     positions = torch.cat([torch.arange(n) for n in lengths])[None].to(device)
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32, device=device)
     return docs, torch.cat(docs, 1), positions, cu
+
+
+def batched(net, prompts, config):
+    """generate_batch's output, or a skip where this transformers takes no continuous batching but
+    by its own implementations' names (5.25 refuses any other before a call is made)."""
+    try:
+        return net.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
+    except ValueError as error:
+        if "not supported for continuous batching" not in str(error):
+            raise
+        pytest.skip(f"transformers {transformers.__version__}: {error}")
