@@ -3,23 +3,17 @@ runtime calls the host makes in one step (launches, graph captures and instantia
 synchronizations), from torch.profiler, beside the step's wall time and its kernels' GPU time. For
 the diagnostics, not the benchmarks."""
 import collections
-import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from harness import host_us
+
 
 def runtime_calls(step, steps=5):
     """(wall ms a step, kernel ms a step, [(CUDA runtime call, calls a step, host µs a step)], most
-    host time first) of `step` after 3 warm-up steps."""
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    begin = time.perf_counter()
-    for _ in range(steps):
-        step()
-    torch.cuda.synchronize()
-    wall_ms = (time.perf_counter() - begin) * 1e3 / steps
+    host time first) of `step` after harness.host_us's warm-up."""
+    wall_ms = host_us(step, steps, until_done=True) / 1e3  # warmed up there
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step()
