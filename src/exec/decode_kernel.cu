@@ -110,6 +110,9 @@ DecodeKernelCall::DecodeKernelCall(const AttentionSpec& spec, const DecodeKernel
     : spec_(spec), shape_(shape), kernel_(kernel_for(spec, shape)), softcap_(decode_softcap(spec.score_mod)),
       early_launch_(decode_early_launch()) {
   allow_shared_bytes(kernel_, shape.shared_bytes);
+  for (int shift = 0; shift < 31; ++shift) {
+    if (spec.page_size() == std::int64_t{1} << shift) page_shift_ = shift;
+  }
   if (shape.merged()) {
     const auto rows = static_cast<std::size_t>(spec.batch() * shape.chunks * spec.heads_q() * spec.seq_q());
     partial_o_bytes_ = round_up(rows * static_cast<std::size_t>(spec.head_dim_v()) * sizeof(float));
@@ -157,10 +160,7 @@ void DecodeKernelCall::forward(const ForwardTensors& t, float scale, cudaStream_
   p.h_kv = static_cast<int>(s.heads_kv());
   p.pages = static_cast<int>(s.kv_pages);
   p.page_size = static_cast<int>(s.page_size());
-  p.page_shift = -1;
-  for (int shift = 0; shift < 31; ++shift) {
-    if (p.page_size == 1 << shift) p.page_shift = shift;
-  }
+  p.page_shift = page_shift_;
   p.chunk_keys = static_cast<int>(shape_.chunk_keys);
   p.chunks = static_cast<int>(shape_.chunks);
   p.window_left = static_cast<int>(s.window.left);

@@ -46,6 +46,7 @@ class DecodeKernelCall {
   std::optional<DecodeSoftcap> softcap_;  // the spec's score modifier, where it has one
   std::size_t partial_o_bytes_ = 0, partial_stats_bytes_ = 0;
   bool early_launch_ = false;
+  int page_shift_ = -1;  // log2 of a paged call's page size where it is a power of two
 };
 
 }  // namespace fusedattn::detail
