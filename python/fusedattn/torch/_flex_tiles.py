@@ -33,8 +33,8 @@ def plan(mask_mod, block_mask, score_mod, query, key):
     sizes = (query.shape[0] * query.shape[1], query.shape[3])
     if torch.compiler.is_compiling():  # only the prefix's tiles, which need no look at the BlockMask
         structure = _score_mod.mask_structure(mask_mod) if mask_mod is not None else None
-        if structure is None or structure[0] != "prefix" or _score_mod.reads_indices(score_mod):
-            return None  # (a score_mod reading indices would need its trace moved to each view)
+        if structure is None or structure[0] != "prefix":
+            return None
         return _prefix_schedule(structure[1], s_q, s_kv, *sizes)
     traced = mask_mod is not None and traceable(mask_mod)
     structure = _score_mod.mask_structure(mask_mod) if traced else None
