@@ -112,6 +112,13 @@ if part decodeprof; then
   FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 -X faulthandler bench/profile_decode_kernels.py ${DECODEPROF_ARGS:-} \
     | tee "$OUT/decode_kernels.txt" || status=1
 fi
+if part transformersprof; then
+  echo "== diagnostic: a transformers model's decode steps, fusedattn beside sdpa (host functions, GPU kernels)"
+  # shellcheck disable=SC2086  # TRANSFORMERSPROF_ARGS is a list of arguments (--model, --batch, --prompt)
+  FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 bench/profile_transformers_decode.py --build "$build" \
+    ${TRANSFORMERSPROF_ARGS:-} >"$OUT/transformers_decode_profile.txt" 2>&1 || status=1
+  grep -E "^## " "$OUT/transformers_decode_profile.txt" || true
+fi
 if part jaxbench; then
   echo "== benchmark: fusedattn.jax against jax.nn.dot_product_attention"
   XLA_PYTHON_CLIENT_PREALLOCATE=false FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" \
