@@ -35,6 +35,7 @@ struct AttentionBackward : torch::autograd::Node {
   const fa::ValidatedSpec spec;  // validated by the forward: the backward's get_plan does not again
   const float scale;
   torch::autograd::SavedVariable q, k, v, o, stats;
+  at::Tensor mod_scalars;  // a score modifier's scalars (undefined without): read by the backward's plan
 
   std::string name() const override { return "fusedattn::AttentionBackward"; }
 
@@ -57,6 +58,7 @@ struct AttentionBackward : torch::autograd::Node {
     t.d_q = d_q.data_ptr();
     t.d_k = d_k.data_ptr();
     t.d_v = d_v.data_ptr();
+    if (mod_scalars.defined()) t.score_mod.scalars = mod_scalars.data_ptr<float>();
     enqueue(*fa::get_plan(spec, fa::Pass::backward), t, scale, q_.get_device());
     return {d_q, d_k, d_v};
   }
@@ -67,6 +69,7 @@ struct AttentionBackward : torch::autograd::Node {
     v.reset_data();
     o.reset_data();
     stats.reset_data();
+    mod_scalars.reset();
   }
 };
 

@@ -2,8 +2,9 @@
 // attention itself at small sizes. Built where PyTorch (with CUDA) is installed; fusedattn.torch
 // uses it when it is there and takes its Python path when not.
 //
-// forward(q, k, v, config_id, scale) -> O runs a dense call with no bias, sink, dropout, lengths
-// or extra outputs (the caller sends only those), or returns NotImplemented for a call that needs
+// forward(q, k, v, config_id, scale[, mod_scalars]) -> O runs a dense call with no bias, sink,
+// dropout, lengths or extra outputs, and no score modifier but one whose only runtime values are
+// its scalars (a softcap: float32 [n] on q's device), or returns NotImplemented for a call that needs
 // PyTorch's machinery (a tensor subclass or wrapper, a dispatch mode, forward-mode AD, a tensor not
 // on a GPU): the caller then takes its general path. Under grad mode with an input that requires
 // grad it is a training call: the forward also writes the statistics, and O's grad_fn is a C++
@@ -66,16 +67,37 @@ fa::ValidatedSpec spec_of(const at::Tensor& q, const at::Tensor& k, const at::Te
   return fa::make_spec(with_stats, shape);
 }
 
-// Whether forward() takes calls of this config: dense, and no tensor but q, k and v.
+// Whether forward() takes calls of this config: dense, and no tensor but q, k and v (and a score
+// modifier's scalars).
 bool plain(const fa::CallConfig& config) {
   const fa::AttentionOptions& o = config.options;
   return config.layout != fa::AxisOrder::thd && config.kv_layout == config.layout && o.bias == fa::Bias::none &&
          o.softmax != fa::Softmax::sink && o.dropout == 0.0 && !o.padding && o.max_logit == fa::MaxLogit::none &&
-         o.kv_pages == 0;
+         o.kv_pages == 0 && o.score_mod.tensors() == 0;
 }
 
-at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int config_id,
-                   const fa::CallConfig& config, PyObject* scale_object) {
+// The score modifier's scalars (args[5] where given: None or a float32 tensor on q's device with
+// at least as many values as the config's modifier reads), or an undefined tensor where it reads
+// none; throws where it reads some and none came.
+at::Tensor mod_scalars_argument(PyObject* const* args, Py_ssize_t count, const fa::CallConfig& config,
+                                const at::Tensor& q) {
+  const int wanted = config.options.score_mod.scalars();
+  PyObject* given = count > 5 ? args[5] : Py_None;
+  if (wanted == 0) return at::Tensor();
+  if (given == Py_None) {
+    throw fa::InvalidArgument("mod_scalars", "None", "the score modifier's " + std::to_string(wanted) + " scalars");
+  }
+  const at::Tensor& scalars = tensor_argument(given, "mod_scalars");
+  if (scalars.scalar_type() != at::kFloat || !scalars.is_contiguous() || scalars.numel() < wanted ||
+      scalars.device() != q.device()) {
+    throw fa::InvalidArgument("mod_scalars", scalars.toString(),
+                              "float32, contiguous, on q's device, with " + std::to_string(wanted) + " values");
+  }
+  return scalars;
+}
+
+at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mod_scalars,
+                   int config_id, const fa::CallConfig& config, PyObject* scale_object) {
   const bool training = c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   const fa::ValidatedSpec valid = spec_of(q, k, v, config, training);
   const fa::AttentionSpec& spec = valid.spec();
@@ -91,6 +113,7 @@ at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   t.k = k.data_ptr();
   t.v = v.data_ptr();
   t.o = o.data_ptr();
+  if (mod_scalars.defined()) t.score_mod.scalars = mod_scalars.data_ptr<float>();
   if (training) {
     stats = allocate(outputs.at(1), inputs, at::kFloat);
     t.stats = stats.data_ptr<float>();
@@ -105,6 +128,7 @@ at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   node->v = torch::autograd::SavedVariable(v, false);
   node->o = torch::autograd::SavedVariable(o, true);
   node->stats = torch::autograd::SavedVariable(stats, false);
+  node->mod_scalars = mod_scalars;  // not a differentiable input: kept as it is
 #if FUSEDATTN_TORCH_VERSION >= 214
   // torch.autograd.graph.node_creation_hook (2.14 on) sees each node once it is complete, and it is
   // whoever attaches a node that runs the hooks: PyTorch's own operators do so at this point.
@@ -113,18 +137,21 @@ at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   return o;
 }
 
-// forward(q, k, v, config_id, scale) as a CPython fast call.
+// forward(q, k, v, config_id, scale[, mod_scalars]) as a CPython fast call.
 PyObject* forward_call(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
   HANDLE_TH_ERRORS
   try {
-    if (count != 5) throw fa::InvalidArgument("arguments", std::to_string(count), "5: q, k, v, config_id, scale");
+    if (count != 5 && count != 6) {
+      throw fa::InvalidArgument("arguments", std::to_string(count), "5 or 6: q, k, v, config_id, scale[, mod_scalars]");
+    }
     const at::Tensor& q = tensor_argument(args[0], "q");
     const at::Tensor& k = tensor_argument(args[1], "k");
     const at::Tensor& v = tensor_argument(args[2], "v");
     const int id = config_id_argument(args[3]);
     const fa::CallConfig& config = fa::registered_config(id);
     if (!plain(config) || !attention_inputs_run_here(args)) Py_RETURN_NOTIMPLEMENTED;
-    return THPVariable_Wrap(forward(q, k, v, id, config, args[4]));
+    const at::Tensor mod_scalars = mod_scalars_argument(args, count, config, q);
+    return THPVariable_Wrap(forward(q, k, v, mod_scalars, id, config, args[4]));
   } catch (const fa::Error& error) {
     fa::python::set_python_error(error);
     return nullptr;
@@ -134,8 +161,9 @@ PyObject* forward_call(PyObject* /*module*/, PyObject* const* args, Py_ssize_t c
 
 PyMethodDef forward_method = {
     "forward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&forward_call)), METH_FASTCALL,
-    "forward(q, k, v, config_id, scale) -> O of a dense call with no bias, sink, dropout, lengths or extra "
-    "outputs (scale None: 1/sqrt(d)) on the current stream, differentiable through a C++ autograd node when an "
+    "forward(q, k, v, config_id, scale[, mod_scalars]) -> O of a dense call with no bias, sink, dropout, lengths, "
+    "extra outputs or score modifier tensors (scale None: 1/sqrt(d); mod_scalars: the modifier's float32 scalars "
+    "on q's device, where it has any) on the current stream, differentiable through a C++ autograd node when an "
     "input requires grad; or NotImplemented for a call it leaves to the general path."};
 
 // paged_forward(q, k_cache, v_cache, page_table_k, page_table_v, seq_len_kv, seq_len_q, config_id, scale,

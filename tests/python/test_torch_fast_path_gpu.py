@@ -166,3 +166,51 @@ def test_the_cpp_autograd_node_keeps_saved_tensors_honest():
     y.mul_(2)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out.sum().backward()
+
+
+def _capped_reference(q, k, v, cap):
+    """float32 attention of bshd q, k, v with cap * tanh(score / cap), causal bottom-right."""
+    qb, kb, vb = (t.detach().float().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    ke, ve = (x.repeat_interleave(qb.shape[1] // kb.shape[1], 1) for x in (kb, vb))
+    scores = cap * torch.tanh((qb @ ke.transpose(-1, -2)) / qb.shape[-1] ** 0.5 / cap)
+    keep = torch.ones(qb.shape[2], kb.shape[2], dtype=torch.bool, device=q.device).tril(kb.shape[2] - qb.shape[2])
+    return (torch.softmax(scores.masked_fill(~keep, float("-inf")), -1) @ ve).transpose(1, 2), (qb, kb, vb)
+
+
+def test_a_softcap_takes_the_cpp_path_forward_and_backward(monkeypatch):
+    """A score_mod whose only runtime values are its scalars (Gemma 2's softcap) runs in C++ as a
+    plain call does: a decode step over a cache and a training call, against float32 attention of
+    the capped scores and against the Python path; a score_mod that reads a tensor stays in Python."""
+    fast = pytest.importorskip("fusedattn._torch_ops", reason="built only where PyTorch with CUDA is installed")
+    calls = []
+    monkeypatch.setattr(fa, "_fast", types.SimpleNamespace(
+        forward=lambda *args: calls.append(args) or fast.forward(*args)))
+    cap = 5.0  # scores of these inputs reach about 10: the cap bends them
+    softcap = lambda s, b, h, q_idx, kv_idx: cap * torch.tanh(s / cap)  # noqa: E731
+    options = dict(layout="bshd", causal=True, align="bottom_right", score_mod=softcap)
+    for s_q in (1, 200):  # a decode step, then a training call
+        q, k, v = inputs("bshd", 2, s_q, 333, 8, 2, 64)
+        if s_q == 1:
+            with torch.no_grad():
+                out = fa.attention(q, k, v, **options)
+        else:
+            out = fa.attention(q, k, v, **options)
+            assert out.grad_fn.name() == "fusedattn::AttentionBackward"
+        ref, leaves = _capped_reference(q, k, v, cap)
+        assert rel(out, ref) < 1e-2, s_q
+        assert isinstance(calls[-1][5], torch.Tensor) and calls[-1][5].tolist() == [cap]  # the cap, as a scalar
+        with monkeypatch.context() as python_path:
+            python_path.setattr(fa, "_fast", None)
+            with torch.no_grad():
+                assert torch.equal(fa.attention(q.detach(), k.detach(), v.detach(), **options), out.detach())
+        if s_q > 1:
+            d_o = torch.rand_like(out) * 2 - 1
+            out.backward(d_o)
+            ref.backward(d_o.float())
+            for name, ours, theirs in zip("qkv", (q, k, v), leaves):
+                assert rel(ours.grad, theirs.grad.transpose(1, 2)) < 1e-2, name
+    assert len(calls) == 2
+    slopes = torch.rand(8, device="cuda")
+    with torch.no_grad():  # a tensor the modifier reads: the Python path's Extras carry it
+        fa.attention(q, k, v, layout="bshd", score_mod=lambda s, b, h, q_idx, kv_idx: s + slopes[h] * (kv_idx - q_idx))
+    assert len(calls) == 2

@@ -118,12 +118,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
             window, mask_mod = (band[1], 0), None
     plain = (bias is None and sink is None and not dropout_p and seq_len_q is None and seq_len_kv is None
              and cu_seqlens_q is None and cu_seqlens_kv is None and softmax != "sink" and not return_stats
-             and not return_max_logit and not fallback and score_mod is None and mask_mod is None)
-    if plain and _fast is not None and layout != "thd" and not torch.compiler.is_compiling():
-        out = _fast.forward(q, k, v, _plain_config_id(layout, causal, window, align, alibi, softmax, deterministic),
-                            scale)
-        if out is not NotImplemented:
-            return out
+             and not return_max_logit and not fallback and mask_mod is None)
+    if plain and _fast is not None and layout != "thd" and q.is_cuda and not torch.compiler.is_compiling():
+        # A score_mod whose only runtime values are its scalars (a softcap) takes road 1 too.
+        mod = ("", None) if score_mod is None else _score_mod.scalars_only(score_mod, q.device)
+        if mod is not None:
+            config_id = _plain_config_id(layout, causal, window, align, alibi, softmax, deterministic, mod[0])
+            out = _fast.forward(q, k, v, config_id, scale, mod[1])
+            if out is not NotImplemented:
+                return out
     require_one_cuda_device(q, k, v)
     ragged = layout == "thd"
     _config.require_arrays(ragged=ragged, sink=sink, softmax=softmax, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
@@ -277,11 +280,11 @@ class Attention(torch.nn.Module):
 
 
 # Road 1's key, here beside its one caller: positional arguments are lru_cache's cheapest key, and a
-# call with these seven as keywords costs about 0.18 µs more (measured on the development CPU), on a
+# call with these as keywords costs about 0.18 µs more (measured on the development CPU), on a
 # road whose whole Python share is a few µs.
 @functools.lru_cache(maxsize=4096)
-def _plain_config_id(layout, causal, window, align, alibi, softmax, deterministic):
+def _plain_config_id(layout, causal, window, align, alibi, softmax, deterministic, score_mod=""):
     """The registered id of a plain call's config, for the C++ path: one lookup per call (a keyword
     call into the config's own cache costs twice as much)."""
     return _config.config(layout, causal=causal, window=window, align=align, alibi=alibi, softmax=softmax,
-                          deterministic=deterministic).id
+                          deterministic=deterministic, score_mod=score_mod).id

@@ -223,14 +223,28 @@ def prepare(score_mod, q, k, layout, *, mask_mod=None):
         entry = traced(score_mod if mask_mod is None else masked(score_mod, mask_mod))
         text, tensors, out, bias_part = entry.traced.text, entry.traced.tensors, {}, entry.traced.bias
         if entry.traced.scalars:
-            scalars = entry.scalars.get(device)
-            if scalars is None:
-                scalars = torch.tensor(entry.traced.scalars, dtype=torch.float32, device=device)
-                entry.scalars[device] = scalars
-            out["mod_scalars"] = scalars
+            out["mod_scalars"] = _device_scalars(entry, device)
     for slot, tensor in enumerate(tensors):
         out[f"mod_t{slot}"] = _converted(tensor, device)
     return text, out, (None if bias_part is None else dense_bias(bias_part, q, k, layout))
+
+
+def scalars_only(score_mod, device):
+    """(expression text, its scalars on `device` or None) of a score_mod whose only runtime values
+    are its scalars (a softcap: no tensor it reads, no bias part), which fusedattn.torch's C++ path
+    takes; None for any other. Eager calls only."""
+    entry = traced(score_mod)
+    if entry.traced.tensors or entry.traced.bias is not None:
+        return None
+    return entry.traced.text, (_device_scalars(entry, device) if entry.traced.scalars else None)
+
+
+def _device_scalars(entry, device):
+    """The entry's scalars as float32 [n] on `device`, made once per device."""
+    scalars = entry.scalars.get(device)
+    if scalars is None:
+        scalars = entry.scalars[device] = torch.tensor(entry.traced.scalars, dtype=torch.float32, device=device)
+    return scalars
 
 
 def dense_bias(part, q, k, layout):
