@@ -1,5 +1,5 @@
-// fusedattn._torch_ops's autograd node (torch_ops.cpp): the backward of a plain training call in C++,
-// so that neither pass of an eager training step runs Python. A header of the module's one
+// fusedattn._torch_ops's backward of a plain call (torch_ops.cpp) and the autograd node that runs it
+// for a training call, so that neither pass of an eager training step runs Python. A header of the module's one
 // translation unit, as torch_workspace.h is.
 #pragma once
 
@@ -25,6 +25,31 @@ namespace fusedattn_torch {
 namespace fa = fusedattn;
 using torch::autograd::variable_list;
 
+// --- the backward of a plain call ------------------------------------------------------------------
+
+// dQ, dK, dV (with q's, k's and v's strides) of a plain call, from its forward's spec (with the
+// statistics), scale, O and statistics, enqueued on the current stream. d_o goes in O's own layout.
+inline variable_list run_backward(const fa::ValidatedSpec& spec, float scale, const at::Tensor& grad_o,
+                                  const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
+                                  const at::Tensor& stats, const at::Tensor& mod_scalars) {
+  const c10::cuda::CUDAGuard device(q.device());
+  const at::Tensor d_o = grad_o.is_contiguous() ? grad_o : grad_o.contiguous();
+  at::Tensor d_q = empty_like_strided(q), d_k = empty_like_strided(k), d_v = empty_like_strided(v);
+  fa::BackwardTensors t;
+  t.q = q.data_ptr();
+  t.k = k.data_ptr();
+  t.v = v.data_ptr();
+  t.o = o.data_ptr();
+  t.d_o = d_o.data_ptr();
+  t.stats = stats.data_ptr<float>();
+  t.d_q = d_q.data_ptr();
+  t.d_k = d_k.data_ptr();
+  t.d_v = d_v.data_ptr();
+  if (mod_scalars.defined()) t.score_mod.scalars = mod_scalars.data_ptr<float>();
+  enqueue(*fa::get_plan(spec, fa::Pass::backward), t, scale, q.get_device());
+  return {d_q, d_k, d_v};
+}
+
 // --- the autograd node of a training call ----------------------------------------------------------
 
 // dQ, dK, dV from the core's backward, with the forward's spec (its plan key drops what the
@@ -42,25 +67,9 @@ struct AttentionBackward : torch::autograd::Node {
   variable_list apply(variable_list&& grads) override {
     const at::Tensor& grad_o = grads[0];
     if (!grad_o.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
-    const at::Tensor q_ = q.unpack(), k_ = k.unpack(), v_ = v.unpack();
     // getptr(): this node's owning pointer, whichever kind this PyTorch uses.
-    const at::Tensor o_ = o.unpack(getptr()), stats_ = stats.unpack();
-    const c10::cuda::CUDAGuard device(q_.device());
-    const at::Tensor d_o = grad_o.is_contiguous() ? grad_o : grad_o.contiguous();  // O's own layout
-    at::Tensor d_q = empty_like_strided(q_), d_k = empty_like_strided(k_), d_v = empty_like_strided(v_);
-    fa::BackwardTensors t;
-    t.q = q_.data_ptr();
-    t.k = k_.data_ptr();
-    t.v = v_.data_ptr();
-    t.o = o_.data_ptr();
-    t.d_o = d_o.data_ptr();
-    t.stats = stats_.data_ptr<float>();
-    t.d_q = d_q.data_ptr();
-    t.d_k = d_k.data_ptr();
-    t.d_v = d_v.data_ptr();
-    if (mod_scalars.defined()) t.score_mod.scalars = mod_scalars.data_ptr<float>();
-    enqueue(*fa::get_plan(spec, fa::Pass::backward), t, scale, q_.get_device());
-    return {d_q, d_k, d_v};
+    return run_backward(spec, scale, grad_o, q.unpack(), k.unpack(), v.unpack(), o.unpack(getptr()), stats.unpack(),
+                        mod_scalars);
   }
 
   void release_variables() override {

@@ -19,7 +19,8 @@
 // call replays, src/exec/replay.h). Only the table's answer per config id is kept here.
 //
 // paged_forward (torch_paged.h) does the same for fusedattn.torch.paged_attention's eager calls, FP8
-// caches included.
+// caches included; forward_stats and backward run a plain call's two passes with no autograd node,
+// for the calls that flex_attention composes.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -96,45 +97,56 @@ at::Tensor mod_scalars_argument(PyObject* const* args, Py_ssize_t count, const f
   return scalars;
 }
 
-at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mod_scalars,
-                   int config_id, const fa::CallConfig& config, PyObject* scale_object) {
-  const bool training = c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  const fa::ValidatedSpec valid = spec_of(q, k, v, config, training);
-  const fa::AttentionSpec& spec = valid.spec();
-  const float scale = scale_value(scale_object, spec);
+// A plain call's forward enqueued: its spec, scale, O and (with `stats`) the statistics.
+struct ForwardRun {
+  fa::ValidatedSpec valid;
+  float scale;
+  at::Tensor o, stats;
+};
+
+ForwardRun run_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mod_scalars,
+                       int config_id, const fa::CallConfig& config, PyObject* scale_object, bool stats) {
+  ForwardRun run{spec_of(q, k, v, config, stats), 0.0f, {}, {}};
+  run.scale = scale_value(scale_object, run.valid.spec());
   const c10::cuda::CUDAGuard device(q.device());
-  // A plain config's forward writes O, and the statistics when training (float32, the core's order).
-  const std::vector<fa::OutputAxes>& outputs = forward_outputs(config_id, config, training);
+  // A plain config's forward writes O, and the statistics when asked (float32, the core's order).
+  const std::vector<fa::OutputAxes>& outputs = forward_outputs(config_id, config, stats);
   const std::array<const at::Tensor*, 3> inputs = {&q, &k, &v};
-  at::Tensor o = allocate(outputs[0], inputs, q.scalar_type());
-  at::Tensor stats;
+  run.o = allocate(outputs[0], inputs, q.scalar_type());
   fa::ForwardTensors t;
   t.q = q.data_ptr();
   t.k = k.data_ptr();
   t.v = v.data_ptr();
-  t.o = o.data_ptr();
+  t.o = run.o.data_ptr();
   if (mod_scalars.defined()) t.score_mod.scalars = mod_scalars.data_ptr<float>();
-  if (training) {
-    stats = allocate(outputs.at(1), inputs, at::kFloat);
-    t.stats = stats.data_ptr<float>();
+  if (stats) {
+    run.stats = allocate(outputs.at(1), inputs, at::kFloat);
+    t.stats = run.stats.data_ptr<float>();
   }
-  enqueue(*fa::get_plan(valid, fa::Pass::forward), t, scale, q.get_device());
-  if (!training) return o;
-  const auto node = new_backward_node(valid, scale);
+  enqueue(*fa::get_plan(run.valid, fa::Pass::forward), t, run.scale, q.get_device());
+  return run;
+}
+
+at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mod_scalars,
+                   int config_id, const fa::CallConfig& config, PyObject* scale_object) {
+  const bool training = c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  ForwardRun run = run_forward(q, k, v, mod_scalars, config_id, config, scale_object, training);
+  if (!training) return run.o;
+  const auto node = new_backward_node(run.valid, run.scale);
   node->set_next_edges(torch::autograd::collect_next_edges(q, k, v));
-  torch::autograd::set_history(o, node);
+  torch::autograd::set_history(run.o, node);
   node->q = torch::autograd::SavedVariable(q, false);
   node->k = torch::autograd::SavedVariable(k, false);
   node->v = torch::autograd::SavedVariable(v, false);
-  node->o = torch::autograd::SavedVariable(o, true);
-  node->stats = torch::autograd::SavedVariable(stats, false);
+  node->o = torch::autograd::SavedVariable(run.o, true);
+  node->stats = torch::autograd::SavedVariable(run.stats, false);
   node->mod_scalars = mod_scalars;  // not a differentiable input: kept as it is
 #if FUSEDATTN_TORCH_VERSION >= 214
   // torch.autograd.graph.node_creation_hook (2.14 on) sees each node once it is complete, and it is
   // whoever attaches a node that runs the hooks: PyTorch's own operators do so at this point.
   torch::autograd::fire_node_creation_hooks(node);
 #endif
-  return o;
+  return run.o;
 }
 
 // forward(q, k, v, config_id, scale[, mod_scalars]) as a CPython fast call.
@@ -165,6 +177,82 @@ PyMethodDef forward_method = {
     "extra outputs or score modifier tensors (scale None: 1/sqrt(d); mod_scalars: the modifier's float32 scalars "
     "on q's device, where it has any) on the current stream, differentiable through a C++ autograd node when an "
     "input requires grad; or NotImplemented for a call it leaves to the general path."};
+
+// forward_stats(q, k, v, config_id, scale, mod_scalars) -> (O, statistics) and backward(d_o, q, k, v, o,
+// stats, config_id, scale, mod_scalars) -> (dQ, dK, dV): a plain call's two passes with no autograd
+// node, for callers that compose calls and run their backward themselves (flex_attention's pieces,
+// fusedattn/torch/_flex_pieces.py); NotImplemented where forward() would give it. The backward takes
+// the forward's tensors as they were (O and dO in O's own layout, the statistics as forward_stats
+// gives them, or another call's of the same rows).
+// A new Python tuple of the tensors (each wrapped once: the tuple owns the references).
+PyObject* tuple_of(const std::vector<at::Tensor>& tensors) {
+  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(tensors.size()));
+  if (tuple == nullptr) return nullptr;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), THPVariable_Wrap(tensors[i]));
+  }
+  return tuple;
+}
+
+PyObject* forward_stats_call(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
+  HANDLE_TH_ERRORS
+  try {
+    if (count != 6) {
+      throw fa::InvalidArgument("arguments", std::to_string(count), "6: q, k, v, config_id, scale, mod_scalars");
+    }
+    const at::Tensor& q = tensor_argument(args[0], "q");
+    const at::Tensor& k = tensor_argument(args[1], "k");
+    const at::Tensor& v = tensor_argument(args[2], "v");
+    const int id = config_id_argument(args[3]);
+    const fa::CallConfig& config = fa::registered_config(id);
+    if (!plain(config) || !attention_inputs_run_here(args)) Py_RETURN_NOTIMPLEMENTED;
+    const at::Tensor mod_scalars = mod_scalars_argument(args, count, config, q);
+    const ForwardRun run = run_forward(q, k, v, mod_scalars, id, config, args[4], true);
+    return tuple_of({run.o, run.stats});
+  } catch (const fa::Error& error) {
+    fa::python::set_python_error(error);
+    return nullptr;
+  }
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* backward_call(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
+  HANDLE_TH_ERRORS
+  try {
+    if (count != 9) {
+      throw fa::InvalidArgument("arguments", std::to_string(count),
+                                "9: d_o, q, k, v, o, stats, config_id, scale, mod_scalars");
+    }
+    static const char* const kNames[] = {"d_o", "q", "k", "v", "o", "stats"};
+    for (int i = 0; i < 6; ++i) tensor_argument(args[i], kNames[i]);
+    const at::Tensor& q = THPVariable_Unpack(args[1]);
+    const int id = config_id_argument(args[6]);
+    const fa::CallConfig& config = fa::registered_config(id);
+    if (!plain(config) || !attention_inputs_run_here(args + 1)) Py_RETURN_NOTIMPLEMENTED;
+    PyObject* const shifted[6] = {args[1], args[2], args[3], args[6], args[7], args[8]};  // as forward's
+    const at::Tensor mod_scalars = mod_scalars_argument(shifted, 6, config, q);
+    const fa::ValidatedSpec valid = spec_of(q, THPVariable_Unpack(args[2]), THPVariable_Unpack(args[3]), config, true);
+    const variable_list grads =
+        run_backward(valid, scale_value(args[7], valid.spec()), THPVariable_Unpack(args[0]), q,
+                     THPVariable_Unpack(args[2]), THPVariable_Unpack(args[3]), THPVariable_Unpack(args[4]),
+                     THPVariable_Unpack(args[5]), mod_scalars);
+    return tuple_of(grads);
+  } catch (const fa::Error& error) {
+    fa::python::set_python_error(error);
+    return nullptr;
+  }
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef forward_stats_method = {
+    "forward_stats", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&forward_stats_call)), METH_FASTCALL,
+    "forward_stats(q, k, v, config_id, scale, mod_scalars) -> (O, statistics) of a call forward() takes, with no "
+    "autograd node; or NotImplemented."};
+
+PyMethodDef backward_method = {
+    "backward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&backward_call)), METH_FASTCALL,
+    "backward(d_o, q, k, v, o, stats, config_id, scale, mod_scalars) -> (dQ, dK, dV) of a call forward_stats "
+    "takes; or NotImplemented."};
 
 // paged_forward(q, k_cache, v_cache, page_table_k, page_table_v, seq_len_kv, seq_len_q, config_id, scale,
 // descale_k, descale_v) as a CPython fast call (torch_paged.h).
@@ -205,5 +293,7 @@ PyMethodDef paged_forward_method = {
 PYBIND11_MODULE(_torch_ops, m) {
   m.doc() = "fusedattn.torch's eager calls in C++ (inference and training; paged inference).";
   m.add_object("forward", py::reinterpret_steal<py::object>(PyCFunction_New(&forward_method, nullptr)));
+  m.add_object("forward_stats", py::reinterpret_steal<py::object>(PyCFunction_New(&forward_stats_method, nullptr)));
+  m.add_object("backward", py::reinterpret_steal<py::object>(PyCFunction_New(&backward_method, nullptr)));
   m.add_object("paged_forward", py::reinterpret_steal<py::object>(PyCFunction_New(&paged_forward_method, nullptr)));
 }

@@ -214,3 +214,21 @@ def test_a_softcap_takes_the_cpp_path_forward_and_backward(monkeypatch):
     with torch.no_grad():  # a tensor the modifier reads: the Python path's Extras carry it
         fa.attention(q, k, v, layout="bshd", score_mod=lambda s, b, h, q_idx, kv_idx: s + slopes[h] * (kv_idx - q_idx))
     assert len(calls) == 2
+
+
+def test_forward_stats_and_backward_give_what_the_operator_bodies_give():
+    """The C++ path's two passes with no autograd node (flex_attention's pieces run them): O and the
+    statistics as the Python path's forward gives them, and its backward's gradients."""
+    fast = pytest.importorskip("fusedattn._torch_ops", reason="built only where PyTorch with CUDA is installed")
+    q, k, v = (t.detach() for t in inputs("bhsd", 2, 200, 333, 8, 2, 64))
+    config_id = fa._plain_config_id("bhsd", False, (-1, 0), "bottom_right", False, "vanilla", False)
+    text = _call_config.config_text(layout="bhsd", window=(-1, 0), align="bottom_right", stats=True)
+    common = dict(bias=None, sink=None, extras=_tensors.Extras(), config=text, scale=0.125, max_seqlen_q=0,
+                  max_seqlen_kv=0)
+    o, stats = fast.forward_stats(q, k, v, config_id, 0.125, None)
+    want_o, want_stats, _ = _bodies.forward_body(q, k, v, **common)
+    assert torch.equal(o, want_o) and torch.equal(stats, want_stats) and not o.requires_grad
+    d_o = torch.rand_like(o) * 2 - 1
+    grads = fast.backward(d_o, q, k, v, o, stats, config_id, 0.125, None)
+    for name, ours, theirs in zip("qkv", grads, _bodies.backward_body(d_o, q, k, v, o, stats, **common)[:3]):
+        assert ours.stride() == theirs.stride() and rel(ours, theirs) < 1e-3, name

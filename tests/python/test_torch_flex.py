@@ -175,14 +175,13 @@ def test_masks_that_are_cudnns_own_run_as_its_band_or_as_two_calls():
 
 
 def test_prefix_lm_runs_as_the_causal_square_with_the_prefix_again(monkeypatch):
-    """Two attention() calls (_flex_run._prefix_over_causal, checked in float64 by
-    test_torch_flex_tiles.py): the causal square and the prefix's square, both from position 0,
-    forward and backward, eager and compiled in one graph, with a score_mod as without."""
+    """The causal square and the prefix's square, both from position 0 (checked in float64 by
+    test_torch_flex_tiles.py): eager as the two pieces of _flex_run._PrefixOverCausal, compiled (in
+    one graph, with a score_mod as without) as two attention() calls."""
     from fusedattn.torch import _flex_run
     taken = []
-    real = _flex_run._prefix_over_causal
-    monkeypatch.setattr(_flex_run, "_prefix_over_causal", lambda prefix, *args: taken.append(prefix) or
-                        real(prefix, *args))
+    real = _flex_run._PrefixOverCausal.apply
+    monkeypatch.setattr(_flex_run._PrefixOverCausal, "apply", lambda *args: taken.append(args[-1]) or real(*args))
     q = bhsd(2, 16, 2048).requires_grad_()
     block_mask = flex.create_block_mask(prefix_lm, None, None, 2048, 2048, device="cpu")
     o, lse = fa.flex_attention(q, q, q, score_mod=softcap, block_mask=block_mask, return_lse=True)

@@ -104,15 +104,27 @@ def test_each_mask_by_its_pieces_equals_the_dense_mask(name, score):
     if name == "documents (runs)" and score != "relative":
         assert calls[-1]["layout"] == "thd"  # packed sequences, not tiles
     elif name == "prefix-LM 50":  # the causal square, and the prefix's rows again over the prefix
-        assert [(c["causal"], c["window"], c["mask"]) for c in calls] == [(True, (-1, -1), False),
-                                                                          (False, (-1, -1), False)]
-        assert not pieces_run()
+        assert [(p.rows, p.keys, p.window) for p in pieces_run()] == [((0, S), (0, S), (-1, 0)),
+                                                                     ((0, 50), (0, 50), (-1, -1))]
     elif name == "rows 0-39 see nothing":  # one causal call from row 40 (its corner on the band), zeros above
         assert [(c["window"], c["mask"]) for c in calls] == [((-1, 0), False)] and not pieces_run()
     else:
         assert pieces_run(), "merged pieces"
     if name == "sliding 48 in documents":
         assert {p.mask for p in pieces_run()} == {_tile_schedule.BAND_PIECE, _tile_schedule.CONDITIONS_PIECE}
+
+
+def test_prefix_lm_beside_learned_terms_runs_as_two_attention_calls():
+    """A score_mod with a term that requires grad: the causal square and the prefix's square as
+    attention() calls (autograd carries the term's gradient), the prefix's rows over the square's."""
+    table = torch.randn(H_Q, dtype=torch.float64, requires_grad=True)
+    learned = lambda s, b, h, q, kv: s + table[h]  # noqa: E731
+    mask_mod = MASKS["prefix-LM 50"]
+    block_mask = flex.create_block_mask(mask_mod, None, None, S, S, device="cpu", BLOCK_SIZE=BLOCK)
+    check(block_mask, dense_keep(mask_mod), learned)
+    assert [(c["causal"], c["window"], c["mask"]) for c in calls] == [(True, (-1, -1), False),
+                                                                      (False, (-1, -1), False)]
+    assert not pieces_run()
 
 
 def random_blocks(seed, with_full):

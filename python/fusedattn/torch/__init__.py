@@ -41,13 +41,13 @@ from .. import _config, _fp8_cache
 from ..errors import NotSupportedError, invalid_argument
 from . import _documents, _fallback, _flex_run, _flex_tiles, _paged, _score_mod, _sink_decode
 from ._bodies import require_one_cuda_device
-from ._call_config import config_text
+from ._call_config import config_text, plain_config_id as _plain_config_id
 from ._context_parallel import context_parallel_attention, load_balance, unbalance
 from ._fp8 import fp8_attention
 from ._fp8_state import Fp8State
 from ._fp8_tensor import Fp8Tensor, fp8_quantize
 from ._operators import attend, eager_road
-from ._fast_path import load as _load_fast_path
+from ._fast_path import shared as _load_fast_path
 from ._tensors import Extras
 
 _fast = _load_fast_path()  # road 1, the C++ eager path, for this PyTorch (_fast_path.py), or None
@@ -277,14 +277,3 @@ class Attention(torch.nn.Module):
 
     def extra_repr(self):
         return f"layout={self.layout}, causal={self.causal}, softmax={self.softmax}"
-
-
-# Road 1's key, here beside its one caller: positional arguments are lru_cache's cheapest key, and a
-# call with these as keywords costs about 0.18 µs more (measured on the development CPU), on a
-# road whose whole Python share is a few µs.
-@functools.lru_cache(maxsize=4096)
-def _plain_config_id(layout, causal, window, align, alibi, softmax, deterministic, score_mod=""):
-    """The registered id of a plain call's config, for the C++ path: one lookup per call (a keyword
-    call into the config's own cache costs twice as much)."""
-    return _config.config(layout, causal=causal, window=window, align=align, alibi=alibi, softmax=softmax,
-                          deterministic=deterministic, score_mod=score_mod).id

@@ -103,6 +103,17 @@ def load():
         return _unavailable(f"{type(error).__name__}: {error} (FUSEDATTN_CACHE_DIR moves the cache)")
 
 
+_SHARED = []  # the process's one load()
+
+
+def shared():
+    """load()'s module (or None), loaded once per process: fusedattn.torch's calls and the calls that
+    flex_attention composes (_flex_pieces.py) share it."""
+    if not _SHARED:
+        _SHARED.append(load())
+    return _SHARED[0]
+
+
 def _unavailable(reason):
     warnings.warn(f"fusedattn.torch runs without its C++ eager path (every call still works, with more host time "
                   f"per call): {reason}", RuntimeWarning, stacklevel=3)

@@ -2,12 +2,16 @@
 the bhsd q, k, v (slices of the sequence axes), its score function moved to the view
 (_flex_views.Shifted) where it reads positions; the mask as conditions only in CONDITIONS pieces.
 
-Prefix-LM's schedule (its first rows see the whole prefix, the rest are causal) runs as two
-attention() calls from position 0: the causal square, the kernels' fastest mask, and the prefix's
-square, whose rows replace the square's (_prefix_over_causal). Both start at position 0, so a
-score_mod needs no move, and autograd through each call is the exact backward: the square's rows of
-the prefix get dO 0 and give nothing (dS = P (dP - D) is 0 where dO is), learned terms of a
-score_mod included. Plain calls take fusedattn.torch's C++ path, so neither pass runs Python.
+Prefix-LM's schedule (its first rows see the whole prefix, the rest are causal) runs as the causal
+square, the kernels' fastest mask, with the prefix's square run again over the first rows, whose O
+and statistics replace the square's; both start at position 0, so a score_mod needs no move. In the
+backward the square's rows of the prefix get dO 0 and give nothing (dS = P (dP - D) is 0 where dO
+is), whatever O and statistics those rows then hold. Two roads:
+  - eager calls whose score_mod has no learned terms: _PrefixOverCausal, each call a FusedattnPiece
+    (fusedattn.torch's C++ path where it takes it), the prefix's O written over the square's rows and
+    its gradients added to theirs in place;
+  - compiled code, and learned terms (whose gradients only autograd carries): two attention() calls,
+    the prefix's slice_scattered over the square (_prefix_by_calls).
 
 Otherwise, two ways, one schedule:
   - pieces over rows apart, each row seeing a key in its piece (prefix-LM: the prefix's rows
@@ -27,6 +31,7 @@ import torch
 
 from .. import _merge
 from .._tile_cover import BAND_PIECE, CONDITIONS_PIECE, FULL_PIECE
+from .._tile_schedule import Piece
 from . import _score_mod
 from ._flex_pieces import FusedattnPiece
 from ._flex_views import shifted
@@ -36,14 +41,18 @@ def run(schedule, query, key, value, *, score_mod, mask_mod, scale, return_lse, 
     """O (and with return_lse the log-sum-exp, float32 [b, h, s_q]) of the schedule's pieces;
     `attention` is fusedattn.torch.attention, which the first way calls."""
     prefix = _prefix_length(schedule, query, key)
-    if prefix:
-        return _prefix_over_causal(prefix, query, key, value, score_mod, scale, return_lse, attention)
+    if prefix and (torch.compiler.is_compiling() or _score_mod.learned(score_mod)):
+        return _prefix_by_calls(prefix, query, key, value, score_mod, scale, return_lse, attention)
     functions = [_function(piece, score_mod, mask_mod) for piece in schedule.pieces]
-    if schedule.rows_apart and not schedule.empty_rows_inside:
+    if not prefix and schedule.rows_apart and not schedule.empty_rows_inside:
         return _by_rows(schedule, functions, query, key, value, scale, return_lse, attention)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
-    pieces = [(piece, FusedattnPiece(piece, fn, scale)) for piece, fn in zip(schedule.pieces, functions)]
-    o, lse = _Merged.apply(query, key, value, pieces)
+    if prefix:
+        whole, first = (FusedattnPiece(piece, score_mod, scale) for piece in _prefix_pieces(prefix, query.shape[2]))
+        o, lse = _PrefixOverCausal.apply(query, key, value, whole, first, prefix)
+    else:
+        pieces = [(piece, FusedattnPiece(piece, fn, scale)) for piece, fn in zip(schedule.pieces, functions)]
+        o, lse = _Merged.apply(query, key, value, pieces)
     return (o, lse) if return_lse else o
 
 
@@ -60,18 +69,51 @@ def _prefix_length(schedule, query, key):
                  and rest.align == "bottom_right") else 0
 
 
-def _prefix_over_causal(prefix, query, key, value, score_mod, scale, return_lse, attention):
-    """The module docstring's prefix road: the causal square, its first `prefix` rows replaced by
-    the prefix's square."""
+def _prefix_by_calls(prefix, query, key, value, score_mod, scale, return_lse, attention):
+    """The module docstring's second prefix road: the causal square and the prefix's square as
+    attention() calls, the prefix's rows slice_scattered over the square's (a copy of the contiguous
+    O; a cat of the square's strided rows ran at a quarter of a copy's speed)."""
     call = dict(layout="bhsd", scale=scale, score_mod=score_mod, return_stats=return_lse)
     whole = attention(query, key, value, causal=True, **call)
     first = attention(query[:, :, :prefix], key[:, :, :prefix], value[:, :, :prefix], **call)
-    # slice_scatter, not cat of the square's rows: a copy of the whole contiguous O (cat of a strided
-    # view ran at a quarter of the copy's speed, 49 us at 2x2k h16 on the H100), and its backward
-    # gives the square dO with the prefix's rows 0 and the prefix's call their rows.
     if not return_lse:
         return whole.slice_scatter(first, 2, 0, prefix)
     return tuple(a.slice_scatter(b, 2, 0, prefix) for a, b in zip(whole, first))
+
+
+def _prefix_pieces(prefix, s):
+    """The causal square and the prefix's square, both from position 0."""
+    return (Piece((0, s), (0, s), BAND_PIECE, window=(-1, 0)), Piece((0, prefix), (0, prefix), FULL_PIECE))
+
+
+class _PrefixOverCausal(torch.autograd.Function):
+    """The module docstring's first prefix road: `whole` (the causal square) and `first` (the
+    prefix's square), FusedattnPieces; `prefix`: P."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, whole, first, prefix):
+        o, lse = whole.forward(query, key, value)
+        o_first, lse_first = first.forward(query[:, :, :prefix], key[:, :, :prefix], value[:, :, :prefix])
+        o[:, :, :prefix] = o_first
+        lse[:, :, :prefix] = lse_first
+        ctx.save_for_backward(query, key, value, o, lse)
+        ctx.pieces, ctx.prefix = (whole, first), prefix
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, d_o, _d_lse):
+        query, key, value, o, lse = ctx.saved_tensors
+        (whole, first), n = ctx.pieces, ctx.prefix
+        d_o_rest = d_o.clone(memory_format=torch.contiguous_format)  # autograd's dO stays as it is
+        d_o_rest[:, :, :n] = 0  # the square's rows of the prefix: the prefix call's
+        d_q, d_k, d_v = whole.backward(d_o_rest, query, key, value, o, lse)
+        views = (query[:, :, :n], key[:, :, :n], value[:, :, :n])
+        f_q, f_k, f_v = first.backward(d_o[:, :, :n], *views, o[:, :, :n], lse[:, :, :n])
+        d_q[:, :, :n] = f_q  # the square's are 0 there: their dO is
+        d_k[:, :, :n] += f_k
+        d_v[:, :, :n] += f_v
+        return d_q, d_k, d_v, None, None, None
 
 
 def _function(piece, score_mod, mask_mod):
