@@ -31,6 +31,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <array>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -149,6 +150,25 @@ at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   return run.o;
 }
 
+// q, k, v, the config and the score modifier's scalars of forward(q, k, v, config_id, scale[,
+// mod_scalars]) and forward_stats(), or nothing for a call left to the general path.
+struct PlainArguments {
+  at::Tensor q, k, v;
+  int id;
+  const fa::CallConfig* config;
+  at::Tensor mod_scalars;
+};
+
+std::optional<PlainArguments> plain_arguments(PyObject* const* args, Py_ssize_t count) {
+  const at::Tensor& q = tensor_argument(args[0], "q");
+  const at::Tensor& k = tensor_argument(args[1], "k");
+  const at::Tensor& v = tensor_argument(args[2], "v");
+  const int id = config_id_argument(args[3]);
+  const fa::CallConfig& config = fa::registered_config(id);
+  if (!plain(config) || !attention_inputs_run_here(args)) return std::nullopt;
+  return PlainArguments{q, k, v, id, &config, mod_scalars_argument(args, count, config, q)};
+}
+
 // forward(q, k, v, config_id, scale[, mod_scalars]) as a CPython fast call.
 PyObject* forward_call(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
   HANDLE_TH_ERRORS
@@ -156,14 +176,9 @@ PyObject* forward_call(PyObject* /*module*/, PyObject* const* args, Py_ssize_t c
     if (count != 5 && count != 6) {
       throw fa::InvalidArgument("arguments", std::to_string(count), "5 or 6: q, k, v, config_id, scale[, mod_scalars]");
     }
-    const at::Tensor& q = tensor_argument(args[0], "q");
-    const at::Tensor& k = tensor_argument(args[1], "k");
-    const at::Tensor& v = tensor_argument(args[2], "v");
-    const int id = config_id_argument(args[3]);
-    const fa::CallConfig& config = fa::registered_config(id);
-    if (!plain(config) || !attention_inputs_run_here(args)) Py_RETURN_NOTIMPLEMENTED;
-    const at::Tensor mod_scalars = mod_scalars_argument(args, count, config, q);
-    return THPVariable_Wrap(forward(q, k, v, mod_scalars, id, config, args[4]));
+    const std::optional<PlainArguments> a = plain_arguments(args, count);
+    if (!a) Py_RETURN_NOTIMPLEMENTED;
+    return THPVariable_Wrap(forward(a->q, a->k, a->v, a->mod_scalars, a->id, *a->config, args[4]));
   } catch (const fa::Error& error) {
     fa::python::set_python_error(error);
     return nullptr;
@@ -178,12 +193,6 @@ PyMethodDef forward_method = {
     "on q's device, where it has any) on the current stream, differentiable through a C++ autograd node when an "
     "input requires grad; or NotImplemented for a call it leaves to the general path."};
 
-// forward_stats(q, k, v, config_id, scale, mod_scalars) -> (O, statistics) and backward(d_o, q, k, v, o,
-// stats, config_id, scale, mod_scalars) -> (dQ, dK, dV): a plain call's two passes with no autograd
-// node, for callers that compose calls and run their backward themselves (flex_attention's pieces,
-// fusedattn/torch/_flex_pieces.py); NotImplemented where forward() would give it. The backward takes
-// the forward's tensors as they were (O and dO in O's own layout, the statistics as forward_stats
-// gives them, or another call's of the same rows).
 // A new Python tuple of the tensors (each wrapped once: the tuple owns the references).
 PyObject* tuple_of(const std::vector<at::Tensor>& tensors) {
   PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(tensors.size()));
@@ -194,20 +203,21 @@ PyObject* tuple_of(const std::vector<at::Tensor>& tensors) {
   return tuple;
 }
 
+// forward_stats(q, k, v, config_id, scale, mod_scalars) -> (O, statistics) and backward(d_o, q, k, v, o,
+// stats, config_id, scale, mod_scalars) -> (dQ, dK, dV): a plain call's two passes with no autograd
+// node, for callers that compose calls and run their backward themselves (flex_attention's pieces,
+// fusedattn/torch/_flex_pieces.py); NotImplemented where forward() would give it. The backward takes
+// the forward's tensors as they were (O and dO in O's own layout, the statistics as forward_stats
+// gives them, or another call's of the same rows).
 PyObject* forward_stats_call(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
   HANDLE_TH_ERRORS
   try {
     if (count != 6) {
       throw fa::InvalidArgument("arguments", std::to_string(count), "6: q, k, v, config_id, scale, mod_scalars");
     }
-    const at::Tensor& q = tensor_argument(args[0], "q");
-    const at::Tensor& k = tensor_argument(args[1], "k");
-    const at::Tensor& v = tensor_argument(args[2], "v");
-    const int id = config_id_argument(args[3]);
-    const fa::CallConfig& config = fa::registered_config(id);
-    if (!plain(config) || !attention_inputs_run_here(args)) Py_RETURN_NOTIMPLEMENTED;
-    const at::Tensor mod_scalars = mod_scalars_argument(args, count, config, q);
-    const ForwardRun run = run_forward(q, k, v, mod_scalars, id, config, args[4], true);
+    const std::optional<PlainArguments> a = plain_arguments(args, count);
+    if (!a) Py_RETURN_NOTIMPLEMENTED;
+    const ForwardRun run = run_forward(a->q, a->k, a->v, a->mod_scalars, a->id, *a->config, args[4], true);
     return tuple_of({run.o, run.stats});
   } catch (const fa::Error& error) {
     fa::python::set_python_error(error);
@@ -223,20 +233,15 @@ PyObject* backward_call(PyObject* /*module*/, PyObject* const* args, Py_ssize_t 
       throw fa::InvalidArgument("arguments", std::to_string(count),
                                 "9: d_o, q, k, v, o, stats, config_id, scale, mod_scalars");
     }
-    static const char* const kNames[] = {"d_o", "q", "k", "v", "o", "stats"};
-    for (int i = 0; i < 6; ++i) tensor_argument(args[i], kNames[i]);
-    const at::Tensor& q = THPVariable_Unpack(args[1]);
-    const int id = config_id_argument(args[6]);
-    const fa::CallConfig& config = fa::registered_config(id);
-    if (!plain(config) || !attention_inputs_run_here(args + 1)) Py_RETURN_NOTIMPLEMENTED;
-    PyObject* const shifted[6] = {args[1], args[2], args[3], args[6], args[7], args[8]};  // as forward's
-    const at::Tensor mod_scalars = mod_scalars_argument(shifted, 6, config, q);
-    const fa::ValidatedSpec valid = spec_of(q, THPVariable_Unpack(args[2]), THPVariable_Unpack(args[3]), config, true);
-    const variable_list grads =
-        run_backward(valid, scale_value(args[7], valid.spec()), THPVariable_Unpack(args[0]), q,
-                     THPVariable_Unpack(args[2]), THPVariable_Unpack(args[3]), THPVariable_Unpack(args[4]),
-                     THPVariable_Unpack(args[5]), mod_scalars);
-    return tuple_of(grads);
+    const at::Tensor& d_o = tensor_argument(args[0], "d_o");
+    const at::Tensor& o = tensor_argument(args[4], "o");
+    const at::Tensor& stats = tensor_argument(args[5], "stats");
+    PyObject* const forward_args[6] = {args[1], args[2], args[3], args[6], args[7], args[8]};  // as forward_stats's
+    const std::optional<PlainArguments> a = plain_arguments(forward_args, 6);
+    if (!a) Py_RETURN_NOTIMPLEMENTED;
+    const fa::ValidatedSpec valid = spec_of(a->q, a->k, a->v, *a->config, true);
+    return tuple_of(run_backward(valid, scale_value(args[7], valid.spec()), d_o, a->q, a->k, a->v, o, stats,
+                                 a->mod_scalars));
   } catch (const fa::Error& error) {
     fa::python::set_python_error(error);
     return nullptr;
