@@ -43,17 +43,22 @@ def run(schedule, query, key, value, *, score_mod, mask_mod, scale, return_lse, 
     prefix = _prefix_length(schedule, query, key)
     if prefix and (torch.compiler.is_compiling() or _score_mod.learned(score_mod)):
         return _prefix_by_calls(prefix, query, key, value, score_mod, scale, return_lse, attention)
-    functions = [_function(piece, score_mod, mask_mod) for piece in schedule.pieces]
-    if not prefix and schedule.rows_apart and not schedule.empty_rows_inside:
-        return _by_rows(schedule, functions, query, key, value, scale, return_lse, attention)
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
     if prefix:
-        whole, first = (FusedattnPiece(piece, score_mod, scale) for piece in _prefix_pieces(prefix, query.shape[2]))
+        whole, first = (FusedattnPiece(piece, score_mod, _scale(query, scale))
+                        for piece in _prefix_pieces(prefix, query.shape[2]))
         o, lse = _PrefixOverCausal.apply(query, key, value, whole, first, prefix)
-    else:
-        pieces = [(piece, FusedattnPiece(piece, fn, scale)) for piece, fn in zip(schedule.pieces, functions)]
-        o, lse = _Merged.apply(query, key, value, pieces)
+        return (o, lse) if return_lse else o
+    functions = [_function(piece, score_mod, mask_mod) for piece in schedule.pieces]
+    if schedule.rows_apart and not schedule.empty_rows_inside:
+        return _by_rows(schedule, functions, query, key, value, scale, return_lse, attention)
+    pieces = [(piece, FusedattnPiece(piece, fn, _scale(query, scale))) for piece, fn in zip(schedule.pieces, functions)]
+    o, lse = _Merged.apply(query, key, value, pieces)
     return (o, lse) if return_lse else o
+
+
+def _scale(query, scale):
+    """flex_attention's scale as a number: 1/sqrt(d) where it is None."""
+    return 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
 
 
 def _prefix_length(schedule, query, key):
