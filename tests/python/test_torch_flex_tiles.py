@@ -16,7 +16,7 @@ fa = pytest.importorskip("fusedattn.torch")
 flex = pytest.importorskip("torch.nn.attention.flex_attention", reason="this PyTorch has no FlexAttention")
 
 from fusedattn import _score_mod as core_score_mod, _score_mod_bias, _tile_schedule  # noqa: E402
-from fusedattn.torch import _flex_run, _flex_tiles, _flex_views, _score_mod  # noqa: E402
+from fusedattn.torch import _dense_bias, _flex_run, _flex_tiles, _flex_views, _score_mod  # noqa: E402
 from test_torch_flex_roads import Float64Piece, calls, grids, stand_in  # noqa: E402
 
 B, H_Q, H_KV, S, D, BLOCK = 2, 4, 2, 192, 16, 32
@@ -187,7 +187,7 @@ def test_a_trace_moved_to_a_view_means_the_function_there():
     sizes = (1, 1, rows[1] - rows[0], keys[1] - keys[0])
     grid = {name: torch.arange(n).view(*([1] * axis), n, *([1] * (3 - axis)))
             for axis, (name, n) in enumerate(zip(("b", "h", "q", "kv"), sizes))}
-    got = _score_mod_bias.evaluate_dense(at_zero, grid, _score_mod._operations(torch.device("cpu"), sizes))
+    got = _score_mod_bias.evaluate_dense(at_zero, grid, _dense_bias._operations(torch.device("cpu"), sizes))
     i, j = torch.arange(*rows).view(-1, 1), torch.arange(*keys).view(1, -1)
     want = torch.where(mask(0, 0, i, j), relative(torch.zeros(()), 0, 0, i, j), float("-inf"))
     assert torch.allclose(got[0, 0].double(), want.double())

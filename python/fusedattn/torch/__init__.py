@@ -121,7 +121,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
              and not return_max_logit and not fallback and mask_mod is None)
     if plain and _fast is not None and layout != "thd" and q.is_cuda and not torch.compiler.is_compiling():
         # A score_mod whose only runtime values are its scalars (a softcap) takes road 1 too.
-        mod = ("", None) if score_mod is None else _score_mod.scalars_only(score_mod, q.device)
+        mod = _score_mod.scalars_only(score_mod, q.device)
         if mod is not None:
             config_id = _plain_config_id(layout, causal, window, align, alibi, softmax, deterministic, mod[0])
             out = _fast.forward(q, k, v, config_id, scale, mod[1])

@@ -43,7 +43,7 @@ class FusedattnPiece:
         fast = fast_path()
         if fast is None or not eager_road(q, k, v):
             return None
-        mod = ("", None) if self.fn is None else _score_mod.scalars_only(self.fn, q.device)
+        mod = _score_mod.scalars_only(self.fn, q.device)
         if mod is None:
             return None
         config_id = plain_config_id("bhsd", False, tuple(self.piece.window), self.piece.align, False, "vanilla",
