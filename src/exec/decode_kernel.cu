@@ -88,6 +88,54 @@ void allow_shared_bytes(Kernel kernel, std::int64_t bytes) {
   most = bytes;
 }
 
+// Whether `kernel` can run its chunks as clusters of `chunks` blocks (shape.cluster_merge) here: the
+// code that runs is SM 9.0's (whose body merges in the cluster), the device takes clusters of that
+// size (over 8, the non-portable size, allowed once per instance) and at least one fits beside the
+// block's shared memory. Otherwise the plan keeps its partials for the merge kernel.
+bool clusters_fit(Kernel kernel, const DecodeKernelShape& shape) {
+  cudaFuncAttributes attributes{};
+  if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess || attributes.binaryVersion < 90) return false;
+  if (shape.chunks > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    return false;
+  }
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = static_cast<unsigned>(shape.chunks);
+  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(shape.chunks));
+  config.blockDim = dim3(static_cast<unsigned>(shape.threads));
+  config.dynamicSmemBytes = static_cast<std::size_t>(shape.shared_bytes);
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: leave no error for the next call to find
+    return false;
+  }
+  return clusters > 0;
+}
+
+// The kernel over `blocks` in clusters of blocks.x (one cluster a (K/V head, sequence)), launched
+// early where `early` (decode_launch.cuh's launch, with the cluster's size beside it).
+cudaError_t launch_in_clusters(Kernel kernel, bool early, dim3 blocks, unsigned threads, std::size_t shared,
+                               cudaStream_t stream, const Params& p) {
+  cudaLaunchAttribute attributes[2] = {};
+  attributes[0].id = cudaLaunchAttributeClusterDimension;
+  attributes[0].val.clusterDim.x = blocks.x;
+  attributes[0].val.clusterDim.y = attributes[0].val.clusterDim.z = 1;
+  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = blocks;
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = shared;
+  config.stream = stream;
+  config.attrs = attributes;
+  config.numAttrs = early ? 2 : 1;
+  return cudaLaunchKernelEx(&config, kernel, p);
+}
+
 void copy_strides(const TensorDesc& desc, long long (&out)[3]) {
   out[0] = desc.strides[kBatch];
   out[1] = desc.strides[kHead];
@@ -113,7 +161,8 @@ DecodeKernelCall::DecodeKernelCall(const AttentionSpec& spec, const DecodeKernel
   for (int shift = 0; shift < 31; ++shift) {
     if (spec.page_size() == std::int64_t{1} << shift) page_shift_ = shift;
   }
-  if (shape.merged()) {
+  if (shape_.cluster_merge && !clusters_fit(kernel_, shape_)) shape_.cluster_merge = false;
+  if (shape_.merged() && !shape_.cluster_merge) {
     const auto rows = static_cast<std::size_t>(spec.batch() * shape.chunks * spec.heads_q() * spec.seq_q());
     partial_o_bytes_ = round_up(rows * static_cast<std::size_t>(spec.head_dim_v()) * sizeof(float));
     partial_stats_bytes_ = round_up(rows * sizeof(float));
@@ -146,7 +195,8 @@ void DecodeKernelCall::forward(const ForwardTensors& t, float scale, cudaStream_
   }
   p.sink = s.softmax == Softmax::sink ? t.sink : nullptr;
   p.off_by_one = s.softmax == Softmax::off_by_one;
-  if (shape_.merged()) {
+  p.cluster_merge = shape_.cluster_merge;
+  if (shape_.merged() && !shape_.cluster_merge) {
     p.o_part = reinterpret_cast<float*>(workspace);
     p.stats_part = reinterpret_cast<float*>(workspace + partial_o_bytes_);
   }
@@ -174,10 +224,12 @@ void DecodeKernelCall::forward(const ForwardTensors& t, float scale, cudaStream_
   }
   const dim3 blocks(static_cast<unsigned>(shape_.chunks), static_cast<unsigned>(s.heads_kv()),
                     static_cast<unsigned>(s.batch()));
-  check_cuda(launch(kernel_, early_launch_, blocks, static_cast<unsigned>(shape_.threads),
-                    static_cast<std::size_t>(shape_.shared_bytes), stream, p),
+  const auto threads = static_cast<unsigned>(shape_.threads);
+  const auto shared = static_cast<std::size_t>(shape_.shared_bytes);
+  check_cuda(shape_.cluster_merge ? launch_in_clusters(kernel_, early_launch_, blocks, threads, shared, stream, p)
+                                  : launch(kernel_, early_launch_, blocks, threads, shared, stream, p),
              "decode kernel: launch");
-  if (!shape_.merged()) return;
+  if (!shape_.merged() || shape_.cluster_merge) return;
   DecodePartials partials;
   partials.o = p.o_part;
   partials.float32 = true;

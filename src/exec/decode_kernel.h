@@ -1,7 +1,8 @@
 // Internal: fusedattn's own decode kernel as a plan runs it (the rule: support/decode_kernel_rule.h;
-// the kernel: decode_kernel_body.cuh). One launch over (chunk, K/V head, sequence) blocks, then, for
-// a call cut into several chunks, the library's one merge (decode_merge.h), launched early behind
-// it; all on the caller's stream, lengths and descales read on the device, so a captured call
+// the kernel: decode_kernel_body.cuh). One launch over (chunk, K/V head, sequence) blocks. A call cut
+// into several chunks is merged in the kernel where each (K/V head, sequence)'s chunks form a cluster
+// of blocks (decode_cluster_merge.cuh), else by the library's one merge kernel (decode_merge.h),
+// launched early behind it; all on the caller's stream, lengths and descales read on the device, so a captured call
 // replays with new ones. O is zero in rows past a sequence's queries, and a row that sees no key
 // is O 0 with a log-sum-exp of -inf, as the references define.
 #pragma once
@@ -30,9 +31,11 @@ std::optional<DecodeKernelShape> decode_kernel_in_use(const AttentionSpec& spec,
 class DecodeKernelCall {
  public:
   /// Finds the kernel for the spec's dtypes, head dim and shape, and lets it have its shared
-  /// memory (cudaFuncSetAttribute, once per plan). Throws CudaError if that fails.
+  /// memory (cudaFuncSetAttribute, once per plan). Throws CudaError if that fails. A shape whose
+  /// clusters the device cannot hold (clusters_fit) leaves its chunks to the merge kernel.
   DecodeKernelCall(const AttentionSpec& spec, const DecodeKernelShape& shape);
-  /// The partials' float32 O and statistics (none for one chunk).
+  /// The partials' float32 O and statistics for the merge kernel (none for one chunk, or chunks
+  /// merged in their cluster).
   std::size_t workspace_bytes() const noexcept { return partial_o_bytes_ + partial_stats_bytes_; }
   const DecodeKernelShape& shape() const noexcept { return shape_; }
 

@@ -11,11 +11,14 @@
 // one, is added after it, as the reference adds it). FP8 tiles are widened to q's dtype in
 // shared memory first (exactly: every E4M3 value is a half and a bfloat16); their descales fold into
 // the score scale (K) and the output (V). At the end the warps of a row tile merge their keys in
-// shared memory and the block writes O and the log-sum-exp, or a chunk's partials for the merge.
+// shared memory and the block writes O and the log-sum-exp, or a chunk's partials for the merge
+// kernel, or (cluster_merge) keeps them in its shared memory, where the cluster of the (K/V head,
+// sequence)'s chunks merges them (decode_cluster_merge.cuh).
 #pragma once
 
 #include <cstdint>
 
+#include "exec/decode_cluster_merge.cuh"
 #include "exec/decode_launch.cuh"
 #include "exec/decode_mma.cuh"
 #include "support/decode_kernel_rule.h"
@@ -39,6 +42,7 @@ struct Params {
   int descale_step;
   float* o_part;                   // partials [b * chunks, s_q * g, h_kv, d] (decode_merge.h); null: O itself
   float* stats_part;               // [b * chunks, h_kv, s_q * g]
+  bool cluster_merge;              // the chunks are one cluster, merged in its shared memory (o_part null)
   long long q_stride[3], o_stride[3], k_stride[3], v_stride[3];  // batch (a pool's page), head, sequence
   int s_q, s_kv, group, h_kv, pages, page_size, chunk_keys, chunks;
   int page_shift;                  // log2(page_size) where it is a power of two, else -1
@@ -53,12 +57,6 @@ struct Params {
   const void* bias;                // in q's dtype, added to every (softcapped) scaled score; or null
   long long bias_stride[3];        // its batch, head and query strides (0 where broadcast); keys contiguous
 };
-
-// The extra logit of head `head`'s denominator in base 2 (a sink, off-by-one's 0), -inf: none.
-__device__ __forceinline__ float extra_logit_log2(const Params& p, int head) {
-  if (p.sink != nullptr) return p.sink[head] * 1.4426950408889634f;
-  return p.off_by_one ? 0.0f : -INFINITY;
-}
 
 // Byte offset of 16-byte chunk `chunk` of `row` in a tile of 16-bit rows of `kChunks` chunks.
 template <int kChunks>
@@ -305,6 +303,7 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
   constexpr int kPitch = D + 8;
   float* const o_rows = reinterpret_cast<float*>(shared);                        // [warps][16][kPitch]
   float* const maxima = o_rows + kRowTiles * kKeyGroups * 16 * kPitch;           // [warps][16][max, sum]
+  float* const row_lse = maxima + kRowTiles * kKeyGroups * 16 * 2;              // [rows] (cluster_merge)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
@@ -327,7 +326,8 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
     const int t = row / p.group, head = kv * p.group + row % p.group;
     // The softmax's extra logit joins the row's own denominator here; a chunk's partials leave it to
     // the merge, which adds it once.
-    const float extra = p.o_part == nullptr ? extra_logit_log2(p, head) : -INFINITY;
+    const bool partial = p.o_part != nullptr || p.cluster_merge;
+    const float extra = partial ? -INFINITY : extra_logit(p, head) * 1.4426950408889634f;
     float top = extra;
 #pragma unroll
     for (int g = 0; g < kKeyGroups; ++g) top = fmaxf(top, maxima[2 * ((tile * kKeyGroups + g) * 16 + in_tile)]);
@@ -350,7 +350,10 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
     const float f = seen ? out_scale / sum : 0.0f;
     o = seen ? make_float4(o.x * f, o.y * f, o.z * f, o.w * f) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const float lse = seen ? top * 0.69314718f + __logf(sum) : -INFINITY;  // natural: top is in base 2
-    if (p.o_part != nullptr) {
+    if (p.cluster_merge) {  // in place of the row's first key group's columns: only this thread reads them
+      *reinterpret_cast<float4*>(o_rows + (tile * kKeyGroups * 16 + in_tile) * kPitch + column) = o;
+      if (column == 0) row_lse[row] = lse;
+    } else if (p.o_part != nullptr) {
       *reinterpret_cast<float4*>(p.o_part + ((entry * rows + row) * p.h_kv + kv) * D + column) = o;
       if (column == 0) p.stats_part[(entry * p.h_kv + kv) * rows + row] = lse;
     } else {
@@ -360,6 +363,9 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
         p.stats[(static_cast<long long>(i) * p.h_kv * p.group + head) * p.s_q + t] = lse;
       }
     }
+  }
+  if (p.cluster_merge) {
+    merge_in_cluster<T, D, kThreads>(p, o_rows, kKeyGroups * 16 * kPitch, kPitch, row_lse, rows, q_len, kv, i);
   }
 #endif
 }

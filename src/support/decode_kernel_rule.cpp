@@ -29,10 +29,12 @@ constexpr double kRoundTripUs = 1.0;
 // kernel is expected to keep half busy beside its softmax, loads and barriers. Only rows of many
 // queries make this bind: 16 queries of a group of 8 take 256 multiply-adds per 16-bit K/V byte pair.
 constexpr double kSmFmaPerUs = 0.5 * 1024 * 1755;
-// The launch and the first round trip before anything streams, and the merge (launched early,
-// it waits for the kernel and then reads each row's partials once).
+// The launch and the first round trip before anything streams, and the merge: the merge kernel
+// (launched early, it waits for the kernel and then reads each row's partials once), or, in the
+// kernel, two cluster barriers and a read of the peers' rows from their shared memory.
 constexpr double kStartUs = 1.5;
 constexpr double kMergeUs = 1.5;
+constexpr double kClusterMergeUs = 0.5;
 
 // Shared memory an SM has, and the most a block may ask for, by SM version (CUDA's tables).
 std::int64_t shared_per_sm(const DeviceCaps& caps) {
@@ -76,6 +78,7 @@ DecodeKernelShape cut(const AttentionSpec& spec, const DeviceCaps& caps, DecodeK
                       std::int64_t asked) {
   rows.chunk_keys = ceil_div(ceil_div(keys, asked), kDecodeTileKeys) * kDecodeTileKeys;
   rows.chunks = ceil_div(keys, rows.chunk_keys);
+  rows.cluster_merge = rows.chunks > 1 && rows.chunks <= kDecodeKernelClusterChunks && caps.sm_major >= 9;
   if (spec.paged_kv()) {
     rows.page_slots = decode_kernel_chunk_pages(rows.chunk_keys, spec.page_size());
     rows.shared_bytes += 2 * rows.page_slots * static_cast<std::int64_t>(sizeof(std::int32_t));
@@ -169,8 +172,9 @@ double decode_kernel_expected_us(const AttentionSpec& spec, const DecodeKernelSh
   const double d = static_cast<double>(spec.head_dim_v()), kv = static_cast<double>(kv_bytes(spec));
   const double chunks = static_cast<double>(shape.chunks), keys = static_cast<double>(shape.chunk_keys);
   const double rows = static_cast<double>(rows_of(spec));
-  // Partials: float32 O rows and a statistic, written by the kernel and read by the merge.
-  const double partial_bytes = shape.merged() ? rows * (d + 1) * 4 : 0.0;
+  // Partials: float32 O rows and a statistic, written by the kernel and read by the merge kernel
+  // (a cluster's stay in its shared memory).
+  const double partial_bytes = shape.merged() && !shape.cluster_merge ? rows * (d + 1) * 4 : 0.0;
   const double cache_bytes = static_cast<double>(spec.seq_kv()) * 2 * d * kv;
   // The GPU's rate counts the SMs that get a block (blocks are placed one an SM first): a call of
   // fewer blocks than SMs leaves the rest idle, whatever its blocks could draw alone.
@@ -184,7 +188,8 @@ double decode_kernel_expected_us(const AttentionSpec& spec, const DecodeKernelSh
   const double block_us = std::max((keys * 2 * d * kv + partial_bytes) / block_rate,
                                    block_fma * shape.blocks_per_sm / kSmFmaPerUs);
   const double waves = std::ceil(blocks / slots);
-  return kStartUs + std::max(memory_us, waves * block_us) + (shape.merged() ? kMergeUs : 0.0);
+  const double merge_us = !shape.merged() ? 0.0 : shape.cluster_merge ? kClusterMergeUs : kMergeUs;
+  return kStartUs + std::max(memory_us, waves * block_us) + merge_us;
 }
 
 DecodeKernelShape decode_kernel_shape(const AttentionSpec& spec, const DecodeDevice& device) {
@@ -290,7 +295,8 @@ void decode_extra_term_rule(const AttentionSpec& spec, Pass pass, const DeviceCa
 std::string decode_kernel_description(const DecodeKernelShape& shape) {
   std::string out = "fusedattn decode kernel, " + std::to_string(shape.chunks) + " chunk" +
                     (shape.chunks > 1 ? "s" : "") + " of " + std::to_string(shape.chunk_keys) + " keys";
-  return shape.merged() ? out + " merged" : out;
+  if (!shape.merged()) return out;
+  return shape.cluster_merge ? out + " merged in the kernel" : out + " merged";
 }
 
 }  // namespace fusedattn::detail

@@ -37,6 +37,13 @@ constexpr std::int64_t kDecodeKernelMaxRows = 128;
 /// the chunk's time at most.
 constexpr std::int64_t kDecodeKernelMinChunkKeys = 256;
 
+/// The most chunks a call merges inside the kernel (SM 9.0 and newer): the blocks of one (K/V head,
+/// sequence) form a thread block cluster (16 blocks, the non-portable size), and after their keys
+/// each block reads its share of the rows' partials from its peers' shared memory and writes O:
+/// no partials in global memory and no second kernel, whose launch cost a few microseconds of a
+/// decode step's 10 to 20. More chunks than that are merged by the library's merge kernel.
+constexpr std::int64_t kDecodeKernelClusterChunks = 16;
+
 /// Pipeline stages in shared memory: 3 tiles of 16-bit K and V (2 in flight while one is used:
 /// 64 KB at d = 128), 4 of FP8 ones (3 in flight, 48 KB; a 16-bit copy of the tile in use is made
 /// for the tensor cores).
@@ -44,12 +51,13 @@ FUSEDATTN_DECODE_SIZE int decode_kernel_stages(std::int64_t kv_bytes) { return k
 
 /// The kernel's dynamic shared memory: the pipeline's stages (K and V tiles of 64 keys, plus the
 /// 16-bit copies of FP8 tiles), or, at the end, each warp's O rows (16 rows of d + 8 floats: 8
-/// floats of padding keep a half-warp's 8-byte stores on distinct banks) and each row's max and
-/// sum, whichever is larger. The kernel lays it out from the same numbers.
+/// floats of padding keep a half-warp's 8-byte stores on distinct banks), each row's max and sum, and
+/// each row's log-sum-exp for a merge in the kernel, whichever is larger. The kernel lays it out from
+/// the same numbers.
 FUSEDATTN_DECODE_SIZE std::int64_t decode_kernel_shared_bytes(std::int64_t d, std::int64_t kv_bytes, std::int64_t warps) {
   const std::int64_t tile = kDecodeTileKeys * d;
   const std::int64_t pipeline = decode_kernel_stages(kv_bytes) * 2 * tile * kv_bytes + (kv_bytes == 1 ? 2 * tile * 2 : 0);
-  const std::int64_t rows = warps * 16 * (d + 8) * 4 + warps * 16 * 2 * 4;
+  const std::int64_t rows = warps * 16 * (d + 8) * 4 + warps * 16 * 3 * 4;
   return pipeline > rows ? pipeline : rows;
 }
 
@@ -79,6 +87,9 @@ struct DecodeKernelShape {
   int blocks_per_sm = 1;
   std::int64_t chunks = 1;      ///< chunks of every sequence's keys; 1: the kernel writes O itself
   std::int64_t chunk_keys = 0;  ///< keys of a chunk, a multiple of kDecodeTileKeys
+  /// The chunks merged inside the kernel, one cluster of blocks a (K/V head, sequence)
+  /// (kDecodeKernelClusterChunks); otherwise, with several chunks, by the merge kernel.
+  bool cluster_merge = false;
   bool merged() const noexcept { return chunks > 1; }
 };
 
@@ -146,7 +157,8 @@ void decode_score_mod_rule(const AttentionSpec& spec, Pass pass, const DeviceCap
 /// ("decode only mode"): refused where the kernel does not take the call, with the kernel's reasons.
 void decode_extra_term_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, std::vector<Reason>& out);
 
-/// "fusedattn decode kernel, 32 chunks of 256 keys merged" (Support::kernel).
+/// "fusedattn decode kernel, 16 chunks of 512 keys merged in the kernel" (or "... merged" by the
+/// merge kernel; Support::kernel).
 std::string decode_kernel_description(const DecodeKernelShape& shape);
 
 }  // namespace fusedattn::detail

@@ -84,6 +84,12 @@ TEST(DecodeKernel, ContiguousCaches) {
                      {16, 5}, {2048, 1000});
   // Several queries without a mask, sbhd, MQA.
   check_with_lengths("layout=sbhd dtype=bf16 b=2 s_q=5 s_kv=2100 h_q=16 h_kv=1 d=128 padding=1", {5, 2}, {2100, 700});
+  // The merge: the calls above cut into at most 16 chunks, merged in the kernel by each (K/V head,
+  // sequence)'s cluster of blocks on SM 9.0; one K/V head over 20k keys takes more chunks than a
+  // cluster holds, merged by the merge kernel (the support answer printed beside each case says which).
+  check_with_lengths("layout=bshd dtype=bf16 b=2 s_q=1 s_kv=20000 h_q=8 h_kv=1 d=128 padding=1 causal "
+                     "align=bottom_right",
+                     {1, 1}, {20000, 300});
 }
 
 // A softcap (Gemma 2's), the one score modifier the kernel applies: its cap a runtime scalar (drawn
