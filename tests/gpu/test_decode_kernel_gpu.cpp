@@ -183,7 +183,7 @@ TEST(DecodeKernel, Biases) {
 // Paged plans of one kernel instance ask for different shared memory (their chunks' page slots): a
 // plan set up after another, with fewer bytes, must not leave the first one's launch over the
 // function's limit (it failed with cudaErrorInvalidValue, first in an FP8 cache's captured decode).
-// 64 sequences of 2048 keys take one chunk each (33 pages), one of 8192 chunks of 448 keys (8 pages).
+// 64 sequences of 2048 keys take one chunk each (33 pages), one of 8192 chunks of 512 keys (9 pages).
 TEST(DecodeKernel, PlansOfOneInstanceWithDifferentPageSlots) {
   FUSEDATTN_REQUIRE_GPU();
   const std::string sink = "layout=bshd_paged_bshd dtype=bf16 s_q=1 h_q=8 h_kv=8 d=64 page_size=64 softmax=sink "
