@@ -89,15 +89,11 @@ void allow_shared_bytes(Kernel kernel, std::int64_t bytes) {
 }
 
 // Whether `kernel` can run its chunks as clusters of `chunks` blocks (shape.cluster_merge) here: the
-// code that runs is SM 9.0's (whose body merges in the cluster), the device takes clusters of that
-// size (over 8, the non-portable size, allowed once per instance) and at least one fits beside the
-// block's shared memory. Otherwise the plan keeps its partials for the merge kernel.
+// code that runs is SM 9.0's (whose body merges in the cluster) and at least one cluster of that size
+// fits beside the block's shared memory. Otherwise the plan keeps its partials for the merge kernel.
 bool clusters_fit(Kernel kernel, const DecodeKernelShape& shape) {
   cudaFuncAttributes attributes{};
   if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess || attributes.binaryVersion < 90) return false;
-  if (shape.chunks > 8 && cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-    return false;
-  }
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = static_cast<unsigned>(shape.chunks);

@@ -78,7 +78,6 @@ DecodeKernelShape cut(const AttentionSpec& spec, const DeviceCaps& caps, DecodeK
                       std::int64_t asked) {
   rows.chunk_keys = ceil_div(ceil_div(keys, asked), kDecodeTileKeys) * kDecodeTileKeys;
   rows.chunks = ceil_div(keys, rows.chunk_keys);
-  rows.cluster_merge = rows.chunks > 1 && rows.chunks <= kDecodeKernelClusterChunks && caps.sm_major >= 9;
   if (spec.paged_kv()) {
     rows.page_slots = decode_kernel_chunk_pages(rows.chunk_keys, spec.page_size());
     rows.shared_bytes += 2 * rows.page_slots * static_cast<std::int64_t>(sizeof(std::int32_t));
@@ -213,7 +212,23 @@ DecodeKernelShape decode_kernel_shape(const AttentionSpec& spec, const DecodeDev
       best_us = us;
     }
   }
-  return best ? *best : cut(spec, device.caps, rows, keys, ceil_div(keys, kDecodeTileKeys));
+  DecodeKernelShape out = best ? *best : cut(spec, device.caps, rows, keys, ceil_div(keys, kDecodeTileKeys));
+  out.cluster_merge = decode_cluster_merge(spec, out, device);
+  return out;
+}
+
+bool decode_cluster_merge(const AttentionSpec& spec, const DecodeKernelShape& shape, const DecodeDevice& device) {
+  // Measured through fusedattn.torch on an H100 (results/bench-decode.md; h 32/8, d 128, bf16, the
+  // kernel forced; CUDA graphs, microseconds, the merge kernel's time first): faster merged in the
+  // cluster at b = 1 over 512 keys (2 chunks: 15.2 -> 13.0) and 2k (8 chunks: 15.1 -> 14.4), b = 8
+  // over 8k and 32k (3 chunks, 192 of 264 slots: 107.7 -> 101.1, 398.7 -> 375.5), 8 queries at b = 4
+  // (5 chunks, 160 slots: 75.8 -> 71.9). Slower with 16 queries at b = 4 (8 chunks, 256 of 264
+  // slots: 98.3 -> 150.1, clusters spilling into a second wave) and with 16 chunks at b = 1 over 8k
+  // (128 blocks packed two an SM in their GPCs: 21.1 with 19 chunks through the merge kernel, 23.4).
+  if (!shape.merged() || shape.chunks > kDecodeKernelClusterChunks || device.caps.sm_major < 9) return false;
+  const std::int64_t blocks = spec.batch() * spec.heads_kv() * shape.chunks;
+  const std::int64_t slots = static_cast<std::int64_t>(std::max(device.multiprocessors, 1)) * shape.blocks_per_sm;
+  return 4 * blocks <= 3 * slots;
 }
 
 bool decode_kernel_only(const AttentionSpec& spec) {

@@ -38,11 +38,10 @@ constexpr std::int64_t kDecodeKernelMaxRows = 128;
 constexpr std::int64_t kDecodeKernelMinChunkKeys = 256;
 
 /// The most chunks a call merges inside the kernel (SM 9.0 and newer): the blocks of one (K/V head,
-/// sequence) form a thread block cluster (16 blocks, the non-portable size), and after their keys
-/// each block reads its share of the rows' partials from its peers' shared memory and writes O:
-/// no partials in global memory and no second kernel, whose launch cost a few microseconds of a
-/// decode step's 10 to 20. More chunks than that are merged by the library's merge kernel.
-constexpr std::int64_t kDecodeKernelClusterChunks = 16;
+/// sequence) form a thread block cluster (8 blocks, the portable size), and after their keys each
+/// block reads its share of the rows' partials from its peers' shared memory and writes O: no
+/// partials in global memory and no second kernel. decode_cluster_merge says when.
+constexpr std::int64_t kDecodeKernelClusterChunks = 8;
 
 /// Pipeline stages in shared memory: 3 tiles of 16-bit K and V (2 in flight while one is used:
 /// 64 KB at d = 128), 4 of FP8 ones (3 in flight, 48 KB; a 16-bit copy of the tile in use is made
@@ -88,7 +87,7 @@ struct DecodeKernelShape {
   std::int64_t chunks = 1;      ///< chunks of every sequence's keys; 1: the kernel writes O itself
   std::int64_t chunk_keys = 0;  ///< keys of a chunk, a multiple of kDecodeTileKeys
   /// The chunks merged inside the kernel, one cluster of blocks a (K/V head, sequence)
-  /// (kDecodeKernelClusterChunks); otherwise, with several chunks, by the merge kernel.
+  /// (decode_cluster_merge); otherwise, with several chunks, by the merge kernel.
   bool cluster_merge = false;
   bool merged() const noexcept { return chunks > 1; }
 };
@@ -114,6 +113,14 @@ std::optional<DecodeSoftcap> decode_softcap(const ScoreMod& mod);
 /// rows of 16 bytes (q and o strides multiples of 8 elements, K/V ones of 16 bytes); an SM 8.0 or
 /// newer GPU with room for its shared memory.
 std::vector<Reason> decode_kernel_refusals(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps);
+
+/// Whether the chunks of `shape` (cut for the merge kernel) are merged inside the kernel instead: on
+/// SM 9.0 and newer, 2 to kDecodeKernelClusterChunks chunks, and the call's blocks at most 3/4 of the
+/// GPU's block slots. A cluster's blocks must share one GPC (a group of 16 to 18 SMs on an H100), and
+/// the scheduler packs them there: a call that fills the GPU's slots then spills clusters into a
+/// second wave, and one of few blocks a sequence would leave SMs idle that its own blocks filled.
+/// Measured on an H100 (results/bench-decode.md; decode_kernel_rule.cpp has the numbers).
+bool decode_cluster_merge(const AttentionSpec& spec, const DecodeKernelShape& shape, const DecodeDevice& device);
 
 /// The shape and cut that decode_kernel_expected_us finds fastest, for a spec the kernel takes.
 DecodeKernelShape decode_kernel_shape(const AttentionSpec& spec, const DecodeDevice& device);
@@ -157,8 +164,8 @@ void decode_score_mod_rule(const AttentionSpec& spec, Pass pass, const DeviceCap
 /// ("decode only mode"): refused where the kernel does not take the call, with the kernel's reasons.
 void decode_extra_term_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, std::vector<Reason>& out);
 
-/// "fusedattn decode kernel, 16 chunks of 512 keys merged in the kernel" (or "... merged" by the
-/// merge kernel; Support::kernel).
+/// "fusedattn decode kernel, 19 chunks of 448 keys merged" (by the merge kernel; "... merged in the
+/// kernel" by a cluster; Support::kernel).
 std::string decode_kernel_description(const DecodeKernelShape& shape);
 
 }  // namespace fusedattn::detail

@@ -207,8 +207,8 @@ TEST(DecodeKernelRule, RowTilesWarpsAndSharedMemory) {
   EXPECT_EQ(big.threads, 256);
   EXPECT_EQ(big.blocks_per_sm, 1);
   // FP8 tiles: 4 stages of 1-byte tiles and the 16-bit copies of the one in use: 4 * 2 * 8192 + 2 * 16384;
-  // 16 chunks of 512 keys span 9 page slots each (of K, and of V).
-  EXPECT_EQ(decode_kernel_shape(with_fp8_cache(paged("b=1 s_q=1 s_kv=8192")), kH200).shared_bytes, 98304 + 2 * 4 * 9);
+  // 19 chunks of 448 keys span 8 pages each (of K, and of V).
+  EXPECT_EQ(decode_kernel_shape(with_fp8_cache(paged("b=1 s_q=1 s_kv=8192")), kH200).shared_bytes, 98304 + 2 * 4 * 8);
   // A contiguous cache keeps no pages.
   AttentionSpec contiguous = parse_spec("layout=bshd dtype=bf16 b=1 s_q=1 s_kv=8192 h_q=32 h_kv=8 d=128");
   EXPECT_EQ(decode_kernel_shape(contiguous, kH200).page_slots, 0);
@@ -241,40 +241,47 @@ TEST(DecodeKernelRule, PagedChunksKeepTheirPagesInSharedMemory) {
 
 // b = 1, h 32/8, d 128, one query over 8k keys on 132 SMs (kSmBytesPerUs = 4.22e6 / 132 = 31,970
 // bytes a microsecond). A K/V head streams 8192 * 2 * 128 * 2 = 4,194,304 bytes; 8 heads need at
-// least 132 / 8 = 17 chunks to fill the GPU. Counts that give new cuts: up to 16 chunks a cluster
-// merges in the kernel, its partials never leaving shared memory: 16 chunks of 512 keys (128 blocks:
-// memory 8 * 4,194,304 / (128 * 31,970) = 8.20 us); more go through the merge kernel: 19 of 448 (152
-// blocks, every SM: 8 * (4,194,304 + 2 * 19 * 2,064) / (132 * 31,970) = 8.10 us), 22 of 384 (8.12),
-// 26 of 320 (8.16), 32 of 256 (8.20). A block of 512 keys takes max(512 * 512 / 65,536 = 4.0 us of
-// its pipeline, 2 * 16 * 128 * 512 * 2 / 898,560 = 4.67 us of tensor cores) in one wave: 16 chunks,
-// 1.5 + 8.20 + 0.5 (the cluster's merge) = 10.20 us, against 1.5 + 8.10 + 1.5 (the merge kernel) =
-// 11.10 for 19.
+// least 132 / 8 = 17 chunks to fill the GPU. Counts that give new cuts: 16 chunks of 512 keys (128
+// blocks: memory 8 * (4,194,304 + 2 * 16 * 2,064) / (128 * 31,970) = 8.33 us), 19 of 448 (152 blocks,
+// every SM: 8 * (4,194,304 + 2 * 19 * 2,064) / (132 * 31,970) = 8.10 us), 22 of 384 (8.12), 26 of
+// 320 (8.16), 32 of 256 (8.20). A block of 448 keys takes max(448 * 512 / 65,536 = 3.5 us of its
+// pipeline, 2 * 16 * 128 * 448 * 2 / 898,560 = 4.09 us of tensor cores) in one wave: 19 chunks, 1.5 +
+// 8.10 + 1.5 (merge) = 11.10 us. More chunks than a cluster holds: the merge kernel merges them.
 TEST(DecodeKernelRule, WorkedCutOnAnH200) {
   const AttentionSpec spec = paged("b=1 s_q=1 s_kv=8192");
   const DecodeKernelShape shape = decode_kernel_shape(spec, kH200);
-  EXPECT_EQ(shape.chunks, 16);
-  EXPECT_EQ(shape.chunk_keys, 512);
-  EXPECT_TRUE(shape.cluster_merge);
-  EXPECT_NEAR(decode_kernel_expected_us(spec, shape, kH200), 10.20, 0.01);
-  EXPECT_EQ(decode_kernel_description(shape), "fusedattn decode kernel, 16 chunks of 512 keys merged in the kernel");
-  // On SM 8.0 (no clusters) the merge kernel merges: 108 SMs want 14 chunks of 8 heads (112 blocks,
-  // one wave): memory 8 * (4,194,304 + 2 * 14 * 2,064) / (108 * 31,970) = 9.73 us, 1.5 + 9.73 + 1.5.
-  const DecodeKernelShape older = decode_kernel_shape(spec, DecodeDevice{DeviceCaps{8, 0}, 108});
-  EXPECT_FALSE(older.cluster_merge);
-  EXPECT_EQ(decode_kernel_description(older), "fusedattn decode kernel, " + std::to_string(older.chunks) +
-                                                  " chunks of " + std::to_string(older.chunk_keys) + " keys merged");
-  // Over 128k keys every SM's share outweighs the merge: 16 chunks (128 blocks) take 1.5 + 8 *
-  // 67,108,864 / (128 * 31,970) + 0.5 = 1.5 + 131.2 + 0.5 = 133.2 us, 17 of 7,744 keys (136 blocks on
-  // all 132 SMs) 1.5 + 8 * (67,108,864 + 2 * 17 * 2,064) / (132 * 31,970) + 1.5 = 130.3 us: the
-  // merge kernel merges them.
-  const DecodeKernelShape long_cut = decode_kernel_shape(paged("b=1 s_q=1 s_kv=131072"), kH200);
-  EXPECT_EQ(long_cut.chunks, 17);
-  EXPECT_FALSE(long_cut.cluster_merge);
+  EXPECT_EQ(shape.chunks, 19);
+  EXPECT_EQ(shape.chunk_keys, 448);
+  EXPECT_FALSE(shape.cluster_merge);
+  EXPECT_NEAR(decode_kernel_expected_us(spec, shape, kH200), 11.10, 0.01);
+  EXPECT_EQ(decode_kernel_description(shape), "fusedattn decode kernel, 19 chunks of 448 keys merged");
   // b = 64 over 2k keys: 512 blocks of one chunk already fill the GPU; one chunk, no merge.
   const DecodeKernelShape full = decode_kernel_shape(paged("b=64 s_q=1 s_kv=2048"), kH200);
   EXPECT_EQ(full.chunks, 1);
   EXPECT_FALSE(full.merged());
   EXPECT_EQ(decode_kernel_description(full), "fusedattn decode kernel, 1 chunk of 2048 keys");
+}
+
+// Merged in the kernel where that was measured faster (decode_cluster_merge): 2 to 8 chunks and the
+// blocks within 3/4 of the 264 slots (132 SMs, two blocks of 128 threads each). Over 2k keys at b = 1
+// the cut is 8 chunks of 256 keys (64 blocks): a cluster each (K/V head); with 16 queries at b = 4, 8
+// chunks of 1,024 keys make 256 blocks, over 198: the merge kernel. b = 8 over 8k: 3 chunks, 192
+// blocks, clusters. On SM 8.0 there are none.
+TEST(DecodeKernelRule, MergedInTheKernelWhereClustersFit) {
+  const DecodeKernelShape short_cache = decode_kernel_shape(paged("b=1 s_q=1 s_kv=2048"), kH200);
+  EXPECT_EQ(short_cache.chunks, 8);
+  EXPECT_TRUE(short_cache.cluster_merge);
+  EXPECT_EQ(decode_kernel_description(short_cache), "fusedattn decode kernel, 8 chunks of 256 keys merged in the kernel");
+  // Its model: 1.5 + 8 * 1,048,576 / (64 * 31,970) (no partials) + 0.5 = 6.10 us, against 7.23 through the merge kernel.
+  EXPECT_NEAR(decode_kernel_expected_us(paged("b=1 s_q=1 s_kv=2048"), short_cache, kH200), 6.10, 0.01);
+  const DecodeKernelShape many_rows = decode_kernel_shape(paged("b=4 s_q=16 s_kv=8192"), kH200);
+  EXPECT_EQ(many_rows.chunks, 8);
+  EXPECT_FALSE(many_rows.cluster_merge);
+  const DecodeKernelShape batch = decode_kernel_shape(paged("b=8 s_q=1 s_kv=8192"), kH200);
+  EXPECT_EQ(batch.chunks, 3);
+  EXPECT_TRUE(batch.cluster_merge);
+  EXPECT_FALSE(decode_kernel_shape(paged("b=1 s_q=1 s_kv=2048"), DecodeDevice{DeviceCaps{8, 0}, 108}).cluster_merge);
+  EXPECT_FALSE(decode_kernel_shape(paged("b=64 s_q=1 s_kv=2048"), kH200).cluster_merge);  // one chunk: no merge
 }
 
 // What was measured on the H200 (decode_kernel_rule.cpp): paged caches faster on cuDNN's split

@@ -84,9 +84,10 @@ TEST(DecodeKernel, ContiguousCaches) {
                      {16, 5}, {2048, 1000});
   // Several queries without a mask, sbhd, MQA.
   check_with_lengths("layout=sbhd dtype=bf16 b=2 s_q=5 s_kv=2100 h_q=16 h_kv=1 d=128 padding=1", {5, 2}, {2100, 700});
-  // The merge: the calls above cut into at most 16 chunks, merged in the kernel by each (K/V head,
-  // sequence)'s cluster of blocks on SM 9.0; one K/V head over 20k keys takes more chunks than a
-  // cluster holds, merged by the merge kernel (the support answer printed beside each case says which).
+  // The merge: calls of 2 to 8 chunks and few blocks (the first two above) are merged in the kernel
+  // by each (K/V head, sequence)'s cluster of blocks on SM 9.0; one K/V head over 20k keys takes
+  // more chunks than a cluster holds, merged by the merge kernel (the support answer printed beside
+  // each case says which).
   check_with_lengths("layout=bshd dtype=bf16 b=2 s_q=1 s_kv=20000 h_q=8 h_kv=1 d=128 padding=1 causal "
                      "align=bottom_right",
                      {1, 1}, {20000, 300});
@@ -183,7 +184,7 @@ TEST(DecodeKernel, Biases) {
 // Paged plans of one kernel instance ask for different shared memory (their chunks' page slots): a
 // plan set up after another, with fewer bytes, must not leave the first one's launch over the
 // function's limit (it failed with cudaErrorInvalidValue, first in an FP8 cache's captured decode).
-// 64 sequences of 2048 keys take one chunk each (33 pages), one of 8192 chunks of 512 keys (9 pages).
+// 64 sequences of 2048 keys take one chunk each (33 pages), one of 8192 chunks of 448 keys (8 pages).
 TEST(DecodeKernel, PlansOfOneInstanceWithDifferentPageSlots) {
   FUSEDATTN_REQUIRE_GPU();
   const std::string sink = "layout=bshd_paged_bshd dtype=bf16 s_q=1 h_q=8 h_kv=8 d=64 page_size=64 softmax=sink "
