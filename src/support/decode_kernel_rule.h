@@ -5,7 +5,8 @@
 // head into the rows of one block (so each K/V element is read once per group), and splits each
 // sequence's keys into chunks, one block per (chunk, K/V head, sequence), so that every SM
 // streams. Each chunk writes a partial O and log-sum-exp that the library's one merge
-// (exec/decode_merge.h) combines; a call cut into one chunk writes O itself. It is the only path
+// (exec/decode_merge.h) combines, or, where decode_cluster_merge says so, keeps them in shared memory
+// for its cluster to merge inside the kernel; a call cut into one chunk writes O itself. It is the only path
 // for FP8 (E4M3) K/V caches beside 16-bit queries.
 #pragma once
 
