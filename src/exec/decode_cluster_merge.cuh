@@ -13,12 +13,12 @@
 #include <cooperative_groups.h>
 
 #include "exec/decode_mma.cuh"
+#include "exec/decode_params.h"
 
 namespace fusedattn::detail::decode {
 
 // The extra logit of head `head`'s denominator (a sink, off-by-one's 0), -inf: none.
-template <class P>
-__device__ __forceinline__ float extra_logit(const P& p, int head) {
+__device__ __forceinline__ float extra_logit(const Params& p, int head) {
   if (p.sink != nullptr) return p.sink[head];
   return p.off_by_one ? 0.0f : -INFINITY;
 }
@@ -26,8 +26,8 @@ __device__ __forceinline__ float extra_logit(const P& p, int head) {
 // Row r's piece of 4 columns at `column` lies at r / 16 * tile_floats + r % 16 * pitch + column of
 // `o_rows`, its log-sum-exp at row_lse[r]; `rows` rows, of which sequence i's first q_len queries
 // (s_q each, rows t * g + j) are real.
-template <class T, int D, int kThreads, class P>
-__device__ void merge_in_cluster(const P& p, const float* o_rows, int tile_floats, int pitch, const float* row_lse,
+template <class T, int D, int kThreads>
+__device__ void merge_in_cluster(const Params& p, const float* o_rows, int tile_floats, int pitch, const float* row_lse,
                                  int rows, int q_len, int kv, int i) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;

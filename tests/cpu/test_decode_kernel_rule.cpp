@@ -271,8 +271,10 @@ TEST(DecodeKernelRule, MergedInTheKernelWhereClustersFit) {
   const DecodeKernelShape short_cache = decode_kernel_shape(paged("b=1 s_q=1 s_kv=2048"), kH200);
   EXPECT_EQ(short_cache.chunks, 8);
   EXPECT_TRUE(short_cache.cluster_merge);
-  EXPECT_EQ(decode_kernel_description(short_cache), "fusedattn decode kernel, 8 chunks of 256 keys merged in the kernel");
-  // Its model: 1.5 + 8 * 1,048,576 / (64 * 31,970) (no partials) + 0.5 = 6.10 us, against 7.23 through the merge kernel.
+  EXPECT_EQ(decode_kernel_description(short_cache),
+            "fusedattn decode kernel, 8 chunks of 256 keys merged in the kernel");
+  // Its model: 1.5 + 8 * 1,048,576 / (64 * 31,970) (no partials) + 0.5 = 6.10 us, against 7.23
+  // through the merge kernel.
   EXPECT_NEAR(decode_kernel_expected_us(paged("b=1 s_q=1 s_kv=2048"), short_cache, kH200), 6.10, 0.01);
   const DecodeKernelShape many_rows = decode_kernel_shape(paged("b=4 s_q=16 s_kv=8192"), kH200);
   EXPECT_EQ(many_rows.chunks, 8);
