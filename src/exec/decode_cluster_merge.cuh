@@ -1,5 +1,5 @@
 // Internal: the decode kernel's merge inside a cluster (decode_kernel_body.cuh with cluster_merge;
-// support/decode_kernel_rule.h's kDecodeKernelClusterChunks says when). The blocks of one (K/V head,
+// support/decode_kernel_rule.h's decode_cluster_merge says when). The blocks of one (K/V head,
 // sequence) are one thread block cluster, a block a chunk of its keys, and each has left its rows'
 // partial O (normalized, float32) and natural log-sum-exp in its own shared memory. After a cluster
 // barrier each block takes every chunks-th piece of 4 columns of the rows, reads that piece and the
