@@ -17,12 +17,6 @@
 
 namespace fusedattn::detail::decode {
 
-// The extra logit of head `head`'s denominator (a sink, off-by-one's 0), -inf: none.
-__device__ __forceinline__ float extra_logit(const Params& p, int head) {
-  if (p.sink != nullptr) return p.sink[head];
-  return p.off_by_one ? 0.0f : -INFINITY;
-}
-
 // Row r's piece of 4 columns at `column` lies at r / 16 * tile_floats + r % 16 * pitch + column of
 // `o_rows`, its log-sum-exp at row_lse[r]; `rows` rows, of which sequence i's first q_len queries
 // (s_q each, rows t * g + j) are real.

@@ -112,26 +112,6 @@ bool clusters_fit(Kernel kernel, const DecodeKernelShape& shape) {
   return clusters > 0;
 }
 
-// The kernel over `blocks` in clusters of blocks.x (one cluster a (K/V head, sequence)), launched
-// early where `early` (decode_launch.cuh's launch, with the cluster's size beside it).
-cudaError_t launch_in_clusters(Kernel kernel, bool early, dim3 blocks, unsigned threads, std::size_t shared,
-                               cudaStream_t stream, const Params& p) {
-  cudaLaunchAttribute attributes[2] = {};
-  attributes[0].id = cudaLaunchAttributeClusterDimension;
-  attributes[0].val.clusterDim.x = blocks.x;
-  attributes[0].val.clusterDim.y = attributes[0].val.clusterDim.z = 1;
-  attributes[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attributes[1].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = blocks;
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = shared;
-  config.stream = stream;
-  config.attrs = attributes;
-  config.numAttrs = early ? 2 : 1;
-  return cudaLaunchKernelEx(&config, kernel, p);
-}
-
 void copy_strides(const TensorDesc& desc, long long (&out)[3]) {
   out[0] = desc.strides[kBatch];
   out[1] = desc.strides[kHead];
@@ -222,8 +202,9 @@ void DecodeKernelCall::forward(const ForwardTensors& t, float scale, cudaStream_
                     static_cast<unsigned>(s.batch()));
   const auto threads = static_cast<unsigned>(shape_.threads);
   const auto shared = static_cast<std::size_t>(shape_.shared_bytes);
-  check_cuda(shape_.cluster_merge ? launch_in_clusters(kernel_, early_launch_, blocks, threads, shared, stream, p)
-                                  : launch(kernel_, early_launch_, blocks, threads, shared, stream, p),
+  // A cluster is a (K/V head, sequence)'s chunks, merged in the kernel (decode_cluster_merge.cuh).
+  const unsigned cluster = shape_.cluster_merge ? blocks.x : 1;
+  check_cuda(launch_in_clusters(kernel_, early_launch_, cluster, blocks, threads, shared, stream, p),
              "decode kernel: launch");
   if (!shape_.merged() || shape_.cluster_merge) return;
   DecodePartials partials;

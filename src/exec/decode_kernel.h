@@ -2,9 +2,9 @@
 // the kernel: decode_kernel_body.cuh). One launch over (chunk, K/V head, sequence) blocks. A call cut
 // into several chunks is merged in the kernel where each (K/V head, sequence)'s chunks form a cluster
 // of blocks (decode_cluster_merge.cuh), else by the library's one merge kernel (decode_merge.h),
-// launched early behind it; all on the caller's stream, lengths and descales read on the device, so a captured call
-// replays with new ones. O is zero in rows past a sequence's queries, and a row that sees no key
-// is O 0 with a log-sum-exp of -inf, as the references define.
+// launched early behind it; all on the caller's stream, lengths and descales read on the device, so
+// a captured call replays with new ones. O is zero in rows past a sequence's queries, and a row that
+// sees no key is O 0 with a log-sum-exp of -inf, as the references define.
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,6 @@
 // Internal: what the decode kernels share (the split decode's, the merge, fusedattn's decode kernel):
-// the early launch of a kernel behind the one before it, and the rows of a call's sequences.
+// the early launch of a kernel behind the one before it (in clusters of blocks where asked), and the
+// rows of a call's sequences.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -40,21 +41,36 @@ __device__ __forceinline__ int count_of(const std::int32_t* cumulative, std::int
 }
 
 // kernel<<<blocks, threads, shared, stream>>>(args...), launched early where `early`
-// (decode_early_launch).
+// (decode_early_launch), in clusters of `cluster` blocks along x where cluster > 1 (SM 9.0 and newer;
+// blocks.x a multiple of it).
 template <class... Params, class... Args>
-cudaError_t launch(void (*kernel)(Params...), bool early, dim3 blocks, unsigned int threads, std::size_t shared,
-                   cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
+cudaError_t launch_in_clusters(void (*kernel)(Params...), bool early, unsigned cluster, dim3 blocks,
+                               unsigned int threads, std::size_t shared, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attributes[2] = {};
+  unsigned count = 0;
+  if (early) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count++].val.clusterDim = {cluster, 1, 1};
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = blocks;
   config.blockDim = dim3(threads);
   config.dynamicSmemBytes = shared;
   config.stream = stream;
-  config.attrs = early ? &attribute : nullptr;
-  config.numAttrs = early ? 1 : 0;
+  config.attrs = count > 0 ? attributes : nullptr;
+  config.numAttrs = count;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// The same, one block at a time (no clusters).
+template <class... Params, class... Args>
+cudaError_t launch(void (*kernel)(Params...), bool early, dim3 blocks, unsigned int threads, std::size_t shared,
+                   cudaStream_t stream, Args&&... args) {
+  return launch_in_clusters(kernel, early, 1, blocks, threads, shared, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace fusedattn::detail

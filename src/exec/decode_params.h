@@ -2,6 +2,7 @@
 // the plan from the spec and the call (decode_kernel.cu).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 namespace fusedattn::detail::decode {
@@ -38,5 +39,13 @@ struct Params {
   const void* bias;                // in q's dtype, added to every (softcapped) scaled score; or null
   long long bias_stride[3];        // its batch, head and query strides (0 where broadcast); keys contiguous
 };
+
+#ifdef __CUDACC__
+// The extra logit of head `head`'s denominator (a sink, off-by-one's 0), -inf: none.
+__device__ __forceinline__ float extra_logit(const Params& p, int head) {
+  if (p.sink != nullptr) return p.sink[head];
+  return p.off_by_one ? 0.0f : -INFINITY;
+}
+#endif
 
 }  // namespace fusedattn::detail::decode
