@@ -6,13 +6,14 @@ of two calls in a row (each kernel's start and end, and the gap before it). `--p
 runs the calls again in a process for each path forced (FUSEDATTN_DECODE_KERNEL=1 and 0: fusedattn's
 decode kernel, cuDNN's split decode), so their kernels can be set side by side. Then, unless
 --no-sweep, the split calls' times with each chunk count forced (FUSEDATTN_SPLIT_DECODE=n, a process
-each); the calls' times again with our kernels launched late (FUSEDATTN_DECODE_EARLY_LAUNCH=0); and,
+each); with --kernel-cuts, the calls on fusedattn's decode kernel cut into each chunk count
+(FUSEDATTN_DECODE_CHUNKS=n); the calls' times again with our kernels launched late (FUSEDATTN_DECODE_EARLY_LAUNCH=0); and,
 with --cudnn-sweep, cuDNN's paged call alone over the same keys cut into E entries of P pages (what a
 split's chunks call is). Each call is timed on a stream and captured in a CUDA graph. A diagnostic,
 not a benchmark.
 
     FUSEDATTN_PYTHON_BUILD=build/python python bench/profile_decode_kernels.py [--paths kernel cudnn]
-        [--no-sweep] [--cudnn-sweep] [--points 1,1,8192 8,1,32768]
+        [--no-sweep] [--cudnn-sweep] [--points 1,1,8192 8,1,32768] [--kernel-cuts 16 33]
 """
 import argparse
 import os
@@ -139,6 +140,8 @@ def main():
     parser.add_argument("--paths", nargs="*", choices=sorted(PATHS), default=[],
                         help="the calls again in a process with each path forced")
     parser.add_argument("--points", nargs="*", help="b,s_q,s_kv points instead of the default list")
+    parser.add_argument("--kernel-cuts", nargs="*", type=int, default=[],
+                        help="the calls on the kernel cut into each of these chunk counts, a process each")
     args = parser.parse_args()
     points = parse_points(args.points)
     if args.sweep:
@@ -152,6 +155,11 @@ def main():
         print(f"\n== forced onto {path} (FUSEDATTN_DECODE_KERNEL={PATHS[path]})", flush=True)
         subprocess.run([sys.executable, __file__, "--no-sweep", *forwarded],
                        env=dict(os.environ, FUSEDATTN_DECODE_KERNEL=PATHS[path]), check=False)
+    for chunks in args.kernel_cuts:
+        print(f"\n== on the kernel in {chunks} chunks (FUSEDATTN_DECODE_KERNEL=1 FUSEDATTN_DECODE_CHUNKS={chunks})",
+              flush=True)
+        subprocess.run([sys.executable, __file__, "--no-sweep", "--times-only", *forwarded], check=False,
+                       env=dict(os.environ, FUSEDATTN_DECODE_KERNEL="1", FUSEDATTN_DECODE_CHUNKS=str(chunks)))
     if not args.no_sweep:
         chunks_sweep()
         print("\n== the same with FUSEDATTN_DECODE_EARLY_LAUNCH=0 (our kernels launched after the previous one ends)",

@@ -14,6 +14,7 @@
 #include "exec/cuda_check.h"
 #include "exec/decode_kernel_body.cuh"
 #include "exec/device.h"
+#include "exec/environment_switch.h"
 #include "exec/element_conversions.cuh"
 
 namespace fusedattn::detail {
@@ -127,6 +128,10 @@ std::optional<DecodeKernelShape> decode_kernel_in_use(const AttentionSpec& spec,
   // The only path for some (decode_kernel_only), whatever FUSEDATTN_DECODE_KERNEL says.
   const int forced = decode_kernel_only(spec) ? 1 : forced_choice();
   if (forced == 0 || (forced < 0 && !decode_kernel_preferred(spec, pass, gpu))) return std::nullopt;
+  static const std::int64_t forced_chunks = count_in_environment("FUSEDATTN_DECODE_CHUNKS");
+  if (forced_chunks > 0) {
+    if (auto shape = decode_kernel_cut(spec, gpu, forced_chunks)) return shape;
+  }
   return decode_kernel_shape(spec, gpu);
 }
 

@@ -26,6 +26,8 @@ struct Params;
 /// where decode_kernel_preferred says so,
 /// unless FUSEDATTN_DECODE_KERNEL (read once) says otherwise: 0 never (cuDNN's path wherever it
 /// takes the call), 1 wherever the kernel takes it (the benchmark times both ways with it).
+/// FUSEDATTN_DECODE_CHUNKS=n (read once) cuts every call the kernel runs into n chunks where they fit
+/// (decode_kernel_cut), for measuring the cuts.
 std::optional<DecodeKernelShape> decode_kernel_in_use(const AttentionSpec& spec, Pass pass, int device);
 
 class DecodeKernelCall {

@@ -217,6 +217,18 @@ DecodeKernelShape decode_kernel_shape(const AttentionSpec& spec, const DecodeDev
   return out;
 }
 
+std::optional<DecodeKernelShape> decode_kernel_cut(const AttentionSpec& spec, const DecodeDevice& device,
+                                                   std::int64_t chunks) {
+  const std::int64_t keys = std::max<std::int64_t>(spec.seq_kv(), 1);
+  const std::int64_t asked = std::clamp<std::int64_t>(chunks, 1, ceil_div(keys, kDecodeTileKeys));
+  DecodeKernelShape shape = cut(spec, device.caps, rows_shape(spec, device.caps), keys, asked);
+  if (shape.page_slots > kDecodeKernelMaxChunkPages || shape.shared_bytes > shared_per_block(device.caps)) {
+    return std::nullopt;
+  }
+  shape.cluster_merge = decode_cluster_merge(spec, shape, device);
+  return shape;
+}
+
 bool decode_cluster_merge(const AttentionSpec& spec, const DecodeKernelShape& shape, const DecodeDevice& device) {
   // Measured through fusedattn.torch on an H100 (results/bench-decode.md; h 32/8, d 128, bf16, the
   // kernel forced; CUDA graphs, microseconds, the merge kernel's time first): faster merged in the

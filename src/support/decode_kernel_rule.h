@@ -126,6 +126,12 @@ bool decode_cluster_merge(const AttentionSpec& spec, const DecodeKernelShape& sh
 /// The shape and cut that decode_kernel_expected_us finds fastest, for a spec the kernel takes.
 DecodeKernelShape decode_kernel_shape(const AttentionSpec& spec, const DecodeDevice& device);
 
+/// `spec` cut into `chunks` chunks (fewer where the tiles run out), merged as decode_cluster_merge
+/// says: the cut FUSEDATTN_DECODE_CHUNKS forces (exec/decode_kernel.h), for measuring the cuts that
+/// decode_kernel_shape ranks. Nothing where the chunks' pages or the block's shared memory do not fit.
+std::optional<DecodeKernelShape> decode_kernel_cut(const AttentionSpec& spec, const DecodeDevice& device,
+                                                   std::int64_t chunks);
+
 /// Expected microseconds of the kernel's call cut into `chunks` (decode_kernel_shape's cost model,
 /// which ranks the cuts of one spec; decode_kernel_rule.cpp says how far the kernel's measured times
 /// are from it), from the spec's longest sequences (s_kv keys every one).

@@ -4,6 +4,7 @@
 // and support reasons.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -260,6 +261,27 @@ TEST(DecodeKernelRule, WorkedCutOnAnH200) {
   EXPECT_EQ(full.chunks, 1);
   EXPECT_FALSE(full.merged());
   EXPECT_EQ(decode_kernel_description(full), "fusedattn decode kernel, 1 chunk of 2048 keys");
+}
+
+// A cut forced for measuring (FUSEDATTN_DECODE_CHUNKS): whole tiles, so 33 chunks of 8k keys are 32
+// of 256; 1 to one tile a chunk; nothing where a chunk's pages overflow its slots (one chunk of 32k
+// keys in 16-key pages spans 2,049, one of two 1,025).
+TEST(DecodeKernelRule, ACutForcedForMeasuring) {
+  const AttentionSpec spec = paged("b=1 s_q=1 s_kv=8192");
+  const std::optional<DecodeKernelShape> fine = decode_kernel_cut(spec, kH200, 33);
+  ASSERT_TRUE(fine.has_value());
+  EXPECT_EQ(fine->chunks, 32);
+  EXPECT_EQ(fine->chunk_keys, 256);
+  EXPECT_FALSE(fine->cluster_merge);  // more chunks than a cluster holds
+  EXPECT_EQ(decode_kernel_cut(spec, kH200, 0)->chunks, 1);
+  EXPECT_EQ(decode_kernel_cut(spec, kH200, 1000)->chunk_keys, 64);
+  EXPECT_TRUE(decode_kernel_cut(spec, kH200, 4)->cluster_merge);
+  AttentionSpec small_pages = parse_spec(
+      "layout=bshd_paged_bshd dtype=bf16 h_q=32 h_kv=8 d=128 page_size=16 pages=2048 b=1 s_q=1 s_kv=32768 causal "
+      "align=bottom_right");
+  validate(small_pages);
+  EXPECT_FALSE(decode_kernel_cut(small_pages, kH200, 1).has_value());
+  EXPECT_TRUE(decode_kernel_cut(small_pages, kH200, 3).has_value());  // 685 pages a chunk
 }
 
 // Merged in the kernel where that was measured faster (decode_cluster_merge): 2 to 8 chunks and the
