@@ -112,6 +112,12 @@ if part decodeprof; then
   FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 -X faulthandler bench/profile_decode_kernels.py ${DECODEPROF_ARGS:-} \
     | tee "$OUT/decode_kernels.txt" || status=1
 fi
+if part decodencu; then
+  echo "== diagnostic: Nsight Compute over one decode call's kernels (time, DRAM, warps and their stalls)"
+  # shellcheck disable=SC2086  # DECODENCU_ARGS is a list of arguments (--points 1,8192, --cuts 16 32)
+  FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 bench/ncu_decode.py ${DECODENCU_ARGS:-} \
+    | tee "$OUT/decode_ncu.txt" || status=1
+fi
 if part transformersprof; then
   echo "== diagnostic: a transformers model's decode steps, fusedattn beside sdpa (host functions, GPU kernels)"
   # shellcheck disable=SC2086  # TRANSFORMERSPROF_ARGS is a list of arguments (--model, --batch, --prompt)
