@@ -7,8 +7,8 @@ runs the calls again in a process for each path forced (FUSEDATTN_DECODE_KERNEL=
 decode kernel, cuDNN's split decode), so their kernels can be set side by side. Then, unless
 --no-sweep, the split calls' times with each chunk count forced (FUSEDATTN_SPLIT_DECODE=n, a process
 each); with --kernel-cuts, the calls on fusedattn's decode kernel cut into each chunk count
-(FUSEDATTN_DECODE_CHUNKS=n); the calls' times again with our kernels launched late (FUSEDATTN_DECODE_EARLY_LAUNCH=0); and,
-with --cudnn-sweep, cuDNN's paged call alone over the same keys cut into E entries of P pages (what a
+(FUSEDATTN_DECODE_CHUNKS=n); the calls' times again with our kernels launched late
+(FUSEDATTN_DECODE_EARLY_LAUNCH=0); and, with --cudnn-sweep, cuDNN's paged call alone over the same keys cut into E entries of P pages (what a
 split's chunks call is). Each call is timed on a stream and captured in a CUDA graph. A diagnostic,
 not a benchmark.
 

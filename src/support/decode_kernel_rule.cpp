@@ -86,6 +86,12 @@ DecodeKernelShape cut(const AttentionSpec& spec, const DeviceCaps& caps, DecodeK
   return rows;
 }
 
+// Whether a cut's chunks keep their pages within kDecodeKernelMaxChunkPages and its block's shared
+// memory within the device's.
+bool fits(const DecodeKernelShape& shape, const DeviceCaps& caps) {
+  return shape.page_slots <= kDecodeKernelMaxChunkPages && shape.shared_bytes <= shared_per_block(caps);
+}
+
 // Whether nodes a and b are the same cap: one scalar slot, or one constant (bit for bit).
 bool same_cap(const ScoreModNode& a, const ScoreModNode& b) {
   if (a.op != b.op) return false;
@@ -205,7 +211,7 @@ DecodeKernelShape decode_kernel_shape(const AttentionSpec& spec, const DecodeDev
     if (best && asked > ceil_div(keys, kDecodeKernelMinChunkKeys)) break;
     const DecodeKernelShape shape = cut(spec, device.caps, rows, keys, asked);
     if (shape.chunks != asked) continue;  // the same cut as a smaller count's
-    if (shape.page_slots > kDecodeKernelMaxChunkPages || shape.shared_bytes > shared_per_block(device.caps)) continue;
+    if (!fits(shape, device.caps)) continue;
     const double us = decode_kernel_expected_us(spec, shape, device);
     if (!best || us < best_us) {
       best = shape;
@@ -222,9 +228,7 @@ std::optional<DecodeKernelShape> decode_kernel_cut(const AttentionSpec& spec, co
   const std::int64_t keys = std::max<std::int64_t>(spec.seq_kv(), 1);
   const std::int64_t asked = std::clamp<std::int64_t>(chunks, 1, ceil_div(keys, kDecodeTileKeys));
   DecodeKernelShape shape = cut(spec, device.caps, rows_shape(spec, device.caps), keys, asked);
-  if (shape.page_slots > kDecodeKernelMaxChunkPages || shape.shared_bytes > shared_per_block(device.caps)) {
-    return std::nullopt;
-  }
+  if (!fits(shape, device.caps)) return std::nullopt;
   shape.cluster_merge = decode_cluster_merge(spec, shape, device);
   return shape;
 }
