@@ -2,9 +2,10 @@
 // support/decode_kernel_rule.h when it runs). One block per (chunk of keys, K/V head, sequence):
 // its rows are the s_q * g queries of the g query heads that share the K/V head, in tiles of 16
 // rows; each warp holds one row tile and 64 / kKeyGroups keys of every 64-key tile. The K and V
-// tiles stream through shared memory in a pipeline of 16-byte asynchronous copies (stages - 1 tiles
-// in flight while one is used; a paged call's pages of the chunk read into shared memory first, so
-// no table load waits between one tile's copies and the next), read back by ldmatrix from rows
+// tiles stream through shared memory in a pipeline of 16-byte asynchronous copies
+// (decode_tile_copies.cuh; stages - 1 tiles in flight while one is used; a paged call's pages of
+// the chunk read into shared memory first, so no table load waits between one tile's copies and
+// the next), read back by ldmatrix from rows
 // whose 16-byte chunks are XOR-swizzled by the row (so the 8 rows an ldmatrix reads lie on
 // distinct banks), into tensor-core products with float32 accumulation and an online softmax in
 // base 2 (a softcap, where the call has one, bends each scaled score first; a bias, where it has
@@ -22,34 +23,25 @@
 #include "exec/decode_launch.cuh"
 #include "exec/decode_mma.cuh"
 #include "exec/decode_params.h"
+#include "exec/decode_tile_copies.cuh"
 #include "support/decode_kernel_rule.h"
 
 namespace fusedattn::detail::decode {
-
-// Byte offset of 16-byte chunk `chunk` of `row` in a tile of 16-bit rows of `kChunks` chunks.
-template <int kChunks>
-__device__ __forceinline__ int swizzled(int row, int chunk) {
-  return (row * kChunks + (chunk ^ (row & 7))) * 16;
-}
 
 template <class T, class KV, int D, int kRowTiles, int kKeyGroups>
 __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(const Params p) {
 #ifdef FUSEDATTN_DECODE_MMA
   constexpr int kThreads = 32 * kRowTiles * kKeyGroups;
-  constexpr bool kFp8 = sizeof(KV) == 1;
-  constexpr int kTile = static_cast<int>(kDecodeTileKeys);
+  using Copies = TileCopies<T, KV, D, kThreads>;
+  constexpr bool kFp8 = Copies::kFp8;
+  constexpr int kTile = Copies::kTile;
   constexpr int kStages = decode_kernel_stages(sizeof(KV));
   constexpr int kWarpKeys = kTile / kKeyGroups;     // of every tile
   constexpr int kKeyTiles = kWarpKeys / 8;          // n-tiles of a warp's scores
   constexpr int kSteps = D / 16;                    // k-steps of Q K^T
   constexpr int kOutTiles = D / 8;                  // n-tiles of O
-  constexpr int kRawBytes = kTile * D * static_cast<int>(sizeof(KV));  // a K or V tile as stored
-  constexpr int kWideBytes = kTile * D * 2;                             // as 16-bit rows
-  constexpr int kChunks = D * 2 / 16;                                   // 16-byte chunks of a 16-bit row
-  constexpr int kRawChunks = D * static_cast<int>(sizeof(KV)) / 16;      // of a stored row
-  constexpr int kCopies = kTile * kRawChunks / kThreads;                // a thread's chunks of a tile
-  static_assert(kSteps % 2 == 0 && kKeyTiles % 2 == 0 && kCopies >= 1 && kTile * kRawChunks % kThreads == 0);
-  static_assert(kChunks >= 8, "the swizzle spreads 8 rows over 8 chunks");
+  constexpr int kRawBytes = Copies::kRawBytes, kWideBytes = Copies::kWideBytes, kChunks = Copies::kChunks;
+  static_assert(kSteps % 2 == 0 && kKeyTiles % 2 == 0);
   extern __shared__ __align__(128) unsigned char shared[];
   unsigned char* const stages = shared;                          // [kStages][K, V][kRawBytes]
   unsigned char* const wide = shared + kStages * 2 * kRawBytes;  // FP8: [K, V][kWideBytes]
@@ -94,45 +86,10 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
       page_v[slot] = p.table_v[table_row + page];
     }
   }
-  const KV* const k_head = static_cast<const KV*>(p.k) + kv * p.k_stride[1];
-  const KV* const v_head = static_cast<const KV*>(p.v) + kv * p.v_stride[1];
-  // Tile n's K and V into its stage: zeros past the sequence (its scores are masked, but 0 * NaN
-  // would not be). 16-bit rows swizzled for ldmatrix; FP8 rows as they are, for the widening pass.
+  const Copies copies(p, i, kv, tile0, kv_len, first_page, page_k, page_v);
   auto issue = [&](int n) {
     unsigned char* const k_stage = stages + (n % kStages) * 2 * kRawBytes;
-    unsigned char* const v_stage = k_stage + kRawBytes;
-    const int key0 = tile0 + n * kTile;
-#pragma unroll
-    for (int u = 0; u < kCopies; ++u) {
-      const int c = threadIdx.x + u * kThreads, row = c / kRawChunks, column = c % kRawChunks;
-      const int key = key0 + row;
-      const bool valid = key < kv_len;
-      long long k_at, v_at;
-      if (paged) {  // a shift and a mask for the page sizes in use, not a division on every copy
-        const int page = p.page_shift >= 0 ? key >> p.page_shift : key / p.page_size;
-        const long long in_page = p.page_shift >= 0 ? key & (p.page_size - 1) : key - page * p.page_size;
-        k_at = page_k[page - first_page] * p.k_stride[0] + in_page * p.k_stride[2];
-        v_at = page_v[page - first_page] * p.v_stride[0] + in_page * p.v_stride[2];
-      } else {
-        k_at = static_cast<long long>(i) * p.k_stride[0] + static_cast<long long>(key) * p.k_stride[2];
-        v_at = static_cast<long long>(i) * p.v_stride[0] + static_cast<long long>(key) * p.v_stride[2];
-      }
-      const int element = column * (16 / static_cast<int>(sizeof(KV)));
-      const int to = kFp8 ? c * 16 : swizzled<kChunks>(row, column);
-      copy_16(k_stage + to, valid ? k_head + k_at + element : k_head, valid);
-      copy_16(v_stage + to, valid ? v_head + v_at + element : v_head, valid);
-    }
-  };
-  // FP8: a stored tile widened into 16-bit swizzled rows.
-  auto widen = [&](const unsigned char* from, unsigned char* to) {
-#pragma unroll
-    for (int u = 0; u < kCopies; ++u) {
-      const int c = threadIdx.x + u * kThreads, row = c / kRawChunks, column = c % kRawChunks;
-      uint4 low, high;
-      e4m3_to_16bit<T>(*reinterpret_cast<const uint4*>(from + c * 16), low, high);
-      *reinterpret_cast<uint4*>(to + swizzled<kChunks>(row, 2 * column)) = low;
-      *reinterpret_cast<uint4*>(to + swizzled<kChunks>(row, 2 * column + 1)) = high;
-    }
+    copies.issue(n, k_stage, k_stage + kRawBytes);
   };
 
   // The queries (loads independent of the pages'), then the first copies once the pages are in.
@@ -187,8 +144,8 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
     const unsigned char* k_tile = stages + (n % kStages) * 2 * kRawBytes;
     const unsigned char* v_tile = k_tile + kRawBytes;
     if constexpr (kFp8) {
-      widen(k_tile, wide);
-      widen(v_tile, wide + kWideBytes);
+      copies.widen(k_tile, wide);
+      copies.widen(v_tile, wide + kWideBytes);
       __syncthreads();
       k_tile = wide;
       v_tile = wide + kWideBytes;

@@ -222,6 +222,18 @@ TEST(DecodeKernel, PagedEdges) {
   check_with_lengths("layout=bshd_paged_sbhd dtype=bf16 b=1 s_q=4 s_kv=32768 h_q=32 h_kv=8 d=128 page_size=32 "
                      "pages=1024 window=512,0 align=bottom_right",
                      {4}, {32001});
+  // The kernel's three ways to find a copy's page (decode_tile_copies.cuh): pages of 48 keys (each
+  // copy divides), of 128 (a tile in one page, half a page a tile), of 16 at d = 64 (several pages
+  // a thread's copies of one tile).
+  check_with_lengths("layout=bshd_paged_bshd dtype=bf16 b=3 s_q=2 s_kv=960 h_q=16 h_kv=4 d=128 page_size=48 "
+                     "pages=100 causal align=bottom_right",
+                     {2, 1, 2}, {960, 49, 97});
+  check_with_lengths("layout=bshd_paged_bshd dtype=f16 b=2 s_q=1 s_kv=2048 h_q=8 h_kv=8 d=64 page_size=128 "
+                     "pages=40 causal align=bottom_right",
+                     {1, 1}, {2048, 129});
+  check_with_lengths("layout=bshd_paged_bshd dtype=bf16 b=2 s_q=3 s_kv=512 h_q=12 h_kv=3 d=64 page_size=16 "
+                     "pages=80 causal align=bottom_right",
+                     {3, 2}, {512, 33});
 }
 
 // --- FP8 (E4M3) caches ------------------------------------------------------------------------------
