@@ -32,11 +32,15 @@ template <class T, class KV, int D, int kRowTiles, int kKeyGroups>
 __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(const Params p) {
 #ifdef FUSEDATTN_DECODE_MMA
   constexpr int kThreads = 32 * kRowTiles * kKeyGroups;
-  using Copies = TileCopies<T, KV, D, kThreads>;
-  constexpr bool kFp8 = Copies::kFp8;
-  constexpr int kTile = Copies::kTile;
-  constexpr int kStages = decode_kernel_stages(sizeof(KV));
+  constexpr int kTile = static_cast<int>(kDecodeTileKeys);
   constexpr int kWarpKeys = kTile / kKeyGroups;     // of every tile
+  // With one row tile, each warp alone reads its keys of every tile: it copies (and widens) them
+  // itself, and its pipeline needs no block barrier, so the warps drift apart and one computes while
+  // another waits for memory. Warps of several row tiles share their keys: the block copies them.
+  constexpr bool kOwnKeys = kRowTiles == 1;
+  using Copies = TileCopies<T, KV, D, kOwnKeys ? 32 : kThreads, kOwnKeys ? kWarpKeys : kTile>;
+  constexpr bool kFp8 = Copies::kFp8;
+  constexpr int kStages = decode_kernel_stages(sizeof(KV));
   constexpr int kKeyTiles = kWarpKeys / 8;          // n-tiles of a warp's scores
   constexpr int kSteps = D / 16;                    // k-steps of Q K^T
   constexpr int kOutTiles = D / 8;                  // n-tiles of O
@@ -86,7 +90,15 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
       page_v[slot] = p.table_v[table_row + page];
     }
   }
-  const Copies copies(p, i, kv, tile0, kv_len, first_page, page_k, page_v);
+  const Copies copies(p, i, kv, tile0, kv_len, first_page, page_k, page_v, kOwnKeys ? key_group * kWarpKeys : 0,
+                      kOwnKeys ? lane : static_cast<int>(threadIdx.x));
+  auto sync_copiers = [] {  // the copies of the group that reads them are visible to all of it
+    if constexpr (kOwnKeys) {
+      __syncwarp();
+    } else {
+      __syncthreads();
+    }
+  };
   auto issue = [&](int n) {
     unsigned char* const k_stage = stages + (n % kStages) * 2 * kRawBytes;
     copies.issue(n, k_stage, k_stage + kRawBytes);
@@ -138,7 +150,7 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
 
   for (int n = 0; n < tiles; ++n) {
     wait_copies<kStages - 2>();  // tile n has landed (this thread's copies)
-    __syncthreads();             // everyone's; and tile n - 1's stage is free
+    sync_copiers();              // the group's; and its rows of tile n - 1's stage are free
     if (n + kStages - 1 < tiles) issue(n + kStages - 1);
     commit_copies();
     const unsigned char* k_tile = stages + (n % kStages) * 2 * kRawBytes;
@@ -146,7 +158,7 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
     if constexpr (kFp8) {
       copies.widen(k_tile, wide);
       copies.widen(v_tile, wide + kWideBytes);
-      __syncthreads();
+      sync_copiers();
       k_tile = wide;
       v_tile = wide + kWideBytes;
     }
@@ -198,12 +210,16 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
         l[e / 2] += s[nt][e];
       }
     }
+    // O rescaled where a row's max rose (alpha is exactly 1 where it did not): once the max settles,
+    // most tiles skip the warp's d / 2 multiplies a thread.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-    for (int ot = 0; ot < kOutTiles; ++ot) {
-      acc[ot][0] *= alpha[0];
-      acc[ot][1] *= alpha[0];
-      acc[ot][2] *= alpha[1];
-      acc[ot][3] *= alpha[1];
+      for (int ot = 0; ot < kOutTiles; ++ot) {
+        acc[ot][0] *= alpha[0];
+        acc[ot][1] *= alpha[0];
+        acc[ot][2] *= alpha[1];
+        acc[ot][3] *= alpha[1];
+      }
     }
     // O += P V: the scores' C fragments of two key n-tiles are the A fragment of 16 keys.
 #pragma unroll

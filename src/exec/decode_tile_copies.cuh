@@ -1,12 +1,13 @@
 // Internal: how fusedattn's decode kernel (decode_kernel_body.cuh) moves each 64-key tile of K and V
 // into shared memory, and widens an FP8 tile for the tensor cores.
 //
-// Each thread copies one 16-byte column of every kRowStep-th row of a tile (a warp covers whole
-// rows). Its addresses are worked out once a tile and stepped from copy to copy: worked out for
-// every copy, with the paged and contiguous cases and the page's shift or division chosen per copy,
-// the copies took about 60 instructions each, as many as the tile's tensor-core products and online
-// softmax together (sm_90 SASS of the d = 128 instance), on an SM whose 4 warps have no other warps
-// to hide their latency behind.
+// A group of kCopiers threads (the block, or one warp that alone reads its rows of every tile) copies
+// kRows rows of each tile from a first row on: each thread one 16-byte column of every kRowStep-th
+// row (a warp covers whole rows). A thread's addresses are worked out once a tile and stepped from
+// copy to copy: worked out for every copy, with the paged and contiguous cases and the page's shift
+// or division chosen per copy, the copies took about 60 instructions each, as many as the tile's
+// tensor-core products and online softmax together (sm_90 SASS of the d = 128 instance), on an SM
+// whose 4 warps have no other warps to hide their latency behind.
 #pragma once
 
 #include "exec/decode_mma.cuh"
@@ -22,7 +23,7 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
 }
 
 // T: q's dtype, what an FP8 tile is widened to; KV: the cache's.
-template <class T, class KV, int D, int kThreads>
+template <class T, class KV, int D, int kCopiers, int kRows>
 class TileCopies {
  public:
   static constexpr bool kFp8 = sizeof(KV) == 1;
@@ -31,15 +32,16 @@ class TileCopies {
   static constexpr int kWideBytes = kTile * D * 2;                             // as 16-bit rows
   static constexpr int kChunks = D * 2 / 16;                                   // 16-byte chunks of a 16-bit row
   static constexpr int kRawChunks = D * static_cast<int>(sizeof(KV)) / 16;     // of a stored row
-  static constexpr int kRowStep = kThreads / kRawChunks;                       // rows between a thread's copies
-  static constexpr int kCopies = kTile / kRowStep;                             // a thread's copies of a tile
-  static_assert(kThreads % kRawChunks == 0 && kTile % kRowStep == 0 && kCopies >= 1);
+  static constexpr int kRowStep = kCopiers / kRawChunks;                       // rows between a thread's copies
+  static constexpr int kCopies = kRows / kRowStep;                             // a thread's copies of a tile
+  static_assert(kCopiers % kRawChunks == 0 && kRows % kRowStep == 0 && kCopies >= 1 && kRows <= kTile);
   static_assert(kChunks >= 8, "the swizzle spreads 8 rows over 8 chunks");
 
   // Sequence i's K/V head kv, its tiles from key tile0, its keys below kv_len; a paged call's pages
-  // from first_page on in page_k and page_v (shared memory, filled before the first issue).
+  // from first_page on in page_k and page_v (shared memory, filled before the first issue). This
+  // thread is copier `copier` of the group that copies rows first_row .. first_row + kRows - 1.
   __device__ TileCopies(const Params& p, int i, int kv, int tile0, int kv_len, int first_page, const int* page_k,
-                        const int* page_v)
+                        const int* page_v, int first_row, int copier)
       : p_(p),
         k_head_(static_cast<const KV*>(p.k) + kv * p.k_stride[1]),
         v_head_(static_cast<const KV*>(p.v) + kv * p.v_stride[1]),
@@ -48,8 +50,8 @@ class TileCopies {
         tile0_(tile0),
         kv_len_(kv_len),
         first_page_(first_page),
-        row0_(static_cast<int>(threadIdx.x) / kRawChunks),
-        column_(static_cast<int>(threadIdx.x) % kRawChunks),
+        row0_(first_row + copier / kRawChunks),
+        column_(copier % kRawChunks),
         paged_(p.table_k != nullptr),
         // Tiles start at multiples of 64: a tile lies in one page of a multiple of 64 keys, and a
         // page of 16 or 32 keys (tile0 a multiple of it, first_page its page) starts at the same row
@@ -70,7 +72,7 @@ class TileCopies {
   // Tile n's K and V into their stages: zeros past the sequence (its scores are masked, but 0 * NaN
   // would not be). 16-bit rows swizzled for ldmatrix; FP8 rows as they are, for widen.
   __device__ __forceinline__ void issue(int n, unsigned char* k_stage, unsigned char* v_stage) const {
-    const int key0 = tile0_ + n * kTile + row0_;  // this thread's first row of the tile
+    const int key0 = tile0_ + n * kTile + row0_;  // this thread's first row's key
     if (small_pages_) {  // pages of 16 or 32 keys: a row's page slot and place in it repeat every tile
       const int slot0 = n * (kTile >> p_.page_shift);
 #pragma unroll
@@ -109,7 +111,8 @@ class TileCopies {
     }
   }
 
-  // FP8: a stored tile widened into 16-bit swizzled rows, each thread the chunks it copied.
+  // FP8: the group's rows of a stored tile widened into 16-bit swizzled rows, each thread the chunks
+  // it copied.
   __device__ __forceinline__ void widen(const unsigned char* from, unsigned char* to) const {
     if constexpr (kFp8) {
 #pragma unroll
@@ -129,9 +132,7 @@ class TileCopies {
     return p_.page_shift >= 0 ? key >> p_.page_shift : key / p_.page_size;
   }
   // Where copy u of this thread lands in a stage: FP8 rows as stored, 16-bit rows swizzled.
-  __device__ __forceinline__ int raw_offset(int u) const {
-    return (static_cast<int>(threadIdx.x) + u * kThreads) * 16;
-  }
+  __device__ __forceinline__ int raw_offset(int u) const { return ((row0_ + u * kRowStep) * kRawChunks + column_) * 16; }
   __device__ __forceinline__ void copy(int u, bool valid, long long k_at, long long v_at, unsigned char* k_stage,
                                        unsigned char* v_stage) const {
     const int to = kFp8 ? raw_offset(u) : swizzled<kChunks>(row0_ + u * kRowStep, column_);
