@@ -4,15 +4,15 @@
 // rows; each warp holds one row tile and 64 / kKeyGroups keys of every 64-key tile. The K and V
 // tiles stream through shared memory in a pipeline of 16-byte asynchronous copies
 // (decode_tile_copies.cuh; stages - 1 tiles in flight while one is used; a paged call's pages of
-// the chunk read into shared memory first, so no table load waits between one tile's copies and
-// the next), read back by ldmatrix from rows
-// whose 16-byte chunks are XOR-swizzled by the row (so the 8 rows an ldmatrix reads lie on
-// distinct banks), into tensor-core products with float32 accumulation and an online softmax in
-// base 2 (a softcap, where the call has one, bends each scaled score first; a bias, where it has
-// one, is added after it, as the reference adds it). FP8 tiles are widened to q's dtype in
-// shared memory first (exactly: every E4M3 value is a half and a bfloat16); their descales fold into
-// the score scale (K) and the output (V). At the end the warps of a row tile merge their keys in
-// shared memory and the block writes O and the log-sum-exp, or a chunk's partials for the merge
+// the chunk read into shared memory first, so no table load waits between one tile's copies and the
+// next), read back by ldmatrix from rows whose 16-byte chunks are XOR-swizzled by the row (so the 8
+// rows an ldmatrix reads lie on distinct banks), into tensor-core products with float32
+// accumulation and an online softmax in base 2 (a softcap, where the call has one, bends each
+// scaled score first; a bias, where it has one, is added after it, as the reference adds it). FP8
+// tiles are widened to f16 in shared memory first (exactly: every E4M3 value is a half), and the
+// products run in f16, bfloat16 queries scaled into its range (decode_mma.cuh); their descales fold
+// into the score scale (K) and the output (V). At the end the warps of a row tile merge their keys
+// in shared memory and the block writes O and the log-sum-exp, or a chunk's partials for the merge
 // kernel, or (cluster_merge) keeps them in its shared memory, where the cluster of the (K/V head,
 // sequence)'s chunks merges them (decode_cluster_merge.cuh).
 #pragma once
@@ -38,8 +38,9 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
   // itself, and its pipeline needs no block barrier, so the warps drift apart and one computes while
   // another waits for memory. Warps of several row tiles share their keys: the block copies them.
   constexpr bool kOwnKeys = kRowTiles == 1;
-  using Copies = TileCopies<T, KV, D, kOwnKeys ? 32 : kThreads, kOwnKeys ? kWarpKeys : kTile>;
-  constexpr bool kFp8 = Copies::kFp8;
+  constexpr bool kFp8 = sizeof(KV) == 1;
+  using Mma = MmaType<T, kFp8>;  // the tensor cores' type: f16 beside an FP8 cache
+  using Copies = TileCopies<Mma, KV, D, kOwnKeys ? 32 : kThreads, kOwnKeys ? kWarpKeys : kTile>;
   constexpr int kStages = decode_kernel_stages(sizeof(KV));
   constexpr int kKeyTiles = kWarpKeys / 8;          // n-tiles of a warp's scores
   constexpr int kSteps = D / 16;                    // k-steps of Q K^T
@@ -126,11 +127,13 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
       q_frag[ks][2 + h] = valid ? *reinterpret_cast<const unsigned*>(q_row + ks * 16 + 8 + 2 * quad) : 0u;
     }
   }
-  float scale = p.scale_log2, out_scale = 1.0f;
+  float unscale[2], scale = p.scale_log2, out_scale = 1.0f;
+  queries_in_mma_type<T, Mma>(q_frag, unscale);
   if constexpr (kFp8) {
     scale *= p.descale_k[kv * p.descale_step];
     out_scale = p.descale_v[kv * p.descale_step];
   }
+  const float row_scale[2] = {scale * unscale[0], scale * unscale[1]};
   // A softcap in base 2: with x the scaled score times log2(e), cap * tanh(score / cap) times
   // log2(e) is c * tanh(x / c), c = cap * log2(e).
   const bool capped = p.softcapped;
@@ -172,8 +175,8 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
         unsigned b[4];
         const int row = warp_row0 + nt * 8 + (lane & 7);
         load_matrices<false>(b, k_tile + swizzled<kChunks>(row, 2 * ks + (lane >> 3)));
-        mma<T>(s[nt], q_frag[ks], b[0], b[1]);
-        mma<T>(s[nt], q_frag[ks + 1], b[2], b[3]);
+        mma<Mma>(s[nt], q_frag[ks], b[0], b[1]);
+        mma<Mma>(s[nt], q_frag[ks + 1], b[2], b[3]);
       }
     }
     // Online softmax in base 2: each row's running max over its seen keys, its rescaled sum and O.
@@ -184,7 +187,7 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
       for (int e = 0; e < 4; ++e) {
         const int h = e / 2, key = key_base + nt * 8 + 2 * quad + (e & 1);
         const bool seen = key >= low[h] && key < high[h];
-        float x = s[nt][e] * scale;
+        float x = s[nt][e] * row_scale[h];
         if (capped) x = cap_log2 * tanhf(x / cap_log2);
         if (seen && bias_row[h] != nullptr) x += widened(bias_row[h][key]) * 1.4426950408889634f;
         s[nt][e] = seen ? x : -INFINITY;
@@ -224,15 +227,16 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
     // O += P V: the scores' C fragments of two key n-tiles are the A fragment of 16 keys.
 #pragma unroll
     for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
-      const unsigned a[4] = {pack<T>(s[2 * kk][0], s[2 * kk][1]), pack<T>(s[2 * kk][2], s[2 * kk][3]),
-                             pack<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      const unsigned a[4] = {pack<Mma>(s[2 * kk][0], s[2 * kk][1]), pack<Mma>(s[2 * kk][2], s[2 * kk][3]),
+                             pack<Mma>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             pack<Mma>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
       for (int ot = 0; ot < kOutTiles; ot += 2) {  // matrices: keys 0-7 / 8-15 by d chunks ot, ot + 1
         unsigned b[4];
         const int which = lane >> 3, row = warp_row0 + kk * 16 + (lane & 7) + 8 * (which & 1);
         load_matrices<true>(b, v_tile + swizzled<kChunks>(row, ot + (which >> 1)));
-        mma<T>(acc[ot], a, b[0], b[1]);
-        mma<T>(acc[ot + 1], a, b[2], b[3]);
+        mma<Mma>(acc[ot], a, b[0], b[1]);
+        mma<Mma>(acc[ot + 1], a, b[2], b[3]);
       }
     }
   }

@@ -1,7 +1,8 @@
 // Internal: the SM 8.0 instructions fusedattn's decode kernel is built from (decode_kernel_body.cuh):
 // asynchronous 16-byte copies into shared memory, ldmatrix, the 16x8x16 tensor-core product with
-// float32 accumulation, and the conversions around them. Each wrapper is one instruction; the
-// fragment layouts are PTX's (mma.m16n8k16: lane = 4 * group + quad).
+// float32 accumulation, and the conversions around them (each wrapper one instruction, but the
+// queries' move into f16 beside an FP8 cache). The fragment layouts are PTX's (mma.m16n8k16: lane =
+// 4 * group + quad).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -132,6 +133,48 @@ __device__ __forceinline__ void e4m3_to_16bit(const uint4& from, uint4& low, uin
   pairs(from.y, low.z, low.w);
   pairs(from.z, high.x, high.y);
   pairs(from.w, high.z, high.w);
+}
+
+/// The tensor cores' type beside an FP8 (E4M3) cache: f16, to which E4M3 widens in one conversion a
+/// pair (exactly, as to bfloat16, which takes four through float); otherwise q's own.
+template <class T, bool kFp8Cache>
+using MmaType = std::conditional_t<kFp8Cache, __half, T>;
+
+/// A thread's A fragments of Q (rows gid and gid + 8, kSteps k-steps), loaded in T, in the tensor
+/// cores' type Mma. Where that is f16 beside bfloat16 queries, each row is scaled by the power of two
+/// that puts its largest magnitude in [2^14, 2^15), inside f16's range whatever bfloat16's exponent
+/// (elements below 2^-28 of the largest lose bits in f16's subnormals: nothing a dot product of
+/// bfloat16 rounding sees); unscale[h] undoes it in the score scale. The 4 lanes of a row (a quad)
+/// agree on it.
+template <class T, class Mma, int kSteps>
+__device__ __forceinline__ void queries_in_mma_type(unsigned (&frag)[kSteps][4], float (&unscale)[2]) {
+  unscale[0] = unscale[1] = 1.0f;
+  if constexpr (!std::is_same_v<T, Mma>) {
+    static_assert(std::is_same_v<T, __nv_bfloat16> && std::is_same_v<Mma, __half>);
+    auto pair = [](unsigned bits) { return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits)); };
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float top = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < kSteps; ++ks) {
+        const float2 low = pair(frag[ks][h]), high = pair(frag[ks][2 + h]);
+        top = fmaxf(top, fmaxf(fmaxf(fabsf(low.x), fabsf(low.y)), fmaxf(fabsf(high.x), fabsf(high.y))));
+      }
+      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
+      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
+      // top's binary exponent, from -112 (zero, subnormals and the tiniest rows: the factor stays a
+      // float) to 128 (inf or NaN, which the row's scores then are anyway).
+      const int exponent = max(static_cast<int>((__float_as_uint(top) >> 23) & 0xffu) - 127, -112);
+      const float factor = __uint_as_float(static_cast<unsigned>(127 + 14 - exponent) << 23);
+      unscale[h] = __uint_as_float(static_cast<unsigned>(127 - 14 + exponent) << 23);
+#pragma unroll
+      for (int ks = 0; ks < kSteps; ++ks) {
+        const float2 low = pair(frag[ks][h]), high = pair(frag[ks][2 + h]);
+        frag[ks][h] = pack<__half>(low.x * factor, low.y * factor);
+        frag[ks][2 + h] = pack<__half>(high.x * factor, high.y * factor);
+      }
+    }
+  }
 }
 
 }  // namespace fusedattn::detail::decode

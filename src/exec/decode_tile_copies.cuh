@@ -132,7 +132,9 @@ class TileCopies {
     return p_.page_shift >= 0 ? key >> p_.page_shift : key / p_.page_size;
   }
   // Where copy u of this thread lands in a stage: FP8 rows as stored, 16-bit rows swizzled.
-  __device__ __forceinline__ int raw_offset(int u) const { return ((row0_ + u * kRowStep) * kRawChunks + column_) * 16; }
+  __device__ __forceinline__ int raw_offset(int u) const {
+    return ((row0_ + u * kRowStep) * kRawChunks + column_) * 16;
+  }
   __device__ __forceinline__ void copy(int u, bool valid, long long k_at, long long v_at, unsigned char* k_stage,
                                        unsigned char* v_stage) const {
     const int to = kFp8 ? raw_offset(u) : swizzled<kChunks>(row0_ + u * kRowStep, column_);
