@@ -201,7 +201,9 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
       const float top = fmaxf(m[h], tile_max[h]);
       base[h] = top == -INFINITY ? 0.0f : top;  // a row that has seen nothing stays at 0
-      alpha[h] = exp2_approx(m[h] - base[h]);
+      // 1 where the max stayed (a row that still sees nothing, a padding row, included: its sums
+      // are 0 and stay 0), so that O's rescale below can be skipped.
+      alpha[h] = top == m[h] ? 1.0f : exp2_approx(m[h] - base[h]);
       m[h] = top;
       l[h] *= alpha[h];
     }
@@ -213,8 +215,8 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
         l[e / 2] += s[nt][e];
       }
     }
-    // O rescaled where a row's max rose (alpha is exactly 1 where it did not): once the max settles,
-    // most tiles skip the warp's d / 2 multiplies a thread.
+    // O rescaled where a row's max rose: once the maxima settle, most tiles skip the warp's d / 2
+    // multiplies a thread.
     if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
       for (int ot = 0; ot < kOutTiles; ++ot) {

@@ -223,8 +223,9 @@ TEST(DecodeKernel, PagedEdges) {
                      "pages=1024 window=512,0 align=bottom_right",
                      {4}, {32001});
   // The kernel's three ways to find a copy's page (decode_tile_copies.cuh): pages of 48 keys (each
-  // copy divides), of 128 (a tile in one page, half a page a tile), of 16 at d = 64 (several pages
-  // a thread's copies of one tile).
+  // copy divides), of 128 (a tile in one page, half a page a tile), of 16 and 32 (a row's page and
+  // place repeat every tile): with one row tile each warp copies its 16 keys, with two (32 rows) the
+  // block copies, a thread's copies of one tile then spanning pages.
   check_with_lengths("layout=bshd_paged_bshd dtype=bf16 b=3 s_q=2 s_kv=960 h_q=16 h_kv=4 d=128 page_size=48 "
                      "pages=100 causal align=bottom_right",
                      {2, 1, 2}, {960, 49, 97});
@@ -234,6 +235,12 @@ TEST(DecodeKernel, PagedEdges) {
   check_with_lengths("layout=bshd_paged_bshd dtype=bf16 b=2 s_q=3 s_kv=512 h_q=12 h_kv=3 d=64 page_size=16 "
                      "pages=80 causal align=bottom_right",
                      {3, 2}, {512, 33});
+  check_with_lengths("layout=bshd_paged_bshd dtype=bf16 b=2 s_q=4 s_kv=1024 h_q=32 h_kv=4 d=128 page_size=16 "
+                     "pages=140 causal align=bottom_right",
+                     {4, 3}, {1024, 17});
+  check_with_lengths("layout=bshd_paged_bshd dtype=f16 b=2 s_q=8 s_kv=2048 h_q=32 h_kv=8 d=64 page_size=32 "
+                     "pages=140 causal align=bottom_right",
+                     {8, 5}, {2048, 33});
 }
 
 // --- FP8 (E4M3) caches ------------------------------------------------------------------------------
@@ -242,6 +249,7 @@ struct Fp8Case {
   const char* spec;  // the 16-bit spec; k and v become E4M3
   Fp8Scaling scaling;
   std::vector<std::int32_t> len_q, len_kv;
+  double q_magnitude = 1.0;  // q uniform in [-q_magnitude, q_magnitude]
 };
 
 double uniform(std::mt19937_64& rng, double low, double high) {
@@ -311,7 +319,9 @@ void check_fp8_cache(const Fp8Case& c, std::uint64_t seed) {
     }
   }
   std::vector<std::uint16_t> q_bits(spec.q.elements());
-  for (std::uint16_t& bits : q_bits) bits = float_to_half_bits(static_cast<float>(uniform(rng, -1, 1)), spec.q.dtype);
+  for (std::uint16_t& bits : q_bits) {
+    bits = float_to_half_bits(static_cast<float>(uniform(rng, -c.q_magnitude, c.q_magnitude)), spec.q.dtype);
+  }
   const std::vector<double> q = gather_to_double(spec.q, q_bits.data());
 
   auto upload = [](const void* host, std::size_t bytes) {
@@ -382,6 +392,10 @@ TEST(DecodeKernel, Fp8CachesMatchTheDequantizedReference) {
        Fp8Scaling::head, {16, 9}, {1024, 17}},
       {"layout=bshd dtype=bf16 b=2 s_q=1 s_kv=2500 h_q=8 h_kv=4 d=256 padding=1 causal align=bottom_right",
        Fp8Scaling::head, {1, 1}, {2500, 130}},
+      // bf16 queries past f16's range (65504), where the kernel's f16 products need their rows scaled.
+      {"layout=bshd_paged_bshd dtype=bf16 b=2 s_q=2 s_kv=1024 h_q=16 h_kv=4 d=128 page_size=32 pages=70 causal "
+       "align=bottom_right",
+       Fp8Scaling::tensor, {2, 1}, {1024, 300}, 3.0e5},
   };
   std::random_device entropy;
   for (const Fp8Case& c : cases) check_fp8_cache(c, (static_cast<std::uint64_t>(entropy()) << 32) | entropy());
