@@ -23,7 +23,7 @@ METRICS = ["gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_sustained
            "launch__block_size", "launch__registers_per_thread"]
 STALLS = ["long_scoreboard", "barrier", "short_scoreboard", "wait", "math_pipe_throttle", "mio_throttle",
           "lg_throttle", "selected"]
-STALL_METRIC = "smsp__average_warps_issue_stalled_{}_per_issue_active"
+STALL_METRIC = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"  # a ratio: its name takes .ratio
 METRICS += [STALL_METRIC.format(stall) for stall in STALLS]
 
 
