@@ -265,12 +265,15 @@ bool decode_kernel_only(const AttentionSpec& spec) {
 bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeDevice& device) {
   if (!decode_kernel_refusals(spec, pass, device.caps).empty()) return false;
   if (decode_kernel_only(spec)) return true;
-  // Measured through fusedattn.torch on the H200 (results/bench-decode.md; h 32/8, d 128, bf16, each
-  // path forced in turn), microseconds, the kernel against cuDNN's path:
-  // - paged caches: cuDNN's split decode is faster at every point (b = 1 over 8k keys 26.7 against
-  //   20.3, over 32k 86.4 against 47.0; b = 8 over 32k 426 against 260; 8 queries at b = 4 89.8
-  //   against 52.5); only b = 1 over 2k is even (16.4, 17.2).
-  // - contiguous caches: cuDNN's one unsplit call leaves most SMs idle, and the kernel is faster from
+  // Measured through fusedattn.torch (results/bench-decode.md; h 32/8, d 128, bf16, each path forced
+  // in turn), microseconds, the kernel against cuDNN's path:
+  // - paged caches, on an H100 at 0f3a420: the kernel is faster at b = 1 (8 pairs of a sequence and a
+  //   K/V head) at every length (12.2 against 18.1 over 512 keys, 13.2 against 17.3 over 2k, 19.7
+  //   against 20.8 over 8k, 59.3 against 60.6 over 32k); from 64 pairs it is even or behind (b = 8:
+  //   103.9 against 104.2 over 8k, 381.0 against 365.5 over 32k; b = 64 over 8k 708.8 against 716.1),
+  //   and with several row tiles even or behind (8 queries at b = 4, two row tiles, 68.0 against
+  //   67.1; 16 queries 97.0 against 72.3). Between 8 and 64 pairs was not measured.
+  // - contiguous caches, on the H200: cuDNN's one unsplit call leaves most SMs idle, and the kernel is faster from
   //   2k keys on (b = 1: 13.3 against 36.2 at 2k, 18.9 against 135 at 8k, 52.8 against 568 at 32k;
   //   b = 8 over 8k 73.1 against 153; 8 and 16 queries at b = 4 62.1 and 65.8 against 103; b = 64
   //   over 8k 487 against 490).
@@ -282,7 +285,8 @@ bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeD
   // where cuDNN's padded call writes non-finite rows (docs/reliability.md). A short call that writes
   // the statistics feeds a backward on cuDNN, whose treatment of the kernel's -inf for a row without
   // keys has not been checked: it stays on cuDNN's path.
-  return !spec.paged_kv() && (!spec.stats || spec.seq_kv() >= kDecodeKernelContiguousMinKeys);
+  if (spec.paged_kv()) return rows_of(spec) <= 16 && spec.batch() * spec.heads_kv() <= kDecodeKernelPagedMostPairs;
+  return !spec.stats || spec.seq_kv() >= kDecodeKernelContiguousMinKeys;
 }
 
 void fp8_kv_cache_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, std::vector<Reason>& out) {

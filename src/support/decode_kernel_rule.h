@@ -142,6 +142,11 @@ double decode_kernel_expected_us(const AttentionSpec& spec, const DecodeKernelSh
 /// (decode_kernel_rule.cpp has the numbers).
 constexpr std::int64_t kDecodeKernelContiguousMinKeys = 2048;
 
+/// The most (sequence, K/V head) pairs of a paged call of one row tile (s_q * g <= 16) that the
+/// kernel runs by default: the most measured where it beat cuDNN's split decode at every length
+/// (decode_kernel_rule.cpp has the numbers).
+constexpr std::int64_t kDecodeKernelPagedMostPairs = 8;
+
 /// Whether the kernel is the only path for `spec`, FUSEDATTN_DECODE_KERNEL=0 or not: an FP8 K/V
 /// cache (cuDNN takes none), a score modifier (a softcap; see decode_score_mod_rule), a sink or
 /// off-by-one softmax over a paged cache or on one query row (decode_kernel_rule.cpp says why).
@@ -151,10 +156,10 @@ bool decode_kernel_only(const AttentionSpec& spec);
 /// score modifier (a softcap: the only path for either, see decode_score_mod_rule), or a
 /// contiguous cache that is inference (no statistics: no plan to build for each new
 /// length of a cache that grows a token a step) or of kDecodeKernelContiguousMinKeys keys or more,
-/// where it was measured faster than cuDNN's path; paged caches stay with cuDNN's split decode,
-/// which was faster at every measured point, except with a sink or off-by-one, which that split
-/// cannot cut. FUSEDATTN_DECODE_KERNEL forces either way
-/// (exec/decode_kernel.h).
+/// where it was measured faster than cuDNN's path, or a paged cache of one row tile and at most
+/// kDecodeKernelPagedMostPairs (sequence, K/V head) pairs, where it was too; other paged caches
+/// stay with cuDNN's split decode, except with a sink or off-by-one, which that split cannot cut.
+/// FUSEDATTN_DECODE_KERNEL forces either way (exec/decode_kernel.h).
 bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeDevice& device);
 
 /// The support policy's rule for FP8 K/V caches: every reason the kernel does not take the spec,

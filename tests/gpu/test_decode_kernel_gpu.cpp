@@ -52,24 +52,29 @@ void check_with_lengths(const std::string& spec, std::vector<std::int32_t> seq_l
 }
 
 // The choice the process makes is the one it says: forced either way, or the rule's (a contiguous
-// decode over 8k keys on the kernel, a paged one on cuDNN's split decode: decode_kernel_preferred).
+// decode over 8k keys on the kernel, a paged one at b = 1 too, at b = 2 on cuDNN's split decode:
+// decode_kernel_preferred).
 TEST(DecodeKernel, TheSupportAnswerNamesTheKernelThatRuns) {
   FUSEDATTN_REQUIRE_GPU();
   const AttentionSpec paged = parse_spec("layout=bshd_paged_bshd dtype=bf16 b=1 s_q=1 s_kv=8192 h_q=32 h_kv=8 d=128 "
                                          "page_size=64 pages=128 causal align=bottom_right");
   const AttentionSpec contiguous = parse_spec("layout=bshd dtype=bf16 b=1 s_q=1 s_kv=8192 h_q=32 h_kv=8 d=128 "
                                               "padding=1 causal align=bottom_right");
+  const AttentionSpec paged_b2 = parse_spec("layout=bshd_paged_bshd dtype=bf16 b=2 s_q=1 s_kv=8192 h_q=32 h_kv=8 "
+                                            "d=128 page_size=64 pages=256 causal align=bottom_right");
   const std::string on_paged = check_support(paged, Pass::forward).kernel;
+  const std::string on_paged_b2 = check_support(paged_b2, Pass::forward).kernel;
   const std::string on_contiguous = check_support(contiguous, Pass::forward).kernel;
   const bool kernel_paged = on_paged.rfind("fusedattn decode kernel", 0) == 0;
+  const bool kernel_paged_b2 = on_paged_b2.rfind("fusedattn decode kernel", 0) == 0;
   const bool kernel_contiguous = on_contiguous.rfind("fusedattn decode kernel", 0) == 0;
   if (forced() == "1") {
-    EXPECT_TRUE(kernel_paged && kernel_contiguous) << on_paged << " | " << on_contiguous;
+    EXPECT_TRUE(kernel_paged && kernel_paged_b2 && kernel_contiguous) << on_paged << " | " << on_contiguous;
   } else if (forced() == "0") {
-    EXPECT_FALSE(kernel_paged || kernel_contiguous) << on_paged << " | " << on_contiguous;
+    EXPECT_FALSE(kernel_paged || kernel_paged_b2 || kernel_contiguous) << on_paged << " | " << on_contiguous;
   } else {
-    EXPECT_EQ(on_paged.rfind("cuDNN split decode", 0), 0u) << on_paged;
-    EXPECT_TRUE(kernel_contiguous) << on_contiguous;
+    EXPECT_TRUE(kernel_paged && kernel_contiguous) << on_paged << " | " << on_contiguous;
+    EXPECT_EQ(on_paged_b2.rfind("cuDNN split decode", 0), 0u) << on_paged_b2;
   }
 }
 
