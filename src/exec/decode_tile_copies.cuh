@@ -22,7 +22,7 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
   return (row * kChunks + (chunk ^ (row & 7))) * 16;
 }
 
-// T: q's dtype, what an FP8 tile is widened to; KV: the cache's.
+// T: the 16-bit type an FP8 tile is widened to (the kernel's tensor-core type, f16); KV: the cache's.
 template <class T, class KV, int D, int kCopiers, int kRows>
 class TileCopies {
  public:
@@ -57,7 +57,7 @@ class TileCopies {
         // page of 16 or 32 keys (tile0 a multiple of it, first_page its page) starts at the same row
         // of every tile.
         tile_in_one_page_(p.table_k != nullptr && p.page_size % kTile == 0),
-        // (with its strides in 32 bits, as a pool's are short of pages of 2^31 elements).
+        // Those small pages take 32-bit strides, where they fit (a pool's page of under 2^31 elements).
         small_pages_(p.table_k != nullptr && p.page_shift >= 0 && p.page_size < kTile && fits_int(p.k_stride[0]) &&
                      fits_int(p.v_stride[0]) && fits_int(p.k_stride[2] * kTile) && fits_int(p.v_stride[2] * kTile)),
         k_page_(static_cast<int>(p.k_stride[0])),

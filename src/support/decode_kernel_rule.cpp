@@ -273,10 +273,10 @@ bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeD
   //   103.9 against 104.2 over 8k, 381.0 against 365.5 over 32k; b = 64 over 8k 708.8 against 716.1),
   //   and with several row tiles even or behind (8 queries at b = 4, two row tiles, 68.0 against
   //   67.1; 16 queries 97.0 against 72.3). Between 8 and 64 pairs was not measured.
-  // - contiguous caches, on the H200: cuDNN's one unsplit call leaves most SMs idle, and the kernel is faster from
-  //   2k keys on (b = 1: 13.3 against 36.2 at 2k, 18.9 against 135 at 8k, 52.8 against 568 at 32k;
-  //   b = 8 over 8k 73.1 against 153; 8 and 16 queries at b = 4 62.1 and 65.8 against 103; b = 64
-  //   over 8k 487 against 490).
+  // - contiguous caches, on the H200: cuDNN's one unsplit call leaves most SMs idle, and the kernel
+  //   is faster from 2k keys on (b = 1: 13.3 against 36.2 at 2k, 18.9 against 135 at 8k, 52.8
+  //   against 568 at 32k; b = 8 over 8k 73.1 against 153; 8 and 16 queries at b = 4 62.1 and 65.8
+  //   against 103; b = 64 over 8k 487 against 490).
   // Shorter contiguous caches were not timed. Inference (no statistics) goes to the kernel there
   // too: cuDNN's call keeps one block a (sequence, head) streaming every key, so its time falls with
   // the keys as the kernel's does, and a cuDNN plan is built for each length (36 to 76 ms a build on
