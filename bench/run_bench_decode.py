@@ -31,7 +31,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from harness import captured_median_ms, cuda_median_ms, host_us, load, short
 
 H_Q, H_KV, D, PAGE = 32, 8, 128, 64
-POINTS = [(1, 1, 512), (1, 1, 2048), (1, 1, 8192), (1, 1, 32768), (8, 1, 8192), (8, 1, 32768), (64, 1, 8192),
+POINTS = [(1, 1, 512), (1, 1, 2048), (1, 1, 8192), (1, 1, 32768), (2, 1, 8192), (2, 1, 32768), (4, 1, 8192),
+          (4, 1, 32768), (8, 1, 8192), (8, 1, 32768), (64, 1, 8192),
           (4, 8, 8192), (4, 16, 8192), (1, 16, 32768)]
 FORCED = {"kernel": "1", "cudnn": "0"}
 
