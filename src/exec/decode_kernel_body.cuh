@@ -59,6 +59,26 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
   const int row_tile = warp / kKeyGroups, key_group = warp % kKeyGroups;
   wait_for_the_previous_kernel();
 
+  // A paged call's pages of the tiles from key `from` on, `keys` of them, read once into shared
+  // memory (the slots after the last table entry repeat it: the keys there are past the sequence,
+  // never loaded).
+  const bool paged = p.table_k != nullptr;
+  auto read_pages = [&](int from, int keys) {
+    const long long table_row = static_cast<long long>(i) * p.pages;
+    const int first_page = from / p.page_size, spanned = (from + keys - 1) / p.page_size - first_page + 1;
+    for (int slot = threadIdx.x; slot < spanned; slot += kThreads) {
+      const int page = min(first_page + slot, p.pages - 1);
+      page_k[slot] = p.table_k[table_row + page];
+      page_v[slot] = p.table_v[table_row + page];
+    }
+  };
+  // Without a left window the chunk's tiles start at its first key whatever the lengths say, so its
+  // pages are read beside the lengths rather than after them (one round trip to memory fewer before
+  // the first copies); a window's first tile waits for the lengths.
+  const int begin = chunk * p.chunk_keys;
+  const bool tiles_from_begin = p.window_left < 0;
+  if (paged && tiles_from_begin) read_pages(begin, p.chunk_keys);
+
   // This sequence's lengths and each query row's visible keys [low, high) (reference.h's window:
   // p = t + kv_len - q_len bottom-right, key j seen when p - left < j <= p + right).
   const int q_len = p.len_q ? min(max(p.len_q[i], 0), p.s_q) : p.s_q;
@@ -68,7 +88,7 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
   auto high_of = [&](int t) { return p.window_right >= 0 ? min(kv_len, t + shift + p.window_right + 1) : kv_len; };
   // The chunk's keys that some row sees (the first row sees the lowest, the last the highest),
   // in whole tiles from a multiple of 64.
-  const int begin = chunk * p.chunk_keys, end = min(begin + p.chunk_keys, kv_len);
+  const int end = min(begin + p.chunk_keys, kv_len);
   const int first = q_len > 0 ? max(begin, low_of(0)) : begin, last = q_len > 0 ? min(end, high_of(q_len - 1)) : begin;
   const int tile0 = first / kTile * kTile, tiles = last > first ? (last - tile0 + kTile - 1) / kTile : 0;
   const long long entry = static_cast<long long>(i) * p.chunks + chunk;
@@ -78,19 +98,8 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
     return;
   }
 
-  // The pages the chunk's tiles span, read once into shared memory (the slots after the last table
-  // entry repeat it: the keys there are past the sequence, never loaded).
-  const bool paged = p.table_k != nullptr;
-  const int first_page = paged ? tile0 / p.page_size : 0;
-  if (paged && tiles > 0) {
-    const long long table_row = static_cast<long long>(i) * p.pages;
-    const int spanned = (tile0 + tiles * kTile - 1) / p.page_size - first_page + 1;
-    for (int slot = threadIdx.x; slot < spanned; slot += kThreads) {
-      const int page = min(first_page + slot, p.pages - 1);
-      page_k[slot] = p.table_k[table_row + page];
-      page_v[slot] = p.table_v[table_row + page];
-    }
-  }
+  const int first_page = paged ? tile0 / p.page_size : 0;  // tile0 is begin where tiles_from_begin
+  if (paged && !tiles_from_begin && tiles > 0) read_pages(tile0, tiles * kTile);
   const Copies copies(p, i, kv, tile0, kv_len, first_page, page_k, page_v, kOwnKeys ? key_group * kWarpKeys : 0,
                       kOwnKeys ? lane : static_cast<int>(threadIdx.x));
   auto sync_copiers = [] {  // the copies of the group that reads them are visible to all of it
