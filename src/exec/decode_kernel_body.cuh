@@ -40,7 +40,9 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
   constexpr bool kOwnKeys = kRowTiles == 1;
   constexpr bool kFp8 = sizeof(KV) == 1;
   using Mma = MmaType<T, kFp8>;  // the tensor cores' type: f16 beside an FP8 cache
-  using Copies = TileCopies<Mma, KV, D, kOwnKeys ? 32 : kThreads, kOwnKeys ? kWarpKeys : kTile>;
+  // Each warp copies a slab of every tile: its own keys, or its share of the block's.
+  constexpr int kSlabRows = kOwnKeys ? kWarpKeys : kTile / (kThreads / 32);
+  using Copies = TileCopies<Mma, KV, D, kSlabRows>;
   constexpr int kStages = decode_kernel_stages(sizeof(KV));
   constexpr int kKeyTiles = kWarpKeys / 8;          // n-tiles of a warp's scores
   constexpr int kSteps = D / 16;                    // k-steps of Q K^T
@@ -100,8 +102,8 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
 
   const int first_page = paged ? tile0 / p.page_size : 0;  // tile0 is begin where tiles_from_begin
   if (paged && !tiles_from_begin && tiles > 0) read_pages(tile0, tiles * kTile);
-  const Copies copies(p, i, kv, tile0, kv_len, first_page, page_k, page_v, kOwnKeys ? key_group * kWarpKeys : 0,
-                      kOwnKeys ? lane : static_cast<int>(threadIdx.x));
+  const Copies copies(p, i, kv, tile0, kv_len, first_page, page_k, page_v,
+                      kOwnKeys ? key_group * kWarpKeys : warp * kSlabRows, lane);
   auto sync_copiers = [] {  // the copies of the group that reads them are visible to all of it
     if constexpr (kOwnKeys) {
       __syncwarp();
