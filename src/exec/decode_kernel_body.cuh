@@ -120,6 +120,7 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
   // This thread's rows of its tile (gid and gid + 8): query t of head kv * g + j, row t * g + j.
   int low[2], high[2];
   const T* bias_row[2];  // the row's bias over the keys, or null
+  bool biased[2];
   unsigned q_frag[kSteps][4];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -130,6 +131,7 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
     bias_row[h] = p.bias != nullptr && valid ? static_cast<const T*>(p.bias) + i * p.bias_stride[0] +
                                                    (kv * p.group + j) * p.bias_stride[1] + t * p.bias_stride[2]
                                              : nullptr;
+    biased[h] = bias_row[h] != nullptr;
     const T* q_row = static_cast<const T*>(p.q) + i * p.q_stride[0] + (kv * p.group + j) * p.q_stride[1] +
                      static_cast<long long>(t) * p.q_stride[2];
 #pragma unroll
@@ -177,18 +179,23 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
       v_tile = wide + kWideBytes;
     }
     const int warp_row0 = key_group * kWarpKeys, key_base = tile0 + n * kTile + warp_row0;
-    float s[kKeyTiles][4];
+    // Q K^T, the even and odd k-steps summed apart: two chains of kSteps / 2 dependent products an
+    // n-tile instead of one of kSteps, whose latency a warp alone on its scheduler would wait out.
+    float s[kKeyTiles][4], odd[kKeyTiles][4];
 #pragma unroll
     for (int nt = 0; nt < kKeyTiles; ++nt) {
       s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+      odd[nt][0] = odd[nt][1] = odd[nt][2] = odd[nt][3] = 0.0f;
 #pragma unroll
       for (int ks = 0; ks < kSteps; ks += 2) {  // matrices: keys of n-tile nt, d chunks 2 ks .. 2 ks + 3
         unsigned b[4];
         const int row = warp_row0 + nt * 8 + (lane & 7);
         load_matrices<false>(b, k_tile + swizzled<kChunks>(row, 2 * ks + (lane >> 3)));
         mma<Mma>(s[nt], q_frag[ks], b[0], b[1]);
-        mma<Mma>(s[nt], q_frag[ks + 1], b[2], b[3]);
+        mma<Mma>(odd[nt], q_frag[ks + 1], b[2], b[3]);
       }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[nt][e] += odd[nt][e];
     }
     // Online softmax in base 2: each row's running max over its seen keys, its rescaled sum and O.
     float tile_max[2] = {-INFINITY, -INFINITY};
@@ -200,7 +207,7 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
         const bool seen = key >= low[h] && key < high[h];
         float x = s[nt][e] * row_scale[h];
         if (capped) x = cap_log2 * tanhf(x / cap_log2);
-        if (seen && bias_row[h] != nullptr) x += widened(bias_row[h][key]) * 1.4426950408889634f;
+        if (seen && biased[h]) x += widened(bias_row[h][key]) * 1.4426950408889634f;
         s[nt][e] = seen ? x : -INFINITY;
         tile_max[h] = fmaxf(tile_max[h], s[nt][e]);
       }
