@@ -179,8 +179,10 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
       v_tile = wide + kWideBytes;
     }
     const int warp_row0 = key_group * kWarpKeys, key_base = tile0 + n * kTile + warp_row0;
-    // Q K^T, the even and odd k-steps summed apart: two chains of kSteps / 2 dependent products an
-    // n-tile instead of one of kSteps, whose latency a warp alone on its scheduler would wait out.
+    // Q K^T, the even and odd k-steps summed apart up to d = 128: two chains of kSteps / 2 dependent
+    // products an n-tile instead of one of kSteps, whose latency a warp alone on its scheduler would
+    // wait out (at d = 256 the second accumulators would spill, as its registers are all taken).
+    constexpr bool kTwoChains = D <= 128;
     float s[kKeyTiles][4], odd[kKeyTiles][4];
 #pragma unroll
     for (int nt = 0; nt < kKeyTiles; ++nt) {
@@ -192,10 +194,10 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
         const int row = warp_row0 + nt * 8 + (lane & 7);
         load_matrices<false>(b, k_tile + swizzled<kChunks>(row, 2 * ks + (lane >> 3)));
         mma<Mma>(s[nt], q_frag[ks], b[0], b[1]);
-        mma<Mma>(odd[nt], q_frag[ks + 1], b[2], b[3]);
+        mma<Mma>(kTwoChains ? odd[nt] : s[nt], q_frag[ks + 1], b[2], b[3]);
       }
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] += odd[nt][e];
+      for (int e = 0; e < 4; ++e) s[nt][e] += odd[nt][e];  // zeros at d = 256
     }
     // Online softmax in base 2: each row's running max over its seen keys, its rescaled sum and O.
     float tile_max[2] = {-INFINITY, -INFINITY};
