@@ -7,14 +7,13 @@ runs the calls again in a process for each path forced (FUSEDATTN_DECODE_KERNEL=
 decode kernel, cuDNN's split decode), so their kernels can be set side by side. Then, unless
 --no-sweep, the split calls' times with each chunk count forced (FUSEDATTN_SPLIT_DECODE=n, a process
 each); with --kernel-cuts, the calls on fusedattn's decode kernel cut into each chunk count
-(FUSEDATTN_DECODE_CHUNKS=n), and with --spread-cuts, cut so and merged in clusters spread over the SMs
-(FUSEDATTN_DECODE_SPREAD_CLUSTERS=1); the calls' times again with our kernels launched late
+(FUSEDATTN_DECODE_CHUNKS=n); the calls' times again with our kernels launched late
 (FUSEDATTN_DECODE_EARLY_LAUNCH=0); and, with --cudnn-sweep, cuDNN's paged call alone over the same keys cut into E entries of P pages (what a
 split's chunks call is). Each call is timed on a stream and captured in a CUDA graph. A diagnostic,
 not a benchmark.
 
     FUSEDATTN_PYTHON_BUILD=build/python python bench/profile_decode_kernels.py [--paths kernel cudnn]
-        [--no-sweep] [--cudnn-sweep] [--points 1,1,8192 8,1,32768] [--kernel-cuts 16 33] [--spread-cuts 8 16]
+        [--no-sweep] [--cudnn-sweep] [--points 1,1,8192 8,1,32768] [--kernel-cuts 16 33]
 """
 import argparse
 import os
@@ -143,8 +142,6 @@ def main():
     parser.add_argument("--points", nargs="*", help="b,s_q,s_kv points instead of the default list")
     parser.add_argument("--kernel-cuts", nargs="*", type=int, default=[],
                         help="the calls on the kernel cut into each of these chunk counts, a process each")
-    parser.add_argument("--spread-cuts", nargs="*", type=int, default=[],
-                        help="the same, merged in clusters spread over the SMs")
     args = parser.parse_args()
     points = parse_points(args.points)
     if args.sweep:
@@ -158,14 +155,11 @@ def main():
         print(f"\n== forced onto {path} (FUSEDATTN_DECODE_KERNEL={PATHS[path]})", flush=True)
         subprocess.run([sys.executable, __file__, "--no-sweep", *forwarded],
                        env=dict(os.environ, FUSEDATTN_DECODE_KERNEL=PATHS[path]), check=False)
-    cuts = [(chunks, {}) for chunks in args.kernel_cuts]
-    cuts += [(chunks, {"FUSEDATTN_DECODE_SPREAD_CLUSTERS": "1"}) for chunks in args.spread_cuts]
-    for chunks, extra in cuts:
-        switches = dict(FUSEDATTN_DECODE_KERNEL="1", FUSEDATTN_DECODE_CHUNKS=str(chunks), **extra)
-        print(f"\n== on the kernel in {chunks} chunks ({' '.join(f'{k}={v}' for k, v in switches.items())})",
+    for chunks in args.kernel_cuts:
+        print(f"\n== on the kernel in {chunks} chunks (FUSEDATTN_DECODE_KERNEL=1 FUSEDATTN_DECODE_CHUNKS={chunks})",
               flush=True)
         subprocess.run([sys.executable, __file__, "--no-sweep", "--times-only", *forwarded], check=False,
-                       env=dict(os.environ, **switches))
+                       env=dict(os.environ, FUSEDATTN_DECODE_KERNEL="1", FUSEDATTN_DECODE_CHUNKS=str(chunks)))
     if not args.no_sweep:
         chunks_sweep()
         print("\n== the same with FUSEDATTN_DECODE_EARLY_LAUNCH=0 (our kernels launched after the previous one ends)",

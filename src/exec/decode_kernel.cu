@@ -89,39 +89,22 @@ void allow_shared_bytes(Kernel kernel, std::int64_t bytes) {
   most = bytes;
 }
 
-// FUSEDATTN_DECODE_SPREAD_CLUSTERS, read once: every cut of 2 to kDecodeKernelSpreadClusterChunks
-// chunks merged in its clusters, their blocks spread over the SMs, where they fit (for measuring
-// against the rule's choice).
-bool spread_clusters() {
-  static const bool on = switch_on_when_set("FUSEDATTN_DECODE_SPREAD_CLUSTERS");
-  return on;
-}
-
-// Whether `kernel` can run its chunks as clusters of `chunks` blocks (shape.cluster_merge), spread
-// or not, here: the code that runs is SM 9.0's (whose body merges in the cluster) and at least one
-// cluster of that size fits beside the block's shared memory (above 8 blocks, a size the kernel is
-// let have first). Otherwise the plan keeps its partials for the merge kernel.
-bool clusters_fit(Kernel kernel, const DecodeKernelShape& shape, bool spread) {
+// Whether `kernel` can run its chunks as clusters of `chunks` blocks (shape.cluster_merge) here: the
+// code that runs is SM 9.0's (whose body merges in the cluster) and at least one cluster of that size
+// fits beside the block's shared memory. Otherwise the plan keeps its partials for the merge kernel.
+bool clusters_fit(Kernel kernel, const DecodeKernelShape& shape) {
   cudaFuncAttributes attributes{};
   if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess || attributes.binaryVersion < 90) return false;
-  if (shape.chunks > kDecodeKernelClusterChunks &&
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  cudaLaunchAttribute cluster[2] = {};
-  cluster[0].id = cudaLaunchAttributeClusterDimension;
-  cluster[0].val.clusterDim.x = static_cast<unsigned>(shape.chunks);
-  cluster[0].val.clusterDim.y = cluster[0].val.clusterDim.z = 1;
-  cluster[1].id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
-  cluster[1].val.clusterSchedulingPolicyPreference =
-      spread ? cudaClusterSchedulingPolicySpread : cudaClusterSchedulingPolicyDefault;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = static_cast<unsigned>(shape.chunks);
+  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(shape.chunks));
   config.blockDim = dim3(static_cast<unsigned>(shape.threads));
   config.dynamicSmemBytes = static_cast<std::size_t>(shape.shared_bytes);
-  config.attrs = cluster;
-  config.numAttrs = 2;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
   int clusters = 0;
   if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &config) != cudaSuccess) {
     (void)cudaGetLastError();  // not sticky: leave no error for the next call to find
@@ -159,10 +142,7 @@ DecodeKernelCall::DecodeKernelCall(const AttentionSpec& spec, const DecodeKernel
   for (int shift = 0; shift < 31; ++shift) {
     if (spec.page_size() == std::int64_t{1} << shift) page_shift_ = shift;
   }
-  if (spread_clusters() && shape_.merged() && shape_.chunks <= kDecodeKernelSpreadClusterChunks) {
-    shape_.cluster_merge = spread_ = true;
-  }
-  if (shape_.cluster_merge && !clusters_fit(kernel_, shape_, spread_)) shape_.cluster_merge = spread_ = false;
+  if (shape_.cluster_merge && !clusters_fit(kernel_, shape_)) shape_.cluster_merge = false;
   if (shape_.merged() && !shape_.cluster_merge) {
     const auto rows = static_cast<std::size_t>(spec.batch() * shape.chunks * spec.heads_q() * spec.seq_q());
     partial_o_bytes_ = round_up(rows * static_cast<std::size_t>(spec.head_dim_v()) * sizeof(float));
@@ -228,8 +208,8 @@ void DecodeKernelCall::forward(const ForwardTensors& t, float scale, cudaStream_
   const auto threads = static_cast<unsigned>(shape_.threads);
   const auto shared = static_cast<std::size_t>(shape_.shared_bytes);
   // A cluster is a (K/V head, sequence)'s chunks, merged in the kernel (decode_cluster_merge.cuh).
-  const Clusters clusters{shape_.cluster_merge ? blocks.x : 1, spread_};
-  check_cuda(launch_in_clusters(kernel_, early_launch_, clusters, blocks, threads, shared, stream, p),
+  const unsigned cluster = shape_.cluster_merge ? blocks.x : 1;
+  check_cuda(launch_in_clusters(kernel_, early_launch_, cluster, blocks, threads, shared, stream, p),
              "decode kernel: launch");
   if (!shape_.merged() || shape_.cluster_merge) return;
   DecodePartials partials;

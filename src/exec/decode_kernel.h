@@ -52,7 +52,6 @@ class DecodeKernelCall {
   std::size_t partial_o_bytes_ = 0, partial_stats_bytes_ = 0;
   bool early_launch_ = false;
   int page_shift_ = -1;  // log2 of a paged call's page size where it is a power of two
-  bool spread_ = false;  // its clusters spread over the SMs (FUSEDATTN_DECODE_SPREAD_CLUSTERS)
 };
 
 }  // namespace fusedattn::detail

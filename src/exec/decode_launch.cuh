@@ -40,32 +40,21 @@ __device__ __forceinline__ int count_of(const std::int32_t* cumulative, std::int
   return i < sequences ? cumulative[i + 1] - cumulative[i] : 0;
 }
 
-// The blocks of a launch in clusters along x: `size` blocks a cluster (1: none; SM 9.0 and newer,
-// blocks.x a multiple of it; above 8 the kernel must allow a non-portable size), and whether the
-// scheduler is asked to spread a cluster's blocks over the SMs of its GPC rather than pack them.
-struct Clusters {
-  unsigned size = 1;
-  bool spread = false;
-};
-
 // kernel<<<blocks, threads, shared, stream>>>(args...), launched early where `early`
-// (decode_early_launch), in `clusters`.
+// (decode_early_launch), in clusters of `cluster` blocks along x where cluster > 1 (SM 9.0 and newer;
+// blocks.x a multiple of it).
 template <class... Params, class... Args>
-cudaError_t launch_in_clusters(void (*kernel)(Params...), bool early, Clusters clusters, dim3 blocks,
+cudaError_t launch_in_clusters(void (*kernel)(Params...), bool early, unsigned cluster, dim3 blocks,
                                unsigned int threads, std::size_t shared, cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attributes[3] = {};
+  cudaLaunchAttribute attributes[2] = {};
   unsigned count = 0;
   if (early) {
     attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attributes[count++].val.programmaticStreamSerializationAllowed = 1;
   }
-  if (clusters.size > 1) {
+  if (cluster > 1) {
     attributes[count].id = cudaLaunchAttributeClusterDimension;
-    attributes[count++].val.clusterDim = {clusters.size, 1, 1};
-    if (clusters.spread) {
-      attributes[count].id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
-      attributes[count++].val.clusterSchedulingPolicyPreference = cudaClusterSchedulingPolicySpread;
-    }
+    attributes[count++].val.clusterDim = {cluster, 1, 1};
   }
   cudaLaunchConfig_t config{};
   config.gridDim = blocks;
@@ -81,7 +70,7 @@ cudaError_t launch_in_clusters(void (*kernel)(Params...), bool early, Clusters c
 template <class... Params, class... Args>
 cudaError_t launch(void (*kernel)(Params...), bool early, dim3 blocks, unsigned int threads, std::size_t shared,
                    cudaStream_t stream, Args&&... args) {
-  return launch_in_clusters(kernel, early, Clusters{}, blocks, threads, shared, stream, std::forward<Args>(args)...);
+  return launch_in_clusters(kernel, early, 1, blocks, threads, shared, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace fusedattn::detail

@@ -43,9 +43,6 @@ constexpr std::int64_t kDecodeKernelMinChunkKeys = 256;
 /// block reads its share of the rows' partials from its peers' shared memory and writes O: no
 /// partials in global memory and no second kernel. decode_cluster_merge says when.
 constexpr std::int64_t kDecodeKernelClusterChunks = 8;
-/// The most chunks merged in a cluster spread over the SMs where FUSEDATTN_DECODE_SPREAD_CLUSTERS
-/// forces it (exec/decode_kernel.cu): SM 9.0's largest cluster, a non-portable size.
-constexpr std::int64_t kDecodeKernelSpreadClusterChunks = 16;
 
 /// Pipeline stages in shared memory: 3 tiles of 16-bit K and V (2 in flight while one is used:
 /// 64 KB at d = 128), 4 of FP8 ones (3 in flight, 48 KB; a 16-bit copy of the tile in use is made
