@@ -72,7 +72,7 @@ class Support(tuple):
     backward of an FP8 spec, says which backward fp8_attention's backward="auto" takes after its FP8
     forward: "fp8" or "model" where this process measured it, else "not measured"; "" otherwise.
     `kernel` says which kernels run a supported call where cuDNN's check ran ("cuDNN", "cuDNN split
-    decode, 32 chunks of 4 pages", "fusedattn decode kernel, 19 chunks of 448 keys merged"); ""
+    decode, 32 chunks of 4 pages", "fusedattn decode kernel, 32 chunks of 256 keys merged"); ""
     otherwise."""
 
     def __new__(cls, ok, reasons, policy_only, text, kernel="", fp8_backward=""):

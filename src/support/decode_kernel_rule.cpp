@@ -16,24 +16,34 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; 
 // --- The cost model of the kernel's cut, in microseconds (an SM's share scales with the SM count) --
 //
 // It ranks the cuts of one spec against each other; it is not the kernel's speed, which the rule
-// takes from measurements (decode_kernel_preferred). On the H200 the kernel ran 1.7 to 2.4 times
-// the model's times (results/bench-decode.md: b = 1 over 8k keys, 18.9 us contiguous and 26.7 us
-// paged against the model's 11.1).
+// takes from measurements (decode_kernel_preferred). Its block rate and merge costs are fitted to
+// the cuts measured on an H100 at 45f256c (bench/profile_decode_kernels.py --kernel-cuts; fusedattn.torch,
+// contiguous, h 32/8, d 128, CUDA graphs, microseconds): b = 1 over 512 keys 10.4 in 2 chunks, 8.4
+// in 8 of one tile (PyTorch's dense call 9.4); over 8k 22.0 in 8, 17.3 in 16, 17.6 in 19, 15.3 in
+// 32 (PyTorch 14.1); over 32k 65.7 in 8, 53.6 in 16, 55.8 in 17, 60.9 in 19, 54.3 in 32 (PyTorch
+// 52.6); b = 8 over 8k 96.7 in 3, 98.7 in 8, 100.4 in 16, 103.4 in 32 (PyTorch 93.9).
 //
 // Memory: an SM's share of the copy bandwidth, 4.22 TB/s measured on the H200 over 132 SMs.
 constexpr double kSmBytesPerUs = 4.22e6 / 132;
-// A block keeps stages - 1 tiles in flight; each takes about one round trip to memory, so a block
-// alone streams (stages - 1) * tile bytes a round trip: 64 KB/us of 16-bit K/V at d = 128.
-constexpr double kRoundTripUs = 1.0;
+// A block keeps stages - 1 tiles in flight and streams about one a kTileUs each: 23 KB/us of 16-bit
+// K/V at d = 128, what one block an SM drew at b = 1 over 8k keys in 16 chunks (256 KB in about 11.8
+// us: the call's 17.3 less its start and merge). Its warps, one a scheduler, wait out each
+// instruction's latency alone; a second block on the SM adds its own rate, up to kSmMostShare.
+constexpr double kTileUs = 2.8;
+// An SM with several blocks draws at most 1.25 times its share when others draw less: SMs of two
+// blocks streamed 28.6 to 29.6 KB/us on the H100 (23.0 its share of 3.03 TB/s), at b = 8 over 8k in 3
+// chunks (192 blocks, 96.7 us) and at b = 1 over 8k in 19 (152 blocks).
+constexpr double kSmMostShare = 1.25;
 // Tensor cores through mma.sync: 1,024 multiply-adds a clock an SM at 1.755 GHz, of which the
 // kernel is expected to keep half busy beside its softmax, loads and barriers. Only rows of many
 // queries make this bind: 16 queries of a group of 8 take 256 multiply-adds per 16-bit K/V byte pair.
 constexpr double kSmFmaPerUs = 0.5 * 1024 * 1755;
 // The launch and the first round trip before anything streams, and the merge: the merge kernel
-// (launched early, it waits for the kernel and then reads each row's partials once), or, in the
-// kernel, two cluster barriers and a read of the peers' rows from their shared memory.
+// (launched early, it waits for the kernel and then reads each row's partials once: it ended 3.9 us
+// after the kernel at b = 1 over 8k, cuDNN's reduction of PyTorch's call 4.2), or, in the kernel,
+// two cluster barriers and a read of the peers' rows from their shared memory.
 constexpr double kStartUs = 1.5;
-constexpr double kMergeUs = 1.5;
+constexpr double kMergeUs = 3.5;
 constexpr double kClusterMergeUs = 0.5;
 
 // Shared memory an SM has, and the most a block may ask for, by SM version (CUDA's tables).
@@ -100,6 +110,12 @@ bool same_cap(const ScoreModNode& a, const ScoreModNode& b) {
 }
 
 bool multiple_of(std::int64_t value, std::int64_t of) { return value % of == 0; }
+
+// A paged cache whose pages cuDNN's paged attention refuses: sizes that are not powers of two.
+bool pages_off_powers_of_two(const AttentionSpec& spec) {
+  const std::int64_t size = spec.page_size();
+  return spec.paged_kv() && (size <= 0 || (size & (size - 1)) != 0);
+}
 bool strides_multiple_of(const TensorDesc& desc, std::int64_t of) {
   return multiple_of(desc.strides[kBatch], of) && multiple_of(desc.strides[kHead], of) &&
          multiple_of(desc.strides[kSeq], of);
@@ -171,51 +187,75 @@ std::vector<Reason> decode_kernel_refusals(const AttentionSpec& spec, Pass pass,
   return out;
 }
 
-double decode_kernel_expected_us(const AttentionSpec& spec, const DecodeKernelShape& shape, const DecodeDevice& device) {
+namespace {
+
+// A cut's expected time, its waves of blocks, and the time its busiest SM needs for its own blocks.
+struct CutTimes {
+  double total_us;
+  double waves;
+  double sm_us;
+};
+
+CutTimes cut_times(const AttentionSpec& spec, const DecodeKernelShape& shape, const DecodeDevice& device) {
   const double sms = std::max(device.multiprocessors, 1);
   const double b = static_cast<double>(spec.batch()), h_kv = static_cast<double>(spec.heads_kv());
   const double d = static_cast<double>(spec.head_dim_v()), kv = static_cast<double>(kv_bytes(spec));
   const double chunks = static_cast<double>(shape.chunks), keys = static_cast<double>(shape.chunk_keys);
   const double rows = static_cast<double>(rows_of(spec));
   // Partials: float32 O rows and a statistic, written by the kernel and read by the merge kernel
-  // (a cluster's stay in its shared memory).
+  // (a cluster's stay in its shared memory). A few MB at most, they stay in L2: only the blocks
+  // that write them pay.
   const double partial_bytes = shape.merged() && !shape.cluster_merge ? rows * (d + 1) * 4 : 0.0;
   const double cache_bytes = static_cast<double>(spec.seq_kv()) * 2 * d * kv;
   // The GPU's rate counts the SMs that get a block (blocks are placed one an SM first): a call of
   // fewer blocks than SMs leaves the rest idle, whatever its blocks could draw alone.
   const double blocks = b * h_kv * chunks, slots = sms * shape.blocks_per_sm;
-  const double memory_us = b * h_kv * (cache_bytes + 2 * chunks * partial_bytes) / (std::min(blocks, sms) * kSmBytesPerUs);
-  // A block's own time: its bytes at what its pipeline keeps in flight, or its multiply-adds (16
-  // rows a tile, padded) at its share of the SM's tensor cores.
+  const double memory_us = b * h_kv * cache_bytes / (std::min(blocks, sms) * kSmBytesPerUs);
+  // The busiest SM: the most blocks a wave gives one SM, their bytes at what their pipelines keep in
+  // flight (at most kSmMostShare of an SM's share), or their multiply-adds (16 rows a tile, padded)
+  // at the SM's tensor cores; a wave after another.
   const double stage_bytes = static_cast<double>(kDecodeTileKeys) * 2 * d * kv;
-  const double block_rate = (decode_kernel_stages(kv_bytes(spec)) - 1) * stage_bytes / kRoundTripUs;
+  const double block_rate = (decode_kernel_stages(kv_bytes(spec)) - 1) * stage_bytes / kTileUs;
+  const double per_sm = std::ceil(std::min(blocks, slots) / sms);
+  const double sm_rate = std::min(per_sm * block_rate, kSmMostShare * kSmBytesPerUs);
   const double block_fma = 2.0 * 16 * shape.row_tiles * d * keys;
-  const double block_us = std::max((keys * 2 * d * kv + partial_bytes) / block_rate,
-                                   block_fma * shape.blocks_per_sm / kSmFmaPerUs);
   const double waves = std::ceil(blocks / slots);
+  const double sm_us = waves * std::max(per_sm * (keys * 2 * d * kv + partial_bytes) / sm_rate,
+                                                            per_sm * block_fma / kSmFmaPerUs);
   const double merge_us = !shape.merged() ? 0.0 : shape.cluster_merge ? kClusterMergeUs : kMergeUs;
-  return kStartUs + std::max(memory_us, waves * block_us) + merge_us;
+  return {kStartUs + std::max(memory_us, sm_us) + merge_us, waves, sm_us};
+}
+
+}  // namespace
+
+double decode_kernel_expected_us(const AttentionSpec& spec, const DecodeKernelShape& shape, const DecodeDevice& device) {
+  return cut_times(spec, shape, device).total_us;
 }
 
 DecodeKernelShape decode_kernel_shape(const AttentionSpec& spec, const DecodeDevice& device) {
   const DecodeKernelShape rows = rows_shape(spec, device.caps);
   const std::int64_t keys = std::max<std::int64_t>(spec.seq_kv(), 1);
-  // Every count of chunks of at least kDecodeKernelMinChunkKeys keys (and one chunk), a paged call's
-  // chunks each within kDecodeKernelMaxChunkPages pages and the block's shared memory (where those
-  // leave no count of long chunks, the fewest shorter chunks that fit); the first of equal times
-  // (fewer chunks) wins. One tile a chunk fits wherever the tiles do (the refusals checked their
-  // room) but for its few page slots; should even those not fit, the finest cut is returned.
+  // Every count of chunks of whole tiles, a paged call's chunks each within kDecodeKernelMaxChunkPages
+  // pages and the block's shared memory, each merged as decode_cluster_merge says. The fastest wins;
+  // among equal times (memory binding them alike) the one of fewest waves, then the one whose
+  // busiest SM finishes its own blocks soonest, since a cache in L2 (a short one, or one read again)
+  // comes faster than the memory's share and the SMs bind instead; then the fewest chunks (waves
+  // beyond the first are where the model is coarsest). One tile a chunk fits wherever the tiles
+  // do (the refusals checked their room) but for its few page slots; should even those not fit, the
+  // finest cut is returned.
   std::optional<DecodeKernelShape> best;
-  double best_us = 0.0;
+  CutTimes best_times{0.0, 0.0};
   for (std::int64_t asked = 1; asked <= ceil_div(keys, kDecodeTileKeys); ++asked) {
-    if (best && asked > ceil_div(keys, kDecodeKernelMinChunkKeys)) break;
-    const DecodeKernelShape shape = cut(spec, device.caps, rows, keys, asked);
+    DecodeKernelShape shape = cut(spec, device.caps, rows, keys, asked);
     if (shape.chunks != asked) continue;  // the same cut as a smaller count's
     if (!fits(shape, device.caps)) continue;
-    const double us = decode_kernel_expected_us(spec, shape, device);
-    if (!best || us < best_us) {
+    shape.cluster_merge = decode_cluster_merge(spec, shape, device);
+    const CutTimes times = cut_times(spec, shape, device);
+    const bool tie = times.total_us == best_times.total_us;
+    if (!best || times.total_us < best_times.total_us || (tie && times.waves < best_times.waves) ||
+        (tie && times.waves == best_times.waves && times.sm_us < best_times.sm_us)) {
       best = shape;
-      best_us = us;
+      best_times = times;
     }
   }
   DecodeKernelShape out = best ? *best : cut(spec, device.caps, rows, keys, ceil_div(keys, kDecodeTileKeys));
@@ -259,7 +299,7 @@ bool decode_kernel_only(const AttentionSpec& spec) {
   // On one query row cuDNN refuses a sink or off-by-one itself ("decode only mode, i.e. s_q == 1, not
   // supported with sink_token", cuDNN 9.19 on the H200).
   const bool extra_term = spec.softmax != Softmax::vanilla && (spec.paged_kv() || spec.seq_q() == 1);
-  return spec.fp8_kv_cache() || !spec.score_mod.empty() || extra_term;
+  return spec.fp8_kv_cache() || !spec.score_mod.empty() || extra_term || pages_off_powers_of_two(spec);
 }
 
 bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeDevice& device) {
@@ -267,12 +307,14 @@ bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeD
   if (decode_kernel_only(spec)) return true;
   // Measured through fusedattn.torch (results/bench-decode.md; h 32/8, d 128, bf16, each path forced
   // in turn), microseconds, the kernel against cuDNN's path:
-  // - paged caches, on an H100 at 0f3a420: the kernel is faster at b = 1 (8 pairs of a sequence and a
-  //   K/V head) at every length (12.2 against 18.1 over 512 keys, 13.2 against 17.3 over 2k, 19.7
-  //   against 20.8 over 8k, 59.3 against 60.6 over 32k); from 64 pairs it is even or behind (b = 8:
-  //   103.9 against 104.2 over 8k, 381.0 against 365.5 over 32k; b = 64 over 8k 708.8 against 716.1),
-  //   and with several row tiles even or behind (8 queries at b = 4, two row tiles, 68.0 against
-  //   67.1; 16 queries 97.0 against 72.3). Between 8 and 64 pairs was not measured.
+  // - paged caches, on an H100 at 45f256c: with one row tile the kernel is faster at b = 1 (8 pairs
+  //   of a sequence and a K/V head) at every length (11.0 against 18.1 over 512 keys, 12.1 against
+  //   17.3 over 2k, 18.6 against 20.7 over 8k, 58.4 against 59.1 over 32k) and over 8k keys at every
+  //   batch (b = 2: 35.1 against 38.1; 4: 57.6 against 59.2; 8: 98.1 against 102.0; 64: 688.1 against
+  //   693.9); over 32k the split decode is ahead from 16 pairs (b = 2: 108.9 against 101.8; 4: 200.4
+  //   against 186.7; 8: 364.4 against 355.8), and with several row tiles it is even or ahead (8
+  //   queries at b = 4, two row tiles, 64.7 against 65.6; 16 queries 82.7 against 71.3). Lengths
+  //   between 8k and 32k were not measured.
   // - contiguous caches, on the H200: cuDNN's one unsplit call leaves most SMs idle, and the kernel
   //   is faster from 2k keys on (b = 1: 13.3 against 36.2 at 2k, 18.9 against 135 at 8k, 52.8
   //   against 568 at 32k; b = 8 over 8k 73.1 against 153; 8 and 16 queries at b = 4 62.1 and 65.8
@@ -285,7 +327,10 @@ bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeD
   // where cuDNN's padded call writes non-finite rows (docs/reliability.md). A short call that writes
   // the statistics feeds a backward on cuDNN, whose treatment of the kernel's -inf for a row without
   // keys has not been checked: it stays on cuDNN's path.
-  if (spec.paged_kv()) return rows_of(spec) <= 16 && spec.batch() * spec.heads_kv() <= kDecodeKernelPagedMostPairs;
+  if (spec.paged_kv()) {
+    return rows_of(spec) <= 16 &&
+           (spec.seq_kv() <= kDecodeKernelPagedMostKeys || spec.batch() * spec.heads_kv() <= kDecodeKernelPagedMostPairs);
+  }
   return !spec.stats || spec.seq_kv() >= kDecodeKernelContiguousMinKeys;
 }
 
@@ -325,6 +370,13 @@ void decode_extra_term_rule(const AttentionSpec& spec, Pass pass, const DeviceCa
   refuse_unless_on_the_kernel(spec, pass, caps, "softmax", to_string(spec.softmax),
                               "vanilla softmax on one query row (cuDNN 9.19 refuses a sink there: \"decode only mode, "
                               "i.e. s_q == 1, not supported with sink_token\"; fusedattn's decode kernel runs it", out);
+}
+
+void decode_page_size_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, std::vector<Reason>& out) {
+  if (!pages_off_powers_of_two(spec)) return;
+  refuse_unless_on_the_kernel(spec, pass, caps, "page_size", std::to_string(spec.page_size()),
+                              "a power of two (cuDNN's paged attention: \"block size needs to be non-zero and a power "
+                              "of 2\"; fusedattn's decode kernel takes multiples of 16", out);
 }
 
 std::string decode_kernel_description(const DecodeKernelShape& shape) {

@@ -34,9 +34,6 @@ constexpr std::int64_t kDecodeTileKeys = 64;
 /// tiles of 8 warps): speculative decoding's 2 .. 16 tokens at a GQA group of up to 8.
 constexpr std::int64_t kDecodeKernelMaxQueries = 16;
 constexpr std::int64_t kDecodeKernelMaxRows = 128;
-/// The fewest keys a chunk has: 4 tiles, so the pipeline's ramp (one round trip) is a quarter of
-/// the chunk's time at most.
-constexpr std::int64_t kDecodeKernelMinChunkKeys = 256;
 
 /// The most chunks a call merges inside the kernel (SM 9.0 and newer): the blocks of one (K/V head,
 /// sequence) form a thread block cluster (8 blocks, the portable size), and after their keys each
@@ -142,22 +139,26 @@ double decode_kernel_expected_us(const AttentionSpec& spec, const DecodeKernelSh
 /// (decode_kernel_rule.cpp has the numbers).
 constexpr std::int64_t kDecodeKernelContiguousMinKeys = 2048;
 
-/// The most (sequence, K/V head) pairs of a paged call of one row tile (s_q * g <= 16) that the
-/// kernel runs by default: the most measured where it beat cuDNN's split decode at every length
-/// (decode_kernel_rule.cpp has the numbers).
+/// A paged call of one row tile (s_q * g <= 16) runs on the kernel by default over at most
+/// kDecodeKernelPagedMostKeys keys a sequence, whatever the batch, or with at most
+/// kDecodeKernelPagedMostPairs (sequence, K/V head) pairs over any length: where it beat cuDNN's
+/// split decode (decode_kernel_rule.cpp has the numbers).
+constexpr std::int64_t kDecodeKernelPagedMostKeys = 8192;
 constexpr std::int64_t kDecodeKernelPagedMostPairs = 8;
 
 /// Whether the kernel is the only path for `spec`, FUSEDATTN_DECODE_KERNEL=0 or not: an FP8 K/V
 /// cache (cuDNN takes none), a score modifier (a softcap; see decode_score_mod_rule), a sink or
-/// off-by-one softmax over a paged cache or on one query row (decode_kernel_rule.cpp says why).
+/// off-by-one softmax over a paged cache or on one query row (decode_kernel_rule.cpp says why), a
+/// page size that is not a power of two (decode_page_size_rule).
 bool decode_kernel_only(const AttentionSpec& spec);
 
 /// Whether the kernel runs `spec` by default: it takes it, and it is an FP8 K/V cache or has a
 /// score modifier (a softcap: the only path for either, see decode_score_mod_rule), or a
 /// contiguous cache that is inference (no statistics: no plan to build for each new
 /// length of a cache that grows a token a step) or of kDecodeKernelContiguousMinKeys keys or more,
-/// where it was measured faster than cuDNN's path, or a paged cache of one row tile and at most
-/// kDecodeKernelPagedMostPairs (sequence, K/V head) pairs, where it was too; other paged caches
+/// where it was measured faster than cuDNN's path, or a paged cache of one row tile over at most
+/// kDecodeKernelPagedMostKeys keys or of at most kDecodeKernelPagedMostPairs (sequence, K/V head)
+/// pairs, where it was too; other paged caches
 /// stay with cuDNN's split decode, except with a sink or off-by-one, which that split cannot cut.
 /// FUSEDATTN_DECODE_KERNEL forces either way (exec/decode_kernel.h).
 bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeDevice& device);
@@ -176,7 +177,12 @@ void decode_score_mod_rule(const AttentionSpec& spec, Pass pass, const DeviceCap
 /// ("decode only mode"): refused where the kernel does not take the call, with the kernel's reasons.
 void decode_extra_term_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, std::vector<Reason>& out);
 
-/// "fusedattn decode kernel, 19 chunks of 448 keys merged" (by the merge kernel; "... merged in the
+/// The support policy's rule for a paged cache whose page size is not a power of two, which cuDNN's
+/// paged attention refuses ("block size needs to be non-zero and a power of 2", cuDNN 9.19 on an
+/// H100): refused where the kernel does not take the call, with the kernel's reasons.
+void decode_page_size_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, std::vector<Reason>& out);
+
+/// "fusedattn decode kernel, 32 chunks of 256 keys merged" (by the merge kernel; "... merged in the
 /// kernel" by a cluster; Support::kernel).
 std::string decode_kernel_description(const DecodeKernelShape& shape);
 

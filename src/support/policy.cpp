@@ -404,6 +404,7 @@ Support check_support_policy(const AttentionSpec& given, Pass pass, const Device
   detail::fp8_kv_cache_rule(given, pass, caps, out);
   detail::decode_score_mod_rule(given, pass, caps, out);
   detail::decode_extra_term_rule(given, pass, caps, out);
+  detail::decode_page_size_rule(given, pass, caps, out);
   score_mod_rule(spec, pass, versions, out);
   return support;
 }

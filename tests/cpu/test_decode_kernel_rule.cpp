@@ -6,6 +6,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fusedattn/errors.h"
@@ -208,8 +209,8 @@ TEST(DecodeKernelRule, RowTilesWarpsAndSharedMemory) {
   EXPECT_EQ(big.threads, 256);
   EXPECT_EQ(big.blocks_per_sm, 1);
   // FP8 tiles: 4 stages of 1-byte tiles and the 16-bit copies of the one in use: 4 * 2 * 8192 + 2 * 16384;
-  // 19 chunks of 448 keys span 8 pages each (of K, and of V).
-  EXPECT_EQ(decode_kernel_shape(with_fp8_cache(paged("b=1 s_q=1 s_kv=8192")), kH200).shared_bytes, 98304 + 2 * 4 * 8);
+  // 32 chunks of 256 keys span 5 pages each (of K, and of V).
+  EXPECT_EQ(decode_kernel_shape(with_fp8_cache(paged("b=1 s_q=1 s_kv=8192")), kH200).shared_bytes, 98304 + 2 * 4 * 5);
   // A contiguous cache keeps no pages.
   AttentionSpec contiguous = parse_spec("layout=bshd dtype=bf16 b=1 s_q=1 s_kv=8192 h_q=32 h_kv=8 d=128");
   EXPECT_EQ(decode_kernel_shape(contiguous, kH200).page_slots, 0);
@@ -241,21 +242,25 @@ TEST(DecodeKernelRule, PagedChunksKeepTheirPagesInSharedMemory) {
 }
 
 // b = 1, h 32/8, d 128, one query over 8k keys on 132 SMs (kSmBytesPerUs = 4.22e6 / 132 = 31,970
-// bytes a microsecond). A K/V head streams 8192 * 2 * 128 * 2 = 4,194,304 bytes; 8 heads need at
-// least 132 / 8 = 17 chunks to fill the GPU. Counts that give new cuts: 16 chunks of 512 keys (128
-// blocks: memory 8 * (4,194,304 + 2 * 16 * 2,064) / (128 * 31,970) = 8.33 us), 19 of 448 (152 blocks,
-// every SM: 8 * (4,194,304 + 2 * 19 * 2,064) / (132 * 31,970) = 8.10 us), 22 of 384 (8.12), 26 of
-// 320 (8.16), 32 of 256 (8.20). A block of 448 keys takes max(448 * 512 / 65,536 = 3.5 us of its
-// pipeline, 2 * 16 * 128 * 448 * 2 / 898,560 = 4.09 us of tensor cores) in one wave: 19 chunks, 1.5 +
-// 8.10 + 1.5 (merge) = 11.10 us. More chunks than a cluster holds: the merge kernel merges them.
+// bytes a microsecond; 264 block slots, two an SM). A K/V head streams 8192 * 2 * 128 * 2 = 4,194,304
+// bytes: memory 8 * 4,194,304 / (132 * 31,970) = 7.95 us for any cut of 132 blocks or more. A block
+// draws 2 * 32,768 / 2.8 = 23,406 bytes a microsecond (kTileUs), an SM at most 1.25 * 31,970 = 39,962,
+// and each chunk writes 4 rows * 129 * 4 = 2,064 bytes of partials. 32 chunks of 256 keys: 256
+// blocks, two on the busiest SM, 2 * (131,072 + 2,064) / 39,962 = 6.66 us; so 1.5 + 7.95 + 3.5
+// (merge) = 12.95 us. 16 chunks of 512 (128 blocks, one an SM): 264,208 / 23,406 = 11.29, 16.29 us;
+// 26 of 320 (208 blocks): 2 * 165,904 / 39,962 = 8.30, 13.30 us; 19 of 448: 2 * 231,440 / 39,962 =
+// 11.58, 16.58 us; 64 of 128 (512 blocks) tie with 32 at 12.95 in two waves: the one wave wins.
 TEST(DecodeKernelRule, WorkedCutOnAnH200) {
   const AttentionSpec spec = paged("b=1 s_q=1 s_kv=8192");
   const DecodeKernelShape shape = decode_kernel_shape(spec, kH200);
-  EXPECT_EQ(shape.chunks, 19);
-  EXPECT_EQ(shape.chunk_keys, 448);
-  EXPECT_FALSE(shape.cluster_merge);
-  EXPECT_NEAR(decode_kernel_expected_us(spec, shape, kH200), 11.10, 0.01);
-  EXPECT_EQ(decode_kernel_description(shape), "fusedattn decode kernel, 19 chunks of 448 keys merged");
+  EXPECT_EQ(shape.chunks, 32);
+  EXPECT_EQ(shape.chunk_keys, 256);
+  EXPECT_FALSE(shape.cluster_merge);  // more chunks than a cluster holds
+  EXPECT_NEAR(decode_kernel_expected_us(spec, shape, kH200), 12.95, 0.01);
+  EXPECT_EQ(decode_kernel_description(shape), "fusedattn decode kernel, 32 chunks of 256 keys merged");
+  for (const auto& [chunks, us] : {std::pair{16, 16.29}, std::pair{26, 13.30}, std::pair{19, 16.58}, std::pair{64, 12.95}}) {
+    EXPECT_NEAR(decode_kernel_expected_us(spec, *decode_kernel_cut(spec, kH200, chunks), kH200), us, 0.01) << chunks;
+  }
   // b = 64 over 2k keys: 512 blocks of one chunk already fill the GPU; one chunk, no merge.
   const DecodeKernelShape full = decode_kernel_shape(paged("b=64 s_q=1 s_kv=2048"), kH200);
   EXPECT_EQ(full.chunks, 1);
@@ -285,31 +290,40 @@ TEST(DecodeKernelRule, ACutForcedForMeasuring) {
 }
 
 // Merged in the kernel where that was measured faster (decode_cluster_merge): 2 to 8 chunks and the
-// blocks within 3/4 of the 264 slots (132 SMs, two blocks of 128 threads each). Over 2k keys at b = 1
-// the cut is 8 chunks of 256 keys (64 blocks): a cluster each (K/V head); with 16 queries at b = 4, 8
-// chunks of 1,024 keys make 256 blocks, over 198: the merge kernel. b = 8 over 8k: 3 chunks, 192
-// blocks, clusters. On SM 8.0 there are none.
+// blocks within 3/4 of the 264 slots (132 SMs, two blocks of 128 threads each). Over 512 keys at b =
+// 1 the cut is 8 chunks of one tile (64 blocks): a cluster each (K/V head), 1.5 + 32,768 / 23,406 +
+// 0.5 = 3.40 us (memory 8 * 262,144 / (64 * 31,970) = 1.02 binds less). Over 2k keys 32 chunks of one
+// tile through the merge kernel (1.5 + 8 * 1,048,576 / (132 * 31,970) + 3.5 = 6.99 us) beat 8 of 256
+// keys in clusters (one block an SM: 1.5 + 131,072 / 23,406 + 0.5 = 7.60). With 16 queries at b = 4,
+// 8 chunks of 1,024 keys make 256 blocks, over 198: the merge kernel; b = 8 over 8k takes 4 chunks
+// (256 blocks), the merge kernel too. On SM 8.0 there are no clusters.
 TEST(DecodeKernelRule, MergedInTheKernelWhereClustersFit) {
-  const DecodeKernelShape short_cache = decode_kernel_shape(paged("b=1 s_q=1 s_kv=2048"), kH200);
-  EXPECT_EQ(short_cache.chunks, 8);
-  EXPECT_TRUE(short_cache.cluster_merge);
-  EXPECT_EQ(decode_kernel_description(short_cache),
-            "fusedattn decode kernel, 8 chunks of 256 keys merged in the kernel");
-  // Its model: 1.5 + 8 * 1,048,576 / (64 * 31,970) (no partials) + 0.5 = 6.10 us, against 7.23
-  // through the merge kernel.
-  EXPECT_NEAR(decode_kernel_expected_us(paged("b=1 s_q=1 s_kv=2048"), short_cache, kH200), 6.10, 0.01);
+  const DecodeKernelShape shortest = decode_kernel_shape(paged("b=1 s_q=1 s_kv=512"), kH200);
+  EXPECT_EQ(shortest.chunks, 8);
+  EXPECT_TRUE(shortest.cluster_merge);
+  EXPECT_EQ(decode_kernel_description(shortest), "fusedattn decode kernel, 8 chunks of 64 keys merged in the kernel");
+  EXPECT_NEAR(decode_kernel_expected_us(paged("b=1 s_q=1 s_kv=512"), shortest, kH200), 3.40, 0.01);
+  const AttentionSpec two_k = paged("b=1 s_q=1 s_kv=2048");
+  const DecodeKernelShape short_cache = decode_kernel_shape(two_k, kH200);
+  EXPECT_EQ(short_cache.chunks, 32);
+  EXPECT_FALSE(short_cache.cluster_merge);
+  EXPECT_NEAR(decode_kernel_expected_us(two_k, short_cache, kH200), 6.99, 0.01);
+  const DecodeKernelShape clustered = *decode_kernel_cut(two_k, kH200, 8);
+  EXPECT_TRUE(clustered.cluster_merge);
+  EXPECT_NEAR(decode_kernel_expected_us(two_k, clustered, kH200), 7.60, 0.01);
   const DecodeKernelShape many_rows = decode_kernel_shape(paged("b=4 s_q=16 s_kv=8192"), kH200);
   EXPECT_EQ(many_rows.chunks, 8);
   EXPECT_FALSE(many_rows.cluster_merge);
   const DecodeKernelShape batch = decode_kernel_shape(paged("b=8 s_q=1 s_kv=8192"), kH200);
-  EXPECT_EQ(batch.chunks, 3);
-  EXPECT_TRUE(batch.cluster_merge);
-  EXPECT_FALSE(decode_kernel_shape(paged("b=1 s_q=1 s_kv=2048"), DecodeDevice{DeviceCaps{8, 0}, 108}).cluster_merge);
+  EXPECT_EQ(batch.chunks, 4);
+  EXPECT_FALSE(batch.cluster_merge);
+  EXPECT_TRUE(decode_kernel_cut(paged("b=8 s_q=1 s_kv=8192"), kH200, 3)->cluster_merge);  // 192 blocks
+  EXPECT_FALSE(decode_kernel_shape(paged("b=1 s_q=1 s_kv=512"), DecodeDevice{DeviceCaps{8, 0}, 108}).cluster_merge);
   EXPECT_FALSE(decode_kernel_shape(paged("b=64 s_q=1 s_kv=2048"), kH200).cluster_merge);  // one chunk: no merge
 }
 
 // What was measured (decode_kernel_rule.cpp): paged caches faster on the kernel with one row tile
-// and up to 8 (sequence, K/V head) pairs, on cuDNN's split decode past them; contiguous ones on the
+// over up to 8k keys, or with up to 8 (sequence, K/V head) pairs, on cuDNN's split decode past them; contiguous ones on the
 // kernel from 2k keys, and at every length for inference (a growing cache builds no plan a step);
 // FP8 caches have no other path.
 TEST(DecodeKernelRule, PreferredWhereMeasuredFaster) {
@@ -322,10 +336,11 @@ TEST(DecodeKernelRule, PreferredWhereMeasuredFaster) {
     EXPECT_TRUE(decode_kernel_preferred(contiguous(shape), Pass::forward, kH200)) << shape;
   }
   // Paged, h 32/8: b = 1 is 8 pairs; 4 queries of a group of 4 are one row tile, 5 are two.
-  for (const char* shape : {"b=1 s_q=1 s_kv=512", "b=1 s_q=1 s_kv=32768", "b=1 s_q=4 s_kv=8192"}) {
+  for (const char* shape : {"b=1 s_q=1 s_kv=512", "b=1 s_q=1 s_kv=32768", "b=1 s_q=4 s_kv=8192", "b=2 s_q=1 s_kv=8192",
+                            "b=64 s_q=1 s_kv=8192"}) {
     EXPECT_TRUE(decode_kernel_preferred(paged(shape), Pass::forward, kH200)) << shape;
   }
-  for (const char* shape : {"b=2 s_q=1 s_kv=8192", "b=8 s_q=1 s_kv=32768", "b=1 s_q=5 s_kv=8192",
+  for (const char* shape : {"b=2 s_q=1 s_kv=8256", "b=8 s_q=1 s_kv=32768", "b=1 s_q=5 s_kv=8192",
                             "b=4 s_q=16 s_kv=8192"}) {
     EXPECT_FALSE(decode_kernel_preferred(paged(shape), Pass::forward, kH200)) << shape;
   }
@@ -367,6 +382,30 @@ TEST(DecodeKernelRule, ASinkOnOneQueryRowRunsOnTheKernelOrNowhere) {
   for (TensorDesc* t : {&spec.q, &spec.k, &spec.v, &spec.o}) t->dims[kDim] = 64;
   decode_extra_term_rule(spec, Pass::forward, kH200.caps, reasons);
   EXPECT_TRUE(reasons.empty());
+}
+
+// cuDNN's paged attention takes pages of powers of two only (cuDNN 9.19 refused 48 on an H100): other
+// sizes run on the kernel whatever the pairs, and are refused where the kernel does not take them.
+TEST(DecodeKernelRule, PagesOffPowersOfTwoRunOnTheKernelOrNowhere) {
+  const Versions cudnn{91900, 91900, 13200};
+  AttentionSpec spec = parse_spec("layout=bshd_paged_bshd dtype=bf16 b=3 s_q=2 s_kv=960 h_q=16 h_kv=4 d=128 "
+                                  "page_size=48 pages=100 causal align=bottom_right");
+  validate(spec);
+  EXPECT_TRUE(decode_kernel_only(spec));
+  EXPECT_TRUE(decode_kernel_preferred(spec, Pass::forward, kH200));  // 12 pairs: past the paged rule's 8
+  EXPECT_TRUE(check_support_policy(spec, Pass::forward, kH200.caps, cudnn).ok());
+  AttentionSpec odd = parse_spec("layout=bshd_paged_bshd dtype=bf16 b=1 s_q=1 s_kv=4000 h_q=8 h_kv=8 d=64 "
+                                 "page_size=40 pages=100");
+  validate(odd);
+  const Support refused = check_support_policy(odd, Pass::forward, kH200.caps, cudnn);
+  ASSERT_EQ(fields_of(refused.reasons), std::vector<std::string>{"page_size"});
+  EXPECT_NE(refused.reasons[0].requirement.find("a power of two"), std::string::npos);
+  EXPECT_NE(refused.reasons[0].requirement.find("not this call: page_size = 40"), std::string::npos)
+      << refused.reasons[0].requirement;
+  AttentionSpec powers = spec;
+  powers.k.dims[kSeq] = powers.v.dims[kSeq] = 64;  // page_size() reads the pool's page axis
+  EXPECT_EQ(powers.page_size(), 64);
+  EXPECT_FALSE(decode_kernel_only(powers));
 }
 
 TEST(DecodeKernelRule, Fp8CacheReasonsSayItRunsOnlyOnTheKernel) {
