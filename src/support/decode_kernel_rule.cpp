@@ -1,5 +1,5 @@
-// The decode kernel's rule (decode_kernel_rule.h): what it takes, how it is cut, and whether it is
-// expected faster than cuDNN's path, with the numbers the choice rests on.
+// The decode kernel's rule (decode_kernel_rule.h): what it takes, and whether it is expected faster
+// than cuDNN's path, with the numbers the choice rests on (how it is cut: decode_kernel_cut.cpp).
 #include "support/decode_kernel_rule.h"
 
 #include <algorithm>
@@ -10,97 +10,6 @@
 
 namespace fusedattn::detail {
 namespace {
-
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-
-// --- The cost model of the kernel's cut, in microseconds (an SM's share scales with the SM count) --
-//
-// It ranks the cuts of one spec against each other; it is not the kernel's speed, which the rule
-// takes from measurements (decode_kernel_preferred). Its block rate and merge costs are fitted to
-// the cuts measured on an H100 at 45f256c (bench/profile_decode_kernels.py --kernel-cuts; fusedattn.torch,
-// contiguous, h 32/8, d 128, CUDA graphs, microseconds): b = 1 over 512 keys 10.4 in 2 chunks, 8.4
-// in 8 of one tile (PyTorch's dense call 9.4); over 8k 22.0 in 8, 17.3 in 16, 17.6 in 19, 15.3 in
-// 32 (PyTorch 14.1); over 32k 65.7 in 8, 53.6 in 16, 55.8 in 17, 60.9 in 19, 54.3 in 32 (PyTorch
-// 52.6); b = 8 over 8k 96.7 in 3, 98.7 in 8, 100.4 in 16, 103.4 in 32 (PyTorch 93.9).
-//
-// Memory: an SM's share of the copy bandwidth, 4.22 TB/s measured on the H200 over 132 SMs.
-constexpr double kSmBytesPerUs = 4.22e6 / 132;
-// A block keeps stages - 1 tiles in flight and streams about one a kTileUs each: 23 KB/us of 16-bit
-// K/V at d = 128, what one block an SM drew at b = 1 over 8k keys in 16 chunks (256 KB in about 11.8
-// us: the call's 17.3 less its start and merge). Its warps, one a scheduler, wait out each
-// instruction's latency alone; a second block on the SM adds its own rate, up to kSmMostShare.
-constexpr double kTileUs = 2.8;
-// An SM with several blocks draws at most 1.25 times its share when others draw less: SMs of two
-// blocks streamed 28.6 to 29.6 KB/us on the H100 (23.0 its share of 3.03 TB/s), at b = 8 over 8k in 3
-// chunks (192 blocks, 96.7 us) and at b = 1 over 8k in 19 (152 blocks).
-constexpr double kSmMostShare = 1.25;
-// Tensor cores through mma.sync: 1,024 multiply-adds a clock an SM at 1.755 GHz, of which the
-// kernel is expected to keep half busy beside its softmax, loads and barriers. Only rows of many
-// queries make this bind: 16 queries of a group of 8 take 256 multiply-adds per 16-bit K/V byte pair.
-constexpr double kSmFmaPerUs = 0.5 * 1024 * 1755;
-// The launch and the first round trip before anything streams, and the merge: the merge kernel
-// (launched early, it waits for the kernel and then reads each row's partials once: it ended 3.9 us
-// after the kernel at b = 1 over 8k, cuDNN's reduction of PyTorch's call 4.2), or, in the kernel,
-// two cluster barriers and a read of the peers' rows from their shared memory.
-constexpr double kStartUs = 1.5;
-constexpr double kMergeUs = 3.5;
-constexpr double kClusterMergeUs = 0.5;
-
-// Shared memory an SM has, and the most a block may ask for, by SM version (CUDA's tables).
-std::int64_t shared_per_sm(const DeviceCaps& caps) {
-  if (caps.sm() == 80 || caps.sm() == 87) return 164 * 1024;
-  if (caps.sm_major == 9 || caps.sm_major == 10) return 228 * 1024;
-  return 100 * 1024;  // 8.6, 8.9, 12.x
-}
-std::int64_t shared_per_block(const DeviceCaps& caps) { return shared_per_sm(caps) - 1024; }
-constexpr std::int64_t kReservedPerBlock = 1024;  // the system's share of each block's shared memory
-
-std::int64_t kv_bytes(const AttentionSpec& spec) { return static_cast<std::int64_t>(size_of(spec.k.dtype)); }
-std::int64_t group_of(const AttentionSpec& spec) { return spec.heads_q() / spec.heads_kv(); }
-std::int64_t rows_of(const AttentionSpec& spec) { return spec.seq_q() * group_of(spec); }
-
-// Blocks an SM holds. Registers: ptxas gives the kernel 134 to 255 a thread (sm_90; at d = 256 it
-// keeps Q's fragments and O's accumulators in 192 and spills 48 to 104 bytes a thread), so count 256 of
-// an SM's 65,536: two blocks of 128 threads, one of 256.
-int blocks_per_sm(const DecodeKernelShape& shape, const DeviceCaps& caps) {
-  const std::int64_t by_registers = 65536 / (256 * shape.threads);
-  const std::int64_t by_shared = shared_per_sm(caps) / (shape.shared_bytes + kReservedPerBlock);
-  return static_cast<int>(std::max<std::int64_t>(1, std::min(by_registers, by_shared)));
-}
-
-// 1, 2, 4 or 8 tiles of 16 rows (a power of two, so the warps divide evenly), and the warps sharing a
-// row tile: 4 warps a block at least, each of one row tile and 64 / key_groups keys of a tile.
-DecodeKernelShape rows_shape(const AttentionSpec& spec, const DeviceCaps& caps) {
-  DecodeKernelShape shape;
-  const std::int64_t tiles = ceil_div(rows_of(spec), 16);
-  shape.row_tiles = tiles <= 1 ? 1 : tiles <= 2 ? 2 : tiles <= 4 ? 4 : 8;
-  shape.key_groups = std::max(1, 4 / shape.row_tiles);
-  const int warps = shape.row_tiles * shape.key_groups;
-  shape.threads = 32 * warps;
-  shape.shared_bytes = decode_kernel_shared_bytes(spec.head_dim_v(), kv_bytes(spec), warps);
-  shape.blocks_per_sm = blocks_per_sm(shape, caps);
-  return shape;
-}
-
-// `rows` with the keys cut into `asked` chunks of whole tiles (fewer where the tiles run out), and a
-// paged call's page slots in its shared memory.
-DecodeKernelShape cut(const AttentionSpec& spec, const DeviceCaps& caps, DecodeKernelShape rows, std::int64_t keys,
-                      std::int64_t asked) {
-  rows.chunk_keys = ceil_div(ceil_div(keys, asked), kDecodeTileKeys) * kDecodeTileKeys;
-  rows.chunks = ceil_div(keys, rows.chunk_keys);
-  if (spec.paged_kv()) {
-    rows.page_slots = decode_kernel_chunk_pages(rows.chunk_keys, spec.page_size());
-    rows.shared_bytes += 2 * rows.page_slots * static_cast<std::int64_t>(sizeof(std::int32_t));
-    rows.blocks_per_sm = blocks_per_sm(rows, caps);
-  }
-  return rows;
-}
-
-// Whether a cut's chunks keep their pages within kDecodeKernelMaxChunkPages and its block's shared
-// memory within the device's.
-bool fits(const DecodeKernelShape& shape, const DeviceCaps& caps) {
-  return shape.page_slots <= kDecodeKernelMaxChunkPages && shape.shared_bytes <= shared_per_block(caps);
-}
 
 // Whether nodes a and b are the same cap: one scalar slot, or one constant (bit for bit).
 bool same_cap(const ScoreModNode& a, const ScoreModNode& b) {
@@ -116,6 +25,7 @@ bool pages_off_powers_of_two(const AttentionSpec& spec) {
   const std::int64_t size = spec.page_size();
   return spec.paged_kv() && (size <= 0 || (size & (size - 1)) != 0);
 }
+
 bool strides_multiple_of(const TensorDesc& desc, std::int64_t of) {
   return multiple_of(desc.strides[kBatch], of) && multiple_of(desc.strides[kHead], of) &&
          multiple_of(desc.strides[kSeq], of);
@@ -158,8 +68,8 @@ std::vector<Reason> decode_kernel_refusals(const AttentionSpec& spec, Pass pass,
   }
   if (spec.seq_q() > kDecodeKernelMaxQueries) {
     refuse("s_q", std::to_string(spec.seq_q()), "at most " + std::to_string(kDecodeKernelMaxQueries) + " queries");
-  } else if (rows_of(spec) > kDecodeKernelMaxRows) {
-    refuse("s_q", std::to_string(spec.seq_q()) + " (h_q / h_kv = " + std::to_string(group_of(spec)) + ")",
+  } else if (decode_kernel_rows(spec) > kDecodeKernelMaxRows) {
+    refuse("s_q", std::to_string(spec.seq_q()) + " (h_q / h_kv = " + std::to_string(spec.heads_q() / spec.heads_kv()) + ")",
            "at most " + std::to_string(kDecodeKernelMaxRows) + " rows of s_q * h_q / h_kv");
   }
   if (spec.ragged_q() || spec.ragged_kv()) refuse("layout", "ragged", "dense q, o, k and v (a batch stride)");
@@ -177,114 +87,14 @@ std::vector<Reason> decode_kernel_refusals(const AttentionSpec& spec, Pass pass,
     refuse("q.strides", "q " + to_string(spec.q) + ", o " + to_string(spec.o),
            "q and o strides multiples of 8 elements (rows of 16 bytes)");
   }
-  const std::int64_t kv_vector = 16 / kv_bytes(spec);
+  const std::int64_t kv_vector = 16 / decode_kv_bytes(spec);
   if (!strides_multiple_of(spec.k, kv_vector) || !strides_multiple_of(spec.v, kv_vector)) {
     refuse("k.strides", "k " + to_string(spec.k) + ", v " + to_string(spec.v), "K/V strides multiples of 16 bytes");
   }
-  if (out.empty() && rows_shape(spec, caps).shared_bytes > shared_per_block(caps)) {
+  if (out.empty() && decode_kernel_rows_shape(spec, caps).shared_bytes > decode_kernel_shared_limit(caps)) {
     refuse("device", "SM " + std::to_string(caps.sm()), "room for the kernel's shared memory");
   }
   return out;
-}
-
-namespace {
-
-// A cut's expected time, its waves of blocks, and the time its busiest SM needs for its own blocks.
-struct CutTimes {
-  double total_us;
-  double waves;
-  double sm_us;
-};
-
-CutTimes cut_times(const AttentionSpec& spec, const DecodeKernelShape& shape, const DecodeDevice& device) {
-  const double sms = std::max(device.multiprocessors, 1);
-  const double b = static_cast<double>(spec.batch()), h_kv = static_cast<double>(spec.heads_kv());
-  const double d = static_cast<double>(spec.head_dim_v()), kv = static_cast<double>(kv_bytes(spec));
-  const double chunks = static_cast<double>(shape.chunks), keys = static_cast<double>(shape.chunk_keys);
-  const double rows = static_cast<double>(rows_of(spec));
-  // Partials: float32 O rows and a statistic, written by the kernel and read by the merge kernel
-  // (a cluster's stay in its shared memory). A few MB at most, they stay in L2: only the blocks
-  // that write them pay.
-  const double partial_bytes = shape.merged() && !shape.cluster_merge ? rows * (d + 1) * 4 : 0.0;
-  const double cache_bytes = static_cast<double>(spec.seq_kv()) * 2 * d * kv;
-  // The GPU's rate counts the SMs that get a block (blocks are placed one an SM first): a call of
-  // fewer blocks than SMs leaves the rest idle, whatever its blocks could draw alone.
-  const double blocks = b * h_kv * chunks, slots = sms * shape.blocks_per_sm;
-  const double memory_us = b * h_kv * cache_bytes / (std::min(blocks, sms) * kSmBytesPerUs);
-  // The busiest SM: the most blocks a wave gives one SM, their bytes at what their pipelines keep in
-  // flight (at most kSmMostShare of an SM's share), or their multiply-adds (16 rows a tile, padded)
-  // at the SM's tensor cores; a wave after another.
-  const double stage_bytes = static_cast<double>(kDecodeTileKeys) * 2 * d * kv;
-  const double block_rate = (decode_kernel_stages(kv_bytes(spec)) - 1) * stage_bytes / kTileUs;
-  const double per_sm = std::ceil(std::min(blocks, slots) / sms);
-  const double sm_rate = std::min(per_sm * block_rate, kSmMostShare * kSmBytesPerUs);
-  const double block_fma = 2.0 * 16 * shape.row_tiles * d * keys;
-  const double waves = std::ceil(blocks / slots);
-  const double sm_us = waves * std::max(per_sm * (keys * 2 * d * kv + partial_bytes) / sm_rate,
-                                                            per_sm * block_fma / kSmFmaPerUs);
-  const double merge_us = !shape.merged() ? 0.0 : shape.cluster_merge ? kClusterMergeUs : kMergeUs;
-  return {kStartUs + std::max(memory_us, sm_us) + merge_us, waves, sm_us};
-}
-
-}  // namespace
-
-double decode_kernel_expected_us(const AttentionSpec& spec, const DecodeKernelShape& shape, const DecodeDevice& device) {
-  return cut_times(spec, shape, device).total_us;
-}
-
-DecodeKernelShape decode_kernel_shape(const AttentionSpec& spec, const DecodeDevice& device) {
-  const DecodeKernelShape rows = rows_shape(spec, device.caps);
-  const std::int64_t keys = std::max<std::int64_t>(spec.seq_kv(), 1);
-  // Every count of chunks of whole tiles, a paged call's chunks each within kDecodeKernelMaxChunkPages
-  // pages and the block's shared memory, each merged as decode_cluster_merge says. The fastest wins;
-  // among equal times (memory binding them alike) the one of fewest waves, then the one whose
-  // busiest SM finishes its own blocks soonest, since a cache in L2 (a short one, or one read again)
-  // comes faster than the memory's share and the SMs bind instead; then the fewest chunks (waves
-  // beyond the first are where the model is coarsest). One tile a chunk fits wherever the tiles
-  // do (the refusals checked their room) but for its few page slots; should even those not fit, the
-  // finest cut is returned.
-  std::optional<DecodeKernelShape> best;
-  CutTimes best_times{0.0, 0.0};
-  for (std::int64_t asked = 1; asked <= ceil_div(keys, kDecodeTileKeys); ++asked) {
-    DecodeKernelShape shape = cut(spec, device.caps, rows, keys, asked);
-    if (shape.chunks != asked) continue;  // the same cut as a smaller count's
-    if (!fits(shape, device.caps)) continue;
-    shape.cluster_merge = decode_cluster_merge(spec, shape, device);
-    const CutTimes times = cut_times(spec, shape, device);
-    const bool tie = times.total_us == best_times.total_us;
-    if (!best || times.total_us < best_times.total_us || (tie && times.waves < best_times.waves) ||
-        (tie && times.waves == best_times.waves && times.sm_us < best_times.sm_us)) {
-      best = shape;
-      best_times = times;
-    }
-  }
-  DecodeKernelShape out = best ? *best : cut(spec, device.caps, rows, keys, ceil_div(keys, kDecodeTileKeys));
-  out.cluster_merge = decode_cluster_merge(spec, out, device);
-  return out;
-}
-
-std::optional<DecodeKernelShape> decode_kernel_cut(const AttentionSpec& spec, const DecodeDevice& device,
-                                                   std::int64_t chunks) {
-  const std::int64_t keys = std::max<std::int64_t>(spec.seq_kv(), 1);
-  const std::int64_t asked = std::clamp<std::int64_t>(chunks, 1, ceil_div(keys, kDecodeTileKeys));
-  DecodeKernelShape shape = cut(spec, device.caps, rows_shape(spec, device.caps), keys, asked);
-  if (!fits(shape, device.caps)) return std::nullopt;
-  shape.cluster_merge = decode_cluster_merge(spec, shape, device);
-  return shape;
-}
-
-bool decode_cluster_merge(const AttentionSpec& spec, const DecodeKernelShape& shape, const DecodeDevice& device) {
-  // Measured through fusedattn.torch on an H100 (results/bench-decode.md; h 32/8, d 128, bf16, the
-  // kernel forced; CUDA graphs, microseconds, the merge kernel's time first): faster merged in the
-  // cluster at b = 1 over 512 keys (2 chunks: 15.2 -> 13.0) and 2k (8 chunks: 15.1 -> 14.4), b = 8
-  // over 8k and 32k (3 chunks, 192 of 264 slots: 107.7 -> 101.1, 398.7 -> 375.5), 8 queries at b = 4
-  // (5 chunks, 160 slots: 75.8 -> 71.9). Slower with 16 queries at b = 4 (8 chunks, 256 of 264
-  // slots: 98.3 -> 150.1, clusters spilling into a second wave) and with 16 chunks at b = 1 over 8k
-  // (128 blocks packed two an SM in their GPCs: 21.1 with 19 chunks through the merge kernel, 23.4).
-  if (!shape.merged() || shape.chunks > kDecodeKernelClusterChunks || device.caps.sm_major < 9) return false;
-  const std::int64_t blocks = spec.batch() * spec.heads_kv() * shape.chunks;
-  const std::int64_t slots = static_cast<std::int64_t>(std::max(device.multiprocessors, 1)) * shape.blocks_per_sm;
-  return 4 * blocks <= 3 * slots;
 }
 
 bool decode_kernel_only(const AttentionSpec& spec) {
@@ -328,7 +138,7 @@ bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeD
   // the statistics feeds a backward on cuDNN, whose treatment of the kernel's -inf for a row without
   // keys has not been checked: it stays on cuDNN's path.
   if (spec.paged_kv()) {
-    return rows_of(spec) <= 16 &&
+    return decode_kernel_rows(spec) <= 16 &&
            (spec.seq_kv() <= kDecodeKernelPagedMostKeys || spec.batch() * spec.heads_kv() <= kDecodeKernelPagedMostPairs);
   }
   return !spec.stats || spec.seq_kv() >= kDecodeKernelContiguousMinKeys;

@@ -112,12 +112,25 @@ std::optional<DecodeSoftcap> decode_softcap(const ScoreMod& mod);
 /// newer GPU with room for its shared memory.
 std::vector<Reason> decode_kernel_refusals(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps);
 
+/// The rows of one block (s_q times the GQA group) and the bytes of one K/V element.
+inline std::int64_t decode_kernel_rows(const AttentionSpec& spec) {
+  return spec.seq_q() * (spec.heads_q() / spec.heads_kv());
+}
+inline std::int64_t decode_kv_bytes(const AttentionSpec& spec) {
+  return static_cast<std::int64_t>(size_of(spec.k.dtype));
+}
+
+/// The kernel's shape before any cut: its row tiles, warps, shared memory and blocks an SM
+/// (decode_kernel_cut.cpp, as the rest of the cut); the most shared memory a block may ask for.
+DecodeKernelShape decode_kernel_rows_shape(const AttentionSpec& spec, const DeviceCaps& caps);
+std::int64_t decode_kernel_shared_limit(const DeviceCaps& caps);
+
 /// Whether the chunks of `shape` (cut for the merge kernel) are merged inside the kernel instead: on
 /// SM 9.0 and newer, 2 to kDecodeKernelClusterChunks chunks, and the call's blocks at most 3/4 of the
 /// GPU's block slots. A cluster's blocks must share one GPC (a group of 16 to 18 SMs on an H100), and
 /// the scheduler packs them there: a call that fills the GPU's slots then spills clusters into a
 /// second wave, and one of few blocks a sequence would leave SMs idle that its own blocks filled.
-/// Measured on an H100 (results/bench-decode.md; decode_kernel_rule.cpp has the numbers).
+/// Measured on an H100 (results/bench-decode.md; decode_kernel_cut.cpp has the numbers).
 bool decode_cluster_merge(const AttentionSpec& spec, const DecodeKernelShape& shape, const DecodeDevice& device);
 
 /// The shape and cut that decode_kernel_expected_us finds fastest, for a spec the kernel takes.
@@ -130,8 +143,8 @@ std::optional<DecodeKernelShape> decode_kernel_cut(const AttentionSpec& spec, co
                                                    std::int64_t chunks);
 
 /// Expected microseconds of the kernel's call cut into `chunks` (decode_kernel_shape's cost model,
-/// which ranks the cuts of one spec; decode_kernel_rule.cpp says how far the kernel's measured times
-/// are from it), from the spec's longest sequences (s_kv keys every one).
+/// which ranks the cuts of one spec; decode_kernel_cut.cpp has the measured cuts it is fitted to),
+/// from the spec's longest sequences (s_kv keys every one).
 double decode_kernel_expected_us(const AttentionSpec& spec, const DecodeKernelShape& shape, const DecodeDevice& device);
 
 /// The fewest keys of a contiguous cache that the kernel runs by default in a call that writes the

@@ -1,0 +1,202 @@
+// How fusedattn's decode kernel is cut (decode_kernel_rule.h): its shape before any cut, the cost
+// model that ranks the cuts of one spec, and whether a cut's chunks merge inside the kernel. Pure
+// functions of the spec and the GPU, tested on the CPU with worked numbers
+// (tests/cpu/test_decode_kernel_rule.cpp).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+
+#include "support/decode_kernel_rule.h"
+
+namespace fusedattn::detail {
+namespace {
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// --- The cost model of the kernel's cut, in microseconds (an SM's share scales with the SM count) --
+//
+// It ranks the cuts of one spec against each other; it is not the kernel's speed, which the rule
+// takes from measurements (decode_kernel_preferred). Its block rate and merge costs are fitted to
+// the cuts measured on an H100 at 45f256c (bench/profile_decode_kernels.py --kernel-cuts; fusedattn.torch,
+// contiguous, h 32/8, d 128, CUDA graphs, microseconds): b = 1 over 512 keys 10.4 in 2 chunks, 8.4
+// in 8 of one tile (PyTorch's dense call 9.4); over 8k 22.0 in 8, 17.3 in 16, 17.6 in 19, 15.3 in
+// 32 (PyTorch 14.1); over 32k 65.7 in 8, 53.6 in 16, 55.8 in 17, 60.9 in 19, 54.3 in 32 (PyTorch
+// 52.6); b = 8 over 8k 96.7 in 3, 98.7 in 8, 100.4 in 16, 103.4 in 32 (PyTorch 93.9).
+//
+// Memory: an SM's share of the copy bandwidth, 4.22 TB/s measured on the H200 over 132 SMs.
+constexpr double kSmBytesPerUs = 4.22e6 / 132;
+// A block keeps stages - 1 tiles in flight and streams about one a kTileUs each: 23 KB/us of 16-bit
+// K/V at d = 128, what one block an SM drew at b = 1 over 8k keys in 16 chunks (256 KB in about 11.8
+// us: the call's 17.3 less its start and merge). Its warps, one a scheduler, wait out each
+// instruction's latency alone; a second block on the SM adds its own rate, up to kSmMostShare.
+constexpr double kTileUs = 2.8;
+// An SM with several blocks draws at most 1.25 times its share when others draw less: SMs of two
+// blocks streamed 28.6 to 29.6 KB/us on the H100 (23.0 its share of 3.03 TB/s), at b = 8 over 8k in 3
+// chunks (192 blocks, 96.7 us) and at b = 1 over 8k in 19 (152 blocks).
+constexpr double kSmMostShare = 1.25;
+// Tensor cores through mma.sync: 1,024 multiply-adds a clock an SM at 1.755 GHz, of which the
+// kernel is expected to keep half busy beside its softmax, loads and barriers. Only rows of many
+// queries make this bind: 16 queries of a group of 8 take 256 multiply-adds per 16-bit K/V byte pair.
+constexpr double kSmFmaPerUs = 0.5 * 1024 * 1755;
+// The launch and the first round trip before anything streams, and the merge: the merge kernel
+// (launched early, it waits for the kernel and then reads each row's partials once: it ended 3.9 us
+// after the kernel at b = 1 over 8k, cuDNN's reduction of PyTorch's call 4.2), or, in the kernel,
+// two cluster barriers and a read of the peers' rows from their shared memory.
+constexpr double kStartUs = 1.5;
+constexpr double kMergeUs = 3.5;
+constexpr double kClusterMergeUs = 0.5;
+
+// Shared memory an SM has, and the most a block may ask for, by SM version (CUDA's tables).
+std::int64_t shared_per_sm(const DeviceCaps& caps) {
+  if (caps.sm() == 80 || caps.sm() == 87) return 164 * 1024;
+  if (caps.sm_major == 9 || caps.sm_major == 10) return 228 * 1024;
+  return 100 * 1024;  // 8.6, 8.9, 12.x
+}
+constexpr std::int64_t kReservedPerBlock = 1024;  // the system's share of each block's shared memory
+
+
+// Blocks an SM holds. Registers: ptxas gives the kernel 134 to 255 a thread (sm_90; at d = 256 it
+// keeps Q's fragments and O's accumulators in 192 and spills 48 to 104 bytes a thread), so count 256 of
+// an SM's 65,536: two blocks of 128 threads, one of 256.
+int blocks_per_sm(const DecodeKernelShape& shape, const DeviceCaps& caps) {
+  const std::int64_t by_registers = 65536 / (256 * shape.threads);
+  const std::int64_t by_shared = shared_per_sm(caps) / (shape.shared_bytes + kReservedPerBlock);
+  return static_cast<int>(std::max<std::int64_t>(1, std::min(by_registers, by_shared)));
+}
+
+// `rows` with the keys cut into `asked` chunks of whole tiles (fewer where the tiles run out), and a
+// paged call's page slots in its shared memory.
+DecodeKernelShape cut(const AttentionSpec& spec, const DeviceCaps& caps, DecodeKernelShape rows, std::int64_t keys,
+                      std::int64_t asked) {
+  rows.chunk_keys = ceil_div(ceil_div(keys, asked), kDecodeTileKeys) * kDecodeTileKeys;
+  rows.chunks = ceil_div(keys, rows.chunk_keys);
+  if (spec.paged_kv()) {
+    rows.page_slots = decode_kernel_chunk_pages(rows.chunk_keys, spec.page_size());
+    rows.shared_bytes += 2 * rows.page_slots * static_cast<std::int64_t>(sizeof(std::int32_t));
+    rows.blocks_per_sm = blocks_per_sm(rows, caps);
+  }
+  return rows;
+}
+
+// Whether a cut's chunks keep their pages within kDecodeKernelMaxChunkPages and its block's shared
+// memory within the device's.
+bool fits(const DecodeKernelShape& shape, const DeviceCaps& caps) {
+  return shape.page_slots <= kDecodeKernelMaxChunkPages && shape.shared_bytes <= decode_kernel_shared_limit(caps);
+}
+
+// A cut's expected time, its waves of blocks, and the time its busiest SM needs for its own blocks.
+struct CutTimes {
+  double total_us;
+  double waves;
+  double sm_us;
+};
+
+CutTimes cut_times(const AttentionSpec& spec, const DecodeKernelShape& shape, const DecodeDevice& device) {
+  const double sms = std::max(device.multiprocessors, 1);
+  const double b = static_cast<double>(spec.batch()), h_kv = static_cast<double>(spec.heads_kv());
+  const double d = static_cast<double>(spec.head_dim_v()), kv = static_cast<double>(decode_kv_bytes(spec));
+  const double chunks = static_cast<double>(shape.chunks), keys = static_cast<double>(shape.chunk_keys);
+  const double rows = static_cast<double>(decode_kernel_rows(spec));
+  // Partials: float32 O rows and a statistic, written by the kernel and read by the merge kernel
+  // (a cluster's stay in its shared memory). A few MB at most, they stay in L2: only the blocks
+  // that write them pay.
+  const double partial_bytes = shape.merged() && !shape.cluster_merge ? rows * (d + 1) * 4 : 0.0;
+  const double cache_bytes = static_cast<double>(spec.seq_kv()) * 2 * d * kv;
+  // The GPU's rate counts the SMs that get a block (blocks are placed one an SM first): a call of
+  // fewer blocks than SMs leaves the rest idle, whatever its blocks could draw alone.
+  const double blocks = b * h_kv * chunks, slots = sms * shape.blocks_per_sm;
+  const double memory_us = b * h_kv * cache_bytes / (std::min(blocks, sms) * kSmBytesPerUs);
+  // The busiest SM: the most blocks a wave gives one SM, their bytes at what their pipelines keep in
+  // flight (at most kSmMostShare of an SM's share), or their multiply-adds (16 rows a tile, padded)
+  // at the SM's tensor cores; a wave after another.
+  const double stage_bytes = static_cast<double>(kDecodeTileKeys) * 2 * d * kv;
+  const double block_rate = (decode_kernel_stages(decode_kv_bytes(spec)) - 1) * stage_bytes / kTileUs;
+  const double per_sm = std::ceil(std::min(blocks, slots) / sms);
+  const double sm_rate = std::min(per_sm * block_rate, kSmMostShare * kSmBytesPerUs);
+  const double block_fma = 2.0 * 16 * shape.row_tiles * d * keys;
+  const double waves = std::ceil(blocks / slots);
+  const double sm_us =
+      waves * std::max(per_sm * (keys * 2 * d * kv + partial_bytes) / sm_rate, per_sm * block_fma / kSmFmaPerUs);
+  const double merge_us = !shape.merged() ? 0.0 : shape.cluster_merge ? kClusterMergeUs : kMergeUs;
+  return {kStartUs + std::max(memory_us, sm_us) + merge_us, waves, sm_us};
+}
+
+}  // namespace
+
+std::int64_t decode_kernel_shared_limit(const DeviceCaps& caps) { return shared_per_sm(caps) - kReservedPerBlock; }
+
+// 1, 2, 4 or 8 tiles of 16 rows (a power of two, so the warps divide evenly), and the warps sharing a
+// row tile: 4 warps a block at least, each of one row tile and 64 / key_groups keys of a tile.
+DecodeKernelShape decode_kernel_rows_shape(const AttentionSpec& spec, const DeviceCaps& caps) {
+  DecodeKernelShape shape;
+  const std::int64_t tiles = ceil_div(decode_kernel_rows(spec), 16);
+  shape.row_tiles = tiles <= 1 ? 1 : tiles <= 2 ? 2 : tiles <= 4 ? 4 : 8;
+  shape.key_groups = std::max(1, 4 / shape.row_tiles);
+  const int warps = shape.row_tiles * shape.key_groups;
+  shape.threads = 32 * warps;
+  shape.shared_bytes = decode_kernel_shared_bytes(spec.head_dim_v(), decode_kv_bytes(spec), warps);
+  shape.blocks_per_sm = blocks_per_sm(shape, caps);
+  return shape;
+}
+
+double decode_kernel_expected_us(const AttentionSpec& spec, const DecodeKernelShape& shape, const DecodeDevice& device) {
+  return cut_times(spec, shape, device).total_us;
+}
+
+DecodeKernelShape decode_kernel_shape(const AttentionSpec& spec, const DecodeDevice& device) {
+  const DecodeKernelShape rows = decode_kernel_rows_shape(spec, device.caps);
+  const std::int64_t keys = std::max<std::int64_t>(spec.seq_kv(), 1);
+  // Every count of chunks of whole tiles, a paged call's chunks each within kDecodeKernelMaxChunkPages
+  // pages and the block's shared memory, each merged as decode_cluster_merge says. The fastest wins;
+  // among equal times (memory binding them alike) the one of fewest waves, then the one whose
+  // busiest SM finishes its own blocks soonest, since a cache in L2 (a short one, or one read again)
+  // comes faster than the memory's share and the SMs bind instead; then the fewest chunks (waves
+  // beyond the first are where the model is coarsest). One tile a chunk fits wherever the tiles
+  // do (the refusals checked their room) but for its few page slots; should even those not fit, the
+  // finest cut is returned.
+  std::optional<DecodeKernelShape> best;
+  CutTimes best_times{0.0, 0.0, 0.0};
+  for (std::int64_t asked = 1; asked <= ceil_div(keys, kDecodeTileKeys); ++asked) {
+    DecodeKernelShape shape = cut(spec, device.caps, rows, keys, asked);
+    if (shape.chunks != asked) continue;  // the same cut as a smaller count's
+    if (!fits(shape, device.caps)) continue;
+    shape.cluster_merge = decode_cluster_merge(spec, shape, device);
+    const CutTimes times = cut_times(spec, shape, device);
+    const bool tie = times.total_us == best_times.total_us;
+    if (!best || times.total_us < best_times.total_us || (tie && times.waves < best_times.waves) ||
+        (tie && times.waves == best_times.waves && times.sm_us < best_times.sm_us)) {
+      best = shape;
+      best_times = times;
+    }
+  }
+  DecodeKernelShape out = best ? *best : cut(spec, device.caps, rows, keys, ceil_div(keys, kDecodeTileKeys));
+  out.cluster_merge = decode_cluster_merge(spec, out, device);
+  return out;
+}
+
+std::optional<DecodeKernelShape> decode_kernel_cut(const AttentionSpec& spec, const DecodeDevice& device,
+                                                   std::int64_t chunks) {
+  const std::int64_t keys = std::max<std::int64_t>(spec.seq_kv(), 1);
+  const std::int64_t asked = std::clamp<std::int64_t>(chunks, 1, ceil_div(keys, kDecodeTileKeys));
+  DecodeKernelShape shape = cut(spec, device.caps, decode_kernel_rows_shape(spec, device.caps), keys, asked);
+  if (!fits(shape, device.caps)) return std::nullopt;
+  shape.cluster_merge = decode_cluster_merge(spec, shape, device);
+  return shape;
+}
+
+bool decode_cluster_merge(const AttentionSpec& spec, const DecodeKernelShape& shape, const DecodeDevice& device) {
+  // Measured through fusedattn.torch on an H100 (results/bench-decode.md; h 32/8, d 128, bf16, the
+  // kernel forced; CUDA graphs, microseconds, the merge kernel's time first): faster merged in the
+  // cluster at b = 1 over 512 keys (2 chunks: 15.2 -> 13.0) and 2k (8 chunks: 15.1 -> 14.4), b = 8
+  // over 8k and 32k (3 chunks, 192 of 264 slots: 107.7 -> 101.1, 398.7 -> 375.5), 8 queries at b = 4
+  // (5 chunks, 160 slots: 75.8 -> 71.9). Slower with 16 queries at b = 4 (8 chunks, 256 of 264
+  // slots: 98.3 -> 150.1, clusters spilling into a second wave) and with 16 chunks at b = 1 over 8k
+  // (128 blocks packed two an SM in their GPCs: 21.1 with 19 chunks through the merge kernel, 23.4).
+  if (!shape.merged() || shape.chunks > kDecodeKernelClusterChunks || device.caps.sm_major < 9) return false;
+  const std::int64_t blocks = spec.batch() * spec.heads_kv() * shape.chunks;
+  const std::int64_t slots = static_cast<std::int64_t>(std::max(device.multiprocessors, 1)) * shape.blocks_per_sm;
+  return 4 * blocks <= 3 * slots;
+}
+
+}  // namespace fusedattn::detail
