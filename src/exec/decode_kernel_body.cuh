@@ -196,8 +196,10 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
         mma<Mma>(s[nt], q_frag[ks], b[0], b[1]);
         mma<Mma>(kTwoChains ? odd[nt] : s[nt], q_frag[ks + 1], b[2], b[3]);
       }
+      if constexpr (kTwoChains) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[nt][e] += odd[nt][e];  // zeros at d = 256
+        for (int e = 0; e < 4; ++e) s[nt][e] += odd[nt][e];
+      }
     }
     // Online softmax in base 2: each row's running max over its seen keys, its rescaled sum and O.
     float tile_max[2] = {-INFINITY, -INFINITY};

@@ -170,9 +170,10 @@ DecodeKernelShape decode_kernel_shape(const AttentionSpec& spec, const DecodeDev
       best_times = times;
     }
   }
-  DecodeKernelShape out = best ? *best : cut(spec, device.caps, rows, keys, ceil_div(keys, kDecodeTileKeys));
-  out.cluster_merge = decode_cluster_merge(spec, out, device);
-  return out;
+  if (best) return *best;  // merged as decode_cluster_merge said in the loop
+  DecodeKernelShape finest = cut(spec, device.caps, rows, keys, ceil_div(keys, kDecodeTileKeys));
+  finest.cluster_merge = decode_cluster_merge(spec, finest, device);
+  return finest;
 }
 
 std::optional<DecodeKernelShape> decode_kernel_cut(const AttentionSpec& spec, const DecodeDevice& device,

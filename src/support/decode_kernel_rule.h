@@ -171,8 +171,8 @@ bool decode_kernel_only(const AttentionSpec& spec);
 /// length of a cache that grows a token a step) or of kDecodeKernelContiguousMinKeys keys or more,
 /// where it was measured faster than cuDNN's path, or a paged cache of one row tile over at most
 /// kDecodeKernelPagedMostKeys keys or of at most kDecodeKernelPagedMostPairs (sequence, K/V head)
-/// pairs, where it was too; other paged caches
-/// stay with cuDNN's split decode, except with a sink or off-by-one, which that split cannot cut.
+/// pairs, where it was too; other paged caches stay with cuDNN's split decode, except with a sink
+/// or off-by-one, which that split cannot cut.
 /// FUSEDATTN_DECODE_KERNEL forces either way (exec/decode_kernel.h).
 bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeDevice& device);
 

@@ -52,8 +52,8 @@ void check_with_lengths(const std::string& spec, std::vector<std::int32_t> seq_l
 }
 
 // The choice the process makes is the one it says: forced either way, or the rule's (a contiguous
-// decode over 8k keys on the kernel, a paged one at b = 1 too, at b = 2 on cuDNN's split decode:
-// decode_kernel_preferred).
+// decode over 8k keys on the kernel, a paged one of one row tile too, one of four row tiles on cuDNN's
+// split decode: decode_kernel_preferred).
 TEST(DecodeKernel, TheSupportAnswerNamesTheKernelThatRuns) {
   FUSEDATTN_REQUIRE_GPU();
   const AttentionSpec paged = parse_spec("layout=bshd_paged_bshd dtype=bf16 b=1 s_q=1 s_kv=8192 h_q=32 h_kv=8 d=128 "
@@ -62,7 +62,7 @@ TEST(DecodeKernel, TheSupportAnswerNamesTheKernelThatRuns) {
                                               "padding=1 causal align=bottom_right");
   // 16 queries of a group of 4: four row tiles, which stay with cuDNN's split decode.
   const AttentionSpec paged_rows = parse_spec("layout=bshd_paged_bshd dtype=bf16 b=2 s_q=16 s_kv=8192 h_q=32 h_kv=8 "
-                                            "d=128 page_size=64 pages=256 causal align=bottom_right");
+                                              "d=128 page_size=64 pages=256 causal align=bottom_right");
   const std::string on_paged = check_support(paged, Pass::forward).kernel;
   const std::string on_paged_rows = check_support(paged_rows, Pass::forward).kernel;
   const std::string on_contiguous = check_support(contiguous, Pass::forward).kernel;
