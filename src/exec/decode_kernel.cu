@@ -37,35 +37,37 @@ int forced_choice() {
   return forced;
 }
 
-// The instance for the row tiles (1, 2, 4 or 8; with 4 warps' worth of key groups below 4 tiles).
+// The instance for the shape's rows: 8 or fewer with the keys as the products' M, else 1, 2, 4 or 8
+// row tiles (with 4 warps' worth of key groups below 4 tiles).
 template <class T, class KV, int D>
-Kernel by_rows(int row_tiles) {
-  switch (row_tiles) {
-    case 1: return decode::decode_kernel<T, KV, D, 1, 4>;
-    case 2: return decode::decode_kernel<T, KV, D, 2, 2>;
-    case 4: return decode::decode_kernel<T, KV, D, 4, 1>;
-    case 8: return decode::decode_kernel<T, KV, D, 8, 1>;
+Kernel by_rows(const DecodeKernelShape& shape) {
+  if (shape.keys_as_m) return shape.row_tiles == 1 ? decode::decode_kernel<T, KV, D, 1, 4, true> : nullptr;
+  switch (shape.row_tiles) {
+    case 1: return decode::decode_kernel<T, KV, D, 1, 4, false>;
+    case 2: return decode::decode_kernel<T, KV, D, 2, 2, false>;
+    case 4: return decode::decode_kernel<T, KV, D, 4, 1, false>;
+    case 8: return decode::decode_kernel<T, KV, D, 8, 1, false>;
   }
   return nullptr;
 }
 
 template <class T, class KV>
-Kernel by_head_dim(std::int64_t d, int row_tiles) {
-  if (d == 64) return by_rows<T, KV, 64>(row_tiles);
-  if (d == 128) return by_rows<T, KV, 128>(row_tiles);
-  if (d == 256) return by_rows<T, KV, 256>(row_tiles);
+Kernel by_head_dim(std::int64_t d, const DecodeKernelShape& shape) {
+  if (d == 64) return by_rows<T, KV, 64>(shape);
+  if (d == 128) return by_rows<T, KV, 128>(shape);
+  if (d == 256) return by_rows<T, KV, 256>(shape);
   return nullptr;
 }
 
 template <class T>
-Kernel by_cache(const AttentionSpec& spec, int row_tiles) {
-  if (spec.fp8_kv_cache()) return by_head_dim<T, E4M3>(spec.head_dim_v(), row_tiles);
-  return by_head_dim<T, T>(spec.head_dim_v(), row_tiles);
+Kernel by_cache(const AttentionSpec& spec, const DecodeKernelShape& shape) {
+  if (spec.fp8_kv_cache()) return by_head_dim<T, E4M3>(spec.head_dim_v(), shape);
+  return by_head_dim<T, T>(spec.head_dim_v(), shape);
 }
 
 Kernel kernel_for(const AttentionSpec& spec, const DecodeKernelShape& shape) {
-  const Kernel kernel = spec.q.dtype == DType::bf16 ? by_cache<__nv_bfloat16>(spec, shape.row_tiles)
-                        : spec.q.dtype == DType::f16 ? by_cache<__half>(spec, shape.row_tiles)
+  const Kernel kernel = spec.q.dtype == DType::bf16 ? by_cache<__nv_bfloat16>(spec, shape)
+                        : spec.q.dtype == DType::f16 ? by_cache<__half>(spec, shape)
                                                       : nullptr;
   // decode_kernel_refusals keeps every other spec away; reaching this is a bug of ours.
   if (kernel == nullptr) throw std::logic_error("fusedattn: no decode kernel for " + to_string(spec));
@@ -129,10 +131,13 @@ std::optional<DecodeKernelShape> decode_kernel_in_use(const AttentionSpec& spec,
   const int forced = decode_kernel_only(spec) ? 1 : forced_choice();
   if (forced == 0 || (forced < 0 && !decode_kernel_preferred(spec, pass, gpu))) return std::nullopt;
   static const std::int64_t forced_chunks = count_in_environment("FUSEDATTN_DECODE_CHUNKS");
-  if (forced_chunks > 0) {
-    if (auto shape = decode_kernel_cut(spec, gpu, forced_chunks)) return shape;
-  }
-  return decode_kernel_shape(spec, gpu);
+  std::optional<DecodeKernelShape> shape;
+  if (forced_chunks > 0) shape = decode_kernel_cut(spec, gpu, forced_chunks);
+  if (!shape) shape = decode_kernel_shape(spec, gpu);
+  // FUSEDATTN_DECODE_KEYS_AS_M=0 keeps 8 rows or fewer in the 16-row products, for measuring the two.
+  static const bool keys_as_m = switch_on_unless_zero("FUSEDATTN_DECODE_KEYS_AS_M");
+  if (!keys_as_m) shape->keys_as_m = false;
+  return shape;
 }
 
 DecodeKernelCall::DecodeKernelCall(const AttentionSpec& spec, const DecodeKernelShape& shape)

@@ -7,8 +7,8 @@
 // the chunk read into shared memory first, so no table load waits between one tile's copies and the
 // next), read back by ldmatrix from rows whose 16-byte chunks are XOR-swizzled by the row (so the 8
 // rows an ldmatrix reads lie on distinct banks), into tensor-core products with float32
-// accumulation and an online softmax in base 2 (a softcap, where the call has one, bends each
-// scaled score first; a bias, where it has one, is added after it, as the reference adds it). FP8
+// accumulation and an online softmax in base 2, with the rows as the products' M
+// (decode_rows_as_m.cuh) or, for 8 rows or fewer, the keys (decode_keys_as_m.cuh). FP8
 // tiles are widened to f16 in shared memory first (exactly: every E4M3 value is a half), and the
 // products run in f16, bfloat16 queries scaled into its range (decode_mma.cuh); their descales fold
 // into the score scale (K) and the output (V). At the end the warps of a row tile merge their keys
@@ -19,16 +19,21 @@
 
 #include <cstdint>
 
+#include <type_traits>
+
 #include "exec/decode_cluster_merge.cuh"
+#include "exec/decode_keys_as_m.cuh"
 #include "exec/decode_launch.cuh"
 #include "exec/decode_mma.cuh"
 #include "exec/decode_params.h"
+#include "exec/decode_rows_as_m.cuh"
+#include "exec/decode_score_rows.cuh"
 #include "exec/decode_tile_copies.cuh"
 #include "support/decode_kernel_rule.h"
 
 namespace fusedattn::detail::decode {
 
-template <class T, class KV, int D, int kRowTiles, int kKeyGroups>
+template <class T, class KV, int D, int kRowTiles, int kKeyGroups, bool kKeysAsM>
 __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(const Params p) {
 #ifdef FUSEDATTN_DECODE_MMA
   constexpr int kThreads = 32 * kRowTiles * kKeyGroups;
@@ -44,11 +49,10 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
   constexpr int kSlabRows = kOwnKeys ? kWarpKeys : kTile / (kThreads / 32);
   using Copies = TileCopies<Mma, KV, D, kSlabRows>;
   constexpr int kStages = decode_kernel_stages(sizeof(KV));
-  constexpr int kKeyTiles = kWarpKeys / 8;          // n-tiles of a warp's scores
-  constexpr int kSteps = D / 16;                    // k-steps of Q K^T
-  constexpr int kOutTiles = D / 8;                  // n-tiles of O
-  constexpr int kRawBytes = Copies::kRawBytes, kWideBytes = Copies::kWideBytes, kChunks = Copies::kChunks;
-  static_assert(kSteps % 2 == 0 && kKeyTiles % 2 == 0);
+  // The products' layout: the rows as M (tiles of 16), or, for 8 rows or fewer, the keys.
+  static_assert(!kKeysAsM || (kOwnKeys && kWarpKeys == 16));
+  using Math = std::conditional_t<kKeysAsM, KeysAsM<T, Mma, D, kWarpKeys>, RowsAsM<T, Mma, D, kWarpKeys>>;
+  constexpr int kRawBytes = Copies::kRawBytes, kWideBytes = Copies::kWideBytes;
   extern __shared__ __align__(128) unsigned char shared[];
   unsigned char* const stages = shared;                          // [kStages][K, V][kRawBytes]
   unsigned char* const wide = shared + kStages * 2 * kRawBytes;  // FP8: [K, V][kWideBytes]
@@ -57,7 +61,7 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
   int* const page_v = page_k + p.page_slots;
 
   const int chunk = blockIdx.x, kv = blockIdx.y, i = blockIdx.z;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, quad = lane % 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row_tile = warp / kKeyGroups, key_group = warp % kKeyGroups;
   wait_for_the_previous_kernel();
 
@@ -81,17 +85,15 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
   const bool tiles_from_begin = p.window_left < 0;
   if (paged && tiles_from_begin) read_pages(begin, p.chunk_keys);
 
-  // This sequence's lengths and each query row's visible keys [low, high) (reference.h's window:
-  // p = t + kv_len - q_len bottom-right, key j seen when p - left < j <= p + right).
+  // This sequence's lengths.
   const int q_len = p.len_q ? min(max(p.len_q[i], 0), p.s_q) : p.s_q;
   const int kv_len = p.len_kv ? min(max(p.len_kv[i], 0), p.s_kv) : p.s_kv;
   const int rows = p.s_q * p.group, shift = p.bottom_right ? kv_len - q_len : 0;
-  auto low_of = [&](int t) { return p.window_left >= 0 ? max(0, t + shift - p.window_left + 1) : 0; };
-  auto high_of = [&](int t) { return p.window_right >= 0 ? min(kv_len, t + shift + p.window_right + 1) : kv_len; };
   // The chunk's keys that some row sees (the first row sees the lowest, the last the highest),
   // in whole tiles from a multiple of 64.
   const int end = min(begin + p.chunk_keys, kv_len);
-  const int first = q_len > 0 ? max(begin, low_of(0)) : begin, last = q_len > 0 ? min(end, high_of(q_len - 1)) : begin;
+  const int first = q_len > 0 ? max(begin, first_seen_key(p, 0, shift)) : begin;
+  const int last = q_len > 0 ? min(end, end_of_seen_keys(p, q_len - 1, shift, kv_len)) : begin;
   const int tile0 = first / kTile * kTile, tiles = last > first ? (last - tile0 + kTile - 1) / kTile : 0;
   const long long entry = static_cast<long long>(i) * p.chunks + chunk;
   if (p.o_part != nullptr && tiles == 0) {  // a chunk no row sees: weight 0 in the merge
@@ -117,52 +119,18 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
   };
 
   // The queries (loads independent of the pages'), then the first copies once the pages are in.
-  // This thread's rows of its tile (gid and gid + 8): query t of head kv * g + j, row t * g + j.
-  int low[2], high[2];
-  const T* bias_row[2];  // the row's bias over the keys, or null
-  bool biased[2];
-  unsigned q_frag[kSteps][4];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = row_tile * 16 + gid + 8 * h, t = r / p.group, j = r % p.group;
-    const bool valid = r < rows && t < q_len;
-    low[h] = valid ? low_of(t) : 0;
-    high[h] = valid ? high_of(t) : 0;
-    bias_row[h] = p.bias != nullptr && valid ? static_cast<const T*>(p.bias) + i * p.bias_stride[0] +
-                                                   (kv * p.group + j) * p.bias_stride[1] + t * p.bias_stride[2]
-                                             : nullptr;
-    biased[h] = bias_row[h] != nullptr;
-    const T* q_row = static_cast<const T*>(p.q) + i * p.q_stride[0] + (kv * p.group + j) * p.q_stride[1] +
-                     static_cast<long long>(t) * p.q_stride[2];
-#pragma unroll
-    for (int ks = 0; ks < kSteps; ++ks) {  // A fragment: rows gid (h 0) and gid + 8, columns 2 quad (+ 8)
-      q_frag[ks][h] = valid ? *reinterpret_cast<const unsigned*>(q_row + ks * 16 + 2 * quad) : 0u;
-      q_frag[ks][2 + h] = valid ? *reinterpret_cast<const unsigned*>(q_row + ks * 16 + 8 + 2 * quad) : 0u;
-    }
-  }
-  float unscale[2], scale = p.scale_log2, out_scale = 1.0f;
-  queries_in_mma_type<T, Mma>(q_frag, unscale);
+  float scale = p.scale_log2, out_scale = 1.0f;
   if constexpr (kFp8) {
     scale *= p.descale_k[kv * p.descale_step];
     out_scale = p.descale_v[kv * p.descale_step];
   }
-  const float row_scale[2] = {scale * unscale[0], scale * unscale[1]};
-  // A softcap in base 2: with x the scaled score times log2(e), cap * tanh(score / cap) times
-  // log2(e) is c * tanh(x / c), c = cap * log2(e).
-  const bool capped = p.softcapped;
-  const float cap = !capped ? 0.0f : p.softcap_scalar != nullptr ? *p.softcap_scalar : p.softcap;
-  const float cap_log2 = cap * 1.4426950408889634f;
+  Math math(p, i, kv, row_tile * 16, rows, q_len, kv_len, shift, scale, lane);
   if (paged) __syncthreads();  // the chunk's pages are in shared memory
 #pragma unroll
   for (int n = 0; n < kStages - 1; ++n) {
     if (n < tiles) issue(n);
     commit_copies();
   }
-
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // a row's max (base 2) and this thread's sum
-  float acc[kOutTiles][4];
-#pragma unroll
-  for (int ot = 0; ot < kOutTiles; ++ot) acc[ot][0] = acc[ot][1] = acc[ot][2] = acc[ot][3] = 0.0f;
 
   for (int n = 0; n < tiles; ++n) {
     wait_copies<kStages - 2>();  // tile n has landed (this thread's copies)
@@ -179,90 +147,7 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
       v_tile = wide + kWideBytes;
     }
     const int warp_row0 = key_group * kWarpKeys, key_base = tile0 + n * kTile + warp_row0;
-    // Q K^T, the even and odd k-steps summed apart up to d = 128: two chains of kSteps / 2 dependent
-    // products an n-tile instead of one of kSteps, whose latency a warp alone on its scheduler would
-    // wait out (at d = 256 the second accumulators would spill, as its registers are all taken).
-    constexpr bool kTwoChains = D <= 128;
-    float s[kKeyTiles][4], odd[kKeyTiles][4];
-#pragma unroll
-    for (int nt = 0; nt < kKeyTiles; ++nt) {
-      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-      odd[nt][0] = odd[nt][1] = odd[nt][2] = odd[nt][3] = 0.0f;
-#pragma unroll
-      for (int ks = 0; ks < kSteps; ks += 2) {  // matrices: keys of n-tile nt, d chunks 2 ks .. 2 ks + 3
-        unsigned b[4];
-        const int row = warp_row0 + nt * 8 + (lane & 7);
-        load_matrices<false>(b, k_tile + swizzled<kChunks>(row, 2 * ks + (lane >> 3)));
-        mma<Mma>(s[nt], q_frag[ks], b[0], b[1]);
-        mma<Mma>(kTwoChains ? odd[nt] : s[nt], q_frag[ks + 1], b[2], b[3]);
-      }
-      if constexpr (kTwoChains) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[nt][e] += odd[nt][e];
-      }
-    }
-    // Online softmax in base 2: each row's running max over its seen keys, its rescaled sum and O.
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < kKeyTiles; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2, key = key_base + nt * 8 + 2 * quad + (e & 1);
-        const bool seen = key >= low[h] && key < high[h];
-        float x = s[nt][e] * row_scale[h];
-        if (capped) x = cap_log2 * tanhf(x / cap_log2);
-        if (seen && biased[h]) x += widened(bias_row[h][key]) * 1.4426950408889634f;
-        s[nt][e] = seen ? x : -INFINITY;
-        tile_max[h] = fmaxf(tile_max[h], s[nt][e]);
-      }
-    }
-    float base[2], alpha[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {  // the 4 lanes of a row (a quad) share its max
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-      const float top = fmaxf(m[h], tile_max[h]);
-      base[h] = top == -INFINITY ? 0.0f : top;  // a row that has seen nothing stays at 0
-      // 1 where the max stayed (a row that still sees nothing, a padding row, included: its sums
-      // are 0 and stay 0), so that O's rescale below can be skipped.
-      alpha[h] = top == m[h] ? 1.0f : exp2_approx(m[h] - base[h]);
-      m[h] = top;
-      l[h] *= alpha[h];
-    }
-#pragma unroll
-    for (int nt = 0; nt < kKeyTiles; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[nt][e] = exp2_approx(s[nt][e] - base[e / 2]);
-        l[e / 2] += s[nt][e];
-      }
-    }
-    // O rescaled where a row's max rose: once the maxima settle, most tiles skip the warp's d / 2
-    // multiplies a thread.
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-      for (int ot = 0; ot < kOutTiles; ++ot) {
-        acc[ot][0] *= alpha[0];
-        acc[ot][1] *= alpha[0];
-        acc[ot][2] *= alpha[1];
-        acc[ot][3] *= alpha[1];
-      }
-    }
-    // O += P V: the scores' C fragments of two key n-tiles are the A fragment of 16 keys.
-#pragma unroll
-    for (int kk = 0; kk < kKeyTiles / 2; ++kk) {
-      const unsigned a[4] = {pack<Mma>(s[2 * kk][0], s[2 * kk][1]), pack<Mma>(s[2 * kk][2], s[2 * kk][3]),
-                             pack<Mma>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             pack<Mma>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int ot = 0; ot < kOutTiles; ot += 2) {  // matrices: keys 0-7 / 8-15 by d chunks ot, ot + 1
-        unsigned b[4];
-        const int which = lane >> 3, row = warp_row0 + kk * 16 + (lane & 7) + 8 * (which & 1);
-        load_matrices<true>(b, v_tile + swizzled<kChunks>(row, ot + (which >> 1)));
-        mma<Mma>(acc[ot], a, b[0], b[1]);
-        mma<Mma>(acc[ot + 1], a, b[2], b[3]);
-      }
-    }
+    math.tile(k_tile, v_tile, warp_row0, key_base);
   }
   let_the_next_kernel_launch();
 
@@ -273,20 +158,7 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
   float* const o_rows = reinterpret_cast<float*>(shared);                        // [warps][16][kPitch]
   float* const maxima = o_rows + kRowTiles * kKeyGroups * 16 * kPitch;           // [warps][16][max, sum]
   float* const row_lse = maxima + kRowTiles * kKeyGroups * 16 * 2;              // [rows] (cluster_merge)
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-    const int r = warp * 16 + gid + 8 * h;
-#pragma unroll
-    for (int ot = 0; ot < kOutTiles; ++ot) {
-      *reinterpret_cast<float2*>(o_rows + r * kPitch + ot * 8 + 2 * quad) = make_float2(acc[ot][2 * h], acc[ot][2 * h + 1]);
-    }
-    if (quad == 0) {
-      maxima[2 * r] = m[h];
-      maxima[2 * r + 1] = l[h];
-    }
-  }
+  math.store(o_rows + warp * 16 * kPitch, maxima + warp * 16 * 2, kPitch);
   __syncthreads();
   constexpr int kColumns = D / 4;  // 4 columns a thread at a time
   for (int n = threadIdx.x; n < kRowTiles * 16 * kColumns; n += kThreads) {
@@ -296,7 +168,7 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
     // The softmax's extra logit joins the row's own denominator here; a chunk's partials leave it to
     // the merge, which adds it once.
     const bool partial = p.o_part != nullptr || p.cluster_merge;
-    const float extra = partial ? -INFINITY : extra_logit(p, head) * 1.4426950408889634f;
+    const float extra = partial ? -INFINITY : extra_logit(p, head) * kLog2e;
     float top = extra;
 #pragma unroll
     for (int g = 0; g < kKeyGroups; ++g) top = fmaxf(top, maxima[2 * ((tile * kKeyGroups + g) * 16 + in_tile)]);

@@ -140,41 +140,49 @@ __device__ __forceinline__ void e4m3_to_16bit(const uint4& from, uint4& low, uin
 template <class T, bool kFp8Cache>
 using MmaType = std::conditional_t<kFp8Cache, __half, T>;
 
-/// A thread's A fragments of Q (rows gid and gid + 8, kSteps k-steps), loaded in T, in the tensor
-/// cores' type Mma. Where that is f16 beside bfloat16 queries, each row is scaled by the power of two
-/// that puts its largest magnitude in [2^14, 2^15), inside f16's range whatever bfloat16's exponent
-/// (elements below 2^-28 of the largest lose bits in f16's subnormals: nothing a dot product of
-/// bfloat16 rounding sees); unscale[h] undoes it in the score scale. The 4 lanes of a row (a quad)
-/// agree on it.
-template <class T, class Mma, int kSteps>
-__device__ __forceinline__ void queries_in_mma_type(unsigned (&frag)[kSteps][4], float (&unscale)[2]) {
-  unscale[0] = unscale[1] = 1.0f;
-  if constexpr (!std::is_same_v<T, Mma>) {
+/// One query row of a thread's fragments of Q (registers kLow and kHigh of every k-step, loaded in
+/// T) in the tensor cores' type Mma; returns the factor that undoes its scaling in the score scale.
+/// Where Mma is f16 beside bfloat16 queries, the row is scaled by the power of two that puts its
+/// largest magnitude in [2^14, 2^15), inside f16's range whatever bfloat16's exponent (elements below
+/// 2^-28 of the largest lose bits in f16's subnormals: nothing a dot product of bfloat16 rounding
+/// sees). The 4 lanes of a quad hold the row (in both fragment layouts) and agree on it.
+template <class T, class Mma, int kLow, int kHigh, int kSteps, int kRegs>
+__device__ __forceinline__ float query_row_in_mma_type(unsigned (&frag)[kSteps][kRegs]) {
+  if constexpr (std::is_same_v<T, Mma>) {
+    return 1.0f;
+  } else {
     static_assert(std::is_same_v<T, __nv_bfloat16> && std::is_same_v<Mma, __half>);
     auto pair = [](unsigned bits) { return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bits)); };
+    float top = 0.0f;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float top = 0.0f;
-#pragma unroll
-      for (int ks = 0; ks < kSteps; ++ks) {
-        const float2 low = pair(frag[ks][h]), high = pair(frag[ks][2 + h]);
-        top = fmaxf(top, fmaxf(fmaxf(fabsf(low.x), fabsf(low.y)), fmaxf(fabsf(high.x), fabsf(high.y))));
-      }
-      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
-      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
-      // top's binary exponent, from -112 (zero, subnormals and the tiniest rows: the factor stays a
-      // float) to 128 (inf or NaN, which the row's scores then are anyway).
-      const int exponent = max(static_cast<int>((__float_as_uint(top) >> 23) & 0xffu) - 127, -112);
-      const float factor = __uint_as_float(static_cast<unsigned>(127 + 14 - exponent) << 23);
-      unscale[h] = __uint_as_float(static_cast<unsigned>(127 - 14 + exponent) << 23);
-#pragma unroll
-      for (int ks = 0; ks < kSteps; ++ks) {
-        const float2 low = pair(frag[ks][h]), high = pair(frag[ks][2 + h]);
-        frag[ks][h] = pack<__half>(low.x * factor, low.y * factor);
-        frag[ks][2 + h] = pack<__half>(high.x * factor, high.y * factor);
-      }
+    for (int ks = 0; ks < kSteps; ++ks) {
+      const float2 low = pair(frag[ks][kLow]), high = pair(frag[ks][kHigh]);
+      top = fmaxf(top, fmaxf(fmaxf(fabsf(low.x), fabsf(low.y)), fmaxf(fabsf(high.x), fabsf(high.y))));
     }
+    top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
+    top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
+    // top's binary exponent, from -112 (zero, subnormals and the tiniest rows: the factor stays a
+    // float) to 128 (inf or NaN, which the row's scores then are anyway).
+    const int exponent = max(static_cast<int>((__float_as_uint(top) >> 23) & 0xffu) - 127, -112);
+    const float factor = __uint_as_float(static_cast<unsigned>(127 + 14 - exponent) << 23);
+#pragma unroll
+    for (int ks = 0; ks < kSteps; ++ks) {
+      const float2 low = pair(frag[ks][kLow]), high = pair(frag[ks][kHigh]);
+      frag[ks][kLow] = pack<__half>(low.x * factor, low.y * factor);
+      frag[ks][kHigh] = pack<__half>(high.x * factor, high.y * factor);
+    }
+    return __uint_as_float(static_cast<unsigned>(127 - 14 + exponent) << 23);
   }
+}
+
+/// An 8x8 matrix of 16-bit elements held as the tensor cores' fragments hold one (lane 4 r + c: row r's
+/// elements 2 c and 2 c + 1, the low half first), transposed across the warp into the same layout.
+__device__ __forceinline__ unsigned transposed(unsigned x) {
+  unsigned y = x;
+#ifdef FUSEDATTN_DECODE_MMA
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+#endif
+  return y;
 }
 
 }  // namespace fusedattn::detail::decode

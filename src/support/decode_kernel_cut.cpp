@@ -132,6 +132,7 @@ DecodeKernelShape decode_kernel_rows_shape(const AttentionSpec& spec, const Devi
   DecodeKernelShape shape;
   const std::int64_t tiles = ceil_div(decode_kernel_rows(spec), 16);
   shape.row_tiles = tiles <= 1 ? 1 : tiles <= 2 ? 2 : tiles <= 4 ? 4 : 8;
+  shape.keys_as_m = decode_kernel_rows(spec) <= 8;
   shape.key_groups = std::max(1, 4 / shape.row_tiles);
   const int warps = shape.row_tiles * shape.key_groups;
   shape.threads = 32 * warps;

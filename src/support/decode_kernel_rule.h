@@ -77,6 +77,9 @@ struct DecodeDevice {
 /// How the kernel runs a spec it takes.
 struct DecodeKernelShape {
   int row_tiles = 1;   ///< tiles of 16 query rows (s_q * g rows), rounded up to 1, 2, 4 or 8
+  /// 8 rows or fewer: the keys are the tensor-core products' M and the rows their N (8), which halves
+  /// the products of the 16-row layout, mostly padding at a decode step's GQA group
+  bool keys_as_m = false;
   int key_groups = 4;  ///< warps sharing a row tile, each taking 64 / key_groups keys of every tile
   int threads = 128;   ///< 32 * row_tiles * key_groups
   std::int64_t shared_bytes = 0;  ///< decode_kernel_shared_bytes, plus a paged call's page slots

@@ -178,20 +178,24 @@ TEST(DecodeKernelRule, RefusesRowsPastOneBlockAndPagesOffSixteen) {
 }
 
 // Rows: the g query heads of a K/V head times s_q, in tiles of 16; fewer than 4 tiles share their
-// keys among 4 warps in all.
+// keys among 4 warps in all. Up to 8 rows the keys are the products' M.
 TEST(DecodeKernelRule, RowTilesWarpsAndSharedMemory) {
   struct Case {
     const char* shape;
     int row_tiles, key_groups, threads, blocks_per_sm;
+    bool keys_as_m;
   };
   const Case cases[] = {
-      {"b=1 s_q=1 s_kv=8192", 1, 4, 128, 2},   // 4 rows
-      {"b=1 s_q=5 s_kv=8192", 2, 2, 128, 2},   // 20 rows
-      {"b=1 s_q=16 s_kv=8192", 4, 1, 128, 2},  // 64 rows
+      {"b=1 s_q=1 s_kv=8192", 1, 4, 128, 2, true},    // 4 rows
+      {"b=1 s_q=2 s_kv=8192", 1, 4, 128, 2, true},    // 8 rows
+      {"b=1 s_q=3 s_kv=8192", 1, 4, 128, 2, false},   // 12 rows
+      {"b=1 s_q=5 s_kv=8192", 2, 2, 128, 2, false},   // 20 rows
+      {"b=1 s_q=16 s_kv=8192", 4, 1, 128, 2, false},  // 64 rows
   };
   for (const Case& c : cases) {
     const DecodeKernelShape shape = decode_kernel_shape(paged(c.shape), kH200);
     EXPECT_EQ(shape.row_tiles, c.row_tiles) << c.shape;
+    EXPECT_EQ(shape.keys_as_m, c.keys_as_m) << c.shape;
     EXPECT_EQ(shape.key_groups, c.key_groups) << c.shape;
     EXPECT_EQ(shape.threads, c.threads) << c.shape;
     EXPECT_EQ(shape.blocks_per_sm, c.blocks_per_sm) << c.shape;
