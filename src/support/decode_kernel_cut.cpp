@@ -17,34 +17,42 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; 
 // --- The cost model of the kernel's cut, in microseconds (an SM's share scales with the SM count) --
 //
 // It ranks the cuts of one spec against each other; it is not the kernel's speed, which the rule
-// takes from measurements (decode_kernel_preferred). Its block rate and merge costs are fitted to
-// the cuts measured on an H100 at 45f256c (bench/profile_decode_kernels.py --kernel-cuts; fusedattn.torch,
-// contiguous, h 32/8, d 128, CUDA graphs, microseconds): b = 1 over 512 keys 10.4 in 2 chunks, 8.4
-// in 8 of one tile (PyTorch's dense call 9.4); over 8k 22.0 in 8, 17.3 in 16, 17.6 in 19, 15.3 in
-// 32 (PyTorch 14.1); over 32k 65.7 in 8, 53.6 in 16, 55.8 in 17, 60.9 in 19, 54.3 in 32 (PyTorch
-// 52.6); b = 8 over 8k 96.7 in 3, 98.7 in 8, 100.4 in 16, 103.4 in 32 (PyTorch 93.9).
+// takes from measurements (decode_kernel_preferred). Its block rates and merge costs are fitted to
+// the cuts measured on an H100 at b7777ee (bench/profile_decode_kernels.py --kernel-cuts; fusedattn.torch,
+// contiguous, h 32/8, d 128, one query: 4 rows, the keys as M; CUDA graphs, microseconds, "cl" merged
+// in clusters, the rest by the merge kernel): b = 1 over 2k 12.3 in 4 cl, 10.2 in 8 cl, 10.7 in 16,
+// 10.8 in 32 (PyTorch's dense call 9.6); over 8k 28.0 in 4 cl, 18.1 in 8 cl, 15.0 in 16, 14.4 in 32
+// (14.0); over 32k 91.2 in 4 cl, 52.3 in 8 cl, 52.9 in 16, 54.5 in 32 (53.0); b = 2 over 8k 31.8 in 4
+// cl, 31.7 in 8 cl, 32.3 in 16, 33.7 in 32 (31.3); b = 8 over 8k 97.7 in 4, 99.4 in 8, 100.6 in 16,
+// 103.1 in 32 (96.2). The 16-row layout's rate is from 45f256c (b = 1 over 8k: 22.0 in 8, 17.3 in 16).
 //
-// Memory: an SM's share of the copy bandwidth, 4.22 TB/s measured on the H200 over 132 SMs.
-constexpr double kSmBytesPerUs = 4.22e6 / 132;
-// A block keeps stages - 1 tiles in flight and streams about one a kTileUs each: 23 KB/us of 16-bit
-// K/V at d = 128, what one block an SM drew at b = 1 over 8k keys in 16 chunks (256 KB in about 11.8
-// us: the call's 17.3 less its start and merge). Its warps, one a scheduler, wait out each
+// Memory: the copy bandwidth, 4.22 TB/s measured on the H200, and an SM's share of it over 132 SMs.
+constexpr double kGpuBytesPerUs = 4.22e6;
+constexpr double kSmBytesPerUs = kGpuBytesPerUs / 132;
+// A block keeps stages - 1 tiles in flight and streams about one a kTileUs each. With the keys as M
+// (8 rows or fewer) 1.36 us: 47 KB/us of 16-bit K/V at d = 128, what each of 32 blocks, one an SM,
+// drew alone at b = 1 over 32k keys in 4 chunks (4 MB each in about 89 us of the call's 91.2), and
+// what the steps from 256 to 1,024 and 4,096 keys a block gave in 8 chunks (7.9 us for 384 KB, 34.2
+// for 1.5 MB). With the rows as M, 2.8 us: 23 KB/us, what one block an SM drew at b = 1 over 8k in
+// 16 chunks at 45f256c (256 KB in about 11.8 us). Its warps, one a scheduler, wait out each
 // instruction's latency alone; a second block on the SM adds its own rate, up to kSmMostShare.
-constexpr double kTileUs = 2.8;
-// An SM with several blocks draws at most 1.25 times its share when others draw less: SMs of two
-// blocks streamed 28.6 to 29.6 KB/us on the H100 (23.0 its share of 3.03 TB/s), at b = 8 over 8k in 3
-// chunks (192 blocks, 96.7 us) and at b = 1 over 8k in 19 (152 blocks).
-constexpr double kSmMostShare = 1.25;
+constexpr double kKeysAsMTileUs = 1.36;
+constexpr double kRowsAsMTileUs = 2.8;
+// An SM draws at most twice its share: a lone block's 47 KB/us is twice an H100 SM's share of its
+// 3.01 TB/s, and 64 blocks, one an SM, drew the whole of it (b = 1 over 32k in 8 chunks: 134 MB in
+// about 45 us of the call's 52.3).
+constexpr double kSmMostShare = 2.0;
 // Tensor cores through mma.sync: 1,024 multiply-adds a clock an SM at 1.755 GHz, of which the
 // kernel is expected to keep half busy beside its softmax, loads and barriers. Only rows of many
 // queries make this bind: 16 queries of a group of 8 take 256 multiply-adds per 16-bit K/V byte pair.
 constexpr double kSmFmaPerUs = 0.5 * 1024 * 1755;
-// The launch and the first round trip before anything streams, and the merge: the merge kernel
-// (launched early, it waits for the kernel and then reads each row's partials once: it ended 3.9 us
-// after the kernel at b = 1 over 8k, cuDNN's reduction of PyTorch's call 4.2), or, in the kernel,
-// two cluster barriers and a read of the peers' rows from their shared memory.
+// The launch and the first round trip before anything streams (what every cut pays alike: the
+// calls above are about 7 us longer than their streaming), and the merge: the merge kernel
+// (launched early, it waits for the kernel and then reads each row's partials once: 16 and 32 chunks
+// took 1.6 to 1.9 us longer than their streaming and a cluster's merge, b = 1 over 2k and 8k), or, in
+// the kernel, two cluster barriers and a read of the peers' rows from their shared memory.
 constexpr double kStartUs = 1.5;
-constexpr double kMergeUs = 3.5;
+constexpr double kMergeUs = 1.8;
 constexpr double kClusterMergeUs = 0.5;
 
 // Shared memory an SM has, and the most a block may ask for, by SM version (CUDA's tables).
@@ -103,18 +111,20 @@ CutTimes cut_times(const AttentionSpec& spec, const DecodeKernelShape& shape, co
   // that write them pay.
   const double partial_bytes = shape.merged() && !shape.cluster_merge ? rows * (d + 1) * 4 : 0.0;
   const double cache_bytes = static_cast<double>(spec.seq_kv()) * 2 * d * kv;
-  // The GPU's rate counts the SMs that get a block (blocks are placed one an SM first): a call of
-  // fewer blocks than SMs leaves the rest idle, whatever its blocks could draw alone.
+  // The GPU's rate counts the SMs that get a block (blocks are placed one an SM first), each at most
+  // kSmMostShare of its share: a call of few blocks leaves the rest idle.
   const double blocks = b * h_kv * chunks, slots = sms * shape.blocks_per_sm;
-  const double memory_us = b * h_kv * cache_bytes / (std::min(blocks, sms) * kSmBytesPerUs);
+  const double gpu_rate = std::min(sms, kSmMostShare * std::min(blocks, sms)) * kSmBytesPerUs;
+  const double memory_us = b * h_kv * cache_bytes / gpu_rate;
   // The busiest SM: the most blocks a wave gives one SM, their bytes at what their pipelines keep in
-  // flight (at most kSmMostShare of an SM's share), or their multiply-adds (16 rows a tile, padded)
-  // at the SM's tensor cores; a wave after another.
+  // flight (at most kSmMostShare of an SM's share), or their multiply-adds (8 or 16 rows a tile,
+  // padded) at the SM's tensor cores; a wave after another.
   const double stage_bytes = static_cast<double>(kDecodeTileKeys) * 2 * d * kv;
-  const double block_rate = (decode_kernel_stages(decode_kv_bytes(spec)) - 1) * stage_bytes / kTileUs;
+  const double tile_us = shape.keys_as_m ? kKeysAsMTileUs : kRowsAsMTileUs;
+  const double block_rate = (decode_kernel_stages(decode_kv_bytes(spec)) - 1) * stage_bytes / tile_us;
   const double per_sm = std::ceil(std::min(blocks, slots) / sms);
   const double sm_rate = std::min(per_sm * block_rate, kSmMostShare * kSmBytesPerUs);
-  const double block_fma = 2.0 * 16 * shape.row_tiles * d * keys;
+  const double block_fma = 2.0 * (shape.keys_as_m ? 8 : 16 * shape.row_tiles) * d * keys;
   const double waves = std::ceil(blocks / slots);
   const double sm_us =
       waves * std::max(per_sm * (keys * 2 * d * kv + partial_bytes) / sm_rate, per_sm * block_fma / kSmFmaPerUs);
@@ -195,7 +205,11 @@ bool decode_cluster_merge(const AttentionSpec& spec, const DecodeKernelShape& sh
   // (5 chunks, 160 slots: 75.8 -> 71.9). Slower with 16 queries at b = 4 (8 chunks, 256 of 264
   // slots: 98.3 -> 150.1, clusters spilling into a second wave) and with 16 chunks at b = 1 over 8k
   // (128 blocks packed two an SM in their GPCs: 21.1 with 19 chunks through the merge kernel, 23.4).
-  if (!shape.merged() || shape.chunks > kDecodeKernelClusterChunks || device.caps.sm_major < 9) return false;
+  // And slower with 4 row tiles: 16 queries over an FP8 cache at b = 4 over 8k took 147.3 in 4 chunks
+  // merged in clusters (b7777ee) against 91.3 through the merge kernel (45f256c's cut).
+  if (!shape.merged() || shape.chunks > kDecodeKernelClusterChunks || shape.row_tiles > 2 || device.caps.sm_major < 9) {
+    return false;
+  }
   const std::int64_t blocks = spec.batch() * spec.heads_kv() * shape.chunks;
   const std::int64_t slots = static_cast<std::int64_t>(std::max(device.multiprocessors, 1)) * shape.blocks_per_sm;
   return 4 * blocks <= 3 * slots;

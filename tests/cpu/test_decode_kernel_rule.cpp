@@ -247,22 +247,24 @@ TEST(DecodeKernelRule, PagedChunksKeepTheirPagesInSharedMemory) {
 
 // b = 1, h 32/8, d 128, one query over 8k keys on 132 SMs (kSmBytesPerUs = 4.22e6 / 132 = 31,970
 // bytes a microsecond; 264 block slots, two an SM). A K/V head streams 8192 * 2 * 128 * 2 = 4,194,304
-// bytes: memory 8 * 4,194,304 / (132 * 31,970) = 7.95 us for any cut of 132 blocks or more. A block
-// draws 2 * 32,768 / 2.8 = 23,406 bytes a microsecond (kTileUs), an SM at most 1.25 * 31,970 = 39,962,
-// and each chunk writes 4 rows * 129 * 4 = 2,064 bytes of partials. 32 chunks of 256 keys: 256
-// blocks, two on the busiest SM, 2 * (131,072 + 2,064) / 39,962 = 6.66 us; so 1.5 + 7.95 + 3.5
-// (merge) = 12.95 us. 16 chunks of 512 (128 blocks, one an SM): 264,208 / 23,406 = 11.29, 16.29 us;
-// 26 of 320 (208 blocks): 2 * 165,904 / 39,962 = 8.30, 13.30 us; 19 of 448: 2 * 231,440 / 39,962 =
-// 11.58, 16.58 us; 64 of 128 (512 blocks) tie with 32 at 12.95 in two waves: the one wave wins.
+// bytes: memory 8 * 4,194,304 / (132 * 31,970) = 7.95 us for any cut of 66 blocks or more (an SM
+// draws up to 2 * 31,970 = 63,939, kSmMostShare). Its 4 rows take the keys as M: a block draws 2 *
+// 32,768 / 1.36 = 48,188 bytes a microsecond (kKeysAsMTileUs), and each chunk writes 4 rows * 129 * 4
+// = 2,064 bytes of partials. 32 chunks of 256 keys: 256 blocks, two on the busiest SM, 2 * (131,072
+// + 2,064) / 63,939 = 4.16 us, below the memory's; so 1.5 + 7.95 + 1.8 (merge) = 11.25 us. 16 of 512
+// (one block an SM: 264,208 / 48,188 = 5.48), 26 of 320 (5.19) and 19 of 448 (7.24) tie at 11.25,
+// as do 64 of 128 in two waves: among equal times the one wave, then the busiest SM's 4.16 win.
+// 8 chunks merged in clusters (64 blocks, 524,288 / 48,188 = 10.88) take 1.5 + 10.88 + 0.5 = 12.88.
 TEST(DecodeKernelRule, WorkedCutOnAnH200) {
   const AttentionSpec spec = paged("b=1 s_q=1 s_kv=8192");
   const DecodeKernelShape shape = decode_kernel_shape(spec, kH200);
   EXPECT_EQ(shape.chunks, 32);
   EXPECT_EQ(shape.chunk_keys, 256);
   EXPECT_FALSE(shape.cluster_merge);  // more chunks than a cluster holds
-  EXPECT_NEAR(decode_kernel_expected_us(spec, shape, kH200), 12.95, 0.01);
+  EXPECT_NEAR(decode_kernel_expected_us(spec, shape, kH200), 11.25, 0.01);
   EXPECT_EQ(decode_kernel_description(shape), "fusedattn decode kernel, 32 chunks of 256 keys merged");
-  for (const auto& [chunks, us] : {std::pair{16, 16.29}, std::pair{26, 13.30}, std::pair{19, 16.58}, std::pair{64, 12.95}}) {
+  for (const auto& [chunks, us] :
+       {std::pair{16, 11.25}, std::pair{26, 11.25}, std::pair{19, 11.25}, std::pair{64, 11.25}, std::pair{8, 12.88}}) {
     EXPECT_NEAR(decode_kernel_expected_us(spec, *decode_kernel_cut(spec, kH200, chunks), kH200), us, 0.01) << chunks;
   }
   // b = 64 over 2k keys: 512 blocks of one chunk already fill the GPU; one chunk, no merge.
@@ -293,35 +295,41 @@ TEST(DecodeKernelRule, ACutForcedForMeasuring) {
   EXPECT_TRUE(decode_kernel_cut(small_pages, kH200, 3).has_value());  // 685 pages a chunk
 }
 
-// Merged in the kernel where that was measured faster (decode_cluster_merge): 2 to 8 chunks and the
-// blocks within 3/4 of the 264 slots (132 SMs, two blocks of 128 threads each). Over 512 keys at b =
-// 1 the cut is 8 chunks of one tile (64 blocks): a cluster each (K/V head), 1.5 + 32,768 / 23,406 +
-// 0.5 = 3.40 us (memory 8 * 262,144 / (64 * 31,970) = 1.02 binds less). Over 2k keys 32 chunks of one
-// tile through the merge kernel (1.5 + 8 * 1,048,576 / (132 * 31,970) + 3.5 = 6.99 us) beat 8 of 256
-// keys in clusters (one block an SM: 1.5 + 131,072 / 23,406 + 0.5 = 7.60). With 16 queries at b = 4,
-// 8 chunks of 1,024 keys make 256 blocks, over 198: the merge kernel; b = 8 over 8k takes 4 chunks
-// (256 blocks), the merge kernel too. On SM 8.0 there are no clusters.
+// Merged in the kernel where that was measured faster (decode_cluster_merge): 2 to 8 chunks of at
+// most 2 row tiles and the blocks within 3/4 of the 264 slots (132 SMs, two blocks of 128 threads
+// each). Over 512 keys at b = 1 the cut is 8 chunks of one tile (64 blocks): a cluster each (K/V
+// head), 1.5 + 32,768 / 48,188 + 0.5 = 2.68 us (memory 8 * 262,144 / (128 * 31,970) = 0.51 binds
+// less). Over 2k keys 8 chunks of 256 keys in clusters (one block an SM: 1.5 + 131,072 / 48,188 + 0.5
+// = 4.72 us) beat 32 of one tile through the merge kernel (1.5 + 8 * 1,048,576 / (132 * 31,970) + 1.8
+// = 5.29). b = 8 over 8k: 2 chunks of 4,096 keys in clusters (128 blocks; 1.5 + 268,435,456 / (132 *
+// 31,970) + 0.5 = 65.61) beat 4 through the merge kernel (256 blocks, over 198: 66.91). With 16
+// queries at b = 4 (4 row tiles) no cut merges in clusters. On SM 8.0 there are no clusters.
 TEST(DecodeKernelRule, MergedInTheKernelWhereClustersFit) {
   const DecodeKernelShape shortest = decode_kernel_shape(paged("b=1 s_q=1 s_kv=512"), kH200);
   EXPECT_EQ(shortest.chunks, 8);
   EXPECT_TRUE(shortest.cluster_merge);
   EXPECT_EQ(decode_kernel_description(shortest), "fusedattn decode kernel, 8 chunks of 64 keys merged in the kernel");
-  EXPECT_NEAR(decode_kernel_expected_us(paged("b=1 s_q=1 s_kv=512"), shortest, kH200), 3.40, 0.01);
+  EXPECT_NEAR(decode_kernel_expected_us(paged("b=1 s_q=1 s_kv=512"), shortest, kH200), 2.68, 0.01);
   const AttentionSpec two_k = paged("b=1 s_q=1 s_kv=2048");
   const DecodeKernelShape short_cache = decode_kernel_shape(two_k, kH200);
-  EXPECT_EQ(short_cache.chunks, 32);
-  EXPECT_FALSE(short_cache.cluster_merge);
-  EXPECT_NEAR(decode_kernel_expected_us(two_k, short_cache, kH200), 6.99, 0.01);
-  const DecodeKernelShape clustered = *decode_kernel_cut(two_k, kH200, 8);
-  EXPECT_TRUE(clustered.cluster_merge);
-  EXPECT_NEAR(decode_kernel_expected_us(two_k, clustered, kH200), 7.60, 0.01);
-  const DecodeKernelShape many_rows = decode_kernel_shape(paged("b=4 s_q=16 s_kv=8192"), kH200);
-  EXPECT_EQ(many_rows.chunks, 8);
-  EXPECT_FALSE(many_rows.cluster_merge);
-  const DecodeKernelShape batch = decode_kernel_shape(paged("b=8 s_q=1 s_kv=8192"), kH200);
-  EXPECT_EQ(batch.chunks, 4);
-  EXPECT_FALSE(batch.cluster_merge);
-  EXPECT_TRUE(decode_kernel_cut(paged("b=8 s_q=1 s_kv=8192"), kH200, 3)->cluster_merge);  // 192 blocks
+  EXPECT_EQ(short_cache.chunks, 8);
+  EXPECT_TRUE(short_cache.cluster_merge);
+  EXPECT_NEAR(decode_kernel_expected_us(two_k, short_cache, kH200), 4.72, 0.01);
+  const DecodeKernelShape finest = *decode_kernel_cut(two_k, kH200, 32);
+  EXPECT_FALSE(finest.cluster_merge);
+  EXPECT_NEAR(decode_kernel_expected_us(two_k, finest, kH200), 5.29, 0.01);
+  const AttentionSpec batch = paged("b=8 s_q=1 s_kv=8192");
+  const DecodeKernelShape batched = decode_kernel_shape(batch, kH200);
+  EXPECT_EQ(batched.chunks, 2);
+  EXPECT_TRUE(batched.cluster_merge);
+  EXPECT_NEAR(decode_kernel_expected_us(batch, batched, kH200), 65.61, 0.01);
+  const DecodeKernelShape four = *decode_kernel_cut(batch, kH200, 4);
+  EXPECT_FALSE(four.cluster_merge);  // 256 blocks
+  EXPECT_NEAR(decode_kernel_expected_us(batch, four, kH200), 66.91, 0.01);
+  const AttentionSpec many_rows = paged("b=4 s_q=16 s_kv=8192");
+  EXPECT_EQ(decode_kernel_shape(many_rows, kH200).chunks, 8);
+  EXPECT_FALSE(decode_kernel_shape(many_rows, kH200).cluster_merge);
+  EXPECT_FALSE(decode_kernel_cut(many_rows, kH200, 4)->cluster_merge);  // 128 blocks, but 4 row tiles
   EXPECT_FALSE(decode_kernel_shape(paged("b=1 s_q=1 s_kv=512"), DecodeDevice{DeviceCaps{8, 0}, 108}).cluster_merge);
   EXPECT_FALSE(decode_kernel_shape(paged("b=64 s_q=1 s_kv=2048"), kH200).cluster_merge);  // one chunk: no merge
 }
