@@ -117,7 +117,12 @@ bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeD
   if (decode_kernel_only(spec)) return true;
   // Measured through fusedattn.torch (results/bench-decode.md; h 32/8, d 128, bf16, each path forced
   // in turn), microseconds, the kernel against cuDNN's path:
-  // - paged caches, on an H100 at 45f256c: with one row tile the kernel is faster at b = 1 (8 pairs
+  // - paged caches of 8 rows or fewer (the keys as M), on an H100 at b7777ee: the kernel is faster at
+  //   every measured point, b = 1 over 512, 2k, 8k and 32k keys (8.7 against 18.3, 11.3 against 17.4,
+  //   14.7 against 21.1, 55.2 against 61.1), over 8k and 32k at b = 2 (33.1 against 38.5, 99.4 against
+  //   104.4), 4 (54.7 against 60.5, 186.0 against 191.2) and 8 (99.0 against 104.6, 360.0 against
+  //   366.2), and b = 64 over 8k (703.7 against 716.5).
+  // - paged caches of more rows, on an H100 at 45f256c: with one row tile the kernel is faster at b = 1 (8 pairs
   //   of a sequence and a K/V head) at every length (11.0 against 18.1 over 512 keys, 12.1 against
   //   17.3 over 2k, 18.6 against 20.7 over 8k, 58.4 against 59.1 over 32k) and over 8k keys at every
   //   batch (b = 2: 35.1 against 38.1; 4: 57.6 against 59.2; 8: 98.1 against 102.0; 64: 688.1 against
@@ -138,8 +143,9 @@ bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeD
   // the statistics feeds a backward on cuDNN, whose treatment of the kernel's -inf for a row without
   // keys has not been checked: it stays on cuDNN's path.
   if (spec.paged_kv()) {
-    return decode_kernel_rows(spec) <= 16 &&
-           (spec.seq_kv() <= kDecodeKernelPagedMostKeys || spec.batch() * spec.heads_kv() <= kDecodeKernelPagedMostPairs);
+    const std::int64_t rows = decode_kernel_rows(spec);
+    return rows <= 8 || (rows <= 16 && (spec.seq_kv() <= kDecodeKernelPagedMostKeys ||
+                                        spec.batch() * spec.heads_kv() <= kDecodeKernelPagedMostPairs));
   }
   return !spec.stats || spec.seq_kv() >= kDecodeKernelContiguousMinKeys;
 }

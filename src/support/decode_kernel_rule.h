@@ -155,10 +155,10 @@ double decode_kernel_expected_us(const AttentionSpec& spec, const DecodeKernelSh
 /// (decode_kernel_rule.cpp has the numbers).
 constexpr std::int64_t kDecodeKernelContiguousMinKeys = 2048;
 
-/// A paged call of one row tile (s_q * g <= 16) runs on the kernel by default over at most
-/// kDecodeKernelPagedMostKeys keys a sequence, whatever the batch, or with at most
-/// kDecodeKernelPagedMostPairs (sequence, K/V head) pairs over any length: where it beat cuDNN's
-/// split decode (decode_kernel_rule.cpp has the numbers).
+/// A paged call of 8 rows or fewer (s_q * g, the keys as M) runs on the kernel by default; one of 9 to
+/// 16 rows (one row tile) over at most kDecodeKernelPagedMostKeys keys a sequence, whatever the batch,
+/// or with at most kDecodeKernelPagedMostPairs (sequence, K/V head) pairs over any length: where it
+/// beat cuDNN's split decode (decode_kernel_rule.cpp has the numbers).
 constexpr std::int64_t kDecodeKernelPagedMostKeys = 8192;
 constexpr std::int64_t kDecodeKernelPagedMostPairs = 8;
 
@@ -172,9 +172,9 @@ bool decode_kernel_only(const AttentionSpec& spec);
 /// score modifier (a softcap: the only path for either, see decode_score_mod_rule), or a
 /// contiguous cache that is inference (no statistics: no plan to build for each new
 /// length of a cache that grows a token a step) or of kDecodeKernelContiguousMinKeys keys or more,
-/// where it was measured faster than cuDNN's path, or a paged cache of one row tile over at most
-/// kDecodeKernelPagedMostKeys keys or of at most kDecodeKernelPagedMostPairs (sequence, K/V head)
-/// pairs, where it was too; other paged caches stay with cuDNN's split decode, except with a sink
+/// where it was measured faster than cuDNN's path, or a paged cache of 8 rows or fewer, or of one row
+/// tile over at most kDecodeKernelPagedMostKeys keys or of at most kDecodeKernelPagedMostPairs
+/// (sequence, K/V head) pairs, where it was too; other paged caches stay with cuDNN's split decode, except with a sink
 /// or off-by-one, which that split cannot cut.
 /// FUSEDATTN_DECODE_KERNEL forces either way (exec/decode_kernel.h).
 bool decode_kernel_preferred(const AttentionSpec& spec, Pass pass, const DecodeDevice& device);

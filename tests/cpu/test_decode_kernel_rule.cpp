@@ -334,10 +334,11 @@ TEST(DecodeKernelRule, MergedInTheKernelWhereClustersFit) {
   EXPECT_FALSE(decode_kernel_shape(paged("b=64 s_q=1 s_kv=2048"), kH200).cluster_merge);  // one chunk: no merge
 }
 
-// What was measured (decode_kernel_rule.cpp): paged caches faster on the kernel with one row tile
-// over up to 8k keys, or with up to 8 (sequence, K/V head) pairs, on cuDNN's split decode past them; contiguous ones on the
-// kernel from 2k keys, and at every length for inference (a growing cache builds no plan a step);
-// FP8 caches have no other path.
+// What was measured (decode_kernel_rule.cpp): paged caches faster on the kernel with 8 rows or fewer
+// at every length and batch; with one row tile of more rows over up to 8k keys, or with up to 8
+// (sequence, K/V head) pairs, on cuDNN's split decode past them; contiguous ones on the kernel from 2k
+// keys, and at every length for inference (a growing cache builds no plan a step); FP8 caches have no
+// other path.
 TEST(DecodeKernelRule, PreferredWhereMeasuredFaster) {
   auto contiguous = [](const char* shape) {
     AttentionSpec spec = parse_spec(std::string("layout=bshd dtype=bf16 h_q=32 h_kv=8 d=128 padding=1 ") + shape);
@@ -347,12 +348,14 @@ TEST(DecodeKernelRule, PreferredWhereMeasuredFaster) {
   for (const char* shape : {"b=1 s_q=1 s_kv=2048", "b=8 s_q=1 s_kv=32768", "b=4 s_q=16 s_kv=8192"}) {
     EXPECT_TRUE(decode_kernel_preferred(contiguous(shape), Pass::forward, kH200)) << shape;
   }
-  // Paged, h 32/8: b = 1 is 8 pairs; 4 queries of a group of 4 are one row tile, 5 are two.
+  // Paged, h 32/8: b = 1 is 8 pairs; 2 queries of a group of 4 are 8 rows, 4 one row tile of 16, 5
+  // two.
   for (const char* shape : {"b=1 s_q=1 s_kv=512", "b=1 s_q=1 s_kv=32768", "b=1 s_q=4 s_kv=8192", "b=2 s_q=1 s_kv=8192",
-                            "b=64 s_q=1 s_kv=8192"}) {
+                            "b=64 s_q=1 s_kv=8192", "b=8 s_q=1 s_kv=32768", "b=8 s_q=2 s_kv=32768",
+                            "b=2 s_q=4 s_kv=8192"}) {
     EXPECT_TRUE(decode_kernel_preferred(paged(shape), Pass::forward, kH200)) << shape;
   }
-  for (const char* shape : {"b=2 s_q=1 s_kv=8256", "b=8 s_q=1 s_kv=32768", "b=1 s_q=5 s_kv=8192",
+  for (const char* shape : {"b=2 s_q=4 s_kv=8256", "b=8 s_q=3 s_kv=32768", "b=1 s_q=5 s_kv=8192",
                             "b=4 s_q=16 s_kv=8192"}) {
     EXPECT_FALSE(decode_kernel_preferred(paged(shape), Pass::forward, kH200)) << shape;
   }
