@@ -304,10 +304,18 @@ std::vector<TensorPtr> ScoreModLowering::visibility() {
     return emit(mode, {a, b}, Kind::condition, Kind::condition);
   };
   if (spec_.window.bounded()) {
-    TensorPtr offset = integer(Mode::SUB, column, row);  // j - i - shift, shift = 0 top-left
-    if (spec_.alignment == Alignment::bottom_right) {    // shift = len_kv - len_q
-      offset = padded ? integer(Mode::SUB, integer(Mode::ADD, offset, inputs_.seq_len_q), inputs_.seq_len_kv)
-                      : integer(Mode::SUB, offset, constant(static_cast<double>(spec_.seq_kv() - spec_.seq_q()), true));
+    // j - i - shift, shift = 0 top-left, s_kv - s_q bottom-right, and each entry's len_kv - len_q
+    // under padding, as (j - len_kv) - (i - len_q): no length is added to a score-shaped tensor, which
+    // cuDNN 9.26 takes for a bias add and refuses ("bias layout should be row major": no engine for a
+    // padded call with a softcap and a bottom-right window, results/gpu-results-cudnn-9.26.0.51.md).
+    TensorPtr offset;
+    if (spec_.alignment == Alignment::bottom_right && padded) {
+      offset = integer(Mode::SUB, integer(Mode::SUB, column, inputs_.seq_len_kv), integer(Mode::SUB, row, inputs_.seq_len_q));
+    } else if (spec_.alignment == Alignment::bottom_right) {
+      offset = integer(Mode::SUB, integer(Mode::SUB, column, row),
+                       constant(static_cast<double>(spec_.seq_kv() - spec_.seq_q()), true));
+    } else {
+      offset = integer(Mode::SUB, column, row);
     }
     if (spec_.window.right >= 0) {
       keep.push_back(condition(Mode::CMP_LE, offset, constant(static_cast<double>(spec_.window.right), true)));
