@@ -7,6 +7,9 @@
 //     an index, another operation's result), never a constant, a scalar or a tensor of the call;
 //     emit() reorders commutative operations, mirrors comparisons, rewrites c - x and c / x, and
 //     otherwise first makes the operand virtual (0 * score + c);
+//   - cuDNN 9.26 takes an addition of a tensor of the call for a bias add, which must be row major
+//     over the keys: a tensor broadcast over them (a length, a tensor indexed by batch or head)
+//     finds no engine ("bias layout should be row major"), so x + t is written x - (0 - t) there;
 //   - there is no logical and / or / not: conditions are lowered where a select uses them, as
 //     nested selects (and(a, b) ? x : y is a ? (b ? x : y) : y), and a condition used as a number
 //     is a select of 1 and 0.
@@ -29,6 +32,9 @@ using namespace score_mod_rules;  // NOLINT: the lowering's own rules, shared wi
 
 // One operation, its first input made virtual (see the top of the file).
 TensorPtr ScoreModLowering::emit(Mode mode, std::vector<TensorPtr> in, Kind compute, Kind out) {
+  if (mode == Mode::ADD && in.size() == 2 && is_virtual(in[0]) && compute == Kind::real && broadcast_over_keys(in[1])) {
+    return emit(Mode::SUB, {in[0], real(Mode::SUB, {zero(), in[1]})}, compute, out);  // x - (0 - t)
+  }
   if (!is_virtual(in[0])) {
     if (in.size() == 2 && is_virtual(in[1]) && commutes(mode)) {
       std::swap(in[0], in[1]);
@@ -48,7 +54,7 @@ TensorPtr ScoreModLowering::emit(Mode mode, std::vector<TensorPtr> in, Kind comp
                         .set_name("score_mod_" + std::to_string(names_++))
                         .set_mode(mode)
                         .set_compute_data_type(kTypes[static_cast<int>(compute)]);
-  emitted_.push_back(Emitted{mode, is_virtual(in[0])});
+  emitted_.push_back(Emitted{mode, is_virtual(in[0]), mode == Mode::ADD && in.size() == 2 && broadcast_over_keys(in[1])});
   TensorPtr result;
   if (in.size() == 1) {
     result = graph_->pointwise(in[0], attributes);
@@ -65,6 +71,14 @@ TensorPtr ScoreModLowering::emit(Mode mode, std::vector<TensorPtr> in, Kind comp
 TensorPtr ScoreModLowering::zero() {
   if (!zero_) zero_ = emit(Mode::MUL, {anchor_, constant(0.0, false)}, Kind::real, Kind::real);
   return zero_;
+}
+
+// Whether `tensor` is an input of the call (not a constant passed by value) that does not run along
+// the keys with stride 1: one cuDNN 9.26 refuses to add.
+bool ScoreModLowering::broadcast_over_keys(const TensorPtr& tensor) {
+  if (is_virtual(tensor) || tensor->get_is_pass_by_value()) return false;
+  const std::vector<std::int64_t> dims = tensor->get_dim(), strides = tensor->get_stride();
+  return dims.size() != 4 || strides.size() != 4 || dims[3] == 1 || strides[3] != 1;
 }
 
 // A constant, scalar or tensor as a virtual float32 tensor: 0 * anchor + it.

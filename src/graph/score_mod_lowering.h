@@ -40,10 +40,12 @@ class ScoreModLowering {
   TensorPtr backward(Graph& graph, const TensorPtr& d_modified);
 
   /// Every operation emitted so far, in order, with whether its first input is virtual (cuDNN
-  /// 9.19's rule), for the tests of the lowering's shape.
+  /// 9.19's rule) and whether it adds a tensor of the call broadcast over the keys (cuDNN 9.26's),
+  /// for the tests of the lowering's shape.
   struct Emitted {
     Mode mode;
     bool first_input_virtual;
+    bool adds_keys_broadcast = false;
   };
   const std::vector<Emitted>& emitted() const noexcept { return emitted_; }
 
@@ -65,6 +67,7 @@ class ScoreModLowering {
   TensorPtr real(Mode mode, std::vector<TensorPtr> in) { return emit(mode, std::move(in), Kind::real, Kind::real); }
   TensorPtr materialized(const TensorPtr& tensor);
   TensorPtr zero();
+  static bool broadcast_over_keys(const TensorPtr& tensor);
   TensorPtr index(int axis);
   static bool small_power(const Value& exponent);
   TensorPtr product(const TensorPtr& x, int n);

@@ -62,6 +62,7 @@ void expect_cudnn_rules(const std::vector<Emitted>& ops, const std::string& what
     EXPECT_NE(ops[i].mode, Mode::LOGICAL_AND) << what;
     EXPECT_NE(ops[i].mode, Mode::LOGICAL_OR) << what;
     EXPECT_NE(ops[i].mode, Mode::LOGICAL_NOT) << what;
+    EXPECT_FALSE(ops[i].adds_keys_broadcast) << what << ": operation " << i << " adds a tensor broadcast over the keys";
   }
 }
 
@@ -82,7 +83,8 @@ TEST(ScoreModLowering, EveryExpressionKeepsCudnnsRules) {
       "select(eq(floor(div(q,$0)),floor(div(kv,$0))),score,-inf)", "add(score,sub(kv,mul(floor(div(kv,$0)),$0)))",
       "add(score,trunc(div(score,$0)))", "add(score,mul(sign(sub(kv,q)),$0))", "add(score,ceil(div(sub(kv,q),3)))",
   };
-  for (const char* masks : {"", " causal", " window=64,16 align=bottom_right s_kv=300", " padding=1 causal"}) {
+  for (const char* masks : {"", " causal", " window=64,16 align=bottom_right s_kv=300", " padding=1 causal",
+                            " padding=1 causal align=bottom_right s_kv=300", " padding=1 window=64,16 align=bottom_right"}) {
     for (const char* mod : expressions) {
       const std::string text = std::string(kBase) + masks + " score_mod=" + mod;
       const Lowered lowered = lower(text);
@@ -107,6 +109,13 @@ TEST(ScoreModLowering, WorkedOperationCounts) {
   // the select (5), and the padding's two comparisons and two selects: 12 forward.
   const Lowered padded = lower(std::string(kBase) + " padding=1 causal score_mod=mul(tanh(div(score,$0)),$0)");
   EXPECT_EQ(padded.forward.size(), 12u);
+  // Bottom-right, each entry's shift from its lengths: (j - len_kv) - (i - len_q), two operations more.
+  const Lowered shifted =
+      lower(std::string(kBase) + " padding=1 causal align=bottom_right s_kv=300 score_mod=mul(tanh(div(score,$0)),$0)");
+  EXPECT_EQ(shifted.forward.size(), 14u);
+  // A tensor by batch is broadcast over the keys: t0 + 2 made virtual as 0 - (0 - t0) + 2, not 0 + t0.
+  const Lowered by_batch = lower(std::string(kBase) + " score_mod=mul(score,add(t0[b],2))");
+  EXPECT_EQ(by_batch.forward.size(), 5u);  // 0 * score, 0 - t0, 0 - that, + 2, * score
   // A log of a distance can overflow: the window stays conditions (measured that way), and dS gets
   // one select.
   const Lowered logged = lower(std::string(kBase) + " causal score_mod=sub(score,log(add(abs(sub(kv,q)),1)))");
