@@ -18,7 +18,6 @@
 #pragma once
 
 #include <cstdint>
-
 #include <type_traits>
 
 #include "exec/decode_cluster_merge.cuh"
