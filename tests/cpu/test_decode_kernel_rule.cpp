@@ -330,6 +330,7 @@ TEST(DecodeKernelRule, MergedInTheKernelWhereClustersFit) {
   EXPECT_EQ(decode_kernel_shape(many_rows, kH200).chunks, 8);
   EXPECT_FALSE(decode_kernel_shape(many_rows, kH200).cluster_merge);
   EXPECT_FALSE(decode_kernel_cut(many_rows, kH200, 4)->cluster_merge);  // 128 blocks, but 4 row tiles
+  EXPECT_FALSE(decode_kernel_shape(with_fp8_cache(many_rows), kH200).cluster_merge);  // 147.3 us in clusters at b7777ee
   EXPECT_FALSE(decode_kernel_shape(paged("b=1 s_q=1 s_kv=512"), DecodeDevice{DeviceCaps{8, 0}, 108}).cluster_merge);
   EXPECT_FALSE(decode_kernel_shape(paged("b=64 s_q=1 s_kv=2048"), kH200).cluster_merge);  // one chunk: no merge
 }
