@@ -22,6 +22,7 @@ class KeysAsM {
   static constexpr int kSteps = D / 16;       // k-steps of K Q^T
   static constexpr int kOutTiles = D / 16;    // m-tiles of O^T (16 columns of d each)
   static constexpr int kChunks = D * 2 / 16;  // 16-byte chunks of a 16-bit row
+  static constexpr int kRowLanes = 4 | 8 | 16;  // a row's lanes: one quad position in each group
 
   // Rows row0 .. row0 + 7 of the block (query t of head kv * g + j is row t * g + j). This thread
   // holds Q's row row0 + gid as B fragments, and the scores and O of rows row0 + 2 quad and + 1.
@@ -56,11 +57,7 @@ class KeysAsM {
       tile_max[e % 2] = fmaxf(tile_max[e % 2], s[e]);
     }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {  // the 8 lanes of a row (one quad position in each group) share its max
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 4));
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 8));
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 16));
-    }
+    for (int h = 0; h < 2; ++h) tile_max[h] = over_row_lanes<kRowLanes>(tile_max[h], Max{});
     float base[2], alpha[2];
     softmax_step(tile_max, m_, l_, base, alpha);
 #pragma unroll
@@ -95,9 +92,7 @@ class KeysAsM {
   __device__ __forceinline__ void store(float* o_rows, float* maxima, int pitch) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      l_[h] += __shfl_xor_sync(0xffffffffu, l_[h], 4);
-      l_[h] += __shfl_xor_sync(0xffffffffu, l_[h], 8);
-      l_[h] += __shfl_xor_sync(0xffffffffu, l_[h], 16);
+      l_[h] = over_row_lanes<kRowLanes>(l_[h], Sum{});
       const int r = 2 * quad_ + h;
 #pragma unroll
       for (int mt = 0; mt < kOutTiles; ++mt) {  // column gid, then gid + 8, of m-tile mt
@@ -116,15 +111,7 @@ class KeysAsM {
   // thread's score rows, row0 + 2 quad and + 1, whose queries' scaling the lanes holding them give.
   __device__ ScoreRows<T> make_rows(const Params& p, int i, int kv, int row0, int rows, int q_len, int kv_len,
                                     int shift, float scale) {
-    const int r = row0 + gid_, t = r / p.group, j = r % p.group;
-    const bool valid = r < rows && t < q_len;
-    const T* q_row = static_cast<const T*>(p.q) + i * p.q_stride[0] + (kv * p.group + j) * p.q_stride[1] +
-                     static_cast<long long>(t) * p.q_stride[2];
-#pragma unroll
-    for (int ks = 0; ks < kSteps; ++ks) {
-      q_frag_[ks][0] = valid ? *reinterpret_cast<const unsigned*>(q_row + ks * 16 + 2 * quad_) : 0u;
-      q_frag_[ks][1] = valid ? *reinterpret_cast<const unsigned*>(q_row + ks * 16 + 8 + 2 * quad_) : 0u;
-    }
+    load_query_row<T, 0, 1>(p, i, kv, row0 + gid_, rows, q_len, quad_, q_frag_);
     const float unscale = query_row_in_mma_type<T, Mma, 0, 1>(q_frag_);
     const int score_rows[2] = {row0 + 2 * quad_, row0 + 2 * quad_ + 1};
     const float row_scale[2] = {scale * __shfl_sync(0xffffffffu, unscale, 4 * (2 * quad_)),

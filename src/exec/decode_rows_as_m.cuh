@@ -19,6 +19,7 @@ class RowsAsM {
   static constexpr int kOutTiles = D / 8;          // n-tiles of O
   static constexpr int kChunks = D * 2 / 16;       // 16-byte chunks of a 16-bit row
   static_assert(kSteps % 2 == 0 && kKeyTiles % 2 == 0);
+  static constexpr int kRowLanes = 1 | 2;          // a row's lanes: a quad
 
   // This thread's rows of the tile from block row row0 (gid and gid + 8): query t of head kv * g + j,
   // row t * g + j; scale: the raw product's factor to a base-2 logit.
@@ -66,10 +67,7 @@ class RowsAsM {
     }
     float base[2], alpha[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {  // the 4 lanes of a row (a quad) share its max
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-    }
+    for (int h = 0; h < 2; ++h) tile_max[h] = over_row_lanes<kRowLanes>(tile_max[h], Max{});
     softmax_step(tile_max, m_, l_, base, alpha);
 #pragma unroll
     for (int nt = 0; nt < kKeyTiles; ++nt) {
@@ -111,8 +109,7 @@ class RowsAsM {
   __device__ __forceinline__ void store(float* o_rows, float* maxima, int pitch) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      l_[h] += __shfl_xor_sync(0xffffffffu, l_[h], 1);
-      l_[h] += __shfl_xor_sync(0xffffffffu, l_[h], 2);
+      l_[h] = over_row_lanes<kRowLanes>(l_[h], Sum{});
       const int r = gid_ + 8 * h;
 #pragma unroll
       for (int ot = 0; ot < kOutTiles; ++ot) {
@@ -130,18 +127,8 @@ class RowsAsM {
   __device__ ScoreRows<T> make_rows(const Params& p, int i, int kv, int row0, int rows, int q_len, int kv_len,
                                     int shift, float scale) {
     const int r[2] = {row0 + gid_, row0 + gid_ + 8};
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int t = r[h] / p.group, j = r[h] % p.group;
-      const bool valid = r[h] < rows && t < q_len;
-      const T* q_row = static_cast<const T*>(p.q) + i * p.q_stride[0] + (kv * p.group + j) * p.q_stride[1] +
-                       static_cast<long long>(t) * p.q_stride[2];
-#pragma unroll
-      for (int ks = 0; ks < kSteps; ++ks) {
-        q_frag_[ks][h] = valid ? *reinterpret_cast<const unsigned*>(q_row + ks * 16 + 2 * quad_) : 0u;
-        q_frag_[ks][2 + h] = valid ? *reinterpret_cast<const unsigned*>(q_row + ks * 16 + 8 + 2 * quad_) : 0u;
-      }
-    }
+    load_query_row<T, 0, 2>(p, i, kv, r[0], rows, q_len, quad_, q_frag_);
+    load_query_row<T, 1, 3>(p, i, kv, r[1], rows, q_len, quad_, q_frag_);
     const float row_scale[2] = {scale * query_row_in_mma_type<T, Mma, 0, 2>(q_frag_),
                                 scale * query_row_in_mma_type<T, Mma, 1, 3>(q_frag_)};
     return ScoreRows<T>(p, i, kv, r, rows, q_len, kv_len, shift, row_scale);

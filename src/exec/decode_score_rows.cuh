@@ -19,6 +19,42 @@ __device__ __forceinline__ int end_of_seen_keys(const Params& p, int t, int shif
   return p.window_right >= 0 ? min(kv_len, t + shift + p.window_right + 1) : kv_len;
 }
 
+// Row r of the block's rows (query t = r / g of head kv * g + r % g) into registers kLow and kHigh of
+// every k-step of a thread's Q fragments: columns 2 quad, + 1 and 8 + 2 quad, + 1 of each 16, in
+// the A fragment (the rows as M) and the B fragment (the keys as M) alike; zeros for a row that does
+// not exist or is past the sequence's q_len queries.
+template <class T, int kLow, int kHigh, int kSteps, int kRegs>
+__device__ __forceinline__ void load_query_row(const Params& p, int i, int kv, int r, int rows, int q_len, int quad,
+                                               unsigned (&frag)[kSteps][kRegs]) {
+  const int t = r / p.group, j = r % p.group;
+  const bool valid = r < rows && t < q_len;
+  const T* q_row = static_cast<const T*>(p.q) + i * p.q_stride[0] + (kv * p.group + j) * p.q_stride[1] +
+                   static_cast<long long>(t) * p.q_stride[2];
+#pragma unroll
+  for (int ks = 0; ks < kSteps; ++ks) {
+    frag[ks][kLow] = valid ? *reinterpret_cast<const unsigned*>(q_row + ks * 16 + 2 * quad) : 0u;
+    frag[ks][kHigh] = valid ? *reinterpret_cast<const unsigned*>(q_row + ks * 16 + 8 + 2 * quad) : 0u;
+  }
+}
+
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct Sum {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+
+// x combined by `op` over the lanes that hold one row with it: those differing from this lane only
+// in the bits of kLaneBits (a quad's, 1 | 2, with the rows as M; 4 | 8 | 16 with the keys as M).
+template <int kLaneBits, class Op>
+__device__ __forceinline__ float over_row_lanes(float x, Op op) {
+#pragma unroll
+  for (int bit = 1; bit < 32; bit <<= 1) {
+    if (kLaneBits & bit) x = op(x, __shfl_xor_sync(0xffffffffu, x, bit));
+  }
+  return x;
+}
+
 template <class T>
 class ScoreRows {
  public:
