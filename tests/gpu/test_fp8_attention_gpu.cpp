@@ -30,13 +30,15 @@ struct Fp8Case {
 class Fp8Numerics : public ::testing::TestWithParam<Fp8Case> {};
 
 // Every case is one the support policy offers on Hopper with cuDNN 9.19, so a refusal by cuDNN
-// fails the test: it would mean the policy promises what cuDNN does not do.
+// fails the test: it would mean the policy promises what cuDNN does not do. Under another cuDNN,
+// a case the policy refuses for that version's known fault alone skips with the reason.
 TEST_P(Fp8Numerics, MatchesTheReferenceOfTheDequantizedInputs) {
   FUSEDATTN_REQUIRE_FP8_GPU();
   const AttentionSpec spec = parse_spec(GetParam().spec);
   for (Pass pass : {Pass::forward, Pass::backward}) {
     if (pass == Pass::backward && !GetParam().backward) continue;
     const Support answer = check_support(spec, pass);
+    if (refused_for_the_loaded_cudnn(answer)) GTEST_SKIP() << to_string(pass) << ": " << answer.to_string();
     ASSERT_TRUE(answer.ok()) << to_string(pass) << ": " << answer.to_string();
   }
   const check::Fp8CheckResult result = check::check_fp8_against_reference(spec, GetParam().backward, 0);

@@ -16,6 +16,7 @@ fa = pytest.importorskip("fusedattn.torch")
 import fusedattn  # noqa: E402
 from torch_blocks import Fp8Block  # noqa: E402
 from torch_fp8_problems import captured_training_step, inputs  # noqa: E402
+from loaded_cudnn import skip_if_refused_for_the_loaded_cudnn  # noqa: E402
 from torch_reference import reference, rel  # noqa: E402
 
 O_TOLERANCE, GRAD_TOLERANCE = 0.1, 0.15
@@ -47,6 +48,7 @@ def test_runtime_lengths_match_float32_attention_of_each_sequences_tokens(backwa
     """seq_len_q and seq_len_kv (a padding mask, as TransformerEngine's FP8 attention takes it): the
     reference masks the keys past each length with a bias, and its rows past them get no gradient;
     fusedattn's O and gradients past the lengths are zero."""
+    skip_if_refused_for_the_loaded_cudnn("layout=bshd dtype=e4m3 b=3 s=256 h=4 d=128 padding=1")
     state = fa.Fp8State("current")
     q, k, v = inputs(b=3, s=256)
     seq_len_q = torch.tensor([256, 100, 37], dtype=torch.int32, device="cuda")
