@@ -38,6 +38,13 @@ constexpr double kSmBytesPerUs = kGpuBytesPerUs / 132;
 // instruction's latency alone; a second block on the SM adds its own rate, up to kSmMostShare.
 constexpr double kKeysAsMTileUs = 1.36;
 constexpr double kRowsAsMTileUs = 2.8;
+// An FP8 cache's block widens each tile to f16 in shared memory before its products, and that, not
+// the copies in flight, sets its pace: about 10.4 KB/us of E4M3 K/V (H100, keys as M, ff5ad09: b = 2
+// over 32k in 8 chunks, one block an SM, 1 MB a block in about 101 us of the call's 108.8), where two
+// blocks on an SM each keep nearly that pace (b7777ee's 16 chunks: 512 KB a block in about 55 us of
+// 62.3). So an FP8 call wants every SM's two slots filled: the cuts chosen at the 16-bit rate
+// (fewer, longer chunks) ran 1.2 to 1.75 times slower (b = 2 over 8k: 33.6 against 22.9 us).
+constexpr double kFp8BlockBytesPerUs = 10.4e3;
 // An SM draws at most twice its share: a lone block's 47 KB/us is twice an H100 SM's share of its
 // 3.01 TB/s, and 64 blocks, one an SM, drew the whole of it (b = 1 over 32k in 8 chunks: 134 MB in
 // about 45 us of the call's 52.3).
@@ -52,6 +59,11 @@ constexpr double kSmFmaPerUs = 0.5 * 1024 * 1755;
 // took 1.6 to 1.9 us longer than their streaming and a cluster's merge, b = 1 over 2k and 8k), or, in
 // the kernel, two cluster barriers and a read of the peers' rows from their shared memory.
 constexpr double kStartUs = 1.5;
+// A block's first tile waits a round trip to memory (a paged chunk's pages, then its copies) before
+// its products start, and each wave after the first pays it again: about 0.6 us, an HBM round trip
+// under load (an estimate, not a fit). It keeps the cut of one wave where many waves' finer tail
+// would win by less (FP8 at b = 4 over 32k: 57 chunks in 7 waves came out 0.4 us ahead of 8 in one).
+constexpr double kWaveStartUs = 0.6;
 constexpr double kMergeUs = 1.8;
 constexpr double kClusterMergeUs = 0.5;
 
@@ -121,7 +133,8 @@ CutTimes cut_times(const AttentionSpec& spec, const DecodeKernelShape& shape, co
   // padded) at the SM's tensor cores; a wave after another.
   const double stage_bytes = static_cast<double>(kDecodeTileKeys) * 2 * d * kv;
   const double tile_us = shape.keys_as_m ? kKeysAsMTileUs : kRowsAsMTileUs;
-  const double block_rate = (decode_kernel_stages(decode_kv_bytes(spec)) - 1) * stage_bytes / tile_us;
+  const double block_rate = spec.fp8_kv_cache() ? kFp8BlockBytesPerUs
+                                                : (decode_kernel_stages(decode_kv_bytes(spec)) - 1) * stage_bytes / tile_us;
   const double per_sm = std::ceil(std::min(blocks, slots) / sms);
   const double sm_rate = std::min(per_sm * block_rate, kSmMostShare * kSmBytesPerUs);
   const double block_fma = 2.0 * (shape.keys_as_m ? 8 : 16 * shape.row_tiles) * d * keys;
@@ -129,7 +142,7 @@ CutTimes cut_times(const AttentionSpec& spec, const DecodeKernelShape& shape, co
   const double sm_us =
       waves * std::max(per_sm * (keys * 2 * d * kv + partial_bytes) / sm_rate, per_sm * block_fma / kSmFmaPerUs);
   const double merge_us = !shape.merged() ? 0.0 : shape.cluster_merge ? kClusterMergeUs : kMergeUs;
-  return {kStartUs + std::max(memory_us, sm_us) + merge_us, waves, sm_us};
+  return {kStartUs + (waves - 1) * kWaveStartUs + std::max(memory_us, sm_us) + merge_us, waves, sm_us};
 }
 
 }  // namespace

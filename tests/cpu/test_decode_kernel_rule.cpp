@@ -252,8 +252,9 @@ TEST(DecodeKernelRule, PagedChunksKeepTheirPagesInSharedMemory) {
 // 32,768 / 1.36 = 48,188 bytes a microsecond (kKeysAsMTileUs), and each chunk writes 4 rows * 129 * 4
 // = 2,064 bytes of partials. 32 chunks of 256 keys: 256 blocks, two on the busiest SM, 2 * (131,072
 // + 2,064) / 63,939 = 4.16 us, below the memory's; so 1.5 + 7.95 + 1.8 (merge) = 11.25 us. 16 of 512
-// (one block an SM: 264,208 / 48,188 = 5.48), 26 of 320 (5.19) and 19 of 448 (7.24) tie at 11.25,
-// as do 64 of 128 in two waves: among equal times the one wave, then the busiest SM's 4.16 win.
+// (one block an SM: 264,208 / 48,188 = 5.48), 26 of 320 (5.19) and 19 of 448 (7.24) tie at 11.25:
+// among equal times the busiest SM's 4.16 wins. 64 of 128 take two waves, the second paying its
+// first round trip again (kWaveStartUs): 11.85.
 // 8 chunks merged in clusters (64 blocks, 524,288 / 48,188 = 10.88) take 1.5 + 10.88 + 0.5 = 12.88.
 TEST(DecodeKernelRule, WorkedCutOnAnH200) {
   const AttentionSpec spec = paged("b=1 s_q=1 s_kv=8192");
@@ -264,7 +265,7 @@ TEST(DecodeKernelRule, WorkedCutOnAnH200) {
   EXPECT_NEAR(decode_kernel_expected_us(spec, shape, kH200), 11.25, 0.01);
   EXPECT_EQ(decode_kernel_description(shape), "fusedattn decode kernel, 32 chunks of 256 keys merged");
   for (const auto& [chunks, us] :
-       {std::pair{16, 11.25}, std::pair{26, 11.25}, std::pair{19, 11.25}, std::pair{64, 11.25}, std::pair{8, 12.88}}) {
+       {std::pair{16, 11.25}, std::pair{26, 11.25}, std::pair{19, 11.25}, std::pair{64, 11.85}, std::pair{8, 12.88}}) {
     EXPECT_NEAR(decode_kernel_expected_us(spec, *decode_kernel_cut(spec, kH200, chunks), kH200), us, 0.01) << chunks;
   }
   // b = 64 over 2k keys: 512 blocks of one chunk already fill the GPU; one chunk, no merge.
@@ -272,6 +273,26 @@ TEST(DecodeKernelRule, WorkedCutOnAnH200) {
   EXPECT_EQ(full.chunks, 1);
   EXPECT_FALSE(full.merged());
   EXPECT_EQ(decode_kernel_description(full), "fusedattn decode kernel, 1 chunk of 2048 keys");
+}
+
+// An FP8 cache at b = 2 over 8k keys: 16 (sequence, K/V head) pairs of 8,192 keys * 2 * 128 bytes,
+// memory 16 * 2,097,152 / (132 * 31,970) = 7.95 us. Its blocks go at kFp8BlockBytesPerUs, 10,400 a
+// microsecond, two on an SM 20,800. 16 chunks of 512 keys: 256 blocks, two on the busiest SM, 2 *
+// (131,072 + 2,064) / 20,800 = 12.80 us, so 1.5 + 12.80 + 1.8 = 16.10. 8 chunks in clusters (the
+// 16-bit cache's cut: one block an SM, 262,144 / 10,400 = 25.21) take 1.5 + 25.21 + 0.5 = 27.21, and
+// measured 33.6 us against 16 chunks' 22.9 on an H100. 32 chunks of 256 keys: 512 blocks in two
+// waves, 1.5 + 0.6 + 2 * 2 * (65,536 + 2,064) / 20,800 + 1.8 = 16.90.
+TEST(DecodeKernelRule, WorkedFp8CutOnAnH200) {
+  const AttentionSpec spec = with_fp8_cache(paged("b=2 s_q=1 s_kv=8192"));
+  const DecodeKernelShape shape = decode_kernel_shape(spec, kH200);
+  EXPECT_EQ(shape.chunks, 16);
+  EXPECT_FALSE(shape.cluster_merge);
+  EXPECT_NEAR(decode_kernel_expected_us(spec, shape, kH200), 16.10, 0.01);
+  const DecodeKernelShape eight = *decode_kernel_cut(spec, kH200, 8);
+  EXPECT_TRUE(eight.cluster_merge);
+  EXPECT_NEAR(decode_kernel_expected_us(spec, eight, kH200), 27.21, 0.01);
+  EXPECT_NEAR(decode_kernel_expected_us(spec, *decode_kernel_cut(spec, kH200, 32), kH200), 16.90, 0.01);
+  EXPECT_EQ(decode_kernel_shape(paged("b=2 s_q=1 s_kv=8192"), kH200).chunks, 8);  // the 16-bit cache's
 }
 
 // A cut forced for measuring (FUSEDATTN_DECODE_CHUNKS): whole tiles, so 33 chunks of 8k keys are 32
