@@ -220,12 +220,17 @@ bool decode_cluster_merge(const AttentionSpec& spec, const DecodeKernelShape& sh
   // (128 blocks packed two an SM in their GPCs: 21.1 with 19 chunks through the merge kernel, 23.4).
   // And slower with 4 row tiles: 16 queries over an FP8 cache at b = 4 over 8k took 147.3 in 4 chunks
   // merged in clusters (b7777ee) against 91.3 through the merge kernel (45f256c's cut).
+  // Then (9e6505e, paged, rule's cut, graph / eager; b7777ee's 2-blocks-an-SM cuts through the merge
+  // kernel in brackets): clusters of 128 blocks, one an SM, ran 1-4% faster in graphs but 2-12%
+  // slower called eagerly, where the next call launches early beside the last: b = 2 over 8k 31.2 /
+  // 33.3 (32.7 / 31.2), over 32k 94.8 / 101.8 (99.4 / 99.1), b = 8 over 8k 93.5 / 100.4 (98.7 /
+  // 96.9), over 32k 347.2 / 389.4 (360.0 / 360.5). The few blocks of b = 1 (64) were as fast either
+  // way (over 2k 11.1 / 9.4). So clusters only for calls of at most half as many blocks as SMs.
   if (!shape.merged() || shape.chunks > kDecodeKernelClusterChunks || shape.row_tiles > 2 || device.caps.sm_major < 9) {
     return false;
   }
   const std::int64_t blocks = spec.batch() * spec.heads_kv() * shape.chunks;
-  const std::int64_t slots = static_cast<std::int64_t>(std::max(device.multiprocessors, 1)) * shape.blocks_per_sm;
-  return 4 * blocks <= 3 * slots;
+  return 2 * blocks <= static_cast<std::int64_t>(std::max(device.multiprocessors, 1));
 }
 
 }  // namespace fusedattn::detail

@@ -130,10 +130,11 @@ std::int64_t decode_kernel_shared_limit(const DeviceCaps& caps);
 
 /// Whether the chunks of `shape` (cut for the merge kernel) are merged inside the kernel instead: on
 /// SM 9.0 and newer, 2 to kDecodeKernelClusterChunks chunks of at most 2 row tiles, and the call's
-/// blocks at most 3/4 of the GPU's block slots. A cluster's blocks must share one GPC (a group of 16 to 18 SMs on an H100), and
-/// the scheduler packs them there: a call that fills the GPU's slots then spills clusters into a
-/// second wave, and one of few blocks a sequence would leave SMs idle that its own blocks filled.
-/// Measured on an H100 (results/bench-decode.md; decode_kernel_cut.cpp has the numbers).
+/// blocks at most half the GPU's SMs. A cluster's blocks must share one GPC (a group of 16 to 18 SMs
+/// on an H100), and the scheduler packs them there: a call that fills the GPU's slots spills clusters
+/// into a second wave, and one of a block an SM ran slower called eagerly (the next call launched
+/// early beside the last) than its merge kernel saved in CUDA graphs. Measured on an H100
+/// (results/bench-decode.md; decode_kernel_cut.cpp has the numbers).
 bool decode_cluster_merge(const AttentionSpec& spec, const DecodeKernelShape& shape, const DecodeDevice& device);
 
 /// The shape and cut that decode_kernel_expected_us finds fastest, for a spec the kernel takes.
