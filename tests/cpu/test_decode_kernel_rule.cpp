@@ -314,9 +314,9 @@ TEST(DecodeKernelRule, ACutForcedForMeasuring) {
 }
 
 // Merged in the kernel where that was measured faster (decode_cluster_merge): 2 to 8 chunks of at
-// most 2 row tiles and at most 66 blocks (half the 132 SMs). Over 512 keys at b = 1 the cut is 8 chunks of one tile (64 blocks): a cluster each (K/V
-// head), 1.5 + 32,768 / 48,188 + 0.5 = 2.68 us (memory 8 * 262,144 / (128 * 31,970) = 0.51 binds
-// less). Over 2k keys 8 chunks of 256 keys in clusters (one block an SM: 1.5 + 131,072 / 48,188 + 0.5
+// most 2 row tiles and at most 66 blocks (half the 132 SMs). Over 512 keys at b = 1 the cut is 8
+// chunks of one tile (64 blocks): a cluster each (K/V head), 1.5 + 32,768 / 48,188 + 0.5 = 2.68 us
+// (memory 8 * 262,144 / (128 * 31,970) = 0.51 binds less). Over 2k keys 8 chunks of 256 keys in clusters (one block an SM: 1.5 + 131,072 / 48,188 + 0.5
 // = 4.72 us) beat 32 of one tile through the merge kernel (1.5 + 8 * 1,048,576 / (132 * 31,970) + 1.8
 // = 5.29). b = 8 over 8k: 2 chunks of 4,096 keys (128 blocks) no longer merge in clusters (called
 // eagerly they ran slower than through the merge kernel), so they tie with 4 at 1.5 + 268,435,456 /

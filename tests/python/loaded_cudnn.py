@@ -8,9 +8,8 @@ import fusedattn
 
 
 def skip_if_refused_for_the_loaded_cudnn(spec, passes=("forward",)):
-    """Skips the calling test, with the reasons, where every pass of `passes` that the policy refuses
-    for `spec` (a spec string) is refused for the loaded cuDNN alone; any other refusal is left to the
-    test to meet."""
+    """Skips the calling test, with the reasons, where the policy refuses `spec` (a spec string) in
+    one of `passes` for the loaded cuDNN alone; any other refusal is left to the test to meet."""
     for pass_ in passes:
         answer = fusedattn.check_support(spec, pass_)
         if not answer.ok and all(reason[0] == "cudnn" for reason in answer.reasons):
