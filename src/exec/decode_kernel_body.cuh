@@ -139,8 +139,7 @@ __global__ void __launch_bounds__(32 * kRowTiles * kKeyGroups) decode_kernel(con
     const unsigned char* k_tile = stages + (n % kStages) * 2 * kRawBytes;
     const unsigned char* v_tile = k_tile + kRawBytes;
     if constexpr (kFp8) {
-      copies.widen(k_tile, wide);
-      copies.widen(v_tile, wide + kWideBytes);
+      copies.widen(k_tile, v_tile, wide, wide + kWideBytes);
       sync_copiers();
       k_tile = wide;
       v_tile = wide + kWideBytes;

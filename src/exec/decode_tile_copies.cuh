@@ -102,19 +102,31 @@ class TileCopies {
     }
   }
 
-  // FP8: this lane's chunks of a stored tile widened into 16-bit swizzled rows.
-  __device__ __forceinline__ void widen(const unsigned char* from, unsigned char* to) const {
+  // FP8: this lane's chunks of a stored K and V tile widened into 16-bit swizzled rows. The chunks
+  // are read a batch of K's and V's at a time before any of them is converted, so those reads wait
+  // out shared memory's latency together: read, converted and stored one after another, they made a
+  // chain of a read's latency a chunk, on an SM of as few as four warps (the compiler keeps a read
+  // after an earlier store to shared memory). Up to d = 128 a batch is all of this lane's chunks
+  // (four of each: 8 more registers, 128 at d = 128 with the keys as M); at d = 256 one of each, as
+  // before, where two spilled the 9-16-row instance further (32 bytes a thread, from 16).
+  __device__ __forceinline__ void widen(const unsigned char* k_from, const unsigned char* v_from, unsigned char* k_to,
+                                        unsigned char* v_to) const {
     if constexpr (kFp8) {
+      constexpr int kCopies = kRowCopies * kChunkCopies, kMostBatch = D <= 128 ? 4 : 1;
+      constexpr int kBatch = kCopies < kMostBatch ? kCopies : kMostBatch;
+      static_assert(kCopies % kBatch == 0);
 #pragma unroll
-      for (int j = 0; j < kRowCopies; ++j) {
+      for (int first = 0; first < kCopies; first += kBatch) {
+        uint4 k_raw[kBatch], v_raw[kBatch];
 #pragma unroll
-        for (int h = 0; h < kChunkCopies; ++h) {
-          const int raw = to_[0] + (j * kLaneRows * kRawChunks + h * kLaneChunks) * 16;
-          const int row = raw / 16 / kRawChunks, chunk = raw / 16 % kRawChunks;
-          uint4 low, high;
-          e4m3_to_16bit<T>(*reinterpret_cast<const uint4*>(from + raw), low, high);
-          *reinterpret_cast<uint4*>(to + swizzled<kChunks>(row, 2 * chunk)) = low;
-          *reinterpret_cast<uint4*>(to + swizzled<kChunks>(row, 2 * chunk + 1)) = high;
+        for (int c = 0; c < kBatch; ++c) {
+          k_raw[c] = *reinterpret_cast<const uint4*>(k_from + raw_offset(first + c));
+          v_raw[c] = *reinterpret_cast<const uint4*>(v_from + raw_offset(first + c));
+        }
+#pragma unroll
+        for (int c = 0; c < kBatch; ++c) {
+          store_wide(k_raw[c], k_to, raw_offset(first + c));
+          store_wide(v_raw[c], v_to, raw_offset(first + c));
         }
       }
     }
@@ -122,6 +134,21 @@ class TileCopies {
 
  private:
   static constexpr int kRowBytes = (kFp8 ? kRawChunks : kChunks) * 16;  // a row in a stage
+
+  // FP8: where this lane's copy c (row copy c / kChunkCopies, chunk copy c % kChunkCopies) lies in a
+  // stored tile.
+  __device__ __forceinline__ int raw_offset(int c) const {
+    return to_[0] + (c / kChunkCopies * kLaneRows * kRawChunks + c % kChunkCopies * kLaneChunks) * 16;
+  }
+
+  // FP8: the 16 E4M3 values of the stored chunk at `raw` as two 16-bit chunks of its swizzled row.
+  __device__ __forceinline__ static void store_wide(const uint4& chunk, unsigned char* to, int raw) {
+    const int row = raw / 16 / kRawChunks, column = raw / 16 % kRawChunks;
+    uint4 low, high;
+    e4m3_to_16bit<T>(chunk, low, high);
+    *reinterpret_cast<uint4*>(to + swizzled<kChunks>(row, 2 * column)) = low;
+    *reinterpret_cast<uint4*>(to + swizzled<kChunks>(row, 2 * column + 1)) = high;
+  }
 
   const Params& p_;
   const KV* const k_head_;
