@@ -24,6 +24,27 @@ if part cudnn; then
   done
 fi
 
+if part soak; then
+  # The soak alone (SerialSoak: random specs through a plan cache capped at 64), long: SOAK_SPECS
+  # specs (10,000 by default) under each cuDNN of SOAK_CUDNN ("pinned" for the one built against,
+  # or folders as in CUDNN_ALT; default: pinned and CUDNN_ALT's). Its host memory by tenths tells a
+  # cache that levels off from growth that keeps its pace.
+  for dir in ${SOAK_CUDNN:-pinned ${CUDNN_ALT:-}}; do
+    alt_path=${LD_LIBRARY_PATH:-}
+    if [ "$dir" != pinned ]; then
+      [ -d "$dir/lib" ] || bash scripts/cudnn_libs.sh unpack "$dir" || { status=1; continue; }
+      alt_path="$(cd "$dir/lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+    name=$(basename "$dir")
+    echo "== soak, ${SOAK_SPECS:-10000} specs, cuDNN $name"
+    started=$SECONDS
+    LD_LIBRARY_PATH=$alt_path FUSEDATTN_SOAK_SPECS=${SOAK_SPECS:-10000} "$build/tests/fusedattn_gpu_tests" \
+      --gtest_filter='SerialSoak.*' >"$OUT/soak-$name.txt" 2>&1 || status=1
+    grep -E "cuDNN|soak:|Failure|Expected|Which is|tests ran|PASSED|FAILED" "$OUT/soak-$name.txt" | head -20
+    echo "soak under cuDNN $name: $((SECONDS - started)) s"
+  done
+fi
+
 if part sanitizer; then
   # compute-sanitizer over a part of the GPU tier: memcheck (out-of-bounds and misaligned accesses,
   # leaks) and racecheck (shared-memory races), each through its own kernels and cuDNN's.

@@ -29,7 +29,8 @@
 # sanitizer (compute-sanitizer's memcheck and racecheck over a part of the GPU tier: MEMCHECK_FILTER,
 # RACECHECK_FILTER), tsan (ThreadSanitizer over the threads test, in a build of its own: TSAN_FILTER,
 # TSAN_THREADS_CALLS), cudnn (the GPU tiers under each other cuDNN named in CUDNN_ALT, folders from
-# scripts/cudnn_libs.sh; not in the default list). GTEST_SHARDS=N runs the GPU tier as N processes side by side, the Serial*
+# scripts/cudnn_libs.sh; not in the default list), soak (the soak alone, SOAK_SPECS specs under each cuDNN of
+# SOAK_CUDNN: "pinned" and CUDNN_ALT's folders; not in the default list). GTEST_SHARDS=N runs the GPU tier as N processes side by side, the Serial*
 # tests alone after them. The results file covers the gtest and Python parts
 # that ran; testsh reports its own counts (test.sh's closing "ctest:" line) and fails the run
 # when it fails. BENCH_ARGS goes to
@@ -162,7 +163,7 @@ if [ ${#xmls[@]} -gt 0 ]; then
 fi
 # The device returns only a handful of files: the tests' raw outputs travel as one archive
 # (tests.tar.gz: the XML reports, each pytest tier's full output, test.sh's log, the cudnn part's logs).
-raw=$(cd "$OUT" && ls gpu_tests*.xml gpu_tests*.txt python_*.xml python_*.txt test_sh.txt cudnn-*.txt sanitizer_*.txt tsan.txt 2>/dev/null)
+raw=$(cd "$OUT" && ls gpu_tests*.xml gpu_tests*.txt python_*.xml python_*.txt test_sh.txt cudnn-*.txt soak-*.txt sanitizer_*.txt tsan.txt 2>/dev/null)
 if [ -n "$raw" ]; then
   # shellcheck disable=SC2086  # a list of file names without spaces
   (cd "$OUT" && tar czf tests.tar.gz $raw && rm -f $raw)
