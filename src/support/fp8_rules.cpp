@@ -22,8 +22,9 @@ void fp8_rule(const AttentionSpec& spec, Pass pass, const DeviceCaps& caps, cons
   if (versions.cudnn_runtime < 90100) {
     out.push_back({"dtype", dtype, "cuDNN 9.1 or newer for FP8 attention", "cuDNN 9.1"});
   } else if (versions.cudnn_runtime == 91000) {
-    out.push_back({"dtype", dtype, "a cuDNN other than 9.10.0 for FP8 attention (its FP8 kernels are broken)",
-                   "cuDNN 9.10.1"});
+    // A fault of the loaded library, not of the call: the field names it, as the broken-backward rule does.
+    out.push_back({"cudnn", version_text(versions.cudnn_runtime),
+                   "a cuDNN other than 9.10.0 for FP8 attention (its FP8 kernels are broken)", "cuDNN 9.10.1"});
   }
   if (spec.bias != Bias::none) {
     out.push_back({"bias", to_string(spec.bias), "no bias with FP8 (cuDNN's FP8 kernels take none)", ""});

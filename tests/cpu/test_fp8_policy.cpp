@@ -80,7 +80,7 @@ TEST(Fp8Policy, AmpereAndOldCudnnAreOut) {
   EXPECT_EQ(ampere.reasons[0].lifted_by, "a Hopper (SM 9.0) GPU");
   EXPECT_EQ(fields(check_support_policy(fp8_spec(), Pass::forward, kSm90, made_up_versions(90000))), "dtype(cuDNN 9.1);");
   EXPECT_EQ(fields(check_support_policy(fp8_spec(), Pass::forward, kSm90, made_up_versions(91000))),
-            "dtype(cuDNN 9.10.1);");
+            "cudnn(cuDNN 9.10.1);");
 }
 
 // cuDNN 9.26's forward amax of O with runtime lengths was wrong on an H100: the FP8 forward with
