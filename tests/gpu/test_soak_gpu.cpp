@@ -14,6 +14,7 @@
 #include <fstream>
 #include <cstdlib>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -83,10 +84,17 @@ TEST(SerialSoak, RandomSpecsRunWithinTheCachesBound) {
   // Host memory at each tenth of the run: growth that levels off is a cache bounded by the distinct
   // plans the run visits (a cuDNN's own, beside the library's capped one), growth that keeps its
   // pace to the end is held per plan built.
+  // Beside it, the distinct (spec, passes) the run has built by then: growth that follows them is
+  // held per distinct graph (a cache keyed by the graph), not per call.
   std::vector<double> host_by_tenth;
+  std::vector<std::size_t> distinct_by_tenth;
+  std::set<std::string> distinct;
   const CacheStats before = plan_cache_stats();
   for (int n = 0; n < specs; ++n) {
-    if (n > 0 && n % std::max(specs / 10, 1) == 0) host_by_tenth.push_back(resident_bytes() / 1e6);
+    if (n > 0 && n % std::max(specs / 10, 1) == 0) {
+      host_by_tenth.push_back(resident_bytes() / 1e6);
+      distinct_by_tenth.push_back(distinct.size());
+    }
     const std::string text = random_spec(rng);
     AttentionSpec spec;
     try {
@@ -102,6 +110,7 @@ TEST(SerialSoak, RandomSpecsRunWithinTheCachesBound) {
       continue;
     }
     ++supported;
+    distinct.insert(text + (training ? " +backward" : ""));
     if (n % 100 == 0) {  // a sample against the reference
       check::CheckOptions options;
       options.backward = training;
@@ -145,6 +154,9 @@ TEST(SerialSoak, RandomSpecsRunWithinTheCachesBound) {
               host_peak / 1e6, device_at_full / 1e6, device_peak / 1e6);
   std::string tenths = "host MB at each tenth of the specs:";
   for (const double mb : host_by_tenth) tenths += " " + std::to_string(static_cast<int>(mb));
+  tenths += "; distinct (spec, passes) run by then:";
+  for (const std::size_t count : distinct_by_tenth) tenths += " " + std::to_string(count);
+  tenths += " of " + std::to_string(distinct.size());
   std::printf("soak: %s\n", tenths.c_str());
   EXPECT_GT(supported, specs / 2);
   EXPECT_LE(after.size, kCap);
