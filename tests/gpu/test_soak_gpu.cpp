@@ -145,7 +145,11 @@ TEST(SerialSoak, RandomSpecsRunWithinTheCachesBound) {
   Tally tally;
   std::uint64_t seed = 0;
   for (const std::string& text : space) {
-    for (const bool training : {false, true}) run_one(text, training, false, ++seed, tally);
+    for (const bool training : {false, true}) {
+      run_one(text, training, false, ++seed, tally);
+      // A few against the reference too: the checks' own host allocations are then in place as well.
+      if (seed % 100 == 0) run_one(text, training, true, seed, tally);
+    }
   }
   ASSERT_EQ(plan_cache_stats().size, kCap) << "the cache never filled";
   const std::size_t host_at_full = resident_bytes(), device_at_full = device_used_bytes();
@@ -173,11 +177,13 @@ TEST(SerialSoak, RandomSpecsRunWithinTheCachesBound) {
   std::string tenths = "host MB at each tenth of the draws:";
   for (const double mb : host_by_tenth) tenths += " " + std::to_string(static_cast<int>(mb));
   std::printf("soak: %s\n", tenths.c_str());
-  EXPECT_GT(tally.supported, (static_cast<int>(space.size()) * 2 + specs) / 2);
+  EXPECT_GT(tally.supported, tally.refused);
   EXPECT_LE(after.size, kCap);
   EXPECT_GT(after.evictions - before.evictions, 0u);
   // Flat within what one plan's cuDNN objects and the allocator's slack take: 64 MB of host memory,
-  // 256 MB of device memory (a plan holds no device memory of ours but the off_by_one sink).
+  // 256 MB of device memory (a plan holds no device memory of ours but the off_by_one sink). The
+  // draws' reference checks (statistics and dropout masks out) build a score of graphs of their own,
+  // well within it.
   EXPECT_LT(host_peak, host_at_full + (64u << 20)) << tenths;
   EXPECT_LT(device_peak, device_at_full + (256u << 20));
 }
