@@ -25,10 +25,10 @@ if part cudnn; then
 fi
 
 if part soak; then
-  # The soak alone (SerialSoak: random specs through a plan cache capped at 64), long: SOAK_SPECS
-  # specs (10,000 by default) under each cuDNN of SOAK_CUDNN ("pinned" for the one built against,
-  # or folders as in CUDNN_ALT; default: pinned and CUDNN_ALT's). Its host memory by tenths tells a
-  # cache that levels off from growth that keeps its pace.
+  # The soak alone (SerialSoak: every spec of its space once, then random draws through a plan cache
+  # capped at 64), long: SOAK_SPECS draws (10,000 by default) under each cuDNN of SOAK_CUDNN ("pinned"
+  # for the one built against, or folders as in CUDNN_ALT; default: pinned and CUDNN_ALT's). Its host
+  # memory by tenths of the draws shows growth held per build or per call.
   for dir in ${SOAK_CUDNN:-pinned ${CUDNN_ALT:-}}; do
     alt_path=${LD_LIBRARY_PATH:-}
     if [ "$dir" != pinned ]; then

@@ -29,7 +29,7 @@
 # sanitizer (compute-sanitizer's memcheck and racecheck over a part of the GPU tier: MEMCHECK_FILTER,
 # RACECHECK_FILTER), tsan (ThreadSanitizer over the threads test, in a build of its own: TSAN_FILTER,
 # TSAN_THREADS_CALLS), cudnn (the GPU tiers under each other cuDNN named in CUDNN_ALT, folders from
-# scripts/cudnn_libs.sh; not in the default list), soak (the soak alone, SOAK_SPECS specs under each cuDNN of
+# scripts/cudnn_libs.sh; not in the default list), soak (the soak alone, SOAK_SPECS draws under each cuDNN of
 # SOAK_CUDNN: "pinned" and CUDNN_ALT's folders; not in the default list). GTEST_SHARDS=N runs the GPU tier as N processes side by side, the Serial*
 # tests alone after them. The results file covers the gtest and Python parts
 # that ran; testsh reports its own counts (test.sh's closing "ctest:" line) and fails the run
