@@ -1,6 +1,16 @@
 # Sourced by scripts/gpu_run.sh (not run alone): its checking parts beyond the tiers, the GPU tiers
-# under other cuDNN versions (cudnn), compute-sanitizer (sanitizer) and ThreadSanitizer (tsan). Uses
-# gpu_run.sh's part(), $build, $OUT, $RESULTS and status.
+# under other cuDNN versions (cudnn), the soak alone (soak), compute-sanitizer (sanitizer) and
+# ThreadSanitizer (tsan). Uses gpu_run.sh's part(), $build, $OUT, $RESULTS and status.
+
+# The LD_LIBRARY_PATH that loads the cuDNN of folder $1 (from scripts/cudnn_libs.sh, unpacked here
+# the first time) in place of the pinned one; "pinned" keeps the path as it is. Fails where the
+# folder's parts do not unpack.
+cudnn_library_path() {
+  if [ "$1" = pinned ]; then echo "${LD_LIBRARY_PATH:-}"; return; fi
+  [ -d "$1/lib" ] || bash scripts/cudnn_libs.sh unpack "$1" >&2 || return 1
+  echo "$(cd "$1/lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
+
 if part cudnn; then
   # The GPU tiers (C++ and Python, through the README build's ctest) again under each other cuDNN in
   # CUDNN_ALT: folders that scripts/cudnn_libs.sh packs from a nvidia-cudnn-cu13 wheel and unpacks
@@ -8,10 +18,9 @@ if part cudnn; then
   # LD_LIBRARY_PATH, as it does beside a PyTorch that brings a newer cuDNN. One results file per
   # version: $RESULTS/gpu-results-cudnn-<version>.md.
   for dir in ${CUDNN_ALT:-}; do
-    [ -d "$dir/lib" ] || bash scripts/cudnn_libs.sh unpack "$dir" || { status=1; continue; }
+    alt_path=$(cudnn_library_path "$dir") || { status=1; continue; }
     version=$(basename "$dir")
     echo "== GPU tiers with cuDNN $version ($dir/lib)"
-    alt_path="$(cd "$dir/lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     LD_LIBRARY_PATH=$alt_path build/fusedattn info | grep -i cudnn
     rm -rf build/test-reports && mkdir -p build/test-reports
     started=$SECONDS
@@ -30,11 +39,7 @@ if part soak; then
   # for the one built against, or folders as in CUDNN_ALT; default: pinned and CUDNN_ALT's). Its host
   # memory by tenths of the draws shows growth held per build or per call.
   for dir in ${SOAK_CUDNN:-pinned ${CUDNN_ALT:-}}; do
-    alt_path=${LD_LIBRARY_PATH:-}
-    if [ "$dir" != pinned ]; then
-      [ -d "$dir/lib" ] || bash scripts/cudnn_libs.sh unpack "$dir" || { status=1; continue; }
-      alt_path="$(cd "$dir/lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    fi
+    alt_path=$(cudnn_library_path "$dir") || { status=1; continue; }
     name=$(basename "$dir")
     echo "== soak, ${SOAK_SPECS:-10000} specs, cuDNN $name"
     started=$SECONDS
