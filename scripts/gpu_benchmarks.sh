@@ -118,6 +118,16 @@ if part decodencu; then
   FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 bench/ncu_decode.py ${DECODENCU_ARGS:-} \
     | tee "$OUT/decode_ncu.txt" || status=1
 fi
+if part flexprof; then
+  echo "== diagnostic: flex_attention training steps, host time and kernels, replay on and off"
+  for replay in 1 0; do
+    FUSEDATTN_REPLAY=$replay FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 bench/profile_flex_step.py \
+      --build "$build" --cases "${FLEXPROF_CASES:-causal;prefix-LM 256;32 documents, causal}" \
+      >"$OUT/flex_step_profile_replay$replay.txt" 2>&1 || status=1
+    grep -E "^## " "$OUT/flex_step_profile_replay$replay.txt" | sed "s/^/replay $replay: /" || true
+  done
+fi
+
 if part transformersprof; then
   echo "== diagnostic: a transformers model's decode steps, fusedattn beside sdpa (host functions, GPU kernels)"
   # shellcheck disable=SC2086  # TRANSFORMERSPROF_ARGS is a list of arguments (--model, --batch, --prompt)
