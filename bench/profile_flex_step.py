@@ -41,30 +41,39 @@ def main():
         d_o = torch.rand(b, h, s, 128, device="cuda", dtype=torch.bfloat16)
         block_mask = create_block_mask(mask_mod, None, None, s, s, device="cuda")
         forward = lambda: fa.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)  # noqa: E731
+        profile_step(name, (b, h, s), forward, d_o, args)
+        if name.startswith("prefix-LM "):  # its other road, as compiled code takes it
+            from fusedattn.torch import _flex_run
+            prefix, scale = int(name.split()[1]), 1.0 / 128 ** 0.5
+            by_calls = lambda: _flex_run._prefix_by_calls(prefix, q, k, v, None, scale, False, fa.attention)  # noqa: E731
+            profile_step(name + " by two attention() calls", (b, h, s), by_calls, d_o, args)
 
-        def step():
-            forward().backward(d_o)
 
-        host = host_us(step, args.steps) / 1e3
-        wall = host_us(step, args.steps, until_done=True) / 1e3
-        with torch.no_grad():
-            host_fwd = host_us(forward, args.steps) / 1e3
-        kernels = kernel_times(step, steps=5)
-        gpu = sum(ms for _, _, ms in kernels)
-        print(f"\n## {name} ({b}, {h}, {s}, 128): a step {wall:.3f} ms, host {host:.3f} ms "
-              f"(forward alone {host_fwd:.3f}), kernels {gpu:.3f} ms")
-        for kernel, launches, ms in kernels[:12]:
-            print(f"{ms:9.3f} {launches:6d}  {kernel[:100]}")
-        profiler = cProfile.Profile()
-        profiler.enable()
-        for _ in range(args.steps):
-            step()
-        profiler.disable()
-        torch.cuda.synchronize()
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(args.functions)
-        print(f"\n### host: Python functions by own time ({args.steps} steps)\n")
-        print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:5000])
+def profile_step(name, shape, forward, d_o, args):
+    """One case's step timed, its kernels, and its Python functions under cProfile, printed."""
+    def step():
+        forward().backward(d_o)
+
+    host = host_us(step, args.steps) / 1e3
+    wall = host_us(step, args.steps, until_done=True) / 1e3
+    with torch.no_grad():
+        host_fwd = host_us(forward, args.steps) / 1e3
+    kernels = kernel_times(step, steps=5)
+    gpu = sum(ms for _, _, ms in kernels)
+    print(f"\n## {name} ({shape[0]}, {shape[1]}, {shape[2]}, 128): a step {wall:.3f} ms, host {host:.3f} ms "
+          f"(forward alone {host_fwd:.3f}), kernels {gpu:.3f} ms")
+    for kernel, launches, ms in kernels[:12]:
+        print(f"{ms:9.3f} {launches:6d}  {kernel[:100]}")
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(args.steps):
+        step()
+    profiler.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(args.functions)
+    print(f"\n### host: Python functions by own time ({args.steps} steps)\n")
+    print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:5000])
 
 
 if __name__ == "__main__":
