@@ -22,7 +22,7 @@
 # about 1B with attn_implementation="fusedattn" beside "sdpa": results/bench-transformers.*), varlen (ragged step and
 # paged decode), decodeprof (a split decode's kernels, their timeline and the calls by chunk count;
 # not in the default list), decodencu (Nsight Compute over a decode call's kernels, the rule's cut and
-# forced ones, beside PyTorch's: DECODENCU_ARGS; not in the default list), flexprof (flex_attention training steps of FLEXPROF_CASES, host time, kernels and Python functions, with replay on and off, into $OUT/flex_step_profile_replay*.txt; not in the default list), transformersprof (a transformers model's decode steps profiled, fusedattn beside
+# forced ones, beside PyTorch's: DECODENCU_ARGS; not in the default list), flexprof (flex_attention training steps of FLEXPROF_CASES, host time, kernels and Python functions, with replay on and off (FLEXPROF_REPLAY="1 0"), into $OUT/flex_step_profile_replay*.txt; not in the default list), transformersprof (a transformers model's decode steps profiled, fusedattn beside
 # sdpa, into $OUT/transformers_decode_profile.txt: TRANSFORMERSPROF_ARGS; not in the default list), jaxbench (JAX comparison), kernels (the kernels each side of a training step launches,
 # fusedattn.torch beside PyTorch's cuDNN backend, with the cuDNN frontend's log of both graphs), plans
 # (plans built cold and restored from the disk cache in new processes, with and without autotune),
