@@ -80,8 +80,10 @@ def _runs(ids, batch, length, causal):
 
 
 def pack(x):
-    """[b, h, s, d] as packed tokens [b * s, h, d], token after token (a copy: packed sequences
-    keep a sequence's tokens consecutive, each token's heads together)."""
+    """[b, h, s, d] as packed tokens [b * s, h, d], token after token. At b = 1 a view of x (each
+    token's heads s * d apart: the core's ragged tensors take any strides, and their gradients land
+    in x's own order); at b > 1 a copy, since a row's tokens do not follow the last row's by one
+    stride."""
     return x.transpose(1, 2).reshape(x.shape[0] * x.shape[2], x.shape[1], x.shape[3])
 
 
