@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <stdexcept>
+#include <tuple>
 #include <utility>
 
 #include "exec/cuda_check.h"
@@ -94,7 +95,7 @@ void allow_shared_bytes(Kernel kernel, std::int64_t bytes) {
 // Whether `kernel` can run its chunks as clusters of `chunks` blocks (shape.cluster_merge) here: the
 // code that runs is SM 9.0's (whose body merges in the cluster) and at least one cluster of that size
 // fits beside the block's shared memory. Otherwise the plan keeps its partials for the merge kernel.
-bool clusters_fit(Kernel kernel, const DecodeKernelShape& shape) {
+bool ask_clusters_fit(Kernel kernel, const DecodeKernelShape& shape) {
   cudaFuncAttributes attributes{};
   if (cudaFuncGetAttributes(&attributes, kernel) != cudaSuccess || attributes.binaryVersion < 90) return false;
   cudaLaunchAttribute cluster{};
@@ -113,6 +114,21 @@ bool clusters_fit(Kernel kernel, const DecodeKernelShape& shape) {
     return false;
   }
   return clusters > 0;
+}
+
+// ask_clusters_fit, asked once per device, instance and launch shape: a cache growing a token a step
+// (transformers' DynamicCache in generate()) sets up a plan for every new length, and each would
+// otherwise ask the driver for the function's attributes and its cluster occupancy again.
+bool clusters_fit(Kernel kernel, const DecodeKernelShape& shape) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, Kernel, std::int64_t, int, std::int64_t>, bool> known;
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  const auto key = std::make_tuple(device, kernel, shape.chunks, shape.threads, shape.shared_bytes);
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = known.find(key);
+  if (found != known.end()) return found->second;
+  return known[key] = ask_clusters_fit(kernel, shape);
 }
 
 void copy_strides(const TensorDesc& desc, long long (&out)[3]) {
