@@ -36,7 +36,10 @@ def main():
     for name, b, h, s, mask_mod, score_mod in cases():
         if name not in wanted:
             continue
-        make = lambda: (torch.rand(b, h, s, 128, device="cuda", dtype=torch.bfloat16) * 2 - 1).requires_grad_()
+
+        def make():
+            return (torch.rand(b, h, s, 128, device="cuda", dtype=torch.bfloat16) * 2 - 1).requires_grad_()
+
         q, k, v = make(), make(), make()
         d_o = torch.rand(b, h, s, 128, device="cuda", dtype=torch.bfloat16)
         block_mask = create_block_mask(mask_mod, None, None, s, s, device="cuda")
@@ -45,7 +48,9 @@ def main():
         if name.startswith("prefix-LM "):  # its other road, as compiled code takes it
             from fusedattn.torch import _flex_run
             prefix, scale = int(name.split()[1]), 1.0 / 128 ** 0.5
-            by_calls = lambda: _flex_run._prefix_by_calls(prefix, q, k, v, None, scale, False, fa.attention)  # noqa: E731
+
+            def by_calls():
+                return _flex_run._prefix_by_calls(prefix, q, k, v, None, scale, False, fa.attention)
             profile_step(name + " by two attention() calls", (b, h, s), by_calls, d_o, args)
 
 

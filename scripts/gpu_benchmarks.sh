@@ -120,7 +120,8 @@ if part decodencu; then
 fi
 if part flexprof; then
   echo "== diagnostic: flex_attention training steps, host time and kernels, replay on and off"
-  for replay in ${FLEXPROF_REPLAY:-1 0}; do  # FUSEDATTN_REPLAY settings to run under
+  # shellcheck disable=SC2086  # FLEXPROF_REPLAY is a list of FUSEDATTN_REPLAY settings to run under
+  for replay in ${FLEXPROF_REPLAY:-1 0}; do
     FUSEDATTN_REPLAY=$replay FUSEDATTN_PYTHON_BUILD="$PWD/$build/python" python3 bench/profile_flex_step.py \
       --build "$build" --cases "${FLEXPROF_CASES:-causal;prefix-LM 256;32 documents, causal}" \
       >"$OUT/flex_step_profile_replay$replay.txt" 2>&1 || status=1
