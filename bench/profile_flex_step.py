@@ -30,6 +30,7 @@ def main():
     args = parser.parse_args()
     sys.path.insert(0, str(Path(args.build) / "python"))
     import fusedattn.torch as fa
+    from fusedattn.torch import _flex_run, _score_mod
     from torch.nn.attention.flex_attention import create_block_mask
 
     wanted = [name.strip() for name in args.cases.split(";")]
@@ -45,12 +46,11 @@ def main():
         block_mask = create_block_mask(mask_mod, None, None, s, s, device="cuda")
         forward = lambda: fa.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask)  # noqa: E731
         profile_step(name, (b, h, s), forward, d_o, args)
-        if name.startswith("prefix-LM "):  # its other road, as compiled code takes it
-            from fusedattn.torch import _flex_run
-            prefix, scale = int(name.split()[1]), 1.0 / 128 ** 0.5
-
+        structure = _score_mod.mask_structure(mask_mod)
+        if structure is not None and structure[0] == "prefix":  # its other road, as compiled code takes it
             def by_calls():
-                return _flex_run._prefix_by_calls(prefix, q, k, v, None, scale, False, fa.attention)
+                return _flex_run._prefix_by_calls(structure[1], q, k, v, score_mod, _flex_run._scale(q, None), False,
+                                                  fa.attention)
             profile_step(name + " by two attention() calls", (b, h, s), by_calls, d_o, args)
 
 
