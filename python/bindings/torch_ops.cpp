@@ -20,7 +20,8 @@
 //
 // paged_forward (torch_paged.h) does the same for fusedattn.torch.paged_attention's eager calls, FP8
 // caches included; forward_stats and backward run a plain call's two passes with no autograd node,
-// for the calls that flex_attention composes.
+// for the calls that flex_attention composes, and prefix_forward and prefix_backward (torch_prefix.h)
+// its prefix-LM schedule's.
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -43,6 +44,8 @@
 #include "python_errors.h"
 #include "torch_backward_node.h"
 #include "torch_paged.h"
+#include "torch_plain_call.h"
+#include "torch_prefix.h"
 #include "torch_tensors.h"
 #include "torch_workspace.h"
 
@@ -54,79 +57,6 @@ namespace {
 using namespace fusedattn_torch;  // the module's own headers
 
 // --- the dense call --------------------------------------------------------------------------------
-
-// The spec of a dense call on q, k, v: the core builds and validates it, once (get_plan takes the
-// ValidatedSpec as it is). It writes the statistics only when training: the backward reads them.
-fa::ValidatedSpec spec_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const fa::CallConfig& config,
-                          bool training) {
-  fa::CallShape shape;
-  shape.q = view_of(q);
-  shape.k = view_of(k);
-  shape.v = view_of(v);
-  if (config.options.stats == training) return fa::make_spec(config, shape);
-  fa::CallConfig with_stats = config;
-  with_stats.options.stats = training;
-  return fa::make_spec(with_stats, shape);
-}
-
-// Whether forward() takes calls of this config: dense, and no tensor but q, k and v (and a score
-// modifier's scalars).
-bool plain(const fa::CallConfig& config) {
-  const fa::AttentionOptions& o = config.options;
-  return config.layout != fa::AxisOrder::thd && config.kv_layout == config.layout && o.bias == fa::Bias::none &&
-         o.softmax != fa::Softmax::sink && o.dropout == 0.0 && !o.padding && o.max_logit == fa::MaxLogit::none &&
-         o.kv_pages == 0 && o.score_mod.tensors() == 0;
-}
-
-// The score modifier's scalars (args[5] where given: None or a float32 tensor on q's device with
-// at least as many values as the config's modifier reads), or an undefined tensor where it reads
-// none; throws where it reads some and none came.
-at::Tensor mod_scalars_argument(PyObject* const* args, Py_ssize_t count, const fa::CallConfig& config,
-                                const at::Tensor& q) {
-  const int wanted = config.options.score_mod.scalars();
-  PyObject* given = count > 5 ? args[5] : Py_None;
-  if (wanted == 0) return at::Tensor();
-  if (given == Py_None) {
-    throw fa::InvalidArgument("mod_scalars", "None", "the score modifier's " + std::to_string(wanted) + " scalars");
-  }
-  const at::Tensor& scalars = tensor_argument(given, "mod_scalars");
-  if (scalars.scalar_type() != at::kFloat || !scalars.is_contiguous() || scalars.numel() < wanted ||
-      scalars.device() != q.device()) {
-    throw fa::InvalidArgument("mod_scalars", scalars.toString(),
-                              "float32, contiguous, on q's device, with " + std::to_string(wanted) + " values");
-  }
-  return scalars;
-}
-
-// A plain call's forward enqueued: its spec, scale, O and (with `stats`) the statistics.
-struct ForwardRun {
-  fa::ValidatedSpec valid;
-  float scale;
-  at::Tensor o, stats;
-};
-
-ForwardRun run_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mod_scalars,
-                       int config_id, const fa::CallConfig& config, PyObject* scale_object, bool stats) {
-  ForwardRun run{spec_of(q, k, v, config, stats), 0.0f, {}, {}};
-  run.scale = scale_value(scale_object, run.valid.spec());
-  const c10::cuda::CUDAGuard device(q.device());
-  // A plain config's forward writes O, and the statistics when asked (float32, the core's order).
-  const std::vector<fa::OutputAxes>& outputs = forward_outputs(config_id, config, stats);
-  const std::array<const at::Tensor*, 3> inputs = {&q, &k, &v};
-  run.o = allocate(outputs[0], inputs, q.scalar_type());
-  fa::ForwardTensors t;
-  t.q = q.data_ptr();
-  t.k = k.data_ptr();
-  t.v = v.data_ptr();
-  t.o = run.o.data_ptr();
-  if (mod_scalars.defined()) t.score_mod.scalars = mod_scalars.data_ptr<float>();
-  if (stats) {
-    run.stats = allocate(outputs.at(1), inputs, at::kFloat);
-    t.stats = run.stats.data_ptr<float>();
-  }
-  enqueue(*fa::get_plan(run.valid, fa::Pass::forward), t, run.scale, q.get_device());
-  return run;
-}
 
 at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mod_scalars,
                    int config_id, const fa::CallConfig& config, PyObject* scale_object) {
@@ -148,25 +78,6 @@ at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   torch::autograd::fire_node_creation_hooks(node);
 #endif
   return run.o;
-}
-
-// q, k, v, the config and the score modifier's scalars of forward(q, k, v, config_id, scale[,
-// mod_scalars]) and forward_stats(), or nothing for a call left to the general path.
-struct PlainArguments {
-  at::Tensor q, k, v;
-  int id;
-  const fa::CallConfig* config;
-  at::Tensor mod_scalars;
-};
-
-std::optional<PlainArguments> plain_arguments(PyObject* const* args, Py_ssize_t count) {
-  const at::Tensor& q = tensor_argument(args[0], "q");
-  const at::Tensor& k = tensor_argument(args[1], "k");
-  const at::Tensor& v = tensor_argument(args[2], "v");
-  const int id = config_id_argument(args[3]);
-  const fa::CallConfig& config = fa::registered_config(id);
-  if (!plain(config) || !attention_inputs_run_here(args)) return std::nullopt;
-  return PlainArguments{q, k, v, id, &config, mod_scalars_argument(args, count, config, q)};
 }
 
 // forward(q, k, v, config_id, scale[, mod_scalars]) as a CPython fast call.
@@ -192,16 +103,6 @@ PyMethodDef forward_method = {
     "extra outputs or score modifier tensors (scale None: 1/sqrt(d); mod_scalars: the modifier's float32 scalars "
     "on q's device, where it has any) on the current stream, differentiable through a C++ autograd node when an "
     "input requires grad; or NotImplemented for a call it leaves to the general path."};
-
-// A new Python tuple of the tensors (each wrapped once: the tuple owns the references).
-PyObject* tuple_of(const std::vector<at::Tensor>& tensors) {
-  PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(tensors.size()));
-  if (tuple == nullptr) return nullptr;
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), THPVariable_Wrap(tensors[i]));
-  }
-  return tuple;
-}
 
 // forward_stats(q, k, v, config_id, scale, mod_scalars) -> (O, statistics) and backward(d_o, q, k, v, o,
 // stats, config_id, scale, mod_scalars) -> (dQ, dK, dV): a plain call's two passes with no autograd
@@ -300,5 +201,8 @@ PYBIND11_MODULE(_torch_ops, m) {
   m.add_object("forward", py::reinterpret_steal<py::object>(PyCFunction_New(&forward_method, nullptr)));
   m.add_object("forward_stats", py::reinterpret_steal<py::object>(PyCFunction_New(&forward_stats_method, nullptr)));
   m.add_object("backward", py::reinterpret_steal<py::object>(PyCFunction_New(&backward_method, nullptr)));
+  m.add_object("prefix_forward", py::reinterpret_steal<py::object>(PyCFunction_New(&prefix_forward_method, nullptr)));
+  m.add_object("prefix_backward",
+               py::reinterpret_steal<py::object>(PyCFunction_New(&prefix_backward_method, nullptr)));
   m.add_object("paged_forward", py::reinterpret_steal<py::object>(PyCFunction_New(&paged_forward_method, nullptr)));
 }

@@ -37,9 +37,14 @@ def flex_reference(q, k, v, score_mod, keep):
     return torch.softmax(scores, -1) @ vr, torch.logsumexp(scores.detach(), -1), leaves
 
 
-def check(mask_mod, score_mod=None, *, b=2, h_q=8, h_kv=2, s=1024, compiled=False):
-    q = (torch.rand(b, h_q, s, 64, device="cuda", dtype=torch.bfloat16) * 2 - 1).requires_grad_()
-    k, v = ((torch.rand(b, h_kv, s, 64, device="cuda", dtype=torch.bfloat16) * 2 - 1).requires_grad_() for _ in "kv")
+def bhsd(b, h, s, strided):
+    """A leaf [b, h, s, 64] of BF16 values in [-1, 1): dense, or (strided) a [b, s, h, 64] tensor's view."""
+    x = torch.rand(b, s, h, 64, device="cuda").transpose(1, 2) if strided else torch.rand(b, h, s, 64, device="cuda")
+    return (x.to(torch.bfloat16) * 2 - 1).requires_grad_()
+
+
+def check(mask_mod, score_mod=None, *, b=2, h_q=8, h_kv=2, s=1024, compiled=False, strided=False):
+    q, k, v = bhsd(b, h_q, s, strided), bhsd(b, h_kv, s, strided), bhsd(b, h_kv, s, strided)
     block_mask = flex.create_block_mask(mask_mod, None, None, s, s, device="cuda")
     call = lambda q, k, v: fa.flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,  # noqa: E731
                                              enable_gqa=True, return_lse=True)
@@ -81,9 +86,21 @@ def test_document_masks_beside_a_score_mod(causal, score_mod):
     check(mask, mod, h_kv=8)
 
 
-def test_prefix_lm_with_a_softcap():
+@pytest.mark.parametrize("strided", [False, True], ids=["bhsd", "bshd"])
+@pytest.mark.parametrize("road", ["C++", "Python"])
+def test_prefix_lm_with_a_softcap(road, strided, monkeypatch):
+    # Both roads of _flex_run._PrefixOverCausal: the C++ path's prefix_forward and prefix_backward
+    # (the prefix's call reading and writing the whole tensors' rows), and the pieces composed in
+    # Python; over dense tensors and over views of [b, s, h, d] ones (dQ then has q's strides).
+    from fusedattn.torch import _flex_pieces, _flex_run
+    pieces_ran = []
+    real = _flex_pieces.FusedattnPiece.forward
+    monkeypatch.setattr(_flex_pieces.FusedattnPiece, "forward", lambda *a: pieces_ran.append(1) or real(*a))
+    if road == "Python":
+        monkeypatch.setattr(_flex_run, "_fast_prefix", lambda *args: None)
     check(lambda b, h, q_idx, kv_idx: (q_idx >= kv_idx) | (kv_idx < 256),
-          lambda score, b, h, q_idx, kv_idx: 30.0 * torch.tanh(score / 30.0))
+          lambda score, b, h, q_idx, kv_idx: 30.0 * torch.tanh(score / 30.0), strided=strided)
+    assert bool(pieces_ran) == (road == "Python"), "the road asked for ran"
 
 
 def test_a_sliding_window():

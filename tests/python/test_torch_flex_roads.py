@@ -86,6 +86,9 @@ class Float64Piece:
         calls.append(dict(layout="bhsd", causal=False, align=piece.align, window=piece.window,
                           mask=piece.mask == "conditions", piece=piece))
 
+    def fast_call(self, q, k, v):
+        return None  # no C++ path: prefix-LM's pieces are composed in Python (_flex_run._PrefixOverCausal)
+
     def scores(self, q, k):
         k = k.repeat_interleave(q.shape[1] // k.shape[1], 1)
         s = (q @ k.transpose(-1, -2)) * self.scale

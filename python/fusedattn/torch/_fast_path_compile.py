@@ -85,7 +85,7 @@ def plan(package):
     # The wheel carries libfusedattn.so beside the package's modules; the build tree, one folder up.
     library = next((d for d in (package, package.parent.parent) if (d / "libfusedattn.so").is_file()), None)
     own = [source / name for name in ("torch_ops.cpp", "python_errors.h", "torch_tensors.h", "torch_workspace.h",
-                                      "torch_backward_node.h", "torch_paged.h")]
+                                      "torch_backward_node.h", "torch_paged.h", "torch_plain_call.h", "torch_prefix.h")]
     pieces = own + [package / "include" / "fusedattn"]
     absent = [str(p) for p in pieces if not p.exists()] + ([] if library else ["libfusedattn.so"])
     if absent:

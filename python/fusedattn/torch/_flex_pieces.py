@@ -38,8 +38,9 @@ class FusedattnPiece:
                              scale=self.scale, max_seqlen_q=0, max_seqlen_kv=0, needs_grad=False)
         return o, stats
 
-    def _fast_forward(self, q, k, v):
-        """The forward on the C++ path, or None where it does not take the piece."""
+    def fast_call(self, q, k, v):
+        """(the C++ path's module, the piece's config id, its score function's scalars or None) where
+        that path may take the piece over these views; else None."""
         fast = fast_path()
         if fast is None or not eager_road(q, k, v):
             return None
@@ -48,10 +49,18 @@ class FusedattnPiece:
             return None
         config_id = plain_config_id("bhsd", False, tuple(self.piece.window), self.piece.align, False, "vanilla",
                                     False, mod[0])
-        out = fast.forward_stats(q, k, v, config_id, self.scale, mod[1])
+        return fast, config_id, mod[1]
+
+    def _fast_forward(self, q, k, v):
+        """The forward on the C++ path, or None where it does not take the piece."""
+        call = self.fast_call(q, k, v)
+        if call is None:
+            return None
+        fast, config_id, scalars = call
+        out = fast.forward_stats(q, k, v, config_id, self.scale, scalars)
         if out is NotImplemented:
             return None
-        self.call = ("fast", fast, config_id, mod[1])
+        self.call = ("fast", fast, config_id, scalars)
         return out
 
     def backward(self, d_o, q, k, v, o, stats):

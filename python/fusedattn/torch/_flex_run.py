@@ -7,9 +7,10 @@ square, the kernels' fastest mask, with the prefix's square run again over the f
 and statistics replace the square's; both start at position 0, so a score_mod needs no move. In the
 backward the square's rows of the prefix get dO 0 and give nothing (dS = P (dP - D) is 0 where dO
 is), whatever O and statistics those rows then hold. Two roads:
-  - eager calls whose score_mod has no learned terms: _PrefixOverCausal, each call a FusedattnPiece
-    (fusedattn.torch's C++ path where it takes it), the prefix's O written over the square's rows and
-    its gradients added to theirs in place;
+  - eager calls whose score_mod has no learned terms: _PrefixOverCausal, both passes on
+    fusedattn.torch's C++ path where it takes them (python/bindings/torch_prefix.h), else each call
+    a FusedattnPiece; the prefix's O written over the square's rows and its gradients added to
+    theirs in place;
   - compiled code, and learned terms (whose gradients only autograd carries): two attention() calls,
     the prefix's slice_scattered over the square (_prefix_by_calls).
 
@@ -30,6 +31,7 @@ import math
 import torch
 
 from .. import _merge
+from ..errors import NotSupportedError
 from .._tile_cover import BAND_PIECE, CONDITIONS_PIECE, FULL_PIECE
 from .._tile_schedule import Piece
 from . import _score_mod
@@ -93,10 +95,22 @@ def _prefix_pieces(prefix, s):
 
 class _PrefixOverCausal(torch.autograd.Function):
     """The module docstring's first prefix road: `whole` (the causal square) and `first` (the
-    prefix's square), FusedattnPieces; `prefix`: P."""
+    prefix's square), FusedattnPieces; `prefix`: P. Where the C++ path takes both, both passes run
+    there whole (python/bindings/torch_prefix.h: the same calls, the prefix's reading and writing the
+    whole tensors' rows in place); else each call through its piece, composed here."""
 
     @staticmethod
     def forward(ctx, query, key, value, whole, first, prefix):
+        ctx.fast = _fast_prefix(whole, first, query, key, value)
+        out = NotImplemented if ctx.fast is None else ctx.fast[0].prefix_forward(
+            query, key, value, prefix, ctx.fast[1], ctx.fast[2], whole.scale, ctx.fast[3])
+        if out is not NotImplemented:
+            o, lse, lse_first = out
+            ctx.save_for_backward(query, key, value, o, lse, lse_first)
+            ctx.scale, ctx.prefix = whole.scale, prefix
+            ctx.mark_non_differentiable(lse)
+            return o, lse
+        ctx.fast = None
         o, lse = whole.forward(query, key, value)
         o_first, lse_first = first.forward(query[:, :, :prefix], key[:, :, :prefix], value[:, :, :prefix])
         o[:, :, :prefix] = o_first
@@ -108,6 +122,14 @@ class _PrefixOverCausal(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_o, _d_lse):
+        if ctx.fast is not None:
+            fast, whole_id, first_id, scalars = ctx.fast
+            grads = fast.prefix_backward(d_o, *ctx.saved_tensors, ctx.prefix, whole_id, first_id, ctx.scale, scalars)
+            if grads is NotImplemented:  # the forward's pieces never ran: there is no other road now
+                raise NotSupportedError("flex_attention's prefix-LM backward: its forward ran on fusedattn.torch's "
+                                        "C++ path, which its backward cannot take (a tensor subclass, a dispatch "
+                                        "mode or forward-mode AD appeared between the two passes)")
+            return grads + (None, None, None)
         query, key, value, o, lse = ctx.saved_tensors
         (whole, first), n = ctx.pieces, ctx.prefix
         d_o_rest = d_o.clone(memory_format=torch.contiguous_format)  # autograd's dO stays as it is
@@ -119,6 +141,15 @@ class _PrefixOverCausal(torch.autograd.Function):
         d_k[:, :, :n] += f_k
         d_v[:, :, :n] += f_v
         return d_q, d_k, d_v, None, None, None
+
+
+def _fast_prefix(whole, first, query, key, value):
+    """(the C++ path's module, the two pieces' config ids, the score function's scalars) where that
+    path may take both pieces, else None."""
+    whole_call, first_call = whole.fast_call(query, key, value), first.fast_call(query, key, value)
+    if whole_call is None or first_call is None:
+        return None
+    return whole_call[0], whole_call[1], first_call[1], whole_call[2]
 
 
 def _function(piece, score_mod, mask_mod):
