@@ -3,6 +3,7 @@ of fusedattn/_tile_schedule.py, which says what the tiles and pieces are and cho
 schedules): bands first, the band that takes the most PARTIAL tiles at a time, then rectangles of
 the FULL tiles left, then rectangles of the PARTIAL ones left (conditions). Pure and framework-free."""
 import dataclasses
+import functools
 from collections import Counter
 from typing import Optional, Tuple
 
@@ -46,6 +47,7 @@ def tile_band(r0, r1, c0, c1, lo, hi):
     return (FULL, None) if (lo, hi) == (low, high) else (PARTIAL, (lo, hi))
 
 
+@functools.lru_cache(maxsize=64)  # flex_attention asks for the same tiles at every call of a loop
 def prefix_tiles(length, s_q, s_kv):
     """The tiles of prefix-LM (the first `length` keys seen by every row, the rest causal: j <= i or
     j < length) on the grid its own cut makes: the prefix's rows and keys, then the others."""

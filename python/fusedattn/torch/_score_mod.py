@@ -34,15 +34,17 @@ def _is_tensor(x):
 class _Entry:
     """One traced function: the modifier, its scalars on each device they were needed on, and which
     of its tensors required grad when it was traced (a change retraces: it moves terms between the
-    modifier and the bias)."""
-    __slots__ = ("key", "traced", "scalars", "learnable")
+    modifier and the bias), and, for a mask, its structure once asked (mask_structure)."""
+    __slots__ = ("key", "traced", "scalars", "learnable", "structure")
 
     def __init__(self, key, traced):
         self.key, self.traced, self.scalars = key, traced, {}
         self.learnable = _learnable_now(self)
+        self.structure = _UNASKED
 
 
 _entries = weakref.WeakKeyDictionary()  # function -> its latest _Entry
+_UNASKED = object()  # an _Entry's structure before mask_structure asked for it
 
 
 class _Masked:
@@ -61,12 +63,14 @@ class _Masked:
 @torch.compiler.assume_constant_result  # compiled code gets the structure as a constant
 def mask_structure(mask_mod):
     """("band", left) or ("prefix", length) where mask_mod is one of cuDNN's own masks
-    (fusedattn/_mask_structure.py), else None."""
-    mask = traced(masked(None, mask_mod)).traced
-    found = _mask_structure.structure(mask.text, mask.scalars)
-    if isinstance(found, _mask_structure.Band):
-        return ("band", found.left)
-    return None if found is None else ("prefix", found.length)
+    (fusedattn/_mask_structure.py), else None. Kept with the mask's trace: flex_attention asks for it
+    several times a call."""
+    entry = traced(masked(None, mask_mod))
+    if entry.structure is _UNASKED:
+        found = _mask_structure.structure(entry.traced.text, entry.traced.scalars)
+        entry.structure = (("band", found.left) if isinstance(found, _mask_structure.Band) else
+                           None if found is None else ("prefix", found.length))
+    return entry.structure
 
 
 def learned(score_mod):
