@@ -26,8 +26,8 @@ namespace fa = fusedattn;
 
 // The spec of a dense call on q, k, v: the core builds and validates it, once (get_plan takes the
 // ValidatedSpec as it is). It writes the statistics only when training: the backward reads them.
-inline fa::ValidatedSpec spec_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const fa::CallConfig& config,
-                          bool training) {
+inline fa::ValidatedSpec spec_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const fa::CallConfig& config, bool training) {
   fa::CallShape shape;
   shape.q = view_of(q);
   shape.k = view_of(k);
@@ -51,7 +51,7 @@ inline bool plain(const fa::CallConfig& config) {
 // at least as many values as the config's modifier reads), or an undefined tensor where it reads
 // none; throws where it reads some and none came.
 inline at::Tensor mod_scalars_argument(PyObject* const* args, Py_ssize_t count, const fa::CallConfig& config,
-                                const at::Tensor& q) {
+                                       const at::Tensor& q) {
   const int wanted = config.options.score_mod.scalars();
   PyObject* given = count > 5 ? args[5] : Py_None;
   if (wanted == 0) return at::Tensor();
@@ -74,8 +74,9 @@ struct ForwardRun {
   at::Tensor o, stats;
 };
 
-inline ForwardRun run_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mod_scalars,
-                       int config_id, const fa::CallConfig& config, PyObject* scale_object, bool stats) {
+inline ForwardRun run_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& mod_scalars, int config_id, const fa::CallConfig& config,
+                              PyObject* scale_object, bool stats) {
   ForwardRun run{spec_of(q, k, v, config, stats), 0.0f, {}, {}};
   run.scale = scale_value(scale_object, run.valid.spec());
   const c10::cuda::CUDAGuard device(q.device());
