@@ -14,6 +14,7 @@
 
 #include "fusedattn/attention.h"
 #include "fusedattn/spec.h"
+#include "torch_tensors.h"
 #include "torch_workspace.h"
 
 // PyTorch's version as one number (2.13: 213), for the two places where its autograd C++ API differs
@@ -28,10 +29,12 @@ using torch::autograd::variable_list;
 // --- the backward of a plain call ------------------------------------------------------------------
 
 // dQ, dK, dV (with q's, k's and v's strides) of a plain call, from its forward's spec (with the
-// statistics), scale, O and statistics, enqueued on the current stream. d_o goes in O's own layout.
+// statistics), scale, O, statistics and packed sequences (none for a dense call), enqueued on the
+// current stream. d_o goes in O's own layout.
 inline variable_list run_backward(const fa::ValidatedSpec& spec, float scale, const at::Tensor& grad_o,
                                   const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
-                                  const at::Tensor& stats, const at::Tensor& mod_scalars) {
+                                  const at::Tensor& stats, const at::Tensor& mod_scalars,
+                                  const Sequences& sequences = {}) {
   const c10::cuda::CUDAGuard device(q.device());
   const at::Tensor d_o = grad_o.is_contiguous() ? grad_o : grad_o.contiguous();
   at::Tensor d_q = empty_like_strided(q), d_k = empty_like_strided(k), d_v = empty_like_strided(v);
@@ -45,6 +48,7 @@ inline variable_list run_backward(const fa::ValidatedSpec& spec, float scale, co
   t.d_q = d_q.data_ptr();
   t.d_k = d_k.data_ptr();
   t.d_v = d_v.data_ptr();
+  t.ragged = sequences.tensors();
   if (mod_scalars.defined()) t.score_mod.scalars = mod_scalars.data_ptr<float>();
   enqueue(*fa::get_plan(spec, fa::Pass::backward), t, scale, q.get_device());
   return {d_q, d_k, d_v};
@@ -61,6 +65,7 @@ struct AttentionBackward : torch::autograd::Node {
   const float scale;
   torch::autograd::SavedVariable q, k, v, o, stats;
   at::Tensor mod_scalars;  // a score modifier's scalars (undefined without): read by the backward's plan
+  Sequences sequences;     // a packed-sequence call's offsets (none for a dense call), read again
 
   std::string name() const override { return "fusedattn::AttentionBackward"; }
 
@@ -69,7 +74,7 @@ struct AttentionBackward : torch::autograd::Node {
     if (!grad_o.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
     // getptr(): this node's owning pointer, whichever kind this PyTorch uses.
     return run_backward(spec, scale, grad_o, q.unpack(), k.unpack(), v.unpack(), o.unpack(getptr()), stats.unpack(),
-                        mod_scalars);
+                        mod_scalars, sequences);
   }
 
   void release_variables() override {
@@ -79,6 +84,7 @@ struct AttentionBackward : torch::autograd::Node {
     o.reset_data();
     stats.reset_data();
     mod_scalars.reset();
+    sequences = Sequences();
   }
 };
 

@@ -18,6 +18,9 @@
 // workspace (kept per stream while small), and the plan enqueued on the current stream (a repeated
 // call replays, src/exec/replay.h). Only the table's answer per config id is kept here.
 //
+// ragged_forward is forward() over packed sequences (thd with cu_seqlens, as flex_attention's
+// document masks and transformers' packed batches call it), its node keeping the offsets.
+//
 // paged_forward (torch_paged.h) does the same for fusedattn.torch.paged_attention's eager calls, FP8
 // caches included; forward_stats and backward run a plain call's two passes with no autograd node,
 // for the calls that flex_attention composes, and prefix_forward and prefix_backward (torch_prefix.h)
@@ -58,10 +61,12 @@ using namespace fusedattn_torch;  // the module's own headers
 
 // --- the dense call --------------------------------------------------------------------------------
 
+// O of a plain call (dense, or packed `sequences`), with its autograd node when it is a training call.
 at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mod_scalars,
-                   int config_id, const fa::CallConfig& config, PyObject* scale_object) {
+                   int config_id, const fa::CallConfig& config, PyObject* scale_object,
+                   const Sequences& sequences = {}) {
   const bool training = c10::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  ForwardRun run = run_forward(q, k, v, mod_scalars, config_id, config, scale_object, training);
+  ForwardRun run = run_forward(q, k, v, mod_scalars, config_id, config, scale_object, training, sequences);
   if (!training) return run.o;
   const auto node = new_backward_node(run.valid, run.scale);
   node->set_next_edges(torch::autograd::collect_next_edges(q, k, v));
@@ -72,6 +77,7 @@ at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   node->o = torch::autograd::SavedVariable(run.o, true);
   node->stats = torch::autograd::SavedVariable(run.stats, false);
   node->mod_scalars = mod_scalars;  // not a differentiable input: kept as it is
+  node->sequences = sequences;      // nor are the offsets
 #if FUSEDATTN_TORCH_VERSION >= 214
   // torch.autograd.graph.node_creation_hook (2.14 on) sees each node once it is complete, and it is
   // whoever attaches a node that runs the hooks: PyTorch's own operators do so at this point.
@@ -103,6 +109,63 @@ PyMethodDef forward_method = {
     "extra outputs or score modifier tensors (scale None: 1/sqrt(d); mod_scalars: the modifier's float32 scalars "
     "on q's device, where it has any) on the current stream, differentiable through a C++ autograd node when an "
     "input requires grad; or NotImplemented for a call it leaves to the general path."};
+
+// --- packed sequences ------------------------------------------------------------------------------
+
+// A positive Python int, or 0 for anything else (the general path then names what is wrong).
+std::int64_t positive_argument(PyObject* object) {
+  if (!PyLong_Check(object)) return 0;
+  const long long value = PyLong_AsLongLong(object);
+  if (PyErr_Occurred()) throw pybind11::error_already_set();
+  return value > 0 ? value : 0;
+}
+
+// ragged_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, config_id, scale,
+// mod_scalars) as a CPython fast call: forward() over packed sequences (thd: q, k, v [tokens, h, d]).
+PyObject* ragged_forward_call(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
+  HANDLE_TH_ERRORS
+  try {
+    if (count != 10) {
+      throw fa::InvalidArgument("arguments", std::to_string(count),
+                                "10: q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, config_id, "
+                                "scale, mod_scalars");
+    }
+    const at::Tensor& q = tensor_argument(args[0], "q");
+    const at::Tensor& k = tensor_argument(args[1], "k");
+    const at::Tensor& v = tensor_argument(args[2], "v");
+    const int id = config_id_argument(args[7]);
+    const fa::CallConfig& config = fa::registered_config(id);
+    if (config.layout != fa::AxisOrder::thd || !plain_options(config) || !attention_inputs_run_here(args, 3)) {
+      Py_RETURN_NOTIMPLEMENTED;
+    }
+    Sequences sequences;
+    sequences.cu_seqlens_q = tensor_argument(args[3], "cu_seqlens_q");
+    sequences.cu_seqlens_kv = tensor_argument(args[4], "cu_seqlens_kv");
+    sequences.count = sequences.cu_seqlens_q.numel() - 1;
+    sequences.max_q = positive_argument(args[5]);
+    sequences.max_kv = positive_argument(args[6]);
+    if (sequences.count < 1 || sequences.max_q == 0 || sequences.max_kv == 0 ||
+        !offsets_run_here(args[3], q, sequences.count + 1) || !offsets_run_here(args[4], q, sequences.count + 1)) {
+      Py_RETURN_NOTIMPLEMENTED;
+    }
+    PyObject* const plain_args[6] = {args[0], args[1], args[2], args[7], args[8], args[9]};  // as forward's
+    const at::Tensor mod_scalars = mod_scalars_argument(plain_args, 6, config, q);
+    return THPVariable_Wrap(forward(q, k, v, mod_scalars, id, config, args[8], sequences));
+  } catch (const fa::Error& error) {
+    fa::python::set_python_error(error);
+    return nullptr;
+  }
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef ragged_forward_method = {
+    "ragged_forward", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&ragged_forward_call)),
+    METH_FASTCALL,
+    "ragged_forward(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, config_id, scale, "
+    "mod_scalars) -> O of forward()'s call over packed sequences (thd: [tokens, heads, d] tensors, int32 offsets "
+    "of count + 1 values on q's device); or NotImplemented."};
+
+// --- flex_attention's pieces -----------------------------------------------------------------------
 
 // forward_stats(q, k, v, config_id, scale, mod_scalars) -> (O, statistics) and backward(d_o, q, k, v, o,
 // stats, config_id, scale, mod_scalars) -> (dQ, dK, dV): a plain call's two passes with no autograd
@@ -199,6 +262,7 @@ PyMethodDef paged_forward_method = {
 PYBIND11_MODULE(_torch_ops, m) {
   m.doc() = "fusedattn.torch's eager calls in C++ (inference and training; paged inference).";
   m.add_object("forward", py::reinterpret_steal<py::object>(PyCFunction_New(&forward_method, nullptr)));
+  m.add_object("ragged_forward", py::reinterpret_steal<py::object>(PyCFunction_New(&ragged_forward_method, nullptr)));
   m.add_object("forward_stats", py::reinterpret_steal<py::object>(PyCFunction_New(&forward_stats_method, nullptr)));
   m.add_object("backward", py::reinterpret_steal<py::object>(PyCFunction_New(&backward_method, nullptr)));
   m.add_object("prefix_forward", py::reinterpret_steal<py::object>(PyCFunction_New(&prefix_forward_method, nullptr)));

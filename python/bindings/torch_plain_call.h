@@ -24,28 +24,35 @@ namespace fusedattn_torch {
 
 namespace fa = fusedattn;
 
-// The spec of a dense call on q, k, v: the core builds and validates it, once (get_plan takes the
-// ValidatedSpec as it is). It writes the statistics only when training: the backward reads them.
+// The spec of a call on q, k, v (dense, or packed `sequences`): the core builds and validates it,
+// once (get_plan takes the ValidatedSpec as it is). It writes the statistics only when training: the
+// backward reads them.
 inline fa::ValidatedSpec spec_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 const fa::CallConfig& config, bool training) {
+                                 const fa::CallConfig& config, bool training, const Sequences& sequences = {}) {
   fa::CallShape shape;
   shape.q = view_of(q);
   shape.k = view_of(k);
   shape.v = view_of(v);
+  shape.sequences = sequences.count;
+  shape.max_seq_q = sequences.max_q;
+  shape.max_seq_kv = sequences.max_kv;
   if (config.options.stats == training) return fa::make_spec(config, shape);
   fa::CallConfig with_stats = config;
   with_stats.options.stats = training;
   return fa::make_spec(with_stats, shape);
 }
 
-// Whether forward() takes calls of this config: dense, and no tensor but q, k and v (and a score
-// modifier's scalars).
-inline bool plain(const fa::CallConfig& config) {
+// Whether a config asks for no tensor but q, k and v (and a score modifier's scalars, and for packed
+// sequences their offsets): no bias, sink, dropout, lengths, max logit or pages.
+inline bool plain_options(const fa::CallConfig& config) {
   const fa::AttentionOptions& o = config.options;
-  return config.layout != fa::AxisOrder::thd && config.kv_layout == config.layout && o.bias == fa::Bias::none &&
-         o.softmax != fa::Softmax::sink && o.dropout == 0.0 && !o.padding && o.max_logit == fa::MaxLogit::none &&
-         o.kv_pages == 0 && o.score_mod.tensors() == 0;
+  return config.kv_layout == config.layout && o.bias == fa::Bias::none && o.softmax != fa::Softmax::sink &&
+         o.dropout == 0.0 && !o.padding && o.max_logit == fa::MaxLogit::none && o.kv_pages == 0 &&
+         o.score_mod.tensors() == 0;
 }
+
+// Whether forward() takes calls of this config: dense, with plain options.
+inline bool plain(const fa::CallConfig& config) { return config.layout != fa::AxisOrder::thd && plain_options(config); }
 
 // The score modifier's scalars (args[5] where given: None or a float32 tensor on q's device with
 // at least as many values as the config's modifier reads), or an undefined tensor where it reads
@@ -67,7 +74,8 @@ inline at::Tensor mod_scalars_argument(PyObject* const* args, Py_ssize_t count, 
   return scalars;
 }
 
-// A plain call's forward enqueued: its spec, scale, O and (with `stats`) the statistics.
+// A plain call's forward enqueued: its spec, scale, O and (with `stats`) the statistics. O and the
+// statistics take their sizes from the core's table (for packed sequences, q's tokens).
 struct ForwardRun {
   fa::ValidatedSpec valid;
   float scale;
@@ -76,8 +84,8 @@ struct ForwardRun {
 
 inline ForwardRun run_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                               const at::Tensor& mod_scalars, int config_id, const fa::CallConfig& config,
-                              PyObject* scale_object, bool stats) {
-  ForwardRun run{spec_of(q, k, v, config, stats), 0.0f, {}, {}};
+                              PyObject* scale_object, bool stats, const Sequences& sequences = {}) {
+  ForwardRun run{spec_of(q, k, v, config, stats, sequences), 0.0f, {}, {}};
   run.scale = scale_value(scale_object, run.valid.spec());
   const c10::cuda::CUDAGuard device(q.device());
   // A plain config's forward writes O, and the statistics when asked (float32, the core's order).
@@ -89,6 +97,7 @@ inline ForwardRun run_forward(const at::Tensor& q, const at::Tensor& k, const at
   t.k = k.data_ptr();
   t.v = v.data_ptr();
   t.o = run.o.data_ptr();
+  t.ragged = sequences.tensors();
   if (mod_scalars.defined()) t.score_mod.scalars = mod_scalars.data_ptr<float>();
   if (stats) {
     run.stats = allocate(outputs.at(1), inputs, at::kFloat);

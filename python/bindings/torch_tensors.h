@@ -40,15 +40,15 @@ inline bool plain_cuda_tensor(PyObject* object) {
          !t._fw_grad(/*level=*/0).defined();
 }
 
-// Whether q, k, v (tensors[0..2]) are ones a C++ call runs: plain CUDA tensors of 4 dims, f16 or bf16
-// alike, on q's device, and no dispatch mode to see the call.
-inline bool attention_inputs_run_here(PyObject* const* tensors) {
+// Whether q, k, v (tensors[0..2]) are ones a C++ call runs: plain CUDA tensors of `rank` dims (4, or
+// 3 for packed sequences), f16 or bf16 alike, on q's device, and no dispatch mode to see the call.
+inline bool attention_inputs_run_here(PyObject* const* tensors, int rank = 4) {
   if (c10::impl::TorchDispatchModeTLS::any_modes_set()) return false;
   const at::Tensor& q = THPVariable_Unpack(tensors[0]);
   for (int i = 0; i < 3; ++i) {
     if (!plain_cuda_tensor(tensors[i])) return false;
     const at::Tensor& t = THPVariable_Unpack(tensors[i]);
-    if (t.dim() != 4 || t.scalar_type() != q.scalar_type() || t.device() != q.device() ||
+    if (t.dim() != rank || t.scalar_type() != q.scalar_type() || t.device() != q.device() ||
         (t.scalar_type() != at::kHalf && t.scalar_type() != at::kBFloat16)) {
       return false;
     }
@@ -58,14 +58,14 @@ inline bool attention_inputs_run_here(PyObject* const* tensors) {
 
 // --- tensors to the core's terms -----------------------------------------------------------------
 
-// q, k or v as the core sees it (attention_inputs_run_here made sure of a half type and 4 dims, or
-// torch_paged.h of an FP8 cache's E4M3).
+// q, k or v as the core sees it (attention_inputs_run_here made sure of a half type and 4 dims, or 3
+// for packed sequences, or torch_paged.h of an FP8 cache's E4M3).
 inline fa::TensorView view_of(const at::Tensor& t) {
   fa::TensorView view;
   const at::ScalarType type = t.scalar_type();
   view.dtype = type == at::kHalf ? fa::DType::f16 : type == at::kFloat8_e4m3fn ? fa::DType::e4m3 : fa::DType::bf16;
-  view.rank = 4;
-  for (int axis = 0; axis < 4; ++axis) {
+  view.rank = static_cast<int>(t.dim());
+  for (int axis = 0; axis < view.rank; ++axis) {
     view.sizes[axis] = t.size(axis);
     view.strides[axis] = t.stride(axis);
   }
@@ -90,6 +90,34 @@ inline float scale_value(PyObject* scale, const fa::AttentionSpec& spec) {
   const double value = PyFloat_AsDouble(scale);
   if (PyErr_Occurred()) throw pybind11::error_already_set();
   return static_cast<float>(value);
+}
+
+// --- packed sequences ------------------------------------------------------------------------------
+
+// A packed-sequence (thd) call's sequences: where they start in q's and in k's tokens (int32
+// [count + 1] each, on q's device), how many there are and the longest of each; all empty for a
+// dense call. Its backward reads the offsets again.
+struct Sequences {
+  at::Tensor cu_seqlens_q, cu_seqlens_kv;
+  std::int64_t count = 0, max_q = 0, max_kv = 0;
+
+  fa::RaggedTensors tensors() const {
+    fa::RaggedTensors ragged;
+    if (!cu_seqlens_q.defined()) return ragged;
+    ragged.sequences = count;
+    ragged.cu_seqlens_q = cu_seqlens_q.data_ptr<std::int32_t>();
+    ragged.cu_seqlens_kv = cu_seqlens_kv.data_ptr<std::int32_t>();
+    return ragged;
+  }
+};
+
+// Whether `object` is offsets a C++ call takes beside q: an int32 vector of `count` values, contiguous,
+// on q's device (anything else goes the general way, whose checks name what is wrong).
+inline bool offsets_run_here(PyObject* object, const at::Tensor& q, std::int64_t count) {
+  if (!plain_cuda_tensor(object)) return false;
+  const at::Tensor& t = THPVariable_Unpack(object);
+  return t.scalar_type() == at::kInt && t.dim() == 1 && t.numel() == count && t.is_contiguous() &&
+         t.device() == q.device();
 }
 
 // --- outputs: sizes from the core's table (fusedattn/output_shapes.h) -----------------------------

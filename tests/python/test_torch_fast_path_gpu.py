@@ -232,3 +232,56 @@ def test_forward_stats_and_backward_give_what_the_operator_bodies_give():
     grads = fast.backward(d_o, q, k, v, o, stats, config_id, 0.125, None)
     for name, ours, theirs in zip("qkv", grads, _bodies.backward_body(d_o, q, k, v, o, stats, **common)[:3]):
         assert ours.stride() == theirs.stride() and rel(ours, theirs) < 1e-3, name
+
+
+def test_packed_sequences_train_in_cpp_and_match_each_sequence_alone(monkeypatch):
+    """Packed sequences (thd with cu_seqlens, as flex_attention's document masks and transformers'
+    packed batches call them) on the C++ path: ragged_forward and its node, which keeps the offsets
+    for the backward; O and every gradient, sequence by sequence, against float32 attention of that
+    sequence alone (lengths of 1 and of more than a tile among them), grouped heads and a softcap;
+    a call with the statistics asked for stays in Python and gives the same O."""
+    fast = pytest.importorskip("fusedattn._torch_ops", reason="built only where PyTorch with CUDA is installed")
+    calls = []
+    monkeypatch.setattr(fa, "_fast", types.SimpleNamespace(
+        forward=fast.forward, ragged_forward=lambda *args: calls.append(args[7]) or fast.ragged_forward(*args)))
+    lengths = [37, 200, 1, 129]
+    starts = [sum(lengths[:i]) for i in range(len(lengths) + 1)]
+    cu = torch.tensor(starts, dtype=torch.int32, device="cuda")
+    total = starts[-1]
+    q, k, v = ((torch.rand(total, h, 64, device="cuda", dtype=torch.bfloat16) * 2 - 1).requires_grad_()
+               for h in (8, 2, 2))
+    capped = lambda score, b, h, q_idx, kv_idx: 20.0 * torch.tanh(score / 20.0)  # noqa: E731
+    for score_mod in (None, capped):
+        for t in (q, k, v):
+            t.grad = None
+        call = dict(layout="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=max(lengths),
+                    max_seqlen_kv=max(lengths), causal=True, score_mod=score_mod)
+        out = fa.attention(q, k, v, **call)  # every token is checked below, in its sequence
+        assert out.grad_fn.name() == "fusedattn::AttentionBackward" and len(calls) == 1 + (score_mod is not None)
+        d_o = torch.rand_like(out) * 2 - 1
+        out.backward(d_o)
+        for start, end in zip(starts, starts[1:]):
+            alone = [t.detach()[start:end].unsqueeze(0) for t in (q, k, v)]
+            ref, leaves = reference(*alone, "bshd", causal=True) if score_mod is None else \
+                _capped_reference(*alone, capped)
+            ref.backward(d_o[start:end].unsqueeze(0).float())
+            assert rel(out[start:end], ref[0]) < 1e-2, (score_mod, start)
+            for t, leaf in zip((q, k, v), leaves):
+                got = t.grad[start:end]
+                assert torch.isfinite(got).all() and rel(got, leaf.grad.transpose(1, 2)[0]) < 1e-2, (score_mod, start)
+        with torch.no_grad():
+            python, _ = fa.attention(q, k, v, **call, return_stats=True)
+        assert torch.equal(python, out.detach())
+
+
+def _capped_reference(q, k, v, score_mod):
+    """float32 causal attention of [1, s, h, d] q, k, v with score_mod on the scaled scores: O
+    [1, s, h, d] and the [1, h, s, d] leaves."""
+    qb, kb, vb = (t.float().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    groups = qb.shape[1] // kb.shape[1]
+    ke, ve = kb.repeat_interleave(groups, 1), vb.repeat_interleave(groups, 1)
+    scores = score_mod(qb @ ke.transpose(-1, -2) / qb.shape[-1] ** 0.5, None, None, None, None)
+    s = scores.shape[-1]
+    keep = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+    out = torch.softmax(scores.masked_fill(~keep, float("-inf")), -1) @ ve
+    return out.transpose(1, 2), (qb, kb, vb)

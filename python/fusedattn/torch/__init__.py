@@ -11,8 +11,8 @@ buffers work as they are; the core builds and validates the spec, finds the plan
 cache and runs it. Nothing is cached here but configs.
 
 A call takes one of three roads:
-  1. plain eager calls (dense, no bias, sink, dropout, lengths or extra outputs), inference and
-     training alike, go straight to C++ (fusedattn._torch_ops: the core, and a C++ autograd node
+  1. plain eager calls (dense or packed sequences with their offsets; no bias, sink, dropout,
+     lengths or extra outputs), inference and training alike, go straight to C++ (fusedattn._torch_ops: the core, and a C++ autograd node
      for the backward), where Python would cost more than the attention at small sizes;
   2. other eager calls run the operator bodies (_bodies.py) directly, inside an autograd.Function
      when a gradient is needed (the dispatcher costs more than the rest);
@@ -116,15 +116,17 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, layout: str = "bshd", causal: 
         band = _score_mod.mask_structure(mask_mod)
         if band is not None and band[0] == "band":  # cuDNN's own band mask, which skips what it drops
             window, mask_mod = (band[1], 0), None
+    offsets = (cu_seqlens_q is not None, cu_seqlens_kv is not None)  # packed sequences (thd) need both
     plain = (bias is None and sink is None and not dropout_p and seq_len_q is None and seq_len_kv is None
-             and cu_seqlens_q is None and cu_seqlens_kv is None and softmax != "sink" and not return_stats
-             and not return_max_logit and not fallback and mask_mod is None)
-    if plain and _fast is not None and layout != "thd" and q.is_cuda and not torch.compiler.is_compiling():
+             and softmax != "sink" and not return_stats and not return_max_logit and not fallback and mask_mod is None
+             and offsets == ((True, True) if layout == "thd" else (False, False)))
+    if plain and _fast is not None and q.is_cuda and not torch.compiler.is_compiling():
         # A score_mod whose only runtime values are its scalars (a softcap) takes road 1 too.
         mod = _score_mod.scalars_only(score_mod, q.device)
         if mod is not None:
             config_id = _plain_config_id(layout, causal, window, align, alibi, softmax, deterministic, mod[0])
-            out = _fast.forward(q, k, v, config_id, scale, mod[1])
+            out = _fast.forward(q, k, v, config_id, scale, mod[1]) if layout != "thd" else _fast.ragged_forward(
+                q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, config_id, scale, mod[1])
             if out is not NotImplemented:
                 return out
     require_one_cuda_device(q, k, v)
