@@ -38,10 +38,11 @@
 namespace fusedattn_torch {
 
 // The prefix's call: its views of q, k, v (the first P positions, so the same addresses), its
-// config id, and its spec with O's strides those of the whole O `o`.
+// config id and config, and its spec with O's strides those of the whole O `o`.
 struct PrefixCall {
   at::Tensor q, k, v;
   int id;
+  const fa::CallConfig* config;
   fa::ValidatedSpec valid;
 };
 
@@ -66,7 +67,7 @@ inline std::optional<PrefixCall> prefix_call(const PlainArguments& whole, PyObje
   at::Tensor q = whole.q.narrow(2, 0, prefix), k = whole.k.narrow(2, 0, prefix), v = whole.v.narrow(2, 0, prefix);
   fa::AttentionSpec spec = spec_of(q, k, v, config, true).spec();
   for (int axis = 0; axis < 4; ++axis) spec.o.strides[static_cast<std::size_t>(axis)] = o.stride(axis);  // bhsd
-  return PrefixCall{q, k, v, id, fa::ValidatedSpec(spec)};
+  return PrefixCall{q, k, v, id, &config, fa::ValidatedSpec(spec)};
 }
 
 inline PyObject* prefix_forward_call(PyObject* /*module*/, PyObject* const* args, Py_ssize_t count) {
@@ -86,8 +87,7 @@ inline PyObject* prefix_forward_call(PyObject* /*module*/, PyObject* const* args
     if (!first) Py_RETURN_NOTIMPLEMENTED;
     const c10::cuda::CUDAGuard device(whole->q.device());
     const std::array<const at::Tensor*, 3> inputs = {&first->q, &first->k, &first->v};
-    const fa::CallConfig& config = fa::registered_config(first->id);
-    at::Tensor first_stats = allocate(forward_outputs(first->id, config, true).at(1), inputs, at::kFloat);
+    at::Tensor first_stats = allocate(forward_outputs(first->id, *first->config, true).at(1), inputs, at::kFloat);
     fa::ForwardTensors t;
     t.q = first->q.data_ptr();
     t.k = first->k.data_ptr();

@@ -12,8 +12,9 @@ cache and runs it. Nothing is cached here but configs.
 
 A call takes one of three roads:
   1. plain eager calls (dense or packed sequences with their offsets; no bias, sink, dropout,
-     lengths or extra outputs), inference and training alike, go straight to C++ (fusedattn._torch_ops: the core, and a C++ autograd node
-     for the backward), where Python would cost more than the attention at small sizes;
+     lengths or extra outputs), inference and training alike, go straight to C++
+     (fusedattn._torch_ops: the core, and a C++ autograd node for the backward), where Python
+     would cost more than the attention at small sizes;
   2. other eager calls run the operator bodies (_bodies.py) directly, inside an autograd.Function
      when a gradient is needed (the dispatcher costs more than the rest);
   3. compiled code, meta tensors, tensor subclasses and calls under a dispatch mode go through the
